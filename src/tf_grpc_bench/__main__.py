@@ -1,0 +1,3 @@
+from tf_grpc_bench.cli import main
+
+raise SystemExit(main())

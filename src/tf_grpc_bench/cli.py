@@ -1,0 +1,77 @@
+"""The ``tf-grpc-bench`` command: parses the subcommand, runs it, maps errors to exit codes.
+
+Each subcommand lives with the package it belongs to, in a module that defines
+``configure_<name>(parser)`` (flags) and ``run_<name>(args) -> int``.  Modules
+are imported only when their subcommand runs (or for ``--help``), so that
+``replay`` never imports TensorFlow.
+
+Errors: every ``BenchError`` becomes one line on stderr and its exit code; no
+traceback for user mistakes.  Anything else is a bug and keeps its traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from collections.abc import Sequence
+
+from tf_grpc_bench import __version__
+from tf_grpc_bench.errors import BenchError
+
+PROGRAM = "tf-grpc-bench"
+
+#: (subcommand, module, one-line help)
+COMMANDS: tuple[tuple[str, str, str], ...] = (
+    ("inspect", "tf_grpc_bench.inspect", "validate a trace and print a per-step summary"),
+)
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, but usage errors are one line and exit 2, like BenchError's."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        sys.stderr.write(f"{self.prog}: error: {message} (see --help)\n")
+        raise SystemExit(2)
+
+
+def build_parser(only: str | None = None) -> argparse.ArgumentParser:
+    parser = _Parser(
+        prog=PROGRAM,
+        description=(
+            "Capture the tensor traffic of distributed TensorFlow training and replay it "
+            "over gRPC as the TF-gRPC-Bench micro-benchmarks."
+        ),
+    )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+    for name, module_name, help_text in COMMANDS:
+        sub = subparsers.add_parser(name, help=help_text, description=help_text)
+        if only is None or only == name:
+            module = importlib.import_module(module_name)
+            getattr(module, f"configure_{name}")(sub)
+            sub.set_defaults(_module=module_name, _command=name)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    arguments = list(sys.argv[1:] if argv is None else argv)
+    known = {name for name, _, _ in COMMANDS}
+    # Build only the chosen subcommand's flags: other modules stay unimported.
+    chosen = next((a for a in arguments if not a.startswith("-")), None)
+    parser = build_parser(chosen if chosen in known else None)
+    args = parser.parse_args(arguments)
+    if not getattr(args, "_command", None):
+        parser.print_help(sys.stderr)
+        return 2
+    run = getattr(importlib.import_module(args._module), f"run_{args._command}")
+    try:
+        return int(run(args))
+    except BenchError as error:
+        sys.stderr.write(f"{PROGRAM} {args._command}: error: {error}\n")
+        return error.exit_code
+    except KeyboardInterrupt:
+        sys.stderr.write(f"{PROGRAM} {args._command}: interrupted\n")
+        return 130
+    except BrokenPipeError:
+        return 0

@@ -1,0 +1,56 @@
+"""``tf-grpc-bench inspect``: validate a trace, print its per-step summary, export JSON."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from tf_grpc_bench import trace as trace_model
+from tf_grpc_bench.errors import BenchError, TraceError
+
+
+def configure_inspect(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "trace",
+        metavar="TRACE",
+        help="trace file, or the name of a shipped trace (e.g. resnet50-tf2ps)",
+    )
+    parser.add_argument(
+        "--json",
+        metavar="FILE",
+        default=None,
+        help="also export the whole trace as JSON to FILE ('-' for stdout, "
+        "which then replaces the summary)",
+    )
+
+
+def resolve_trace_argument(text: str) -> Path:
+    """A path if it exists, else a shipped trace of that name."""
+    path = Path(text)
+    if path.exists() or "/" in text or text.endswith(trace_model.SUFFIX):
+        return path
+    try:
+        return trace_model.shipped_trace_path(text)
+    except BenchError:
+        shipped = ", ".join(trace_model.shipped_trace_names()) or "none"
+        raise TraceError(
+            f"{text}: no such trace file, nor a shipped trace of that name (shipped: {shipped})"
+        ) from None
+
+
+def run_inspect(args: argparse.Namespace) -> int:
+    path = resolve_trace_argument(args.trace)
+    trace = trace_model.read_trace(path)
+    if args.json == "-":
+        trace_model.export_json(trace, sys.stdout)
+        return 0
+    print(trace_model.format_summary(trace, source=str(path)))
+    if args.json:
+        try:
+            with open(args.json, "w", encoding="utf-8") as stream:
+                trace_model.export_json(trace, stream)
+        except OSError as error:
+            raise BenchError(f"--json {args.json}: cannot write ({error.strerror})") from None
+        print(f"exported JSON to {args.json}")
+    return 0

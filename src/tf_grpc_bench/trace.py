@@ -1,0 +1,700 @@
+"""The trace model: what a trace holds, and the one place trace files are parsed.
+
+A trace records the tensor traffic of one distributed TensorFlow training run:
+run metadata, the cluster's tasks, start-up traffic, then per steady-state step
+every RPC between tasks with its message lengths, tensor identity and timing.
+
+On disk a trace is the 8-byte magic ``TFGBTRC\\n`` followed by a zlib stream
+of one serialized ``tf_grpc_bench.Trace`` message (``protos/trace.proto``).
+zlib's checksum makes truncation and corruption detectable, which a bare
+protobuf stream is not.  The format version lives in the message; see
+``FORMAT_VERSION``.
+
+This module is pure: no TensorFlow, no gRPC, no clocks.  Readers and writers
+work on a caller's binary file object; ``read_trace``/``write_trace`` are thin
+path-based conveniences.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import importlib.resources
+import json
+import os
+import tempfile
+import zlib
+from collections import Counter
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Any
+
+from google.protobuf.message import DecodeError
+
+from tf_grpc_bench.errors import TraceError, UnsupportedVersionError
+from tf_grpc_bench.protos import trace_pb2
+from tf_grpc_bench.sizes import SizeCategory, classify
+
+#: Version of the trace format this module writes.  History:
+#:   1 (2026-11): first version.
+FORMAT_VERSION = 1
+#: Versions this module can read.
+READABLE_VERSIONS = frozenset({1})
+
+MAGIC = b"TFGBTRC\n"
+#: File name suffix of trace files.
+SUFFIX = ".tfgbtrace"
+
+RECV_TENSOR = "/tensorflow.WorkerService/RecvTensor"
+RECV_BUF = "/tensorflow.WorkerService/RecvBuf"
+#: Methods whose response carries a tensor from callee to caller.
+TENSOR_METHODS = frozenset({RECV_TENSOR, RECV_BUF})
+
+_DEFAULT_TRACE = "resnet50-tf2ps.tfgbtrace"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Task:
+    """One TensorFlow task (process) of the captured cluster."""
+
+    job: str
+    index: int
+    address: str = ""
+
+    def __post_init__(self) -> None:
+        if not self.job:
+            raise ValueError("task job name must not be empty")
+        if self.index < 0:
+            raise ValueError(f"task index must be >= 0, got {self.index}")
+
+    @property
+    def name(self) -> str:
+        """TensorFlow's name for the task, e.g. ``/job:ps/task:0``."""
+        return f"/job:{self.job}/task:{self.index}"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TensorInfo:
+    """Identity of a tensor carried by a RecvTensor or RecvBuf response."""
+
+    rendezvous_key: str = ""
+    dtype: str = ""
+    shape: tuple[int, ...] = ()
+    content_bytes: int = 0
+
+    @property
+    def edge_name(self) -> str:
+        """The edge part of a RecvTensor rendezvous key (``edge_12_foo``), or ``""``."""
+        parts = self.rendezvous_key.split(";")
+        return parts[3] if len(parts) >= 5 else ""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Rpc:
+    """One RPC between two tasks.  Times are ns from the capture start."""
+
+    method: str
+    caller_task: int
+    callee_task: int
+    request_bytes: int
+    response_bytes: int
+    start_ns: int = 0
+    response_start_ns: int = 0
+    end_ns: int = 0
+    tensor: TensorInfo | None = None
+    outstanding_at_start: int = 0
+    status_code: int = 0
+
+    def __post_init__(self) -> None:
+        if not self.method.startswith("/"):
+            raise ValueError(
+                f"method must be a full gRPC path like /pkg.Service/Name, got {self.method!r}"
+            )
+        for name in (
+            "caller_task",
+            "callee_task",
+            "request_bytes",
+            "response_bytes",
+            "outstanding_at_start",
+            "status_code",
+        ):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
+        if self.end_ns < self.start_ns:
+            raise ValueError(f"end_ns ({self.end_ns}) is before start_ns ({self.start_ns})")
+
+    @property
+    def short_method(self) -> str:
+        """The method name without its service, e.g. ``RecvTensor``."""
+        return self.method.rsplit("/", 1)[-1]
+
+    @property
+    def duration_ns(self) -> int:
+        return self.end_ns - self.start_ns
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Phase:
+    """Traffic outside steady-state steps (start-up, teardown)."""
+
+    start_ns: int = 0
+    end_ns: int = 0
+    rpcs: tuple[Rpc, ...] = ()
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Step:
+    """One steady-state training step and every RPC it made, by start time."""
+
+    index: int
+    start_ns: int
+    end_ns: int
+    rpcs: tuple[Rpc, ...]
+
+    def __post_init__(self) -> None:
+        if self.end_ns < self.start_ns:
+            raise ValueError(f"step {self.index}: end_ns is before start_ns")
+
+    @property
+    def duration_ns(self) -> int:
+        return self.end_ns - self.start_ns
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RunMetadata:
+    """What ran, where, and how the trace was made."""
+
+    model: str = ""
+    tensorflow_version: str = ""
+    strategy: str = ""
+    synchronous: bool = False
+    batch_size: int = 0
+    input_shape: tuple[int, ...] = ()
+    trainable_parameters: int = 0
+    capture_method: str = ""
+    host: str = ""
+    command: tuple[str, ...] = ()
+    tool_version: str = ""
+    created_utc: str = ""
+    extra: tuple[tuple[str, str], ...] = ()
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Trace:
+    """A whole trace: validated on construction."""
+
+    metadata: RunMetadata
+    tasks: tuple[Task, ...]
+    steps: tuple[Step, ...]
+    startup: Phase = field(default_factory=Phase)
+    teardown: Phase = field(default_factory=Phase)
+    partial: bool = False
+    partial_reason: str = ""
+    format_version: int = FORMAT_VERSION
+
+    def __post_init__(self) -> None:
+        _validate(self)
+
+    def task_name(self, index: int) -> str:
+        return self.tasks[index].name
+
+    def tasks_of_job(self, job: str) -> list[int]:
+        """Indices (into ``tasks``) of the tasks of one job, by task index."""
+        return sorted(
+            (i for i, t in enumerate(self.tasks) if t.job == job), key=lambda i: self.tasks[i].index
+        )
+
+
+def _validate(trace: Trace) -> None:
+    if trace.format_version not in READABLE_VERSIONS:
+        raise UnsupportedVersionError(
+            f"format_version {trace.format_version} is not supported "
+            f"(this tool reads versions {sorted(READABLE_VERSIONS)})"
+        )
+    seen: set[tuple[str, int]] = set()
+    for task in trace.tasks:
+        key = (task.job, task.index)
+        if key in seen:
+            raise TraceError(f"tasks: {task.name} is listed twice")
+        seen.add(key)
+    task_count = len(trace.tasks)
+
+    def check_rpcs(where: str, rpcs: Sequence[Rpc]) -> None:
+        for number, rpc in enumerate(rpcs):
+            for name in ("caller_task", "callee_task"):
+                value = getattr(rpc, name)
+                if value >= task_count:
+                    raise TraceError(
+                        f"{where}.rpcs[{number}].{name}: task {value} does not exist "
+                        f"(the trace lists {task_count} tasks)"
+                    )
+
+    check_rpcs("startup", trace.startup.rpcs)
+    check_rpcs("teardown", trace.teardown.rpcs)
+    previous_index: int | None = None
+    for number, step in enumerate(trace.steps):
+        if previous_index is not None and step.index <= previous_index:
+            raise TraceError(
+                f"steps[{number}].index: {step.index} does not follow {previous_index}"
+            )
+        previous_index = step.index
+        check_rpcs(f"steps[{number}]", step.rpcs)
+
+
+# --------------------------------------------------------------------------
+# Protobuf <-> model: the one parse point.
+
+
+def _rpc_from_proto(message: trace_pb2.Rpc) -> Rpc:
+    tensor = None
+    if message.HasField("tensor"):
+        tensor = TensorInfo(
+            rendezvous_key=message.tensor.rendezvous_key,
+            dtype=message.tensor.dtype,
+            shape=tuple(message.tensor.shape),
+            content_bytes=message.tensor.content_bytes,
+        )
+    return Rpc(
+        method=message.method,
+        caller_task=message.caller_task,
+        callee_task=message.callee_task,
+        request_bytes=message.request_bytes,
+        response_bytes=message.response_bytes,
+        start_ns=message.start_ns,
+        response_start_ns=message.response_start_ns,
+        end_ns=message.end_ns,
+        tensor=tensor,
+        outstanding_at_start=message.outstanding_at_start,
+        status_code=message.status_code,
+    )
+
+
+def _rpc_to_proto(rpc: Rpc, message: trace_pb2.Rpc) -> None:
+    message.method = rpc.method
+    message.caller_task = rpc.caller_task
+    message.callee_task = rpc.callee_task
+    message.request_bytes = rpc.request_bytes
+    message.response_bytes = rpc.response_bytes
+    message.start_ns = rpc.start_ns
+    message.response_start_ns = rpc.response_start_ns
+    message.end_ns = rpc.end_ns
+    message.outstanding_at_start = rpc.outstanding_at_start
+    message.status_code = rpc.status_code
+    if rpc.tensor is not None:
+        message.tensor.rendezvous_key = rpc.tensor.rendezvous_key
+        message.tensor.dtype = rpc.tensor.dtype
+        message.tensor.shape.extend(rpc.tensor.shape)
+        message.tensor.content_bytes = rpc.tensor.content_bytes
+
+
+def _phase_from_proto(message: trace_pb2.Phase) -> Phase:
+    return Phase(
+        start_ns=message.start_ns,
+        end_ns=message.end_ns,
+        rpcs=tuple(_rpc_from_proto(r) for r in message.rpcs),
+    )
+
+
+def _phase_to_proto(phase: Phase, message: trace_pb2.Phase) -> None:
+    message.start_ns = phase.start_ns
+    message.end_ns = phase.end_ns
+    for rpc in phase.rpcs:
+        _rpc_to_proto(rpc, message.rpcs.add())
+
+
+def trace_from_proto(message: trace_pb2.Trace, *, source: str = "trace") -> Trace:
+    """Build and validate a ``Trace`` from its protobuf message.
+
+    Raises ``TraceError`` naming ``source`` and the offending field.
+    """
+    if message.format_version not in READABLE_VERSIONS:
+        raise UnsupportedVersionError(
+            f"{source}: format_version {message.format_version} is not supported "
+            f"(this tool reads versions {sorted(READABLE_VERSIONS)}); "
+            "upgrade tf-grpc-bench or re-capture the trace"
+        )
+    meta = message.metadata
+    try:
+        return Trace(
+            format_version=message.format_version,
+            metadata=RunMetadata(
+                model=meta.model,
+                tensorflow_version=meta.tensorflow_version,
+                strategy=meta.strategy,
+                synchronous=meta.synchronous,
+                batch_size=meta.batch_size,
+                input_shape=tuple(meta.input_shape),
+                trainable_parameters=meta.trainable_parameters,
+                capture_method=meta.capture_method,
+                host=meta.host,
+                command=tuple(meta.command),
+                tool_version=meta.tool_version,
+                created_utc=meta.created_utc,
+                extra=tuple(sorted(meta.extra.items())),
+            ),
+            tasks=tuple(Task(job=t.job, index=t.index, address=t.address) for t in message.tasks),
+            startup=_phase_from_proto(message.startup),
+            steps=tuple(
+                Step(
+                    index=s.index,
+                    start_ns=s.start_ns,
+                    end_ns=s.end_ns,
+                    rpcs=tuple(_rpc_from_proto(r) for r in s.rpcs),
+                )
+                for s in message.steps
+            ),
+            teardown=_phase_from_proto(message.teardown),
+            partial=message.partial,
+            partial_reason=message.partial_reason,
+        )
+    except TraceError as error:
+        raise type(error)(f"{source}: {error}") from None
+    except ValueError as error:
+        raise TraceError(f"{source}: invalid trace: {error}") from None
+
+
+def trace_to_proto(trace: Trace) -> trace_pb2.Trace:
+    message = trace_pb2.Trace(
+        format_version=trace.format_version,
+        partial=trace.partial,
+        partial_reason=trace.partial_reason,
+    )
+    meta = trace.metadata
+    message.metadata.model = meta.model
+    message.metadata.tensorflow_version = meta.tensorflow_version
+    message.metadata.strategy = meta.strategy
+    message.metadata.synchronous = meta.synchronous
+    message.metadata.batch_size = meta.batch_size
+    message.metadata.input_shape.extend(meta.input_shape)
+    message.metadata.trainable_parameters = meta.trainable_parameters
+    message.metadata.capture_method = meta.capture_method
+    message.metadata.host = meta.host
+    message.metadata.command.extend(meta.command)
+    message.metadata.tool_version = meta.tool_version
+    message.metadata.created_utc = meta.created_utc
+    for key, value in meta.extra:
+        message.metadata.extra[key] = value
+    for task in trace.tasks:
+        message.tasks.add(job=task.job, index=task.index, address=task.address)
+    _phase_to_proto(trace.startup, message.startup)
+    for step in trace.steps:
+        step_message = message.steps.add(
+            index=step.index, start_ns=step.start_ns, end_ns=step.end_ns
+        )
+        for rpc in step.rpcs:
+            _rpc_to_proto(rpc, step_message.rpcs.add())
+    _phase_to_proto(trace.teardown, message.teardown)
+    return message
+
+
+def load_trace(stream: IO[bytes], *, source: str = "trace") -> Trace:
+    """Read one trace from a binary file object.  ``source`` names it in errors."""
+    data = stream.read()
+    if not data:
+        raise TraceError(f"{source}: file is empty (expected a tf-grpc-bench trace)")
+    if not data.startswith(MAGIC):
+        if MAGIC.startswith(data):
+            raise TraceError(f"{source}: file is truncated (only {len(data)} bytes)")
+        raise TraceError(
+            f"{source}: not a tf-grpc-bench trace (missing the {MAGIC[:-1].decode()} header)"
+        )
+    decompressor = zlib.decompressobj()
+    try:
+        payload = decompressor.decompress(data[len(MAGIC) :])
+    except zlib.error as error:
+        raise TraceError(f"{source}: trace is corrupt ({error})") from None
+    if not decompressor.eof:
+        raise TraceError(f"{source}: trace is truncated (compressed stream ends early)")
+    if decompressor.unused_data:
+        raise TraceError(
+            f"{source}: trace is corrupt ({len(decompressor.unused_data)} unexpected "
+            "bytes after the end of the trace)"
+        )
+    message = trace_pb2.Trace()
+    try:
+        message.ParseFromString(payload)
+    except DecodeError as error:
+        raise TraceError(f"{source}: trace is corrupt (protobuf: {error})") from None
+    return trace_from_proto(message, source=source)
+
+
+def dump_trace(trace: Trace, stream: IO[bytes]) -> None:
+    """Write ``trace`` to a binary file object."""
+    stream.write(MAGIC)
+    stream.write(zlib.compress(trace_to_proto(trace).SerializeToString(), 6))
+
+
+def read_trace(path: str | os.PathLike[str]) -> Trace:
+    """Read and validate the trace file at ``path``."""
+    path = Path(path)
+    try:
+        with path.open("rb") as stream:
+            return load_trace(stream, source=str(path))
+    except FileNotFoundError:
+        raise TraceError(f"{path}: no such trace file") from None
+    except IsADirectoryError:
+        raise TraceError(f"{path}: is a directory, expected a trace file") from None
+    except PermissionError:
+        raise TraceError(f"{path}: permission denied") from None
+
+
+def write_trace(trace: Trace, path: str | os.PathLike[str]) -> None:
+    """Write ``trace`` to ``path`` atomically (a reader never sees half a file)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    descriptor, temporary = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
+    try:
+        with os.fdopen(descriptor, "wb") as stream:
+            dump_trace(trace, stream)
+        os.replace(temporary, path)
+    except BaseException:
+        Path(temporary).unlink(missing_ok=True)
+        raise
+
+
+def file_sha256(path: str | os.PathLike[str]) -> str:
+    """Hex SHA-256 of a file's bytes (recorded in results to identify the trace)."""
+    digest = hashlib.sha256()
+    with Path(path).open("rb") as stream:
+        for chunk in iter(lambda: stream.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def shipped_trace_names() -> list[str]:
+    """File names of the traces shipped in ``tf_grpc_bench.traces``."""
+    root = importlib.resources.files("tf_grpc_bench.traces")
+    return sorted(entry.name for entry in root.iterdir() if entry.name.endswith(SUFFIX))
+
+
+def shipped_trace_path(name: str) -> Path:
+    """Path of a shipped trace, by file name with or without the suffix."""
+    if not name.endswith(SUFFIX):
+        name += SUFFIX
+    resource = importlib.resources.files("tf_grpc_bench.traces").joinpath(name)
+    if not resource.is_file():
+        raise TraceError(
+            f"no shipped trace named {name!r} "
+            f"(shipped: {', '.join(shipped_trace_names()) or 'none'})"
+        )
+    return Path(str(resource))
+
+
+def default_trace_path() -> Path | None:
+    """The shipped trace the replay command uses by default, if it is shipped."""
+    try:
+        return shipped_trace_path(_DEFAULT_TRACE)
+    except TraceError:
+        return None
+
+
+# --------------------------------------------------------------------------
+# JSON export / import, for other tools.  Integers stay integers.
+
+
+def trace_to_json_dict(trace: Trace) -> dict[str, Any]:
+    """A plain-JSON view of the trace (``format`` names the document kind)."""
+
+    def convert(value: Any) -> Any:
+        if dataclasses.is_dataclass(value) and not isinstance(value, type):
+            return {f.name: convert(getattr(value, f.name)) for f in dataclasses.fields(value)}
+        if isinstance(value, tuple):
+            return [convert(item) for item in value]
+        return value
+
+    document = convert(trace)
+    document["metadata"]["extra"] = dict(trace.metadata.extra)
+    return {"format": "tf-grpc-bench-trace", **document}
+
+
+def trace_from_json_dict(document: dict[str, Any], *, source: str = "trace JSON") -> Trace:
+    """Inverse of ``trace_to_json_dict``; validates like ``load_trace``."""
+    if document.get("format") != "tf-grpc-bench-trace":
+        raise TraceError(f"{source}: 'format' must be 'tf-grpc-bench-trace'")
+    version = document.get("format_version")
+    if version not in READABLE_VERSIONS:
+        raise UnsupportedVersionError(
+            f"{source}: format_version {version!r} is not supported "
+            f"(this tool reads versions {sorted(READABLE_VERSIONS)})"
+        )
+
+    def rpc(item: dict[str, Any]) -> Rpc:
+        tensor = item.get("tensor")
+        fields = {k: v for k, v in item.items() if k != "tensor"}
+        return Rpc(
+            **fields,
+            tensor=None
+            if tensor is None
+            else TensorInfo(**{**tensor, "shape": tuple(tensor.get("shape", ()))}),
+        )
+
+    def phase(item: dict[str, Any] | None) -> Phase:
+        item = item or {}
+        return Phase(
+            start_ns=item.get("start_ns", 0),
+            end_ns=item.get("end_ns", 0),
+            rpcs=tuple(rpc(r) for r in item.get("rpcs", ())),
+        )
+
+    try:
+        meta = dict(document.get("metadata", {}))
+        meta["input_shape"] = tuple(meta.get("input_shape", ()))
+        meta["command"] = tuple(meta.get("command", ()))
+        meta["extra"] = tuple(sorted(dict(meta.get("extra", {})).items()))
+        return Trace(
+            format_version=version,
+            metadata=RunMetadata(**meta),
+            tasks=tuple(Task(**t) for t in document["tasks"]),
+            startup=phase(document.get("startup")),
+            steps=tuple(
+                Step(
+                    index=s["index"],
+                    start_ns=s["start_ns"],
+                    end_ns=s["end_ns"],
+                    rpcs=tuple(rpc(r) for r in s["rpcs"]),
+                )
+                for s in document["steps"]
+            ),
+            teardown=phase(document.get("teardown")),
+            partial=bool(document.get("partial", False)),
+            partial_reason=str(document.get("partial_reason", "")),
+        )
+    except TraceError as error:
+        raise type(error)(f"{source}: {error}") from None
+    except KeyError as error:
+        raise TraceError(f"{source}: missing field {error}") from None
+    except (TypeError, ValueError) as error:
+        raise TraceError(f"{source}: invalid trace: {error}") from None
+
+
+def export_json(trace: Trace, stream: IO[str]) -> None:
+    json.dump(trace_to_json_dict(trace), stream, indent=1)
+    stream.write("\n")
+
+
+# --------------------------------------------------------------------------
+# Summaries (inspect).
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TrafficSummary:
+    """Counts and bytes of a set of RPCs."""
+
+    rpc_count: int
+    rpcs_per_method: tuple[tuple[str, int], ...]
+    request_bytes: int
+    response_bytes: int
+    #: Messages (requests and responses that carry data) per size category.
+    #: Counted on the larger of request and response: the message that carries the payload.
+    category_counts: tuple[tuple[SizeCategory, int], ...]
+    duration_ns: int
+
+    @property
+    def total_bytes(self) -> int:
+        return self.request_bytes + self.response_bytes
+
+
+def payload_bytes(rpc: Rpc) -> int:
+    """Size of the message that carries the RPC's payload: the larger direction."""
+    return max(rpc.request_bytes, rpc.response_bytes)
+
+
+def summarize_rpcs(rpcs: Iterable[Rpc], duration_ns: int = 0) -> TrafficSummary:
+    rpc_list = list(rpcs)
+    methods = Counter(r.short_method for r in rpc_list)
+    categories = Counter(classify(payload_bytes(r)) for r in rpc_list)
+    return TrafficSummary(
+        rpc_count=len(rpc_list),
+        rpcs_per_method=tuple(sorted(methods.items())),
+        request_bytes=sum(r.request_bytes for r in rpc_list),
+        response_bytes=sum(r.response_bytes for r in rpc_list),
+        category_counts=tuple((c, categories.get(c, 0)) for c in SizeCategory),
+        duration_ns=duration_ns,
+    )
+
+
+def format_bytes(count: float) -> str:
+    """Human-readable bytes in powers of 1000 (MB as the paper's tables use)."""
+    for unit in ("B", "kB", "MB", "GB"):
+        if abs(count) < 1000 or unit == "GB":
+            return f"{count:.0f} {unit}" if unit == "B" else f"{count:.1f} {unit}"
+        count /= 1000
+    raise AssertionError("unreachable")
+
+
+def format_summary(trace: Trace, *, source: str = "") -> str:
+    """The text ``tf-grpc-bench inspect`` prints: metadata, then one line per step."""
+    meta = trace.metadata
+    lines = []
+    if source:
+        lines.append(f"trace: {source}")
+    lines.append(
+        f"format version {trace.format_version}; model {meta.model or '?'}; "
+        f"strategy {meta.strategy or '?'}; batch {meta.batch_size}; "
+        f"input {'x'.join(map(str, meta.input_shape)) or '?'}; "
+        f"TensorFlow {meta.tensorflow_version or '?'}"
+    )
+    if meta.trainable_parameters:
+        lines.append(f"trainable parameters: {meta.trainable_parameters:,}")
+    if meta.command:
+        lines.append("command: " + " ".join(meta.command))
+    lines.append("tasks: " + ", ".join(f"{t.job}:{t.index}" for t in trace.tasks))
+    if trace.partial:
+        lines.append(f"PARTIAL trace: {trace.partial_reason or 'capture ended early'}")
+    header = (
+        f"{'step':>8} {'rpcs':>6} {'request':>10} {'response':>10} "
+        f"{'small':>6} {'medium':>6} {'large':>6} {'time ms':>8}  methods"
+    )
+    lines.append(header)
+
+    def row(label: str, summary: TrafficSummary) -> str:
+        counts = dict(summary.category_counts)
+        methods = " ".join(f"{name}={count}" for name, count in summary.rpcs_per_method)
+        return (
+            f"{label:>8} {summary.rpc_count:>6} {format_bytes(summary.request_bytes):>10} "
+            f"{format_bytes(summary.response_bytes):>10} {counts[SizeCategory.SMALL]:>6} "
+            f"{counts[SizeCategory.MEDIUM]:>6} {counts[SizeCategory.LARGE]:>6} "
+            f"{summary.duration_ns / 1e6:>8.1f}  {methods}"
+        )
+
+    if trace.startup.rpcs:
+        lines.append(
+            row(
+                "startup",
+                summarize_rpcs(trace.startup.rpcs, trace.startup.end_ns - trace.startup.start_ns),
+            )
+        )
+    for step in trace.steps:
+        lines.append(row(str(step.index), summarize_rpcs(step.rpcs, step.duration_ns)))
+    if trace.teardown.rpcs:
+        lines.append(
+            row(
+                "teardown",
+                summarize_rpcs(
+                    trace.teardown.rpcs, trace.teardown.end_ns - trace.teardown.start_ns
+                ),
+            )
+        )
+    if not trace.steps:
+        lines.append("(no steady-state steps)")
+    return "\n".join(lines)
+
+
+def with_outstanding(rpcs: Sequence[Rpc]) -> tuple[Rpc, ...]:
+    """Sort ``rpcs`` by start time and fill in ``outstanding_at_start``.
+
+    For each RPC, counts the earlier RPCs on the same (caller, callee) pair that
+    had started and not yet ended when it started.  Used by the profiler when
+    it assembles a step.
+    """
+    ordered = sorted(rpcs, key=lambda r: (r.start_ns, r.end_ns))
+    open_ends: dict[tuple[int, int], list[int]] = {}
+    result = []
+    for rpc in ordered:
+        pair = (rpc.caller_task, rpc.callee_task)
+        ends = [end for end in open_ends.get(pair, []) if end > rpc.start_ns]
+        result.append(dataclasses.replace(rpc, outstanding_at_start=len(ends)))
+        ends.append(rpc.end_ns)
+        open_ends[pair] = ends
+    return tuple(result)

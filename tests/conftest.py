@@ -1,0 +1,80 @@
+"""Shared fixtures: small traces built in memory."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tf_grpc_bench import trace as trace_model
+from tf_grpc_bench.trace import RECV_TENSOR, Rpc, RunMetadata, Step, Task, TensorInfo, Trace
+
+
+def make_trace(
+    *, steps: int = 2, workers: int = 1, ps: int = 1, sizes: tuple[int, ...] = (21, 4096, 1 << 20)
+) -> Trace:
+    """A small synthetic-but-valid PS trace: each worker pulls ``sizes`` from each ps."""
+    tasks = tuple(
+        Task(job="ps", index=i, address=f"localhost:{2000 + i}") for i in range(ps)
+    ) + tuple(Task(job="worker", index=i, address=f"localhost:{3000 + i}") for i in range(workers))
+    step_list = []
+    clock = 1_000_000
+    for step_index in range(steps):
+        rpcs = []
+        start = clock
+        for w in range(workers):
+            for p in range(ps):
+                for n, size in enumerate(sizes):
+                    rpcs.append(
+                        Rpc(
+                            method=RECV_TENSOR,
+                            caller_task=ps + w,
+                            callee_task=p,
+                            request_bytes=120,
+                            response_bytes=size,
+                            start_ns=clock,
+                            response_start_ns=clock + 500,
+                            end_ns=clock + 1000,
+                            tensor=TensorInfo(
+                                rendezvous_key=f"/job:ps/replica:0/task:{p}/device:CPU:0;1;"
+                                f"/job:worker/replica:0/task:{w}/device:CPU:0;edge_{n}_w;0:0",
+                                dtype="float32",
+                                shape=(max(size // 4, 0),),
+                                content_bytes=size,
+                            ),
+                        )
+                    )
+                    clock += 2000
+        step_list.append(
+            Step(
+                index=step_index,
+                start_ns=start,
+                end_ns=clock,
+                rpcs=trace_model.with_outstanding(rpcs),
+            )
+        )
+        clock += 10_000
+    return Trace(
+        metadata=RunMetadata(
+            model="toy",
+            strategy="synthetic",
+            batch_size=4,
+            input_shape=(8, 8, 3),
+            capture_method="synthetic",
+            command=("pytest",),
+        ),
+        tasks=tasks,
+        steps=tuple(step_list),
+    )
+
+
+@pytest.fixture
+def small_trace() -> Trace:
+    return make_trace()
+
+
+@pytest.fixture
+def small_trace_file(tmp_path: Path, small_trace: Trace) -> Path:
+    path = tmp_path / "small.tfgbtrace"
+    trace_model.write_trace(small_trace, path)
+    return path
