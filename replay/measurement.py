@@ -1,0 +1,230 @@
+"""What a benchmark run measured: raw samples, and the statistics derived from them.
+
+This is the contract between the drivers (which fill ``RunMeasurement``) and
+the outputs (JSON results, TensorBoard, terminal table), which only read
+``BenchmarkResult``.  Pure data and arithmetic: no gRPC, no clocks, no IO.
+
+Units live in names: ``*_ns`` nanoseconds, ``*_bytes`` bytes, ``*_per_s``
+per second.  Bandwidth is reported in MB/s with MB = 10**6 bytes.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from tf_grpc_bench.sizes import SizeCategory, classify
+
+
+class Benchmark(enum.Enum):
+    """The paper's three micro-benchmarks."""
+
+    P2P_LATENCY = "p2p-latency"
+    P2P_BANDWIDTH = "p2p-bandwidth"
+    PS_THROUGHPUT = "ps-throughput"
+
+
+#: Percentiles reported for every latency distribution (p99.9 as 99.9).
+PERCENTILES = (50.0, 90.0, 99.0, 99.9)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CallSample:
+    """One completed RPC as a client saw it.
+
+    ``start_ns`` is relative to the start of the measured run; ``latency_ns``
+    runs from the call being issued to its response fully received.
+    ``payload_bytes`` is the size of the message carrying the payload (the
+    larger of request and response), which decides the size category.
+    """
+
+    start_ns: int
+    latency_ns: int
+    request_bytes: int
+    response_bytes: int
+    payload_bytes: int
+    #: Index of the ps (server) the call went to.
+    server_index: int = 0
+    #: Index of the worker (client process) that made the call.
+    worker_index: int = 0
+    #: Replayed training step the call belongs to; -1 for synthetic workloads.
+    step: int = -1
+
+    def __post_init__(self) -> None:
+        if self.latency_ns < 0:
+            raise ValueError(f"latency_ns must be >= 0, got {self.latency_ns}")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RunMeasurement:
+    """One measured run (the paper averages 5) of one benchmark."""
+
+    run_index: int
+    #: Wall time of the measured part of the run (warm-up excluded).
+    duration_ns: int
+    samples: tuple[CallSample, ...]
+    #: For trace-driven runs: wall time of each replayed step, in order.
+    step_times_ns: tuple[int, ...] = ()
+    #: CPU time (user + system) spent by the client processes during the run.
+    client_cpu_ns: int = 0
+    #: CPU time spent by the server processes during the run (0 if unknown,
+    #: e.g. a remote server that does not report it).
+    server_cpu_ns: int = 0
+    #: Bytes and messages the server(s) reported receiving during the run,
+    #: used to check that what was sent arrived (-1 when not reported).
+    server_received_bytes: int = -1
+    server_received_messages: int = -1
+    #: True when the run stopped early (server gone, deadline); see ``partial_reason``.
+    partial: bool = False
+    partial_reason: str = ""
+
+    @property
+    def rpc_count(self) -> int:
+        return len(self.samples)
+
+    @property
+    def request_bytes(self) -> int:
+        return sum(s.request_bytes for s in self.samples)
+
+    @property
+    def response_bytes(self) -> int:
+        return sum(s.response_bytes for s in self.samples)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class LatencySummary:
+    """Distribution of latencies, in ns."""
+
+    count: int
+    mean_ns: float
+    min_ns: float
+    p50_ns: float
+    p90_ns: float
+    p99_ns: float
+    p999_ns: float
+    max_ns: float
+
+    @classmethod
+    def from_samples(cls, latencies_ns: Sequence[int]) -> LatencySummary:
+        if not latencies_ns:
+            nan = math.nan
+            return cls(
+                count=0,
+                mean_ns=nan,
+                min_ns=nan,
+                p50_ns=nan,
+                p90_ns=nan,
+                p99_ns=nan,
+                p999_ns=nan,
+                max_ns=nan,
+            )
+        values = np.asarray(latencies_ns, dtype=np.float64)
+        p50, p90, p99, p999 = np.percentile(values, PERCENTILES)
+        return cls(
+            count=len(values),
+            mean_ns=float(values.mean()),
+            min_ns=float(values.min()),
+            p50_ns=float(p50),
+            p90_ns=float(p90),
+            p99_ns=float(p99),
+            p999_ns=float(p999),
+            max_ns=float(values.max()),
+        )
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class BenchmarkResult:
+    """One benchmark's runs and the statistics over all of them.
+
+    Throughput figures are the mean over runs of each run's figure (the
+    paper's "5 runs averaged"); latency percentiles pool the samples of all
+    runs.
+    """
+
+    benchmark: Benchmark
+    #: What was sent: "trace" or "synthetic".
+    workload: str
+    #: Every parameter that shaped the run, flat and JSON-friendly
+    #: (mode, generator, buffers, sizes, warm-up, duration, runs, pacing,
+    #: concurrency, channels, workers, ps, target addresses, grpc settings...).
+    parameters: dict[str, str | int | float | bool]
+    runs: tuple[RunMeasurement, ...]
+    partial: bool = False
+    partial_reason: str = ""
+    latency_all: LatencySummary = field(init=False)
+    #: Per size category present in the samples, in SizeCategory order.
+    latency_by_category: tuple[tuple[SizeCategory, LatencySummary], ...] = field(init=False)
+
+    def __post_init__(self) -> None:
+        samples = [s for run in self.runs for s in run.samples]
+        object.__setattr__(
+            self, "latency_all", LatencySummary.from_samples([s.latency_ns for s in samples])
+        )
+        by_category: dict[SizeCategory, list[int]] = {}
+        for sample in samples:
+            by_category.setdefault(classify(sample.payload_bytes), []).append(sample.latency_ns)
+        object.__setattr__(
+            self,
+            "latency_by_category",
+            tuple(
+                (category, LatencySummary.from_samples(by_category[category]))
+                for category in SizeCategory
+                if category in by_category
+            ),
+        )
+
+    @property
+    def rpc_count(self) -> int:
+        return sum(run.rpc_count for run in self.runs)
+
+    def _mean_over_runs(self, values: Sequence[float]) -> float:
+        finite = [v for v in values if not math.isnan(v)]
+        return float(np.mean(finite)) if finite else math.nan
+
+    @property
+    def rpcs_per_s(self) -> float:
+        """Aggregate RPCs per second over all workers, mean over runs."""
+        return self._mean_over_runs(
+            [
+                run.rpc_count / (run.duration_ns / 1e9) if run.duration_ns else math.nan
+                for run in self.runs
+            ]
+        )
+
+    @property
+    def bytes_per_s(self) -> float:
+        """Payload bytes moved per second (request + response), mean over runs."""
+        return self._mean_over_runs(
+            [
+                (run.request_bytes + run.response_bytes) / (run.duration_ns / 1e9)
+                if run.duration_ns
+                else math.nan
+                for run in self.runs
+            ]
+        )
+
+    @property
+    def bandwidth_mb_per_s(self) -> float:
+        """The paper's bandwidth: payload MB (10**6 B) per second, mean over runs."""
+        return self.bytes_per_s / 1e6
+
+    @property
+    def step_times_ns(self) -> tuple[int, ...]:
+        return tuple(t for run in self.runs for t in run.step_times_ns)
+
+    @property
+    def step_time(self) -> LatencySummary:
+        """Distribution of replayed communication time per step (trace-driven runs)."""
+        return LatencySummary.from_samples(self.step_times_ns)
+
+    @property
+    def client_cpu_ns(self) -> int:
+        return sum(run.client_cpu_ns for run in self.runs)
+
+    @property
+    def server_cpu_ns(self) -> int:
+        return sum(run.server_cpu_ns for run in self.runs)
