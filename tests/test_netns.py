@@ -1,0 +1,266 @@
+"""Emulated networks: real namespaces, veth pairs and tbf qdiscs (needs root; CI is root)."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import textwrap
+
+import pytest
+from tf_grpc_bench.replay import netns
+
+from tf_grpc_bench.errors import NetworkError
+
+# A receiver that counts the bytes of one TCP connection and reports the rate
+# between its first and last byte; a sender that pushes a fixed number of bytes.
+RECEIVER = textwrap.dedent(
+    """
+    import json, socket, sys, time
+    server = socket.create_server(("0.0.0.0", int(sys.argv[1])))
+    print("ready", flush=True)
+    connection, _ = server.accept()
+    total, first = 0, None
+    while True:
+        chunk = connection.recv(1 << 20)
+        if not chunk:
+            break
+        if first is None:
+            first = time.perf_counter_ns()
+        total += len(chunk)
+    last = time.perf_counter_ns()
+    print(json.dumps({"bytes": total, "duration_ns": last - first}), flush=True)
+    """
+)
+SENDER = textwrap.dedent(
+    """
+    import socket, sys
+    block = b"x" * (1 << 16)
+    remaining = int(sys.argv[3])
+    with socket.create_connection((sys.argv[1], int(sys.argv[2])), timeout=60) as s:
+        while remaining > 0:
+            s.sendall(block[: min(remaining, len(block))])
+            remaining -= len(block)
+    """
+)
+
+
+def tcp_throughput_bits_per_s(
+    network: netns.EmulatedNetwork, sender: int, receiver: int, total_bytes: int
+) -> float:
+    port = 5201
+    listener = network.spawn(
+        receiver,
+        [sys.executable, "-c", RECEIVER, str(port)],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert listener.stdout is not None
+    assert listener.stdout.readline().strip() == "ready"
+    target = network.host(receiver).address
+    sent = network.run(
+        sender, [sys.executable, "-c", SENDER, target, str(port), str(total_bytes)], timeout_s=120
+    )
+    assert sent.returncode == 0, sent.stderr
+    report = json.loads(listener.stdout.readline())
+    listener.wait(timeout=30)
+    assert report["bytes"] == total_bytes
+    return report["bytes"] * 8 / (report["duration_ns"] / 1e9)
+
+
+pytestmark = pytest.mark.netns
+
+
+def test_two_hosts_on_a_rate_limited_link_carry_at_most_the_configured_rate() -> None:
+    profile = netns.parse_profile("100mbit")
+    with netns.EmulatedNetwork(hosts=2, profile=profile) as network:
+        run_id = network.run_id
+        assert set(netns.run_namespaces(run_id)) == set(network.plan.namespaces)
+        measured = tcp_throughput_bits_per_s(network, sender=0, receiver=1, total_bytes=6_000_000)
+    assert profile.rate_bits_per_s is not None
+    ratio = measured / profile.rate_bits_per_s
+    # tbf is real: the link must not carry more than its rate (the bucket's
+    # first burst allows a little over), and must carry a good part of it.
+    assert 0.3 <= ratio <= 1.1, f"measured {measured / 1e6:.1f} Mbit/s on a 100 Mbit/s link"
+    assert netns.run_namespaces(run_id) == []
+
+
+def test_both_directions_of_a_link_are_limited() -> None:
+    profile = netns.parse_profile("100mbit")
+    with netns.EmulatedNetwork(hosts=2, profile=profile) as network:
+        measured = tcp_throughput_bits_per_s(network, sender=1, receiver=0, total_bytes=6_000_000)
+    assert measured <= 1.1 * 100e6
+
+
+def test_three_hosts_reach_each_other_through_the_switch_namespace() -> None:
+    with netns.EmulatedNetwork(hosts=3, profile=netns.parse_profile("200mbit")) as network:
+        assert network.plan.switch_namespace in netns.run_namespaces(network.run_id)
+        qdiscs = network.run(0, ["tc", "qdisc", "show", "dev", "eth0"]).stdout
+        assert "tbf" in qdiscs and "200Mbit" in qdiscs
+        measured = tcp_throughput_bits_per_s(network, sender=2, receiver=0, total_bytes=2_000_000)
+        assert measured <= 1.1 * 200e6
+        loopback = network.run(
+            1, [sys.executable, "-c", "import socket; socket.create_server(('127.0.0.1', 0))"]
+        )
+        assert loopback.returncode == 0, loopback.stderr
+    assert netns.run_namespaces(network.run_id) == []
+
+
+def test_unlimited_profile_adds_no_qdisc() -> None:
+    with netns.EmulatedNetwork(hosts=2, profile=netns.parse_profile("unlimited")) as network:
+        assert "tbf" not in network.run(0, ["tc", "qdisc", "show", "dev", "eth0"]).stdout
+
+
+def test_a_failure_during_setup_removes_what_was_made() -> None:
+    network = netns.EmulatedNetwork(hosts=2, profile=netns.parse_profile("1gbit"))
+    blocker = network.hosts[1].namespace
+    subprocess.run(["ip", "netns", "add", blocker], check=True)
+    try:
+        with pytest.raises(NetworkError, match="netns add"), network:
+            pass
+        assert netns.run_namespaces(network.run_id) == []
+    finally:
+        subprocess.run(["ip", "netns", "del", blocker], check=False, capture_output=True)
+
+
+def test_sigterm_removes_the_network_and_what_runs_in_it() -> None:
+    script = textwrap.dedent(
+        """
+        import sys, time
+        from tf_grpc_bench.replay import netns
+        with netns.EmulatedNetwork(hosts=2, profile=netns.parse_profile("1gbit")) as net:
+            net.spawn(0, ["sleep", "600"])
+            print(net.run_id, flush=True)
+            time.sleep(600)
+        """
+    )
+    owner = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    assert owner.stdout is not None
+    run_id = owner.stdout.readline().strip()
+    assert len(netns.run_namespaces(run_id)) == 2
+    owner.send_signal(signal.SIGTERM)
+    assert owner.wait(timeout=60) == 128 + signal.SIGTERM
+    assert netns.run_namespaces(run_id) == []
+
+
+def test_ctrl_c_removes_the_network() -> None:
+    script = textwrap.dedent(
+        """
+        import time
+        from tf_grpc_bench.replay import netns
+        with netns.EmulatedNetwork(hosts=3, profile=netns.parse_profile("1gbit")) as net:
+            print(net.run_id, flush=True)
+            time.sleep(600)
+        """
+    )
+    owner = subprocess.Popen(
+        [sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    assert owner.stdout is not None
+    run_id = owner.stdout.readline().strip()
+    assert len(netns.run_namespaces(run_id)) == 4
+    owner.send_signal(signal.SIGINT)
+    _, stderr = owner.communicate(timeout=60)
+    assert "KeyboardInterrupt" in stderr
+    assert netns.run_namespaces(run_id) == []
+
+
+def test_cleanup_removes_a_namespace_left_by_a_crashed_run() -> None:
+    # pid 99999999 is above any pid_max: the run that "made" it is certainly gone.
+    leftover = netns.namespace_name("99999999-beef", "h0")
+    subprocess.run(["ip", "netns", "add", leftover], check=True)
+    subprocess.run(
+        ["ip", "-n", leftover, "link", "add", "eth0", "type", "veth", "peer", "name", "eth1"],
+        check=True,
+    )
+    stray = subprocess.Popen(["ip", "netns", "exec", leftover, "sleep", "600"])
+    try:
+        removed = netns.cleanup_leftovers()
+        assert leftover in removed
+        assert leftover not in netns.list_namespaces()
+        assert stray.wait(timeout=10) != 0
+    finally:
+        if stray.poll() is None:
+            stray.kill()
+        subprocess.run(["ip", "netns", "del", leftover], check=False, capture_output=True)
+
+
+def test_cleanup_keeps_the_namespaces_of_a_run_in_progress() -> None:
+    with netns.EmulatedNetwork(hosts=2, profile=netns.parse_profile("1gbit")) as network:
+        removed = netns.cleanup_leftovers()
+        assert not set(removed) & set(network.plan.namespaces)
+        assert len(netns.run_namespaces(network.run_id)) == 2
+
+
+def test_non_root_gets_a_one_line_network_error() -> None:
+    script = textwrap.dedent(
+        """
+        import os
+        from tf_grpc_bench.errors import NetworkError
+        from tf_grpc_bench.replay import netns
+        os.setuid(65534)  # nobody: the checks must run as a user without root
+        try:
+            netns.EmulatedNetwork(hosts=2).up()
+        except NetworkError as error:
+            print(error)
+        """
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", script],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    assert "need root" in result.stdout
+    assert len(result.stdout.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("hosts", [2, 3, 5])
+def test_plan_shapes_every_link_on_both_ends(hosts: int) -> None:
+    plan = netns.plan_network(
+        hosts=hosts, profile=netns.parse_profile("10gbit"), run_id="12-ab", hz=250
+    )
+    shaping = [c for c in plan.setup_commands if c[0] == "tc"]
+    links = 1 if hosts == 2 else hosts
+    assert len(shaping) == 2 * links
+    assert len({h.address for h in plan.hosts}) == hosts
+    assert all(n.startswith(netns.PREFIX) for n in plan.namespaces)
+    assert bool(plan.switch_namespace) == (hosts > 2)
+
+
+def test_plan_for_unlimited_has_no_tc_commands() -> None:
+    plan = netns.plan_network(hosts=2, profile=netns.PROFILES["unlimited"], run_id="12-ab")
+    assert not [c for c in plan.setup_commands if c[0] == "tc"]
+
+
+def test_token_bucket_holds_one_tick_of_the_rate_and_at_least_two_gso_packets() -> None:
+    assert netns.token_bucket_for(10 * 10**9, hz=250).burst_bytes == 5_000_000
+    assert netns.token_bucket_for(10**9, hz=100).burst_bytes == 1_250_000
+    assert netns.token_bucket_for(10**6, hz=1000).burst_bytes == netns.MIN_BURST_BYTES
+
+
+def test_unknown_profile_error_lists_the_named_profiles() -> None:
+    with pytest.raises(NetworkError, match=r"1gbit, 10gbit, 25gbit, 40gbit, unlimited"):
+        netns.parse_profile("fast")
+
+
+def test_profiles_parse_names_and_rates() -> None:
+    profiles = netns.parse_profiles("1gbit, 2.5gbit,unlimited")
+    assert [p.rate_bits_per_s for p in profiles] == [10**9, 2_500_000_000, None]
+    with pytest.raises(NetworkError, match="twice"):
+        netns.parse_profiles("1gbit,1gbit")
+
+
+def test_bad_host_count_and_subnet_are_refused() -> None:
+    with pytest.raises(NetworkError, match="--hosts"):
+        netns.plan_network(hosts=1, profile=netns.PROFILES["1gbit"], run_id="1-a")
+    with pytest.raises(NetworkError, match="--subnet"):
+        netns.plan_network(
+            hosts=2, profile=netns.PROFILES["1gbit"], run_id="1-a", subnet="10.0.0.1/33"
+        )
+    with pytest.raises(NetworkError, match="room for 2"):
+        netns.plan_network(
+            hosts=3, profile=netns.PROFILES["1gbit"], run_id="1-a", subnet="10.0.0.0/30"
+        )
