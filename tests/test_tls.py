@@ -1,0 +1,98 @@
+"""TLS files made for a run, used by a real grpcio server and client on loopback."""
+
+from __future__ import annotations
+
+import stat
+from collections.abc import Iterator
+from concurrent import futures
+from pathlib import Path
+
+import grpc
+import pytest
+from tf_grpc_bench.replay import tls
+
+from tf_grpc_bench.errors import ConfigError
+
+METHOD = "/test.Echo/Echo"
+
+
+def _echo(request: bytes, _context: grpc.ServicerContext) -> bytes:
+    return request
+
+
+@pytest.fixture
+def tls_files(tmp_path: Path) -> tls.TlsFiles:
+    return tls.generate_tls_files(tmp_path / "tls", hosts=["10.233.0.2", "ps0.example"])
+
+
+@pytest.fixture
+def secure_port(tls_files: tls.TlsFiles) -> Iterator[int]:
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
+    handler = grpc.method_handlers_generic_handler(
+        "test.Echo", {"Echo": grpc.unary_unary_rpc_method_handler(_echo)}
+    )
+    server.add_generic_rpc_handlers((handler,))
+    port = server.add_secure_port("127.0.0.1:0", tls.server_credentials(tls_files))
+    server.start()
+    try:
+        yield port
+    finally:
+        server.stop(grace=None).wait()
+
+
+def _call(port: int, credentials: grpc.ChannelCredentials, *options: tuple[str, str]) -> bytes:
+    with grpc.secure_channel(f"127.0.0.1:{port}", credentials, options=list(options)) as channel:
+        echo = channel.unary_unary(METHOD)
+        reply: bytes = echo(b"over tls", timeout=10)
+        return reply
+
+
+def test_certificate_names_every_host_and_loopback(tls_files: tls.TlsFiles) -> None:
+    assert set(tls_files.server_hosts()) == {
+        "localhost",
+        "ps0.example",
+        "127.0.0.1",
+        "::1",
+        "10.233.0.2",
+    }
+    assert stat.S_IMODE(tls_files.server_key_path.stat().st_mode) == 0o600
+
+
+def test_a_call_over_tls_reaches_a_real_server(tls_files: tls.TlsFiles, secure_port: int) -> None:
+    assert _call(secure_port, tls.channel_credentials(tls_files)) == b"over tls"
+
+
+def test_a_client_trusting_another_ca_is_refused(
+    tmp_path: Path, tls_files: tls.TlsFiles, secure_port: int
+) -> None:
+    stranger = tls.generate_tls_files(tmp_path / "other")
+    with pytest.raises(grpc.RpcError) as caught:
+        _call(secure_port, tls.channel_credentials(stranger))
+    assert caught.value.code() == grpc.StatusCode.UNAVAILABLE
+
+
+def test_a_name_missing_from_the_certificate_is_refused(
+    tls_files: tls.TlsFiles, secure_port: int
+) -> None:
+    credentials = tls.channel_credentials(tls_files)
+    assert _call(secure_port, credentials, ("grpc.ssl_target_name_override", "ps0.example"))
+    with pytest.raises(grpc.RpcError):
+        _call(secure_port, credentials, ("grpc.ssl_target_name_override", "ps9.example"))
+
+
+def test_existing_files_are_reused_only_when_they_cover_the_hosts(
+    tmp_path: Path, tls_files: tls.TlsFiles
+) -> None:
+    directory = tls_files.ca_cert_path.parent
+    before = tls_files.server_cert_pem()
+    assert tls.ensure_tls_files(directory, hosts=["10.233.0.2"]).server_cert_pem() == before
+    renewed = tls.ensure_tls_files(directory, hosts=["10.233.0.3"])
+    assert renewed.server_cert_pem() != before
+    assert "10.233.0.3" in renewed.server_hosts()
+
+
+def test_missing_files_and_bad_hosts_are_one_line_errors(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match=r"ca\.pem: TLS file missing"):
+        tls.load_tls_files(tmp_path)
+    with pytest.raises(ConfigError, match=r"TLS host 'a b'"):
+        tls.generate_tls_files(tmp_path, hosts=["a b"])
