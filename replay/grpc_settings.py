@@ -1,0 +1,318 @@
+"""The gRPC settings a replay runs with: one frozen, validated record.
+
+These are the knobs a user turns to ask "what would this RPC stack setting do
+to my training": how many channels (TCP connections) each client opens, how
+many RPCs it keeps in flight, message compression, the message size limit and
+whether large tensors are cut into chunks, TLS, and HTTP/2 keepalive.
+
+``GrpcSettings`` turns them into what grpcio takes: ``channel_options()`` and
+``server_options()`` (lists of ``(name, value)`` channel arguments),
+``compression_algorithm()`` and, with the run's TLS files, credentials.  Every
+setting is recorded in results and shown in TensorBoard's hparams
+(``as_parameters()``).
+
+Chunking: with ``chunk_bytes`` > 0, a message whose payload is larger than
+``chunk_bytes`` travels as several messages of at most ``chunk_bytes`` on one
+streaming call (``chunk_sizes``); the bytes on the wire are the same, the
+largest single message is bounded.  0 sends every payload as one message.
+"""
+
+from __future__ import annotations
+
+import argparse
+import enum
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import grpc
+
+from tf_grpc_bench.errors import ConfigError
+from tf_grpc_bench.sizes import parse_size
+
+#: grpcio's largest message size (an int32): what TensorFlow itself sets.
+MAX_MESSAGE_LIMIT_BYTES = 2**31 - 1
+#: Room for a message's framing and non-payload fields, so that a chunk or a
+#: payload of exactly the limit still fits.
+MESSAGE_OVERHEAD_BYTES = 1024
+MIN_CHUNK_BYTES = 1024
+MAX_CHANNELS = 256
+MAX_OUTSTANDING_RPCS = 4096
+#: grpc-core's default keepalive timeout.
+DEFAULT_KEEPALIVE_TIMEOUT_MS = 20_000
+
+
+class Compression(enum.Enum):
+    """Message compression (grpcio's algorithms)."""
+
+    NONE = "none"
+    GZIP = "gzip"
+    DEFLATE = "deflate"
+
+    @classmethod
+    def parse(cls, text: str) -> Compression:
+        try:
+            return cls(text.strip().lower())
+        except ValueError:
+            names = ", ".join(c.value for c in cls)
+            raise ConfigError(f"--compression {text!r}: expected one of {names}") from None
+
+    @property
+    def grpc_algorithm(self) -> grpc.Compression:
+        return {
+            Compression.NONE: grpc.Compression.NoCompression,
+            Compression.GZIP: grpc.Compression.Gzip,
+            Compression.DEFLATE: grpc.Compression.Deflate,
+        }[self]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class GrpcSettings:
+    """gRPC settings of a replay.  Immutable; thread-safe to share."""
+
+    #: Channels (each its own TCP connection) a client spreads its calls over.
+    channels: int = 1
+    #: RPCs a client keeps in flight at once (per worker, over all its channels).
+    outstanding_rpcs: int = 1
+    compression: Compression = Compression.NONE
+    #: Largest message either side sends or accepts.
+    max_message_bytes: int = MAX_MESSAGE_LIMIT_BYTES
+    #: Payloads larger than this go as several messages on one stream; 0 = never.
+    chunk_bytes: int = 0
+    tls: bool = False
+    #: HTTP/2 keepalive ping interval; 0 = no keepalive pings (grpc's default).
+    keepalive_time_ms: int = 0
+    #: How long to wait for a ping's answer before the connection is dropped.
+    keepalive_timeout_ms: int = DEFAULT_KEEPALIVE_TIMEOUT_MS
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.channels <= MAX_CHANNELS:
+            raise ConfigError(f"--channels must be in 1..{MAX_CHANNELS}, got {self.channels}")
+        if not 1 <= self.outstanding_rpcs <= MAX_OUTSTANDING_RPCS:
+            raise ConfigError(
+                f"--outstanding must be in 1..{MAX_OUTSTANDING_RPCS}, got {self.outstanding_rpcs}"
+            )
+        if not isinstance(self.compression, Compression):
+            raise ConfigError(f"--compression: expected a Compression, got {self.compression!r}")
+        if not 2 * MESSAGE_OVERHEAD_BYTES <= self.max_message_bytes <= MAX_MESSAGE_LIMIT_BYTES:
+            raise ConfigError(
+                f"--max-message-size must be in {2 * MESSAGE_OVERHEAD_BYTES}.."
+                f"{MAX_MESSAGE_LIMIT_BYTES} bytes, got {self.max_message_bytes}"
+            )
+        if self.chunk_bytes != 0:
+            if self.chunk_bytes < MIN_CHUNK_BYTES:
+                raise ConfigError(
+                    f"--chunk-size must be 0 (off) or >= {MIN_CHUNK_BYTES} bytes, "
+                    f"got {self.chunk_bytes}"
+                )
+            if self.chunk_bytes + MESSAGE_OVERHEAD_BYTES > self.max_message_bytes:
+                raise ConfigError(
+                    f"--chunk-size {self.chunk_bytes} does not fit in --max-message-size "
+                    f"{self.max_message_bytes} (leave {MESSAGE_OVERHEAD_BYTES} bytes for framing)"
+                )
+        if self.keepalive_time_ms < 0:
+            raise ConfigError(f"--keepalive-ms must be >= 0, got {self.keepalive_time_ms}")
+        if self.keepalive_timeout_ms <= 0:
+            raise ConfigError(
+                f"--keepalive-timeout-ms must be > 0, got {self.keepalive_timeout_ms}"
+            )
+
+    # -- what goes on the wire ------------------------------------------------
+
+    def chunk_sizes(self, payload_bytes: int) -> tuple[int, ...]:
+        """How a payload of ``payload_bytes`` is cut: one size per message, in order.
+
+        Without chunking (or when the payload fits) that is ``(payload_bytes,)``.
+        The sizes add up to ``payload_bytes``; all but the last equal ``chunk_bytes``.
+        """
+        if payload_bytes < 0:
+            raise ValueError(f"payload_bytes must be >= 0, got {payload_bytes}")
+        if self.chunk_bytes == 0 or payload_bytes <= self.chunk_bytes:
+            return (payload_bytes,)
+        full, rest = divmod(payload_bytes, self.chunk_bytes)
+        return (self.chunk_bytes,) * full + ((rest,) if rest else ())
+
+    def check_payload(self, payload_bytes: int, *, what: str = "payload") -> None:
+        """ConfigError if a payload cannot be sent under the message size limit."""
+        largest = self.chunk_sizes(payload_bytes)[0]
+        if largest + MESSAGE_OVERHEAD_BYTES > self.max_message_bytes:
+            raise ConfigError(
+                f"{what} of {payload_bytes} bytes exceeds --max-message-size "
+                f"{self.max_message_bytes}: raise it or set --chunk-size"
+            )
+
+    # -- grpcio ---------------------------------------------------------------
+
+    def _message_options(self) -> list[tuple[str, Any]]:
+        return [
+            ("grpc.max_send_message_length", self.max_message_bytes),
+            ("grpc.max_receive_message_length", self.max_message_bytes),
+        ]
+
+    def channel_options(self) -> list[tuple[str, Any]]:
+        """Channel arguments for ``grpc.insecure_channel``/``secure_channel``.
+
+        Each channel gets a subchannel pool of its own, so ``channels`` channels
+        to one target are ``channels`` TCP connections (grpcio otherwise shares
+        one connection between channels with equal arguments).
+        """
+        options = [
+            *self._message_options(),
+            ("grpc.use_local_subchannel_pool", 1),
+            ("grpc.default_compression_algorithm", int(self.compression.grpc_algorithm)),
+        ]
+        if self.keepalive_time_ms:
+            options += [
+                ("grpc.keepalive_time_ms", self.keepalive_time_ms),
+                ("grpc.keepalive_timeout_ms", self.keepalive_timeout_ms),
+                ("grpc.keepalive_permit_without_calls", 1),
+                ("grpc.http2.max_pings_without_data", 0),
+            ]
+        return options
+
+    def server_options(self) -> list[tuple[str, Any]]:
+        """Server arguments for ``grpc.server(options=...)``.
+
+        With keepalive on, the server accepts pings as often as the client
+        sends them (by default it answers frequent pings with GOAWAY
+        "too_many_pings"), and pings its clients at the same interval.
+        """
+        options = list(self._message_options())
+        if self.keepalive_time_ms:
+            options += [
+                ("grpc.keepalive_time_ms", self.keepalive_time_ms),
+                ("grpc.keepalive_timeout_ms", self.keepalive_timeout_ms),
+                ("grpc.keepalive_permit_without_calls", 1),
+                ("grpc.http2.min_ping_interval_without_data_ms", self.keepalive_time_ms),
+                ("grpc.http2.max_ping_strikes", 0),
+            ]
+        return options
+
+    def compression_algorithm(self) -> grpc.Compression:
+        """For ``grpc.server(compression=...)`` and per-call ``compression=``."""
+        return self.compression.grpc_algorithm
+
+    # -- records ----------------------------------------------------------------
+
+    def as_parameters(self) -> dict[str, int | str | bool]:
+        """Flat ``grpc_*`` parameters for result documents and hparams."""
+        return {f"grpc_{name}": _plain(value) for name, value in asdict(self).items()}
+
+    @classmethod
+    def from_parameters(cls, parameters: Mapping[str, Any]) -> GrpcSettings:
+        """Inverse of ``as_parameters`` (ignores unrelated keys)."""
+        values = {
+            name: parameters[f"grpc_{name}"]
+            for name in cls.__dataclass_fields__
+            if f"grpc_{name}" in parameters
+        }
+        if "compression" in values:
+            values["compression"] = Compression.parse(str(values["compression"]))
+        try:
+            return cls(**values)
+        except TypeError as error:
+            raise ConfigError(f"gRPC settings: {error}") from None
+
+    def describe(self) -> str:
+        """One line for the terminal."""
+        parts = [
+            f"{self.channels} channel{'s' if self.channels > 1 else ''}",
+            f"{self.outstanding_rpcs} outstanding",
+            f"compression {self.compression.value}",
+            f"max message {self.max_message_bytes} B",
+            f"chunks {self.chunk_bytes} B" if self.chunk_bytes else "no chunking",
+            "TLS" if self.tls else "plaintext",
+            f"keepalive {self.keepalive_time_ms} ms" if self.keepalive_time_ms else "no keepalive",
+        ]
+        return ", ".join(parts)
+
+
+def _plain(value: Any) -> int | str | bool:
+    return value.value if isinstance(value, enum.Enum) else value
+
+
+# -- command-line flags ----------------------------------------------------------
+
+
+def add_grpc_flags(parser: argparse.ArgumentParser) -> None:
+    """The gRPC settings flags, shared by ``serve``, ``replay`` and ``network compare``."""
+    defaults = GrpcSettings()
+    group = parser.add_argument_group("gRPC settings")
+    group.add_argument(
+        "--channels",
+        type=int,
+        default=defaults.channels,
+        help="channels (TCP connections) per client",
+    )
+    group.add_argument(
+        "--outstanding",
+        type=int,
+        default=None,
+        metavar="N",
+        help="RPCs in flight per client (default: the benchmark's own: 1, or the trace's)",
+    )
+    group.add_argument(
+        "--compression",
+        default=defaults.compression.value,
+        choices=[c.value for c in Compression],
+        help="message compression (default: none)",
+    )
+    group.add_argument(
+        "--max-message-size",
+        default=str(defaults.max_message_bytes),
+        metavar="SIZE",
+        help="largest message sent or accepted, e.g. 64MB (default: 2 GiB - 1, as TensorFlow)",
+    )
+    group.add_argument(
+        "--chunk-size",
+        default="0",
+        metavar="SIZE",
+        help="send payloads larger than SIZE as several messages on a stream (default 0: off)",
+    )
+    group.add_argument(
+        "--tls",
+        action="store_true",
+        help="TLS with a CA and server certificate generated for the run (default: plaintext)",
+    )
+    group.add_argument(
+        "--tls-dir",
+        default=None,
+        metavar="DIR",
+        help="where the run's TLS files are (reused) or made (default: the run directory/tls)",
+    )
+    group.add_argument(
+        "--keepalive-ms",
+        type=int,
+        default=0,
+        metavar="MS",
+        help="HTTP/2 keepalive ping interval in ms (default 0: off)",
+    )
+    group.add_argument(
+        "--keepalive-timeout-ms",
+        type=int,
+        default=DEFAULT_KEEPALIVE_TIMEOUT_MS,
+        metavar="MS",
+        help=f"keepalive ping timeout in ms (default {DEFAULT_KEEPALIVE_TIMEOUT_MS})",
+    )
+
+
+def settings_from_args(args: argparse.Namespace, *, default_outstanding: int = 1) -> GrpcSettings:
+    """Build and validate GrpcSettings from ``add_grpc_flags``' flags."""
+    outstanding = args.outstanding if args.outstanding is not None else default_outstanding
+    return GrpcSettings(
+        channels=args.channels,
+        outstanding_rpcs=outstanding,
+        compression=Compression.parse(args.compression),
+        max_message_bytes=_size_flag("--max-message-size", args.max_message_size),
+        chunk_bytes=_size_flag("--chunk-size", args.chunk_size),
+        tls=bool(args.tls),
+        keepalive_time_ms=args.keepalive_ms,
+        keepalive_timeout_ms=args.keepalive_timeout_ms,
+    )
+
+
+def _size_flag(flag: str, text: str) -> int:
+    try:
+        return parse_size(text)
+    except ValueError as error:
+        raise ConfigError(f"{flag} {text!r}: {error}") from None
