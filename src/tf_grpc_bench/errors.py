@@ -62,3 +62,7 @@ class NetworkError(BenchError):
     """Emulated-network set-up failed: not root, namespaces, veth, tc."""
 
     exit_code = 5
+
+
+class UnsupportedResultVersionError(ResultError):
+    """A result document of a format version this tool does not know."""

@@ -1,0 +1,931 @@
+"""Result documents: what a replay measured, self-described, as versioned JSON.
+
+A ``ResultDocument`` holds everything needed to understand, compare and
+re-render a run later without the machine it ran on (STYLE.md principle 4):
+the format version, the tool version, the UTC time, the machine, the trace's
+path, hash and model, the network, every parameter, the raw samples of every
+run and the statistics derived from them.
+
+On disk a document is one JSON object (``docs/results.md`` describes it field
+by field).  ``read_document`` is the one place result files are parsed; it
+refuses a format version it does not know.  The derived ``statistics`` objects
+in the file are written for other tools and for people reading the file: on
+reading, statistics are recomputed from the raw samples, so a document read
+back is exactly the ``BenchmarkResult`` objects that were written.
+
+Pure except where a function says otherwise: ``describe_machine``,
+``describe_interface`` and ``describe_trace`` read the system or a file,
+``write_document``/``read_document``/``new_run_directory`` touch the file
+system, and ``build_document`` calls ``describe_machine`` unless given one.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import platform
+import re
+import socket
+import tempfile
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from importlib import metadata as package_metadata
+from pathlib import Path
+from typing import Any
+
+from tf_grpc_bench.replay.measurement import (
+    Benchmark,
+    BenchmarkResult,
+    CallSample,
+    LatencySummary,
+    RunMeasurement,
+)
+
+import tf_grpc_bench
+from tf_grpc_bench import trace as trace_model
+from tf_grpc_bench.errors import ResultError, UnsupportedResultVersionError
+
+#: Value of the ``format`` field, naming the kind of document.
+FORMAT = "tf-grpc-bench-results"
+#: Version of the result format this module writes.  History:
+#:   1 (2026-11): first version.
+FORMAT_VERSION = 1
+#: Versions ``read_document`` can read.
+READABLE_VERSIONS = frozenset({1})
+#: Conventional name of the result document inside a run directory.
+RESULTS_FILE_NAME = "results.json"
+
+#: A parameter value: what JSON and TensorBoard's hparams both hold.
+ParameterValue = str | int | float | bool
+
+#: Columns of a run's raw samples, in file order: (JSON key, CallSample field).
+SAMPLE_COLUMNS = (
+    "start_ns",
+    "latency_ns",
+    "request_bytes",
+    "response_bytes",
+    "payload_bytes",
+    "server_index",
+    "worker_index",
+    "step",
+)
+
+
+# --------------------------------------------------------------------------
+# What the document records besides the measurements.
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class MachineInfo:
+    """The host the client side of the benchmark ran on."""
+
+    hostname: str
+    platform: str
+    kernel: str
+    cpu_model: str
+    #: Logical CPUs the operating system reports.
+    cpu_count: int
+    #: Total physical memory; -1 where unknown.
+    memory_bytes: int
+    python_version: str
+    #: Versions of the packages that shape the figures ("" if not installed).
+    grpcio_version: str
+    protobuf_version: str
+    numpy_version: str
+    tensorboard_version: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class InterfaceInfo:
+    """One network interface the benchmark's traffic crossed."""
+
+    name: str
+    #: -1 where the kernel does not say.
+    mtu_bytes: int = -1
+    #: Link speed in Mbit/s as the kernel reports it; -1 for interfaces that
+    #: have none (loopback, veth) or where it cannot be read.
+    speed_mbit_per_s: int = -1
+    #: Network namespace the interface lives in ("" for the caller's own).
+    namespace: str = ""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class NetworkInfo:
+    """The network a run went over (filled by whoever set the network up)."""
+
+    #: Short name shown in tables and TensorBoard: "loopback", "veth-1gbit", ...
+    name: str
+    #: Addresses the client connected to ("host:port").
+    addresses: tuple[str, ...] = ()
+    interfaces: tuple[InterfaceInfo, ...] = ()
+    #: Rate limit of an emulated link in bit/s; 0 when the link is not emulated.
+    emulated_rate_bits_per_s: int = 0
+    #: How the link was emulated, e.g. "tbf rate 1gbit burst 128kb latency 50ms".
+    emulation: str = ""
+
+    def __post_init__(self) -> None:
+        if not self.name:
+            raise ValueError("NetworkInfo.name must not be empty")
+        if self.emulated_rate_bits_per_s < 0:
+            raise ValueError(
+                f"NetworkInfo.emulated_rate_bits_per_s must be >= 0, "
+                f"got {self.emulated_rate_bits_per_s}"
+            )
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TraceInfo:
+    """The trace a trace-driven run replayed."""
+
+    #: Absolute path of the trace file when the run was made.
+    path: str
+    #: Hex SHA-256 of the trace file's bytes.
+    sha256: str
+    model: str
+    strategy: str
+    tensorflow_version: str
+    format_version: int
+    step_count: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ResultDocument:
+    """One invocation's results: every benchmark it ran, and their context."""
+
+    #: When the document was built, ISO 8601 in UTC ("...Z").
+    created_utc: str
+    tool_version: str
+    machine: MachineInfo
+    #: The invocation's parameters (flags after defaults), flat.
+    config: dict[str, ParameterValue]
+    benchmarks: tuple[BenchmarkResult, ...]
+    trace: TraceInfo | None = None
+    network: NetworkInfo | None = None
+    partial: bool = False
+    partial_reason: str = ""
+    format_version: int = FORMAT_VERSION
+
+    def __post_init__(self) -> None:
+        _check_parameters(self.config, "config")
+        for result in self.benchmarks:
+            _check_parameters(result.parameters, f"parameters of {result.benchmark.value}")
+        if self.format_version not in READABLE_VERSIONS:
+            raise ValueError(f"format_version {self.format_version} is not supported")
+
+    @property
+    def labels(self) -> tuple[str, ...]:
+        """A short unique name per benchmark result, in order (see ``benchmark_labels``)."""
+        return benchmark_labels(self.benchmarks)
+
+
+def benchmark_labels(results: Sequence[BenchmarkResult]) -> tuple[str, ...]:
+    """Unique, file-name-safe names for ``results``, in order.
+
+    The benchmark's name ("p2p-latency") when it occurs once; with its
+    workload appended ("p2p-latency-trace") when the same benchmark ran on
+    several workloads; with a counter when even that repeats.
+    """
+    counts: dict[Benchmark, int] = {}
+    for result in results:
+        counts[result.benchmark] = counts.get(result.benchmark, 0) + 1
+    labels: list[str] = []
+    for result in results:
+        label = result.benchmark.value
+        if counts[result.benchmark] > 1:
+            label = f"{label}-{_safe_name(result.workload) or 'workload'}"
+        candidate, number = label, 2
+        while candidate in labels:
+            candidate = f"{label}-{number}"
+            number += 1
+        labels.append(candidate)
+    return tuple(labels)
+
+
+def _check_parameters(parameters: Mapping[str, object], where: str) -> None:
+    for key, value in parameters.items():
+        if not isinstance(key, str) or not key:
+            raise ValueError(f"{where}: parameter names must be non-empty strings, got {key!r}")
+        if not isinstance(value, str | int | float | bool):
+            raise ValueError(
+                f"{where}: parameter {key!r} must be a str, int, float or bool, "
+                f"got {type(value).__name__}"
+            )
+        if isinstance(value, float) and not math.isfinite(value):
+            raise ValueError(f"{where}: parameter {key!r} must be finite, got {value}")
+
+
+def _safe_name(text: str) -> str:
+    return re.sub(r"[^A-Za-z0-9._-]+", "-", text).strip("-.")
+
+
+# --------------------------------------------------------------------------
+# Describing the machine, interfaces and trace (these read the system).
+
+
+def _package_version(name: str) -> str:
+    try:
+        return package_metadata.version(name)
+    except package_metadata.PackageNotFoundError:
+        return ""
+
+
+def _cpu_model(cpuinfo: Path) -> str:
+    try:
+        text = cpuinfo.read_text(errors="replace")
+    except OSError:
+        return platform.processor()
+    for line in text.splitlines():
+        key, _, value = line.partition(":")
+        if key.strip() in {"model name", "Hardware", "cpu model"}:
+            return value.strip()
+    return platform.processor()
+
+
+def _memory_bytes(meminfo: Path) -> int:
+    try:
+        text = meminfo.read_text(errors="replace")
+    except OSError:
+        return -1
+    for line in text.splitlines():
+        if line.startswith("MemTotal:"):
+            fields = line.split()
+            if len(fields) >= 2 and fields[1].isdigit():
+                unit = 1024 if len(fields) > 2 and fields[2].lower() == "kb" else 1
+                return int(fields[1]) * unit
+    return -1
+
+
+def describe_machine(*, proc: Path = Path("/proc")) -> MachineInfo:
+    """Describe this host.  Reads ``/proc`` and installed package metadata."""
+    return MachineInfo(
+        hostname=socket.gethostname(),
+        platform=platform.platform(),
+        kernel=platform.release(),
+        cpu_model=_cpu_model(proc / "cpuinfo"),
+        cpu_count=os.cpu_count() or 0,
+        memory_bytes=_memory_bytes(proc / "meminfo"),
+        python_version=platform.python_version(),
+        grpcio_version=_package_version("grpcio"),
+        protobuf_version=_package_version("protobuf"),
+        numpy_version=_package_version("numpy"),
+        tensorboard_version=_package_version("tensorboard"),
+    )
+
+
+def _read_sys_int(path: Path) -> int:
+    try:
+        return int(path.read_text().strip())
+    except (OSError, ValueError):
+        # Loopback and veth answer EINVAL for "speed"; that means "no speed".
+        return -1
+
+
+def describe_interface(
+    name: str, *, namespace: str = "", sys_class_net: Path = Path("/sys/class/net")
+) -> InterfaceInfo:
+    """MTU and link speed of interface ``name`` as seen from this process's namespace.
+
+    Reads ``/sys/class/net/<name>``; values the kernel does not report are -1.
+    ``namespace`` is only recorded: the caller reads from inside it.
+    """
+    base = sys_class_net / name
+    speed = _read_sys_int(base / "speed")
+    return InterfaceInfo(
+        name=name,
+        mtu_bytes=_read_sys_int(base / "mtu"),
+        speed_mbit_per_s=speed if speed > 0 else -1,
+        namespace=namespace,
+    )
+
+
+def loopback_network(addresses: Sequence[str] = ()) -> NetworkInfo:
+    """The NetworkInfo of a run over this host's loopback interface."""
+    return NetworkInfo(
+        name="loopback", addresses=tuple(addresses), interfaces=(describe_interface("lo"),)
+    )
+
+
+def describe_trace(path: str | os.PathLike[str]) -> TraceInfo:
+    """Read and hash the trace at ``path`` (raises ``TraceError`` if unreadable)."""
+    path = Path(path)
+    trace = trace_model.read_trace(path)
+    return TraceInfo(
+        path=str(path.resolve()),
+        sha256=trace_model.file_sha256(path),
+        model=trace.metadata.model,
+        strategy=trace.metadata.strategy,
+        tensorflow_version=trace.metadata.tensorflow_version,
+        format_version=trace.format_version,
+        step_count=len(trace.steps),
+    )
+
+
+def utc_timestamp(moment: datetime | None = None) -> str:
+    """ISO 8601 UTC time with milliseconds and a ``Z`` suffix (now by default)."""
+    moment = moment or datetime.now(timezone.utc)
+    text = moment.astimezone(timezone.utc).isoformat(timespec="milliseconds")
+    return text.replace("+00:00", "Z")
+
+
+# --------------------------------------------------------------------------
+# Building a document.
+
+
+def build_document(
+    results: Sequence[BenchmarkResult],
+    *,
+    config: Mapping[str, ParameterValue],
+    trace_path: Path | None,
+    network: NetworkInfo | None = None,
+    partial: bool = False,
+    partial_reason: str = "",
+    machine: MachineInfo | None = None,
+    created: datetime | None = None,
+) -> ResultDocument:
+    """Assemble the result document of one invocation.
+
+    The document is partial when the caller says so or when any benchmark or
+    run in ``results`` is; without a reason from the caller, the reasons of
+    the partial benchmarks are joined.  ``machine`` defaults to
+    ``describe_machine()`` and ``created`` to now; ``trace_path`` is read and
+    hashed (``TraceError`` if it cannot be).  Bad parameter values raise
+    ``ResultError`` naming the parameter.
+    """
+    reasons = []
+    for result in results:
+        reason = result.partial_reason or next(
+            (run.partial_reason for run in result.runs if run.partial), ""
+        )
+        if result.partial or any(run.partial for run in result.runs):
+            reasons.append(f"{result.benchmark.value}: {reason or 'stopped early'}")
+    is_partial = partial or bool(reasons)
+    if is_partial and not partial_reason:
+        partial_reason = "; ".join(reasons) or "stopped early"
+    try:
+        return ResultDocument(
+            created_utc=utc_timestamp(created),
+            tool_version=tf_grpc_bench.__version__,
+            machine=machine or describe_machine(),
+            config=dict(config),
+            benchmarks=tuple(results),
+            trace=None if trace_path is None else describe_trace(trace_path),
+            network=network,
+            partial=is_partial,
+            partial_reason=partial_reason if is_partial else "",
+        )
+    except ValueError as error:
+        raise ResultError(f"cannot build the result document: {error}") from None
+
+
+# --------------------------------------------------------------------------
+# Derived statistics (pure).
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RunStatistics:
+    """Figures of one measured run."""
+
+    run_index: int
+    rpc_count: int
+    duration_ns: int
+    rpcs_per_s: float
+    #: Request plus response bytes per second.
+    bytes_per_s: float
+    #: MB (10**6 bytes) per second.
+    bandwidth_mb_per_s: float
+    latency: LatencySummary
+    step_time: LatencySummary
+    client_cpu_ns: int
+    server_cpu_ns: int
+    partial: bool
+
+
+def run_statistics(run: RunMeasurement) -> RunStatistics:
+    """The per-run figures ``BenchmarkResult`` averages over runs."""
+    seconds = run.duration_ns / 1e9
+    moved = run.request_bytes + run.response_bytes
+    return RunStatistics(
+        run_index=run.run_index,
+        rpc_count=run.rpc_count,
+        duration_ns=run.duration_ns,
+        rpcs_per_s=run.rpc_count / seconds if seconds else math.nan,
+        bytes_per_s=moved / seconds if seconds else math.nan,
+        bandwidth_mb_per_s=moved / seconds / 1e6 if seconds else math.nan,
+        latency=LatencySummary.from_samples([s.latency_ns for s in run.samples]),
+        step_time=LatencySummary.from_samples(run.step_times_ns),
+        client_cpu_ns=run.client_cpu_ns,
+        server_cpu_ns=run.server_cpu_ns,
+        partial=run.partial,
+    )
+
+
+def cpu_utilization(cpu_ns: int, result: BenchmarkResult) -> float:
+    """CPU time over measured wall time (1.0 = one core busy all run); NaN if no time."""
+    wall_ns = sum(run.duration_ns for run in result.runs)
+    return cpu_ns / wall_ns if wall_ns else math.nan
+
+
+def _finite_or_none(value: float) -> float | None:
+    return None if math.isnan(value) else value
+
+
+def _latency_json(summary: LatencySummary) -> dict[str, Any]:
+    return {
+        "count": summary.count,
+        "mean_ns": _finite_or_none(summary.mean_ns),
+        "min_ns": _finite_or_none(summary.min_ns),
+        "p50_ns": _finite_or_none(summary.p50_ns),
+        "p90_ns": _finite_or_none(summary.p90_ns),
+        "p99_ns": _finite_or_none(summary.p99_ns),
+        "p999_ns": _finite_or_none(summary.p999_ns),
+        "max_ns": _finite_or_none(summary.max_ns),
+    }
+
+
+def _statistics_json(result: BenchmarkResult) -> dict[str, Any]:
+    latency = {"all": _latency_json(result.latency_all)}
+    for category, summary in result.latency_by_category:
+        latency[category.value] = _latency_json(summary)
+    return {
+        "rpc_count": result.rpc_count,
+        "request_bytes": sum(run.request_bytes for run in result.runs),
+        "response_bytes": sum(run.response_bytes for run in result.runs),
+        "rpcs_per_s": _finite_or_none(result.rpcs_per_s),
+        "bytes_per_s": _finite_or_none(result.bytes_per_s),
+        "bandwidth_mb_per_s": _finite_or_none(result.bandwidth_mb_per_s),
+        "latency_ns": latency,
+        "step_time_ns": _latency_json(result.step_time),
+        "client_cpu_ns": result.client_cpu_ns,
+        "server_cpu_ns": result.server_cpu_ns,
+        "client_cpu_utilization": _finite_or_none(cpu_utilization(result.client_cpu_ns, result)),
+        "server_cpu_utilization": _finite_or_none(cpu_utilization(result.server_cpu_ns, result)),
+    }
+
+
+def _run_statistics_json(run: RunMeasurement) -> dict[str, Any]:
+    stats = run_statistics(run)
+    return {
+        "rpc_count": stats.rpc_count,
+        "rpcs_per_s": _finite_or_none(stats.rpcs_per_s),
+        "bytes_per_s": _finite_or_none(stats.bytes_per_s),
+        "bandwidth_mb_per_s": _finite_or_none(stats.bandwidth_mb_per_s),
+        "latency_ns": _latency_json(stats.latency),
+        "step_time_ns": _latency_json(stats.step_time),
+    }
+
+
+# --------------------------------------------------------------------------
+# To JSON.
+
+
+def _run_json(run: RunMeasurement) -> dict[str, Any]:
+    return {
+        "run_index": run.run_index,
+        "duration_ns": run.duration_ns,
+        "client_cpu_ns": run.client_cpu_ns,
+        "server_cpu_ns": run.server_cpu_ns,
+        "server_received_bytes": run.server_received_bytes,
+        "server_received_messages": run.server_received_messages,
+        "partial": run.partial,
+        "partial_reason": run.partial_reason,
+        "statistics": _run_statistics_json(run),
+        "step_times_ns": list(run.step_times_ns),
+        "samples": {
+            "count": run.rpc_count,
+            **{
+                column: [getattr(sample, column) for sample in run.samples]
+                for column in SAMPLE_COLUMNS
+            },
+        },
+    }
+
+
+def _benchmark_json(result: BenchmarkResult) -> dict[str, Any]:
+    return {
+        "benchmark": result.benchmark.value,
+        "workload": result.workload,
+        "partial": result.partial,
+        "partial_reason": result.partial_reason,
+        "parameters": dict(result.parameters),
+        "statistics": _statistics_json(result),
+        "runs": [_run_json(run) for run in result.runs],
+    }
+
+
+def document_to_json_dict(document: ResultDocument) -> dict[str, Any]:
+    """The JSON object ``write_document`` writes (plain dicts, lists and scalars)."""
+    machine = document.machine
+    trace = document.trace
+    network = document.network
+    return {
+        "format": FORMAT,
+        "format_version": document.format_version,
+        "tool_version": document.tool_version,
+        "created_utc": document.created_utc,
+        "partial": document.partial,
+        "partial_reason": document.partial_reason,
+        "machine": {
+            "hostname": machine.hostname,
+            "platform": machine.platform,
+            "kernel": machine.kernel,
+            "cpu_model": machine.cpu_model,
+            "cpu_count": machine.cpu_count,
+            "memory_bytes": machine.memory_bytes,
+            "python_version": machine.python_version,
+            "grpcio_version": machine.grpcio_version,
+            "protobuf_version": machine.protobuf_version,
+            "numpy_version": machine.numpy_version,
+            "tensorboard_version": machine.tensorboard_version,
+        },
+        "trace": None
+        if trace is None
+        else {
+            "path": trace.path,
+            "sha256": trace.sha256,
+            "model": trace.model,
+            "strategy": trace.strategy,
+            "tensorflow_version": trace.tensorflow_version,
+            "format_version": trace.format_version,
+            "step_count": trace.step_count,
+        },
+        "network": None
+        if network is None
+        else {
+            "name": network.name,
+            "addresses": list(network.addresses),
+            "interfaces": [
+                {
+                    "name": interface.name,
+                    "mtu_bytes": interface.mtu_bytes,
+                    "speed_mbit_per_s": interface.speed_mbit_per_s,
+                    "namespace": interface.namespace,
+                }
+                for interface in network.interfaces
+            ],
+            "emulated_rate_bits_per_s": network.emulated_rate_bits_per_s,
+            "emulation": network.emulation,
+        },
+        "config": dict(document.config),
+        "benchmarks": [_benchmark_json(result) for result in document.benchmarks],
+    }
+
+
+def _encode(value: Any, depth: int = 0) -> str:
+    """JSON with one indented line per object member, but lists of numbers on one line.
+
+    Raw sample columns hold hundreds of thousands of numbers: one per line
+    would make files long to page through for no gain.
+    """
+    if isinstance(value, dict) and value:
+        inner = " " * (depth + 1)
+        members = (f"{inner}{json.dumps(k)}: {_encode(v, depth + 1)}" for k, v in value.items())
+        return "{\n" + ",\n".join(members) + "\n" + " " * depth + "}"
+    if isinstance(value, list) and any(isinstance(item, dict | list) for item in value):
+        inner = " " * (depth + 1)
+        items = (inner + _encode(item, depth + 1) for item in value)
+        return "[\n" + ",\n".join(items) + "\n" + " " * depth + "]"
+    return json.dumps(value, separators=(",", ":"), allow_nan=False)
+
+
+def dumps_document(document: ResultDocument) -> str:
+    """The text of the JSON file ``write_document`` writes."""
+    return _encode(document_to_json_dict(document)) + "\n"
+
+
+def write_document(document: ResultDocument, path: str | os.PathLike[str]) -> Path:
+    """Write ``document`` as JSON to ``path`` atomically; returns the path.
+
+    A reader never sees half a file: the text goes to a temporary file in the
+    same directory, which then replaces ``path``.  Raises ``ResultError`` if
+    the file cannot be written.
+    """
+    path = Path(path)
+    text = dumps_document(document)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        descriptor, temporary = tempfile.mkstemp(
+            dir=path.parent, prefix=f".{path.name}.", suffix=".tmp"
+        )
+    except OSError as error:
+        raise ResultError(f"{path}: cannot write results ({error.strerror or error})") from None
+    try:
+        with os.fdopen(descriptor, "w", encoding="utf-8") as stream:
+            stream.write(text)
+        os.replace(temporary, path)
+    except OSError as error:
+        Path(temporary).unlink(missing_ok=True)
+        raise ResultError(f"{path}: cannot write results ({error.strerror or error})") from None
+    except BaseException:
+        Path(temporary).unlink(missing_ok=True)
+        raise
+    return path
+
+
+# --------------------------------------------------------------------------
+# From JSON: the one parse point.
+
+
+class _Invalid(Exception):
+    """A field of the document is missing or of the wrong type (internal)."""
+
+
+def _field(obj: Mapping[str, Any], key: str, where: str) -> Any:
+    if key not in obj:
+        raise _Invalid(f"{where}: missing field {key!r}")
+    return obj[key]
+
+
+def _str(obj: Mapping[str, Any], key: str, where: str) -> str:
+    value = _field(obj, key, where)
+    if not isinstance(value, str):
+        raise _Invalid(f"{where}.{key}: expected a string, got {type(value).__name__}")
+    return value
+
+
+def _int(obj: Mapping[str, Any], key: str, where: str) -> int:
+    value = _field(obj, key, where)
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise _Invalid(f"{where}.{key}: expected an integer, got {json.dumps(value)[:40]}")
+    return value
+
+
+def _bool(obj: Mapping[str, Any], key: str, where: str) -> bool:
+    value = _field(obj, key, where)
+    if not isinstance(value, bool):
+        raise _Invalid(f"{where}.{key}: expected true or false, got {json.dumps(value)[:40]}")
+    return value
+
+
+def _object(obj: Mapping[str, Any], key: str, where: str) -> dict[str, Any]:
+    value = _field(obj, key, where)
+    if not isinstance(value, dict):
+        raise _Invalid(f"{where}.{key}: expected an object, got {type(value).__name__}")
+    return value
+
+
+def _list(obj: Mapping[str, Any], key: str, where: str) -> list[Any]:
+    value = _field(obj, key, where)
+    if not isinstance(value, list):
+        raise _Invalid(f"{where}.{key}: expected a list, got {type(value).__name__}")
+    return value
+
+
+def _int_list(obj: Mapping[str, Any], key: str, where: str) -> list[int]:
+    values = _list(obj, key, where)
+    for index, value in enumerate(values):
+        if not isinstance(value, int) or isinstance(value, bool):
+            raise _Invalid(
+                f"{where}.{key}[{index}]: expected an integer, got {json.dumps(value)[:40]}"
+            )
+    return values
+
+
+def _parameters(obj: Mapping[str, Any], key: str, where: str) -> dict[str, ParameterValue]:
+    values = _object(obj, key, where)
+    for name, value in values.items():
+        if not isinstance(value, str | int | float | bool):
+            raise _Invalid(
+                f"{where}.{key}.{name}: expected a string, number or boolean, "
+                f"got {json.dumps(value)[:40]}"
+            )
+    return values
+
+
+def _machine_from_json(obj: dict[str, Any], where: str) -> MachineInfo:
+    return MachineInfo(
+        hostname=_str(obj, "hostname", where),
+        platform=_str(obj, "platform", where),
+        kernel=_str(obj, "kernel", where),
+        cpu_model=_str(obj, "cpu_model", where),
+        cpu_count=_int(obj, "cpu_count", where),
+        memory_bytes=_int(obj, "memory_bytes", where),
+        python_version=_str(obj, "python_version", where),
+        grpcio_version=_str(obj, "grpcio_version", where),
+        protobuf_version=_str(obj, "protobuf_version", where),
+        numpy_version=_str(obj, "numpy_version", where),
+        tensorboard_version=_str(obj, "tensorboard_version", where),
+    )
+
+
+def _trace_from_json(obj: dict[str, Any], where: str) -> TraceInfo:
+    return TraceInfo(
+        path=_str(obj, "path", where),
+        sha256=_str(obj, "sha256", where),
+        model=_str(obj, "model", where),
+        strategy=_str(obj, "strategy", where),
+        tensorflow_version=_str(obj, "tensorflow_version", where),
+        format_version=_int(obj, "format_version", where),
+        step_count=_int(obj, "step_count", where),
+    )
+
+
+def _network_from_json(obj: dict[str, Any], where: str) -> NetworkInfo:
+    interfaces = []
+    for index, item in enumerate(_list(obj, "interfaces", where)):
+        at = f"{where}.interfaces[{index}]"
+        if not isinstance(item, dict):
+            raise _Invalid(f"{at}: expected an object")
+        interfaces.append(
+            InterfaceInfo(
+                name=_str(item, "name", at),
+                mtu_bytes=_int(item, "mtu_bytes", at),
+                speed_mbit_per_s=_int(item, "speed_mbit_per_s", at),
+                namespace=_str(item, "namespace", at),
+            )
+        )
+    addresses = _list(obj, "addresses", where)
+    if not all(isinstance(address, str) for address in addresses):
+        raise _Invalid(f"{where}.addresses: expected a list of strings")
+    return NetworkInfo(
+        name=_str(obj, "name", where),
+        addresses=tuple(addresses),
+        interfaces=tuple(interfaces),
+        emulated_rate_bits_per_s=_int(obj, "emulated_rate_bits_per_s", where),
+        emulation=_str(obj, "emulation", where),
+    )
+
+
+def _run_from_json(obj: dict[str, Any], where: str) -> RunMeasurement:
+    samples_obj = _object(obj, "samples", where)
+    at = f"{where}.samples"
+    count = _int(samples_obj, "count", at)
+    columns = [_int_list(samples_obj, column, at) for column in SAMPLE_COLUMNS]
+    for column, values in zip(SAMPLE_COLUMNS, columns, strict=True):
+        if len(values) != count:
+            raise _Invalid(f"{at}.{column}: has {len(values)} values, 'count' says {count}")
+    samples = []
+    for index, row in enumerate(zip(*columns, strict=True)):
+        try:
+            samples.append(CallSample(**dict(zip(SAMPLE_COLUMNS, row, strict=True))))
+        except ValueError as error:
+            raise _Invalid(f"{at}[{index}]: {error}") from None
+    return RunMeasurement(
+        run_index=_int(obj, "run_index", where),
+        duration_ns=_int(obj, "duration_ns", where),
+        samples=tuple(samples),
+        step_times_ns=tuple(_int_list(obj, "step_times_ns", where)),
+        client_cpu_ns=_int(obj, "client_cpu_ns", where),
+        server_cpu_ns=_int(obj, "server_cpu_ns", where),
+        server_received_bytes=_int(obj, "server_received_bytes", where),
+        server_received_messages=_int(obj, "server_received_messages", where),
+        partial=_bool(obj, "partial", where),
+        partial_reason=_str(obj, "partial_reason", where),
+    )
+
+
+def _benchmark_from_json(obj: dict[str, Any], where: str) -> BenchmarkResult:
+    name = _str(obj, "benchmark", where)
+    try:
+        benchmark = Benchmark(name)
+    except ValueError:
+        known = ", ".join(b.value for b in Benchmark)
+        raise _Invalid(f"{where}.benchmark: unknown benchmark {name!r} (known: {known})") from None
+    runs = []
+    for index, item in enumerate(_list(obj, "runs", where)):
+        if not isinstance(item, dict):
+            raise _Invalid(f"{where}.runs[{index}]: expected an object")
+        runs.append(_run_from_json(item, f"{where}.runs[{index}]"))
+    return BenchmarkResult(
+        benchmark=benchmark,
+        workload=_str(obj, "workload", where),
+        parameters=_parameters(obj, "parameters", where),
+        runs=tuple(runs),
+        partial=_bool(obj, "partial", where),
+        partial_reason=_str(obj, "partial_reason", where),
+    )
+
+
+def document_from_json_dict(data: Any, *, source: str = "results") -> ResultDocument:
+    """Inverse of ``document_to_json_dict``; ``source`` names the file in errors.
+
+    Raises ``UnsupportedResultVersionError`` for a version this tool cannot
+    read and ``ResultError`` for anything missing or malformed.
+    """
+    if not isinstance(data, dict) or data.get("format") != FORMAT:
+        raise ResultError(
+            f"{source}: not a tf-grpc-bench result document ('format' is not {FORMAT!r})"
+        )
+    version = data.get("format_version")
+    if version not in READABLE_VERSIONS or isinstance(version, bool):
+        raise UnsupportedResultVersionError(
+            f"{source}: result format_version {version!r} is not supported "
+            f"(this tool, version {tf_grpc_bench.__version__}, reads versions "
+            f"{sorted(READABLE_VERSIONS)})"
+        )
+    where = "document"
+    try:
+        benchmarks = []
+        for index, item in enumerate(_list(data, "benchmarks", where)):
+            if not isinstance(item, dict):
+                raise _Invalid(f"benchmarks[{index}]: expected an object")
+            benchmarks.append(_benchmark_from_json(item, f"benchmarks[{index}]"))
+        trace = data.get("trace")
+        network = data.get("network")
+        if trace is not None and not isinstance(trace, dict):
+            raise _Invalid("trace: expected an object or null")
+        if network is not None and not isinstance(network, dict):
+            raise _Invalid("network: expected an object or null")
+        return ResultDocument(
+            format_version=version,
+            tool_version=_str(data, "tool_version", where),
+            created_utc=_str(data, "created_utc", where),
+            machine=_machine_from_json(_object(data, "machine", where), "machine"),
+            config=_parameters(data, "config", where),
+            benchmarks=tuple(benchmarks),
+            trace=None if trace is None else _trace_from_json(trace, "trace"),
+            network=None if network is None else _network_from_json(network, "network"),
+            partial=_bool(data, "partial", where),
+            partial_reason=_str(data, "partial_reason", where),
+        )
+    except _Invalid as error:
+        raise ResultError(f"{source}: invalid result document: {error}") from None
+    except ValueError as error:
+        raise ResultError(f"{source}: invalid result document: {error}") from None
+
+
+def loads_document(text: str, *, source: str = "results") -> ResultDocument:
+    """Parse the text of a result file (see ``read_document``)."""
+    if not text.strip():
+        raise ResultError(f"{source}: file is empty (expected a tf-grpc-bench result document)")
+    try:
+        data = json.loads(text, parse_constant=_refuse_constant)
+    except json.JSONDecodeError as error:
+        if not text[error.pos :].strip():
+            raise ResultError(
+                f"{source}: result document is truncated (JSON ends early at line "
+                f"{error.lineno} column {error.colno})"
+            ) from None
+        raise ResultError(
+            f"{source}: result document is not valid JSON ({error.msg} at line "
+            f"{error.lineno} column {error.colno})"
+        ) from None
+    except ValueError as error:
+        raise ResultError(f"{source}: result document is not valid JSON ({error})") from None
+    return document_from_json_dict(data, source=source)
+
+
+def _refuse_constant(name: str) -> float:
+    raise ValueError(f"{name} is not a JSON number")
+
+
+def read_document(path: str | os.PathLike[str]) -> ResultDocument:
+    """Read and validate the result document at ``path``.
+
+    Every error is a ``ResultError`` whose one-line message names the file:
+    missing, empty, truncated, not JSON, not a result document, an unknown
+    format version (``UnsupportedResultVersionError``), or a field missing or
+    of the wrong type (named by its path in the document).
+    """
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ResultError(f"{path}: no such result file") from None
+    except IsADirectoryError:
+        raise ResultError(f"{path}: is a directory, expected a result file") from None
+    except PermissionError:
+        raise ResultError(f"{path}: permission denied") from None
+    except UnicodeDecodeError:
+        raise ResultError(f"{path}: result document is corrupt (not UTF-8 text)") from None
+    except OSError as error:
+        raise ResultError(f"{path}: cannot read ({error.strerror or error})") from None
+    return loads_document(text, source=str(path))
+
+
+# --------------------------------------------------------------------------
+# Run directories.
+
+
+def new_run_directory(
+    base: str | os.PathLike[str], label: str = "", *, now: datetime | None = None
+) -> Path:
+    """Create and return a new directory ``base/<UTC timestamp>[-<label>]``.
+
+    The timestamp reads ``20261129T174552Z`` so directories sort by time; the
+    label is reduced to file-name-safe characters.  If the name is taken
+    (two runs in the same second), ``-2``, ``-3``, ... is appended; creation
+    is atomic, so concurrent callers never share a directory.  Raises
+    ``ResultError`` if ``base`` cannot be created or written.
+    """
+    base = Path(base)
+    moment = (now or datetime.now(timezone.utc)).astimezone(timezone.utc)
+    stem = moment.strftime("%Y%m%dT%H%M%SZ")
+    safe = _safe_name(label)
+    if safe:
+        stem = f"{stem}-{safe}"
+    try:
+        base.mkdir(parents=True, exist_ok=True)
+        for number in range(1, 10_000):
+            candidate = base / (stem if number == 1 else f"{stem}-{number}")
+            try:
+                candidate.mkdir()
+            except FileExistsError:
+                continue
+            return candidate
+    except OSError as error:
+        raise ResultError(
+            f"{base}: cannot create a run directory ({error.strerror or error})"
+        ) from None
+    raise ResultError(f"{base}: cannot create a run directory (too many named {stem!r})")

@@ -1,0 +1,293 @@
+"""Result documents: round trips, self-description, refusal of bad files, golden files."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from datetime import datetime, timezone
+from pathlib import Path
+
+import numpy as np
+import pytest
+from tf_grpc_bench.replay import results
+from tf_grpc_bench.replay.measurement import Benchmark, BenchmarkResult
+from tf_grpc_bench.replay.results import (
+    FORMAT_VERSION,
+    NetworkInfo,
+    ResultDocument,
+    build_document,
+    dumps_document,
+    new_run_directory,
+    read_document,
+    write_document,
+)
+
+from tests.result_factory import GOLDEN_MACHINE, golden_document, make_results, make_run
+from tf_grpc_bench import trace as trace_model
+from tf_grpc_bench.errors import ResultError, UnsupportedResultVersionError
+from tf_grpc_bench.sizes import SizeCategory
+
+DATA = Path(__file__).parent / "data"
+CREATED = datetime(2026, 11, 29, 12, 30, 5, tzinfo=timezone.utc)
+
+
+def _document(**overrides: object) -> ResultDocument:
+    arguments: dict[str, object] = {
+        "config": {"command": "replay", "runs": 3, "warmup_s": 2.0, "serialized": False},
+        "trace_path": None,
+        "network": results.loopback_network(["127.0.0.1:50001"]),
+        "created": CREATED,
+    }
+    arguments.update(overrides)
+    return build_document(make_results(), **arguments)  # type: ignore[arg-type]
+
+
+def _single_line_error(error: pytest.ExceptionInfo[BaseException]) -> str:
+    message = str(error.value)
+    assert "\n" not in message
+    return message
+
+
+def test_document_read_back_equals_the_document_written(tmp_path: Path) -> None:
+    document = _document()
+    path = write_document(document, tmp_path / "results.json")
+    back = read_document(path)
+    assert back == document
+    for original, read in zip(document.benchmarks, back.benchmarks, strict=True):
+        assert read.runs == original.runs
+        assert read.parameters == original.parameters
+        assert read.latency_by_category == original.latency_by_category
+        assert read.bandwidth_mb_per_s == original.bandwidth_mb_per_s
+        assert read.step_times_ns == original.step_times_ns
+
+
+def test_round_trip_keeps_integer_float_and_bool_parameters_apart(tmp_path: Path) -> None:
+    document = _document(config={"runs": 1, "warmup_s": 1.0, "serialized": True, "mode": "x"})
+    back = read_document(write_document(document, tmp_path / "r.json"))
+    assert [type(v) for v in back.config.values()] == [int, float, bool, str]
+
+
+def test_document_describes_machine_tool_time_and_network() -> None:
+    document = _document()
+    data = json.loads(dumps_document(document))
+    assert data["format"] == "tf-grpc-bench-results"
+    assert data["format_version"] == FORMAT_VERSION
+    assert data["tool_version"]
+    assert data["created_utc"] == "2026-11-29T12:30:05.000Z"
+    machine = data["machine"]
+    assert machine["cpu_count"] >= 1
+    assert machine["memory_bytes"] > 0
+    assert machine["grpcio_version"] and machine["protobuf_version"] and machine["numpy_version"]
+    assert data["network"]["name"] == "loopback"
+    assert data["network"]["interfaces"][0]["name"] == "lo"
+    assert data["network"]["interfaces"][0]["mtu_bytes"] > 0
+
+
+def test_document_records_the_trace_path_hash_and_model(small_trace_file: Path) -> None:
+    document = _document(trace_path=small_trace_file)
+    assert document.trace is not None
+    assert document.trace.sha256 == trace_model.file_sha256(small_trace_file)
+    assert document.trace.model == "toy"
+    assert document.trace.step_count == 2
+    assert Path(document.trace.path) == small_trace_file.resolve()
+
+
+def test_raw_samples_and_derived_statistics_are_both_in_the_file() -> None:
+    document = _document()
+    data = json.loads(dumps_document(document))
+    result = document.benchmarks[0]
+    written = data["benchmarks"][0]
+    run = result.runs[0]
+    samples = written["runs"][0]["samples"]
+    assert samples["count"] == run.rpc_count
+    assert samples["latency_ns"] == [s.latency_ns for s in run.samples]
+    assert samples["payload_bytes"] == [s.payload_bytes for s in run.samples]
+    assert samples["start_ns"] == [s.start_ns for s in run.samples]
+    statistics = written["statistics"]
+    assert statistics["latency_ns"]["all"]["p99_ns"] == result.latency_all.p99_ns
+    large = dict(result.latency_by_category)[SizeCategory.LARGE]
+    assert statistics["latency_ns"]["large"]["p50_ns"] == large.p50_ns
+    assert statistics["bandwidth_mb_per_s"] == result.bandwidth_mb_per_s
+    assert statistics["rpcs_per_s"] == result.rpcs_per_s
+    throughput = data["benchmarks"][2]
+    assert throughput["runs"][0]["step_times_ns"] == list(
+        document.benchmarks[2].runs[0].step_times_ns
+    )
+    assert throughput["statistics"]["step_time_ns"]["count"] == len(
+        document.benchmarks[2].step_times_ns
+    )
+    # No step times in synthetic runs: statistics are null, not NaN (not JSON).
+    assert statistics["step_time_ns"]["mean_ns"] is None
+
+
+def test_a_partial_benchmark_makes_the_document_partial_with_its_reason() -> None:
+    full = make_results(runs=2, calls=5)
+    broken = make_run(run_index=1, sizes=(10,), calls=3, rng=np.random.default_rng(1), partial=True)
+    full[0] = dataclasses.replace(full[0], runs=(full[0].runs[0], broken))
+    document = build_document(full, config={}, trace_path=None, created=CREATED)
+    assert document.partial
+    assert document.partial_reason == "p2p-latency: server stopped answering"
+
+
+def test_caller_can_mark_the_document_partial() -> None:
+    document = _document(partial=True, partial_reason="interrupted by the user")
+    assert document.partial and document.partial_reason == "interrupted by the user"
+    assert not _document().partial
+
+
+def test_non_scalar_parameter_is_refused_naming_it() -> None:
+    with pytest.raises(ResultError, match="'sizes'") as error:
+        _document(config={"sizes": [10, 20]})
+    _single_line_error(error)
+
+
+def test_unknown_format_version_is_refused_naming_the_file(tmp_path: Path) -> None:
+    data = json.loads(dumps_document(_document()))
+    data["format_version"] = 99
+    path = tmp_path / "future.json"
+    path.write_text(json.dumps(data))
+    with pytest.raises(UnsupportedResultVersionError) as error:
+        read_document(path)
+    message = _single_line_error(error)
+    assert str(path) in message and "99" in message
+
+
+@pytest.mark.parametrize("keep", [0.5, 0.99])
+def test_truncated_document_is_refused_in_one_line(tmp_path: Path, keep: float) -> None:
+    text = dumps_document(_document())
+    path = tmp_path / "cut.json"
+    path.write_text(text[: int(len(text) * keep)])
+    with pytest.raises(ResultError, match="truncated") as error:
+        read_document(path)
+    assert str(path) in _single_line_error(error)
+
+
+@pytest.mark.parametrize(
+    ("content", "expected"),
+    [
+        (b"", "empty"),
+        (b"\xff\xfe\x00garbage", "not UTF-8"),
+        (b"{ not json", "not valid JSON"),
+        (b'{"format": "tf-grpc-bench-trace", "format_version": 1}', "not a tf-grpc-bench result"),
+        (b"[1, 2, 3]", "not a tf-grpc-bench result"),
+    ],
+)
+def test_corrupt_document_is_refused_in_one_line(
+    tmp_path: Path, content: bytes, expected: str
+) -> None:
+    path = tmp_path / "bad.json"
+    path.write_bytes(content)
+    with pytest.raises(ResultError, match=expected) as error:
+        read_document(path)
+    assert str(path) in _single_line_error(error)
+
+
+def test_field_of_the_wrong_type_is_named_by_its_path(tmp_path: Path) -> None:
+    data = json.loads(dumps_document(_document()))
+    data["benchmarks"][1]["runs"][0]["samples"]["latency_ns"][2] = "fast"
+    path = tmp_path / "typed.json"
+    path.write_text(json.dumps(data))
+    with pytest.raises(ResultError, match=r"benchmarks\[1\]\.runs\[0\]\.samples\.latency_ns\[2\]"):
+        read_document(path)
+
+
+def test_sample_columns_of_different_lengths_are_refused(tmp_path: Path) -> None:
+    data = json.loads(dumps_document(_document()))
+    data["benchmarks"][0]["runs"][0]["samples"]["step"].pop()
+    path = tmp_path / "ragged.json"
+    path.write_text(json.dumps(data))
+    with pytest.raises(ResultError, match=r"samples\.step"):
+        read_document(path)
+
+
+def test_missing_file_is_refused_naming_it(tmp_path: Path) -> None:
+    with pytest.raises(ResultError, match="no such result file"):
+        read_document(tmp_path / "absent.json")
+
+
+def test_write_replaces_the_file_atomically_and_leaves_no_temporary(tmp_path: Path) -> None:
+    path = tmp_path / "results.json"
+    write_document(_document(), path)
+    write_document(_document(partial=True, partial_reason="second"), path)
+    assert [p.name for p in tmp_path.iterdir()] == ["results.json"]
+    assert read_document(path).partial_reason == "second"
+
+
+def test_write_to_an_impossible_path_is_a_one_line_result_error(tmp_path: Path) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    with pytest.raises(ResultError, match="cannot write results") as error:
+        write_document(_document(), blocker / "results.json")
+    _single_line_error(error)
+
+
+def test_golden_v1_document_is_still_readable() -> None:
+    document = read_document(DATA / "results-v1.json")
+    assert document.format_version == 1
+    assert document.machine == GOLDEN_MACHINE
+    assert document.labels == ("p2p-latency", "p2p-bandwidth", "ps-throughput")
+    assert [r.rpc_count for r in document.benchmarks] == [12, 12, 12]
+    assert document.partial and document.benchmarks[2].runs[-1].partial
+    assert document.trace is not None and document.trace.model == "resnet50"
+    assert document.network is not None and document.network.name == "loopback"
+    # The statistics stored in the file agree with those recomputed from its raw samples.
+    stored = json.loads((DATA / "results-v1.json").read_text())
+    for result, written in zip(document.benchmarks, stored["benchmarks"], strict=True):
+        statistics = written["statistics"]
+        assert statistics["latency_ns"]["all"]["p50_ns"] == pytest.approx(result.latency_all.p50_ns)
+        assert statistics["rpcs_per_s"] == pytest.approx(result.rpcs_per_s)
+        assert statistics["bandwidth_mb_per_s"] == pytest.approx(result.bandwidth_mb_per_s)
+
+
+def test_current_writer_reproduces_the_newest_golden_document_exactly() -> None:
+    golden = DATA / f"results-v{FORMAT_VERSION}.json"
+    assert dumps_document(golden_document()) == golden.read_text()
+
+
+def test_benchmark_labels_are_unique_when_a_benchmark_repeats() -> None:
+    result = make_results(runs=1, calls=2)[0]
+    trace_run = dataclasses.replace(result, workload="trace")
+    labels = results.benchmark_labels([result, trace_run, trace_run])
+    assert labels == ("p2p-latency-synthetic", "p2p-latency-trace", "p2p-latency-trace-2")
+
+
+def test_new_run_directories_are_unique_and_named_by_utc_time_and_label(tmp_path: Path) -> None:
+    first = new_run_directory(tmp_path / "runs", "veth 1gbit/x", now=CREATED)
+    second = new_run_directory(tmp_path / "runs", "veth 1gbit/x", now=CREATED)
+    assert first.name == "20261129T123005Z-veth-1gbit-x"
+    assert second.name == "20261129T123005Z-veth-1gbit-x-2"
+    assert first.is_dir() and second.is_dir()
+    assert new_run_directory(tmp_path / "runs", now=CREATED).name == "20261129T123005Z"
+
+
+def test_network_info_refuses_a_negative_rate() -> None:
+    with pytest.raises(ValueError, match="emulated_rate_bits_per_s"):
+        NetworkInfo(name="veth", emulated_rate_bits_per_s=-1)
+
+
+def test_empty_document_of_a_run_that_failed_early_round_trips(tmp_path: Path) -> None:
+    document = build_document(
+        [], config={}, trace_path=None, partial=True, partial_reason="server never came up"
+    )
+    back = read_document(write_document(document, tmp_path / "r.json"))
+    assert back == document and back.benchmarks == ()
+
+
+def test_statistics_of_an_empty_run_are_not_a_number_but_the_document_still_writes(
+    tmp_path: Path,
+) -> None:
+    empty = BenchmarkResult(
+        benchmark=Benchmark.P2P_LATENCY,
+        workload="synthetic",
+        parameters={},
+        runs=(
+            dataclasses.replace(make_results(runs=1, calls=1)[0].runs[0], samples=(), partial=True),
+        ),
+        partial=True,
+        partial_reason="no response",
+    )
+    document = build_document([empty], config={}, trace_path=None)
+    back = read_document(write_document(document, tmp_path / "r.json"))
+    assert math.isnan(back.benchmarks[0].latency_all.p50_ns)
+    assert back.benchmarks[0].runs == empty.runs
