@@ -24,6 +24,11 @@ PROGRAM = "tf-grpc-bench"
 #: (subcommand, module, one-line help)
 COMMANDS: tuple[tuple[str, str, str], ...] = (
     ("inspect", "tf_grpc_bench.inspect", "validate a trace and print a per-step summary"),
+    (
+        "network",
+        "tf_grpc_bench.replay.network_cli",
+        "emulated networks: compare links, up/down/cleanup",
+    ),
 )
 
 

@@ -1,0 +1,142 @@
+"""``tf-grpc-bench network``: emulated networks on one machine (needs root).
+
+Subcommands:
+
+- ``profiles``: the named link profiles and the tbf settings each gets here;
+- ``up``: create hosts on a rate-limited link and leave them (for your own runs);
+- ``down RUN_ID``: remove one network made by ``up``;
+- ``list``: the tool's namespaces, by run;
+- ``cleanup``: remove what crashed runs (and ``up``) left behind.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+from collections import defaultdict
+
+from tf_grpc_bench.replay import netns
+from tf_grpc_bench.replay.netinfo import format_rate
+
+from tf_grpc_bench.errors import NetworkError
+
+
+def configure_network(parser: argparse.ArgumentParser) -> None:
+    commands = parser.add_subparsers(dest="network_command", metavar="SUBCOMMAND", required=True)
+
+    commands.add_parser("profiles", help="list the named link profiles and their tbf settings")
+
+    up = commands.add_parser(
+        "up", help="create emulated hosts on a rate-limited link and leave them up"
+    )
+    up.add_argument("--hosts", type=int, default=2, help="number of hosts (default 2)")
+    up.add_argument(
+        "--profile",
+        default="1gbit",
+        help=f"link profile: {', '.join(netns.PROFILES)} or a rate like 100mbit (default 1gbit)",
+    )
+    up.add_argument(
+        "--subnet", default=netns.DEFAULT_SUBNET, help="private /24 used inside the namespaces"
+    )
+
+    down = commands.add_parser("down", help="remove a network made by 'network up'")
+    down.add_argument("run_id", metavar="RUN_ID", help="the run id 'network up' printed")
+
+    commands.add_parser("list", help="list the tool's namespaces, by run")
+
+    cleanup = commands.add_parser(
+        "cleanup", help="remove namespaces left by crashed runs and by 'network up'"
+    )
+    cleanup.add_argument(
+        "--all",
+        action="store_true",
+        help="also remove the networks of runs still in progress",
+    )
+
+
+def run_network(args: argparse.Namespace) -> int:
+    command = args.network_command
+    if command == "profiles":
+        return _profiles()
+    if command == "up":
+        return _up(args)
+    if command == "down":
+        return _down(args.run_id)
+    if command == "list":
+        return _list()
+    if command == "cleanup":
+        return _cleanup(include_live=args.all)
+    raise NetworkError(f"unknown network subcommand {command!r}")
+
+
+def _profiles() -> int:
+    hz = netns.kernel_hz()
+    print(f"named link profiles (tbf on both ends of each link; kernel HZ {hz}):")
+    for profile in netns.PROFILES.values():
+        if profile.rate_bits_per_s is None:
+            print(f"  {profile.name:<10} no rate limit")
+            continue
+        bucket = netns.token_bucket_for(profile.rate_bits_per_s, hz=hz)
+        print(
+            f"  {profile.name:<10} tbf rate {format_rate(profile.rate_bits_per_s)} "
+            f"burst {bucket.burst_bytes} B latency {bucket.latency_us // 1000} ms"
+        )
+    print("any rate such as 100mbit or 2.5gbit is accepted too; no delay emulation (no netem)")
+    return 0
+
+
+def _up(args: argparse.Namespace) -> int:
+    profile = netns.parse_profile(args.profile)
+    network = netns.EmulatedNetwork(hosts=args.hosts, profile=profile, subnet=args.subnet)
+    network.up()
+    rate = "unlimited" if profile.rate_bits_per_s is None else format_rate(profile.rate_bits_per_s)
+    print(f"run {network.run_id}: {len(network.hosts)} hosts, links {rate}")
+    for host in network.hosts:
+        print(f"  h{host.index}  {host.namespace:<24} {host.interface} {host.cidr}")
+    if network.plan.switch_namespace:
+        print(f"  switch {network.plan.switch_namespace}")
+    first = network.hosts[0]
+    print(f"run a command on a host:  ip netns exec {first.namespace} COMMAND")
+    print(f"remove it:                tf-grpc-bench network down {network.run_id}")
+    return 0
+
+
+_RUN_ID = re.compile(r"^[0-9]+-[0-9a-f]+$")
+
+
+def _down(run_id: str) -> int:
+    netns.require_root()
+    if not _RUN_ID.match(run_id):
+        raise NetworkError(f"RUN_ID {run_id!r}: expected <pid>-<hex> as 'network up' printed")
+    names = netns.run_namespaces(run_id)
+    if not names:
+        raise NetworkError(f"RUN_ID {run_id}: no such network (see 'tf-grpc-bench network list')")
+    for name in names:
+        netns.delete_namespace(name)
+    print(f"removed {len(names)} namespaces of run {run_id}")
+    return 0
+
+
+def _list() -> int:
+    netns.require_root()
+    by_run: dict[str, list[str]] = defaultdict(list)
+    for name in netns.list_namespaces():
+        if name.startswith(netns.PREFIX):
+            run = name[len(netns.PREFIX) :].rsplit("-", 1)[0]
+            by_run[run].append(name)
+    if not by_run:
+        print("no tf-grpc-bench namespaces")
+    for run, names in sorted(by_run.items()):
+        print(f"run {run}: {' '.join(sorted(names))}")
+    return 0
+
+
+def _cleanup(*, include_live: bool) -> int:
+    removed = netns.cleanup_leftovers(include_live=include_live)
+    if removed:
+        print(f"removed {len(removed)} namespaces: {' '.join(removed)}")
+    else:
+        print("nothing to clean up")
+    sys.stdout.flush()
+    return 0

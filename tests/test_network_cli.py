@@ -1,0 +1,103 @@
+"""``tf-grpc-bench network``, run as a user runs it (real namespaces; needs root)."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+import textwrap
+
+import pytest
+from tf_grpc_bench.replay import netns
+
+pytestmark = pytest.mark.netns
+
+
+def tool(*arguments: str, timeout_s: float = 120) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "tf_grpc_bench", *arguments],
+        capture_output=True,
+        text=True,
+        timeout=timeout_s,
+        check=False,
+    )
+
+
+def test_profiles_lists_every_named_profile_with_its_burst() -> None:
+    result = tool("network", "profiles")
+    assert result.returncode == 0, result.stderr
+    for name in netns.PROFILES:
+        assert name in result.stdout
+    assert "burst 500000 B" in result.stdout or "burst 1250000 B" in result.stdout
+
+
+def test_up_leaves_a_network_that_down_removes() -> None:
+    up = tool("network", "up", "--hosts", "3", "--profile", "100mbit")
+    assert up.returncode == 0, up.stderr
+    match = re.search(r"^run ([0-9]+-[0-9a-f]+):", up.stdout, re.MULTILINE)
+    assert match, up.stdout
+    run_id = match.group(1)
+    try:
+        assert len(netns.run_namespaces(run_id)) == 4
+        listed = tool("network", "list")
+        assert run_id in listed.stdout
+        shaped = subprocess.run(
+            ["tc", "-n", netns.namespace_name(run_id, "h1"), "qdisc", "show", "dev", "eth0"],
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+        assert "100Mbit" in shaped.stdout
+        down = tool("network", "down", run_id)
+        assert down.returncode == 0, down.stderr
+        assert netns.run_namespaces(run_id) == []
+    finally:
+        for name in netns.run_namespaces(run_id):
+            netns.delete_namespace(name)
+
+
+def test_cleanup_removes_what_a_crashed_run_left() -> None:
+    leftover = netns.namespace_name("99999998-dead", "h1")
+    subprocess.run(["ip", "netns", "add", leftover], check=True)
+    try:
+        result = tool("network", "cleanup")
+        assert result.returncode == 0, result.stderr
+        assert leftover in result.stdout
+        assert leftover not in netns.list_namespaces()
+    finally:
+        subprocess.run(["ip", "netns", "del", leftover], check=False, capture_output=True)
+
+
+@pytest.mark.parametrize(
+    ("arguments", "message"),
+    [
+        (("network", "up", "--profile", "fast"), "unknown network profile 'fast': expected one of"),
+        (("network", "up", "--hosts", "1"), "--hosts must be >= 2"),
+        (("network", "down", "1-ab"), "RUN_ID 1-ab: no such network"),
+        (("network", "down", "nonsense"), "RUN_ID 'nonsense': expected"),
+    ],
+)
+def test_bad_input_is_one_line_and_a_nonzero_exit(arguments: tuple[str, ...], message: str) -> None:
+    result = tool(*arguments)
+    assert result.returncode == 5
+    assert message in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1
+    assert "Traceback" not in result.stderr
+
+
+def test_without_root_the_command_says_so_in_one_line() -> None:
+    script = textwrap.dedent(
+        """
+        import os, sys
+        from tf_grpc_bench import cli
+        import tf_grpc_bench.replay.network_cli
+        os.setuid(65534)
+        sys.exit(cli.main(["network", "up"]))
+        """
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, check=False
+    )
+    assert result.returncode == 5
+    assert "need root" in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1
