@@ -9,7 +9,7 @@ import sys
 import textwrap
 
 import pytest
-from tf_grpc_bench.replay import netns
+from tf_grpc_bench.replay import netinfo, netns
 
 from tf_grpc_bench.errors import NetworkError
 
@@ -264,3 +264,28 @@ def test_bad_host_count_and_subnet_are_refused() -> None:
         netns.plan_network(
             hosts=3, profile=netns.PROFILES["1gbit"], run_id="1-a", subnet="10.0.0.0/30"
         )
+
+
+def test_a_client_inside_a_host_describes_its_link_and_its_rate_limit() -> None:
+    describe = (
+        "import json, sys; from tf_grpc_bench.replay import netinfo; "
+        "info = netinfo.describe_network([sys.argv[1]]); "
+        "print(json.dumps({'name': info.name, 'rate': info.emulated_rate_bits_per_s, "
+        "'interfaces': [[i.name, i.mtu_bytes, i.namespace] for i in info.interfaces]}))"
+    )
+    with netns.EmulatedNetwork(hosts=2, profile=netns.parse_profile("1gbit")) as network:
+        server = network.hosts[0]
+        result = network.run(1, [sys.executable, "-c", describe, f"{server.address}:50001"])
+        assert result.returncode == 0, result.stderr
+        info = json.loads(result.stdout)
+    assert info["rate"] == 10**9
+    assert info["name"] == "eth0-tbf-1gbit"
+    assert info["interfaces"] == [["eth0", 1500, network.hosts[1].namespace]]
+
+
+def test_loopback_targets_are_described_as_loopback() -> None:
+    info = netinfo.describe_network(["127.0.0.1:1", "localhost:2"], name="")
+    assert info.name == "loopback"
+    assert [i.name for i in info.interfaces] == ["lo"]
+    assert info.emulated_rate_bits_per_s == 0
+    assert netinfo.describe_network(["127.0.0.1:1"], name="my-lab").name == "my-lab"

@@ -1,0 +1,195 @@
+"""What a replay can read about the network it runs over.
+
+Given the targets a client connects to, find the local interface each one is
+reached through (the kernel's choice of source address), and read what the
+kernel says of it: MTU and link speed from ``/sys/class/net/<if>``, any ``tbf``
+rate limit on it (``tc -j qdisc show``), and the network namespace the process
+runs in.  The result is the ``NetworkInfo`` every result document carries.
+
+Reads are from the calling process's own view: a client started inside an
+emulated host's namespace (``ip netns exec``) describes that host's link.  Note
+that a veth reports a nominal speed of 10000 Mbit/s whatever its rate limit:
+the ``tbf`` rate is what bounds it, and is recorded separately.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import ipaddress
+import json
+import shutil
+import socket
+import struct
+import subprocess
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from tf_grpc_bench.replay.cluster import split_address
+from tf_grpc_bench.replay.results import InterfaceInfo, NetworkInfo, describe_interface
+
+from tf_grpc_bench.errors import ConfigError
+
+#: ioctl(2) request that reads an interface's IPv4 address (linux/sockios.h).
+_SIOCGIFADDR = 0x8915
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Shaping:
+    """A rate limit found on an interface (only ``tbf`` is recognised)."""
+
+    interface: str
+    rate_bits_per_s: int
+    burst_bytes: int
+
+    def describe(self) -> str:
+        rate = format_rate(self.rate_bits_per_s)
+        return f"tbf rate {rate} burst {self.burst_bytes}B on {self.interface}"
+
+
+def format_rate(bits_per_s: int) -> str:
+    """``1000000000`` -> ``1gbit``, ``2500000000`` -> ``2.5gbit``, ``100000000`` -> ``100mbit``."""
+    for factor, unit in ((10**9, "gbit"), (10**6, "mbit"), (10**3, "kbit")):
+        if bits_per_s >= factor:
+            return f"{bits_per_s / factor:g}{unit}"
+    return f"{bits_per_s}bit"
+
+
+def local_address_for(host: str, port: int) -> str:
+    """The source address the kernel picks to reach ``host:port`` (no packet is sent)."""
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_DGRAM)
+    except socket.gaierror as error:
+        raise ConfigError(f"--target {host}:{port}: cannot resolve ({error.strerror})") from None
+    family, kind, _, _, address = infos[0]
+    with socket.socket(family, kind) as probe:
+        try:
+            # connect() on UDP only routes: it fixes the source address.
+            probe.connect(address)
+        except OSError as error:
+            raise ConfigError(f"--target {host}:{port}: no route ({error.strerror})") from None
+        local: str = probe.getsockname()[0]
+    return local.split("%")[0]
+
+
+def _ipv4_of(interface: str) -> str | None:
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        request = struct.pack("256s", interface.encode()[:15])
+        try:
+            answer = fcntl.ioctl(probe.fileno(), _SIOCGIFADDR, request)
+        except OSError:
+            return None
+    return socket.inet_ntoa(answer[20:24])
+
+
+def _ipv6_interfaces(proc_if_inet6: Path) -> dict[str, str]:
+    """IPv6 address -> interface, from /proc/net/if_inet6."""
+    found: dict[str, str] = {}
+    try:
+        lines = proc_if_inet6.read_text().splitlines()
+    except OSError:
+        return found
+    for line in lines:
+        fields = line.split()
+        if len(fields) >= 6:
+            packed = bytes.fromhex(fields[0])
+            found[str(ipaddress.IPv6Address(packed))] = fields[5]
+    return found
+
+
+def interface_with_address(
+    address: str, *, proc_if_inet6: Path = Path("/proc/net/if_inet6")
+) -> str | None:
+    """The local interface holding ``address`` in this namespace, or None."""
+    parsed = ipaddress.ip_address(address)
+    if parsed.version == 6:
+        mapped = parsed.ipv4_mapped  # type: ignore[union-attr]
+        if mapped is None:
+            return _ipv6_interfaces(proc_if_inet6).get(str(parsed))
+        parsed = mapped
+    if parsed.is_loopback:
+        return "lo"
+    for _, name in socket.if_nameindex():
+        if _ipv4_of(name) == str(parsed):
+            return name
+    return None
+
+
+def read_shaping(interface: str) -> Shaping | None:
+    """The ``tbf`` root qdisc on ``interface``, if any (None also without ``tc``)."""
+    if shutil.which("tc") is None:
+        return None
+    completed = subprocess.run(
+        ["tc", "-j", "qdisc", "show", "dev", interface],
+        capture_output=True,
+        text=True,
+        timeout=10,
+        check=False,
+    )
+    if completed.returncode != 0:
+        return None
+    try:
+        qdiscs = json.loads(completed.stdout or "[]")
+    except json.JSONDecodeError:
+        return None
+    for qdisc in qdiscs:
+        if qdisc.get("kind") == "tbf" and qdisc.get("root"):
+            options = qdisc.get("options", {})
+            # tc's JSON gives the rate in bytes per second.
+            return Shaping(
+                interface=interface,
+                rate_bits_per_s=int(options.get("rate", 0)) * 8,
+                burst_bytes=int(options.get("burst", 0)),
+            )
+    return None
+
+
+def current_namespace() -> str:
+    """The name of the network namespace this process is in ("" if unnamed or unknown)."""
+    if shutil.which("ip") is None:
+        return ""
+    with contextlib.suppress(OSError, subprocess.SubprocessError):
+        completed = subprocess.run(
+            ["ip", "netns", "identify"], capture_output=True, text=True, timeout=10, check=False
+        )
+        if completed.returncode == 0:
+            return completed.stdout.strip().split("\n")[0]
+    return ""
+
+
+def describe_network(targets: Sequence[str], *, name: str = "") -> NetworkInfo:
+    """The NetworkInfo of a client reaching ``targets`` (``host:port`` each).
+
+    ``name`` is the user's name for the network (``--network-name``); without
+    one it is ``loopback`` when every target is reached over ``lo``, else the
+    interface names joined with any tbf rate (``eth0-tbf-1gbit``).  Blocking:
+    runs ``tc`` and ``ip`` once each per interface.
+    """
+    namespace = current_namespace()
+    interfaces: list[InterfaceInfo] = []
+    shapings: list[Shaping] = []
+    for target in targets:
+        host, port = split_address(target, where=f"--target {target}")
+        interface = interface_with_address(local_address_for(host, port))
+        if interface is None or any(i.name == interface for i in interfaces):
+            continue
+        interfaces.append(describe_interface(interface, namespace=namespace))
+        shaping = read_shaping(interface)
+        if shaping is not None:
+            shapings.append(shaping)
+    rate = min((s.rate_bits_per_s for s in shapings), default=0)
+    if not name:
+        if interfaces and all(i.name == "lo" for i in interfaces):
+            name = "loopback"
+        else:
+            name = "-".join(i.name for i in interfaces) or "network"
+            if rate:
+                name += f"-tbf-{format_rate(rate)}"
+    return NetworkInfo(
+        name=name,
+        addresses=tuple(targets),
+        interfaces=tuple(interfaces),
+        emulated_rate_bits_per_s=rate,
+        emulation="; ".join(s.describe() for s in shapings),
+    )
