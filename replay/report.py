@@ -1,0 +1,232 @@
+"""Tables of results: a short one for the terminal, markdown ones for comparisons.
+
+Pure functions from result objects to text.  Latencies are shown in
+microseconds, bandwidth in MB/s (10**6 bytes), step communication time in
+milliseconds; "-" marks a figure that does not apply (no samples of that size
+class, no replayed steps).  A benchmark that stopped early is marked ``*``
+and its reason follows the table.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from tf_grpc_bench.replay.measurement import BenchmarkResult, LatencySummary
+from tf_grpc_bench.replay.results import ResultDocument, benchmark_labels, run_statistics
+
+from tf_grpc_bench.sizes import SizeCategory
+
+PARTIAL_MARK = "*"
+
+
+def format_number(value: float) -> str:
+    """A figure with about three significant digits; "-" for NaN."""
+    if math.isnan(value):
+        return "-"
+    magnitude = abs(value)
+    if magnitude >= 100:
+        return f"{value:.0f}"
+    if magnitude >= 10:
+        return f"{value:.1f}"
+    return f"{value:.2f}"
+
+
+def _latency_cell(summary: LatencySummary | None) -> str:
+    if summary is None or summary.count == 0:
+        return "-"
+    return f"{format_number(summary.p50_ns / 1e3)} / {format_number(summary.p99_ns / 1e3)}"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class _Row:
+    cells: tuple[str, ...]
+    partial_note: str
+
+
+_RESULT_HEADER = (
+    "benchmark",
+    "workload",
+    "rpcs",
+    *(f"{category.value} p50/p99 us" for category in SizeCategory),
+    "MB/s",
+    "RPCs/s",
+    "step ms",
+)
+
+
+def _result_row(result: BenchmarkResult, label: str) -> _Row:
+    by_category = dict(result.latency_by_category)
+    step = result.step_time
+    partial = result.partial or any(run.partial for run in result.runs)
+    reason = result.partial_reason or next(
+        (run.partial_reason for run in result.runs if run.partial_reason), ""
+    )
+    return _Row(
+        cells=(
+            label + (PARTIAL_MARK if partial else ""),
+            result.workload,
+            str(result.rpc_count),
+            *(_latency_cell(by_category.get(category)) for category in SizeCategory),
+            format_number(result.bandwidth_mb_per_s),
+            format_number(result.rpcs_per_s),
+            format_number(step.mean_ns / 1e6) if step.count else "-",
+        ),
+        partial_note=f"{label}: {reason or 'stopped early'}" if partial else "",
+    )
+
+
+def _align(header: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
+    widths = [max(len(line[i]) for line in [header, *rows]) for i in range(len(header))]
+    # Text columns left-aligned, figures right-aligned.
+    text_columns = {0, 1}
+
+    def render(line: Sequence[str]) -> str:
+        cells = [
+            cell.ljust(widths[i]) if i in text_columns else cell.rjust(widths[i])
+            for i, cell in enumerate(line)
+        ]
+        return "  ".join(cells).rstrip()
+
+    return [render(header), *(render(row) for row in rows)]
+
+
+def describe_context(document: ResultDocument) -> str:
+    """One line: when, where, on which network, with which trace."""
+    network = document.network.name if document.network else "unrecorded network"
+    if document.trace:
+        trace = f"trace {document.trace.model or '?'} ({document.trace.sha256[:12]})"
+    else:
+        trace = "synthetic workload"
+    return (
+        f"{document.created_utc} on {document.machine.hostname} "
+        f"({document.machine.cpu_count} CPUs), {network}, {trace}"
+    )
+
+
+def format_table(document: ResultDocument) -> str:
+    """The short table printed after a replay: one row per benchmark."""
+    rows = [
+        _result_row(result, label)
+        for result, label in zip(document.benchmarks, document.labels, strict=True)
+    ]
+    lines = [describe_context(document)]
+    lines += _align(_RESULT_HEADER, [row.cells for row in rows])
+    notes = [row.partial_note for row in rows if row.partial_note]
+    if document.partial and not notes:
+        notes.append(document.partial_reason or "stopped early")
+    lines += [f"{PARTIAL_MARK} partial: {note}" for note in notes]
+    return "\n".join(lines)
+
+
+def _escape(cell: str) -> str:
+    return cell.replace("|", "\\|")
+
+
+def _markdown(header: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
+    lines = ["| " + " | ".join(_escape(cell) for cell in header) + " |"]
+    lines.append("|" + "|".join("---" for _ in header) + "|")
+    lines += ["| " + " | ".join(_escape(cell) for cell in row) + " |" for row in rows]
+    return lines
+
+
+def format_markdown_table(items: Sequence[ResultDocument] | Sequence[BenchmarkResult]) -> str:
+    """A markdown table comparing benchmark results.
+
+    Given result documents (for example the same replay over several
+    networks), one row per benchmark per document, with the document's
+    network and trace first; given ``BenchmarkResult`` objects, one row each.
+    Partial results are marked and their reasons listed below the table.
+    """
+    notes: list[str] = []
+    table_rows: list[tuple[str, ...]] = []
+    if all(isinstance(item, BenchmarkResult) for item in items):
+        results = [item for item in items if isinstance(item, BenchmarkResult)]
+        header: tuple[str, ...] = _RESULT_HEADER
+        for result, label in zip(results, benchmark_labels(results), strict=True):
+            row = _result_row(result, label)
+            table_rows.append(row.cells)
+            notes += [row.partial_note] if row.partial_note else []
+    elif all(isinstance(item, ResultDocument) for item in items):
+        header = ("network", "trace", *_RESULT_HEADER)
+        for document in items:
+            assert isinstance(document, ResultDocument)
+            network = document.network.name if document.network else "-"
+            trace = (document.trace.model or "?") if document.trace else "synthetic"
+            for result, label in zip(document.benchmarks, document.labels, strict=True):
+                row = _result_row(result, label)
+                table_rows.append((network, trace, *row.cells))
+                if row.partial_note:
+                    notes.append(f"{network}, {row.partial_note}")
+    else:
+        raise TypeError("format_markdown_table takes result documents or benchmark results")
+    lines = _markdown(header, table_rows)
+    if notes:
+        lines.append("")
+        lines += [f"{PARTIAL_MARK} partial: {note}" for note in notes]
+    return "\n".join(lines)
+
+
+def format_benchmark_markdown(result: BenchmarkResult) -> str:
+    """Markdown detail of one benchmark: latency per size class, then per run."""
+    latency_header = (
+        "class",
+        "count",
+        "mean us",
+        "p50 us",
+        "p90 us",
+        "p99 us",
+        "p99.9 us",
+        "max us",
+    )
+
+    def latency_row(name: str, summary: LatencySummary) -> tuple[str, ...]:
+        return (
+            name,
+            str(summary.count),
+            *(
+                format_number(value / 1e3)
+                for value in (
+                    summary.mean_ns,
+                    summary.p50_ns,
+                    summary.p90_ns,
+                    summary.p99_ns,
+                    summary.p999_ns,
+                    summary.max_ns,
+                )
+            ),
+        )
+
+    latency_rows = [latency_row(category.value, s) for category, s in result.latency_by_category]
+    latency_rows.append(latency_row("all", result.latency_all))
+    run_header = (
+        "run",
+        "rpcs",
+        "seconds",
+        "MB/s",
+        "RPCs/s",
+        "p50 us",
+        "p99 us",
+        "step ms",
+        "partial",
+    )
+    run_rows = []
+    for run in result.runs:
+        stats = run_statistics(run)
+        run_rows.append(
+            (
+                str(run.run_index),
+                str(stats.rpc_count),
+                format_number(stats.duration_ns / 1e9),
+                format_number(stats.bandwidth_mb_per_s),
+                format_number(stats.rpcs_per_s),
+                format_number(stats.latency.p50_ns / 1e3),
+                format_number(stats.latency.p99_ns / 1e3),
+                format_number(stats.step_time.mean_ns / 1e6),
+                (run.partial_reason or "yes") if run.partial else "",
+            )
+        )
+    return "\n".join(
+        [*_markdown(latency_header, latency_rows), "", *_markdown(run_header, run_rows)]
+    )

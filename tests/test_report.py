@@ -1,0 +1,125 @@
+"""Terminal and markdown tables of results."""
+
+from __future__ import annotations
+
+import dataclasses
+from datetime import datetime, timezone
+
+import pytest
+from tf_grpc_bench.replay import results
+from tf_grpc_bench.replay.report import (
+    format_benchmark_markdown,
+    format_markdown_table,
+    format_number,
+    format_table,
+)
+from tf_grpc_bench.replay.results import NetworkInfo, ResultDocument, build_document
+
+from tests.result_factory import make_results
+from tf_grpc_bench.sizes import SizeCategory
+
+CREATED = datetime(2026, 11, 29, 12, 30, 5, tzinfo=timezone.utc)
+
+
+def _document(network: str = "loopback", seed: int = 7) -> ResultDocument:
+    return build_document(
+        make_results(seed=seed, runs=2, calls=12),
+        config={"command": "replay"},
+        trace_path=None,
+        network=NetworkInfo(name=network),
+        created=CREATED,
+    )
+
+
+def _cells(line: str) -> list[str]:
+    return [cell.strip() for cell in line.strip().strip("|").split("|")]
+
+
+def test_terminal_table_has_one_row_per_benchmark_with_its_figures() -> None:
+    document = _document()
+    lines = format_table(document).splitlines()
+    assert "loopback" in lines[0] and "synthetic workload" in lines[0]
+    header, rows = lines[1], lines[2:]
+    assert header.split()[:3] == ["benchmark", "workload", "rpcs"]
+    assert len(rows) == 3
+    for row, result, label in zip(rows, document.benchmarks, document.labels, strict=True):
+        fields = row.split()
+        assert fields[:3] == [label, result.workload, str(result.rpc_count)]
+        assert format_number(result.bandwidth_mb_per_s) in fields
+        assert format_number(result.rpcs_per_s) in fields
+        by_category = dict(result.latency_by_category)
+        large = by_category[SizeCategory.LARGE]
+        assert f"{format_number(large.p50_ns / 1e3)} / {format_number(large.p99_ns / 1e3)}" in row
+
+
+def test_terminal_table_shows_step_time_only_for_trace_replays() -> None:
+    document = _document()
+    rows = format_table(document).splitlines()[2:]
+    throughput = document.benchmarks[2]
+    assert rows[2].split()[-1] == format_number(throughput.step_time.mean_ns / 1e6)
+    assert rows[0].split()[-1] == "-"
+
+
+def test_partial_benchmark_is_marked_and_its_reason_given() -> None:
+    found = make_results(runs=2, calls=6)
+    found[1] = dataclasses.replace(found[1], partial=True, partial_reason="server 0 gone")
+    document = build_document(found, config={}, trace_path=None, created=CREATED)
+    text = format_table(document)
+    assert "p2p-bandwidth*" in text
+    assert text.splitlines()[-1] == "* partial: p2p-bandwidth: server 0 gone"
+    assert "p2p-latency*" not in text
+
+
+def test_markdown_comparison_has_a_row_per_network_and_benchmark() -> None:
+    documents = [_document("loopback"), _document("veth-100mbit", seed=9)]
+    lines = format_markdown_table(documents).splitlines()
+    header = _cells(lines[0])
+    assert header[:3] == ["network", "trace", "benchmark"]
+    assert set(lines[1]) <= {"|", "-"}
+    rows = [_cells(line) for line in lines[2:]]
+    assert len(rows) == 6
+    assert all(len(row) == len(header) for row in rows)
+    assert [row[0] for row in rows] == ["loopback"] * 3 + ["veth-100mbit"] * 3
+    bandwidth = documents[1].benchmarks[1]
+    assert rows[4][2] == "p2p-bandwidth"
+    assert rows[4][header.index("MB/s")] == format_number(bandwidth.bandwidth_mb_per_s)
+
+
+def test_markdown_table_of_benchmark_results_without_documents() -> None:
+    found = make_results(runs=1, calls=4)
+    lines = format_markdown_table(found).splitlines()
+    assert _cells(lines[0])[0] == "benchmark"
+    assert [_cells(line)[0] for line in lines[2:]] == [r.benchmark.value for r in found]
+
+
+def test_markdown_table_refuses_a_mixture() -> None:
+    document = _document()
+    with pytest.raises(TypeError):
+        format_markdown_table([document, document.benchmarks[0]])  # type: ignore[list-item]
+
+
+def test_benchmark_detail_lists_each_size_class_and_each_run() -> None:
+    result = _document().benchmarks[0]
+    text = format_benchmark_markdown(result)
+    first_column = [_cells(line)[0] for line in text.splitlines() if line.startswith("| ")]
+    assert first_column == ["class", "small", "medium", "large", "all", "run", "0", "1"]
+
+
+def test_numbers_keep_about_three_significant_digits() -> None:
+    assert [format_number(v) for v in (1234.5, 56.78, 3.14159, float("nan"))] == [
+        "1234",
+        "56.8",
+        "3.14",
+        "-",
+    ]
+
+
+def test_loopback_network_is_named_in_the_context_line() -> None:
+    document = build_document(
+        make_results(runs=1, calls=3),
+        config={},
+        trace_path=None,
+        network=results.loopback_network(),
+        created=CREATED,
+    )
+    assert ", loopback, " in format_table(document).splitlines()[0]
