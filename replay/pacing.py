@@ -1,0 +1,115 @@
+"""WHEN to send: pacing strategies, apart from WHAT is sent (``workload``).
+
+A pacing combines a *timing* (when a call may be released) with a *window*
+(how many calls may be in flight):
+
+* ``asap``: closed loop, as fast as possible; each call goes as soon as the
+  window allows.
+* ``recorded``: open loop at the trace's recorded offsets: call *i* of a step is
+  released at ``step begin + offset_ns / speedup``, computed from absolute
+  deadlines so lateness never accumulates.  A step begins at its recorded
+  distance from the previous step's begin, or when the previous step's calls
+  have all completed, whichever is later (compute time is kept as idle time).
+* ``rate``: open loop at a fixed rate: call *n* of a run is released at
+  ``run begin + n / rate``.
+
+Window: an integer N allows at most N calls in flight per worker;
+``RECORDED_WINDOW`` (None) keeps the trace's concurrency: a call waits until no
+more of its (worker, ps) pair's calls are in flight than were open when it
+started in the trace (``Call.outstanding_at_start``; 0 for synthetic calls,
+so synthetic fan-out keeps one call per ps in flight).
+
+Pure: functions of the times they are given, no clock of their own.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+from tf_grpc_bench.replay.workload import Call
+
+from tf_grpc_bench.errors import ConfigError
+
+#: Window value meaning "the concurrency recorded in the trace".
+RECORDED_WINDOW = None
+#: Cap on calls in flight for open-loop timings without an explicit window,
+#: so a server that falls behind cannot make the client queue without bound.
+OPEN_LOOP_MAX_IN_FLIGHT = 1024
+
+
+class Timing(enum.Enum):
+    ASAP = "asap"
+    RECORDED = "recorded"
+    RATE = "rate"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Pacing:
+    timing: Timing = Timing.ASAP
+    #: Calls in flight per worker; None keeps the recorded per-pair concurrency.
+    window: int | None = 1
+    #: Calls per second per worker (``rate`` timing only).
+    rate_per_s: float = 0.0
+    #: Recorded timing only: 2.0 replays twice as fast as recorded.
+    speedup: float = 1.0
+
+    def __post_init__(self) -> None:
+        if self.window is not None and self.window < 1:
+            raise ConfigError(f"--outstanding must be >= 1, got {self.window}")
+        if self.timing is Timing.RATE:
+            if not self.rate_per_s > 0:
+                raise ConfigError(f"--rate must be > 0 calls/s, got {self.rate_per_s}")
+        elif self.rate_per_s:
+            raise ConfigError("--rate applies only to --pacing rate")
+        if not self.speedup > 0:
+            raise ConfigError(f"--speedup must be > 0, got {self.speedup}")
+
+    @property
+    def closed_loop(self) -> bool:
+        return self.timing is Timing.ASAP
+
+    def describe(self) -> str:
+        window = "recorded" if self.window is None else str(self.window)
+        if self.timing is Timing.RATE:
+            return f"rate {self.rate_per_s:g}/s, window {window}"
+        if self.timing is Timing.RECORDED:
+            return f"recorded x{self.speedup:g}, window {window}"
+        return f"asap, window {window}"
+
+
+def release_time_ns(
+    pacing: Pacing, call: Call, *, call_number: int, step_begin_ns: int, run_begin_ns: int
+) -> int | None:
+    """Absolute time at which ``call`` may be issued, or None for "now".
+
+    ``call_number`` counts the calls this worker issued since ``run_begin_ns``.
+    """
+    if pacing.timing is Timing.RECORDED:
+        return step_begin_ns + round(call.offset_ns / pacing.speedup)
+    if pacing.timing is Timing.RATE:
+        return run_begin_ns + round(call_number * 1e9 / pacing.rate_per_s)
+    return None
+
+
+def may_issue(pacing: Pacing, call: Call, *, in_flight: int, in_flight_to_server: int) -> bool:
+    """Whether the window lets ``call`` go with this many calls in flight."""
+    if pacing.window is not None:
+        return in_flight < pacing.window
+    if pacing.timing is Timing.RATE:
+        return in_flight < OPEN_LOOP_MAX_IN_FLIGHT
+    return in_flight_to_server <= call.outstanding_at_start
+
+
+def next_step_begin_ns(
+    pacing: Pacing, *, previous_begin_ns: int, previous_end_ns: int, recorded_period_ns: int
+) -> int:
+    """When the next step begins, given when the previous one began and ended."""
+    if pacing.timing is Timing.RECORDED:
+        return max(previous_begin_ns + round(recorded_period_ns / pacing.speedup), previous_end_ns)
+    return previous_end_ns
+
+
+def blocking_calls_suffice(pacing: Pacing) -> bool:
+    """True when at most one call is ever in flight, so a driver may block on each."""
+    return pacing.window == 1

@@ -1,0 +1,306 @@
+"""PS throughput with one OS process per worker, so the GIL does not cap the figure.
+
+The parent spawns one process per worker (``multiprocessing`` spawn: nothing
+inherited, the same on every platform), each with its own channels to every
+ps server it calls.  Runs start together at an agreed ``time.monotonic_ns``
+instant (CLOCK_MONOTONIC is shared by the processes of one host); each worker
+replays its own calls (synthetic: every payload to every ps; trace: its
+per-step calls, steps separated as the pacing says) and sends back its samples
+as one numpy array.  The parent aggregates: RPCs/s over all workers, server
+counts, client CPU time summed over the worker processes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import multiprocessing
+import multiprocessing.connection
+import time
+import traceback
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from tf_grpc_bench.replay.client import Driver, ReplayClient
+from tf_grpc_bench.replay.measurement import CallSample, RunMeasurement
+from tf_grpc_bench.replay.pacing import Pacing
+from tf_grpc_bench.replay.runner import (
+    ProgressCallback,
+    ProgressEvent,
+    RunPlan,
+    WorkerLoop,
+    WorkerOutcome,
+    collect_stats,
+    failed_run,
+    reset_servers,
+    run_measurement,
+)
+from tf_grpc_bench.replay.wire import ChannelSettings
+from tf_grpc_bench.replay.workload import Workload
+
+from tf_grpc_bench.errors import TransportError
+
+#: Time between telling workers to start and their common start instant.
+START_MARGIN_NS = 300_000_000
+#: How often the parent checks that workers are alive while waiting.
+POLL_S = 0.5
+
+_SAMPLE_COLUMNS = (
+    "start_ns",
+    "latency_ns",
+    "request_bytes",
+    "response_bytes",
+    "payload_bytes",
+    "server_index",
+    "worker_index",
+    "step",
+)
+
+
+def pack_samples(samples: Sequence[CallSample]) -> np.ndarray:
+    """Samples as an int64 array, one row per call (cheap to send between processes)."""
+    array = np.empty((len(samples), len(_SAMPLE_COLUMNS)), dtype=np.int64)
+    for row, sample in enumerate(samples):
+        array[row] = [getattr(sample, column) for column in _SAMPLE_COLUMNS]
+    return array
+
+
+def unpack_samples(array: np.ndarray) -> tuple[CallSample, ...]:
+    return tuple(
+        CallSample(**dict(zip(_SAMPLE_COLUMNS, (int(v) for v in row), strict=True)))
+        for row in array.tolist()
+    )
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class WorkerSpec:
+    """What a worker process needs; picklable."""
+
+    worker_index: int
+    workload: Workload
+    targets: tuple[str, ...]
+    pacing: Pacing
+    plan: RunPlan
+    settings: ChannelSettings
+
+
+def _worker_main(connection: multiprocessing.connection.Connection, spec: WorkerSpec) -> None:
+    """A worker process: build channels and requests, then obey the parent's commands.
+
+    Commands: ("warmup", ns) -> ("warm",); ("run", start_monotonic_ns, duration_ns,
+    steps) -> ("result", ...); ("stop",) ends.  Setup failures -> ("error", message).
+    """
+    clients: dict[int, ReplayClient] = {}
+    try:
+        clients = {
+            index: ReplayClient(
+                spec.targets[index], mode=spec.workload.mode, settings=spec.settings
+            )
+            for index in spec.workload.servers_used
+        }
+        driver = Driver(clients, spec.pacing, timeout_s=spec.plan.deadline_s)
+        driver.prepare(spec.workload.steps)
+        for client in clients.values():
+            client.wait_ready(spec.plan.connect_timeout_s)
+        loop = WorkerLoop(spec.workload, driver)
+        connection.send(("ready",))
+        while True:
+            command = connection.recv()
+            if command[0] == "warmup":
+                try:
+                    loop.warm_up(command[1])
+                    connection.send(("warm", ""))
+                except TransportError as error:
+                    connection.send(("warm", f"during warm-up: {error}"))
+            elif command[0] == "run":
+                _, start_monotonic_ns, duration_ns, step_count = command
+                begin = time.perf_counter_ns() + (start_monotonic_ns - time.monotonic_ns())
+                outcome = loop.measure(
+                    begin_ns=begin, duration_ns=duration_ns, step_count=step_count
+                )
+                connection.send(
+                    (
+                        "result",
+                        pack_samples(outcome.samples),
+                        outcome.step_times_ns,
+                        outcome.elapsed_ns,
+                        outcome.cpu_ns,
+                        outcome.partial_reason if outcome.partial else None,
+                    )
+                )
+            else:
+                break
+    except TransportError as error:
+        connection.send(("error", str(error)))
+    except (EOFError, BrokenPipeError, KeyboardInterrupt):
+        pass
+    except Exception:
+        connection.send(("error", f"worker {spec.worker_index} crashed:\n{traceback.format_exc()}"))
+    finally:
+        for client in clients.values():
+            client.close()
+        connection.close()
+
+
+class _WorkerProcesses:
+    """The parent's handles on its worker processes."""
+
+    def __init__(self, specs: Sequence[WorkerSpec]) -> None:
+        context = multiprocessing.get_context("spawn")
+        self.processes: list[Any] = []
+        self.connections: list[multiprocessing.connection.Connection] = []
+        for spec in specs:
+            parent_end, child_end = context.Pipe()
+            process = context.Process(
+                target=_worker_main,
+                args=(child_end, spec),
+                name=f"tf-grpc-bench-worker-{spec.worker_index}",
+                daemon=True,
+            )
+            process.start()
+            child_end.close()
+            self.processes.append(process)
+            self.connections.append(parent_end)
+
+    def send_all(self, message: tuple[object, ...]) -> None:
+        for connection in self.connections:
+            connection.send(message)
+
+    def receive(self, worker: int, timeout_s: float | None = None) -> tuple[object, ...]:
+        """The worker's next message; ``TransportError`` if it died or timed out."""
+        connection, process = self.connections[worker], self.processes[worker]
+        waited = 0.0
+        while not connection.poll(POLL_S):
+            waited += POLL_S
+            if not process.is_alive() and not connection.poll(0):
+                raise TransportError(
+                    f"worker process {process.pid} exited (exit code {process.exitcode})"
+                )
+            if timeout_s is not None and waited >= timeout_s:
+                raise TransportError(
+                    f"worker process {process.pid} did not answer in {timeout_s:g} s"
+                )
+        try:
+            message: tuple[object, ...] = connection.recv()
+        except EOFError:
+            raise TransportError(f"worker process {process.pid} exited") from None
+        if message[0] == "error":
+            raise TransportError(str(message[1]))
+        return message
+
+    def stop(self) -> None:
+        for connection in self.connections:
+            with contextlib.suppress(BrokenPipeError, OSError):
+                connection.send(("stop",))
+        for process in self.processes:
+            process.join(10)
+            if process.is_alive():
+                process.terminate()
+                process.join(5)
+        for connection in self.connections:
+            connection.close()
+
+
+def measure_throughput(
+    workload: Workload,
+    targets: Sequence[str],
+    clients: Mapping[int, ReplayClient],
+    pacing: Pacing,
+    plan: RunPlan,
+    *,
+    settings: ChannelSettings,
+    on_progress: ProgressCallback | None = None,
+) -> tuple[RunMeasurement, ...]:
+    """Warm up and measure ``plan.runs`` runs with one process per worker.
+
+    ``clients`` (in this process) only reset and read the servers' statistics.
+    """
+    notify = on_progress or (lambda event: None)
+    specs = [
+        WorkerSpec(
+            worker_index=worker,
+            workload=workload.for_worker(worker),
+            targets=tuple(targets),
+            pacing=pacing,
+            plan=plan,
+            settings=settings,
+        )
+        for worker in range(workload.worker_count)
+        if workload.for_worker(worker).calls
+    ]
+    workers = _WorkerProcesses(specs)
+    runs: list[RunMeasurement] = []
+    try:
+        try:
+            for index in range(len(specs)):
+                workers.receive(index, timeout_s=plan.connect_timeout_s + 120)
+            notify(
+                ProgressEvent(
+                    benchmark=workload.benchmark, phase="warmup", run_index=0, runs=plan.runs
+                )
+            )
+            workers.send_all(("warmup", plan.warmup_ns))
+            warm_errors = [str(workers.receive(index)[1]) for index in range(len(specs))]
+        except TransportError as error:
+            return (failed_run(0, str(error)),)
+        if any(warm_errors):
+            return (failed_run(0, next(e for e in warm_errors if e)),)
+        for run_index in range(plan.runs):
+            notify(
+                ProgressEvent(
+                    benchmark=workload.benchmark, phase="run", run_index=run_index, runs=plan.runs
+                )
+            )
+            try:
+                reset_servers(clients, plan.connect_timeout_s)
+            except TransportError as error:
+                runs.append(failed_run(run_index, str(error)))
+                break
+            start = time.monotonic_ns() + START_MARGIN_NS
+            workers.send_all(("run", start, plan.duration_ns, plan.steps_per_run(workload)))
+            outcomes = []
+            for index in range(len(specs)):
+                try:
+                    message = workers.receive(index)
+                except TransportError as error:
+                    outcomes.append(
+                        WorkerOutcome(
+                            samples=(),
+                            step_times_ns=(),
+                            elapsed_ns=max(time.monotonic_ns() - start, 1),
+                            cpu_ns=0,
+                            partial=True,
+                            partial_reason=str(error),
+                        )
+                    )
+                    continue
+                _, packed, step_times, elapsed, cpu, reason = message
+                assert isinstance(packed, np.ndarray)
+                outcomes.append(
+                    WorkerOutcome(
+                        samples=unpack_samples(packed),
+                        step_times_ns=tuple(step_times),  # type: ignore[call-overload,arg-type]
+                        elapsed_ns=int(elapsed),  # type: ignore[call-overload]
+                        cpu_ns=int(cpu),  # type: ignore[call-overload]
+                        partial=reason is not None,
+                        partial_reason=str(reason or ""),
+                    )
+                )
+            run = run_measurement(
+                run_index, outcomes, collect_stats(clients, plan.connect_timeout_s)
+            )
+            runs.append(run)
+            notify(
+                ProgressEvent(
+                    benchmark=workload.benchmark,
+                    phase="finished",
+                    run_index=run_index,
+                    runs=plan.runs,
+                )
+            )
+            if run.partial:
+                break
+    finally:
+        workers.stop()
+    return tuple(runs)

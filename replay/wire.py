@@ -1,0 +1,284 @@
+"""What travels between the replay client and server, shared by both ends.
+
+Method paths, message encodings, gRPC settings (message size limits, TLS),
+the control service that reports what a server received, preallocated
+payload bytes, and the one place where ``grpc.RpcError`` becomes
+``TransportError``.  Message layouts are described in ``workload``.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+import threading
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import grpc
+from tf_grpc_bench.protos import bench_pb2
+from tf_grpc_bench.replay.workload import (
+    RAW_PULL_HEADER_BYTES,
+    Mode,
+    pull_request_layout,
+    pull_response_content_bytes,
+)
+
+from tf_grpc_bench.errors import TransportError
+
+#: Largest message either end accepts: TensorFlow tensors reach ~50 MB, and a
+#: payload of 10 Large buffers at their 10 MiB maximum is 100 MiB.
+MAX_MESSAGE_BYTES = 256 * 1024 * 1024
+
+#: Call metadata carrying a raw pull's response length when the request is shorter than 8 bytes.
+RESPONSE_LENGTH_METADATA = "tfgb-response-bytes"
+
+CONTROL_SERVICE = "tf_grpc_bench.Control"
+STATS_METHOD = f"/{CONTROL_SERVICE}/Stats"
+RESET_METHOD = f"/{CONTROL_SERVICE}/Reset"
+
+_UINT64 = struct.Struct("<Q")
+
+_SIZE_OPTIONS: tuple[tuple[str, int], ...] = (
+    ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+    ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+)
+
+
+def identity(data: bytes) -> bytes:
+    """Serializer and deserializer of the non-serialized mode: the bytes themselves."""
+    return data
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ChannelSettings:
+    """How clients open channels: gRPC options and optional TLS.  Picklable, so
+    worker processes receive it as is.
+
+    ``options`` are added after the size limits (a later option wins in gRPC).
+    With ``root_certificates`` set the channel uses TLS; ``private_key`` and
+    ``certificate_chain`` add a client certificate.
+    """
+
+    options: tuple[tuple[str, str | int], ...] = ()
+    root_certificates: bytes | None = None
+    private_key: bytes | None = None
+    certificate_chain: bytes | None = None
+    #: Channels per server per worker; calls take them in turn.
+    channels_per_server: int = 1
+
+    def __post_init__(self) -> None:
+        if self.channels_per_server < 1:
+            raise ValueError(f"channels_per_server must be >= 1, got {self.channels_per_server}")
+
+    def all_options(self) -> list[tuple[str, str | int]]:
+        return [*_SIZE_OPTIONS, *self.options]
+
+    def credentials(self) -> grpc.ChannelCredentials | None:
+        if self.root_certificates is None:
+            return None
+        return grpc.ssl_channel_credentials(
+            root_certificates=self.root_certificates,
+            private_key=self.private_key,
+            certificate_chain=self.certificate_chain,
+        )
+
+    def describe(self) -> str:
+        extra = ",".join(f"{k}={v}" for k, v in self.options)
+        tls = "tls" if self.root_certificates is not None else "insecure"
+        return f"{tls};channels={self.channels_per_server}" + (f";{extra}" if extra else "")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ServerSettings:
+    """How a replay server listens.  Picklable, for server processes.
+
+    With ``private_key`` and ``certificate_chain`` the port uses TLS; with
+    ``root_certificates`` too, clients must present certificates.
+    """
+
+    options: tuple[tuple[str, str | int], ...] = ()
+    private_key: bytes | None = None
+    certificate_chain: bytes | None = None
+    root_certificates: bytes | None = None
+    #: Threads answering calls; bounds how many calls are served at once.
+    max_workers: int = 64
+
+    def __post_init__(self) -> None:
+        if self.max_workers < 1:
+            raise ValueError(f"max_workers must be >= 1, got {self.max_workers}")
+        if (self.private_key is None) != (self.certificate_chain is None):
+            raise ValueError("TLS needs both private_key and certificate_chain")
+
+    def all_options(self) -> list[tuple[str, str | int]]:
+        # gRPC sets SO_REUSEPORT by default, which lets a second server bind a
+        # port already in use and silently share it: refuse that.
+        return [*_SIZE_OPTIONS, ("grpc.so_reuseport", 0), *self.options]
+
+    def credentials(self) -> grpc.ServerCredentials | None:
+        if self.private_key is None or self.certificate_chain is None:
+            return None
+        return grpc.ssl_server_credentials(
+            [(self.private_key, self.certificate_chain)],
+            root_certificates=self.root_certificates,
+            require_client_auth=self.root_certificates is not None,
+        )
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ServerStats:
+    """What a server counted since its last reset (payload RPCs only, not control calls).
+
+    Bytes are gRPC message body lengths, as ``Call.request_bytes`` counts them.
+    """
+
+    mode: str
+    received_bytes: int = 0
+    received_messages: int = 0
+    sent_bytes: int = 0
+    sent_messages: int = 0
+    #: CPU time (user + system) of the server process since the reset.
+    cpu_ns: int = 0
+    #: Wall time since the reset.
+    wall_ns: int = 0
+    pid: int = 0
+    address: str = ""
+    #: Per method path: [messages, bytes] received.
+    per_method: dict[str, list[int]] = field(default_factory=dict)
+
+    def to_json(self) -> bytes:
+        return json.dumps(asdict(self), sort_keys=True).encode()
+
+    @classmethod
+    def from_json(cls, data: bytes, *, source: str) -> ServerStats:
+        try:
+            document: dict[str, Any] = json.loads(data)
+            return cls(**document)
+        except (ValueError, TypeError) as error:
+            raise TransportError(f"{source}: unreadable server statistics ({error})") from None
+
+
+class PayloadBytes:
+    """Zero-filled ``bytes`` of each size, made once and shared (never per call).
+
+    Thread-safe: a race makes the same buffer twice and keeps one.
+    """
+
+    def __init__(self) -> None:
+        self._by_size: dict[int, bytes] = {}
+
+    def get(self, size: int) -> bytes:
+        data = self._by_size.get(size)
+        if data is None:
+            data = self._by_size.setdefault(size, bytes(size))
+        return data
+
+    @property
+    def held_bytes(self) -> int:
+        return sum(self._by_size)
+
+
+def raw_pull_request(
+    request_bytes: int, response_bytes: int
+) -> tuple[bytes, tuple[tuple[str, str], ...] | None]:
+    """A non-serialized pull request and its call metadata (None when not needed)."""
+    if request_bytes >= RAW_PULL_HEADER_BYTES:
+        return _UINT64.pack(response_bytes) + bytes(request_bytes - RAW_PULL_HEADER_BYTES), None
+    return bytes(request_bytes), ((RESPONSE_LENGTH_METADATA, str(response_bytes)),)
+
+
+def raw_response_length(request: bytes, metadata: Any) -> int:
+    """The response length a non-serialized pull asks for (server side)."""
+    if len(request) >= RAW_PULL_HEADER_BYTES:
+        return int(_UINT64.unpack_from(request)[0])
+    for key, value in metadata or ():
+        if key == RESPONSE_LENGTH_METADATA:
+            return int(value)
+    return 0
+
+
+def raw_ack(received_bytes: int) -> bytes:
+    return _UINT64.pack(received_bytes)
+
+
+def serialized_pull_request(
+    request_bytes: int, response_bytes: int, tensor_name: str, padding: PayloadBytes
+) -> bench_pb2.PullRequest:
+    """The ``PullRequest`` whose encoding is ``request_bytes`` long (see ``workload``)."""
+    content = pull_response_content_bytes(response_bytes)
+    layout = pull_request_layout(request_bytes, content, tensor_name)
+    return bench_pb2.PullRequest(
+        response_bytes=content,
+        tensor_name=layout.tensor_name,
+        padding=padding.get(layout.padding_bytes),
+    )
+
+
+def serialized_payload(buffers: tuple[int, ...], cache: PayloadBytes) -> bench_pb2.Payload:
+    return bench_pb2.Payload(buffers=[cache.get(size) for size in buffers])
+
+
+def message_length(message: Any, mode: Mode) -> int:
+    """Wire length of a request or response as the mode carries it."""
+    if mode is Mode.NON_SERIALIZED:
+        return len(message)
+    return int(message.ByteSize())
+
+
+def translate_rpc_error(error: grpc.RpcError, *, target: str, method: str) -> TransportError:
+    """The one boundary where gRPC failures become ``TransportError``."""
+    code = error.code() if isinstance(error, grpc.Call) else None
+    details = error.details() if isinstance(error, grpc.Call) else str(error)
+    name = code.name if code is not None else "UNKNOWN"
+    detail = (details or "").splitlines()[0] if details else ""
+    if code is grpc.StatusCode.UNAVAILABLE:
+        what = "server unavailable (not running, unreachable, or gone mid-run)"
+    elif code is grpc.StatusCode.DEADLINE_EXCEEDED:
+        what = "no answer within the deadline (--deadline)"
+    elif code is grpc.StatusCode.RESOURCE_EXHAUSTED:
+        what = "message too large or server overloaded"
+    elif code is grpc.StatusCode.UNIMPLEMENTED:
+        what = "the server does not answer this method (is it a tf-grpc-bench server?)"
+    else:
+        what = "call failed"
+    suffix = f": {detail}" if detail else ""
+    return TransportError(f"{target}{method}: {what} [{name}]{suffix}")
+
+
+class Counters:
+    """Message and byte counts of a server; thread-safe."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.received_bytes = 0
+        self.received_messages = 0
+        self.sent_bytes = 0
+        self.sent_messages = 0
+        self.per_method: dict[str, list[int]] = {}
+
+    def add(self, method: str, received_bytes: int, sent_bytes: int) -> None:
+        with self._lock:
+            self.received_bytes += received_bytes
+            self.received_messages += 1
+            self.sent_bytes += sent_bytes
+            self.sent_messages += 1
+            entry = self.per_method.get(method)
+            if entry is None:
+                entry = self.per_method[method] = [0, 0]
+            entry[0] += 1
+            entry[1] += received_bytes
+
+    def reset(self) -> None:
+        with self._lock:
+            self.received_bytes = self.received_messages = 0
+            self.sent_bytes = self.sent_messages = 0
+            self.per_method = {}
+
+    def snapshot(self) -> tuple[int, int, int, int, dict[str, list[int]]]:
+        with self._lock:
+            return (
+                self.received_bytes,
+                self.received_messages,
+                self.sent_bytes,
+                self.sent_messages,
+                {k: list(v) for k, v in self.per_method.items()},
+            )

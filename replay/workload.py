@@ -1,0 +1,733 @@
+"""What a benchmark sends: the calls to make, built from the paper's generators or from a trace.
+
+WHAT only: when to send is ``pacing``'s business, how long to run the
+``runner``'s.  Pure: no gRPC, no clocks, no IO.
+
+A ``Call`` is one RPC to make.  Its ``request_bytes`` and ``response_bytes`` are
+the exact lengths of the gRPC messages on the wire (the message body, without
+gRPC's 5-byte prefix) in the workload's mode, and are what the server is
+expected to count.
+
+Message layouts
+---------------
+Non-serialized mode (raw bytes, identity serializers):
+
+* echo: request = the payload's buffers concatenated; response = the request.
+* ack: request = the payload; response = 8 bytes, the little-endian count of
+  request bytes received.
+* pull (and every trace method): request of ``request_bytes`` whose first 8
+  bytes are the little-endian response length when ``request_bytes >= 8`` (else
+  the length travels in the ``tfgb-response-bytes`` call metadata); response of
+  exactly that many bytes.
+
+Serialized mode (``protos/bench.proto``):
+
+* echo / ack: ``Payload{buffers}``, one bytes field per buffer; ack answers
+  ``Ack{received_bytes}``.
+* pull: ``PullRequest{response_bytes, tensor_name, padding}`` padded to the
+  recorded request length, answered by ``PullResponse{content}`` whose length
+  makes the whole message the recorded response length.  A few lengths cannot
+  be encoded exactly (1 byte, and one length just past each varint-size step,
+  e.g. 130 B); those go one byte short and the call records what was sent.
+
+From a trace to calls (DESIGN.md section 4)
+-------------------------------------------
+Only parameter servers exist in a replay.  *Server tasks* are the trace's
+``ps`` tasks; in a trace without ``ps`` tasks (e.g. MultiWorkerMirrored) every
+task that is called is a server task.  *Client tasks* are the others.  Each RPC
+of a steady-state step is mapped as follows:
+
+* client -> server (a worker pulling weights with RecvTensor, control calls):
+  replayed as is, by that client against that server, with the trace's method
+  path and sizes.
+* server -> client (a ps pulling gradients from a worker with RecvTensor): in
+  replay only the ps side has a server, so it is replayed by the worker's client
+  against the ps server with request and response sizes swapped
+  (``reversed_direction``): the large message now travels in the request, from
+  the worker to the ps, which is the same link in the same direction as the
+  trace's response.  The method path stays the trace's.
+* server -> server, when servers are ps tasks: ps-to-ps traffic is replayed by
+  no one; such RPCs are dropped and counted (``dropped_rpcs``).
+* client -> client (the chief's control calls to workers): no server exists for
+  the callee; dropped and counted likewise.
+
+Within each (client, server) pair calls keep the trace's order (by start time);
+``outstanding_at_start`` is recomputed per pair after the mapping (how many
+earlier calls of the pair were still open when this one started);
+``offset_ns`` is the call's start relative to its step's start.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections import Counter
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, replace
+
+from tf_grpc_bench.replay.generators import GeneratorConfig, PayloadSpec, generate_payloads
+from tf_grpc_bench.replay.measurement import Benchmark
+
+from tf_grpc_bench.errors import ConfigError, TraceError
+from tf_grpc_bench.trace import Rpc, Trace
+
+#: Method paths of the replay service (``protos/bench.proto``); the raw mode uses the same paths.
+ECHO_METHOD = "/tf_grpc_bench.Replay/Echo"
+PUSH_METHOD = "/tf_grpc_bench.Replay/Push"
+PULL_METHOD = "/tf_grpc_bench.Replay/Pull"
+
+#: Non-serialized ack: the received byte count as a little-endian uint64.
+RAW_ACK_BYTES = 8
+#: Non-serialized pull: the response length as a little-endian uint64 at the request's start.
+RAW_PULL_HEADER_BYTES = 8
+
+ParameterValue = str | int | float | bool
+
+
+class Shape(enum.Enum):
+    """The three RPC shapes the server answers."""
+
+    #: The paper's latency benchmark: the response is the request.
+    ECHO = "echo"
+    #: The paper's bandwidth benchmark: payload in, small acknowledgement out.
+    ACK = "ack"
+    #: TensorFlow's RecvTensor: the request says how long the response must be.
+    PULL = "pull"
+
+
+class Mode(enum.Enum):
+    """How payloads travel: raw bytes, or as protobuf messages (the paper's two modes)."""
+
+    NON_SERIALIZED = "non-serialized"
+    SERIALIZED = "serialized"
+
+
+# --------------------------------------------------------------------------
+# Protobuf wire-size arithmetic (proto3), for the serialized mode's messages.
+
+
+def varint_bytes(value: int) -> int:
+    """Length of ``value``'s protobuf varint encoding."""
+    if value < 0:
+        raise ValueError(f"varint of a negative number: {value}")
+    length = 1
+    while value >= 0x80:
+        value >>= 7
+        length += 1
+    return length
+
+
+def bytes_field_bytes(length: int, *, repeated: bool = False) -> int:
+    """Encoded size of a bytes/string field (tag < 16) holding ``length`` bytes.
+
+    A singular proto3 field that is empty is not encoded at all.
+    """
+    if length == 0 and not repeated:
+        return 0
+    return 1 + varint_bytes(length) + length
+
+
+def uint_field_bytes(value: int) -> int:
+    """Encoded size of a singular uint64 field (tag < 16)."""
+    return 0 if value == 0 else 1 + varint_bytes(value)
+
+
+def payload_message_bytes(buffers: Sequence[int]) -> int:
+    """Serialized size of ``Payload{buffers}``."""
+    return sum(bytes_field_bytes(size, repeated=True) for size in buffers)
+
+
+def ack_message_bytes(received_bytes: int) -> int:
+    """Serialized size of ``Ack{received_bytes}``."""
+    return uint_field_bytes(received_bytes)
+
+
+def _fitting_bytes_field(target: int) -> int | None:
+    """A content length whose singular bytes field encodes to exactly ``target`` bytes."""
+    if target == 0:
+        return 0
+    guess = max(target - 1 - varint_bytes(target), 0)
+    for content in (guess, guess + 1, guess + 2):
+        if content > 0 and bytes_field_bytes(content) == target:
+            return content
+    return None
+
+
+def pull_response_content_bytes(target_bytes: int) -> int:
+    """Content length of the ``PullResponse`` closest to ``target_bytes`` without exceeding it."""
+    for target in range(target_bytes, -1, -1):
+        content = _fitting_bytes_field(target)
+        if content is not None:
+            return content
+    raise AssertionError("unreachable: an empty PullResponse always fits")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PullRequestLayout:
+    """How a serialized ``PullRequest`` reaches its target length."""
+
+    response_content_bytes: int
+    tensor_name: str
+    padding_bytes: int
+    message_bytes: int
+
+
+def pull_request_layout(
+    target_bytes: int, response_content_bytes: int, tensor_name: str = ""
+) -> PullRequestLayout:
+    """Lay out a ``PullRequest`` of ``target_bytes`` (or the nearest size it can have).
+
+    Keeps as much of the tensor name as fits, then pads.  When the target is
+    smaller than the mandatory response-length field, the request is that field
+    alone.  Deterministic, so the client and the workload agree on the size.
+    """
+    base = uint_field_bytes(response_content_bytes)
+    name = tensor_name.encode()
+    best: PullRequestLayout | None = None
+    for name_length in range(len(name), -1, -1):
+        # Only whole characters: a truncated name must stay valid UTF-8.
+        shortened = name[:name_length].decode("utf-8", errors="ignore")
+        if len(shortened.encode()) != name_length:
+            continue
+        used = base + bytes_field_bytes(name_length)
+        if used > target_bytes:
+            continue
+        padding_field = _fitting_bytes_field(target_bytes - used)
+        if padding_field is not None:
+            return PullRequestLayout(
+                response_content_bytes=response_content_bytes,
+                tensor_name=shortened,
+                padding_bytes=padding_field,
+                message_bytes=target_bytes,
+            )
+        if best is None and name_length == 0:
+            # Off by one at a varint step: go one byte short.
+            padding = pull_response_content_bytes(target_bytes - used)
+            best = PullRequestLayout(
+                response_content_bytes=response_content_bytes,
+                tensor_name="",
+                padding_bytes=padding,
+                message_bytes=used + bytes_field_bytes(padding),
+            )
+    if best is not None:
+        return best
+    return PullRequestLayout(
+        response_content_bytes=response_content_bytes,
+        tensor_name="",
+        padding_bytes=0,
+        message_bytes=base,
+    )
+
+
+# --------------------------------------------------------------------------
+# Calls and workloads.
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Call:
+    """One RPC to make.  Sizes are wire message lengths in the workload's mode."""
+
+    shape: Shape
+    method: str
+    request_bytes: int
+    response_bytes: int
+    #: The payload's buffer sizes (echo and ack); serialized mode sends one field per buffer.
+    buffers: PayloadSpec = ()
+    #: Index of the ps server (into the run's target list) the call goes to.
+    server_index: int = 0
+    #: Index of the worker (client) that makes the call.
+    worker_index: int = 0
+    #: Trace step index the call belongs to; -1 for synthetic workloads.
+    step: int = -1
+    #: When the call started in the trace, relative to its step's start.
+    offset_ns: int = 0
+    tensor_name: str = ""
+    #: Earlier calls of the same (worker, server) pair still open when this one started.
+    outstanding_at_start: int = 0
+    #: The trace's RPC went from the ps to the worker; replayed with sizes swapped.
+    reversed_direction: bool = False
+
+    def __post_init__(self) -> None:
+        if not self.method.startswith("/"):
+            raise ValueError(f"method must be a full gRPC path, got {self.method!r}")
+        for name in (
+            "request_bytes",
+            "response_bytes",
+            "server_index",
+            "worker_index",
+            "offset_ns",
+            "outstanding_at_start",
+        ):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
+        if any(size < 0 for size in self.buffers):
+            raise ValueError("buffer sizes must be >= 0")
+        if self.shape is not Shape.PULL and not self.buffers:
+            raise ValueError(f"a {self.shape.value} call needs its payload's buffers")
+
+    @property
+    def payload_bytes(self) -> int:
+        """Size of the message that carries the payload (the larger direction)."""
+        return max(self.request_bytes, self.response_bytes)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class WorkloadStep:
+    """The calls of one step, in the order they are issued."""
+
+    #: The trace's step index; -1 for the synthetic payload cycle.
+    index: int
+    calls: tuple[Call, ...]
+    #: Recorded time from this step's start to the next one's (its own length for
+    #: the last step); 0 for synthetic workloads.  Used by recorded pacing.
+    period_ns: int = 0
+
+    @property
+    def request_bytes(self) -> int:
+        return sum(c.request_bytes for c in self.calls)
+
+    @property
+    def response_bytes(self) -> int:
+        return sum(c.response_bytes for c in self.calls)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Workload:
+    """Everything one benchmark sends, for every worker, per step (or per payload cycle)."""
+
+    benchmark: Benchmark
+    #: "synthetic" or "trace".
+    source: str
+    mode: Mode
+    steps: tuple[WorkloadStep, ...]
+    #: Number of ps servers the calls address (server indices are 0 .. server_count-1).
+    server_count: int
+    #: Number of workers (clients) making calls.
+    worker_count: int
+    #: Facts about how the workload was built, for the result's parameters.
+    description: tuple[tuple[str, ParameterValue], ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.source not in ("synthetic", "trace"):
+            raise ValueError(f"source must be 'synthetic' or 'trace', got {self.source!r}")
+        if not self.steps or not any(step.calls for step in self.steps):
+            raise ValueError("a workload needs at least one call")
+        if self.server_count < 1 or self.worker_count < 1:
+            raise ValueError("a workload needs at least one server and one worker")
+        for step in self.steps:
+            for call in step.calls:
+                if call.server_index >= self.server_count:
+                    raise ValueError(f"call to server {call.server_index} of {self.server_count}")
+                if call.worker_index >= self.worker_count:
+                    raise ValueError(f"call by worker {call.worker_index} of {self.worker_count}")
+
+    @property
+    def calls(self) -> tuple[Call, ...]:
+        return tuple(call for step in self.steps for call in step.calls)
+
+    @property
+    def servers_used(self) -> tuple[int, ...]:
+        return tuple(sorted({call.server_index for call in self.calls}))
+
+    def for_worker(self, worker_index: int) -> Workload:
+        """The part of the workload one worker makes (same steps, its calls only)."""
+        if not 0 <= worker_index < self.worker_count:
+            raise ValueError(f"worker {worker_index} of {self.worker_count}")
+        steps = tuple(
+            replace(step, calls=tuple(c for c in step.calls if c.worker_index == worker_index))
+            for step in self.steps
+        )
+        return replace(self, steps=steps)
+
+    def parameters(self) -> dict[str, ParameterValue]:
+        return dict(self.description)
+
+
+# --------------------------------------------------------------------------
+# Synthetic workloads: the paper's benchmarks.
+
+
+def echo_call(
+    buffers: PayloadSpec, mode: Mode, *, server_index: int = 0, worker_index: int = 0
+) -> Call:
+    size = sum(buffers) if mode is Mode.NON_SERIALIZED else payload_message_bytes(buffers)
+    return Call(
+        shape=Shape.ECHO,
+        method=ECHO_METHOD,
+        request_bytes=size,
+        response_bytes=size,
+        buffers=tuple(buffers),
+        server_index=server_index,
+        worker_index=worker_index,
+    )
+
+
+def ack_call(
+    buffers: PayloadSpec, mode: Mode, *, server_index: int = 0, worker_index: int = 0
+) -> Call:
+    if mode is Mode.NON_SERIALIZED:
+        request, response = sum(buffers), RAW_ACK_BYTES
+    else:
+        request = payload_message_bytes(buffers)
+        response = ack_message_bytes(request)
+    return Call(
+        shape=Shape.ACK,
+        method=PUSH_METHOD,
+        request_bytes=request,
+        response_bytes=response,
+        buffers=tuple(buffers),
+        server_index=server_index,
+        worker_index=worker_index,
+    )
+
+
+def pull_call(
+    *,
+    method: str,
+    request_bytes: int,
+    response_bytes: int,
+    mode: Mode,
+    tensor_name: str = "",
+    server_index: int = 0,
+    worker_index: int = 0,
+    step: int = -1,
+    offset_ns: int = 0,
+    outstanding_at_start: int = 0,
+    reversed_direction: bool = False,
+) -> Call:
+    """A pull-shaped call as close as the mode allows to the given wire sizes."""
+    if mode is Mode.SERIALIZED:
+        content = pull_response_content_bytes(response_bytes)
+        response_bytes = bytes_field_bytes(content)
+        layout = pull_request_layout(request_bytes, content, tensor_name)
+        request_bytes, tensor_name = layout.message_bytes, layout.tensor_name
+    return Call(
+        shape=Shape.PULL,
+        method=method,
+        request_bytes=request_bytes,
+        response_bytes=response_bytes,
+        tensor_name=tensor_name,
+        server_index=server_index,
+        worker_index=worker_index,
+        step=step,
+        offset_ns=offset_ns,
+        outstanding_at_start=outstanding_at_start,
+        reversed_direction=reversed_direction,
+    )
+
+
+def synthetic_workload(
+    benchmark: Benchmark,
+    generator: GeneratorConfig,
+    *,
+    mode: Mode,
+    ps_count: int = 1,
+    worker_count: int = 1,
+) -> Workload:
+    """The paper's benchmark over the generator's payloads, sent in a cycle.
+
+    * P2P latency: one worker echoes each payload off one ps.
+    * P2P bandwidth: one worker pushes each payload to one ps, which acks.
+    * PS throughput: every worker sends each payload to every ps as an echo (a
+      gradient up, the updated weights of the same size back, as in parameter-
+      server training); the calls of one payload to the different ps go out
+      together, one outstanding call per (worker, ps) pair by default.
+    """
+    if ps_count < 1:
+        raise ConfigError(f"--ps must be >= 1, got {ps_count}")
+    if worker_count < 1:
+        raise ConfigError(f"--workers must be >= 1, got {worker_count}")
+    payloads = generate_payloads(generator)
+    calls: list[Call] = []
+    if benchmark is Benchmark.P2P_LATENCY:
+        calls = [echo_call(p, mode) for p in payloads]
+        ps_count = worker_count = 1
+    elif benchmark is Benchmark.P2P_BANDWIDTH:
+        calls = [ack_call(p, mode) for p in payloads]
+        ps_count = worker_count = 1
+    else:
+        calls = [
+            echo_call(p, mode, server_index=s, worker_index=w)
+            for w in range(worker_count)
+            for p in payloads
+            for s in range(ps_count)
+        ]
+    description: dict[str, ParameterValue] = {
+        "generator": generator.kind.value,
+        "categories": ",".join(c.value for c in generator.categories),
+        "buffers": generator.buffers_per_payload,
+        "payloads": generator.payload_count,
+        "small_size_bytes": generator.sizes.small_bytes,
+        "medium_size_bytes": generator.sizes.medium_bytes,
+        "large_size_bytes": generator.sizes.large_bytes,
+        "seed": generator.seed,
+        "random_sizes": generator.random_sizes,
+        "ps": ps_count,
+        "workers": worker_count,
+        "shape": calls[0].shape.value,
+    }
+    if generator.kind.value == "skew":
+        description["skew_bias"] = generator.effective_skew_bias.value
+    return Workload(
+        benchmark=benchmark,
+        source="synthetic",
+        mode=mode,
+        steps=(WorkloadStep(index=-1, calls=tuple(calls)),),
+        server_count=ps_count,
+        worker_count=worker_count,
+        description=tuple(description.items()),
+    )
+
+
+# --------------------------------------------------------------------------
+# Trace-driven workloads.
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class _Mapped:
+    """One trace RPC as a replay sees it: who calls whom, which way the bytes go."""
+
+    rpc: Rpc
+    client_task: int
+    server_task: int
+    reversed_direction: bool
+
+    @property
+    def request_bytes(self) -> int:
+        return self.rpc.response_bytes if self.reversed_direction else self.rpc.request_bytes
+
+    @property
+    def response_bytes(self) -> int:
+        return self.rpc.request_bytes if self.reversed_direction else self.rpc.response_bytes
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TraceRoles:
+    """Which trace tasks become ps servers and which become worker clients."""
+
+    server_tasks: tuple[int, ...]
+    client_tasks: tuple[int, ...]
+    #: True when servers are the trace's ps tasks (else: every called task).
+    ps_job: bool
+
+    def server_index(self, task: int) -> int:
+        return self.server_tasks.index(task)
+
+    def client_index(self, task: int) -> int:
+        return self.client_tasks.index(task)
+
+
+def _sort_tasks(trace: Trace, tasks: Iterable[int]) -> tuple[int, ...]:
+    return tuple(sorted(set(tasks), key=lambda i: (trace.tasks[i].job, trace.tasks[i].index)))
+
+
+def _map_rpc(rpc: Rpc, servers: frozenset[int], ps_job: bool) -> _Mapped | None:
+    caller_serves = rpc.caller_task in servers
+    callee_serves = rpc.callee_task in servers
+    if callee_serves and not caller_serves:
+        return _Mapped(
+            rpc=rpc,
+            client_task=rpc.caller_task,
+            server_task=rpc.callee_task,
+            reversed_direction=False,
+        )
+    if caller_serves and not callee_serves:
+        return _Mapped(
+            rpc=rpc,
+            client_task=rpc.callee_task,
+            server_task=rpc.caller_task,
+            reversed_direction=True,
+        )
+    if caller_serves and callee_serves and not ps_job and rpc.caller_task != rpc.callee_task:
+        return _Mapped(
+            rpc=rpc,
+            client_task=rpc.caller_task,
+            server_task=rpc.callee_task,
+            reversed_direction=False,
+        )
+    return None
+
+
+def trace_roles(trace: Trace, *, source: str = "trace") -> TraceRoles:
+    """Decide servers and clients (see the module docstring)."""
+    rpcs = [rpc for step in trace.steps for rpc in step.rpcs]
+    if not rpcs:
+        raise TraceError(f"{source}: no RPCs in steady-state steps, nothing to replay")
+    ps_tasks = frozenset(trace.tasks_of_job("ps"))
+    ps_job = bool(ps_tasks)
+    servers = ps_tasks or frozenset(r.callee_task for r in rpcs)
+    clients: set[int] = set()
+    used_servers: set[int] = set()
+    for rpc in rpcs:
+        mapped = _map_rpc(rpc, servers, ps_job)
+        if mapped is not None:
+            clients.add(mapped.client_task)
+            used_servers.add(mapped.server_task)
+    if not clients:
+        raise TraceError(f"{source}: no RPC between a worker and a ps, nothing to replay")
+    # Without a ps job a task may both serve and call; it then appears in both lists.
+    return TraceRoles(
+        server_tasks=_sort_tasks(trace, used_servers if not ps_job else servers),
+        client_tasks=_sort_tasks(trace, clients),
+        ps_job=ps_job,
+    )
+
+
+def _mapped_steps(trace: Trace, roles: TraceRoles) -> tuple[list[list[_Mapped]], int]:
+    servers = frozenset(roles.server_tasks)
+    steps: list[list[_Mapped]] = []
+    dropped = 0
+    for step in trace.steps:
+        mapped_step = []
+        for rpc in step.rpcs:
+            mapped = _map_rpc(rpc, servers, roles.ps_job)
+            if mapped is None:
+                dropped += 1
+            else:
+                mapped_step.append(mapped)
+        mapped_step.sort(key=lambda m: (m.rpc.start_ns, m.rpc.end_ns))
+        steps.append(mapped_step)
+    return steps, dropped
+
+
+def pair_bytes(trace: Trace, roles: TraceRoles | None = None) -> dict[tuple[int, int], int]:
+    """Bytes moved per (client task, server task) pair over all steady-state steps."""
+    roles = roles or trace_roles(trace)
+    totals: Counter[tuple[int, int]] = Counter()
+    for step in _mapped_steps(trace, roles)[0]:
+        for m in step:
+            totals[(m.client_task, m.server_task)] += m.rpc.request_bytes + m.rpc.response_bytes
+    return dict(totals)
+
+
+def choose_pair(trace: Trace, roles: TraceRoles | None = None) -> tuple[int, int]:
+    """The (worker task, ps task) pair that moved the most bytes; lowest indices on a tie."""
+    totals = pair_bytes(trace, roles)
+    return max(sorted(totals), key=lambda pair: totals[pair])
+
+
+def parse_pair(text: str, trace: Trace) -> tuple[int, int]:
+    """``worker:0,ps:1`` (job:index of the worker, then of the ps) -> task indices."""
+    parts = [p.strip() for p in text.split(",")]
+    if len(parts) != 2:
+        raise ConfigError(
+            f"--pair {text!r}: expected WORKER_JOB:INDEX,PS_JOB:INDEX, e.g. worker:0,ps:0"
+        )
+    indices = []
+    for part in parts:
+        job, _, number = part.partition(":")
+        matches = [
+            i
+            for i, t in enumerate(trace.tasks)
+            if t.job == job and number.isdigit() and t.index == int(number)
+        ]
+        if not matches:
+            names = ", ".join(f"{t.job}:{t.index}" for t in trace.tasks)
+            raise ConfigError(f"--pair {text!r}: no task {part!r} in the trace (tasks: {names})")
+        indices.append(matches[0])
+    return indices[0], indices[1]
+
+
+def _with_pair_outstanding(mapped: Sequence[_Mapped]) -> list[int]:
+    """For each call, in order: earlier calls of its pair still open when it started."""
+    open_ends: dict[tuple[int, int], list[int]] = {}
+    result = []
+    for m in mapped:
+        pair = (m.client_task, m.server_task)
+        ends = [end for end in open_ends.get(pair, []) if end > m.rpc.start_ns]
+        result.append(len(ends))
+        ends.append(m.rpc.end_ns)
+        open_ends[pair] = ends
+    return result
+
+
+def _step_periods(trace: Trace) -> list[int]:
+    periods = []
+    for number, step in enumerate(trace.steps):
+        if number + 1 < len(trace.steps):
+            periods.append(max(trace.steps[number + 1].start_ns - step.start_ns, 0))
+        else:
+            periods.append(step.duration_ns)
+    return periods
+
+
+def trace_workload(
+    trace: Trace,
+    benchmark: Benchmark,
+    *,
+    mode: Mode,
+    pair: tuple[int, int] | None = None,
+    source: str = "trace",
+) -> Workload:
+    """The trace's steady-state steps as one benchmark's calls (DESIGN.md section 4).
+
+    P2P benchmarks replay one (worker, ps) pair, ``pair`` as trace task
+    indices (default: ``choose_pair``); PS throughput replays every worker
+    against every ps.  Every call is pull-shaped and keeps the trace's method.
+    """
+    roles = trace_roles(trace, source=source)
+    steps, dropped = _mapped_steps(trace, roles)
+    point_to_point = benchmark is not Benchmark.PS_THROUGHPUT
+    if point_to_point:
+        if pair is None:
+            pair = choose_pair(trace, roles)
+        elif pair[1] not in roles.server_tasks or pair[0] not in roles.client_tasks:
+            raise ConfigError(
+                f"--pair: {trace.task_name(pair[0])} -> {trace.task_name(pair[1])} is not a "
+                "(worker, ps) pair of this trace"
+            )
+        dropped += sum(1 for step in steps for m in step if (m.client_task, m.server_task) != pair)
+        steps = [[m for m in step if (m.client_task, m.server_task) == pair] for step in steps]
+        if not any(steps):
+            raise ConfigError(
+                f"--pair: {trace.task_name(pair[0])} and {trace.task_name(pair[1])} "
+                "exchange no RPCs in the trace's steps"
+            )
+    periods = _step_periods(trace)
+    workload_steps = []
+    for trace_step, period, mapped in zip(trace.steps, periods, steps, strict=True):
+        outstanding = _with_pair_outstanding(mapped)
+        calls = tuple(
+            pull_call(
+                method=m.rpc.method,
+                request_bytes=m.request_bytes,
+                response_bytes=m.response_bytes,
+                mode=mode,
+                tensor_name=m.rpc.tensor.edge_name if m.rpc.tensor else "",
+                server_index=roles.server_index(m.server_task),
+                worker_index=0 if point_to_point else roles.client_index(m.client_task),
+                step=trace_step.index,
+                offset_ns=max(m.rpc.start_ns - trace_step.start_ns, 0),
+                outstanding_at_start=count,
+                reversed_direction=m.reversed_direction,
+            )
+            for m, count in zip(mapped, outstanding, strict=True)
+        )
+        if calls:
+            workload_steps.append(
+                WorkloadStep(index=trace_step.index, calls=calls, period_ns=period)
+            )
+    description: dict[str, ParameterValue] = {
+        "trace_steps": len(trace.steps),
+        "calls_per_pass": sum(len(s.calls) for s in workload_steps),
+        "reversed_calls_per_pass": sum(
+            1 for s in workload_steps for c in s.calls if c.reversed_direction
+        ),
+        "dropped_rpcs_per_pass": dropped,
+        "ps": len(roles.server_tasks),
+        "workers": 1 if point_to_point else len(roles.client_tasks),
+        "server_tasks": ",".join(trace.task_name(t) for t in roles.server_tasks),
+        "shape": Shape.PULL.value,
+    }
+    if point_to_point and pair is not None:
+        description["pair"] = f"{trace.task_name(pair[0])}->{trace.task_name(pair[1])}"
+    else:
+        description["client_tasks"] = ",".join(trace.task_name(t) for t in roles.client_tasks)
+    return Workload(
+        benchmark=benchmark,
+        source="trace",
+        mode=mode,
+        steps=tuple(workload_steps),
+        server_count=len(roles.server_tasks),
+        worker_count=1 if point_to_point else len(roles.client_tasks),
+        description=tuple(description.items()),
+    )
