@@ -1,0 +1,783 @@
+"""Replay against raw TCP on loopback, side by side in one run.
+
+Measures, one after the other on 127.0.0.1:
+
+1. iperf3, one TCP stream: the link's bandwidth (``iperf3 -s -1`` / ``iperf3 -c -J``);
+2. raw TCP round trips: ``sockperf ping-pong --tcp`` (10 B and 10 KiB; sockperf
+   caps messages just under 1 MiB) and a small blocking-socket ping-pong of our
+   own with TCP_NODELAY (10 B, 10 KiB, 1 MiB);
+3. our replay, through the library the ``replay`` command uses: P2P bandwidth
+   with 1 MiB and 10 MiB messages, P2P latency with 10 B, 10 KiB and 1 MiB
+   messages (one buffer per payload, so the message is exactly that size);
+
+then prints the ratios and rewrites the "Replay against raw TCP" section of
+``bench/README.md`` with the command, the machine, the load, the figures and
+the ratios.  Only figures measured in this run are written.
+
+Run from the repository root::
+
+    .venv/bin/python bench/replay_vs_raw.py            # 5 s per measurement
+    .venv/bin/python bench/replay_vs_raw.py --seconds 2 --no-readme
+
+iperf3 and sockperf come from the distribution: ``apt-get install -y iperf3 sockperf``.
+A missing tool is reported and its rows are left out, not guessed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing
+import os
+import re
+import shlex
+import shutil
+import socket
+import struct
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from tf_grpc_bench.replay.results import describe_machine
+
+from tf_grpc_bench.errors import BenchError
+
+ROOT = Path(__file__).resolve().parent.parent
+README = ROOT / "bench" / "README.md"
+SECTION = "## Replay against raw TCP"
+LOOPBACK = "127.0.0.1"
+KIB = 1024
+MIB = 1024 * 1024
+INSTALL_HINT = "apt-get install -y iperf3 sockperf"
+
+#: Message sizes of the round-trip comparison (the paper's default Small/Medium/Large).
+ROUND_TRIP_SIZES = (10, 10 * KIB, MIB)
+#: sockperf's smallest message: its 10 B row is measured at this size.
+SOCKPERF_MIN_BYTES = 14
+#: Message sizes of the bandwidth comparison.
+BANDWIDTH_SIZES = (MIB, 10 * MIB)
+
+
+def size_name(size_bytes: int) -> str:
+    if size_bytes >= MIB and size_bytes % MIB == 0:
+        return f"{size_bytes // MIB} MiB"
+    if size_bytes >= KIB and size_bytes % KIB == 0:
+        return f"{size_bytes // KIB} KiB"
+    return f"{size_bytes} B"
+
+
+def free_port() -> int:
+    """A port free on loopback right now (a benchmark, not a test: the race is acceptable)."""
+    with socket.socket() as probe:
+        probe.bind((LOOPBACK, 0))
+        return int(probe.getsockname()[1])
+
+
+def stop_process(process: subprocess.Popen[bytes], timeout_s: float = 5.0) -> None:
+    """Stop a process this script started, by its pid."""
+    if process.poll() is None:
+        process.terminate()
+        try:
+            process.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+
+def wait_listening(port: int, process: subprocess.Popen[bytes], timeout_s: float = 10.0) -> None:
+    """Wait until something accepts on ``port`` (for servers that take many connections)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        if process.poll() is not None:
+            raise RuntimeError(f"server exited with status {process.returncode} before listening")
+        try:
+            with socket.create_connection((LOOPBACK, port), timeout=1.0):
+                return
+        except OSError:
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"nothing listens on port {port} after {timeout_s} s") from None
+            time.sleep(0.05)
+
+
+# --------------------------------------------------------------------------
+# Figures.
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RoundTrip:
+    """Round-trip times of one message size, in microseconds."""
+
+    tool: str
+    size_bytes: int
+    #: 1: measured before the replay, 2: after it (raw baselines are measured twice).
+    pass_index: int
+    p50_us: float
+    p99_us: float
+    mean_us: float
+    count: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Bandwidth:
+    tool: str
+    size_bytes: int
+    pass_index: int
+    #: MB = 10**6 bytes, payload bytes moved per second.
+    mb_per_s: float
+
+
+@dataclass(slots=True, kw_only=True)
+class Figures:
+    bandwidth: list[Bandwidth] = field(default_factory=list)
+    round_trips: list[RoundTrip] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+    def best_bandwidth(self, tool: str, size_bytes: int = 0) -> Bandwidth | None:
+        """The highest bandwidth of ``tool`` over the passes."""
+        found = [b for b in self.bandwidth if b.tool == tool and b.size_bytes == size_bytes]
+        return max(found, key=lambda b: b.mb_per_s, default=None)
+
+    def best_round_trip(self, tool: str, size_bytes: int) -> RoundTrip | None:
+        """The round trip of ``tool`` with the lowest median over the passes."""
+        found = [r for r in self.round_trips if r.tool == tool and r.size_bytes == size_bytes]
+        return min(found, key=lambda r: r.p50_us, default=None)
+
+
+# --------------------------------------------------------------------------
+# iperf3.
+
+
+def measure_iperf3(seconds: float, pass_index: int) -> Bandwidth:
+    """One TCP stream, client to server, for ``seconds``; bits/s as the receiver counted them."""
+    port = free_port()
+    server = subprocess.Popen(
+        ["iperf3", "-s", "-1", "-B", LOOPBACK, "-p", str(port)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        # A probe connection would use up the one-off server: retry the client instead.
+        deadline = time.monotonic() + 10
+        while True:
+            completed = subprocess.run(
+                ["iperf3", "-c", LOOPBACK, "-p", str(port), "-J", "-t", f"{seconds:g}"],
+                capture_output=True,
+                text=True,
+                check=False,
+                timeout=seconds + 60,
+            )
+            report = json.loads(completed.stdout or "{}")
+            if completed.returncode == 0 and "sum_received" in report.get("end", {}):
+                break
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"iperf3 client failed: {report.get('error', completed.stderr)}")
+            time.sleep(0.1)
+    finally:
+        stop_process(server)
+    bits_per_s = float(report["end"]["sum_received"]["bits_per_second"])
+    return Bandwidth(
+        tool="iperf3", size_bytes=0, pass_index=pass_index, mb_per_s=bits_per_s / 8 / 1e6
+    )
+
+
+# --------------------------------------------------------------------------
+# sockperf.
+
+_SOCKPERF_FIGURE = {
+    "mean_us": re.compile(r"avg-rtt=\s*([0-9.]+)"),
+    "p50_us": re.compile(r"percentile 50\.000 =\s*([0-9.]+)"),
+    "p99_us": re.compile(r"percentile 99\.000 =\s*([0-9.]+)"),
+    "count": re.compile(r"Total (\d+) observations"),
+}
+
+
+def measure_sockperf(sizes: Sequence[int], seconds: float, pass_index: int) -> list[RoundTrip]:
+    """``sockperf ping-pong --tcp --full-rtt`` against ``sockperf server``, one size at a time."""
+    port = free_port()
+    server = subprocess.Popen(
+        ["sockperf", "sr", "--tcp", "-i", LOOPBACK, "-p", str(port)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    figures = []
+    try:
+        wait_listening(port, server)
+        for size in sizes:
+            completed = subprocess.run(
+                [
+                    "sockperf",
+                    "pp",
+                    "--tcp",
+                    "-i",
+                    LOOPBACK,
+                    "-p",
+                    str(port),
+                    "-m",
+                    str(size),
+                    "-t",
+                    f"{max(1, round(seconds))}",
+                    "--full-rtt",
+                ],
+                capture_output=True,
+                text=True,
+                check=False,
+                timeout=seconds + 60,
+            )
+            # sockperf colours its output; strip the escapes before parsing.
+            text = re.sub(r"\x1b\[[0-9;]*m", "", completed.stdout + completed.stderr)
+            values = {}
+            for name, pattern in _SOCKPERF_FIGURE.items():
+                found = pattern.search(text)
+                if found is None:
+                    last = text.strip().splitlines()[-1:] or ["no output"]
+                    raise RuntimeError(f"sockperf -m {size}: no {name} in its output ({last[0]})")
+                values[name] = float(found.group(1))
+            figures.append(
+                RoundTrip(
+                    tool="sockperf",
+                    size_bytes=size,
+                    pass_index=pass_index,
+                    p50_us=values["p50_us"],
+                    p99_us=values["p99_us"],
+                    mean_us=values["mean_us"],
+                    count=int(values["count"]),
+                )
+            )
+    finally:
+        stop_process(server)
+    return figures
+
+
+# --------------------------------------------------------------------------
+# Our own socket ping-pong: blocking sockets, TCP_NODELAY, no framing beyond
+# a 4-byte size sent once per connection.
+
+
+def _receive_exactly(connection: socket.socket, view: memoryview) -> bool:
+    received = 0
+    while received < len(view):
+        count = connection.recv_into(view[received:])
+        if count == 0:
+            return False
+        received += count
+    return True
+
+
+def _echo_server(listener: socket.socket) -> None:
+    """Serve connections one after another until the listener is closed."""
+    while True:
+        try:
+            connection, _ = listener.accept()
+        except OSError:
+            return
+        with connection:
+            connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            header = bytearray(4)
+            if not _receive_exactly(connection, memoryview(header)):
+                continue
+            (size,) = struct.unpack("<I", header)
+            buffer = bytearray(size)
+            view = memoryview(buffer)
+            while _receive_exactly(connection, view):
+                connection.sendall(view)
+
+
+def _serve_forever(port: int, ready: multiprocessing.synchronize.Event) -> None:
+    listener = socket.socket()
+    listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    listener.bind((LOOPBACK, port))
+    listener.listen(1)
+    ready.set()
+    _echo_server(listener)
+
+
+def measure_socket_ping_pong(
+    sizes: Sequence[int], seconds: float, pass_index: int
+) -> list[RoundTrip]:
+    """Round trips of ``size`` bytes each way through a Python echo server in another process."""
+    context = multiprocessing.get_context("spawn")
+    ready = context.Event()
+    port = free_port()
+    server = context.Process(target=_serve_forever, args=(port, ready), daemon=True)
+    server.start()
+    figures = []
+    try:
+        if not ready.wait(30):
+            raise RuntimeError("the ping-pong server did not start")
+        for size in sizes:
+            figures.append(_ping_pong(port, size, seconds, pass_index))
+    finally:
+        # Stop the server process this function started, by its handle (pid).
+        server.terminate()
+        server.join(5)
+    return figures
+
+
+def _ping_pong(port: int, size: int, seconds: float, pass_index: int) -> RoundTrip:
+    message = os.urandom(size)
+    answer = bytearray(size)
+    view = memoryview(answer)
+    with socket.create_connection((LOOPBACK, port)) as connection:
+        connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        connection.sendall(struct.pack("<I", size))
+        clock = time.perf_counter_ns
+
+        def once() -> int:
+            start = clock()
+            connection.sendall(message)
+            if not _receive_exactly(connection, view):
+                raise RuntimeError("the ping-pong server closed the connection")
+            return clock() - start
+
+        warm_until = clock() + int(min(1.0, seconds / 4) * 1e9)
+        while clock() < warm_until:
+            once()
+        samples = []
+        stop = clock() + int(seconds * 1e9)
+        while clock() < stop:
+            samples.append(once())
+    if answer != message:
+        raise RuntimeError("the ping-pong server answered different bytes")
+    values = np.asarray(samples, dtype=np.float64) / 1e3
+    return RoundTrip(
+        tool="python socket",
+        size_bytes=size,
+        pass_index=pass_index,
+        p50_us=float(np.percentile(values, 50)),
+        p99_us=float(np.percentile(values, 99)),
+        mean_us=float(values.mean()),
+        count=len(samples),
+    )
+
+
+# --------------------------------------------------------------------------
+# Bare grpcio: the least a Python gRPC client and server can do (unary calls,
+# raw bytes, no serializers, a server in its own process), to tell grpcio's own
+# cost from what the replay adds on top of it.
+
+_GRPC_OPTIONS = [
+    ("grpc.max_send_message_length", 64 * MIB),
+    ("grpc.max_receive_message_length", 64 * MIB),
+]
+
+
+def _serve_grpc(connection: Any) -> None:
+    from concurrent import futures
+
+    import grpc
+
+    def echo(request: bytes, context: Any) -> bytes:
+        return request
+
+    def push(request: bytes, context: Any) -> bytes:
+        return struct.pack("<Q", len(request))
+
+    handlers = {
+        "Echo": grpc.unary_unary_rpc_method_handler(echo),
+        "Push": grpc.unary_unary_rpc_method_handler(push),
+    }
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=4), options=_GRPC_OPTIONS)
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler("bench", handlers),))
+    port = server.add_insecure_port(f"{LOOPBACK}:0")
+    server.start()
+    connection.send(port)
+    server.wait_for_termination()
+
+
+def measure_bare_grpc(
+    round_trip_sizes: Sequence[int], bandwidth_sizes: Sequence[int], seconds: float
+) -> tuple[list[RoundTrip], list[Bandwidth]]:
+    import grpc
+
+    context = multiprocessing.get_context("spawn")
+    parent, child = context.Pipe(duplex=False)
+    server = context.Process(target=_serve_grpc, args=(child,), daemon=True)
+    server.start()
+    trips, bandwidths = [], []
+    try:
+        if not parent.poll(60):
+            raise RuntimeError("the bare grpcio server did not start")
+        port = parent.recv()
+        with grpc.insecure_channel(f"{LOOPBACK}:{port}", options=_GRPC_OPTIONS) as channel:
+            echo = channel.unary_unary("/bench/Echo")
+            push = channel.unary_unary("/bench/Push")
+            for size in round_trip_sizes:
+                message = os.urandom(size)
+                samples = _timed_loop(lambda m=message: echo(m), seconds)
+                values = np.asarray(samples, dtype=np.float64) / 1e3
+                trips.append(
+                    RoundTrip(
+                        tool="bare grpcio",
+                        size_bytes=size,
+                        pass_index=1,
+                        p50_us=float(np.percentile(values, 50)),
+                        p99_us=float(np.percentile(values, 99)),
+                        mean_us=float(values.mean()),
+                        count=len(samples),
+                    )
+                )
+            for size in bandwidth_sizes:
+                message = os.urandom(size)
+                samples = _timed_loop(lambda m=message: push(m), seconds)
+                moved = len(samples) * (size + 8)
+                bandwidths.append(
+                    Bandwidth(
+                        tool="bare grpcio",
+                        size_bytes=size,
+                        pass_index=1,
+                        mb_per_s=moved / (sum(samples) / 1e9) / 1e6,
+                    )
+                )
+    finally:
+        server.terminate()
+        server.join(5)
+    return trips, bandwidths
+
+
+def _timed_loop(call: Callable[[], object], seconds: float) -> list[int]:
+    """Durations (ns) of back-to-back calls for ``seconds``, after a short warm-up."""
+    clock = time.perf_counter_ns
+    warm_until = clock() + int(min(1.0, seconds / 4) * 1e9)
+    while clock() < warm_until:
+        call()
+    samples = []
+    stop = clock() + int(seconds * 1e9)
+    while clock() < stop:
+        start = clock()
+        call()
+        samples.append(clock() - start)
+    return samples
+
+
+# --------------------------------------------------------------------------
+# Our replay.
+
+
+#: In-flight windows of the bandwidth comparison: 1 is what ``replay`` does by
+#: default for synthetic P2P bandwidth (the paper's one call at a time).
+BANDWIDTH_WINDOWS = (1, 4)
+
+
+def replay_tool(window: int) -> str:
+    return "replay" if window == 1 else f"replay, {window} in flight"
+
+
+def measure_replay(seconds: float, runs: int, figures: Figures) -> None:
+    """P2P bandwidth and latency through the replay library, against a local server process.
+
+    The same path as ``tf-grpc-bench replay``: ``LocalServers`` (a server in
+    its own process), ``synthetic_workload`` and ``run_benchmark`` with the
+    default channel settings, non-serialized mode; one buffer per payload so
+    every message is exactly the size in the table.
+    """
+    from tf_grpc_bench.replay.generators import BufferSizes, GeneratorConfig
+    from tf_grpc_bench.replay.measurement import Benchmark
+    from tf_grpc_bench.replay.pacing import Pacing
+    from tf_grpc_bench.replay.runner import RunPlan, run_benchmark
+    from tf_grpc_bench.replay.server import LocalServers
+    from tf_grpc_bench.replay.workload import Mode, synthetic_workload
+
+    from tf_grpc_bench.sizes import classify
+
+    def generator(size: int) -> GeneratorConfig:
+        category = classify(size)
+        sizes = {f"{category.value}_bytes": size}
+        return GeneratorConfig(
+            categories=(category,),
+            buffers_per_payload=1,
+            payload_count=1,
+            sizes=BufferSizes(**sizes),
+        )
+
+    plan = RunPlan(
+        warmup_ns=int(min(2.0, seconds) * 1e9), duration_ns=int(seconds * 1e9), runs=runs
+    )
+    mode = Mode.NON_SERIALIZED
+    with LocalServers(1, mode=mode) as servers:
+        for size in BANDWIDTH_SIZES:
+            for window in BANDWIDTH_WINDOWS:
+                workload = synthetic_workload(Benchmark.P2P_BANDWIDTH, generator(size), mode=mode)
+                print(f"   replay P2P bandwidth {size_name(size)}, {window} in flight", flush=True)
+                result = run_benchmark(
+                    workload, servers.targets, pacing=Pacing(window=window), plan=plan
+                )
+                figures.bandwidth.append(
+                    Bandwidth(
+                        tool=replay_tool(window),
+                        size_bytes=size,
+                        pass_index=1,
+                        mb_per_s=result.bandwidth_mb_per_s,
+                    )
+                )
+                _note_partial(figures, result, f"P2P bandwidth {size_name(size)}")
+        for size in ROUND_TRIP_SIZES:
+            workload = synthetic_workload(Benchmark.P2P_LATENCY, generator(size), mode=mode)
+            print(f"   replay P2P latency {size_name(size)}", flush=True)
+            result = run_benchmark(workload, servers.targets, plan=plan)
+            latency = result.latency_all
+            figures.round_trips.append(
+                RoundTrip(
+                    tool="replay",
+                    size_bytes=size,
+                    pass_index=1,
+                    p50_us=latency.p50_ns / 1e3,
+                    p99_us=latency.p99_ns / 1e3,
+                    mean_us=latency.mean_ns / 1e3,
+                    count=latency.count,
+                )
+            )
+            _note_partial(figures, result, f"P2P latency {size_name(size)}")
+
+
+def _note_partial(figures: Figures, result: Any, what: str) -> None:
+    if result.partial:
+        reason = next((run.partial_reason for run in result.runs if run.partial), "")
+        figures.notes.append(f"replay {what} was partial: {reason or result.partial_reason}")
+
+
+# --------------------------------------------------------------------------
+# Reporting.
+
+
+def ratios(figures: Figures) -> list[tuple[str, float]]:
+    """(what, ratio) pairs: bandwidth as a fraction of iperf3's, round trips as
+    multiples of raw TCP's.  Against the best raw figure of the passes, so
+    noise on a shared machine can only make the replay look worse."""
+    found = []
+    iperf = figures.best_bandwidth("iperf3")
+    for size in BANDWIDTH_SIZES:
+        for window in BANDWIDTH_WINDOWS:
+            replay = figures.best_bandwidth(replay_tool(window), size)
+            if iperf and replay:
+                what = f"{replay_tool(window)} bandwidth {size_name(size)} / iperf3"
+                found.append((what, replay.mb_per_s / iperf.mb_per_s))
+        bare = figures.best_bandwidth("bare grpcio", size)
+        replay = figures.best_bandwidth("replay", size)
+        if bare and replay:
+            what = f"replay bandwidth {size_name(size)} / bare grpcio"
+            found.append((what, replay.mb_per_s / bare.mb_per_s))
+    for size in ROUND_TRIP_SIZES:
+        replay_trip = figures.best_round_trip("replay", size)
+        for raw_tool in ("sockperf", "python socket", "bare grpcio"):
+            raw_size = max(size, SOCKPERF_MIN_BYTES) if raw_tool == "sockperf" else size
+            raw = figures.best_round_trip(raw_tool, raw_size)
+            if replay_trip and raw:
+                what = f"replay p50 round trip {size_name(size)} / {raw_tool} {size_name(raw_size)}"
+                found.append((what, replay_trip.p50_us / raw.p50_us))
+    return found
+
+
+#: Baselines measured twice, before and after the replay.
+RAW_TOOLS = ("iperf3", "sockperf", "python socket")
+_TOOL_ORDER = (*RAW_TOOLS, "bare grpcio")
+
+
+def _order(tool: str) -> tuple[int, str]:
+    return (_TOOL_ORDER.index(tool) if tool in _TOOL_ORDER else len(_TOOL_ORDER), tool)
+
+
+def format_report(figures: Figures) -> list[str]:
+    passes = {1: "before", 2: "after"}
+    lines = ["| measurement | message | pass | figure |", "|---|---|---|---|"]
+    for item in sorted(figures.bandwidth, key=lambda b: (_order(b.tool), b.size_bytes)):
+        message = "stream" if item.size_bytes == 0 else size_name(item.size_bytes)
+        when = passes[item.pass_index] if item.tool in RAW_TOOLS else "-"
+        lines.append(f"| {item.tool} bandwidth | {message} | {when} | {item.mb_per_s:,.0f} MB/s |")
+    for trip in sorted(figures.round_trips, key=lambda r: (r.size_bytes, _order(r.tool))):
+        when = passes[trip.pass_index] if trip.tool in RAW_TOOLS else "-"
+        lines.append(
+            f"| {trip.tool} round trip | {size_name(trip.size_bytes)} | {when} "
+            f"| p50 {trip.p50_us:,.1f} us, p99 {trip.p99_us:,.1f} us, "
+            f"mean {trip.mean_us:,.1f} us ({trip.count:,} round trips) |"
+        )
+    found = ratios(figures)
+    if found:
+        lines += ["", "| ratio | value |", "|---|---|"]
+        lines += [f"| {what} | {value:.2f} |" for what, value in found]
+    return lines
+
+
+def findings(figures: Figures) -> list[str]:
+    """Sentences computed from the figures: the targets of DESIGN.md section 7, and how
+    much of the replay's small-message round trip grpcio itself accounts for."""
+    lines = []
+    iperf = figures.best_bandwidth("iperf3")
+    for size in BANDWIDTH_SIZES:
+        best = max(
+            (b for b in figures.bandwidth if b.tool.startswith("replay") and b.size_bytes == size),
+            key=lambda b: b.mb_per_s,
+            default=None,
+        )
+        if iperf and best:
+            ratio = best.mb_per_s / iperf.mb_per_s
+            verdict = "meets" if ratio >= 0.5 else "misses"
+            lines.append(
+                f"P2P bandwidth, {size_name(size)} messages: best replay figure ({best.tool}) "
+                f"{best.mb_per_s:,.0f} MB/s = {ratio:.2f} of iperf3's {iperf.mb_per_s:,.0f} MB/s; "
+                f"{verdict} the target of at least 0.5."
+            )
+    for size in ROUND_TRIP_SIZES[:2]:
+        replay = figures.best_round_trip("replay", size)
+        raw = figures.best_round_trip("sockperf", max(size, SOCKPERF_MIN_BYTES))
+        raw = raw or figures.best_round_trip("python socket", size)
+        bare = figures.best_round_trip("bare grpcio", size)
+        if replay and raw:
+            sentence = (
+                f"{size_name(size)} round trip: replay p50 {replay.p50_us:,.0f} us = "
+                f"{replay.p50_us / raw.p50_us:.1f} x raw TCP ({raw.tool} p50 {raw.p50_us:,.1f} us)"
+            )
+            if bare:
+                sentence += (
+                    f"; a bare grpcio unary echo takes {bare.p50_us:,.0f} us "
+                    f"({bare.p50_us / raw.p50_us:.1f} x raw TCP), so grpcio's Python call path "
+                    f"accounts for {min(bare.p50_us / replay.p50_us, 1.0):.0%} of the replay's "
+                    "round trip"
+                )
+            lines.append(sentence + ".")
+    return lines
+
+
+def load_average() -> str:
+    one, five, fifteen = os.getloadavg()
+    return f"{one:.2f} / {five:.2f} / {fifteen:.2f}"
+
+
+def readme_section(
+    figures: Figures, command: str, seconds: float, runs: int, load_before: str, load_after: str
+) -> str:
+    machine = describe_machine()
+    memory = f"{machine.memory_bytes / 1024**3:.0f} GiB" if machine.memory_bytes > 0 else "?"
+    lines = [
+        SECTION,
+        "",
+        "(written by `bench/replay_vs_raw.py`; rerun it to replace this section)",
+        "",
+        f"Command: `{command}` ({seconds:g} s per measurement, replay: {runs} runs of {seconds:g} s"
+        " after a warm-up), on loopback, all figures from one run.",
+        "",
+        f"Machine: {machine.cpu_model}, {machine.cpu_count} CPUs, {memory}, "
+        f"kernel {machine.kernel}, Python {machine.python_version}, "
+        f"grpcio {machine.grpcio_version}, protobuf {machine.protobuf_version}. "
+        f"Load average (1/5/15 min) before: {load_before}, after: {load_after}. "
+        f"Measured {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}.",
+        "",
+        "The raw baselines run twice, before and after the replay; ratios use the better raw figure"
+        " of the two (the highest iperf3 bandwidth, the lowest median round trip).",
+        "",
+        *format_report(figures),
+    ]
+    found = findings(figures)
+    if found:
+        lines += ["", *[f"- {sentence}" for sentence in found]]
+    if figures.notes:
+        lines += ["", *[f"- {note}" for note in figures.notes]]
+    return "\n".join(lines) + "\n"
+
+
+def update_readme(section: str, readme: Path = README) -> None:
+    """Replace this script's section of the README (up to the next ``## `` heading)."""
+    text = readme.read_text() if readme.exists() else "# Benchmarks\n\n"
+    start = text.find(SECTION + "\n")
+    if start < 0:
+        text = text.rstrip("\n") + "\n\n" + section
+    else:
+        following = text.find("\n## ", start + len(SECTION))
+        end = len(text) if following < 0 else following + 1
+        text = text[:start] + section + ("\n" if following >= 0 else "") + text[end:]
+    readme.write_text(text)
+
+
+# --------------------------------------------------------------------------
+
+
+def _attempt(figures: Figures, what: str, action: Callable[[], None]) -> None:
+    print(f"-- {what}", flush=True)
+    try:
+        action()
+    except (RuntimeError, OSError, subprocess.SubprocessError, BenchError) as error:
+        reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        figures.notes.append(f"{what}: not measured ({reason})")
+        print(f"   not measured: {reason}", flush=True)
+
+
+def measure_baselines(figures: Figures, seconds: float, *, pass_index: int) -> None:
+    """iperf3, sockperf and the socket ping-pong, each one after the other."""
+    if shutil.which("iperf3"):
+        _attempt(
+            figures,
+            f"iperf3 one stream (pass {pass_index})",
+            lambda: figures.bandwidth.append(measure_iperf3(seconds, pass_index)),
+        )
+    if shutil.which("sockperf"):
+        sizes = [max(size, SOCKPERF_MIN_BYTES) for size in ROUND_TRIP_SIZES[:2]]
+        _attempt(
+            figures,
+            f"sockperf ping-pong (pass {pass_index})",
+            lambda: figures.round_trips.extend(measure_sockperf(sizes, seconds, pass_index)),
+        )
+    _attempt(
+        figures,
+        f"python socket ping-pong (pass {pass_index})",
+        lambda: figures.round_trips.extend(
+            measure_socket_ping_pong(ROUND_TRIP_SIZES, seconds, pass_index)
+        ),
+    )
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--seconds", type=float, default=5.0, help="length of each measurement")
+    parser.add_argument(
+        "--runs", type=int, default=3, help="measured runs of each replay benchmark"
+    )
+    parser.add_argument(
+        "--no-readme", action="store_true", help="print only; leave bench/README.md alone"
+    )
+    parser.add_argument("--skip-replay", action="store_true", help="measure the raw baselines only")
+    args = parser.parse_args(argv)
+    command = shlex.join([".venv/bin/python", "bench/replay_vs_raw.py", *(argv or sys.argv[1:])])
+
+    load_before = load_average()
+    print(f"load average before: {load_before} on {os.cpu_count()} CPUs", flush=True)
+    if os.getloadavg()[0] > 0.75 * (os.cpu_count() or 1):
+        print("warning: the machine is busy; figures will be noisy (the load goes into the README)")
+    figures = Figures()
+    for tool in ("iperf3", "sockperf"):
+        if shutil.which(tool) is None:
+            figures.notes.append(f"{tool} is not installed ({INSTALL_HINT}); its rows are missing")
+            print(f"{tool} not found: {INSTALL_HINT}")
+
+    measure_baselines(figures, args.seconds, pass_index=1)
+    if not args.skip_replay:
+
+        def bare_grpc() -> None:
+            trips, bandwidths = measure_bare_grpc(ROUND_TRIP_SIZES, BANDWIDTH_SIZES, args.seconds)
+            figures.round_trips.extend(trips)
+            figures.bandwidth.extend(bandwidths)
+
+        _attempt(figures, "bare grpcio", bare_grpc)
+        _attempt(figures, "replay", lambda: measure_replay(args.seconds, args.runs, figures))
+    measure_baselines(figures, args.seconds, pass_index=2)
+    load_after = load_average()
+
+    print()
+    print("\n".join(format_report(figures)))
+    for sentence in findings(figures):
+        print(f"- {sentence}")
+    for note in figures.notes:
+        print(f"note: {note}")
+    if not args.no_readme:
+        update_readme(
+            readme_section(figures, command, args.seconds, args.runs, load_before, load_after)
+        )
+        print(f"\nwrote the '{SECTION[3:]}' section of {README.relative_to(ROOT)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
