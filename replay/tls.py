@@ -19,6 +19,7 @@ The CA's private key is not kept: nothing can be signed by it after the run.
 from __future__ import annotations
 
 import datetime
+import fcntl
 import ipaddress
 import os
 from collections.abc import Sequence
@@ -186,15 +187,25 @@ def load_tls_files(directory: Path) -> TlsFiles:
 
 
 def ensure_tls_files(directory: Path, *, hosts: Sequence[str] = ()) -> TlsFiles:
-    """The files in ``directory`` if their certificate covers ``hosts``, else new ones."""
+    """The files in ``directory`` if their certificate covers ``hosts``, else new ones.
+
+    Safe when several processes of one run (ps tasks, workers) call it at
+    once on the same directory: an exclusive lock on ``directory/.lock``
+    makes one of them generate and the others reuse.
+    """
     files = TlsFiles.in_directory(directory)
-    if all(
-        p.is_file() for p in (files.ca_cert_path, files.server_cert_path, files.server_key_path)
-    ):
-        wanted = {h.strip().strip("[]") for h in hosts if h.strip()}
-        if wanted <= set(files.server_hosts()):
+    wanted = {h.strip().strip("[]") for h in hosts if h.strip()}
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        lock = open(directory / ".lock", "a")  # noqa: SIM115 - held across the block below
+    except OSError as error:
+        raise ConfigError(f"{directory}: cannot use as TLS directory ({error.strerror})") from None
+    with lock:
+        fcntl.flock(lock.fileno(), fcntl.LOCK_EX)
+        paths = (files.ca_cert_path, files.server_cert_path, files.server_key_path)
+        if all(p.is_file() for p in paths) and wanted <= set(files.server_hosts()):
             return files
-    return generate_tls_files(directory, hosts=hosts)
+        return generate_tls_files(directory, hosts=hosts)
 
 
 def certificate_hosts(cert_pem: bytes, *, source: str = "certificate") -> tuple[str, ...]:
