@@ -116,6 +116,21 @@ def interface_with_address(
     return None
 
 
+def local_addresses(*, proc_if_inet6: Path = Path("/proc/net/if_inet6")) -> tuple[str, ...]:
+    """Every address of this namespace's interfaces (IPv4, then IPv6), plus the host name.
+
+    What a server's TLS certificate must name so that clients can reach it by
+    any of them.
+    """
+    found: list[str] = [socket.gethostname()]
+    for _, name in socket.if_nameindex():
+        address = _ipv4_of(name)
+        if address and address not in found:
+            found.append(address)
+    found += [a for a in _ipv6_interfaces(proc_if_inet6) if a not in found]
+    return tuple(found)
+
+
 def read_shaping(interface: str) -> Shaping | None:
     """The ``tbf`` root qdisc on ``interface``, if any (None also without ``tc``)."""
     if shutil.which("tc") is None:

@@ -289,3 +289,11 @@ def test_loopback_targets_are_described_as_loopback() -> None:
     assert [i.name for i in info.interfaces] == ["lo"]
     assert info.emulated_rate_bits_per_s == 0
     assert netinfo.describe_network(["127.0.0.1:1"], name="my-lab").name == "my-lab"
+
+
+def test_local_addresses_name_every_interface_of_a_host() -> None:
+    show = "from tf_grpc_bench.replay import netinfo; print(' '.join(netinfo.local_addresses()))"
+    with netns.EmulatedNetwork(hosts=2, profile=netns.PROFILES["unlimited"]) as network:
+        result = network.run(0, [sys.executable, "-c", show])
+    assert result.returncode == 0, result.stderr
+    assert {"127.0.0.1", network.hosts[0].address} <= set(result.stdout.split())
