@@ -34,6 +34,7 @@ from tf_grpc_bench.profiler.launcher import (
     JobPlan,
     StepMarker,
     TaskSpec,
+    TrainingConfig,
 )
 
 #: Objects that must outlive a driving task's training loop, because the task
@@ -137,7 +138,7 @@ def _serve(tf: ModuleType, plan: JobPlan, me: TaskSpec) -> None:
     server.join()
 
 
-def _synthetic_batch(tf: ModuleType, config: Any) -> tuple[Any, Any]:
+def _synthetic_batch(tf: ModuleType, config: TrainingConfig) -> tuple[Any, Any]:
     """Random images and labels of the configured shape, made on the current device."""
     batch = config.batch_size
     images = tf.random.uniform((batch, *config.input_shape), dtype=tf.float32)
@@ -152,8 +153,8 @@ def _loss(tf: ModuleType, model: Any, images: Any, labels: Any, global_batch: in
     return tf.nn.compute_average_loss(per_example, global_batch_size=global_batch)
 
 
-def _model_and_optimizer(config: Any, keras: Any) -> tuple[Any, Any]:
-    """Built in the caller's strategy scope, optimizer slots included."""
+def _model_and_optimizer(config: TrainingConfig, keras: Any) -> tuple[Any, Any]:
+    """Built in the caller's strategy scope, the optimizer's variables too (not lazily)."""
     model = build_model(
         config.model, keras_module=keras, input_shape=config.input_shape, classes=config.class_count
     )
@@ -163,7 +164,12 @@ def _model_and_optimizer(config: Any, keras: Any) -> tuple[Any, Any]:
 
 
 def _tf2_train_step(
-    tf: ModuleType, strategy: Any, model: Any, optimizer: Any, config: Any, global_batch: int
+    tf: ModuleType,
+    strategy: Any,
+    model: Any,
+    optimizer: Any,
+    config: TrainingConfig,
+    global_batch: int,
 ) -> Any:
     @tf.function
     def train_step() -> Any:
@@ -242,7 +248,12 @@ def _run_tf2_chief(plan: JobPlan, me: TaskSpec) -> int:
 
 
 def _run_tf2_asynchronous(
-    coordinator: Any, train_step: Any, markers: MarkerFile, config: Any, *, first_step: int
+    coordinator: Any,
+    train_step: Any,
+    markers: MarkerFile,
+    config: TrainingConfig,
+    *,
+    first_step: int,
 ) -> int:
     """Keep one step per worker in flight; mark each from scheduling to its result."""
     slots = threading.Semaphore(config.workers)
@@ -322,7 +333,13 @@ class _QuickSessionCreator:
     ``TF1_RECOVERY_WAIT_S`` (not 30 s) for the chief to initialise the variables."""
 
     def __init__(
-        self, tf: ModuleType, *, master: str, is_chief: bool, config: Any, max_wait_s: float
+        self,
+        tf: ModuleType,
+        *,
+        master: str,
+        is_chief: bool,
+        config: Any,
+        max_wait_s: float,
     ) -> None:
         self._tf = tf
         self._master = master
