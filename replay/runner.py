@@ -27,6 +27,8 @@ from tf_grpc_bench.replay.workload import Workload, WorkloadStep
 from tf_grpc_bench.errors import ConfigError, TransportError
 
 NS_PER_S = 1_000_000_000
+#: Partial reason of a run stopped by Ctrl-C.
+INTERRUPTED_REASON = "interrupted by the user (Ctrl-C)"
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -318,14 +320,29 @@ def measure_point_to_point(
     driver.prepare(workload.steps)
     loop = WorkerLoop(workload, driver)
     runs: list[RunMeasurement] = []
-    notify = on_progress or (lambda event: None)
     try:
-        notify(
-            ProgressEvent(benchmark=workload.benchmark, phase="warmup", run_index=0, runs=plan.runs)
-        )
+        _measure_runs(workload, clients, loop, plan, runs, on_progress)
+    except KeyboardInterrupt:
+        runs.append(failed_run(len(runs), INTERRUPTED_REASON))
+    return tuple(runs)
+
+
+def _measure_runs(
+    workload: Workload,
+    clients: Mapping[int, ReplayClient],
+    loop: WorkerLoop,
+    plan: RunPlan,
+    runs: list[RunMeasurement],
+    on_progress: ProgressCallback | None,
+) -> None:
+    """Warm-up and runs; appends each run to ``runs`` as it ends."""
+    notify = on_progress or (lambda event: None)
+    notify(ProgressEvent(benchmark=workload.benchmark, phase="warmup", run_index=0, runs=plan.runs))
+    try:
         loop.warm_up(plan.warmup_ns)
     except TransportError as error:
-        return (failed_run(0, f"during warm-up: {error}"),)
+        runs.append(failed_run(0, f"during warm-up: {error}"))
+        return
     for run_index in range(plan.runs):
         notify(
             ProgressEvent(
@@ -350,7 +367,6 @@ def measure_point_to_point(
         )
         if run.partial:
             break
-    return tuple(runs)
 
 
 def failed_run(run_index: int, reason: str) -> RunMeasurement:

@@ -17,10 +17,12 @@ GIL are their own), as the replay command does on loopback.
 from __future__ import annotations
 
 import contextlib
+import errno
 import multiprocessing
 import multiprocessing.connection
 import os
 import signal
+import socket
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -61,6 +63,35 @@ def dial_address(host: str, port: int) -> str:
     (a wildcard host is reached on loopback)."""
     host = {"0.0.0.0": "127.0.0.1", "::": "::1", "[::]": "::1"}.get(host, host)
     return _join(host, port)
+
+
+def check_port_available(host: str, port: int) -> None:
+    """Raise ``ServeError`` if ``host:port`` cannot be bound (port in use, unknown address).
+
+    Checked with a plain socket before gRPC tries, because gRPC reports a
+    failed bind only as a log line on stderr and a zero port.
+    """
+    if port == 0:
+        return
+    bare = host.strip("[]")
+    try:
+        infos = socket.getaddrinfo(bare, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except socket.gaierror as error:
+        raise ServeError(f"--host {host}: cannot resolve ({error.strerror})") from None
+    for family, kind, protocol, _, address in infos:
+        with socket.socket(family, kind, protocol) as probe:
+            # As gRPC does, so that a port in TIME_WAIT counts as free.
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                probe.bind(address)
+            except OSError as error:
+                if error.errno == errno.EADDRINUSE:
+                    raise ServeError(
+                        f"cannot listen on {_join(host, port)}: port {port} is in use"
+                    ) from None
+                raise ServeError(
+                    f"cannot listen on {_join(host, port)}: {error.strerror or error}"
+                ) from None
 
 
 def _cpu_ns() -> int:
@@ -245,6 +276,7 @@ class ReplayServer:
         """Bind and start serving.  Raises ``ServeError`` when the port cannot be had."""
         if not 0 <= self.requested_port <= 65535:
             raise ServeError(f"--port {self.requested_port}: expected 0..65535")
+        check_port_available(self.host, self.requested_port)
         server = grpc.server(
             futures.ThreadPoolExecutor(
                 max_workers=self.settings.max_workers, thread_name_prefix="replay-server"
@@ -319,7 +351,8 @@ def _serve_in_process(
     """Entry point of a server process: report the port, serve until SIGTERM/SIGINT."""
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    signal.signal(signal.SIGINT, lambda *_: stop.set())
+    # Ctrl-C reaches the whole process group: the parent decides when servers stop.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     server = ReplayServer(mode=Mode(mode_value), host=host, port=port, settings=settings)
     try:
         server.start()

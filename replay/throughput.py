@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import multiprocessing
 import multiprocessing.connection
+import signal
 import time
 import traceback
 from collections.abc import Mapping, Sequence
@@ -26,6 +27,7 @@ from tf_grpc_bench.replay.client import Driver, ReplayClient
 from tf_grpc_bench.replay.measurement import CallSample, RunMeasurement
 from tf_grpc_bench.replay.pacing import Pacing
 from tf_grpc_bench.replay.runner import (
+    INTERRUPTED_REASON,
     ProgressCallback,
     ProgressEvent,
     RunPlan,
@@ -91,6 +93,8 @@ def _worker_main(connection: multiprocessing.connection.Connection, spec: Worker
     Commands: ("warmup", ns) -> ("warm",); ("run", start_monotonic_ns, duration_ns,
     steps) -> ("result", ...); ("stop",) ends.  Setup failures -> ("error", message).
     """
+    # Ctrl-C reaches the whole process group: the parent handles it and stops the workers.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     clients: dict[int, ReplayClient] = {}
     try:
         clients = {
@@ -232,75 +236,88 @@ def measure_throughput(
     workers = _WorkerProcesses(specs)
     runs: list[RunMeasurement] = []
     try:
-        try:
-            for index in range(len(specs)):
-                workers.receive(index, timeout_s=plan.connect_timeout_s + 120)
-            notify(
-                ProgressEvent(
-                    benchmark=workload.benchmark, phase="warmup", run_index=0, runs=plan.runs
-                )
-            )
-            workers.send_all(("warmup", plan.warmup_ns))
-            warm_errors = [str(workers.receive(index)[1]) for index in range(len(specs))]
-        except TransportError as error:
-            return (failed_run(0, str(error)),)
-        if any(warm_errors):
-            return (failed_run(0, next(e for e in warm_errors if e)),)
-        for run_index in range(plan.runs):
-            notify(
-                ProgressEvent(
-                    benchmark=workload.benchmark, phase="run", run_index=run_index, runs=plan.runs
-                )
-            )
-            try:
-                reset_servers(clients, plan.connect_timeout_s)
-            except TransportError as error:
-                runs.append(failed_run(run_index, str(error)))
-                break
-            start = time.monotonic_ns() + START_MARGIN_NS
-            workers.send_all(("run", start, plan.duration_ns, plan.steps_per_run(workload)))
-            outcomes = []
-            for index in range(len(specs)):
-                try:
-                    message = workers.receive(index)
-                except TransportError as error:
-                    outcomes.append(
-                        WorkerOutcome(
-                            samples=(),
-                            step_times_ns=(),
-                            elapsed_ns=max(time.monotonic_ns() - start, 1),
-                            cpu_ns=0,
-                            partial=True,
-                            partial_reason=str(error),
-                        )
-                    )
-                    continue
-                _, packed, step_times, elapsed, cpu, reason = message
-                assert isinstance(packed, np.ndarray)
-                outcomes.append(
-                    WorkerOutcome(
-                        samples=unpack_samples(packed),
-                        step_times_ns=tuple(step_times),  # type: ignore[call-overload,arg-type]
-                        elapsed_ns=int(elapsed),  # type: ignore[call-overload]
-                        cpu_ns=int(cpu),  # type: ignore[call-overload]
-                        partial=reason is not None,
-                        partial_reason=str(reason or ""),
-                    )
-                )
-            run = run_measurement(
-                run_index, outcomes, collect_stats(clients, plan.connect_timeout_s)
-            )
-            runs.append(run)
-            notify(
-                ProgressEvent(
-                    benchmark=workload.benchmark,
-                    phase="finished",
-                    run_index=run_index,
-                    runs=plan.runs,
-                )
-            )
-            if run.partial:
-                break
+        _measure_runs(workers, len(specs), workload, clients, plan, runs, notify)
+    except KeyboardInterrupt:
+        runs.append(failed_run(len(runs), INTERRUPTED_REASON))
     finally:
         workers.stop()
     return tuple(runs)
+
+
+def _measure_runs(
+    workers: _WorkerProcesses,
+    worker_count: int,
+    workload: Workload,
+    clients: Mapping[int, ReplayClient],
+    plan: RunPlan,
+    runs: list[RunMeasurement],
+    notify: ProgressCallback,
+) -> None:
+    """Warm-up and runs with the worker processes; appends each run to ``runs``."""
+    try:
+        for index in range(worker_count):
+            workers.receive(index, timeout_s=plan.connect_timeout_s + 120)
+        notify(
+            ProgressEvent(benchmark=workload.benchmark, phase="warmup", run_index=0, runs=plan.runs)
+        )
+        workers.send_all(("warmup", plan.warmup_ns))
+        warm_errors = [str(workers.receive(index)[1]) for index in range(worker_count)]
+    except TransportError as error:
+        runs.append(failed_run(0, str(error)))
+        return
+    if any(warm_errors):
+        runs.append(failed_run(0, next(e for e in warm_errors if e)))
+        return
+    for run_index in range(plan.runs):
+        notify(
+            ProgressEvent(
+                benchmark=workload.benchmark, phase="run", run_index=run_index, runs=plan.runs
+            )
+        )
+        try:
+            reset_servers(clients, plan.connect_timeout_s)
+        except TransportError as error:
+            runs.append(failed_run(run_index, str(error)))
+            break
+        start = time.monotonic_ns() + START_MARGIN_NS
+        workers.send_all(("run", start, plan.duration_ns, plan.steps_per_run(workload)))
+        outcomes = []
+        for index in range(worker_count):
+            try:
+                message = workers.receive(index)
+            except TransportError as error:
+                outcomes.append(
+                    WorkerOutcome(
+                        samples=(),
+                        step_times_ns=(),
+                        elapsed_ns=max(time.monotonic_ns() - start, 1),
+                        cpu_ns=0,
+                        partial=True,
+                        partial_reason=str(error),
+                    )
+                )
+                continue
+            _, packed, step_times, elapsed, cpu, reason = message
+            assert isinstance(packed, np.ndarray)
+            outcomes.append(
+                WorkerOutcome(
+                    samples=unpack_samples(packed),
+                    step_times_ns=tuple(step_times),  # type: ignore[call-overload,arg-type]
+                    elapsed_ns=int(elapsed),  # type: ignore[call-overload]
+                    cpu_ns=int(cpu),  # type: ignore[call-overload]
+                    partial=reason is not None,
+                    partial_reason=str(reason or ""),
+                )
+            )
+        run = run_measurement(run_index, outcomes, collect_stats(clients, plan.connect_timeout_s))
+        runs.append(run)
+        notify(
+            ProgressEvent(
+                benchmark=workload.benchmark,
+                phase="finished",
+                run_index=run_index,
+                runs=plan.runs,
+            )
+        )
+        if run.partial:
+            break

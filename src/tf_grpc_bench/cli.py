@@ -24,11 +24,14 @@ PROGRAM = "tf-grpc-bench"
 #: (subcommand, module, one-line help)
 COMMANDS: tuple[tuple[str, str, str], ...] = (
     ("inspect", "tf_grpc_bench.inspect", "validate a trace and print a per-step summary"),
+    ("serve", "tf_grpc_bench.replay.cli", "run replay (ps) servers until Ctrl-C"),
+    ("replay", "tf_grpc_bench.replay.cli", "run the paper's 3 benchmarks on a trace or synthetic"),
     (
         "network",
         "tf_grpc_bench.replay.network_cli",
         "emulated networks: compare links, up/down/cleanup",
     ),
+    ("role", "tf_grpc_bench.replay.placement", "run one replay task placed by TF_CONFIG"),
 )
 
 

@@ -66,3 +66,9 @@ class NetworkError(BenchError):
 
 class UnsupportedResultVersionError(ResultError):
     """A result document of a format version this tool does not know."""
+
+
+class RunInterrupted(BenchError):
+    """The user interrupted a run (Ctrl-C); what was measured was written, marked partial."""
+
+    exit_code = 130

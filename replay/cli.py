@@ -1,0 +1,683 @@
+"""``tf-grpc-bench serve`` and ``tf-grpc-bench replay``: flags in, one library call, outputs out.
+
+``replay`` with no arguments runs the three benchmarks on loopback against
+servers it starts itself, on the shipped default trace (or, until one is
+shipped, on the paper's default synthetic workload), and writes the result
+document and TensorBoard logs into a new run directory.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import signal
+import sys
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from tf_grpc_bench.replay import grpc_settings
+from tf_grpc_bench.replay.client import parse_target
+from tf_grpc_bench.replay.generators import BufferSizes, GeneratorConfig, GeneratorKind
+from tf_grpc_bench.replay.measurement import Benchmark, BenchmarkResult
+from tf_grpc_bench.replay.pacing import Pacing, Timing
+from tf_grpc_bench.replay.runner import (
+    INTERRUPTED_REASON,
+    NS_PER_S,
+    ProgressEvent,
+    RunPlan,
+    default_pacing,
+)
+from tf_grpc_bench.replay.server import DEFAULT_PORT, LocalServers, ReplayServer
+from tf_grpc_bench.replay.wire import ChannelSettings, ServerSettings
+from tf_grpc_bench.replay.workload import (
+    Mode,
+    Workload,
+    parse_pair,
+    synthetic_workload,
+    trace_workload,
+)
+
+from tf_grpc_bench import trace as trace_model
+from tf_grpc_bench.errors import ConfigError, RunInterrupted, TransportError, UsageError
+from tf_grpc_bench.sizes import SizeCategory, parse_size
+
+#: Benchmarks in the order ``--benchmark all`` runs them.
+ALL_BENCHMARKS = (Benchmark.P2P_LATENCY, Benchmark.P2P_BANDWIDTH, Benchmark.PS_THROUGHPUT)
+DEFAULT_OUTPUT_DIR = "runs"
+
+
+# --------------------------------------------------------------------------
+# Shared flag parsing.
+
+
+def _positive_int(flag: str, value: int | None) -> None:
+    if value is not None and value < 1:
+        raise ConfigError(f"{flag} must be >= 1, got {value}")
+
+
+def _seconds(flag: str, value: float, *, allow_zero: bool) -> int:
+    if value != value or value < 0 or (value == 0 and not allow_zero):
+        bound = ">= 0" if allow_zero else "> 0"
+        raise ConfigError(f"{flag} must be {bound} seconds, got {value:g}")
+    return round(value * NS_PER_S)
+
+
+def _size(flag: str, text: str) -> int:
+    try:
+        return parse_size(text)
+    except ValueError as error:
+        raise ConfigError(f"{flag}: {error}") from None
+
+
+def _grpc_settings(args: argparse.Namespace) -> grpc_settings.GrpcSettings:
+    settings = grpc_settings.settings_from_args(args)
+    if settings.chunk_bytes:
+        raise ConfigError(
+            "--chunk-size: the replay engine sends every payload as one message; "
+            "chunked streaming is not implemented yet"
+        )
+    return settings
+
+
+def _tls_material(
+    settings: grpc_settings.GrpcSettings, tls_dir: str | None, default_dir: Path | None
+) -> tuple[bytes, bytes, bytes] | None:
+    """(CA, server certificate, server key) for ``--tls``, made or reused in the TLS directory."""
+    if not settings.tls:
+        return None
+    from tf_grpc_bench.replay import tls
+
+    directory = Path(tls_dir) if tls_dir else default_dir
+    if directory is None:
+        raise UsageError("--tls needs --tls-dir DIR (where the CA and server certificate are)")
+    files = tls.ensure_tls_files(directory)
+    return files.ca_cert_pem(), files.server_cert_pem(), files.server_key_pem()
+
+
+def _channel_settings(
+    settings: grpc_settings.GrpcSettings, tls_material: tuple[bytes, bytes, bytes] | None
+) -> ChannelSettings:
+    return ChannelSettings(
+        options=tuple(settings.channel_options()),
+        root_certificates=tls_material[0] if tls_material else None,
+        channels_per_server=settings.channels,
+    )
+
+
+def _server_settings(
+    settings: grpc_settings.GrpcSettings, tls_material: tuple[bytes, bytes, bytes] | None
+) -> ServerSettings:
+    options = list(settings.server_options())
+    if settings.compression is not grpc_settings.Compression.NONE:
+        options.append(
+            ("grpc.default_compression_algorithm", int(settings.compression_algorithm()))
+        )
+    return ServerSettings(
+        options=tuple(options),
+        certificate_chain=tls_material[1] if tls_material else None,
+        private_key=tls_material[2] if tls_material else None,
+    )
+
+
+# --------------------------------------------------------------------------
+# serve
+
+
+def configure_serve(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--host",
+        default="localhost",
+        help="address to listen on (default localhost; 0.0.0.0 or :: for other hosts to reach it)",
+    )
+    parser.add_argument(
+        "--port",
+        type=int,
+        default=DEFAULT_PORT,
+        help=f"port to listen on (default {DEFAULT_PORT}, the paper's; 0 picks a free one)",
+    )
+    parser.add_argument(
+        "--mode",
+        choices=[m.value for m in Mode],
+        default=Mode.NON_SERIALIZED.value,
+        help="payloads as raw bytes (default) or as protobuf messages",
+    )
+    parser.add_argument(
+        "--servers",
+        type=int,
+        default=1,
+        metavar="N",
+        help="run N ps servers, each its own process, on ports PORT..PORT+N-1 (default 1)",
+    )
+    grpc_settings.add_grpc_flags(parser)
+
+
+def run_serve(args: argparse.Namespace) -> int:
+    _positive_int("--servers", args.servers)
+    if not 0 <= args.port <= 65535:
+        raise ConfigError(f"--port must be in 0..65535, got {args.port}")
+    if args.servers > 1 and args.port == 0:
+        raise UsageError("--servers N needs a fixed --port (servers use PORT..PORT+N-1)")
+    settings = _grpc_settings(args)
+    tls_material = _tls_material(settings, args.tls_dir, None)
+    server_settings = _server_settings(settings, tls_material)
+    mode = Mode(args.mode)
+    stop = threading.Event()
+    # Ctrl-C and SIGTERM both stop gracefully (a background job may ignore SIGINT).
+    for number in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(number, lambda *_: stop.set())
+    if args.servers == 1:
+        server = ReplayServer(mode=mode, host=args.host, port=args.port, settings=server_settings)
+        server.start()
+        print(
+            f"serving {mode.value} on {server.address} (pid {os.getpid()}); Ctrl-C to stop",
+            flush=True,
+        )
+        try:
+            while not stop.wait(1.0):
+                pass
+        finally:
+            stats = server.stats()
+            server.stop(1.0)
+        print(
+            f"stopped; received {stats.received_messages} messages, {stats.received_bytes} bytes",
+            flush=True,
+        )
+        return 0
+    ports = [args.port + i for i in range(args.servers)]
+    if ports[-1] > 65535:
+        raise ConfigError(f"--port {args.port} + --servers {args.servers} goes past port 65535")
+    servers = LocalServers(
+        args.servers, mode=mode, host=args.host, ports=ports, settings=server_settings
+    )
+    servers.start()
+    try:
+        print(
+            f"serving {mode.value} on {','.join(servers.targets)} "
+            f"(pids {' '.join(map(str, servers.pids))}); Ctrl-C to stop",
+            flush=True,
+        )
+        while not stop.wait(1.0):
+            pass
+    finally:
+        servers.stop()
+    print("stopped", flush=True)
+    return 0
+
+
+# --------------------------------------------------------------------------
+# replay
+
+
+def configure_replay(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "trace",
+        metavar="TRACE",
+        nargs="?",
+        default=None,
+        help="trace file or shipped trace name (default: the shipped default trace; "
+        "the paper's synthetic workload when none is shipped)",
+    )
+    parser.add_argument(
+        "--benchmark",
+        default="all",
+        help="all (default), or one or more of p2p-latency,p2p-bandwidth,ps-throughput",
+    )
+    parser.add_argument(
+        "--synthetic", action="store_true", help="use the paper's generators instead of a trace"
+    )
+    parser.add_argument(
+        "--mode",
+        choices=[m.value for m in Mode],
+        default=Mode.NON_SERIALIZED.value,
+        help="payloads as raw bytes (default, the paper's non-serialized mode) or protobuf",
+    )
+    synthetic = parser.add_argument_group("synthetic workload (the paper's generators)")
+    synthetic.add_argument(
+        "--generator",
+        choices=[k.value for k in GeneratorKind],
+        default=None,
+        help="uniform (default), random or skew",
+    )
+    synthetic.add_argument(
+        "--categories",
+        default=None,
+        help="size categories to draw from, comma-separated (default small,medium,large)",
+    )
+    synthetic.add_argument(
+        "--skew-bias",
+        choices=[c.value for c in SizeCategory],
+        default=None,
+        help="the skew generator's favoured category (default large): 60%%, then 30%%, 10%%",
+    )
+    synthetic.add_argument(
+        "--buffers", type=int, default=None, help="buffers per payload (default 10)"
+    )
+    synthetic.add_argument(
+        "--payloads",
+        type=int,
+        default=None,
+        help="distinct payloads generated and sent in a cycle (default 10)",
+    )
+    synthetic.add_argument(
+        "--random-sizes",
+        action="store_true",
+        default=None,
+        help="draw each buffer's size uniformly from its category's range",
+    )
+    for category in SizeCategory:
+        synthetic.add_argument(
+            f"--{category.value}-size",
+            default=None,
+            metavar="SIZE",
+            help=f"size of a {category.value} buffer (default {category.default_bytes} B)",
+        )
+    synthetic.add_argument(
+        "--seed", type=int, default=None, help="seed of the random generator (default 0)"
+    )
+    synthetic.add_argument(
+        "--ps", type=int, default=None, help="ps servers for PS throughput (default 1)"
+    )
+    synthetic.add_argument(
+        "--workers", type=int, default=None, help="worker processes for PS throughput (default 1)"
+    )
+    traced = parser.add_argument_group("trace replay")
+    traced.add_argument(
+        "--pair",
+        default=None,
+        metavar="WORKER,PS",
+        help="the (worker, ps) pair the P2P benchmarks replay, e.g. worker:0,ps:1 "
+        "(default: the pair that moved the most bytes)",
+    )
+    traced.add_argument(
+        "--steps", type=int, default=None, help="replay exactly N steps per run (not a duration)"
+    )
+    traced.add_argument(
+        "--passes", type=int, default=None, help="replay the trace's steps N times per run"
+    )
+    timing = parser.add_argument_group("timing")
+    timing.add_argument(
+        "--warmup", type=float, default=2.0, help="warm-up seconds (default 2, the paper's)"
+    )
+    timing.add_argument(
+        "--duration", type=float, default=None, help="measured seconds per run (default 10)"
+    )
+    timing.add_argument("--runs", type=int, default=5, help="measured runs (default 5)")
+    timing.add_argument(
+        "--pacing",
+        choices=[t.value for t in Timing],
+        default=Timing.ASAP.value,
+        help="asap (default: closed loop), recorded (the trace's offsets), rate (--rate)",
+    )
+    timing.add_argument("--rate", type=float, default=None, help="calls per second per worker")
+    timing.add_argument(
+        "--speedup", type=float, default=None, help="recorded pacing: replay N times faster"
+    )
+    timing.add_argument(
+        "--deadline", type=float, default=60.0, help="deadline of each call, seconds (default 60)"
+    )
+    timing.add_argument(
+        "--connect-timeout",
+        type=float,
+        default=10.0,
+        help="seconds to wait for the servers to answer (default 10)",
+    )
+    where = parser.add_argument_group("where")
+    where.add_argument(
+        "--target",
+        default=None,
+        metavar="HOST:PORT[,...]",
+        help="ps servers already running (tf-grpc-bench serve), in ps order "
+        "(default: start servers on loopback)",
+    )
+    where.add_argument(
+        "--output-dir",
+        default=DEFAULT_OUTPUT_DIR,
+        help=f"where run directories are made (default {DEFAULT_OUTPUT_DIR}/)",
+    )
+    where.add_argument(
+        "--quiet", action="store_true", help="no progress bar and no table, just the paths"
+    )
+    grpc_settings.add_grpc_flags(parser)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ReplayRequest:
+    """What ``replay`` was asked to do, validated."""
+
+    benchmarks: tuple[Benchmark, ...]
+    trace_path: Path | None
+    workloads: tuple[Workload, ...]
+    pacings: tuple[Pacing, ...]
+    plan: RunPlan
+    mode: Mode
+    targets: tuple[str, ...] | None
+    grpc: grpc_settings.GrpcSettings
+    config: dict[str, str | int | float | bool]
+    #: The gRPC settings as result parameters.
+    grpc_parameters: dict[str, str | int | float | bool]
+
+
+_SYNTHETIC_FLAGS = (
+    ("generator", "--generator"),
+    ("categories", "--categories"),
+    ("skew_bias", "--skew-bias"),
+    ("buffers", "--buffers"),
+    ("payloads", "--payloads"),
+    ("random_sizes", "--random-sizes"),
+    ("small_size", "--small-size"),
+    ("medium_size", "--medium-size"),
+    ("large_size", "--large-size"),
+    ("seed", "--seed"),
+    ("ps", "--ps"),
+    ("workers", "--workers"),
+)
+_TRACE_FLAGS = (("pair", "--pair"), ("steps", "--steps"), ("passes", "--passes"))
+
+
+def _parse_benchmarks(text: str) -> tuple[Benchmark, ...]:
+    if text.strip() == "all":
+        return ALL_BENCHMARKS
+    chosen = []
+    for name in (part.strip() for part in text.split(",")):
+        try:
+            benchmark = Benchmark(name)
+        except ValueError:
+            names = ", ".join(b.value for b in Benchmark)
+            raise UsageError(f"--benchmark {name!r}: expected all or one of {names}") from None
+        if benchmark not in chosen:
+            chosen.append(benchmark)
+    return tuple(b for b in ALL_BENCHMARKS if b in chosen)
+
+
+def _parse_categories(text: str) -> tuple[SizeCategory, ...]:
+    categories = []
+    for name in (part.strip().lower() for part in text.split(",") if part.strip()):
+        try:
+            categories.append(SizeCategory(name))
+        except ValueError:
+            raise ConfigError(
+                f"--categories {text!r}: {name!r} is not small, medium or large"
+            ) from None
+    return tuple(categories)
+
+
+def _generator_config(args: argparse.Namespace) -> GeneratorConfig:
+    defaults = GeneratorConfig()
+    sizes = {}
+    for category in SizeCategory:
+        text = getattr(args, f"{category.value}_size")
+        if text is not None:
+            sizes[f"{category.value}_bytes"] = _size(f"--{category.value}-size", text)
+    return GeneratorConfig(
+        kind=GeneratorKind(args.generator) if args.generator else defaults.kind,
+        categories=(
+            _parse_categories(args.categories)
+            if args.categories is not None
+            else defaults.categories
+        ),
+        buffers_per_payload=args.buffers
+        if args.buffers is not None
+        else defaults.buffers_per_payload,
+        sizes=BufferSizes(**sizes),
+        seed=args.seed if args.seed is not None else defaults.seed,
+        random_sizes=bool(args.random_sizes),
+        skew_bias=SizeCategory(args.skew_bias) if args.skew_bias else None,
+        payload_count=args.payloads if args.payloads is not None else defaults.payload_count,
+    )
+
+
+def _resolve_trace(args: argparse.Namespace) -> Path | None:
+    if args.trace is not None:
+        if args.synthetic:
+            raise UsageError("give a TRACE or --synthetic, not both")
+        from tf_grpc_bench.inspect import resolve_trace_argument
+
+        return resolve_trace_argument(args.trace)
+    if args.synthetic:
+        return None
+    return trace_model.default_trace_path()
+
+
+def _pacing(args: argparse.Namespace, workload: Workload) -> Pacing:
+    timing = Timing(args.pacing)
+    if args.rate is not None and timing is not Timing.RATE:
+        raise UsageError("--rate applies only to --pacing rate")
+    if args.speedup is not None and timing is not Timing.RECORDED:
+        raise UsageError("--speedup applies only to --pacing recorded")
+    if timing is Timing.RATE and args.rate is None:
+        raise UsageError("--pacing rate needs --rate CALLS_PER_S")
+    base = default_pacing(workload, timing)
+    window = base.window
+    if args.outstanding is not None and workload.benchmark is not Benchmark.P2P_LATENCY:
+        window = args.outstanding
+    return Pacing(
+        timing=timing,
+        window=window,
+        rate_per_s=args.rate if timing is Timing.RATE else 0.0,
+        speedup=args.speedup if args.speedup is not None else 1.0,
+    )
+
+
+def build_request(args: argparse.Namespace) -> ReplayRequest:
+    """Validate every flag and build the workloads.  Raises UsageError/ConfigError/TraceError."""
+    benchmarks = _parse_benchmarks(args.benchmark)
+    trace_path = _resolve_trace(args)
+    mode = Mode(args.mode)
+    for name in ("buffers", "payloads", "ps", "workers", "runs", "steps", "passes"):
+        _positive_int(f"--{name}", getattr(args, name))
+    if args.outstanding is not None:
+        _positive_int("--outstanding", args.outstanding)
+    warmup_ns = _seconds("--warmup", args.warmup, allow_zero=True)
+    duration_ns = _seconds(
+        "--duration", args.duration if args.duration is not None else 10.0, allow_zero=False
+    )
+    deadline = _seconds("--deadline", args.deadline, allow_zero=False) / NS_PER_S
+    connect = _seconds("--connect-timeout", args.connect_timeout, allow_zero=False) / NS_PER_S
+    if args.duration is not None and (args.steps is not None or args.passes is not None):
+        raise UsageError("--duration and --steps/--passes are alternatives; give one")
+    plan = RunPlan(
+        warmup_ns=warmup_ns,
+        duration_ns=duration_ns,
+        runs=args.runs,
+        steps=args.steps,
+        passes=args.passes,
+        deadline_s=deadline,
+        connect_timeout_s=connect,
+    )
+    targets = None
+    if args.target is not None:
+        targets = tuple(parse_target(t) for t in args.target.split(",") if t.strip())
+        if not targets:
+            raise ConfigError("--target: expected HOST:PORT[,HOST:PORT...]")
+    settings = _grpc_settings(args)
+    grpc_parameters = settings.as_parameters()
+    if args.outstanding is None:
+        # Each benchmark records its own window ("outstanding"): 1 or the trace's.
+        grpc_parameters.pop("grpc_outstanding_rpcs", None)
+    config: dict[str, str | int | float | bool] = {
+        "benchmark": ",".join(b.value for b in benchmarks),
+        "mode": mode.value,
+        "pacing": args.pacing,
+        "warmup_s": warmup_ns / NS_PER_S,
+        "duration_s": duration_ns / NS_PER_S,
+        "runs": args.runs,
+        "deadline_s": deadline,
+        "targets": ",".join(targets) if targets else "loopback",
+        **grpc_parameters,
+    }
+    workloads: list[Workload] = []
+    if trace_path is None:
+        for flag_attribute, flag in _TRACE_FLAGS:
+            if getattr(args, flag_attribute) is not None:
+                raise UsageError(f"{flag} applies to trace replays, not to --synthetic workloads")
+        if Timing(args.pacing) is Timing.RECORDED:
+            raise UsageError(
+                "--pacing recorded needs a trace (synthetic payloads have no timestamps)"
+            )
+        generator = _generator_config(args)
+        for benchmark in benchmarks:
+            workloads.append(
+                synthetic_workload(
+                    benchmark,
+                    generator,
+                    mode=mode,
+                    ps_count=args.ps if args.ps is not None else 1,
+                    worker_count=args.workers if args.workers is not None else 1,
+                )
+            )
+        config["workload"] = "synthetic"
+    else:
+        for flag_attribute, flag in _SYNTHETIC_FLAGS:
+            if getattr(args, flag_attribute) is not None:
+                raise UsageError(
+                    f"{flag} shapes the synthetic workload; a trace brings its own "
+                    "(add --synthetic to use the generators)"
+                )
+        trace = trace_model.read_trace(trace_path)
+        pair = parse_pair(args.pair, trace) if args.pair is not None else None
+        for benchmark in benchmarks:
+            workloads.append(
+                trace_workload(trace, benchmark, mode=mode, pair=pair, source=str(trace_path))
+            )
+        config["workload"] = "trace"
+        config["trace"] = str(trace_path)
+    pacings = tuple(_pacing(args, workload) for workload in workloads)
+    if targets is not None:
+        needed = max(w.server_count for w in workloads)
+        if len(targets) < needed:
+            raise ConfigError(
+                f"--target: the workload needs {needed} ps server(s), got {len(targets)} target(s)"
+            )
+    return ReplayRequest(
+        benchmarks=benchmarks,
+        trace_path=trace_path,
+        workloads=tuple(workloads),
+        pacings=pacings,
+        plan=plan,
+        mode=mode,
+        targets=targets,
+        grpc=settings,
+        config=config,
+        grpc_parameters=dict(grpc_parameters),
+    )
+
+
+class _Progress:
+    """A tqdm bar over measured runs (or nothing when quiet or not on a terminal)."""
+
+    def __init__(self, total_runs: int, enabled: bool) -> None:
+        self._bar: Any = None
+        if enabled:
+            from tqdm import tqdm
+
+            self._bar = tqdm(total=total_runs, unit="run", file=sys.stderr, leave=False)
+
+    def __call__(self, event: ProgressEvent) -> None:
+        if self._bar is None:
+            return
+        label = event.benchmark.value
+        if event.phase == "warmup":
+            self._bar.set_description(f"{label} warm-up")
+        elif event.phase == "run":
+            self._bar.set_description(f"{label} run {event.run_index + 1}/{event.runs}")
+        elif event.phase == "finished":
+            self._bar.update(1)
+
+    def close(self) -> None:
+        if self._bar is not None:
+            self._bar.close()
+
+
+@contextlib.contextmanager
+def _servers(
+    request: ReplayRequest, server_settings: ServerSettings
+) -> Iterator[tuple[tuple[str, ...], bool]]:
+    """The targets to replay against: given, or servers started here (stopped afterwards)."""
+    if request.targets is not None:
+        yield request.targets, False
+        return
+    count = max(w.server_count for w in request.workloads)
+    with LocalServers(count, mode=request.mode, settings=server_settings) as servers:
+        yield tuple(servers.targets), True
+
+
+def execute(
+    request: ReplayRequest,
+    *,
+    tls_dir: Path | None = None,
+    on_progress: Any = None,
+) -> tuple[list[BenchmarkResult], tuple[str, ...], bool]:
+    """Run the requested benchmarks; returns the results, the targets and whether they were local.
+
+    Stops after a benchmark that ended partial (its servers are likely gone).
+    """
+    from tf_grpc_bench.replay.runner import run_benchmark
+
+    tls_material = _tls_material(request.grpc, str(tls_dir) if tls_dir else None, tls_dir)
+    channel_settings = _channel_settings(request.grpc, tls_material)
+    server_settings = _server_settings(request.grpc, tls_material)
+    results: list[BenchmarkResult] = []
+    with _servers(request, server_settings) as (targets, local):
+        for workload, pacing in zip(request.workloads, request.pacings, strict=True):
+            result = run_benchmark(
+                workload,
+                targets,
+                pacing=pacing,
+                plan=request.plan,
+                settings=channel_settings,
+                parameters=request.grpc_parameters,
+                on_progress=on_progress,
+            )
+            results.append(result)
+            if result.partial:
+                break
+    return results, targets, local
+
+
+def run_replay(args: argparse.Namespace) -> int:
+    from tf_grpc_bench.replay import report, results, tensorboard_output
+
+    request = build_request(args)
+    run_directory: Path | None = None
+    tls_dir: Path | None = None
+    if request.grpc.tls:
+        run_directory = results.new_run_directory(args.output_dir, _label(request))
+        tls_dir = Path(args.tls_dir) if args.tls_dir else run_directory / "tls"
+    progress = _Progress(
+        len(request.workloads) * request.plan.runs,
+        enabled=not args.quiet and sys.stderr.isatty(),
+    )
+    try:
+        measured, targets, local = execute(request, tls_dir=tls_dir, on_progress=progress)
+    finally:
+        progress.close()
+    if run_directory is None:
+        run_directory = results.new_run_directory(args.output_dir, _label(request))
+    network = results.loopback_network(targets) if local else None
+    document = results.build_document(
+        measured, config=request.config, trace_path=request.trace_path, network=network
+    )
+    results.write_document(document, run_directory / results.RESULTS_FILE_NAME)
+    logdir = run_directory / "tensorboard"
+    tensorboard_output.write_run(document, logdir)
+    if not args.quiet:
+        print(report.format_table(document))
+    print(f"results: {run_directory / results.RESULTS_FILE_NAME}")
+    print(f"view:    tensorboard --logdir {logdir}")
+    if document.partial and INTERRUPTED_REASON in document.partial_reason:
+        raise RunInterrupted(f"interrupted; partial results written to {run_directory}")
+    if document.partial:
+        raise TransportError(
+            f"stopped early, partial results written to {run_directory}: {document.partial_reason}"
+        )
+    return 0
+
+
+def _label(request: ReplayRequest) -> str:
+    where = "remote" if request.targets is not None else "loopback"
+    what = request.trace_path.stem if request.trace_path is not None else "synthetic"
+    return f"{where}-{what}"
