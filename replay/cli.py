@@ -74,17 +74,14 @@ def _size(flag: str, text: str) -> int:
 
 
 def _grpc_settings(args: argparse.Namespace) -> grpc_settings.GrpcSettings:
-    settings = grpc_settings.settings_from_args(args)
-    if settings.chunk_bytes:
-        raise ConfigError(
-            "--chunk-size: the replay engine sends every payload as one message; "
-            "chunked streaming is not implemented yet"
-        )
-    return settings
+    return grpc_settings.settings_from_args(args)
 
 
 def _tls_material(
-    settings: grpc_settings.GrpcSettings, tls_dir: str | None, default_dir: Path | None
+    settings: grpc_settings.GrpcSettings,
+    tls_dir: str | None,
+    default_dir: Path | None,
+    hosts: tuple[str, ...] = (),
 ) -> tuple[bytes, bytes, bytes] | None:
     """(CA, server certificate, server key) for ``--tls``, made or reused in the TLS directory."""
     if not settings.tls:
@@ -94,7 +91,7 @@ def _tls_material(
     directory = Path(tls_dir) if tls_dir else default_dir
     if directory is None:
         raise UsageError("--tls needs --tls-dir DIR (where the CA and server certificate are)")
-    files = tls.ensure_tls_files(directory)
+    files = tls.ensure_tls_files(directory, hosts=hosts)
     return files.ca_cert_pem(), files.server_cert_pem(), files.server_key_pem()
 
 
@@ -155,6 +152,14 @@ def configure_serve(parser: argparse.ArgumentParser) -> None:
     grpc_settings.add_grpc_flags(parser)
 
 
+def _serving_hosts(host: str) -> tuple[str, ...]:
+    """What a TLS server certificate must name: the listening host, or every local address."""
+    from tf_grpc_bench.replay import netinfo
+
+    wildcard = host in ("0.0.0.0", "::", "[::]", "")
+    return netinfo.local_addresses() if wildcard else (host, *netinfo.local_addresses())
+
+
 def run_serve(args: argparse.Namespace) -> int:
     _positive_int("--servers", args.servers)
     if not 0 <= args.port <= 65535:
@@ -162,7 +167,7 @@ def run_serve(args: argparse.Namespace) -> int:
     if args.servers > 1 and args.port == 0:
         raise UsageError("--servers N needs a fixed --port (servers use PORT..PORT+N-1)")
     settings = _grpc_settings(args)
-    tls_material = _tls_material(settings, args.tls_dir, None)
+    tls_material = _tls_material(settings, args.tls_dir, None, _serving_hosts(args.host))
     server_settings = _server_settings(settings, tls_material)
     mode = Mode(args.mode)
     stop = threading.Event()
@@ -332,6 +337,13 @@ def configure_replay(parser: argparse.ArgumentParser) -> None:
         metavar="HOST:PORT[,...]",
         help="ps servers already running (tf-grpc-bench serve), in ps order "
         "(default: start servers on loopback)",
+    )
+    where.add_argument(
+        "--network-name",
+        default="",
+        metavar="NAME",
+        help="name of the network the replay runs over, recorded in the results and shown "
+        "in TensorBoard (default: loopback, or the interface and any tbf rate found on it)",
     )
     where.add_argument(
         "--output-dir",
@@ -545,6 +557,12 @@ def build_request(args: argparse.Namespace) -> ReplayRequest:
             )
         config["workload"] = "trace"
         config["trace"] = str(trace_path)
+    if settings.chunk_bytes:
+        from tf_grpc_bench.replay.chunking import chunk_workload
+
+        workloads = [chunk_workload(workload, settings) for workload in workloads]
+    for workload in workloads:
+        settings.check_payload(max(call.payload_bytes for call in workload.calls))
     pacings = tuple(_pacing(args, workload) for workload in workloads)
     if targets is not None:
         needed = max(w.server_count for w in workloads)
@@ -652,12 +670,14 @@ def run_replay(args: argparse.Namespace) -> int:
         enabled=not args.quiet and sys.stderr.isatty(),
     )
     try:
-        measured, targets, local = execute(request, tls_dir=tls_dir, on_progress=progress)
+        measured, targets, _local = execute(request, tls_dir=tls_dir, on_progress=progress)
     finally:
         progress.close()
     if run_directory is None:
         run_directory = results.new_run_directory(args.output_dir, _label(request))
-    network = results.loopback_network(targets) if local else None
+    from tf_grpc_bench.replay import netinfo
+
+    network = netinfo.describe_network(targets, name=args.network_name)
     document = results.build_document(
         measured, config=request.config, trace_path=request.trace_path, network=network
     )

@@ -6,7 +6,9 @@ Subcommands:
 - ``up``: create hosts on a rate-limited link and leave them (for your own runs);
 - ``down RUN_ID``: remove one network made by ``up``;
 - ``list``: the tool's namespaces, by run;
-- ``cleanup``: remove what crashed runs (and ``up``) left behind.
+- ``cleanup``: remove what crashed runs (and ``up``) left behind;
+- ``compare [TRACE]``: replay across several profiles, one comparison
+  (``network_compare``); takes every flag of ``replay``.
 """
 
 from __future__ import annotations
@@ -54,6 +56,23 @@ def configure_network(parser: argparse.ArgumentParser) -> None:
         help="also remove the networks of runs still in progress",
     )
 
+    compare = commands.add_parser(
+        "compare",
+        help="replay a trace (or the synthetic default) across several link profiles and compare",
+        description="Replay across emulated links, one after the other, and compare the runs: "
+        "TensorBoard hparams with the network as a hyperparameter, and a markdown table. "
+        "Every flag of 'tf-grpc-bench replay' applies.",
+    )
+    compare.add_argument(
+        "--profiles",
+        default="1gbit,10gbit,unlimited",
+        help=f"comma-separated link profiles ({', '.join(netns.PROFILES)}, or rates "
+        "like 100mbit; default 1gbit,10gbit,unlimited)",
+    )
+    from tf_grpc_bench.replay import cli as replay_cli
+
+    replay_cli.configure_replay(compare)
+
 
 def run_network(args: argparse.Namespace) -> int:
     command = args.network_command
@@ -67,6 +86,8 @@ def run_network(args: argparse.Namespace) -> int:
         return _list()
     if command == "cleanup":
         return _cleanup(include_live=args.all)
+    if command == "compare":
+        return _compare(args)
     raise NetworkError(f"unknown network subcommand {command!r}")
 
 
@@ -139,4 +160,50 @@ def _cleanup(*, include_live: bool) -> int:
     else:
         print("nothing to clean up")
     sys.stdout.flush()
+    return 0
+
+
+#: replay flags that ``compare`` sets itself for each profile.
+_COMPARE_OWNS = ("target", "output_dir", "quiet", "tls", "tls_dir", "network_name")
+#: serve flags that ``compare`` sets itself.
+_SERVE_OWNS = ("host", "port", "servers", "tls", "tls_dir")
+
+
+def _compare(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from tf_grpc_bench.replay import cli as replay_cli
+    from tf_grpc_bench.replay import network_compare, results
+
+    from tf_grpc_bench.errors import UsageError
+
+    if args.target is not None:
+        raise UsageError("network compare makes its own targets; drop --target")
+    profiles = netns.parse_profiles(args.profiles)
+    netns.require_root()
+    # Validate every replay flag here, before any namespace exists.
+    request = replay_cli.build_request(args)
+    server_count = max(w.server_count for w in request.workloads)
+    output_dir = results.new_run_directory(args.output_dir, "compare")
+    config = network_compare.CompareConfig(
+        profiles=profiles,
+        output_dir=Path(output_dir),
+        server_count=server_count,
+        replay_arguments=network_compare.passthrough_arguments(
+            args, replay_cli.configure_replay, exclude=_COMPARE_OWNS
+        ),
+        serve_arguments=network_compare.passthrough_arguments(
+            args, replay_cli.configure_serve, exclude=_SERVE_OWNS
+        ),
+        tls=bool(args.tls),
+    )
+    comparison = network_compare.compare_networks(
+        config, on_line=(lambda line: None) if args.quiet else print
+    )
+    print(comparison.markdown)
+    print(f"comparison: {output_dir / network_compare.COMPARISON_FILE}")
+    print(f"view:       tensorboard --logdir {output_dir}")
+    if comparison.failed:
+        names = ", ".join(o.profile.name for o in comparison.failed)
+        raise NetworkError(f"replay failed on {names}; see {output_dir}")
     return 0

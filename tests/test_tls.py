@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import re
 import stat
+import subprocess
+import sys
 from collections.abc import Iterator
 from concurrent import futures
 from pathlib import Path
 
 import grpc
 import pytest
-from tf_grpc_bench.replay import tls
+from tf_grpc_bench.replay import results, tls
 
 from tf_grpc_bench.errors import ConfigError
 
@@ -96,3 +99,49 @@ def test_missing_files_and_bad_hosts_are_one_line_errors(tmp_path: Path) -> None
         tls.load_tls_files(tmp_path)
     with pytest.raises(ConfigError, match=r"TLS host 'a b'"):
         tls.generate_tls_files(tmp_path, hosts=["a b"])
+
+
+def _tool(*arguments: str) -> list[str]:
+    return [sys.executable, "-m", "tf_grpc_bench", *arguments]
+
+
+def test_a_replay_over_tls_reaches_a_tls_server_and_plaintext_does_not(tmp_path: Path) -> None:
+    tls_dir = tmp_path / "tls"
+    server = subprocess.Popen(
+        _tool("serve", "--host", "127.0.0.1", "--port", "0", "--tls", "--tls-dir", str(tls_dir)),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert server.stdout is not None
+        line = server.stdout.readline()
+        match = re.search(r"on (127\.0\.0\.1:[0-9]+)", line)
+        assert match, line + (server.stderr.read() if server.poll() is not None else "")
+        target = match.group(1)
+        flags = ["--synthetic", "--benchmark", "p2p-latency", "--warmup", "0", "--duration", "0.3"]
+        flags += ["--runs", "1", "--target", target, "--output-dir", str(tmp_path / "runs")]
+        secure = subprocess.run(
+            _tool("replay", *flags, "--tls", "--tls-dir", str(tls_dir), "--quiet"),
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+        assert secure.returncode == 0, secure.stderr
+        document = results.read_document(next((tmp_path / "runs").glob("*/results.json")))
+        assert document.config["grpc_tls"] is True
+        assert document.benchmarks[0].rpc_count > 0
+        plain = subprocess.run(
+            _tool("replay", *flags, "--quiet", "--connect-timeout", "2"),
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+        assert plain.returncode != 0
+        assert "Traceback" not in plain.stderr
+        assert len(plain.stderr.strip().splitlines()) == 1
+    finally:
+        server.terminate()
+        server.wait(timeout=30)

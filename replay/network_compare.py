@@ -1,0 +1,246 @@
+"""One replay across several emulated links, compared side by side.
+
+For each link profile: build two hosts on a link of that rate
+(``netns.EmulatedNetwork``), start ``tf-grpc-bench serve`` in host 0, run
+``tf-grpc-bench replay --target <host 0>`` in host 1 (so the client reads and
+records its own link: interface, MTU, tbf rate), then tear the network down.
+Every profile's run directory goes under one directory, so
+``tensorboard --logdir <that directory>`` shows them in one HParams view with
+the network as a hyperparameter; a markdown table of all of them is written
+beside them (``comparison.md``) and returned.
+
+Servers and clients run as subprocesses under ``ip netns exec``: a process
+cannot move its gRPC threads between namespaces, a new process starts inside
+one.  A profile whose replay fails is kept as a failure (its partial results,
+if any, are still listed) and the next profile runs.
+"""
+
+from __future__ import annotations
+
+import re
+import selectors
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from tf_grpc_bench.replay import netns, report, results
+
+from tf_grpc_bench.errors import NetworkError, ResultError
+
+#: Port the servers listen on inside host 0 (each network is private, so fixed is fine).
+SERVE_PORT = 50001
+COMPARISON_FILE = "comparison.md"
+_RESULTS_LINE = re.compile(r"^results:\s+(?P<path>\S.*)$", re.MULTILINE)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CompareConfig:
+    """What to compare.  ``replay_arguments`` and ``serve_arguments`` are flags
+    of ``tf-grpc-bench replay`` / ``serve`` passed through unchanged (trace,
+    benchmark, durations, mode, gRPC settings ...)."""
+
+    profiles: tuple[netns.LinkProfile, ...]
+    output_dir: Path
+    server_count: int = 1
+    replay_arguments: tuple[str, ...] = ()
+    serve_arguments: tuple[str, ...] = ()
+    #: When set, TLS files (made for host 0's address) live here and both sides use them.
+    tls: bool = False
+    #: Seconds allowed for the servers to come up, and for each replay.
+    serve_timeout_s: float = 60.0
+    replay_timeout_s: float = 3600.0
+
+    def __post_init__(self) -> None:
+        if not self.profiles:
+            raise ValueError("no profiles to compare")
+        if self.server_count < 1:
+            raise ValueError(f"server_count must be >= 1, got {self.server_count}")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ProfileOutcome:
+    """One profile's replay: its result document (None if none was written)."""
+
+    profile: netns.LinkProfile
+    results_path: Path | None
+    document: results.ResultDocument | None
+    error: str = ""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Comparison:
+    output_dir: Path
+    outcomes: tuple[ProfileOutcome, ...]
+    markdown: str
+
+    @property
+    def failed(self) -> tuple[ProfileOutcome, ...]:
+        return tuple(o for o in self.outcomes if o.error)
+
+
+def _tool(*arguments: str) -> list[str]:
+    return [sys.executable, "-m", "tf_grpc_bench", *arguments]
+
+
+def _wait_for_line(process: subprocess.Popen[str], prefix: str, timeout_s: float) -> str:
+    """Read the process's stdout until a line starts with ``prefix`` (blocking, bounded)."""
+    assert process.stdout is not None
+    selector = selectors.DefaultSelector()
+    selector.register(process.stdout, selectors.EVENT_READ)
+    deadline = time.monotonic() + timeout_s
+    seen: list[str] = []
+    try:
+        while time.monotonic() < deadline:
+            if not selector.select(timeout=max(0.0, deadline - time.monotonic())):
+                break
+            line = process.stdout.readline()
+            if not line:
+                break
+            seen.append(line.strip())
+            if line.startswith(prefix):
+                return line
+    finally:
+        selector.close()
+    if process.poll() is not None and process.stderr is not None:
+        seen += process.stderr.read().strip().splitlines()[-1:]
+    last = seen[-1] if seen else "no output"
+    raise NetworkError(f"server in the emulated network did not start: {last}")
+
+
+def _run_profile(
+    config: CompareConfig, profile: netns.LinkProfile, on_line: Callable[[str], None]
+) -> ProfileOutcome:
+    profile_dir = config.output_dir / profile.name
+    with netns.EmulatedNetwork(hosts=2, profile=profile) as network:
+        server_host, client_host = network.hosts
+        tls_arguments: list[str] = []
+        if config.tls:
+            from tf_grpc_bench.replay import tls
+
+            tls_dir = config.output_dir / "tls"
+            tls.ensure_tls_files(tls_dir, hosts=[server_host.address])
+            tls_arguments = ["--tls", "--tls-dir", str(tls_dir)]
+        server = network.spawn(
+            server_host,
+            _tool(
+                "serve",
+                "--host",
+                "0.0.0.0",
+                "--port",
+                str(SERVE_PORT),
+                "--servers",
+                str(config.server_count),
+                *config.serve_arguments,
+                *tls_arguments,
+            ),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        _wait_for_line(server, "serving", config.serve_timeout_s)
+        targets = ",".join(
+            f"{server_host.address}:{SERVE_PORT + i}" for i in range(config.server_count)
+        )
+        replay = network.run(
+            client_host,
+            _tool(
+                "replay",
+                *config.replay_arguments,
+                *tls_arguments,
+                "--target",
+                targets,
+                "--network-name",
+                profile.name,
+                "--output-dir",
+                str(profile_dir),
+                "--quiet",
+            ),
+            timeout_s=config.replay_timeout_s,
+        )
+    for line in replay.stdout.splitlines():
+        on_line(f"{profile.name}: {line}")
+    match = _RESULTS_LINE.search(replay.stdout)
+    path = Path(match["path"].strip()) if match else None
+    document = None
+    if path is not None:
+        try:
+            document = results.read_document(path)
+        except ResultError as error:
+            return ProfileOutcome(
+                profile=profile, results_path=path, document=None, error=str(error)
+            )
+    error = ""
+    if replay.returncode != 0:
+        lines = replay.stderr.strip().splitlines()
+        error = lines[-1] if lines else f"replay exited with status {replay.returncode}"
+    return ProfileOutcome(profile=profile, results_path=path, document=document, error=error)
+
+
+def compare_networks(
+    config: CompareConfig, *, on_line: Callable[[str], None] = lambda _line: None
+) -> Comparison:
+    """Replay once per profile, each on a fresh emulated network; blocking.
+
+    Needs root (NetworkError otherwise, before anything is made).  Writes
+    ``comparison.md`` into ``config.output_dir``.
+    """
+    netns.require_root()
+    config.output_dir.mkdir(parents=True, exist_ok=True)
+    outcomes = []
+    for profile in config.profiles:
+        on_line(f"{profile.name}: network up, replaying")
+        outcome = _run_profile(config, profile, on_line)
+        if outcome.error:
+            on_line(f"{profile.name}: failed: {outcome.error}")
+        outcomes.append(outcome)
+    documents = [o.document for o in outcomes if o.document is not None]
+    markdown = report.format_markdown_table(documents) if documents else "(no results)"
+    failures = [f"- {o.profile.name}: {o.error}" for o in outcomes if o.error]
+    text = "\n".join(
+        [
+            f"# Network comparison ({', '.join(p.name for p in config.profiles)})",
+            "",
+            markdown,
+            *(["", "Failed:", *failures] if failures else []),
+            "",
+        ]
+    )
+    (config.output_dir / COMPARISON_FILE).write_text(text, encoding="utf-8")
+    return Comparison(output_dir=config.output_dir, outcomes=tuple(outcomes), markdown=markdown)
+
+
+def passthrough_arguments(
+    args: object, configure: Callable[..., None], *, exclude: Sequence[str] = ()
+) -> tuple[str, ...]:
+    """Re-create the command-line flags ``configure`` defines from parsed ``args``.
+
+    Only values that differ from the flag's default are emitted; ``exclude``
+    names destinations to leave out.  Used to hand the user's replay/serve
+    flags to the subprocesses inside the namespaces.
+    """
+    import argparse
+
+    parser = argparse.ArgumentParser(add_help=False)
+    configure(parser)
+    positional: list[str] = []
+    flags: list[str] = []
+    for action in parser._actions:
+        if action.dest in exclude or action.dest == "help" or not hasattr(args, action.dest):
+            continue
+        value = getattr(args, action.dest)
+        if not action.option_strings:
+            if value is not None:
+                positional.append(str(value))
+            continue
+        if value == action.default or value is None:
+            continue
+        option = max(action.option_strings, key=len)
+        if action.nargs == 0:
+            if value is True:
+                flags.append(option)
+            continue
+        flags += [option, str(value)]
+    return (*positional, *flags)

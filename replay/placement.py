@@ -1,0 +1,456 @@
+"""``tf-grpc-bench role``: a replay task placed by TF_CONFIG, as a launcher starts it.
+
+The launcher that starts distributed training (a Kubernetes TFJob, a SLURM
+script) starts ``tf-grpc-bench role`` in every task instead, with the same
+``TF_CONFIG`` (or ``--cluster``/``--task``).  Each task does its part
+(``cluster.Placement.roles``):
+
+- **ps** ``i`` serves on the port of its cluster address (all interfaces, like
+  a TensorFlow server) until the gatherer says every worker is in (or is gone);
+- **worker** ``i`` replays against every ps task: the P2P benchmarks are run by
+  worker 0 alone (the paper's one worker and one ps); for PS throughput every
+  worker replays its own share of the traffic (trace worker ``i``, or the
+  synthetic workload's worker ``i``) after a barrier, so that all workers run
+  at once; it then sends its result document to the gatherer;
+- the **gatherer** (chief, or worker 0 without a chief) collects the documents
+  and writes one: P2P results as worker 0 measured them, PS throughput with
+  every worker's runs merged (samples of all workers, a run lasting as long as
+  its slowest worker), plus the TensorBoard logs.
+
+Every replay flag (``tf-grpc-bench replay --help``) applies, the same on every
+task, as a launcher gives every task the same command.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import signal
+import threading
+from collections.abc import Mapping, Sequence
+from dataclasses import replace
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+from tf_grpc_bench.replay import cluster, gather, netinfo, results
+from tf_grpc_bench.replay.cluster import Placement, Role
+from tf_grpc_bench.replay.measurement import Benchmark, BenchmarkResult, RunMeasurement
+
+from tf_grpc_bench.errors import ConfigError, TransportError, UsageError
+
+#: Seconds a task waits for the others (barriers, submissions, job end).
+DEFAULT_JOB_TIMEOUT_S = 3600.0
+
+
+def configure_role(parser: argparse.ArgumentParser) -> None:
+    from tf_grpc_bench.replay import cli as replay_cli
+
+    placement = parser.add_argument_group("placement (TensorFlow's conventions)")
+    placement.add_argument(
+        "--cluster",
+        default=None,
+        metavar="JSON|FILE",
+        help="cluster spec ({'ps': [...], 'worker': [...], 'chief': [...]}) or a whole TF_CONFIG; "
+        "default: the TF_CONFIG environment variable",
+    )
+    placement.add_argument(
+        "--task",
+        default=None,
+        metavar="TYPE:INDEX",
+        help="this task, e.g. worker:1 (default: TF_CONFIG's task)",
+    )
+    placement.add_argument(
+        "--job-timeout",
+        type=float,
+        default=DEFAULT_JOB_TIMEOUT_S,
+        metavar="S",
+        help=f"seconds to wait for the other tasks (default {DEFAULT_JOB_TIMEOUT_S:g})",
+    )
+    replay_cli.configure_replay(parser)
+
+
+def run_role(args: argparse.Namespace) -> int:
+    placement = cluster.resolve_placement(cluster=args.cluster, task=args.task)
+    if placement is None:
+        raise UsageError("no placement: set TF_CONFIG, or give --cluster and --task")
+    if args.target is not None:
+        raise UsageError("role takes its targets from the cluster's ps tasks; drop --target")
+    if not args.job_timeout > 0:
+        raise ConfigError(f"--job-timeout must be > 0 s, got {args.job_timeout:g}")
+    roles = placement.roles
+    print(f"{placement.task}: {', '.join(sorted(r.value for r in roles)) or 'nothing to do'}")
+    if not roles:
+        return 0
+    if Role.SERVE in roles:
+        return _serve(placement, args)
+    if Role.GATHER in roles:
+        return _gather(placement, args)
+    return _replay(placement, args)
+
+
+# -- shared -------------------------------------------------------------------
+
+
+def _port_of(address: str) -> int:
+    return cluster.split_address(address, where="cluster address")[1]
+
+
+def _hosts(placement: Placement) -> list[str]:
+    return sorted(
+        {
+            cluster.split_address(a, where="cluster")[0]
+            for _, addresses in placement.cluster.jobs
+            for a in addresses
+        }
+    )
+
+
+def _tls(placement: Placement, args: argparse.Namespace) -> Any:
+    """The run's TLS files when --tls (one certificate naming every cluster host)."""
+    if not args.tls:
+        return None
+    from tf_grpc_bench.replay import tls
+
+    if not args.tls_dir:
+        raise UsageError("role --tls needs --tls-dir DIR, a directory every task can read")
+    return tls.ensure_tls_files(Path(args.tls_dir), hosts=_hosts(placement))
+
+
+def _gather_credentials(files: Any) -> tuple[Any, Any]:
+    if files is None:
+        return None, None
+    from tf_grpc_bench.replay import tls
+
+    return tls.server_credentials(files), tls.channel_credentials(files)
+
+
+class _Stop:
+    """SIGTERM (a launcher ending the job) ends a serving task cleanly."""
+
+    def __init__(self) -> None:
+        self.event = threading.Event()
+
+    def __enter__(self) -> _Stop:
+        self._old = signal.signal(signal.SIGTERM, self._handle)
+        return self
+
+    def _handle(self, _signum: int, _frame: FrameType | None) -> None:
+        self.event.set()
+
+    def __exit__(self, *_exc: object) -> None:
+        signal.signal(signal.SIGTERM, self._old)
+
+
+# -- ps --------------------------------------------------------------------------
+
+
+def _serve(placement: Placement, args: argparse.Namespace) -> int:
+    from tf_grpc_bench.replay import cli as replay_cli
+    from tf_grpc_bench.replay.server import ReplayServer
+    from tf_grpc_bench.replay.workload import Mode
+
+    settings = replay_cli._grpc_settings(args)
+    files = _tls(placement, args)
+    material = (
+        None
+        if files is None
+        else (files.ca_cert_pem(), files.server_cert_pem(), files.server_key_pem())
+    )
+    server = ReplayServer(
+        mode=Mode(args.mode),
+        host="0.0.0.0",
+        port=_port_of(placement.address),
+        settings=replay_cli._server_settings(settings, material),
+    )
+    server.start()
+    print(f"{placement.task}: serving on {server.bind_address}", flush=True)
+    _, channel_credentials = _gather_credentials(files)
+    with _Stop() as stop:
+        waiter = threading.Thread(
+            target=lambda: (
+                gather.wait_until_job_done(
+                    placement.gatherer_address,
+                    timeout_s=args.job_timeout,
+                    credentials=channel_credentials,
+                ),
+                stop.event.set(),
+            ),
+            daemon=True,
+        )
+        waiter.start()
+        try:
+            stop.event.wait()
+        except KeyboardInterrupt:
+            pass
+        finally:
+            stats = server.stats()
+            server.stop(1.0)
+    print(
+        f"{placement.task}: stopped; received {stats.received_messages} messages, "
+        f"{stats.received_bytes} bytes",
+        flush=True,
+    )
+    return 0
+
+
+# -- worker ------------------------------------------------------------------------
+
+
+def _worker_request(placement: Placement, args: argparse.Namespace) -> Any:
+    """The replay request of this worker: the cluster's ps tasks as targets."""
+    from tf_grpc_bench.replay import cli as replay_cli
+
+    ps = placement.ps_addresses
+    worker_args = argparse.Namespace(**vars(args))
+    worker_args.target = ",".join(ps)
+    request = replay_cli.build_request(worker_args)
+    if request.trace_path is None:
+        # The synthetic workload, shaped like the cluster unless told otherwise.
+        if args.workers is None:
+            worker_args.workers = placement.worker_count
+        if args.ps is None:
+            worker_args.ps = len(ps)
+        request = replay_cli.build_request(worker_args)
+    for workload in request.workloads:
+        if (
+            workload.benchmark is Benchmark.PS_THROUGHPUT
+            and workload.worker_count < placement.worker_count
+        ):
+            raise ConfigError(
+                f"the workload has {workload.worker_count} worker(s), the cluster "
+                f"{placement.worker_count}: each cluster worker replays one of the workload's"
+            )
+    return request
+
+
+def _measure(placement: Placement, args: argparse.Namespace, files: Any) -> str:
+    """Replay this worker's part; returns its result document as JSON text."""
+    from tf_grpc_bench.replay import cli as replay_cli
+    from tf_grpc_bench.replay.runner import run_benchmark
+
+    request = _worker_request(placement, args)
+    index = placement.task.index
+    material = (
+        None
+        if files is None
+        else (files.ca_cert_pem(), files.server_cert_pem(), files.server_key_pem())
+    )
+    channel_settings = replay_cli._channel_settings(request.grpc, material)
+    _, channel_credentials = _gather_credentials(files)
+    measured: list[BenchmarkResult] = []
+    assert request.targets is not None
+    for workload, pacing in zip(request.workloads, request.pacings, strict=True):
+        if workload.benchmark is Benchmark.PS_THROUGHPUT:
+            gather.barrier(
+                placement.gatherer_address,
+                name=workload.benchmark.value,
+                task=str(placement.task),
+                timeout_s=args.job_timeout,
+                credentials=channel_credentials,
+            )
+            workload = _only_worker(workload, index)
+        elif index != 0:
+            continue  # P2P benchmarks: one worker, as the paper defines them.
+        result = run_benchmark(
+            workload,
+            request.targets,
+            pacing=pacing,
+            plan=request.plan,
+            settings=channel_settings,
+            parameters={**request.grpc_parameters, "task": str(placement.task)},
+        )
+        measured.append(_with_worker_index(result, index))
+        if result.partial:
+            break
+    network = netinfo.describe_network(request.targets, name=getattr(args, "network_name", ""))
+    config = {
+        **request.config,
+        "placement": "cluster",
+        "task": str(placement.task),
+        "cluster": json.dumps(placement.cluster.as_dict(), sort_keys=True),
+    }
+    document = results.build_document(
+        measured, config=config, trace_path=request.trace_path, network=network
+    )
+    return results.dumps_document(document)
+
+
+def _only_worker(workload: Any, index: int) -> Any:
+    """Worker ``index``'s calls as a one-worker workload (this process is that worker)."""
+    steps = tuple(
+        replace(
+            step,
+            calls=tuple(replace(c, worker_index=0) for c in step.calls if c.worker_index == index),
+        )
+        for step in workload.steps
+    )
+    return replace(workload, steps=steps, worker_count=1)
+
+
+def _with_worker_index(result: BenchmarkResult, worker: int) -> BenchmarkResult:
+    """Samples carry the cluster worker's index, so merged runs tell workers apart."""
+    runs = tuple(
+        replace(run, samples=tuple(replace(s, worker_index=worker) for s in run.samples))
+        for run in result.runs
+    )
+    return replace(result, runs=runs)
+
+
+def _replay(placement: Placement, args: argparse.Namespace) -> int:
+    files = _tls(placement, args)
+    _, channel_credentials = _gather_credentials(files)
+    task = str(placement.task)
+    try:
+        document = _measure(placement, args, files)
+    except Exception as error:
+        # Tell the gatherer rather than leave it waiting, then fail as usual.
+        with contextlib.suppress(TransportError):
+            gather.submit(
+                placement.gatherer_address,
+                task=task,
+                error=str(error) or type(error).__name__,
+                credentials=channel_credentials,
+            )
+        raise
+    gather.submit(
+        placement.gatherer_address,
+        task=task,
+        document=document,
+        timeout_s=args.job_timeout,
+        credentials=channel_credentials,
+    )
+    print(f"{task}: results sent to {placement.gatherer_address}", flush=True)
+    return 0
+
+
+# -- gatherer ------------------------------------------------------------------------
+
+
+def _index(task: str) -> int:
+    return int(task.rpartition(":")[2])
+
+
+def merge_worker_documents(
+    documents: Mapping[str, results.ResultDocument], *, failures: Mapping[str, str] | None = None
+) -> tuple[list[BenchmarkResult], str]:
+    """One set of results from the workers' documents (keyed ``worker:<i>``).
+
+    P2P results come from worker 0.  PS-throughput run ``k`` merges every
+    worker's run ``k``: all samples; the longest duration (the workers started
+    together at a barrier, so the aggregate rate is all calls over the longest
+    run); client CPU summed; server CPU the largest figure any worker read (all
+    read the same servers over about the same window).  Returns the results
+    and a reason when the merge is partial ("" otherwise).  Pure.
+    """
+    ordered = sorted(documents.items(), key=lambda item: _index(item[0]))
+    reasons = [f"{task}: {error}" for task, error in sorted((failures or {}).items())]
+    merged: list[BenchmarkResult] = []
+    first = ordered[0][1] if ordered else None
+    if first is not None:
+        merged += [r for r in first.benchmarks if r.benchmark is not Benchmark.PS_THROUGHPUT]
+    throughput = [
+        (task, r)
+        for task, document in ordered
+        for r in document.benchmarks
+        if r.benchmark is Benchmark.PS_THROUGHPUT
+    ]
+    if throughput:
+        run_count = min(len(r.runs) for _, r in throughput)
+        runs = []
+        for k in range(run_count):
+            parts: Sequence[RunMeasurement] = [r.runs[k] for _, r in throughput]
+            partial = [p for p in parts if p.partial]
+            runs.append(
+                RunMeasurement(
+                    run_index=k,
+                    duration_ns=max(p.duration_ns for p in parts),
+                    samples=tuple(s for p in parts for s in p.samples),
+                    step_times_ns=tuple(t for p in parts for t in p.step_times_ns),
+                    client_cpu_ns=sum(p.client_cpu_ns for p in parts),
+                    server_cpu_ns=max(p.server_cpu_ns for p in parts),
+                    partial=bool(partial),
+                    partial_reason=partial[0].partial_reason if partial else "",
+                )
+            )
+        base = throughput[0][1]
+        parameters = {k: v for k, v in base.parameters.items() if k not in ("task", "targets")} | {
+            "cluster_workers": len(throughput),
+            "targets": ",".join(
+                sorted({str(r.parameters.get("targets", "")) for _, r in throughput})
+            ),
+        }
+        partial_runs = [run for run in runs if run.partial]
+        merged.append(
+            BenchmarkResult(
+                benchmark=Benchmark.PS_THROUGHPUT,
+                workload=base.workload,
+                parameters=parameters,
+                runs=tuple(runs),
+                partial=bool(partial_runs) or bool(reasons),
+                partial_reason=(partial_runs[0].partial_reason if partial_runs else "")
+                or "; ".join(reasons),
+            )
+        )
+    return merged, "; ".join(reasons)
+
+
+def _gather(placement: Placement, args: argparse.Namespace) -> int:
+    from tf_grpc_bench.replay import tensorboard_output
+
+    files = _tls(placement, args)
+    server_credentials, _ = _gather_credentials(files)
+    workers = [f"worker:{i}" for i in range(placement.worker_count)]
+    replay_thread: threading.Thread | None = None
+    errors: list[BaseException] = []
+    with gather.GatherServer(
+        bind=f"0.0.0.0:{_port_of(placement.gatherer_address)}",
+        workers=workers,
+        credentials=server_credentials,
+        barrier_timeout_s=args.job_timeout,
+    ) as server:
+        print(f"{placement.task}: gathering from {len(workers)} workers", flush=True)
+        if Role.REPLAY in placement.roles:
+
+            def replay() -> None:
+                try:
+                    _replay(placement, args)
+                except BaseException as error:  # reported after the gather below
+                    errors.append(error)
+
+            replay_thread = threading.Thread(target=replay, name="worker-0")
+            replay_thread.start()
+        texts, failures = server.wait(timeout_s=args.job_timeout)
+        if replay_thread is not None:
+            replay_thread.join()
+    documents = {
+        task: results.loads_document(text, source=f"results of {task}")
+        for task, text in texts.items()
+    }
+    missing = sorted(set(workers) - set(documents) - set(failures))
+    all_failures = {**failures, **{task: "sent no results in time" for task in missing}}
+    merged, reason = merge_worker_documents(documents, failures=all_failures)
+    first = min(documents.items(), key=lambda item: _index(item[0]))[1] if documents else None
+    config = dict(first.config) if first else {}
+    config.pop("task", None)
+    config["cluster_workers"] = placement.worker_count
+    trace_path = Path(str(config["trace"])) if "trace" in config else None
+    document = results.build_document(
+        merged,
+        config=config,
+        trace_path=trace_path,
+        network=first.network if first else None,
+        partial=bool(reason),
+        partial_reason=reason,
+    )
+    run_directory = results.new_run_directory(args.output_dir, "cluster")
+    path = results.write_document(document, run_directory / results.RESULTS_FILE_NAME)
+    tensorboard_output.write_run(document, run_directory / "tensorboard")
+    print(f"results: {path}")
+    print(f"view:    tensorboard --logdir {run_directory / 'tensorboard'}")
+    if errors:
+        raise errors[0]
+    if document.partial:
+        raise TransportError(f"partial results written to {run_directory}: {reason}")
+    return 0
