@@ -27,8 +27,9 @@ Serialized mode (``protos/bench.proto``):
 * pull: ``PullRequest{response_bytes, tensor_name, padding}`` padded to the
   recorded request length, answered by ``PullResponse{content}`` whose length
   makes the whole message the recorded response length.  A few lengths cannot
-  be encoded exactly (1 byte, and one length just past each varint-size step,
-  e.g. 130 B); those go one byte short and the call records what was sent.
+  be encoded exactly: 1 and 2 bytes (sent as an empty message), and one length
+  just past each varint-size step (e.g. 130 B, sent one byte short).  The call
+  records what is sent.
 
 From a trace to calls (DESIGN.md section 4)
 -------------------------------------------

@@ -1,0 +1,190 @@
+"""The paper's payload generators: sizes, proportions, reproducibility, evenness."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from tf_grpc_bench.replay.generators import (
+    BufferSizes,
+    GeneratorConfig,
+    GeneratorKind,
+    category_sequence,
+    generate_payloads,
+)
+
+from tf_grpc_bench.errors import ConfigError
+from tf_grpc_bench.sizes import KIB, MIB, SizeCategory, classify
+
+SMALL, MEDIUM, LARGE = SizeCategory.SMALL, SizeCategory.MEDIUM, SizeCategory.LARGE
+
+_category_sets = st.sets(st.sampled_from(list(SizeCategory)), min_size=1).map(
+    lambda chosen: tuple(c for c in SizeCategory if c in chosen)
+)
+
+
+@st.composite
+def _configs(draw: st.DrawFn) -> GeneratorConfig:
+    kind = draw(st.sampled_from(list(GeneratorKind)))
+    categories = draw(_category_sets)
+    return GeneratorConfig(
+        kind=kind,
+        categories=categories,
+        buffers_per_payload=draw(st.integers(1, 12)),
+        seed=draw(st.integers(0, 2**32)),
+        random_sizes=draw(st.booleans()),
+        skew_bias=draw(st.sampled_from(categories)) if kind is GeneratorKind.SKEW else None,
+        payload_count=draw(st.integers(1, 6)),
+    )
+
+
+@settings(max_examples=60, deadline=None)
+@given(_configs())
+def test_every_buffer_lies_in_a_chosen_category_range(config: GeneratorConfig) -> None:
+    payloads = generate_payloads(config)
+    assert len(payloads) == config.payload_count
+    for payload in payloads:
+        assert len(payload) == config.buffers_per_payload
+        for size in payload:
+            category = classify(size)
+            assert category in config.categories
+            assert category.minimum_bytes <= size <= category.maximum_bytes
+
+
+def test_default_sizes_are_the_papers() -> None:
+    payloads = generate_payloads(GeneratorConfig(payload_count=3))
+    assert set(size for payload in payloads for size in payload) == {10, 10 * KIB, MIB}
+
+
+def test_configured_sizes_are_used_for_every_buffer_of_their_category() -> None:
+    sizes = BufferSizes(small_bytes=100, medium_bytes=64 * KIB, large_bytes=4 * MIB)
+    config = GeneratorConfig(kind=GeneratorKind.RANDOM, sizes=sizes, payload_count=20)
+    assert set(s for p in generate_payloads(config) for s in p) == {100, 64 * KIB, 4 * MIB}
+
+
+@pytest.mark.parametrize(
+    ("category", "size"),
+    [(SMALL, 0), (SMALL, KIB), (MEDIUM, KIB - 1), (MEDIUM, MIB), (LARGE, 10 * MIB + 1)],
+)
+def test_a_configured_size_outside_its_category_is_refused(
+    category: SizeCategory, size: int
+) -> None:
+    with pytest.raises(ConfigError, match=f"--{category.value}-size"):
+        BufferSizes(**{f"{category.value}_bytes": size})
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    categories=_category_sets,
+    count=st.integers(1, 400),
+)
+def test_uniform_deals_chosen_categories_evenly_over_every_prefix(
+    categories: tuple[SizeCategory, ...], count: int
+) -> None:
+    config = GeneratorConfig(kind=GeneratorKind.UNIFORM, categories=categories)
+    counts: Counter[SizeCategory] = Counter()
+    for category in category_sequence(config, count):
+        counts[category] += 1
+        values = [counts[c] for c in categories]
+        assert max(values) - min(values) <= 1
+
+
+@pytest.mark.parametrize(
+    ("bias", "expected"),
+    [
+        (LARGE, {LARGE: 6, MEDIUM: 3, SMALL: 1}),
+        (MEDIUM, {MEDIUM: 6, LARGE: 3, SMALL: 1}),
+        (SMALL, {SMALL: 6, MEDIUM: 3, LARGE: 1}),
+    ],
+)
+def test_skew_with_all_categories_gives_every_ten_buffer_payload_60_30_10(
+    bias: SizeCategory, expected: dict[SizeCategory, int]
+) -> None:
+    config = GeneratorConfig(kind=GeneratorKind.SKEW, skew_bias=bias, payload_count=50)
+    for payload in generate_payloads(config):
+        assert Counter(classify(size) for size in payload) == expected
+
+
+def test_skew_defaults_to_large_bias() -> None:
+    config = GeneratorConfig(kind=GeneratorKind.SKEW)
+    assert config.effective_skew_bias is LARGE
+    assert dict(config.skew_shares()) == {LARGE: 6, MEDIUM: 3, SMALL: 1}
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    categories=_category_sets,
+    data=st.data(),
+    buffers=st.integers(1, 13),
+    payloads=st.integers(1, 60),
+)
+def test_skew_proportions_hold_within_one_buffer_over_many_payloads(
+    categories: tuple[SizeCategory, ...], data: st.DataObject, buffers: int, payloads: int
+) -> None:
+    bias = data.draw(st.sampled_from(categories))
+    config = GeneratorConfig(
+        kind=GeneratorKind.SKEW,
+        categories=categories,
+        skew_bias=bias,
+        buffers_per_payload=buffers,
+        payload_count=payloads,
+    )
+    shares = dict(config.skew_shares())
+    total_share = sum(shares.values())
+    sizes = [s for p in generate_payloads(config) for s in p]
+    counts = Counter(classify(s) for s in sizes)
+    for category, share in shares.items():
+        assert abs(counts[category] - len(sizes) * share / total_share) < 1
+    assert counts[bias] == max(counts.values())
+
+
+@settings(max_examples=30, deadline=None)
+@given(_configs())
+def test_the_same_configuration_gives_the_same_payloads(config: GeneratorConfig) -> None:
+    assert generate_payloads(config) == generate_payloads(config)
+
+
+def test_random_payloads_change_with_the_seed() -> None:
+    first = GeneratorConfig(kind=GeneratorKind.RANDOM, seed=1, payload_count=5)
+    second = GeneratorConfig(kind=GeneratorKind.RANDOM, seed=2, payload_count=5)
+    assert generate_payloads(first) != generate_payloads(second)
+
+
+def test_random_draws_each_category_with_equal_probability() -> None:
+    config = GeneratorConfig(kind=GeneratorKind.RANDOM, seed=7)
+    draws = Counter(category_sequence(config, 30_000))
+    # Binomial(30000, 1/3): standard deviation ~82; 5 sigma is ~410.
+    for category in SizeCategory:
+        assert abs(draws[category] - 10_000) < 410
+
+
+def test_random_sizes_spread_over_the_whole_category_range() -> None:
+    config = GeneratorConfig(
+        kind=GeneratorKind.UNIFORM, categories=(SMALL,), random_sizes=True, payload_count=100
+    )
+    sizes = [s for p in generate_payloads(config) for s in p]
+    assert min(sizes) < 100 and max(sizes) > 900
+    assert len(set(sizes)) > 500
+
+
+@pytest.mark.parametrize(
+    ("arguments", "flag"),
+    [
+        ({"buffers_per_payload": 0}, "--buffers"),
+        ({"payload_count": 0}, "--payloads"),
+        ({"categories": ()}, "--categories"),
+        ({"seed": -1}, "--seed"),
+        ({"skew_bias": SMALL}, "--skew-bias"),
+        (
+            {"kind": GeneratorKind.SKEW, "categories": (MEDIUM, LARGE), "skew_bias": SMALL},
+            "--skew-bias",
+        ),
+    ],
+)
+def test_nonsense_generator_settings_are_refused_naming_the_flag(
+    arguments: dict[str, object], flag: str
+) -> None:
+    with pytest.raises(ConfigError, match=flag):
+        GeneratorConfig(**arguments)  # type: ignore[arg-type]

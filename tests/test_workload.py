@@ -1,0 +1,363 @@
+"""Workloads from the paper's generators and from traces, message layouts, and pacing (pure)."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from tf_grpc_bench.protos import bench_pb2
+from tf_grpc_bench.replay.generators import GeneratorConfig, GeneratorKind, generate_payloads
+from tf_grpc_bench.replay.measurement import Benchmark
+from tf_grpc_bench.replay.pacing import (
+    Pacing,
+    Timing,
+    may_issue,
+    next_step_begin_ns,
+    release_time_ns,
+)
+from tf_grpc_bench.replay.wire import PayloadBytes, serialized_payload, serialized_pull_request
+from tf_grpc_bench.replay.workload import (
+    ECHO_METHOD,
+    PUSH_METHOD,
+    Call,
+    Mode,
+    Shape,
+    ack_message_bytes,
+    choose_pair,
+    parse_pair,
+    pull_call,
+    pull_response_content_bytes,
+    synthetic_workload,
+    trace_roles,
+    trace_workload,
+    uint_field_bytes,
+)
+
+from tf_grpc_bench.errors import ConfigError, TraceError
+from tf_grpc_bench.trace import RECV_TENSOR, Rpc, RunMetadata, Step, Task, Trace
+
+from .conftest import make_trace
+
+RUN_GRAPH = "/tensorflow.WorkerService/RunGraph"
+
+
+def _rpc(method: str, caller: int, callee: int, request: int, response: int, start: int) -> Rpc:
+    return Rpc(
+        method=method,
+        caller_task=caller,
+        callee_task=callee,
+        request_bytes=request,
+        response_bytes=response,
+        start_ns=start,
+        end_ns=start + 1_000,
+    )
+
+
+def _ps_trace() -> Trace:
+    """ps:0, ps:1, worker:0, worker:1, chief:0.  Per step: weights pulled by workers,
+    gradients pulled by the ps from the workers, chief control calls to workers, ps-to-ps."""
+    tasks = (
+        Task(job="ps", index=0),
+        Task(job="ps", index=1),
+        Task(job="worker", index=0),
+        Task(job="worker", index=1),
+        Task(job="chief", index=0),
+    )
+    steps = []
+    for number in range(2):
+        base = 1_000_000 * (number + 1)
+        rpcs = (
+            _rpc(RECV_TENSOR, 2, 0, 120, 4_000_000, base + 0),  # worker:0 pulls from ps:0
+            _rpc(RECV_TENSOR, 2, 0, 121, 300, base + 100),  # overlapping: outstanding 1
+            _rpc(RECV_TENSOR, 3, 1, 122, 2_000, base + 200),  # worker:1 pulls from ps:1
+            _rpc(RECV_TENSOR, 0, 2, 130, 4_000_000, base + 3_000),  # ps:0 pulls worker:0's grad
+            _rpc(RUN_GRAPH, 4, 2, 500, 60, base + 5_000),  # chief -> worker: dropped
+            _rpc(RECV_TENSOR, 0, 1, 90, 7, base + 6_000),  # ps -> ps: dropped
+        )
+        steps.append(Step(index=number, start_ns=base, end_ns=base + 900_000, rpcs=rpcs))
+    return Trace(metadata=RunMetadata(model="toy"), tasks=tasks, steps=tuple(steps))
+
+
+# --------------------------------------------------------------------------
+# Synthetic workloads.
+
+
+@pytest.mark.parametrize("mode", list(Mode))
+def test_synthetic_latency_echoes_each_generated_payload(mode: Mode) -> None:
+    generator = GeneratorConfig(kind=GeneratorKind.SKEW, payload_count=4)
+    workload = synthetic_workload(Benchmark.P2P_LATENCY, generator, mode=mode)
+    payloads = generate_payloads(generator)
+    assert [c.buffers for c in workload.calls] == list(payloads)
+    cache = PayloadBytes()
+    for call, payload in zip(workload.calls, payloads, strict=True):
+        assert call.shape is Shape.ECHO and call.method == ECHO_METHOD
+        assert call.request_bytes == call.response_bytes
+        if mode is Mode.NON_SERIALIZED:
+            assert call.request_bytes == sum(payload)
+        else:
+            assert call.request_bytes == serialized_payload(payload, cache).ByteSize()
+
+
+@pytest.mark.parametrize("mode", list(Mode))
+def test_synthetic_bandwidth_pushes_payloads_and_expects_a_small_ack(mode: Mode) -> None:
+    workload = synthetic_workload(Benchmark.P2P_BANDWIDTH, GeneratorConfig(), mode=mode)
+    for call in workload.calls:
+        assert call.shape is Shape.ACK and call.method == PUSH_METHOD
+        if mode is Mode.NON_SERIALIZED:
+            assert call.response_bytes == 8
+        else:
+            expected = bench_pb2.Ack(received_bytes=call.request_bytes).ByteSize()
+            assert call.response_bytes == expected == ack_message_bytes(call.request_bytes)
+
+
+def test_synthetic_throughput_sends_every_payload_from_every_worker_to_every_ps() -> None:
+    generator = GeneratorConfig(payload_count=3)
+    workload = synthetic_workload(
+        Benchmark.PS_THROUGHPUT, generator, mode=Mode.NON_SERIALIZED, ps_count=3, worker_count=2
+    )
+    assert workload.server_count == 3 and workload.worker_count == 2
+    pairs = [(c.worker_index, c.server_index) for c in workload.calls]
+    assert sorted(set(pairs)) == [(w, s) for w in range(2) for s in range(3)]
+    assert all(pairs.count(pair) == 3 for pair in set(pairs))
+    assert len(workload.for_worker(1).calls) == 9
+    assert {c.worker_index for c in workload.for_worker(1).calls} == {1}
+
+
+def test_point_to_point_synthetic_workloads_use_one_worker_and_one_ps() -> None:
+    workload = synthetic_workload(
+        Benchmark.P2P_LATENCY, GeneratorConfig(), mode=Mode.NON_SERIALIZED, ps_count=4
+    )
+    assert workload.server_count == 1 and workload.servers_used == (0,)
+
+
+def test_zero_ps_or_workers_is_refused() -> None:
+    with pytest.raises(ConfigError, match="--ps"):
+        synthetic_workload(
+            Benchmark.PS_THROUGHPUT, GeneratorConfig(), mode=Mode.SERIALIZED, ps_count=0
+        )
+    with pytest.raises(ConfigError, match="--workers"):
+        synthetic_workload(
+            Benchmark.PS_THROUGHPUT, GeneratorConfig(), mode=Mode.SERIALIZED, worker_count=0
+        )
+
+
+# --------------------------------------------------------------------------
+# Serialized pull layouts agree with real protobuf encoding.
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    request_bytes=st.integers(0, 70_000),
+    response_bytes=st.integers(0, 3_000_000),
+    name=st.text(max_size=40),
+)
+def test_serialized_pull_messages_encode_to_the_sizes_the_call_states(
+    request_bytes: int, response_bytes: int, name: str
+) -> None:
+    call = pull_call(
+        method=RECV_TENSOR,
+        request_bytes=request_bytes,
+        response_bytes=response_bytes,
+        mode=Mode.SERIALIZED,
+        tensor_name=name,
+    )
+    request = serialized_pull_request(
+        call.request_bytes, call.response_bytes, call.tensor_name, PayloadBytes()
+    )
+    assert request.ByteSize() == call.request_bytes
+    response = bench_pb2.PullResponse(content=bytes(request.response_bytes))
+    assert response.ByteSize() == call.response_bytes
+    # Exact, or one byte short where protobuf cannot encode the length (1 and 2 B: empty).
+    if response_bytes > 2:
+        assert response_bytes - 1 <= call.response_bytes <= response_bytes
+    else:
+        assert call.response_bytes == 0
+    # The request always carries the response length; padding fills the rest.
+    base = uint_field_bytes(request.response_bytes)
+    if request_bytes >= base + 3:
+        assert request_bytes - 1 <= call.request_bytes <= request_bytes
+    else:
+        assert base <= call.request_bytes <= max(request_bytes, base)
+
+
+def test_a_pull_response_length_protobuf_cannot_encode_goes_one_byte_short() -> None:
+    # 1 tag byte + 1 length byte + 127 content = 129; 128 content needs 2 length bytes = 131.
+    assert pull_response_content_bytes(129) == 127
+    assert pull_response_content_bytes(130) == 127
+    assert pull_response_content_bytes(131) == 128
+
+
+def test_non_serialized_pulls_keep_the_exact_sizes() -> None:
+    call = pull_call(method="/a.B/C", request_bytes=3, response_bytes=129, mode=Mode.NON_SERIALIZED)
+    assert (call.request_bytes, call.response_bytes) == (3, 129)
+
+
+# --------------------------------------------------------------------------
+# From a trace.
+
+
+def test_roles_make_ps_tasks_servers_and_their_peers_clients() -> None:
+    trace = _ps_trace()
+    roles = trace_roles(trace)
+    assert roles.server_tasks == (0, 1)
+    assert roles.client_tasks == (2, 3)  # the chief only talks to workers: not a client
+
+
+def test_throughput_replays_every_worker_ps_rpc_with_sizes_order_and_fan_out() -> None:
+    trace = _ps_trace()
+    workload = trace_workload(trace, Benchmark.PS_THROUGHPUT, mode=Mode.NON_SERIALIZED)
+    assert workload.server_count == 2 and workload.worker_count == 2
+    assert len(workload.steps) == 2
+    step = workload.steps[0]
+    described = [
+        (c.method, c.worker_index, c.server_index, c.request_bytes, c.response_bytes)
+        for c in step.calls
+    ]
+    assert described == [
+        (RECV_TENSOR, 0, 0, 120, 4_000_000),
+        (RECV_TENSOR, 0, 0, 121, 300),
+        (RECV_TENSOR, 1, 1, 122, 2_000),
+        # ps:0 pulled worker:0's gradient: worker:0 sends it to ps:0, sizes swapped.
+        (RECV_TENSOR, 0, 0, 4_000_000, 130),
+    ]
+    assert [c.reversed_direction for c in step.calls] == [False, False, False, True]
+    assert [c.offset_ns for c in step.calls] == [0, 100, 200, 3_000]
+    assert [c.outstanding_at_start for c in step.calls] == [0, 1, 0, 0]
+    assert all(c.shape is Shape.PULL and c.step == 0 for c in step.calls)
+    assert step.period_ns == 1_000_000
+    parameters = workload.parameters()
+    assert parameters["dropped_rpcs_per_pass"] == 4  # chief->worker and ps->ps, twice
+    assert parameters["reversed_calls_per_pass"] == 2
+
+
+def test_point_to_point_defaults_to_the_pair_that_moved_most_bytes() -> None:
+    trace = _ps_trace()
+    assert choose_pair(trace) == (2, 0)
+    workload = trace_workload(trace, Benchmark.P2P_LATENCY, mode=Mode.NON_SERIALIZED)
+    assert workload.worker_count == 1
+    assert {c.server_index for c in workload.calls} == {0}
+    assert len(workload.steps[0].calls) == 3
+    assert workload.parameters()["pair"] == "/job:worker/task:0->/job:ps/task:0"
+
+
+def test_a_chosen_pair_is_replayed_on_its_own_ps_server_index() -> None:
+    trace = _ps_trace()
+    pair = parse_pair("worker:1,ps:1", trace)
+    assert pair == (3, 1)
+    workload = trace_workload(trace, Benchmark.P2P_BANDWIDTH, mode=Mode.NON_SERIALIZED, pair=pair)
+    assert workload.server_count == 2 and workload.servers_used == (1,)
+    assert [c.response_bytes for c in workload.calls] == [2_000, 2_000]
+
+
+@pytest.mark.parametrize("text", ["worker:0", "worker:9,ps:0", "ps:0,worker:0", "chief:0,ps:0"])
+def test_a_pair_that_is_not_a_worker_ps_pair_of_the_trace_is_refused(text: str) -> None:
+    trace = _ps_trace()
+    with pytest.raises(ConfigError, match="--pair"):
+        pair = parse_pair(text, trace)
+        trace_workload(trace, Benchmark.P2P_LATENCY, mode=Mode.NON_SERIALIZED, pair=pair)
+
+
+def test_a_trace_without_ps_serves_every_called_task() -> None:
+    tasks = (Task(job="worker", index=0), Task(job="worker", index=1))
+    rpcs = (
+        _rpc("/tensorflow.WorkerService/RecvBuf", 0, 1, 80, 5_000, 10),
+        _rpc("/tensorflow.WorkerService/RecvBuf", 1, 0, 80, 5_000, 20),
+    )
+    trace = Trace(
+        metadata=RunMetadata(),
+        tasks=tasks,
+        steps=(Step(index=0, start_ns=0, end_ns=100, rpcs=rpcs),),
+    )
+    workload = trace_workload(trace, Benchmark.PS_THROUGHPUT, mode=Mode.NON_SERIALIZED)
+    assert workload.server_count == 2 and workload.worker_count == 2
+    assert [(c.worker_index, c.server_index) for c in workload.calls] == [(0, 1), (1, 0)]
+    assert not any(c.reversed_direction for c in workload.calls)
+
+
+def test_a_trace_without_steady_state_rpcs_is_refused() -> None:
+    trace = Trace(metadata=RunMetadata(), tasks=(Task(job="ps", index=0),), steps=())
+    with pytest.raises(TraceError, match="no RPCs"):
+        trace_workload(trace, Benchmark.P2P_LATENCY, mode=Mode.NON_SERIALIZED)
+
+
+def test_the_conftest_trace_replays_every_rpc_in_both_modes() -> None:
+    trace = make_trace(steps=3, workers=2, ps=2)
+    for mode in Mode:
+        workload = trace_workload(trace, Benchmark.PS_THROUGHPUT, mode=mode)
+        assert len(workload.calls) == sum(len(s.rpcs) for s in trace.steps)
+    raw = trace_workload(trace, Benchmark.PS_THROUGHPUT, mode=Mode.NON_SERIALIZED)
+    recorded = [(r.request_bytes, r.response_bytes) for s in trace.steps for r in s.rpcs]
+    assert [(c.request_bytes, c.response_bytes) for c in raw.calls] == recorded
+
+
+# --------------------------------------------------------------------------
+# Pacing (pure).
+
+
+def _call(offset_ns: int = 0, outstanding: int = 0) -> Call:
+    return Call(
+        shape=Shape.PULL,
+        method="/a.B/C",
+        request_bytes=1,
+        response_bytes=1,
+        offset_ns=offset_ns,
+        outstanding_at_start=outstanding,
+    )
+
+
+def test_asap_releases_calls_at_once_within_its_window() -> None:
+    pacing = Pacing(window=2)
+    call = _call()
+    assert release_time_ns(pacing, call, call_number=5, step_begin_ns=10, run_begin_ns=0) is None
+    assert may_issue(pacing, call, in_flight=1, in_flight_to_server=1)
+    assert not may_issue(pacing, call, in_flight=2, in_flight_to_server=0)
+
+
+def test_recorded_window_keeps_the_traces_per_pair_concurrency() -> None:
+    pacing = Pacing(window=None)
+    assert may_issue(pacing, _call(outstanding=1), in_flight=5, in_flight_to_server=1)
+    assert not may_issue(pacing, _call(outstanding=1), in_flight=5, in_flight_to_server=2)
+
+
+def test_recorded_pacing_releases_at_absolute_offsets_from_the_step_begin() -> None:
+    pacing = Pacing(timing=Timing.RECORDED, window=None, speedup=2.0)
+    call = _call(offset_ns=3_000)
+    assert release_time_ns(pacing, call, call_number=9, step_begin_ns=100, run_begin_ns=0) == 1_600
+    # A step begins at its recorded distance from the previous one, or when that one ends.
+    assert (
+        next_step_begin_ns(
+            pacing, previous_begin_ns=0, previous_end_ns=10, recorded_period_ns=1_000
+        )
+        == 500
+    )
+    assert (
+        next_step_begin_ns(
+            pacing, previous_begin_ns=0, previous_end_ns=900, recorded_period_ns=1_000
+        )
+        == 900
+    )
+
+
+def test_rate_pacing_spaces_calls_from_the_run_begin() -> None:
+    pacing = Pacing(timing=Timing.RATE, rate_per_s=1_000.0, window=None)
+    times = [
+        release_time_ns(pacing, _call(), call_number=n, step_begin_ns=0, run_begin_ns=50)
+        for n in range(3)
+    ]
+    assert times == [50, 1_000_050, 2_000_050]
+
+
+@pytest.mark.parametrize(
+    ("arguments", "flag"),
+    [
+        ({"window": 0}, "--outstanding"),
+        ({"timing": Timing.RATE}, "--rate"),
+        ({"rate_per_s": 5.0}, "--rate"),
+        ({"speedup": 0.0}, "--speedup"),
+    ],
+)
+def test_nonsense_pacing_is_refused_naming_the_flag(
+    arguments: dict[str, object], flag: str
+) -> None:
+    with pytest.raises(ConfigError, match=flag):
+        Pacing(**arguments)  # type: ignore[arg-type]
