@@ -6,9 +6,10 @@ import re
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
-from tf_grpc_bench.replay import netns
+from tf_grpc_bench.replay import netns, results
 
 pytestmark = pytest.mark.netns
 
@@ -90,7 +91,8 @@ def test_without_root_the_command_says_so_in_one_line() -> None:
         """
         import os, sys
         from tf_grpc_bench import cli
-        import tf_grpc_bench.replay.network_cli
+        cli.build_parser("network")  # imports done as root: nobody cannot read the venv
+        import logging, grpc
         os.setuid(65534)
         sys.exit(cli.main(["network", "up"]))
         """
@@ -101,3 +103,54 @@ def test_without_root_the_command_says_so_in_one_line() -> None:
     assert result.returncode == 5
     assert "need root" in result.stderr
     assert len(result.stderr.strip().splitlines()) == 1
+
+
+def test_compare_replays_across_rate_limited_links_under_their_rates(tmp_path: Path) -> None:
+    before = set(netns.list_namespaces())
+    result = tool(
+        "network",
+        "compare",
+        "--profiles",
+        "100mbit,200mbit",
+        "--synthetic",
+        "--benchmark",
+        "p2p-bandwidth",
+        "--categories",
+        "large",
+        "--buffers",
+        "1",
+        "--warmup",
+        "0.3",
+        "--duration",
+        "1.5",
+        "--runs",
+        "1",
+        "--output-dir",
+        str(tmp_path),
+        timeout_s=300,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert set(netns.list_namespaces()) <= before
+    (compare_dir,) = tmp_path.glob("*-compare")
+    assert (compare_dir / "comparison.md").read_text().count("| p2p-bandwidth |") == 2
+    assert "| 100mbit |" in result.stdout
+    for name, rate in (("100mbit", 100e6), ("200mbit", 200e6)):
+        (path,) = (compare_dir / name).glob("*/results.json")
+        document = results.read_document(path)
+        assert document.network is not None
+        assert document.network.name == name
+        assert document.network.emulated_rate_bits_per_s == rate
+        (interface,) = document.network.interfaces
+        assert interface.name == "eth0" and interface.namespace.startswith(netns.PREFIX)
+        assert list(path.parent.glob("tensorboard/p2p-bandwidth/events.out.tfevents.*"))
+        (bandwidth,) = document.benchmarks
+        ratio = bandwidth.bytes_per_s * 8 / rate
+        assert 0.3 <= ratio <= 1.1, f"{name}: {bandwidth.bytes_per_s * 8 / 1e6:.1f} Mbit/s"
+
+
+def test_compare_refuses_an_unknown_profile_before_making_anything() -> None:
+    before = set(netns.list_namespaces())
+    result = tool("network", "compare", "--profiles", "1gbit,warp9", "--synthetic")
+    assert result.returncode == 5
+    assert "unknown network profile 'warp9'" in result.stderr
+    assert set(netns.list_namespaces()) == before
