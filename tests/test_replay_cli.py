@@ -1,0 +1,278 @@
+"""``tf-grpc-bench serve`` and ``replay`` as a user runs them: subprocesses, output, exit codes."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from tf_grpc_bench.replay import results
+from tf_grpc_bench.replay.measurement import Benchmark
+
+from tf_grpc_bench import trace as trace_model
+
+from .conftest import make_trace
+
+COMMAND = str(Path(sys.executable).with_name("tf-grpc-bench"))
+TINY = ["--duration", "0.2", "--warmup", "0", "--runs", "1"]
+
+
+def _run(*arguments: str, cwd: Path, timeout: float = 180) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [COMMAND, *arguments],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def _document_from(output: str, cwd: Path) -> results.ResultDocument:
+    """The result document whose path the command printed (relative to its cwd)."""
+    line = next(line for line in output.splitlines() if line.startswith("results: "))
+    return results.read_document(cwd / line.removeprefix("results: ").strip())
+
+
+def test_synthetic_replay_runs_all_three_benchmarks_and_writes_results_and_tensorboard(
+    tmp_path: Path,
+) -> None:
+    completed = _run("replay", "--synthetic", *TINY, "--output-dir", "out", cwd=tmp_path)
+    assert completed.returncode == 0, completed.stderr
+    document = _document_from(completed.stdout, tmp_path)
+    assert [b.benchmark for b in document.benchmarks] == list(Benchmark)
+    assert not document.partial
+    for result in document.benchmarks:
+        run = result.runs[0]
+        assert run.server_received_bytes == run.request_bytes > 0
+    assert "tensorboard --logdir" in completed.stdout
+    logdir = tmp_path / completed.stdout.split("tensorboard --logdir ")[1].split()[0]
+    assert logdir.is_dir() and any(logdir.rglob("events.out.tfevents*"))
+    assert logdir.parent.parent == tmp_path / "out"
+    assert "p2p-latency" in completed.stdout  # the table
+
+
+def test_trace_replay_with_exact_steps_in_serialized_mode(tmp_path: Path) -> None:
+    path = tmp_path / "toy.tfgbtrace"
+    trace_model.write_trace(make_trace(steps=2, workers=2, ps=2), path)
+    completed = _run(
+        "replay",
+        str(path),
+        "--steps",
+        "2",
+        "--warmup",
+        "0",
+        "--runs",
+        "1",
+        "--mode",
+        "serialized",
+        "--quiet",
+        "--output-dir",
+        "out",
+        cwd=tmp_path,
+    )
+    assert completed.returncode == 0, completed.stderr
+    document = _document_from(completed.stdout, tmp_path)
+    assert document.trace is not None and document.trace.step_count == 2
+    throughput = document.benchmarks[-1]
+    assert throughput.benchmark is Benchmark.PS_THROUGHPUT
+    assert throughput.rpc_count == 2 * 2 * 2 * 3  # steps x workers x ps x tensors
+    assert throughput.parameters["mode"] == "serialized"
+
+
+@pytest.fixture
+def served(tmp_path: Path) -> Iterator[tuple[subprocess.Popen[str], str]]:
+    port = _free_port()
+    process = subprocess.Popen(
+        [COMMAND, "serve", "--host", "127.0.0.1", "--port", str(port)],
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert process.stdout is not None
+        line = process.stdout.readline()
+        assert f"127.0.0.1:{port}" in line, line + process.stderr.read()
+        yield process, f"127.0.0.1:{port}"
+    finally:
+        if process.poll() is None:
+            process.send_signal(signal.SIGTERM)
+            process.wait(timeout=30)
+
+
+def test_serve_answers_a_replay_from_another_process_then_stops_on_sigterm(
+    tmp_path: Path, served: tuple[subprocess.Popen[str], str]
+) -> None:
+    process, target = served
+    completed = _run(
+        "replay",
+        "--synthetic",
+        "--benchmark",
+        "p2p-latency",
+        "--target",
+        target,
+        *TINY,
+        "--quiet",
+        "--output-dir",
+        "out",
+        cwd=tmp_path,
+    )
+    assert completed.returncode == 0, completed.stderr
+    run = _document_from(completed.stdout, tmp_path).benchmarks[0].runs[0]
+    assert run.server_received_messages == run.rpc_count > 0
+    process.send_signal(signal.SIGTERM)
+    out, err = process.communicate(timeout=30)
+    assert process.returncode == 0, err
+    assert "stopped; received" in out
+
+
+def test_a_server_that_dies_mid_replay_leaves_partial_results_and_one_error_line(
+    tmp_path: Path, served: tuple[subprocess.Popen[str], str]
+) -> None:
+    process, target = served
+    replay = subprocess.Popen(
+        [
+            COMMAND,
+            "replay",
+            "--synthetic",
+            "--benchmark",
+            "p2p-bandwidth",
+            "--target",
+            target,
+            "--duration",
+            "60",
+            "--warmup",
+            "0",
+            "--runs",
+            "1",
+            "--deadline",
+            "5",
+            "--quiet",
+            "--output-dir",
+            "out",
+        ],
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    time.sleep(3)  # let it connect and measure for a while; nothing is asserted on time
+    process.kill()
+    out, err = replay.communicate(timeout=120)
+    assert replay.returncode == 3
+    assert err.count("\n") == 1 and "partial results written" in err and "Traceback" not in err
+    document = _document_from(out, tmp_path)
+    assert document.partial
+    assert document.benchmarks[0].runs[0].rpc_count > 0
+
+
+def test_serve_on_a_port_in_use_is_one_line_and_exit_3(tmp_path: Path) -> None:
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        port = holder.getsockname()[1]
+        completed = _run("serve", "--host", "127.0.0.1", "--port", str(port), cwd=tmp_path)
+    assert completed.returncode == 3
+    assert completed.stderr.count("\n") == 1 and str(port) in completed.stderr
+
+
+@pytest.mark.parametrize(
+    ("arguments", "culprit"),
+    [
+        (["--synthetic", "--runs", "0"], "--runs"),
+        (["--synthetic", "--duration", "0"], "--duration"),
+        (["--synthetic", "--warmup", "-1"], "--warmup"),
+        (["--synthetic", "--ps", "0"], "--ps"),
+        (["--synthetic", "--workers", "-2"], "--workers"),
+        (["--synthetic", "--buffers", "0"], "--buffers"),
+        (["--synthetic", "--small-size", "-5"], "--small-size"),
+        (["--synthetic", "--large-size", "20MB"], "--large-size"),
+        (["--synthetic", "--categories", "tiny"], "--categories"),
+        (["--synthetic", "--generator", "zipf"], "--generator"),
+        (["--synthetic", "--target", "nowhere"], "--target"),
+        (["--synthetic", "--target", "localhost:99999"], "--target"),
+        (["--synthetic", "--pacing", "recorded"], "--pacing recorded"),
+        (["--synthetic", "--pacing", "rate"], "--rate"),
+        (["--synthetic", "--rate", "5"], "--rate"),
+        (["--synthetic", "--steps", "3"], "--steps"),
+        (["--synthetic", "--outstanding", "0"], "--outstanding"),
+        (["--benchmark", "p2p-everything"], "--benchmark"),
+        (["--synthetic", "--seed", "-1"], "--seed"),
+    ],
+)
+def test_bad_flags_give_one_line_naming_the_flag_and_a_nonzero_exit(
+    tmp_path: Path, arguments: list[str], culprit: str
+) -> None:
+    completed = _run("replay", *arguments, "--output-dir", "out", cwd=tmp_path, timeout=60)
+    assert completed.returncode != 0
+    assert completed.stderr.count("\n") == 1, completed.stderr
+    assert culprit in completed.stderr and "Traceback" not in completed.stderr
+    assert not (tmp_path / "out").exists()
+
+
+def test_generator_flags_with_a_trace_are_refused(tmp_path: Path, small_trace_file: Path) -> None:
+    completed = _run("replay", str(small_trace_file), "--generator", "skew", cwd=tmp_path)
+    assert completed.returncode == 2
+    assert "--generator" in completed.stderr and completed.stderr.count("\n") == 1
+
+
+def test_an_unreachable_target_is_one_line_and_exit_3(tmp_path: Path) -> None:
+    completed = _run(
+        "replay",
+        "--synthetic",
+        "--target",
+        f"127.0.0.1:{_free_port()}",
+        "--connect-timeout",
+        "1",
+        *TINY,
+        "--output-dir",
+        "out",
+        cwd=tmp_path,
+        timeout=60,
+    )
+    assert completed.returncode == 3
+    assert completed.stderr.count("\n") == 1 and "no replay server" in completed.stderr
+
+
+@pytest.mark.parametrize("damage", ["missing", "empty", "truncated", "corrupt", "not-a-trace"])
+def test_bad_trace_files_give_one_line_naming_the_file(
+    tmp_path: Path, small_trace_file: Path, damage: str
+) -> None:
+    path = tmp_path / f"{damage}.tfgbtrace"
+    data = small_trace_file.read_bytes()
+    if damage == "empty":
+        path.write_bytes(b"")
+    elif damage == "truncated":
+        path.write_bytes(data[: len(data) // 2])
+    elif damage == "corrupt":
+        path.write_bytes(data[:20] + bytes(b ^ 0xFF for b in data[20:40]) + data[40:])
+    elif damage == "not-a-trace":
+        path.write_text("hello")
+    completed = _run("replay", str(path), *TINY, "--output-dir", "out", cwd=tmp_path, timeout=60)
+    assert completed.returncode == 2
+    assert completed.stderr.count("\n") == 1 and str(path) in completed.stderr
+    assert "Traceback" not in completed.stderr
+
+
+def test_replay_does_not_import_tensorflow() -> None:
+    code = (
+        "import sys; from tf_grpc_bench.replay import cli, runner, throughput, server; "
+        "print('tensorflow' in sys.modules)"
+    )
+    completed = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, env=os.environ
+    )
+    assert completed.stdout.strip() == "False"
