@@ -37,6 +37,10 @@ SUBMIT_METHOD = f"/{SERVICE}/Submit"
 STATUS_METHOD = f"/{SERVICE}/Status"
 
 
+def _identity(data: bytes) -> bytes:
+    return data
+
+
 def _decode(data: bytes, *, source: str) -> dict[str, Any]:
     try:
         value = json.loads(data)
@@ -184,7 +188,9 @@ def _call(
         else grpc.secure_channel(address, credentials, options=list(options))
     )
     with channel:
-        call = channel.unary_unary(method)
+        call = channel.unary_unary(
+            method, request_serializer=_identity, response_deserializer=_identity
+        )
         try:
             reply = call(json.dumps(message).encode(), timeout=timeout_s, wait_for_ready=True)
         except grpc.RpcError as error:

@@ -168,15 +168,15 @@ def _run_profile(
     if path is not None:
         try:
             document = results.read_document(path)
-        except ResultError as error:
+        except ResultError as unreadable:
             return ProfileOutcome(
-                profile=profile, results_path=path, document=None, error=str(error)
+                profile=profile, results_path=path, document=None, error=str(unreadable)
             )
-    error = ""
+    failure = ""
     if replay.returncode != 0:
         lines = replay.stderr.strip().splitlines()
-        error = lines[-1] if lines else f"replay exited with status {replay.returncode}"
-    return ProfileOutcome(profile=profile, results_path=path, document=document, error=error)
+        failure = lines[-1] if lines else f"replay exited with status {replay.returncode}"
+    return ProfileOutcome(profile=profile, results_path=path, document=document, error=failure)
 
 
 def compare_networks(

@@ -168,17 +168,16 @@ def _serve(placement: Placement, args: argparse.Namespace) -> int:
     print(f"{placement.task}: serving on {server.bind_address}", flush=True)
     _, channel_credentials = _gather_credentials(files)
     with _Stop() as stop:
-        waiter = threading.Thread(
-            target=lambda: (
-                gather.wait_until_job_done(
-                    placement.gatherer_address,
-                    timeout_s=args.job_timeout,
-                    credentials=channel_credentials,
-                ),
-                stop.event.set(),
-            ),
-            daemon=True,
-        )
+
+        def wait_for_job() -> None:
+            gather.wait_until_job_done(
+                placement.gatherer_address,
+                timeout_s=args.job_timeout,
+                credentials=channel_credentials,
+            )
+            stop.event.set()
+
+        waiter = threading.Thread(target=wait_for_job, daemon=True)
         waiter.start()
         try:
             stop.event.wait()
