@@ -196,3 +196,26 @@ def test_a_failed_worker_makes_the_merge_partial() -> None:
     )
     assert reason == "worker:1: target refused"
     assert merged[0].partial
+
+
+def test_a_ps_that_never_comes_up_leaves_a_partial_document_and_clear_errors(
+    tmp_path: Path,
+) -> None:
+    chief, ps, worker0 = (f"127.0.0.1:{p}" for p in free_ports(3))
+    cluster = {"chief": [chief], "ps": [ps], "worker": [worker0]}
+    # The launcher starts the chief and the worker; the ps task never starts.
+    processes = {
+        task: start_task(cluster, task, tmp_path, "--connect-timeout", "2")
+        for task in ("chief:0", "worker:0")
+    }
+    outcomes = {t: (p.wait(timeout=300), p.stdout, p.stderr) for t, p in processes.items()}
+    codes = {task: code for task, (code, _, _) in outcomes.items()}
+    stderr = {task: err.read() if err else "" for task, (_, _, err) in outcomes.items()}
+    assert codes["worker:0"] != 0 and codes["chief:0"] != 0
+    for task in processes:
+        assert "Traceback" not in stderr[task], stderr[task]
+        assert len(stderr[task].strip().splitlines()) == 1, stderr[task]
+    assert "partial results written" in stderr["chief:0"]
+    document = results.read_document(next(tmp_path.glob("*/results.json")))
+    assert document.partial
+    assert "worker:0" in document.partial_reason
