@@ -160,21 +160,28 @@ class ServerStats:
 class PayloadBytes:
     """Zero-filled ``bytes`` of each size, made once and shared (never per call).
 
+    Holds at most ``limit_bytes`` in total (a server answers whatever sizes
+    clients ask for); past that, sizes not yet held are made per call.
     Thread-safe: a race makes the same buffer twice and keeps one.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, limit_bytes: int = 2 * 1024**3) -> None:
         self._by_size: dict[int, bytes] = {}
+        self._limit_bytes = limit_bytes
+        self._held_bytes = 0
 
     def get(self, size: int) -> bytes:
         data = self._by_size.get(size)
         if data is None:
+            if self._held_bytes + size > self._limit_bytes:
+                return bytes(size)
             data = self._by_size.setdefault(size, bytes(size))
+            self._held_bytes = sum(self._by_size)
         return data
 
     @property
     def held_bytes(self) -> int:
-        return sum(self._by_size)
+        return self._held_bytes
 
 
 def raw_pull_request(

@@ -225,3 +225,12 @@ def test_tls_servers_and_clients_talk_with_the_runs_certificates(tmp_path: Path)
             assert replay_client.stats().received_bytes == 20
         finally:
             replay_client.close()
+
+
+def test_preallocated_payloads_are_shared_up_to_their_memory_limit() -> None:
+    from tf_grpc_bench.replay.wire import PayloadBytes
+
+    payloads = PayloadBytes(limit_bytes=100)
+    assert payloads.get(60) is payloads.get(60)
+    assert len(payloads.get(50)) == 50 and payloads.get(50) is not payloads.get(50)
+    assert payloads.held_bytes == 60
