@@ -29,7 +29,7 @@ from tf_grpc_bench.replay.runner import (
     NS_PER_S,
     ProgressEvent,
     RunPlan,
-    default_pacing,
+    default_window,
 )
 from tf_grpc_bench.replay.server import DEFAULT_PORT, LocalServers, ReplayServer
 from tf_grpc_bench.replay.wire import ChannelSettings, ServerSettings
@@ -462,8 +462,7 @@ def _pacing(args: argparse.Namespace, workload: Workload) -> Pacing:
         raise UsageError("--speedup applies only to --pacing recorded")
     if timing is Timing.RATE and args.rate is None:
         raise UsageError("--pacing rate needs --rate CALLS_PER_S")
-    base = default_pacing(workload, timing)
-    window = base.window
+    window = default_window(workload)
     if args.outstanding is not None and workload.benchmark is not Benchmark.P2P_LATENCY:
         window = args.outstanding
     return Pacing(

@@ -274,8 +274,8 @@ def run_measurement(
 # Benchmarks.
 
 
-def default_pacing(workload: Workload, timing: Timing = Timing.ASAP) -> Pacing:
-    """The pacing a benchmark uses unless told otherwise.
+def default_window(workload: Workload) -> int | None:
+    """Calls in flight a benchmark allows unless told otherwise (None: the recorded concurrency).
 
     Latency: one call at a time.  Bandwidth: one outstanding call for the
     paper's synthetic benchmark (send, wait for the ack, send again), the
@@ -283,10 +283,15 @@ def default_pacing(workload: Workload, timing: Timing = Timing.ASAP) -> Pacing:
     (synthetic: one call in flight per (worker, ps) pair, all ps at once).
     """
     if workload.benchmark is Benchmark.P2P_LATENCY:
-        return Pacing(timing=timing, window=1)
+        return 1
     if workload.benchmark is Benchmark.P2P_BANDWIDTH and workload.source == "synthetic":
-        return Pacing(timing=timing, window=1)
-    return Pacing(timing=timing, window=None)
+        return 1
+    return None
+
+
+def default_pacing(workload: Workload) -> Pacing:
+    """Closed loop, as fast as possible, with the benchmark's default window."""
+    return Pacing(timing=Timing.ASAP, window=default_window(workload))
 
 
 def open_clients(

@@ -92,6 +92,39 @@ def test_trace_replay_with_exact_steps_in_serialized_mode(tmp_path: Path) -> Non
     assert throughput.parameters["mode"] == "serialized"
 
 
+@pytest.mark.parametrize(
+    "pacing",
+    [
+        ["--pacing", "rate", "--rate", "400", "--duration", "0.3"],
+        ["--pacing", "recorded", "--speedup", "2", "--passes", "1"],
+    ],
+    ids=["rate", "recorded"],
+)
+def test_trace_replay_under_open_loop_pacing(
+    tmp_path: Path, small_trace_file: Path, pacing: list[str]
+) -> None:
+    completed = _run(
+        "replay",
+        str(small_trace_file),
+        "--benchmark",
+        "p2p-bandwidth",
+        *pacing,
+        "--warmup",
+        "0",
+        "--runs",
+        "1",
+        "--quiet",
+        "--output-dir",
+        "out",
+        cwd=tmp_path,
+    )
+    assert completed.returncode == 0, completed.stderr
+    result = _document_from(completed.stdout, tmp_path).benchmarks[0]
+    assert result.parameters["pacing"] == pacing[1]
+    run = result.runs[0]
+    assert run.server_received_bytes == run.request_bytes > 0
+
+
 @pytest.fixture
 def served(tmp_path: Path) -> Iterator[tuple[subprocess.Popen[str], str]]:
     port = _free_port()
