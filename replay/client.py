@@ -103,10 +103,13 @@ class ReplayClient:
     # -- requests -------------------------------------------------------------
 
     def _request_key(self, call: Call) -> Any:
+        if self.mode is Mode.NON_SERIALIZED:
+            if call.shape is Shape.PULL:
+                # The raw request carries no name: one buffer per size pair.
+                return (Shape.PULL, call.request_bytes, call.response_bytes)
+            return ("raw", call.request_bytes)
         if call.shape is Shape.PULL:
             return (Shape.PULL, call.request_bytes, call.response_bytes, call.tensor_name)
-        if self.mode is Mode.NON_SERIALIZED:
-            return ("raw", call.request_bytes)
         return ("payload", call.buffers)
 
     def _build_request(self, call: Call) -> tuple[Any, Metadata]:
@@ -143,6 +146,7 @@ class ReplayClient:
 
     def _callable(self, call: Call) -> grpc.UnaryUnaryMultiCallable:
         index = self._next_channel
+        # Unlocked: a race between threads only skews which channel is next.
         if len(self._channels) > 1:
             self._next_channel = (index + 1) % len(self._channels)
         key = (index, call.method, call.shape)
