@@ -9,10 +9,12 @@ from __future__ import annotations
 import os
 import signal
 import threading
+import time
 from collections import Counter
 from collections.abc import Callable, Iterator
 
 import pytest
+from tf_grpc_bench.replay.client import ReplayClient
 from tf_grpc_bench.replay.generators import GeneratorConfig, GeneratorKind
 from tf_grpc_bench.replay.measurement import Benchmark, BenchmarkResult, CallSample
 from tf_grpc_bench.replay.pacing import Pacing, Timing
@@ -158,14 +160,25 @@ def test_too_few_targets_for_the_workloads_ps_count_is_refused(servers: LocalSer
 def _kill_once_measuring(
     running: LocalServers,
 ) -> tuple[threading.Event, Callable[[ProgressEvent], None]]:
-    """A progress callback that SIGKILLs the server process shortly after the first run starts."""
+    """A progress callback that SIGKILLs the server process once the first measured run
+    has delivered calls to it (watched through the server's own statistics)."""
     killed = threading.Event()
+
+    def kill_when_served() -> None:
+        observer = ReplayClient(running.targets[0], mode=running.mode)
+        try:
+            for _ in range(600):
+                if observer.stats().received_messages > 0:
+                    break
+                time.sleep(0.05)
+        finally:
+            observer.close()
+        os.kill(running.pids[0], signal.SIGKILL)
 
     def on_progress(event: ProgressEvent) -> None:
         if event.phase == "run" and not killed.is_set():
             killed.set()
-            pid = running.pids[0]
-            threading.Timer(0.5, os.kill, args=(pid, signal.SIGKILL)).start()
+            threading.Thread(target=kill_when_served, daemon=True).start()
 
     return killed, on_progress
 

@@ -13,7 +13,9 @@ from pathlib import Path
 
 import pytest
 from tf_grpc_bench.replay import results
+from tf_grpc_bench.replay.client import ReplayClient
 from tf_grpc_bench.replay.measurement import Benchmark
+from tf_grpc_bench.replay.workload import Mode
 
 from tf_grpc_bench import trace as trace_model
 
@@ -202,7 +204,15 @@ def test_a_server_that_dies_mid_replay_leaves_partial_results_and_one_error_line
         stderr=subprocess.PIPE,
         text=True,
     )
-    time.sleep(3)  # let it connect and measure for a while; nothing is asserted on time
+    # Kill the server once it has answered calls of the measured run.
+    observer = ReplayClient(target, mode=Mode.NON_SERIALIZED)
+    try:
+        for _ in range(600):
+            if observer.stats().received_messages > 0:
+                break
+            time.sleep(0.1)
+    finally:
+        observer.close()
     process.kill()
     out, err = replay.communicate(timeout=120)
     assert replay.returncode == 3
