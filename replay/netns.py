@@ -90,9 +90,9 @@ class LinkProfile:
         return None if self.rate_bits_per_s is None else self.rate_bits_per_s / 8
 
 
-#: The named profiles.  Note: an unshaped veth pair on this kind of machine
-#: carries about 16 Gbit/s, so 25gbit and 40gbit do not bind here (measured; see
-#: docs/networks.md).
+#: The named profiles.  Note: an unshaped veth pair on a 2-CPU machine carried
+#: 9-23 Gbit/s in our runs, so 25gbit and 40gbit do not bind there (measured;
+#: see docs/networks.md and bench/README.md).
 PROFILES: Mapping[str, LinkProfile] = {
     p.name: p
     for p in (
