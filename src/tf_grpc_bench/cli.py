@@ -32,6 +32,8 @@ COMMANDS: tuple[tuple[str, str, str], ...] = (
         "emulated networks: compare links, up/down/cleanup",
     ),
     ("role", "tf_grpc_bench.replay.placement", "run one replay task placed by TF_CONFIG"),
+    ("capture", "tf_grpc_bench.profiler.cli", "train a model across processes, record a trace"),
+    ("capture-job", "tf_grpc_bench.profiler.cli", "record a trace of your own training job"),
 )
 
 

@@ -1,0 +1,633 @@
+"""Capture the tensor traffic of a real distributed training job as a trace.
+
+``capture_training`` runs one job of the launcher (``launcher.TrainingJob``)
+with a ``RecordingProxy`` in front of every task: each task binds its real
+port, while every task's cluster definition advertises the proxies'
+addresses, so every call between tasks crosses a proxy.  When the job is done
+(or fails) the proxies' records become a ``Trace``:
+
+* steady-state steps come from the launcher's step markers (phase
+  ``steady``); markers with the same step number (one per driving task) make
+  one window from the earliest start to the latest end;
+* an RPC belongs to the step whose window contains its start (the latest such
+  window when asynchronous windows overlap; an RPC between two windows belongs
+  to the next one); RPCs before the first steady window are start-up (graph
+  registration, variable initialisation, warm-up steps), after the last one
+  teardown;
+* times are ns from the start of the capture (the proxies' start).
+
+Faults: whatever stops the job early (a task crashes or hangs, a port is
+taken, the user interrupts) stops every process this module started and
+writes the trace captured so far, marked partial, before the error goes on.
+
+``assemble_trace`` and the helpers around it are pure (records in, trace out)
+so they are tested without TensorFlow.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import datetime
+import platform
+import shutil
+import socket
+import sys
+import tempfile
+import threading
+from collections import Counter
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from tf_grpc_bench.profiler.launcher import (
+    StepMarker,
+    TrainingConfig,
+    TrainingJob,
+    plan_tasks,
+)
+from tf_grpc_bench.profiler.physics import VARIABLES_EXTRA, encode_variables
+from tf_grpc_bench.profiler.proxy import RecordedCall, RecordingProxy
+from tf_grpc_bench.profiler.tf_messages import (
+    MessageDecodeError,
+    decode_recv_buf_request,
+    decode_recv_buf_response,
+    decode_recv_tensor_request,
+    decode_recv_tensor_response,
+    parse_rendezvous_key,
+    task_of_device,
+)
+
+from tf_grpc_bench import __version__
+from tf_grpc_bench import trace as trace_model
+from tf_grpc_bench.errors import BenchError, CaptureError
+from tf_grpc_bench.trace import (
+    RECV_BUF,
+    RECV_TENSOR,
+    Phase,
+    Rpc,
+    RunMetadata,
+    Step,
+    Task,
+    TensorInfo,
+    Trace,
+)
+
+CAPTURE_METHOD = "recording-proxy"
+
+#: Launcher setup -> the trace's strategy name (see protos/trace.proto).
+STRATEGY_NAMES = {
+    "tf2-ps": "tf2-parameter-server",
+    "tf1-ps": "tf1-parameter-server",
+    "mwms": "multi-worker-mirrored",
+}
+
+#: gRPC status recorded for a call that ended without a grpc-status trailer.
+STATUS_CANCELLED = 1  # the stream was reset
+STATUS_UNKNOWN = 2  # the capture ended while the call was open
+
+
+# --------------------------------------------------------------------------
+# Records -> RPCs (pure).
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class AssemblyNotes:
+    """What assembling a trace had to leave out or guess; goes into metadata.extra."""
+
+    unattributed_calls: int = 0
+    attributed_by_rendezvous_key: int = 0
+    undecodable_messages: int = 0
+    incomplete_calls: int = 0
+
+    def as_extra(self) -> dict[str, str]:
+        return {f.name: str(getattr(self, f.name)) for f in dataclasses.fields(self)}
+
+
+def tensor_info(call: RecordedCall) -> TensorInfo | None:
+    """Tensor identity of a RecvTensor or RecvBuf call from its message heads.
+
+    MessageDecodeError if a head is not the message it should be.
+    """
+    if call.method == RECV_TENSOR:
+        request = decode_recv_tensor_request(call.request_head)
+        response = decode_recv_tensor_response(call.response_head)
+        header = response.tensor
+        return TensorInfo(
+            rendezvous_key=request.rendezvous_key,
+            dtype=header.dtype if header else "",
+            shape=(header.shape or ()) if header else (),
+            content_bytes=header.content_bytes if header else 0,
+        )
+    if call.method == RECV_BUF:
+        buf_request = decode_recv_buf_request(call.request_head)
+        buf_response = decode_recv_buf_response(call.response_head)
+        return TensorInfo(
+            rendezvous_key=buf_request.buf_rendezvous_key,
+            content_bytes=buf_response.num_bytes or buf_response.transport_bytes,
+        )
+    return None
+
+
+def _destination_task(call: RecordedCall) -> tuple[str, int] | None:
+    """The task a RecvTensor/RecvBuf request names as the tensor's destination."""
+    try:
+        if call.method == RECV_TENSOR:
+            key = parse_rendezvous_key(decode_recv_tensor_request(call.request_head).rendezvous_key)
+            return task_of_device(key.dst_device) if key else None
+        if call.method == RECV_BUF:
+            return task_of_device(decode_recv_buf_request(call.request_head).dst_device)
+    except MessageDecodeError:
+        return None
+    return None
+
+
+def step_id_of(call: RecordedCall) -> int:
+    """The TensorFlow step id a RecvTensor/RecvBuf request names (0: none or unknown)."""
+    try:
+        if call.method == RECV_TENSOR:
+            return decode_recv_tensor_request(call.request_head).step_id
+        if call.method == RECV_BUF:
+            return decode_recv_buf_request(call.request_head).step_id
+    except MessageDecodeError:
+        return 0
+    return 0
+
+
+def calls_to_rpcs(
+    calls: Sequence[RecordedCall],
+    *,
+    tasks: Sequence[Task],
+    caller_of_pid: Mapping[int, int],
+    origin_ns: int,
+) -> tuple[list[Rpc], list[RecordedCall], AssemblyNotes]:
+    """Turn proxy records into trace RPCs (times relative to ``origin_ns``).
+
+    The callee is the task named by the record's ``callee`` (``job:index``).
+    The caller is the task of the connection's process (``caller_of_pid``);
+    failing that, the destination device that the connection's RecvTensor or
+    RecvBuf requests name (every call of a connection comes from one process).
+    Calls with no known caller are left out and counted.  Returns the RPCs,
+    the records they came from (parallel) and notes.
+    """
+    index_of = {f"{t.job}:{t.index}": i for i, t in enumerate(tasks)}
+    by_task = {(t.job, t.index): i for i, t in enumerate(tasks)}
+    # Connection -> callers named by rendezvous keys, for the fallback.
+    named: dict[tuple[str, int], Counter[int]] = {}
+    for call in calls:
+        destination = _destination_task(call)
+        if destination is not None and destination in by_task:
+            named.setdefault((call.callee, call.connection), Counter())[by_task[destination]] += 1
+    rpcs = []
+    kept = []
+    unattributed = by_key = undecodable = incomplete = 0
+    for call in calls:
+        callee = index_of.get(call.callee)
+        caller: int | None = None
+        if call.caller_pid is not None:
+            caller = caller_of_pid.get(call.caller_pid)
+        if caller is None:
+            votes = named.get((call.callee, call.connection))
+            if votes:
+                caller = votes.most_common(1)[0][0]
+                by_key += 1
+        if callee is None or caller is None:
+            unattributed += 1
+            continue
+        try:
+            tensor = tensor_info(call)
+        except MessageDecodeError:
+            tensor = None
+            undecodable += 1
+        if not call.complete:
+            incomplete += 1
+        status = call.status_code
+        if status is None:
+            status = STATUS_CANCELLED if call.reset else STATUS_UNKNOWN
+        start = max(0, call.start_ns - origin_ns)
+        rpcs.append(
+            Rpc(
+                method=call.method,
+                caller_task=caller,
+                callee_task=callee,
+                request_bytes=call.request_bytes,
+                response_bytes=call.response_bytes,
+                start_ns=start,
+                response_start_ns=max(start, call.response_start_ns - origin_ns),
+                end_ns=max(start, call.end_ns - origin_ns),
+                tensor=tensor,
+                status_code=status,
+            )
+        )
+        kept.append(call)
+    notes = AssemblyNotes(
+        unattributed_calls=unattributed,
+        attributed_by_rendezvous_key=by_key,
+        undecodable_messages=undecodable,
+        incomplete_calls=incomplete,
+    )
+    return rpcs, kept, notes
+
+
+# --------------------------------------------------------------------------
+# Steps (pure).
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StepWindow:
+    """One steady-state step's time window (monotonic ns) and its marker step number."""
+
+    number: int
+    start_ns: int
+    end_ns: int
+    #: The TensorFlow step id whose RecvTensor/RecvBuf calls make this step
+    #: (user jobs without markers); 0 when the window comes from markers.
+    step_id: int = 0
+
+
+def step_windows(markers: Sequence[StepMarker]) -> list[StepWindow]:
+    """Steady-state step windows from step markers, by start time.
+
+    Markers with the same step number (one per driving task: tf1-ps, mwms) are
+    one step, from the earliest start to the latest end.
+    """
+    grouped: dict[int, list[StepMarker]] = {}
+    for marker in markers:
+        if marker.phase == "steady":
+            grouped.setdefault(marker.step, []).append(marker)
+    windows = [
+        StepWindow(
+            number=number,
+            start_ns=min(m.start_ns for m in group),
+            end_ns=max(m.end_ns for m in group),
+        )
+        for number, group in grouped.items()
+    ]
+    return sorted(windows, key=lambda w: (w.start_ns, w.number))
+
+
+def split_into_steps(
+    rpcs: Sequence[Rpc],
+    windows: Sequence[StepWindow],
+    *,
+    origin_ns: int,
+    step_ids: Sequence[int] | None = None,
+) -> tuple[Phase, tuple[Step, ...], Phase]:
+    """(start-up, steps, teardown) from RPCs and step windows (see the module docstring).
+
+    ``step_ids`` (parallel to ``rpcs``, 0 for none) puts an RPC in the window
+    of its step id, whatever its time; the others go by time.
+    """
+    relative = [(w.start_ns - origin_ns, w.end_ns - origin_ns) for w in windows]
+    by_step_id = {w.step_id: number for number, w in enumerate(windows) if w.step_id}
+    startup: list[Rpc] = []
+    teardown: list[Rpc] = []
+    per_step: list[list[Rpc]] = [[] for _ in windows]
+    for position, rpc in enumerate(rpcs):
+        t = rpc.start_ns
+        step_id = step_ids[position] if step_ids is not None else 0
+        if step_id and step_id in by_step_id:
+            per_step[by_step_id[step_id]].append(rpc)
+            continue
+        if not relative or t < relative[0][0]:
+            startup.append(rpc)
+            continue
+        if t > relative[-1][1]:
+            teardown.append(rpc)
+            continue
+        chosen = None
+        for number, (start, end) in enumerate(relative):
+            if start > t:
+                if chosen is None:
+                    chosen = number  # in a gap: the next step
+                break
+            if t <= end:
+                chosen = number  # the latest window that contains t
+        if chosen is None:
+            # After the end of every window that started before t, and no later window.
+            teardown.append(rpc)
+        else:
+            per_step[chosen].append(rpc)
+    steps = tuple(
+        Step(
+            index=number,
+            start_ns=max(0, start),
+            end_ns=max(0, end),
+            rpcs=trace_model.with_outstanding(step_rpcs),
+        )
+        for number, ((start, end), step_rpcs) in enumerate(zip(relative, per_step, strict=True))
+    )
+    first_start = steps[0].start_ns if steps else max((r.end_ns for r in startup), default=0)
+    last_end = steps[-1].end_ns if steps else first_start
+    startup_phase = Phase(
+        start_ns=0, end_ns=first_start, rpcs=trace_model.with_outstanding(startup)
+    )
+    teardown_phase = Phase(
+        start_ns=last_end,
+        end_ns=max([last_end, *(r.end_ns for r in teardown)]),
+        rpcs=trace_model.with_outstanding(teardown),
+    )
+    return startup_phase, steps, teardown_phase
+
+
+def assemble_trace(
+    calls: Sequence[RecordedCall],
+    *,
+    tasks: Sequence[Task],
+    caller_of_pid: Mapping[int, int],
+    markers: Sequence[StepMarker] = (),
+    windows: Sequence[StepWindow] | None = None,
+    origin_ns: int,
+    metadata: RunMetadata,
+    partial_reason: str = "",
+) -> Trace:
+    """A validated Trace from proxy records and step markers (pure).
+
+    Steps come from ``windows`` if given (then RPCs with a step id go to the
+    window of that id), else from ``markers``.  ``metadata.extra`` gains the
+    assembly notes (calls left out, callers found by rendezvous key,
+    undecodable messages, calls still open at the end).
+    """
+    rpcs, kept, notes = calls_to_rpcs(
+        calls, tasks=tasks, caller_of_pid=caller_of_pid, origin_ns=origin_ns
+    )
+    if windows is None:
+        startup, steps, teardown = split_into_steps(
+            rpcs, step_windows(markers), origin_ns=origin_ns
+        )
+    else:
+        startup, steps, teardown = split_into_steps(
+            rpcs, windows, origin_ns=origin_ns, step_ids=[step_id_of(call) for call in kept]
+        )
+    extra = dict(metadata.extra)
+    extra.update(notes.as_extra())
+    return Trace(
+        metadata=dataclasses.replace(metadata, extra=tuple(sorted(extra.items()))),
+        tasks=tuple(tasks),
+        startup=startup,
+        steps=steps,
+        teardown=teardown,
+        partial=bool(partial_reason),
+        partial_reason=partial_reason,
+    )
+
+
+# --------------------------------------------------------------------------
+# Orchestration.
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Progress:
+    """What the progress display shows: markers written so far out of expected."""
+
+    steps_done: int
+    steps_expected: int
+    last_step_ns: int
+
+
+ProgressCallback = Callable[[Progress], None]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CaptureResult:
+    """A finished capture: the trace written to ``path`` and the job's facts.
+
+    ``error`` is the failure that ended a partial capture (the trace was still
+    written), None if the job completed.
+    """
+
+    trace: Trace
+    path: Path
+    job_info: Mapping[str, Any]
+    proxy_errors: tuple[str, ...]
+    forwarded_bytes: int
+    spliced_bytes: int
+    error: BenchError | None = None
+
+
+class ProxySet:
+    """One RecordingProxy per task, started and stopped together.
+
+    ``owner_pids`` tells every proxy which processes may dial it.
+    """
+
+    def __init__(
+        self,
+        targets: Mapping[str, tuple[str, int]],
+        *,
+        listen_host: str = "127.0.0.1",
+        owner_pids: Callable[[], list[int]] | None = None,
+    ) -> None:
+        self.proxies: dict[str, RecordingProxy] = {}
+        try:
+            for name, target in targets.items():
+                self.proxies[name] = RecordingProxy(
+                    target=target, callee=name, listen_host=listen_host, owner_pids=owner_pids
+                )
+        except BaseException:
+            self.stop()
+            raise
+        self.started_ns = 0
+
+    def start(self) -> None:
+        for proxy in self.proxies.values():
+            proxy.start()
+        self.started_ns = min(p.started_ns for p in self.proxies.values())
+
+    def stop(self) -> None:
+        for proxy in self.proxies.values():
+            proxy.stop()
+
+    def collect(self, *, final: bool = False) -> list[RecordedCall]:
+        calls = [c for p in self.proxies.values() for c in p.collect(final=final)]
+        return sorted(calls, key=lambda c: c.start_ns)
+
+    def errors(self) -> tuple[str, ...]:
+        return tuple(e for p in self.proxies.values() for e in p.follower_errors())
+
+    def forwarded_bytes(self) -> tuple[int, int]:
+        totals = [p.forwarded_bytes() for p in self.proxies.values()]
+        return sum(t for t, _ in totals), sum(s for _, s in totals)
+
+
+def _utc_now() -> str:
+    return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+
+
+def run_metadata(
+    config: TrainingConfig, job_info: Mapping[str, Any], command: Sequence[str]
+) -> RunMetadata:
+    """The trace's RunMetadata for a launcher job (job_info may be empty if it failed early)."""
+    import grpc
+
+    extra = {
+        "setup": config.setup,
+        "ps": str(config.ps),
+        "workers": str(config.workers),
+        "warmup_steps": str(config.warmup_steps),
+        "steps": str(config.steps),
+        "keras": f"{job_info.get('keras_flavour', config.keras)} "
+        f"{job_info.get('keras_version', '')}".strip(),
+        "grpcio_version": grpc.__version__,
+        "python_version": platform.python_version(),
+    }
+    if "trainable_bytes" in job_info:
+        extra["trainable_bytes"] = str(job_info["trainable_bytes"])
+    if job_info.get("variables"):
+        extra[VARIABLES_EXTRA] = encode_variables(job_info["variables"])
+    return RunMetadata(
+        model=config.model,
+        tensorflow_version=str(job_info.get("tensorflow_version", "")),
+        strategy=STRATEGY_NAMES[config.setup],
+        synchronous=config.synchronous,
+        batch_size=config.batch_size,
+        input_shape=tuple(config.input_shape),
+        trainable_parameters=int(job_info.get("trainable_parameters", 0)),
+        capture_method=CAPTURE_METHOD,
+        host=socket.gethostname(),
+        command=tuple(command),
+        tool_version=__version__,
+        created_utc=_utc_now(),
+        extra=tuple(sorted(extra.items())),
+    )
+
+
+def _watch_progress(
+    job: TrainingJob, expected: int, callback: ProgressCallback, stop: threading.Event
+) -> None:
+    seen = -1
+    while not stop.wait(0.25):
+        with contextlib.suppress(BenchError, OSError):
+            markers = job.step_markers()
+            if len(markers) != seen:
+                seen = len(markers)
+                callback(
+                    Progress(
+                        steps_done=seen,
+                        steps_expected=expected,
+                        last_step_ns=markers[-1].duration_ns if markers else 0,
+                    )
+                )
+
+
+def capture_training(
+    config: TrainingConfig,
+    output: str | Path,
+    *,
+    command: Sequence[str] = (),
+    workdir: str | Path | None = None,
+    host: str = "127.0.0.1",
+    timeout_s: float | None = None,
+    progress: ProgressCallback | None = None,
+) -> CaptureResult:
+    """Run ``config`` as a real distributed job behind recording proxies; write the trace.
+
+    Blocks until the job is done.  ``workdir`` keeps the tasks' logs (a
+    temporary directory, removed on success, if not given).  The trace is
+    written to ``output`` in every case once the job has started; if the job
+    failed, the returned ``CaptureResult.error`` says why and the trace is
+    marked partial.  Raises before writing anything only when nothing could
+    start (bad configuration, no free ports).
+    """
+    output = Path(output)
+    temporary = workdir is None
+    work = Path(tempfile.mkdtemp(prefix="tfgb-capture-")) if workdir is None else Path(workdir)
+    tasks = plan_tasks(config, host=host)
+    holder: dict[str, TrainingJob] = {}
+
+    def task_pids() -> list[int]:
+        job = holder.get("job")
+        return list(job.pids().values()) if job else []
+
+    proxies = ProxySet(
+        {t.name: (host, t.bind_port) for t in tasks}, listen_host=host, owner_pids=task_pids
+    )
+    tasks = [
+        dataclasses.replace(t, advertised_address=proxies.proxies[t.name].address) for t in tasks
+    ]
+    error: BenchError | None = None
+    job_info: dict[str, Any] = {}
+    markers: list[StepMarker] = []
+    pids: dict[tuple[str, int], int] = {}
+    stop_progress = threading.Event()
+    watcher: threading.Thread | None = None
+    try:
+        with TrainingJob(config, tasks, work) as job:
+            holder["job"] = job
+            proxies.start()
+            try:
+                job.start()
+                pids = job.pids()
+                if progress is not None:
+                    expected = config.markers_per_driving_task * len(config.driving_tasks)
+                    watcher = threading.Thread(
+                        target=_watch_progress,
+                        args=(job, expected, progress, stop_progress),
+                        daemon=True,
+                    )
+                    watcher.start()
+                job.wait(timeout_s)
+                if progress is not None:
+                    stop_progress.set()
+                    markers = job.step_markers()
+                    progress(
+                        Progress(
+                            steps_done=len(markers),
+                            steps_expected=len(markers),
+                            last_step_ns=markers[-1].duration_ns if markers else 0,
+                        )
+                    )
+            except BenchError as failure:
+                error = failure
+            except KeyboardInterrupt:
+                error = CaptureError("interrupted by the user")
+            finally:
+                stop_progress.set()
+                pids = pids or job.pids()
+                job.stop()
+                with contextlib.suppress(BenchError, OSError):
+                    markers = job.step_markers()
+                with contextlib.suppress(BenchError, OSError):
+                    job_info = job.job_info()
+    finally:
+        proxies.stop()
+        if watcher is not None:
+            watcher.join(1)
+    calls = proxies.collect(final=True)
+    trace_tasks = [Task(job=t.job, index=t.index, address=f"{host}:{t.bind_port}") for t in tasks]
+    task_index = {t.key: i for i, t in enumerate(tasks)}
+    caller_of_pid = {pid: task_index[key] for key, pid in pids.items() if key in task_index}
+    metadata = run_metadata(config, job_info, command)
+    proxy_errors = proxies.errors()
+    reason = str(error) if error is not None else ""
+    if not reason and proxy_errors:
+        reason = f"the proxy lost track of some traffic: {proxy_errors[0]}"
+    trace = assemble_trace(
+        calls,
+        tasks=trace_tasks,
+        caller_of_pid=caller_of_pid,
+        markers=markers,
+        origin_ns=proxies.started_ns,
+        metadata=metadata,
+        partial_reason=reason,
+    )
+    trace_model.write_trace(trace, output)
+    forwarded, spliced = proxies.forwarded_bytes()
+    if temporary and error is None:
+        shutil.rmtree(work, ignore_errors=True)
+    return CaptureResult(
+        trace=trace,
+        path=output,
+        job_info=job_info,
+        proxy_errors=proxy_errors,
+        forwarded_bytes=forwarded,
+        spliced_bytes=spliced,
+        error=error,
+    )
+
+
+def command_line() -> tuple[str, ...]:
+    """The command line of this process, as a user would retype it."""
+    program = Path(sys.argv[0]).name if sys.argv else "tf-grpc-bench"
+    return (program, *sys.argv[1:])

@@ -1,0 +1,295 @@
+"""``tf-grpc-bench capture`` and ``capture-job``: record a training job's traffic as a trace.
+
+Thin entry points: parse flags, build the config, call ``capture.capture_training``
+or ``userjob.capture_user_job``, show progress and print where the trace went.
+A capture that ends early still writes its partial trace, then fails with the
+reason on one line (and its exit code).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable
+
+from tf_grpc_bench.models.registry import available_models
+from tf_grpc_bench.profiler.capture import (
+    CaptureResult,
+    Progress,
+    capture_training,
+    command_line,
+)
+from tf_grpc_bench.profiler.launcher import SETUPS, TrainingConfig
+from tf_grpc_bench.profiler.userjob import UserJob, capture_user_job, parse_cluster
+
+from tf_grpc_bench import trace as trace_model
+from tf_grpc_bench.errors import UsageError
+
+_DEFAULT_OUTPUT = "capture.tfgbtrace"
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
+    return value
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected seconds, got {text!r}") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be > 0 s, got {text}")
+    return value
+
+
+def _add_common(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--output",
+        "-o",
+        default=_DEFAULT_OUTPUT,
+        metavar="FILE",
+        help=f"trace file to write (default {_DEFAULT_OUTPUT})",
+    )
+    parser.add_argument(
+        "--workdir",
+        default=None,
+        metavar="DIR",
+        help="keep the tasks' logs here (default: a temporary directory, kept only on failure)",
+    )
+    parser.add_argument(
+        "--quiet", "-q", action="store_true", help="no progress display, only the result line"
+    )
+
+
+def configure_capture(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--model",
+        default="resnet50",
+        help=f"model to train: {', '.join(available_models())} (default resnet50)",
+    )
+    parser.add_argument(
+        "--setup",
+        default="tf2-ps",
+        choices=SETUPS,
+        help="tf2-ps: TF2 ParameterServerStrategy (default); tf1-ps: TF1 graph-mode "
+        "parameter servers; mwms: MultiWorkerMirroredStrategy",
+    )
+    parser.add_argument("--ps", type=_positive_int, default=1, help="parameter servers (default 1)")
+    parser.add_argument("--workers", type=_positive_int, default=2, help="workers (default 2)")
+    parser.add_argument(
+        "--steps",
+        type=_positive_int,
+        default=3,
+        help="steady-state steps to record, per worker (default 3)",
+    )
+    parser.add_argument(
+        "--warmup-steps",
+        type=_positive_int,
+        default=1,
+        help="steps before the recorded ones, kept as start-up traffic (default 1)",
+    )
+    parser.add_argument(
+        "--batch-size", type=_positive_int, default=4, help="per worker (default 4)"
+    )
+    parser.add_argument(
+        "--input-size",
+        type=_positive_int,
+        default=None,
+        help="image side in pixels (default: the model's smallest; traffic does not depend on it)",
+    )
+    parser.add_argument(
+        "--async",
+        dest="synchronous",
+        action="store_false",
+        help="asynchronous training (default synchronous)",
+    )
+    parser.add_argument(
+        "--keras",
+        choices=("keras", "tf_keras"),
+        default=None,
+        help="Keras flavour (default keras for TF2 setups, tf_keras for tf1-ps)",
+    )
+    parser.add_argument(
+        "--timeout",
+        type=_seconds,
+        default=None,
+        metavar="S",
+        help="give up (partial trace) after S seconds in all",
+    )
+    parser.add_argument(
+        "--step-timeout",
+        type=_seconds,
+        default=120.0,
+        metavar="S",
+        help="a task that makes no step in S seconds counts as hung (default 120)",
+    )
+    _add_common(parser)
+
+
+def _progress_printer(
+    quiet: bool, label: str
+) -> tuple[Callable[[Progress], None] | None, Callable[[], None]]:
+    """A progress callback for the capture and a function that closes the display."""
+    if quiet:
+        return None, lambda: None
+    if sys.stderr.isatty():
+        from tqdm import tqdm
+
+        bar = tqdm(desc=label, unit="step", file=sys.stderr, leave=False)
+
+        def update(progress: Progress) -> None:
+            steps_done = progress.steps_done
+            expected = progress.steps_expected
+            if expected and bar.total != expected:
+                bar.total = expected
+            bar.n = steps_done
+            last_ns = progress.last_step_ns
+            if last_ns:
+                bar.set_postfix_str(f"last step {last_ns / 1e6:.0f} ms", refresh=False)
+            bar.refresh()
+
+        return update, bar.close
+
+    def line(progress: Progress) -> None:
+        steps_done = progress.steps_done
+        expected = progress.steps_expected
+        last_ns = progress.last_step_ns
+        total = f"/{expected}" if expected else ""
+        timing = f" (last {last_ns / 1e6:.0f} ms)" if last_ns else ""
+        sys.stderr.write(f"{label}: {steps_done}{total} steps{timing}\n")
+        sys.stderr.flush()
+
+    return line, lambda: None
+
+
+def _report(result: CaptureResult, quiet: bool) -> int:
+    trace = result.trace
+    rpcs = sum(len(s.rpcs) for s in trace.steps)
+    if not quiet:
+        print(trace_model.format_summary(trace, source=str(result.path)))
+    print(
+        f"wrote {result.path}: {len(trace.steps)} steady steps, {rpcs} RPCs in them, "
+        f"{len(trace.startup.rpcs)} at start-up" + (" (PARTIAL)" if trace.partial else "")
+    )
+    if result.error is not None:
+        error = result.error
+        raise type(error)(f"{error} (partial trace written to {result.path})")
+    return 0
+
+
+def run_capture(args: argparse.Namespace) -> int:
+    config = TrainingConfig(
+        model=args.model,
+        setup=args.setup,
+        ps=args.ps,
+        workers=args.workers,
+        steps=args.steps,
+        warmup_steps=args.warmup_steps,
+        batch_size=args.batch_size,
+        input_size=args.input_size,
+        synchronous=args.synchronous,
+        keras_flavour=args.keras,
+        step_timeout_s=args.step_timeout,
+    )
+    progress, close = _progress_printer(args.quiet, f"capture {args.model}")
+    try:
+        result = capture_training(
+            config,
+            args.output,
+            command=command_line(),
+            workdir=args.workdir,
+            timeout_s=args.timeout,
+            progress=progress,
+        )
+    finally:
+        close()
+    return _report(result, args.quiet)
+
+
+def configure_capture_job(parser: argparse.ArgumentParser) -> None:
+    parser.usage = "%(prog)s --cluster JSON [options] -- COMMAND [ARGS...]"
+    parser.add_argument(
+        "--cluster",
+        required=True,
+        metavar="JSON",
+        help='the tasks and the addresses they listen on, e.g. \'{"chief": ["localhost:2221"], '
+        '"ps": ["localhost:2222"], "worker": ["localhost:2223", "localhost:2224"]}\', '
+        "a TF_CONFIG document, or @FILE",
+    )
+    parser.add_argument(
+        "--warmup-steps",
+        type=_positive_int,
+        default=1,
+        help="worker-steps found in the traffic to keep as start-up (default 1)",
+    )
+    parser.add_argument(
+        "--driver",
+        action="append",
+        default=None,
+        metavar="JOB",
+        help="job whose tasks end the run by exiting (default: chief if any, else worker)",
+    )
+    parser.add_argument(
+        "--timeout",
+        type=_seconds,
+        default=None,
+        metavar="S",
+        help="give up (partial trace) after S seconds",
+    )
+    parser.add_argument("--model", default="", help="model name to record in the trace")
+    parser.add_argument("--strategy", default="", help="strategy name to record in the trace")
+    parser.add_argument(
+        "--batch-size", type=_positive_int, default=0, help="batch size to record in the trace"
+    )
+    parser.add_argument(
+        "--async",
+        dest="synchronous",
+        action="store_false",
+        help="record the job as asynchronous training",
+    )
+    _add_common(parser)
+    parser.add_argument(
+        "job_command",
+        nargs=argparse.REMAINDER,
+        metavar="COMMAND",
+        help="the command every task runs, after '--' (it gets its TF_CONFIG)",
+    )
+
+
+def run_capture_job(args: argparse.Namespace) -> int:
+    command = list(args.job_command)
+    if command and command[0] == "--":
+        command = command[1:]
+    if not command:
+        raise UsageError("no command to run: put it after '--', e.g. -- python train.py")
+    job = UserJob(
+        cluster=parse_cluster(args.cluster),
+        command=tuple(command),
+        warmup_steps=args.warmup_steps,
+        timeout_s=args.timeout,
+        drivers=tuple(args.driver or ()),
+        model=args.model,
+        strategy=args.strategy,
+        batch_size=args.batch_size,
+        synchronous=args.synchronous,
+    )
+    progress, close = _progress_printer(args.quiet, "capture-job")
+    try:
+        result = capture_user_job(
+            job, args.output, command=command_line(), workdir=args.workdir, progress=progress
+        )
+    finally:
+        close()
+    return _report(result, args.quiet)
+
+
+# tf_grpc_bench.cli looks a subcommand's functions up as configure_<name> and
+# run_<name>; this one's name has a hyphen, which no def can have.
+globals()["configure_capture-job"] = configure_capture_job
+globals()["run_capture-job"] = run_capture_job

@@ -1,0 +1,638 @@
+"""A transparent TCP proxy that records every gRPC call passing through it.
+
+One ``RecordingProxy`` stands in front of one TensorFlow task (the *callee*):
+peers dial the proxy, the proxy dials the task.  Each accepted connection gets
+two forwarding threads, one per direction, on blocking sockets with
+``TCP_NODELAY``.  Recording never delays forwarding:
+
+* a chunk is forwarded first, then shown to that direction's
+  ``http2.Http2Follower``, which reads frame headers, header blocks, gRPC
+  message prefixes and the first ``head_bytes`` of each message;
+* the bytes the follower does not need (the bulk of every tensor) are moved
+  from socket to socket with ``os.splice`` through a pipe, never copied into
+  Python;
+* the follower only appends small events to a list; HPACK decoding, stream
+  bookkeeping and building ``RecordedCall`` records happen when ``collect`` is
+  called, after (or between) the training steps, on the caller's thread.
+
+Which process made a call: a connection arrives from an ephemeral port; the
+socket's inode in ``/proc/net/tcp`` (or ``tcp6``), found by that port pair, is
+looked up among the ``/proc/<pid>/fd`` links of the candidate processes (the
+training tasks, given by ``owner_pids``) and then of every process; the first
+candidate that is the owner or an ancestor of the owner names the caller.
+Done once per connection, right after accept, while the socket exists.
+
+Times are ``time.monotonic_ns()`` (CLOCK_MONOTONIC, comparable with other
+processes on the same machine) taken when the bytes were received.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import os
+import socket
+import threading
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from tf_grpc_bench.profiler.http2 import (
+    MESSAGE_HEAD_BYTES,
+    Event,
+    FramingError,
+    GoAway,
+    HeaderBlock,
+    HeaderDecoder,
+    Http2Follower,
+    MessageSeen,
+    StreamEnded,
+    StreamReset,
+    header_value,
+)
+
+from tf_grpc_bench.errors import ServeError
+
+#: Largest read into Python at once (frame headers, header blocks, small messages).
+RECV_BYTES = 1 << 16
+#: Below this many skippable bytes, copying beats two splice calls.
+SPLICE_MIN_BYTES = 1 << 14
+#: Pipe capacity asked for (Linux caps it at /proc/sys/fs/pipe-max-size).
+PIPE_BYTES = 1 << 20
+_F_SETPIPE_SZ = 1031
+#: How long to keep retrying the callee while it is not listening yet.
+UPSTREAM_CONNECT_TIMEOUT_S = 30.0
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RecordedCall:
+    """One gRPC call (HTTP/2 stream) seen by a proxy.  Times are monotonic ns.
+
+    ``status_code`` is the ``grpc-status`` trailer, None if none was seen (the
+    stream was reset or the capture ended first: then ``complete`` is false or
+    ``reset`` true).  ``request_head``/``response_head`` are the first bytes of
+    the first message each way.  ``caller_pid`` is the process that opened the
+    connection, None if it could not be found.
+    """
+
+    callee: str
+    connection: int
+    stream_id: int
+    caller_pid: int | None
+    method: str
+    start_ns: int
+    response_start_ns: int
+    end_ns: int
+    request_bytes: int
+    response_bytes: int
+    request_messages: int
+    response_messages: int
+    status_code: int | None
+    reset: bool
+    complete: bool
+    request_head: bytes = b""
+    response_head: bytes = b""
+
+
+@dataclass(slots=True)
+class _CallBuilder:
+    stream_id: int
+    method: str = ""
+    start_ns: int = 0
+    response_start_ns: int = 0
+    end_ns: int = 0
+    request_bytes: int = 0
+    response_bytes: int = 0
+    request_messages: int = 0
+    response_messages: int = 0
+    request_head: bytes = b""
+    response_head: bytes = b""
+    status_code: int | None = None
+    request_seen: bool = False
+    request_ended: bool = False
+    response_ended: bool = False
+    reset: bool = False
+
+
+@dataclass(slots=True)
+class _Direction:
+    """One direction of a connection: its follower's events and its counters."""
+
+    client_side: bool
+    events: list[Event] = field(default_factory=list)
+    follower: Http2Follower | None = None
+    processed: int = 0
+    decoder: HeaderDecoder = field(default_factory=HeaderDecoder)
+    forwarded_bytes: int = 0
+    spliced_bytes: int = 0
+    splices: int = 0
+    receives: int = 0
+    error: str = ""
+    done: bool = False
+
+
+class _Connection:
+    """An accepted connection, its upstream, and the calls assembled from it."""
+
+    def __init__(self, number: int, client: socket.socket, peer: tuple[str, int]) -> None:
+        self.number = number
+        self.client = client
+        self.upstream: socket.socket | None = None
+        self.peer = peer
+        self.caller_pid: int | None = None
+        self.opened_ns = time.monotonic_ns()
+        self.requests = _Direction(client_side=True)
+        self.responses = _Direction(client_side=False)
+        self.calls: dict[int, _CallBuilder] = {}
+        self.threads: list[threading.Thread] = []
+        self.lock = threading.Lock()
+        self.closed = False
+
+    def close(self) -> None:
+        with self.lock:
+            if self.closed:
+                return
+            self.closed = True
+        for sock in (self.client, self.upstream):
+            if sock is not None:
+                with contextlib.suppress(OSError):
+                    sock.shutdown(socket.SHUT_RDWR)
+                with contextlib.suppress(OSError):
+                    sock.close()
+
+
+OwnerPids = Callable[[], Iterable[int]]
+
+
+class RecordingProxy:
+    """Forward ``listen_host:listen_port`` to ``target`` and record the gRPC calls.
+
+    The listening socket is bound on construction (``ServeError`` if the port
+    is taken), so ``address`` is known before ``start``.  ``callee`` names the
+    task behind the proxy in records.  ``owner_pids`` returns the pids of the
+    processes that may dial the proxy (see the module docstring).
+
+    Thread-safety: ``start``, ``stop`` and ``collect`` may be called from any
+    one controlling thread; the forwarding threads are the proxy's own.
+    """
+
+    def __init__(
+        self,
+        *,
+        target: tuple[str, int],
+        callee: str,
+        listen_host: str = "127.0.0.1",
+        listen_port: int = 0,
+        owner_pids: OwnerPids | None = None,
+        head_bytes: int = MESSAGE_HEAD_BYTES,
+        use_splice: bool = True,
+    ) -> None:
+        self.target = target
+        self.callee = callee
+        self._owner_pids = owner_pids
+        self._head_bytes = head_bytes
+        self._use_splice = use_splice and hasattr(os, "splice")
+        family = socket.AF_INET6 if ":" in listen_host else socket.AF_INET
+        listener = socket.socket(family, socket.SOCK_STREAM)
+        try:
+            listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            listener.bind((listen_host, listen_port))
+            listener.listen(128)
+        except OSError as error:
+            listener.close()
+            if error.errno == errno.EADDRINUSE:
+                raise ServeError(
+                    f"proxy for {callee}: port {listen_port} on {listen_host} is already in use"
+                ) from None
+            raise ServeError(
+                f"proxy for {callee}: cannot listen on {listen_host}:{listen_port}: "
+                f"{error.strerror}"
+            ) from None
+        self._listener = listener
+        self.listen_host = listen_host
+        self.port: int = listener.getsockname()[1]
+        self._connections: list[_Connection] = []
+        self._lock = threading.Lock()
+        self._accept_thread: threading.Thread | None = None
+        self._stopping = threading.Event()
+        self.started_ns = 0
+
+    @property
+    def address(self) -> str:
+        """``host:port`` peers should dial."""
+        host = f"[{self.listen_host}]" if ":" in self.listen_host else self.listen_host
+        return f"{host}:{self.port}"
+
+    # -- lifecycle ---------------------------------------------------------
+
+    def start(self) -> None:
+        """Start accepting connections (returns at once)."""
+        if self._accept_thread is not None:
+            raise RuntimeError("proxy already started")
+        self.started_ns = time.monotonic_ns()
+        self._accept_thread = threading.Thread(
+            target=self._accept_loop, name=f"proxy-{self.callee}", daemon=True
+        )
+        self._accept_thread.start()
+
+    def stop(self, timeout_s: float = 5.0) -> None:
+        """Stop accepting, close every connection, wait for the threads.  Idempotent."""
+        self._stopping.set()
+        with contextlib.suppress(OSError):
+            self._listener.shutdown(socket.SHUT_RDWR)
+        with contextlib.suppress(OSError):
+            self._listener.close()
+        if self._accept_thread is not None:
+            self._accept_thread.join(timeout_s)
+        with self._lock:
+            connections = list(self._connections)
+        for connection in connections:
+            connection.close()
+        deadline = time.monotonic() + timeout_s
+        for connection in connections:
+            for thread in connection.threads:
+                thread.join(max(0.0, deadline - time.monotonic()))
+
+    def __enter__(self) -> RecordingProxy:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.stop()
+
+    # -- forwarding --------------------------------------------------------
+
+    def _accept_loop(self) -> None:
+        number = 0
+        while not self._stopping.is_set():
+            try:
+                client, peer = self._listener.accept()
+            except OSError:
+                return
+            connection = _Connection(number, client, peer[:2])
+            number += 1
+            with self._lock:
+                self._connections.append(connection)
+            thread = threading.Thread(
+                target=self._serve_connection,
+                args=(connection,),
+                name=f"proxy-{self.callee}-{connection.number}",
+                daemon=True,
+            )
+            connection.threads.append(thread)
+            thread.start()
+
+    def _connect_upstream(self) -> socket.socket | None:
+        deadline = time.monotonic() + UPSTREAM_CONNECT_TIMEOUT_S
+        delay = 0.01
+        while not self._stopping.is_set():
+            try:
+                return socket.create_connection(self.target, timeout=5)
+            except OSError:
+                if time.monotonic() > deadline:
+                    return None
+                time.sleep(delay)
+                delay = min(delay * 2, 0.2)
+        return None
+
+    def _serve_connection(self, connection: _Connection) -> None:
+        """Connect upstream, start both pumps, then find the caller (off their path)."""
+        client = connection.client
+        upstream = self._connect_upstream()
+        if upstream is None:
+            connection.close()
+            return
+        upstream.settimeout(None)
+        connection.upstream = upstream
+        for sock in (client, upstream):
+            tune_socket(sock)
+        for direction, source, sink in (
+            (connection.requests, client, upstream),
+            (connection.responses, upstream, client),
+        ):
+            direction.follower = Http2Follower(
+                direction.events.append,
+                client_side=direction.client_side,
+                head_bytes=self._head_bytes,
+            )
+            thread = threading.Thread(
+                target=self._pump,
+                args=(connection, direction, source, sink),
+                name=f"proxy-{self.callee}-{connection.number}-"
+                + ("req" if direction.client_side else "resp"),
+                daemon=True,
+            )
+            connection.threads.append(thread)
+            thread.start()
+        if self._owner_pids is not None:
+            local = client.getsockname()[:2]
+            connection.caller_pid = find_socket_owner(
+                connection.peer, local, candidates=list(self._owner_pids())
+            )
+
+    def _pump(
+        self,
+        connection: _Connection,
+        direction: _Direction,
+        source: socket.socket,
+        sink: socket.socket,
+    ) -> None:
+        follower = direction.follower
+        assert follower is not None
+        clock = time.monotonic_ns
+        buffer = bytearray(RECV_BYTES)
+        view = memoryview(buffer)
+        pipe = _open_pipe() if self._use_splice else None
+        following = True
+        source_fd, sink_fd = source.fileno(), sink.fileno()
+        try:
+            while True:
+                skippable = follower.skippable if following else PIPE_BYTES
+                if pipe is not None and skippable >= SPLICE_MIN_BYTES:
+                    read_end, write_end, capacity = pipe
+                    moved = os.splice(source_fd, write_end, min(skippable, capacity))
+                    if not moved:
+                        break
+                    now = clock()
+                    left = moved
+                    while left:
+                        left -= os.splice(read_end, sink_fd, left)
+                    direction.forwarded_bytes += moved
+                    direction.spliced_bytes += moved
+                    direction.splices += 1
+                    if following:
+                        follower.skip(moved, now)
+                else:
+                    received = source.recv_into(buffer)
+                    if not received:
+                        break
+                    now = clock()
+                    sink.sendall(view[:received])
+                    direction.forwarded_bytes += received
+                    direction.receives += 1
+                    if following:
+                        try:
+                            follower.feed(view[:received], now)
+                        except FramingError as error:
+                            # Keep forwarding; this direction's calls are lost.
+                            following = False
+                            direction.error = str(error)
+        except OSError:
+            pass  # reset by a peer or closed by stop(): the other pump ends too
+        finally:
+            direction.done = True
+            if pipe is not None:
+                os.close(pipe[0])
+                os.close(pipe[1])
+            with contextlib.suppress(OSError):
+                sink.shutdown(socket.SHUT_WR)
+            if connection.requests.done and connection.responses.done:
+                connection.close()
+
+    # -- recording ---------------------------------------------------------
+
+    def collect(self, *, final: bool = False) -> list[RecordedCall]:
+        """Calls that finished since the last ``collect``, oldest first.
+
+        ``final`` also returns the calls still open (``complete`` false), for
+        use after ``stop``.  Decodes header blocks and assembles calls; call it
+        from one thread at a time.
+        """
+        with self._lock:
+            connections = list(self._connections)
+        finished: list[RecordedCall] = []
+        for connection in connections:
+            finished.extend(self._assemble(connection, final=final))
+        finished.sort(key=lambda call: call.start_ns)
+        return finished
+
+    def follower_errors(self) -> list[str]:
+        """One line per connection direction where framing could not be followed."""
+        with self._lock:
+            connections = list(self._connections)
+        errors = []
+        for connection in connections:
+            for direction in (connection.requests, connection.responses):
+                if direction.error:
+                    side = "requests" if direction.client_side else "responses"
+                    errors.append(
+                        f"{self.callee} connection {connection.number} {side}: {direction.error}"
+                    )
+        return errors
+
+    def forwarded_bytes(self) -> tuple[int, int]:
+        """(bytes forwarded, of which moved by splice) over every connection."""
+        with self._lock:
+            connections = list(self._connections)
+        total = spliced = 0
+        for connection in connections:
+            for direction in (connection.requests, connection.responses):
+                total += direction.forwarded_bytes
+                spliced += direction.spliced_bytes
+        return total, spliced
+
+    def _assemble(self, connection: _Connection, *, final: bool) -> list[RecordedCall]:
+        calls = connection.calls
+        for direction in (connection.requests, connection.responses):
+            events = direction.events
+            end = len(events)
+            for index in range(direction.processed, end):
+                try:
+                    _apply(calls, direction, events[index])
+                except FramingError as error:
+                    direction.error = direction.error or str(error)
+                    end = len(events)  # HPACK state is lost: drop the rest
+                    break
+            direction.processed = end
+        finished = []
+        for stream_id in list(calls):
+            builder = calls[stream_id]
+            done = builder.request_seen and (builder.response_ended or builder.reset)
+            if done or final:
+                del calls[stream_id]
+                if builder.request_seen:
+                    finished.append(self._record(connection, builder, complete=done))
+        return finished
+
+    def _record(
+        self, connection: _Connection, builder: _CallBuilder, *, complete: bool
+    ) -> RecordedCall:
+        end_ns = builder.end_ns or max(builder.start_ns, builder.response_start_ns)
+        return RecordedCall(
+            callee=self.callee,
+            connection=connection.number,
+            stream_id=builder.stream_id,
+            caller_pid=connection.caller_pid,
+            method=builder.method or "/unknown",
+            start_ns=builder.start_ns,
+            response_start_ns=builder.response_start_ns or end_ns,
+            end_ns=max(end_ns, builder.start_ns),
+            request_bytes=builder.request_bytes,
+            response_bytes=builder.response_bytes,
+            request_messages=builder.request_messages,
+            response_messages=builder.response_messages,
+            status_code=builder.status_code,
+            reset=builder.reset,
+            complete=complete,
+            request_head=builder.request_head,
+            response_head=builder.response_head,
+        )
+
+
+def _apply(calls: dict[int, _CallBuilder], direction: _Direction, event: Event) -> None:
+    """Fold one follower event into the call table of its connection."""
+    if isinstance(event, GoAway):
+        return
+    if isinstance(event, HeaderBlock):
+        headers = direction.decoder.decode(event.block)
+        if event.push_promise:
+            return  # gRPC never pushes; the block only had to reach the decoder
+    builder = calls.get(event.stream_id)
+    if builder is None:
+        builder = calls[event.stream_id] = _CallBuilder(stream_id=event.stream_id)
+    if direction.client_side:
+        if isinstance(event, HeaderBlock):
+            if not builder.request_seen:
+                builder.request_seen = True
+                builder.start_ns = event.time_ns
+                path = header_value(headers, b":path")
+                builder.method = path.decode("utf-8", "replace") if path else ""
+        elif isinstance(event, MessageSeen):
+            builder.request_bytes += event.length
+            builder.request_messages += 1
+            if builder.request_messages == 1:
+                builder.request_head = event.head
+        elif isinstance(event, StreamEnded):
+            builder.request_ended = True
+        elif isinstance(event, StreamReset):
+            builder.reset = True
+            builder.end_ns = builder.end_ns or event.time_ns
+    else:
+        if isinstance(event, HeaderBlock):
+            if not builder.response_start_ns:
+                builder.response_start_ns = event.time_ns
+            status = header_value(headers, b"grpc-status")
+            if status is not None and status.isdigit():
+                builder.status_code = int(status)
+        elif isinstance(event, MessageSeen):
+            if not builder.response_start_ns:
+                builder.response_start_ns = event.time_ns
+            builder.response_bytes += event.length
+            builder.response_messages += 1
+            if builder.response_messages == 1:
+                builder.response_head = event.head
+        elif isinstance(event, StreamEnded):
+            builder.response_ended = True
+            builder.end_ns = event.time_ns
+        elif isinstance(event, StreamReset):
+            builder.reset = True
+            builder.end_ns = builder.end_ns or event.time_ns
+
+
+def tune_socket(sock: socket.socket) -> None:
+    """Socket options of both ends of a proxied connection."""
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
+
+def _open_pipe() -> tuple[int, int, int] | None:
+    """A pipe for splice (read end, write end, capacity), or None if unavailable."""
+    try:
+        read_end, write_end = os.pipe()
+    except OSError:
+        return None
+    capacity = 1 << 16
+    with contextlib.suppress(OSError):
+        capacity = fcntl.fcntl(write_end, _F_SETPIPE_SZ, PIPE_BYTES)
+    return read_end, write_end, capacity
+
+
+# --------------------------------------------------------------------------
+# Which process owns the other end of a connection.
+
+_PROC = Path("/proc")
+
+
+def _socket_inodes(local_port: int, remote_port: int) -> set[int]:
+    """Inodes of TCP sockets whose local port is ``local_port`` and remote ``remote_port``."""
+    inodes = set()
+    for name in ("tcp", "tcp6"):
+        try:
+            lines = (_PROC / "net" / name).read_text().splitlines()[1:]
+        except OSError:
+            continue
+        for line in lines:
+            fields = line.split()
+            if len(fields) < 10:
+                continue
+            local, remote = fields[1], fields[2]
+            if (
+                int(local.rsplit(":", 1)[1], 16) == local_port
+                and int(remote.rsplit(":", 1)[1], 16) == remote_port
+            ):
+                inode = int(fields[9])
+                if inode:
+                    inodes.add(inode)
+    return inodes
+
+
+def _holds_socket(pid: int, targets: set[str]) -> bool:
+    try:
+        entries = os.scandir(f"/proc/{pid}/fd")
+    except OSError:
+        return False
+    with entries:
+        for entry in entries:
+            try:
+                if os.readlink(entry.path) in targets:
+                    return True
+            except OSError:
+                continue
+    return False
+
+
+def _parent(pid: int) -> int | None:
+    try:
+        stat = (_PROC / str(pid) / "stat").read_text()
+    except OSError:
+        return None
+    # The command name (field 2) is in parentheses and may hold spaces.
+    fields = stat[stat.rfind(")") + 2 :].split()
+    return int(fields[1]) if len(fields) > 1 else None
+
+
+def find_socket_owner(
+    peer: tuple[str, int], local: tuple[str, int], *, candidates: Iterable[int]
+) -> int | None:
+    """The candidate pid whose process (or a descendant) holds the client socket.
+
+    ``peer`` is the connection's remote end as the proxy sees it (the client's
+    ephemeral port), ``local`` the proxy's end.  Looks at the candidates first,
+    then at every process, walking up from the owner to a candidate.  Returns
+    the owner itself if no candidate is its ancestor, None if the socket is gone
+    or not visible (another network namespace, no permission).
+    """
+    inodes = _socket_inodes(peer[1], local[1])
+    if not inodes:
+        return None
+    targets = {f"socket:[{inode}]" for inode in inodes}
+    candidate_list = [pid for pid in candidates if pid > 0]
+    for pid in candidate_list:
+        if _holds_socket(pid, targets):
+            return pid
+    owner = None
+    for entry in _PROC.iterdir():
+        if entry.name.isdigit() and _holds_socket(int(entry.name), targets):
+            owner = int(entry.name)
+            break
+    if owner is None:
+        return None
+    wanted = set(candidate_list)
+    ancestor: int | None = owner
+    for _ in range(64):
+        if ancestor is None or ancestor <= 1:
+            break
+        if ancestor in wanted:
+            return ancestor
+        ancestor = _parent(ancestor)
+    return owner
