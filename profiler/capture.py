@@ -43,6 +43,7 @@ from typing import Any
 
 from tf_grpc_bench.profiler.launcher import (
     StepMarker,
+    TaskSpec,
     TrainingConfig,
     TrainingJob,
     plan_tasks,
@@ -520,6 +521,7 @@ def capture_training(
     host: str = "127.0.0.1",
     timeout_s: float | None = None,
     progress: ProgressCallback | None = None,
+    tasks: Sequence[TaskSpec] | None = None,
 ) -> CaptureResult:
     """Run ``config`` as a real distributed job behind recording proxies; write the trace.
 
@@ -528,12 +530,14 @@ def capture_training(
     written to ``output`` in every case once the job has started; if the job
     failed, the returned ``CaptureResult.error`` says why and the trace is
     marked partial.  Raises before writing anything only when nothing could
-    start (bad configuration, no free ports).
+    start (bad configuration, no free ports).  ``tasks`` fixes the tasks' bind
+    ports (default: ``plan_tasks`` picks free ones); their advertised
+    addresses are replaced by the proxies'.
     """
     output = Path(output)
     temporary = workdir is None
     work = Path(tempfile.mkdtemp(prefix="tfgb-capture-")) if workdir is None else Path(workdir)
-    tasks = plan_tasks(config, host=host)
+    tasks = list(tasks) if tasks is not None else plan_tasks(config, host=host)
     holder: dict[str, TrainingJob] = {}
 
     def task_pids() -> list[int]:

@@ -172,7 +172,10 @@ class RecordingProxy:
     The listening socket is bound on construction (``ServeError`` if the port
     is taken), so ``address`` is known before ``start``.  ``callee`` names the
     task behind the proxy in records.  ``owner_pids`` returns the pids of the
-    processes that may dial the proxy (see the module docstring).
+    processes that may dial the proxy (see the module docstring).  A client
+    that connects before the callee listens is held for up to
+    ``connect_timeout_s`` while the proxy retries, then disconnected.
+    ``use_splice`` false copies every byte through Python (for comparison).
 
     Thread-safety: ``start``, ``stop`` and ``collect`` may be called from any
     one controlling thread; the forwarding threads are the proxy's own.
@@ -188,8 +191,10 @@ class RecordingProxy:
         owner_pids: OwnerPids | None = None,
         head_bytes: int = MESSAGE_HEAD_BYTES,
         use_splice: bool = True,
+        connect_timeout_s: float = UPSTREAM_CONNECT_TIMEOUT_S,
     ) -> None:
         self.target = target
+        self._connect_timeout_s = connect_timeout_s
         self.callee = callee
         self._owner_pids = owner_pids
         self._head_bytes = head_bytes
@@ -284,7 +289,7 @@ class RecordingProxy:
             thread.start()
 
     def _connect_upstream(self) -> socket.socket | None:
-        deadline = time.monotonic() + UPSTREAM_CONNECT_TIMEOUT_S
+        deadline = time.monotonic() + self._connect_timeout_s
         delay = 0.01
         while not self._stopping.is_set():
             try:
@@ -297,8 +302,18 @@ class RecordingProxy:
         return None
 
     def _serve_connection(self, connection: _Connection) -> None:
-        """Connect upstream, start both pumps, then find the caller (off their path)."""
+        """Find the caller, connect upstream, start both pumps.
+
+        The caller is looked up first, while its socket surely exists: nothing
+        can cross before the pumps run, so a short call cannot end (and its
+        client exit) first.  It costs the connection's first bytes a few ms.
+        """
         client = connection.client
+        if self._owner_pids is not None:
+            with contextlib.suppress(OSError):
+                connection.caller_pid = find_socket_owner(
+                    connection.peer, client.getsockname()[:2], candidates=list(self._owner_pids())
+                )
         upstream = self._connect_upstream()
         if upstream is None:
             connection.close()
@@ -325,11 +340,6 @@ class RecordingProxy:
             )
             connection.threads.append(thread)
             thread.start()
-        if self._owner_pids is not None:
-            local = client.getsockname()[:2]
-            connection.caller_pid = find_socket_owner(
-                connection.peer, local, candidates=list(self._owner_pids())
-            )
 
     def _pump(
         self,

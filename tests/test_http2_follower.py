@@ -1,0 +1,309 @@
+"""The passive HTTP/2 + gRPC follower, on frames written by hyperframe and hpack.
+
+The frames are built with the same well-kept libraries a real HTTP/2 stack
+uses (hyperframe for frames, hpack's Encoder for header blocks), covering what
+real peers send: the preface, SETTINGS, PADDED DATA, HEADERS with priority and
+padding, CONTINUATION, messages spanning frames and several per frame,
+interleaved streams, RST_STREAM and GOAWAY.  Real TensorFlow traffic is
+followed in test_capture.py.
+"""
+
+from __future__ import annotations
+
+import random
+
+import hpack
+import pytest
+from hyperframe.frame import (
+    ContinuationFrame,
+    DataFrame,
+    GoAwayFrame,
+    HeadersFrame,
+    PingFrame,
+    RstStreamFrame,
+    SettingsFrame,
+    WindowUpdateFrame,
+)
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from tf_grpc_bench.profiler.http2 import (
+    PREFACE,
+    FramingError,
+    GoAway,
+    HeaderBlock,
+    HeaderDecoder,
+    Http2Follower,
+    MessageSeen,
+    StreamEnded,
+    StreamReset,
+    header_value,
+)
+
+REQUEST_HEADERS = [
+    (":method", "POST"),
+    (":scheme", "http"),
+    (":path", "/tensorflow.WorkerService/RecvTensor"),
+    (":authority", "127.0.0.1:2222"),
+    ("content-type", "application/grpc"),
+    ("te", "trailers"),
+]
+
+
+def grpc_message(payload: bytes, *, compressed: bool = False) -> bytes:
+    return bytes([1 if compressed else 0]) + len(payload).to_bytes(4, "big") + payload
+
+
+def data_frames(stream_id: int, data: bytes, *, size: int, end_stream: bool, pad: int = 0) -> bytes:
+    """``data`` cut into DATA frames of at most ``size`` bytes (optionally PADDED)."""
+    out = b""
+    pieces = [data[i : i + size] for i in range(0, len(data), size)] or [b""]
+    for number, piece in enumerate(pieces):
+        frame = DataFrame(stream_id, piece)
+        if pad:
+            frame.flags.add("PADDED")
+            frame.pad_length = pad
+        if end_stream and number == len(pieces) - 1:
+            frame.flags.add("END_STREAM")
+        out += frame.serialize()
+    return out
+
+
+def headers_frames(
+    encoder: hpack.Encoder,
+    stream_id: int,
+    headers: list[tuple[str, str]],
+    *,
+    end_stream: bool = False,
+    split: int = 0,
+    padded: bool = False,
+) -> bytes:
+    """A header block as one HEADERS frame, or HEADERS + CONTINUATIONs of ``split`` bytes."""
+    block = encoder.encode(headers)
+    fragments = [block[i : i + split] for i in range(0, len(block), split)] if split else [block]
+    first = HeadersFrame(stream_id, fragments[0])
+    if padded:
+        first.flags.add("PADDED")
+        first.pad_length = 7
+        first.flags.add("PRIORITY")
+        first.depends_on = 0
+        first.stream_weight = 15
+    if end_stream:
+        first.flags.add("END_STREAM")
+    out = b""
+    frames = [first] + [ContinuationFrame(stream_id, f) for f in fragments[1:]]
+    frames[-1].flags.add("END_HEADERS")
+    for frame in frames:
+        out += frame.serialize()
+    return out
+
+
+def follow(data: bytes, *, client_side: bool, chunks: list[int] | None = None, head: int = 1024):
+    events: list[object] = []
+    follower = Http2Follower(events.append, client_side=client_side, head_bytes=head)
+    if chunks is None:
+        follower.feed(data, 1)
+    else:
+        position = 0
+        for size in chunks:
+            follower.feed(data[position : position + size], 1)
+            position += size
+        follower.feed(data[position:], 1)
+    return events, follower
+
+
+def client_bytes(payloads: list[bytes], *, frame_size: int = 16384, pad: int = 0) -> bytes:
+    """A client connection carrying one unary call per payload on streams 1, 3, 5..."""
+    encoder = hpack.Encoder()
+    out = PREFACE + SettingsFrame(0, {SettingsFrame.INITIAL_WINDOW_SIZE: 1 << 24}).serialize()
+    for number, payload in enumerate(payloads):
+        stream_id = 2 * number + 1
+        out += headers_frames(encoder, stream_id, REQUEST_HEADERS, split=5 if number == 1 else 0)
+        out += data_frames(
+            stream_id, grpc_message(payload), size=frame_size, end_stream=True, pad=pad
+        )
+        out += WindowUpdateFrame(0, 1000).serialize() + PingFrame(0, b"12345678").serialize()
+    return out
+
+
+def decoded_blocks(events: list[object]) -> list[list[tuple[bytes, bytes]]]:
+    decoder = HeaderDecoder()
+    return [list(decoder.decode(e.block)) for e in events if isinstance(e, HeaderBlock)]
+
+
+def test_a_unary_call_gives_its_headers_message_and_end() -> None:
+    payload = b"request bytes " * 10
+    events, _ = follow(client_bytes([payload]), client_side=True)
+    kinds = [type(e) for e in events]
+    assert kinds == [HeaderBlock, MessageSeen, StreamEnded]
+    message = events[1]
+    assert isinstance(message, MessageSeen)
+    assert (message.stream_id, message.length, message.compressed) == (1, len(payload), False)
+    assert message.head == payload
+    headers = decoded_blocks(events)[0]
+    assert header_value(tuple(headers), b":path") == b"/tensorflow.WorkerService/RecvTensor"
+
+
+def test_large_message_over_many_padded_frames_is_one_message_with_its_head() -> None:
+    payload = bytes(range(256)) * 400  # 102,400 bytes
+    events, follower = follow(client_bytes([payload], frame_size=1000, pad=17), client_side=True)
+    messages = [e for e in events if isinstance(e, MessageSeen)]
+    assert len(messages) == 1
+    assert messages[0].length == len(payload)
+    assert messages[0].head == payload[:1024]
+    assert follower.bytes_seen == len(client_bytes([payload], frame_size=1000, pad=17))
+
+
+def test_several_messages_in_one_frame_and_interleaved_streams() -> None:
+    encoder = hpack.Encoder()
+    data = PREFACE
+    data += headers_frames(encoder, 1, REQUEST_HEADERS)
+    data += headers_frames(encoder, 3, REQUEST_HEADERS)
+    both = grpc_message(b"a" * 10) + grpc_message(b"") + grpc_message(b"b" * 3000)
+    # Stream 1's messages cut at awkward places, stream 3's DATA in between.
+    data += DataFrame(1, both[:3]).serialize()
+    data += DataFrame(3, grpc_message(b"c" * 5)).serialize()
+    data += DataFrame(1, both[3:2000]).serialize()
+    data += data_frames(1, both[2000:], size=400, end_stream=True)
+    data += DataFrame(3, b"", flags=["END_STREAM"]).serialize()
+    events, _ = follow(data, client_side=True)
+    messages = [(e.stream_id, e.length, e.head[:1]) for e in events if isinstance(e, MessageSeen)]
+    assert messages == [(3, 5, b"c"), (1, 10, b"a"), (1, 0, b""), (1, 3000, b"b")]
+    assert [e.stream_id for e in events if isinstance(e, StreamEnded)] == [1, 3]
+
+
+def test_server_side_headers_trailers_rst_and_goaway() -> None:
+    encoder = hpack.Encoder()
+    data = SettingsFrame(0, {SettingsFrame.MAX_FRAME_SIZE: 1 << 24}).serialize()
+    data += headers_frames(encoder, 1, [(":status", "200"), ("content-type", "application/grpc")])
+    data += DataFrame(1, grpc_message(b"x" * 50)).serialize()
+    data += headers_frames(encoder, 1, [("grpc-status", "0")], end_stream=True, padded=True)
+    data += headers_frames(
+        encoder,
+        3,
+        [(":status", "200"), ("grpc-status", "5"), ("grpc-message", "not found")],
+        end_stream=True,
+    )
+    data += RstStreamFrame(5, error_code=8).serialize()
+    data += GoAwayFrame(0, last_stream_id=5, error_code=0).serialize()
+    events, _ = follow(data, client_side=False)
+    blocks = decoded_blocks(events)
+    assert header_value(tuple(blocks[1]), b"grpc-status") == b"0"
+    assert header_value(tuple(blocks[2]), b"grpc-status") == b"5"
+    assert [type(e) for e in events] == [
+        HeaderBlock,
+        MessageSeen,
+        HeaderBlock,
+        StreamEnded,
+        HeaderBlock,
+        StreamEnded,
+        StreamReset,
+        GoAway,
+    ]
+    reset = events[-2]
+    assert isinstance(reset, StreamReset) and (reset.stream_id, reset.error_code) == (5, 8)
+
+
+def test_continuation_frames_make_one_block_and_may_not_be_interrupted() -> None:
+    encoder = hpack.Encoder()
+    block = headers_frames(encoder, 1, REQUEST_HEADERS, split=3)
+    events, _ = follow(PREFACE + block, client_side=True)
+    assert len([e for e in events if isinstance(e, HeaderBlock)]) == 1
+    assert dict(decoded_blocks(events)[0])[b":path"] == b"/tensorflow.WorkerService/RecvTensor"
+    # HEADERS without END_HEADERS, then DATA: not HTTP/2.
+    first = HeadersFrame(1, encoder.encode(REQUEST_HEADERS)).serialize()
+    with pytest.raises(FramingError, match="interrupted"):
+        follow(PREFACE + first + DataFrame(1, b"").serialize(), client_side=True)
+
+
+def test_bytes_that_are_not_http2_are_refused() -> None:
+    with pytest.raises(FramingError, match="preface"):
+        follow(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n", client_side=True)
+    bad_padding = bytearray(DataFrame(1, b"abc").serialize())
+    bad_padding[4] = 0x8  # PADDED
+    bad_padding[9] = 200  # pads more than the frame holds
+    with pytest.raises(FramingError, match="pads"):
+        follow(bytes(bad_padding), client_side=False)
+
+
+def test_skipping_the_skippable_bytes_gives_the_same_events() -> None:
+    payloads = [b"q" * 10, bytes(range(256)) * 4000, b"z" * 70_000, b""]
+    data = client_bytes(payloads, frame_size=9000, pad=3)
+    expected, _ = follow(data, client_side=True)
+    events: list[object] = []
+    follower = Http2Follower(events.append, client_side=True)
+    position = 0
+    skipped = 0
+    rng = random.Random(7)
+    while position < len(data):
+        skippable = follower.skippable
+        if skippable:
+            count = rng.randint(1, skippable)
+            follower.skip(count, 1)
+            skipped += count
+            position += count
+        else:
+            size = rng.randint(1, 700)
+            follower.feed(data[position : position + size], 1)
+            position += size
+    assert skipped > 200_000  # the bulk of the big messages was never shown
+    assert events == expected
+    with pytest.raises(ValueError, match="cannot skip"):
+        follower.skip(1, 1)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.integers(min_value=1, max_value=97), max_size=400), st.integers(0, 64))
+def test_any_chunking_gives_the_same_events(chunks: list[int], head: int) -> None:
+    data = client_bytes([b"a" * 5, b"b" * 4000, b"c" * 300], frame_size=1500, pad=2)
+    whole, _ = follow(data, client_side=True, head=head)
+    split, _ = follow(data, client_side=True, chunks=chunks, head=head)
+    assert split == whole
+
+
+HEADER_NAMES = ["grpc-status", "grpc-message", "x-a", "x-b", ":path", "content-type"]
+
+
+@settings(max_examples=80, deadline=None)
+@given(
+    st.lists(
+        st.tuples(
+            st.lists(
+                st.tuples(st.sampled_from(HEADER_NAMES), st.sampled_from(["0", "1", "v" * 40])),
+                min_size=1,
+                max_size=4,
+            ),
+            st.booleans(),
+            st.sampled_from([None, 256, 4096, 65536]),
+        ),
+        min_size=1,
+        max_size=30,
+    )
+)
+def test_header_decoder_cache_never_changes_what_hpack_decodes(
+    blocks: list[tuple[list[tuple[str, str]], bool, int | None]],
+) -> None:
+    encoder = hpack.Encoder()
+    cached = HeaderDecoder()
+    plain = hpack.Decoder(max_header_list_size=1 << 30)
+    plain.max_allowed_table_size = 1 << 30
+    for headers, sensitive, table_size in blocks:
+        if table_size is not None:
+            encoder.header_table_size = table_size
+        encoded = encoder.encode(
+            [
+                hpack.HeaderTuple(n, v) if not sensitive else hpack.NeverIndexedHeaderTuple(n, v)
+                for n, v in headers
+            ]
+        )
+        for _ in range(2):  # the second time it may come from the cache
+            expected = [(bytes(n), bytes(v)) for n, v in plain.decode(encoded, raw=True)]
+            assert list(cached.decode(encoded)) == expected
+
+
+def test_header_decoder_accepts_tables_larger_than_the_default() -> None:
+    encoder = hpack.Encoder()
+    encoder.header_table_size = 1 << 20
+    decoder = HeaderDecoder()
+    headers = [(f"x-{i}", "v" * 1000) for i in range(100)]
+    assert dict(decoder.decode(encoder.encode(headers)))[b"x-99"] == b"v" * 1000
+    assert dict(decoder.decode(encoder.encode(headers)))[b"x-0"] == b"v" * 1000
