@@ -618,7 +618,7 @@ def findings(figures: Figures) -> list[str]:
             verdict = "meets" if ratio >= 0.5 else "misses"
             lines.append(
                 f"P2P bandwidth, {size_name(size)} messages: best replay figure ({best.tool}) "
-                f"{best.mb_per_s:,.0f} MB/s = {ratio:.2f} of iperf3's {iperf.mb_per_s:,.0f} MB/s; "
+                f"{best.mb_per_s:,.0f} MB/s = {ratio:.3f} of iperf3's {iperf.mb_per_s:,.0f} MB/s; "
                 f"{verdict} the target of at least 0.5."
             )
     for size in ROUND_TRIP_SIZES[:2]:
@@ -632,13 +632,33 @@ def findings(figures: Figures) -> list[str]:
                 f"{replay.p50_us / raw.p50_us:.1f} x raw TCP ({raw.tool} p50 {raw.p50_us:,.1f} us)"
             )
             if bare:
+                share = bare.p50_us / replay.p50_us
                 sentence += (
                     f"; a bare grpcio unary echo takes {bare.p50_us:,.0f} us "
-                    f"({bare.p50_us / raw.p50_us:.1f} x raw TCP), so grpcio's Python call path "
-                    f"accounts for {min(bare.p50_us / replay.p50_us, 1.0):.0%} of the replay's "
-                    "round trip"
+                    f"({bare.p50_us / raw.p50_us:.1f} x raw TCP), "
                 )
+                if share >= 1:
+                    sentence += (
+                        "no less than the replay: grpcio's own Python call path is the whole "
+                        "of the replay's round trip"
+                    )
+                else:
+                    sentence += (
+                        f"{share:.0%} of the replay's: grpcio's own Python call path is that "
+                        f"share, the replay's driver the remaining {1 - share:.0%}"
+                    )
             lines.append(sentence + ".")
+    for tool in RAW_TOOLS[1:]:
+        for size in sorted({r.size_bytes for r in figures.round_trips if r.tool == tool}):
+            passes = [r for r in figures.round_trips if r.tool == tool and r.size_bytes == size]
+            low = min(passes, key=lambda r: r.p50_us)
+            high = max(passes, key=lambda r: r.p50_us)
+            if len(passes) > 1 and high.p50_us > 2 * low.p50_us:
+                lines.append(
+                    f"{tool} {size_name(size)} p50 was {low.p50_us:,.1f} us in one pass and "
+                    f"{high.p50_us:,.1f} us in the other: the machine's state changed between "
+                    "passes (shared host); ratios use the lower figure."
+                )
     return lines
 
 
@@ -667,7 +687,10 @@ def readme_section(
         f"Measured {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}.",
         "",
         "The raw baselines run twice, before and after the replay; ratios use the better raw figure"
-        " of the two (the highest iperf3 bandwidth, the lowest median round trip).",
+        " of the two (the highest iperf3 bandwidth, the lowest median round trip). On a shared"
+        " machine raw TCP round trips vary several-fold with the load from other work, between"
+        " runs and sometimes between the two passes of one run: compare ratios within one run,"
+        " with its load averages.",
         "",
         *format_report(figures),
     ]
