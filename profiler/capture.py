@@ -274,11 +274,13 @@ def split_into_steps(
     *,
     origin_ns: int,
     step_ids: Sequence[int] | None = None,
+    startup_step_ids: frozenset[int] = frozenset(),
 ) -> tuple[Phase, tuple[Step, ...], Phase]:
     """(start-up, steps, teardown) from RPCs and step windows (see the module docstring).
 
     ``step_ids`` (parallel to ``rpcs``, 0 for none) puts an RPC in the window
-    of its step id, whatever its time; the others go by time.
+    of its step id, or in start-up if its id is in ``startup_step_ids`` (a
+    warm-up step), whatever its time; the others go by time.
     """
     relative = [(w.start_ns - origin_ns, w.end_ns - origin_ns) for w in windows]
     by_step_id = {w.step_id: number for number, w in enumerate(windows) if w.step_id}
@@ -290,6 +292,9 @@ def split_into_steps(
         step_id = step_ids[position] if step_ids is not None else 0
         if step_id and step_id in by_step_id:
             per_step[by_step_id[step_id]].append(rpc)
+            continue
+        if step_id and step_id in startup_step_ids:
+            startup.append(rpc)
             continue
         if not relative or t < relative[0][0]:
             startup.append(rpc)
@@ -339,6 +344,7 @@ def assemble_trace(
     caller_of_pid: Mapping[int, int],
     markers: Sequence[StepMarker] = (),
     windows: Sequence[StepWindow] | None = None,
+    startup_step_ids: frozenset[int] = frozenset(),
     origin_ns: int,
     metadata: RunMetadata,
     partial_reason: str = "",
@@ -346,7 +352,8 @@ def assemble_trace(
     """A validated Trace from proxy records and step markers (pure).
 
     Steps come from ``windows`` if given (then RPCs with a step id go to the
-    window of that id), else from ``markers``.  ``metadata.extra`` gains the
+    window of that id, or to start-up if it is in ``startup_step_ids``), else
+    from ``markers``.  ``metadata.extra`` gains the
     assembly notes (calls left out, callers found by rendezvous key,
     undecodable messages, calls still open at the end).
     """
@@ -359,7 +366,11 @@ def assemble_trace(
         )
     else:
         startup, steps, teardown = split_into_steps(
-            rpcs, windows, origin_ns=origin_ns, step_ids=[step_id_of(call) for call in kept]
+            rpcs,
+            windows,
+            origin_ns=origin_ns,
+            step_ids=[step_id_of(call) for call in kept],
+            startup_step_ids=startup_step_ids,
         )
     extra = dict(metadata.extra)
     extra.update(notes.as_extra())

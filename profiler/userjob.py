@@ -196,10 +196,14 @@ def task_tf_config(
 # Steps from step ids (pure).
 
 
-def step_id_windows(calls: Sequence[RecordedCall], *, warmup_steps: int) -> list[StepWindow]:
-    """One window per step id (a worker-step), by first call, skipping ``warmup_steps``.
+def step_id_windows(
+    calls: Sequence[RecordedCall], *, warmup_steps: int
+) -> tuple[list[StepWindow], frozenset[int]]:
+    """One window per step id (a worker-step), by first call, after ``warmup_steps``.
 
-    Calls with step id 0 (RecvBuf under MultiWorkerMirrored) delimit nothing.
+    Returns the windows and the step ids of the warm-up steps left out (their
+    calls belong to start-up).  Calls with step id 0 (RecvBuf under
+    MultiWorkerMirrored) delimit nothing.
     """
     spans: dict[int, list[int]] = {}
     for call in calls:
@@ -212,10 +216,11 @@ def step_id_windows(calls: Sequence[RecordedCall], *, warmup_steps: int) -> list
                 span[0] = min(span[0], call.start_ns)
                 span[1] = max(span[1], call.end_ns)
     ordered = sorted((start, end, step_id) for step_id, (start, end) in spans.items())
-    return [
+    windows = [
         StepWindow(number=number, start_ns=start, end_ns=end, step_id=step_id)
         for number, (start, end, step_id) in enumerate(ordered[warmup_steps:])
     ]
+    return windows, frozenset(step_id for _, _, step_id in ordered[:warmup_steps])
 
 
 def markers_as_windows(markers: Sequence[StepMarker]) -> list[StepMarker]:
@@ -427,10 +432,11 @@ def capture_user_job(
     with contextlib.suppress(BenchError):
         markers = markers_as_windows(read_step_markers(markers_path))
     windows: list[StepWindow] | None = None
+    warmup_ids: frozenset[int] = frozenset()
     if markers:
         steps_from = "markers"
     else:
-        windows = step_id_windows(calls, warmup_steps=job.warmup_steps)
+        windows, warmup_ids = step_id_windows(calls, warmup_steps=job.warmup_steps)
         steps_from = "step-id"
     trace_tasks = [Task(job=name, index=index, address=address) for name, index, address in tasks]
     task_index = {(name, index): i for i, (name, index, _) in enumerate(tasks)}
@@ -464,6 +470,7 @@ def capture_user_job(
         caller_of_pid=caller_of_pid,
         markers=markers,
         windows=windows,
+        startup_step_ids=warmup_ids,
         origin_ns=proxies.started_ns,
         metadata=metadata,
         partial_reason=reason,

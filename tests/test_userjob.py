@@ -1,0 +1,219 @@
+"""Capturing a training script this tool did not write (tests/data/user_train_ps.py)."""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from tf_grpc_bench.profiler.physics import check_physics
+from tf_grpc_bench.profiler.ports import free_ports
+from tf_grpc_bench.profiler.proxy import RecordedCall
+from tf_grpc_bench.profiler.userjob import (
+    UserJob,
+    parse_cluster,
+    step_id_windows,
+    task_tf_config,
+)
+
+from tf_grpc_bench import trace as trace_model
+from tf_grpc_bench.errors import ConfigError
+from tf_grpc_bench.trace import RECV_TENSOR
+
+CLI = str(Path(sys.executable).parent / "tf-grpc-bench")
+SCRIPT = Path(__file__).parent / "data" / "user_train_ps.py"
+
+
+def test_each_task_sees_its_own_address_and_every_peers_proxy() -> None:
+    cluster = {"ps": ("localhost:2222",), "worker": ("localhost:2223", "localhost:2224")}
+    proxies = {("ps", 0): "127.0.0.1:9000", ("worker", 0): "127.0.0.1:9001"}
+    proxies[("worker", 1)] = "127.0.0.1:9002"
+    config = task_tf_config(cluster, proxies, "worker", 1)
+    assert config == {
+        "cluster": {
+            "ps": ["127.0.0.1:9000"],
+            "worker": ["127.0.0.1:9001", "localhost:2224"],
+        },
+        "task": {"type": "worker", "index": 1},
+        "rpc_layer": "grpc",
+    }
+
+
+def test_clusters_are_read_from_json_tf_config_or_a_file(tmp_path: Path) -> None:
+    plain = {"ps": ["localhost:1"], "worker": ["localhost:2"]}
+    assert parse_cluster(json.dumps(plain)) == {"ps": ("localhost:1",), "worker": ("localhost:2",)}
+    document = {"cluster": plain, "task": {"type": "ps", "index": 0}}
+    (tmp_path / "tf_config.json").write_text(json.dumps(document))
+    assert parse_cluster(f"@{tmp_path / 'tf_config.json'}") == parse_cluster(json.dumps(plain))
+    for bad, message in [
+        ("not json", "not JSON"),
+        ('{"ps": "localhost:1"}', "expected a cluster"),
+        (f"@{tmp_path / 'missing.json'}", "cannot read"),
+    ]:
+        with pytest.raises(ConfigError, match=message):
+            parse_cluster(bad)
+
+
+@pytest.mark.parametrize(
+    ("cluster", "message"),
+    [
+        ({"ps": ("localhost",)}, "not host:port"),
+        ({"ps": ("localhost:1", "localhost:1")}, "listed twice"),
+        ({"ps": ()}, "no tasks"),
+        ({"worker": tuple(f"localhost:{2000 + i}" for i in range(40))}, "too many"),
+    ],
+)
+def test_impossible_clusters_are_refused(cluster: dict, message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        UserJob(cluster=cluster, command=("python", "train.py"))
+
+
+def _request(step_id: int) -> bytes:
+    return bytes([0x08]) + step_id.to_bytes(1, "little")  # field 1 varint, one byte
+
+
+def test_calls_sharing_a_step_id_are_one_worker_step() -> None:
+    def call(start: int, step_id: int) -> RecordedCall:
+        return RecordedCall(
+            callee="ps:0",
+            connection=0,
+            stream_id=1,
+            caller_pid=1,
+            method=RECV_TENSOR,
+            start_ns=start,
+            response_start_ns=start,
+            end_ns=start + 10,
+            request_bytes=2,
+            response_bytes=0,
+            request_messages=1,
+            response_messages=1,
+            status_code=0,
+            reset=False,
+            complete=True,
+            request_head=_request(step_id),
+        )
+
+    calls = [call(0, 5), call(5, 5), call(100, 7), call(105, 9), call(130, 7), call(140, 0)]
+    windows, warmup = step_id_windows(calls, warmup_steps=1)
+    assert [(w.step_id, w.start_ns, w.end_ns) for w in windows] == [(7, 100, 140), (9, 105, 115)]
+    assert warmup == {5}
+
+
+def test_a_busy_port_is_a_one_line_error(tmp_path: Path) -> None:
+    port = free_ports(1)[0]
+    with socket.create_server(("0.0.0.0", port)):
+        result = subprocess.run(
+            [
+                CLI,
+                "capture-job",
+                "--cluster",
+                json.dumps({"ps": [f"localhost:{port}"]}),
+                "--output",
+                str(tmp_path / "t.tfgbtrace"),
+                "--",
+                sys.executable,
+                "-c",
+                "pass",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+    assert result.returncode == 3
+    assert result.stderr.count("\n") == 1 and f"port {port}" in result.stderr
+
+
+def test_a_failing_task_stops_the_job_and_leaves_a_partial_trace(tmp_path: Path) -> None:
+    ports = free_ports(2)
+    cluster = {"ps": [f"localhost:{ports[0]}"], "worker": [f"localhost:{ports[1]}"]}
+    script = (
+        "import json, os, sys, time\n"
+        "task = json.loads(os.environ['TF_CONFIG'])['task']\n"
+        "if task['type'] == 'worker':\n"
+        "    sys.stderr.write('worker gives up\\n'); sys.exit(3)\n"
+        "time.sleep(600)\n"
+    )
+    output = tmp_path / "t.tfgbtrace"
+    result = subprocess.run(
+        [
+            CLI,
+            "capture-job",
+            "--cluster",
+            json.dumps(cluster),
+            "--output",
+            str(output),
+            "--quiet",
+            "--",
+            sys.executable,
+            "-c",
+            script,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert result.returncode == 4
+    line = result.stderr.strip()
+    assert "\n" not in line and "worker:0 exited with 3" in line and "worker gives up" in line
+    trace = trace_model.read_trace(output)
+    assert trace.partial and "worker:0" in trace.partial_reason
+
+
+@pytest.mark.tensorflow
+def test_a_users_own_parameter_server_script_is_captured(tmp_path: Path) -> None:
+    ports = free_ports(4)
+    cluster = {
+        "chief": [f"localhost:{ports[0]}"],
+        "ps": [f"localhost:{ports[1]}"],
+        "worker": [f"localhost:{ports[2]}", f"localhost:{ports[3]}"],
+    }
+    output = tmp_path / "user.tfgbtrace"
+    variables_file = tmp_path / "variables.json"
+    result = subprocess.run(
+        [
+            CLI,
+            "capture-job",
+            "--cluster",
+            json.dumps(cluster),
+            "--output",
+            str(output),
+            "--model",
+            "user-mlp",
+            "--timeout",
+            "300",
+            "--",
+            sys.executable,
+            str(SCRIPT),
+            "--rounds",
+            "4",
+            "--variables",
+            str(variables_file),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=400,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    trace = trace_model.read_trace(output)
+    assert not trace.partial
+    extra = dict(trace.metadata.extra)
+    assert (extra["steps_from"], extra["step_unit"]) == ("step-id", "worker-step")
+    assert extra["unattributed_calls"] == "0"
+    assert trace.metadata.model == "user-mlp" and trace.metadata.command[1] == "capture-job"
+    # 4 rounds of 2 workers = 8 worker-steps, the first kept as start-up.
+    assert len(trace.steps) == 7
+    variables = [dict(v, trainable=True) for v in json.loads(variables_file.read_text())]
+    report = check_physics(trace, {"variables": variables})
+    assert report.ok, report.format()
+    workers = set(trace.tasks_of_job("worker"))
+    for step in trace.steps:
+        pullers = {
+            r.caller_task for r in step.rpcs if r.method == RECV_TENSOR and r.caller_task in workers
+        }
+        assert len(pullers) == 1  # one worker-step: one worker pulls its weights
