@@ -33,7 +33,10 @@ from tf_grpc_bench.profiler.capture import (
 )
 from tf_grpc_bench.profiler.launcher import StepMarker, TrainingConfig, plan_tasks
 from tf_grpc_bench.profiler.physics import VARIABLES_EXTRA, check_physics, encode_variables
-from tf_grpc_bench.profiler.proxy import RecordedCall
+from tf_grpc_bench.profiler.proxy import RecordedCall, RecordingProxy
+from tf_grpc_bench.replay.measurement import Benchmark
+from tf_grpc_bench.replay.server import ReplayServer
+from tf_grpc_bench.replay.workload import Mode, trace_workload
 
 from tf_grpc_bench import trace as trace_model
 from tf_grpc_bench.errors import ServeError
@@ -296,28 +299,22 @@ def _tensors_match_variables(trace: trace_model.Trace, variables: list[dict]) ->
                 assert rpc.tensor.content_bytes == 4 * count
 
 
+@pytest.fixture(scope="module")
+def tiny_capture(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> tuple[Path, subprocess.CompletedProcess[str]]:
+    """The tiny model captured once through the command line, as a user runs it."""
+    output = tmp_path_factory.mktemp("tiny") / "tiny.tfgbtrace"
+    flags = "--model tiny --setup tf2-ps --ps 1 --workers 2 --steps 3 --batch-size 4"
+    result = run_cli("capture", *flags.split(), "--input-size", "16", "--output", str(output))
+    return output, result
+
+
 @pytest.mark.tensorflow
-def test_capturing_the_tiny_model_gives_a_trace_that_obeys_physics(tmp_path: Path) -> None:
-    output = tmp_path / "tiny.tfgbtrace"
-    result = run_cli(
-        "capture",
-        "--model",
-        "tiny",
-        "--setup",
-        "tf2-ps",
-        "--ps",
-        "1",
-        "--workers",
-        "2",
-        "--steps",
-        "3",
-        "--batch-size",
-        "4",
-        "--input-size",
-        "16",
-        "--output",
-        str(output),
-    )
+def test_capturing_the_tiny_model_gives_a_trace_that_obeys_physics(
+    tiny_capture: tuple[Path, subprocess.CompletedProcess[str]],
+) -> None:
+    output, result = tiny_capture
     assert result.returncode == 0, result.stderr
     assert f"wrote {output}: 3 steady steps" in result.stdout
     assert "capture tiny:" in result.stderr  # the progress display
@@ -369,6 +366,60 @@ def test_capturing_the_tiny_model_gives_a_trace_that_obeys_physics(tmp_path: Pat
 
 
 @pytest.mark.tensorflow
+def test_replaying_a_captured_trace_through_the_proxy_gives_the_trace_back(
+    tiny_capture: tuple[Path, subprocess.CompletedProcess[str]], tmp_path: Path
+) -> None:
+    """The round trip: the replayer's calls, captured, are the trace's, in order, to the byte."""
+    output, result = tiny_capture
+    assert result.returncode == 0, result.stderr
+    trace = trace_model.read_trace(output)
+    workload = trace_workload(trace, Benchmark.PS_THROUGHPUT, mode=Mode.NON_SERIALIZED)
+    servers = [ReplayServer().start() for _ in range(workload.server_count)]
+    proxies = [
+        RecordingProxy(
+            target=("127.0.0.1", server.port), callee=f"ps:{number}", owner_pids=lambda: []
+        )
+        for number, server in enumerate(servers)
+    ]
+    try:
+        for proxy in proxies:
+            proxy.start()
+        targets = ",".join(p.address for p in proxies)
+        flags = f"--runs 1 --warmup 0 --channels 1 --quiet --steps {len(trace.steps)}"
+        replay = run_cli(
+            "replay", str(output), "--benchmark", "ps-throughput", "--target", targets,
+            *flags.split(), "--output-dir", str(tmp_path / "runs"),
+        )  # fmt: skip
+        assert replay.returncode == 0, replay.stderr
+    finally:
+        for proxy in proxies:
+            proxy.stop()
+        for server in servers:
+            server.stop()
+    captured: dict[tuple[int | None, str], list[tuple[str, int, int]]] = {}
+    calls = [c for proxy in proxies for c in proxy.collect(final=True)]
+    for call in sorted(calls, key=lambda c: (c.callee, c.connection, c.stream_id)):
+        if call.method.startswith("/tf_grpc_bench.Control/"):
+            continue  # the replayer's own statistics calls
+        assert call.complete and call.status_code == 0
+        key = (call.caller_pid, call.callee)
+        captured.setdefault(key, []).append((call.method, call.request_bytes, call.response_bytes))
+    # Each replay worker process against each server, in the order it issued
+    # its calls (HTTP/2 stream order), must be one (worker, ps) pair of the
+    # trace's steps: same methods, same sizes, same order.
+    expected: dict[tuple[int, int], list[tuple[str, int, int]]] = {}
+    for step in workload.steps:
+        for c in step.calls:
+            expected.setdefault((c.worker_index, c.server_index), []).append(
+                (c.method, c.request_bytes, c.response_bytes)
+            )
+    assert len(captured) == len(expected) == 2
+    assert sorted(captured.values()) == sorted(expected.values())
+    methods = Counter(m for sequence in captured.values() for m, _, _ in sequence)
+    assert methods["/tensorflow.WorkerService/RecvTensor"] == 50 * len(trace.steps)
+
+
+@pytest.mark.tensorflow
 def test_capturing_resnet50_at_a_tiny_input_moves_its_parameters_each_way(tmp_path: Path) -> None:
     config = TrainingConfig(
         model="resnet50", ps=1, workers=2, steps=1, warmup_steps=1, input_size=32
@@ -411,23 +462,9 @@ def _steady_markers(workdir: Path) -> int:
 def _run_and_interfere(tmp_path: Path, action: str, *extra: str):
     workdir = tmp_path / "work"
     output = tmp_path / "partial.tfgbtrace"
+    flags = f"--model tiny --steps 200 --input-size 8 --quiet --workdir {workdir}"
     process = subprocess.Popen(
-        [
-            CLI,
-            "capture",
-            "--model",
-            "tiny",
-            "--steps",
-            "200",
-            "--input-size",
-            "8",
-            "--workdir",
-            str(workdir),
-            "--output",
-            str(output),
-            "--quiet",
-            *extra,
-        ],
+        [CLI, "capture", *flags.split(), "--output", str(output), *extra],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
