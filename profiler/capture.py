@@ -421,7 +421,8 @@ class CaptureResult:
 class ProxySet:
     """One RecordingProxy per task, started and stopped together.
 
-    ``owner_pids`` tells every proxy which processes may dial it.
+    ``owner_pids`` tells every proxy which processes may dial it; ``options``
+    are more RecordingProxy arguments (``use_splice``, ``follow``...).
     """
 
     def __init__(
@@ -430,12 +431,17 @@ class ProxySet:
         *,
         listen_host: str = "127.0.0.1",
         owner_pids: Callable[[], list[int]] | None = None,
+        options: Mapping[str, Any] | None = None,
     ) -> None:
         self.proxies: dict[str, RecordingProxy] = {}
         try:
             for name, target in targets.items():
                 self.proxies[name] = RecordingProxy(
-                    target=target, callee=name, listen_host=listen_host, owner_pids=owner_pids
+                    target=target,
+                    callee=name,
+                    listen_host=listen_host,
+                    owner_pids=owner_pids,
+                    **dict(options or {}),
                 )
         except BaseException:
             self.stop()
@@ -533,6 +539,7 @@ def capture_training(
     timeout_s: float | None = None,
     progress: ProgressCallback | None = None,
     tasks: Sequence[TaskSpec] | None = None,
+    proxy_options: Mapping[str, Any] | None = None,
 ) -> CaptureResult:
     """Run ``config`` as a real distributed job behind recording proxies; write the trace.
 
@@ -543,7 +550,8 @@ def capture_training(
     marked partial.  Raises before writing anything only when nothing could
     start (bad configuration, no free ports).  ``tasks`` fixes the tasks' bind
     ports (default: ``plan_tasks`` picks free ones); their advertised
-    addresses are replaced by the proxies'.
+    addresses are replaced by the proxies'.  ``proxy_options`` go to every
+    ``RecordingProxy`` (the overhead benchmark compares variants).
     """
     output = Path(output)
     temporary = workdir is None
@@ -556,7 +564,10 @@ def capture_training(
         return list(job.pids().values()) if job else []
 
     proxies = ProxySet(
-        {t.name: (host, t.bind_port) for t in tasks}, listen_host=host, owner_pids=task_pids
+        {t.name: (host, t.bind_port) for t in tasks},
+        listen_host=host,
+        owner_pids=task_pids,
+        options=proxy_options,
     )
     tasks = [
         dataclasses.replace(t, advertised_address=proxies.proxies[t.name].address) for t in tasks

@@ -9,6 +9,7 @@ reason on one line (and its exit code).
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
 from collections.abc import Callable
 
@@ -183,6 +184,15 @@ def _report(result: CaptureResult, quiet: bool) -> int:
     return 0
 
 
+def _interrupt_on_sigterm() -> None:
+    """SIGTERM stops a capture like Ctrl-C does: tasks stopped, partial trace written."""
+
+    def interrupt(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, interrupt)
+
+
 def run_capture(args: argparse.Namespace) -> int:
     config = TrainingConfig(
         model=args.model,
@@ -198,6 +208,7 @@ def run_capture(args: argparse.Namespace) -> int:
         step_timeout_s=args.step_timeout,
     )
     progress, close = _progress_printer(args.quiet, f"capture {args.model}")
+    _interrupt_on_sigterm()
     try:
         result = capture_training(
             config,
@@ -280,6 +291,7 @@ def run_capture_job(args: argparse.Namespace) -> int:
         synchronous=args.synchronous,
     )
     progress, close = _progress_printer(args.quiet, "capture-job")
+    _interrupt_on_sigterm()
     try:
         result = capture_user_job(
             job, args.output, command=command_line(), workdir=args.workdir, progress=progress

@@ -175,7 +175,8 @@ class RecordingProxy:
     processes that may dial the proxy (see the module docstring).  A client
     that connects before the callee listens is held for up to
     ``connect_timeout_s`` while the proxy retries, then disconnected.
-    ``use_splice`` false copies every byte through Python (for comparison).
+    ``use_splice`` false copies every byte through Python, ``follow`` false
+    forwards without recording anything (both for measuring the proxy).
 
     Thread-safety: ``start``, ``stop`` and ``collect`` may be called from any
     one controlling thread; the forwarding threads are the proxy's own.
@@ -191,9 +192,13 @@ class RecordingProxy:
         owner_pids: OwnerPids | None = None,
         head_bytes: int = MESSAGE_HEAD_BYTES,
         use_splice: bool = True,
+        follow: bool = True,
+        congestion_control: str | None = None,
         connect_timeout_s: float = UPSTREAM_CONNECT_TIMEOUT_S,
     ) -> None:
         self.target = target
+        self._follow = follow
+        self._congestion_control = congestion_control
         self._connect_timeout_s = connect_timeout_s
         self.callee = callee
         self._owner_pids = owner_pids
@@ -219,6 +224,7 @@ class RecordingProxy:
         self.listen_host = listen_host
         self.port: int = listener.getsockname()[1]
         self._connections: list[_Connection] = []
+        self._errors: list[str] = []
         self._lock = threading.Lock()
         self._accept_thread: threading.Thread | None = None
         self._stopping = threading.Event()
@@ -308,12 +314,23 @@ class RecordingProxy:
         can cross before the pumps run, so a short call cannot end (and its
         client exit) first.  It costs the connection's first bytes a few ms.
         """
+        try:
+            self._open(connection)
+        except OSError:
+            connection.close()  # the client went away, or the callee refused
+        except Exception as error:
+            # A bug: never leave the client hanging on a connection nobody serves.
+            connection.close()
+            with self._lock:
+                self._errors.append(f"{self.callee} connection {connection.number}: {error!r}")
+            raise
+
+    def _open(self, connection: _Connection) -> None:
         client = connection.client
         if self._owner_pids is not None:
-            with contextlib.suppress(OSError):
-                connection.caller_pid = find_socket_owner(
-                    connection.peer, client.getsockname()[:2], candidates=list(self._owner_pids())
-                )
+            connection.caller_pid = find_socket_owner(
+                connection.peer, client.getsockname()[:2], candidates=list(self._owner_pids())
+            )
         upstream = self._connect_upstream()
         if upstream is None:
             connection.close()
@@ -321,7 +338,7 @@ class RecordingProxy:
         upstream.settimeout(None)
         connection.upstream = upstream
         for sock in (client, upstream):
-            tune_socket(sock)
+            tune_socket(sock, congestion_control=self._congestion_control)
         for direction, source, sink in (
             (connection.requests, client, upstream),
             (connection.responses, upstream, client),
@@ -354,7 +371,7 @@ class RecordingProxy:
         buffer = bytearray(RECV_BYTES)
         view = memoryview(buffer)
         pipe = _open_pipe() if self._use_splice else None
-        following = True
+        following = self._follow
         source_fd, sink_fd = source.fileno(), sink.fileno()
         try:
             while True:
@@ -418,10 +435,11 @@ class RecordingProxy:
         return finished
 
     def follower_errors(self) -> list[str]:
-        """One line per connection direction where framing could not be followed."""
+        """One line per connection direction where framing could not be followed,
+        and per connection the proxy failed to serve."""
         with self._lock:
             connections = list(self._connections)
-        errors = []
+            errors = list(self._errors)
         for connection in connections:
             for direction in (connection.requests, connection.responses):
                 if direction.error:
@@ -540,9 +558,17 @@ def _apply(calls: dict[int, _CallBuilder], direction: _Direction, event: Event) 
             builder.end_ns = builder.end_ns or event.time_ns
 
 
-def tune_socket(sock: socket.socket) -> None:
-    """Socket options of both ends of a proxied connection."""
+def tune_socket(sock: socket.socket, *, congestion_control: str | None = None) -> None:
+    """Socket options of both ends of a proxied connection.
+
+    TCP_NODELAY: a forwarded chunk must leave at once, never wait for more.
+    ``congestion_control`` names a TCP congestion control module for the
+    proxy's sends (the system default if None or not available).
+    """
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    if congestion_control:
+        with contextlib.suppress(OSError):
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_CONGESTION, congestion_control.encode())
 
 
 def _open_pipe() -> tuple[int, int, int] | None:

@@ -1,0 +1,267 @@
+"""Capture overhead: the same training job with the recording proxy on and off, side by side.
+
+Runs one real distributed training job (the launcher's, by default ResNet-50
+under TF2 ParameterServerStrategy, 1 ps + 2 workers, batch 4, 32x32) several
+times, alternating without a proxy (tasks dial each other directly) and with
+the recording proxies of ``tf-grpc-bench capture`` in between (the capture
+path itself, trace written).  Each repetition runs every variant once, in a
+rotating order so that none always runs first or last.  Compared: the median
+steady-state step time (from the launcher's step markers) with each proxy
+variant over the median without a proxy.
+
+Variants (``--variants``):
+
+``splice``
+    the proxy as shipped: frame and message headers read in Python, the bulk
+    of every DATA payload moved socket -> pipe -> socket with ``os.splice``;
+``copy``
+    the same follower, but every byte read into Python and written back;
+``forward``
+    splice forwarding with no recording at all: the cost of the extra TCP hop
+    alone, as a floor for the others.
+
+Also reported per variant: the CPU time this process (proxies and
+orchestrator) used per steady step, bytes forwarded and the share moved by
+splice.  Then the "Capture overhead" section of ``bench/README.md`` is
+rewritten with the command, the machine, the load and the figures (only
+figures from this run).
+
+Run from the repository root::
+
+    .venv/bin/python bench/capture_overhead.py                      # ~10 min on 2 cores
+    .venv/bin/python bench/capture_overhead.py --model tiny --repetitions 2 --no-readme
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shlex
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from tf_grpc_bench.profiler.capture import Progress, capture_training
+from tf_grpc_bench.profiler.launcher import TrainingConfig, TrainingJob, plan_tasks
+from tf_grpc_bench.replay.results import describe_machine
+
+from tf_grpc_bench.errors import BenchError
+
+ROOT = Path(__file__).resolve().parent.parent
+README = ROOT / "bench" / "README.md"
+SECTION = "## Capture overhead"
+OFF = "off"
+VARIANT_OPTIONS: dict[str, dict[str, object]] = {
+    "splice": {},
+    "copy": {"use_splice": False},
+    "forward": {"follow": False},
+    "splice-cubic": {"congestion_control": "cubic"},
+    "splice-bbr": {"congestion_control": "bbr"},
+    "forward-cubic": {"follow": False, "congestion_control": "cubic"},
+}
+
+
+@dataclass
+class VariantFigures:
+    """Everything measured for one variant over all repetitions."""
+
+    name: str
+    steps_ms: list[list[float]] = field(default_factory=list)  # per repetition
+    cpu_ms_per_step: list[float] = field(default_factory=list)
+    forwarded_bytes: int = 0
+    spliced_bytes: int = 0
+    physics: str = ""
+
+    @property
+    def all_steps_ms(self) -> list[float]:
+        return [s for run in self.steps_ms for s in run]
+
+    @property
+    def median_ms(self) -> float:
+        return statistics.median(self.all_steps_ms)
+
+    def repetition_medians(self) -> list[float]:
+        return [statistics.median(run) for run in self.steps_ms]
+
+
+def run_without_proxy(config: TrainingConfig, workdir: Path) -> list[float]:
+    with TrainingJob(config, plan_tasks(config), workdir) as job:
+        job.start()
+        outcome = job.wait(timeout_s=1800)
+    return [d / 1e6 for d in outcome.steady_step_durations_ns]
+
+
+def run_with_proxy(
+    config: TrainingConfig, workdir: Path, variant: str, figures: VariantFigures
+) -> list[float]:
+    samples: list[tuple[int, float]] = []
+    warmup = config.warmup_steps
+
+    def progress(update: Progress) -> None:
+        times = os.times()
+        samples.append((update.steps_done, times.user + times.system))
+
+    result = capture_training(
+        config,
+        workdir / "capture.tfgbtrace",
+        command=("bench/capture_overhead.py",),
+        workdir=workdir,
+        timeout_s=1800,
+        progress=progress,
+        proxy_options=VARIANT_OPTIONS[variant],
+    )
+    if result.error is not None:
+        raise result.error
+    steady = [(n, cpu) for n, cpu in samples if n >= warmup]
+    if len(steady) >= 2 and steady[-1][0] > steady[0][0]:
+        figures.cpu_ms_per_step.append(
+            (steady[-1][1] - steady[0][1]) * 1e3 / (steady[-1][0] - steady[0][0])
+        )
+    figures.forwarded_bytes += result.forwarded_bytes
+    figures.spliced_bytes += result.spliced_bytes
+    if variant != "forward":
+        from tf_grpc_bench.profiler.physics import check_physics
+
+        report = check_physics(result.trace, result.job_info)
+        figures.physics = "OK" if report.ok else "; ".join(report.problems[:2])
+    return [s.duration_ns / 1e6 for s in result.trace.steps]
+
+
+def _load() -> str:
+    return " / ".join(f"{v:.2f}" for v in os.getloadavg())
+
+
+def _format_ms(values: Sequence[float]) -> str:
+    return ", ".join(f"{v:.0f}" for v in values)
+
+
+def write_readme(
+    command: str,
+    config: TrainingConfig,
+    figures: dict[str, VariantFigures],
+    load_before: str,
+    load_after: str,
+    repetitions: int,
+) -> None:
+    machine = describe_machine()
+    off = figures[OFF]
+    lines = [
+        SECTION,
+        "",
+        "(written by `bench/capture_overhead.py`; rerun it to replace this section)",
+        "",
+        f"Command: `{command}`. Job: {config.model} at {config.image_size}x{config.image_size}, "
+        f"{config.setup}, {config.ps} ps + {config.workers} workers, batch {config.batch_size}, "
+        f"{'synchronous' if config.synchronous else 'asynchronous'}, {config.warmup_steps} warm-up "
+        f"+ {config.steps} steady steps per run; {repetitions} repetitions, each running every "
+        "variant once in a rotating order; all figures from one run.",
+        "",
+        f"Machine: {machine.cpu_model}, {machine.cpu_count} CPUs, kernel {machine.kernel}, "
+        f"Python {machine.python_version}, grpcio {machine.grpcio_version}. Load average "
+        f"(1/5/15 min) before: {load_before}, after: {load_after}. "
+        f"Measured {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}.",
+        "",
+        "| variant | median step (ms) | ratio to no proxy | per-repetition medians (ms) "
+        "| proxy CPU per step (ms) | spliced | physics |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for name, figure in figures.items():
+        ratio = figure.median_ms / off.median_ms
+        cpu = f"{statistics.median(figure.cpu_ms_per_step):.0f}" if figure.cpu_ms_per_step else "-"
+        spliced = (
+            f"{figure.spliced_bytes / figure.forwarded_bytes:.0%}"
+            if figure.forwarded_bytes
+            else "-"
+        )
+        lines.append(
+            f"| {name} | {figure.median_ms:.0f} | {ratio:.2f}x | "
+            f"{_format_ms(figure.repetition_medians())} | {cpu} | {spliced} | "
+            f"{figure.physics or '-'} |"
+        )
+    lines.append("")
+    section = "\n".join(lines) + "\n"
+    text = README.read_text() if README.exists() else "# Benchmarks\n"
+    start = text.find(SECTION + "\n")
+    if start < 0:
+        text = text.rstrip("\n") + "\n\n" + section
+    else:
+        following = text.find("\n## ", start + len(SECTION))
+        end = len(text) if following < 0 else following + 1
+        text = text[:start] + section + ("\n" if following >= 0 else "") + text[end:]
+    README.write_text(text)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", default="resnet50")
+    parser.add_argument("--setup", default="tf2-ps")
+    parser.add_argument("--ps", type=int, default=1)
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--steps", type=int, default=10)
+    parser.add_argument("--warmup-steps", type=int, default=2)
+    parser.add_argument("--batch-size", type=int, default=4)
+    parser.add_argument("--input-size", type=int, default=32)
+    parser.add_argument("--repetitions", type=int, default=3)
+    parser.add_argument(
+        "--variants",
+        default="splice,forward,copy",
+        help="proxy variants, comma-separated: splice, copy, forward (default all)",
+    )
+    parser.add_argument("--no-readme", action="store_true", help="print only")
+    args = parser.parse_args(argv)
+    variants = [v.strip() for v in args.variants.split(",") if v.strip()]
+    unknown = [v for v in variants if v not in VARIANT_OPTIONS]
+    if unknown:
+        parser.error(f"unknown variants {unknown}; known: {', '.join(VARIANT_OPTIONS)}")
+    config = TrainingConfig(
+        model=args.model,
+        setup=args.setup,
+        ps=args.ps,
+        workers=args.workers,
+        steps=args.steps,
+        warmup_steps=args.warmup_steps,
+        batch_size=args.batch_size,
+        input_size=args.input_size,
+    )
+    command = shlex.join([".venv/bin/python", "bench/capture_overhead.py", *sys.argv[1:]])
+    order = [OFF, *variants]
+    figures = {name: VariantFigures(name) for name in order}
+    load_before = _load()
+    try:
+        for repetition in range(args.repetitions):
+            shift = repetition % len(order)
+            for name in order[shift:] + order[:shift]:
+                with tempfile.TemporaryDirectory(prefix="tfgb-overhead-") as temporary:
+                    workdir = Path(temporary)
+                    if name == OFF:
+                        steps = run_without_proxy(config, workdir)
+                    else:
+                        steps = run_with_proxy(config, workdir, name, figures[name])
+                figures[name].steps_ms.append(steps)
+                cpu = figures[name].cpu_ms_per_step
+                print(
+                    f"repetition {repetition + 1}/{args.repetitions} {name:>13}: median "
+                    f"{statistics.median(steps):.0f} ms  [{_format_ms(steps)}]"
+                    + (f"  proxy CPU {cpu[-1]:.0f} ms/step" if name != OFF and cpu else ""),
+                    flush=True,
+                )
+    except BenchError as error:
+        print(f"capture_overhead: error: {error}", file=sys.stderr)
+        return 1
+    load_after = _load()
+    off = figures[OFF].median_ms
+    for name in order:
+        figure = figures[name]
+        print(f"{name:>8}: median {figure.median_ms:.0f} ms, ratio {figure.median_ms / off:.3f}")
+    if not args.no_readme:
+        write_readme(command, config, figures, load_before, load_after, args.repetitions)
+        print(f"wrote the '{SECTION[3:]}' section of {README.relative_to(ROOT)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
