@@ -124,9 +124,13 @@ def tensor_info(call: RecordedCall) -> TensorInfo | None:
     if call.method == RECV_BUF:
         buf_request = decode_recv_buf_request(call.request_head)
         buf_response = decode_recv_buf_response(call.response_head)
+        # The request states the buffer's size; the response carries the data
+        # in chunks (4 KB each here) past the head the proxy keeps.
         return TensorInfo(
             rendezvous_key=buf_request.buf_rendezvous_key,
-            content_bytes=buf_response.num_bytes or buf_response.transport_bytes,
+            content_bytes=buf_request.num_bytes
+            or buf_response.num_bytes
+            or buf_response.transport_bytes,
         )
     return None
 

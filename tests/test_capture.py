@@ -40,7 +40,7 @@ from tf_grpc_bench.replay.workload import Mode, trace_workload
 
 from tf_grpc_bench import trace as trace_model
 from tf_grpc_bench.errors import ServeError
-from tf_grpc_bench.trace import RECV_TENSOR, Rpc, RunMetadata, Task
+from tf_grpc_bench.trace import RECV_BUF, RECV_TENSOR, Rpc, RunMetadata, Task
 
 from .conftest import make_trace
 
@@ -200,6 +200,20 @@ def test_callers_come_from_pids_then_from_rendezvous_keys_of_the_connection() ->
     assert rpcs[2].tensor is None
     assert (notes.unattributed_calls, notes.attributed_by_rendezvous_key) == (1, 2)
     assert notes.incomplete_calls == 1
+
+
+def test_a_recv_buf_tensor_is_as_large_as_its_request_says() -> None:
+    request = _field(2, b"1:112:0:0:0:1:1") + _field(3, 1_097_448)
+    chunk = _field(1, b"x" * 4096)
+    extra = _field(1, b"type.googleapis.com/tensorflow.RecvBufRespExtra") + _field(2, chunk * 268)
+    recorded = dataclasses.replace(
+        call(1000, method=RECV_BUF, request_head=request),
+        response_head=(_field(4, extra) + _field(5, 1))[:1024],
+    )
+    rpcs, _, _ = calls_to_rpcs([recorded], tasks=TASKS, caller_of_pid={11: 1}, origin_ns=0)
+    tensor = rpcs[0].tensor
+    assert tensor is not None
+    assert (tensor.rendezvous_key, tensor.content_bytes) == ("1:112:0:0:0:1:1", 1_097_448)
 
 
 def test_assembled_trace_is_valid_marks_partial_and_keeps_notes() -> None:
@@ -431,6 +445,23 @@ def test_capturing_resnet50_at_a_tiny_input_moves_its_parameters_each_way(tmp_pa
     assert report.ok, report.format()
     # The bulk of the bytes never entered Python.
     assert result.spliced_bytes > 0.9 * result.forwarded_bytes
+
+
+@pytest.mark.tensorflow
+@pytest.mark.parametrize(("setup", "ps"), [("tf1-ps", 1), ("mwms", 0)])
+def test_the_other_setups_are_captured_and_obey_their_physics(
+    setup: str, ps: int, tmp_path: Path
+) -> None:
+    config = TrainingConfig(model="tiny", setup=setup, ps=ps, workers=2, steps=2, input_size=8)
+    result = capture_training(config, tmp_path / f"{setup}.tfgbtrace", command=("pytest",))
+    assert result.error is None
+    extra = dict(result.trace.metadata.extra)
+    assert extra["unattributed_calls"] == "0"
+    report = check_physics(result.trace)
+    assert report.ok, report.format()
+    methods = Counter(r.short_method for s in result.trace.steps for r in s.rpcs)
+    # Parameter servers move tensors with RecvTensor, all-reduce with RecvBuf.
+    assert methods["RecvBuf" if setup == "mwms" else "RecvTensor"] > 0
 
 
 def _task_pids(workdir: Path) -> dict[str, int]:
