@@ -123,7 +123,7 @@ class _Direction:
     client_side: bool
     events: list[Event] = field(default_factory=list)
     follower: Http2Follower | None = None
-    processed: int = 0
+    undecodable: bool = False
     decoder: HeaderDecoder = field(default_factory=HeaderDecoder)
     forwarded_bytes: int = 0
     spliced_bytes: int = 0
@@ -423,8 +423,10 @@ class RecordingProxy:
         """Calls that finished since the last ``collect``, oldest first.
 
         ``final`` also returns the calls still open (``complete`` false), for
-        use after ``stop``.  Decodes header blocks and assembles calls; call it
-        from one thread at a time.
+        use after ``stop``.  Decodes header blocks and assembles calls, then
+        drops the events it used (the forwarding threads only append events,
+        so memory grows with the traffic until this runs); call it from one
+        thread at a time.
         """
         with self._lock:
             connections = list(self._connections)
@@ -465,14 +467,18 @@ class RecordingProxy:
         for direction in (connection.requests, connection.responses):
             events = direction.events
             end = len(events)
-            for index in range(direction.processed, end):
-                try:
-                    _apply(calls, direction, events[index])
-                except FramingError as error:
-                    direction.error = direction.error or str(error)
-                    end = len(events)  # HPACK state is lost: drop the rest
-                    break
-            direction.processed = end
+            if not direction.undecodable:
+                for index in range(end):
+                    try:
+                        _apply(calls, direction, events[index])
+                    except FramingError as error:
+                        # The HPACK context is lost: nothing after can be decoded.
+                        direction.error = direction.error or str(error)
+                        direction.undecodable = True
+                        break
+            # Only the forwarding thread appends, at the end: the first ``end``
+            # events are exactly the ones just folded in.
+            del events[:end]
         finished = []
         for stream_id in list(calls):
             builder = calls[stream_id]

@@ -42,9 +42,11 @@ def _fail(request: bytes, context: grpc.ServicerContext) -> bytes:
 
 
 release = threading.Event()
+entered = threading.Semaphore(0)
 
 
 def _slow(request: bytes, context: grpc.ServicerContext) -> bytes:
+    entered.release()
     release.wait(10)
     return b"late"
 
@@ -156,7 +158,7 @@ def test_a_cancelled_call_is_recorded_as_reset(
     proxy: RecordingProxy, channel: grpc.Channel
 ) -> None:
     future = channel.unary_unary(f"/{SERVICE}/Slow").future(b"wait")
-    time.sleep(0.2)
+    assert entered.acquire(timeout=10)  # the call crossed the proxy
     future.cancel()
     (call,) = collect_until(proxy, lambda c: len(c) == 1)
     assert call.reset and call.status_code is None
@@ -235,10 +237,7 @@ def test_stop_ends_open_connections_and_returns_open_calls(server_port: int) -> 
     recording.start()
     channel = grpc.insecure_channel(recording.address)
     future = channel.unary_unary(f"/{SERVICE}/Slow").future(b"wait")
-    deadline = time.monotonic() + 10
-    while not recording.forwarded_bytes()[0] and time.monotonic() < deadline:
-        time.sleep(0.02)
-    time.sleep(0.2)
+    assert entered.acquire(timeout=10)  # the call crossed the proxy
     recording.stop()
     with pytest.raises(grpc.RpcError):
         future.result(timeout=10)
