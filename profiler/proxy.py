@@ -62,6 +62,12 @@ SPLICE_MIN_BYTES = 1 << 14
 #: Pipe capacity asked for (Linux caps it at /proc/sys/fs/pipe-max-size).
 PIPE_BYTES = 1 << 20
 _F_SETPIPE_SZ = 1031
+#: TCP congestion control of the proxy's own sockets.  Measured on loopback
+#: (bench/README.md, "Capture overhead"): with the machine's default, BBR,
+#: whose pacing suits real links, ResNet-50 steps through the proxy took
+#: longer than with cubic for the same CPU.  Falls back to the system's
+#: default where cubic is not available.
+DEFAULT_CONGESTION_CONTROL = "cubic"
 #: How long to keep retrying the callee while it is not listening yet.
 UPSTREAM_CONNECT_TIMEOUT_S = 30.0
 
@@ -176,7 +182,9 @@ class RecordingProxy:
     that connects before the callee listens is held for up to
     ``connect_timeout_s`` while the proxy retries, then disconnected.
     ``use_splice`` false copies every byte through Python, ``follow`` false
-    forwards without recording anything (both for measuring the proxy).
+    forwards without recording anything (both for measuring the proxy);
+    ``congestion_control`` is the TCP congestion control of the proxy's
+    sockets (None: the system's default).
 
     Thread-safety: ``start``, ``stop`` and ``collect`` may be called from any
     one controlling thread; the forwarding threads are the proxy's own.
@@ -193,7 +201,7 @@ class RecordingProxy:
         head_bytes: int = MESSAGE_HEAD_BYTES,
         use_splice: bool = True,
         follow: bool = True,
-        congestion_control: str | None = None,
+        congestion_control: str | None = DEFAULT_CONGESTION_CONTROL,
         connect_timeout_s: float = UPSTREAM_CONNECT_TIMEOUT_S,
     ) -> None:
         self.target = target
