@@ -210,3 +210,32 @@ def test_device_and_key_parsing_refuse_what_they_do_not_know() -> None:
     assert dtype_name(1) == "float32"
     assert dtype_name(101) == "float32_ref"
     assert dtype_name(999) == "dtype_999"
+
+
+@pytest.mark.tensorflow
+def test_a_recv_tensor_exchange_framed_like_grpc_decodes_from_the_kept_head(tf) -> None:  # type: ignore[no-untyped-def]
+    """HTTP/2 frames (hyperframe, hpack) carrying a genuine TensorProto, followed and decoded."""
+    import hpack
+    from hyperframe.frame import DataFrame, HeadersFrame
+    from tf_grpc_bench.profiler.http2 import Http2Follower, MessageSeen
+
+    array = np.arange(64 * 1024, dtype=np.float32).reshape(256, 256)
+    response = _field(1, tf.make_tensor_proto(array).SerializeToString()) + _field(3, 12345)
+    message = b"\x00" + len(response).to_bytes(4, "big") + response
+    encoder = hpack.Encoder()
+    data = HeadersFrame(1, encoder.encode([(":status", "200")]), flags=["END_HEADERS"]).serialize()
+    for start in range(0, len(message), 16384):
+        frame = DataFrame(1, message[start : start + 16384])
+        frame.flags.add("PADDED")
+        frame.pad_length = 3
+        data += frame.serialize()
+    trailers = encoder.encode([("grpc-status", "0")])
+    data += HeadersFrame(1, trailers, flags=["END_HEADERS", "END_STREAM"]).serialize()
+    events: list[object] = []
+    Http2Follower(events.append, client_side=False).feed(data, 1)
+    (seen,) = [e for e in events if isinstance(e, MessageSeen)]
+    assert seen.length == len(response) and len(seen.head) == 1024
+    decoded = decode_recv_tensor_response(seen.head)
+    assert decoded.tensor is not None
+    assert (decoded.tensor.dtype, decoded.tensor.shape) == ("float32", (256, 256))
+    assert decoded.tensor.content_bytes == array.nbytes
