@@ -277,6 +277,27 @@ def _stop_all(processes: Sequence[_TaskProcess], grace_s: float = 5.0) -> None:
             stream.close()
 
 
+def _check_local(host: str, task: str) -> None:
+    """ConfigError unless ``host`` is an address of this machine (every task runs here)."""
+    try:
+        infos = socket.getaddrinfo(host, 0, type=socket.SOCK_STREAM)
+    except socket.gaierror:
+        raise ConfigError(f"cluster: cannot resolve host {host!r} of task {task}") from None
+    for family, kind, protocol, _, address in infos:
+        probe = socket.socket(family, kind, protocol)
+        try:
+            probe.bind(address)
+            return
+        except OSError:
+            continue
+        finally:
+            probe.close()
+    raise ConfigError(
+        f"cluster: {host} (task {task}) is not an address of this machine; capture-job runs "
+        "every task here (use localhost)"
+    )
+
+
 def _check_port_free(host: str, port: int, task: str) -> None:
     probe = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
     try:
@@ -371,6 +392,7 @@ def capture_user_job(
     tasks = job.tasks
     for name, index, address in tasks:
         host, port = split_address(address, where=f"cluster job {name!r}")
+        _check_local(host, f"{name}:{index}")
         _check_port_free(host, port, f"{name}:{index}")
     processes: list[_TaskProcess] = []
 

@@ -127,6 +127,17 @@ def test_a_busy_port_is_a_one_line_error(tmp_path: Path) -> None:
     assert result.stderr.count("\n") == 1 and f"port {port}" in result.stderr
 
 
+def test_tasks_on_another_machine_are_refused(tmp_path: Path) -> None:
+    cluster = {"ps": ["192.0.2.10:2222"]}  # TEST-NET-1: never an address of this machine
+    result = subprocess.run(
+        [CLI, "capture-job", "--cluster", json.dumps(cluster), "--output",
+         str(tmp_path / "t.tfgbtrace"), "--", sys.executable, "-c", "pass"],
+        capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert result.returncode == 2
+    assert result.stderr.count("\n") == 1 and "not an address of this machine" in result.stderr
+
+
 def test_a_failing_task_stops_the_job_and_leaves_a_partial_trace(tmp_path: Path) -> None:
     ports = free_ports(2)
     cluster = {"ps": [f"localhost:{ports[0]}"], "worker": [f"localhost:{ports[1]}"]}
