@@ -67,6 +67,7 @@ _IGNORED_BODY = 3  # a frame whose payload we do not need
 _DATA_PAD_LENGTH = 4
 _DATA = 5
 _DATA_PADDING = 6
+_PLAIN_HEADERS = 7  # the payload of a HEADERS frame that is only a block fragment
 
 #: Frames whose payload the follower reads, through hyperframe.  Every other
 #: frame but DATA (SETTINGS, PING, WINDOW_UPDATE, PRIORITY, extensions) is
@@ -85,6 +86,15 @@ _DATA_FLAGS = {flag.name: flag.bit for flag in DataFrame.defined_flags}
 _END_STREAM = _DATA_FLAGS["END_STREAM"]
 _PADDED = _DATA_FLAGS["PADDED"]
 _STREAM_ID_MASK = 0x7FFFFFFF
+#: A HEADERS frame with neither PADDED nor PRIORITY set carries nothing but
+#: its header block fragment (RFC 9113, 6.2): gRPC's always do, and they are
+#: a third of all frames, so those are taken as they are; any other HEADERS
+#: frame goes through hyperframe.
+_HEADERS_TYPE = HeadersFrame.type
+_HEADERS_FLAGS = {flag.name: flag.bit for flag in HeadersFrame.defined_flags}
+_HEADERS_EXTRAS = _HEADERS_FLAGS["PADDED"] | _HEADERS_FLAGS["PRIORITY"]
+_HEADERS_END_STREAM = _HEADERS_FLAGS["END_STREAM"]
+_HEADERS_END_HEADERS = _HEADERS_FLAGS["END_HEADERS"]
 
 
 class FramingError(CaptureError):
@@ -204,6 +214,7 @@ class Http2Follower:
         self._left = len(PREFACE) if client_side else 0  # bytes left in the current piece
         self._frame: Frame | None = None
         self._frame_time_ns = 0
+        self._flags = 0
         self._stream_id = 0
         self._end_stream = False
         self._padding = 0
@@ -277,16 +288,24 @@ class Http2Follower:
                         header = memoryview(bytes(self._buffer))
                         self._buffer.clear()
                         self._start_frame(header, time_ns)
-            elif state == _FRAME_BODY:
+            elif state in (_FRAME_BODY, _PLAIN_HEADERS):
                 take = min(self._left, end - position)
-                self._buffer += view[position : position + take]
+                if not self._buffer and take == self._left:
+                    body = bytes(view[position : position + take])  # whole, in this chunk
+                else:
+                    self._buffer += view[position : position + take]
+                    body = b""
                 position += take
                 self._left -= take
                 if not self._left:
-                    body = memoryview(bytes(self._buffer))
-                    self._buffer.clear()
+                    if self._buffer:
+                        body = bytes(self._buffer)
+                        self._buffer.clear()
                     self._state = _FRAME_HEADER
-                    self._parse_body(body, time_ns)
+                    if state == _PLAIN_HEADERS:
+                        self._plain_headers(body)
+                    else:
+                        self._parse_body(memoryview(body), time_ns)
             elif state in (_IGNORED_BODY, _DATA_PADDING):
                 take = min(self._left, end - position)
                 position += take
@@ -345,6 +364,14 @@ class Http2Follower:
                 self._state = _DATA
                 if not length:
                     self._data_done(time_ns)
+        elif frame_type == _HEADERS_TYPE and not flags & _HEADERS_EXTRAS:
+            self._stream_id = stream_id & _STREAM_ID_MASK
+            self._flags = flags
+            if length:
+                self._state = _PLAIN_HEADERS
+            else:
+                self._state = _FRAME_HEADER
+                self._plain_headers(b"")
         elif frame_type in _PARSED_TYPES:
             try:
                 self._frame, _ = Frame.parse_frame_header(header)
@@ -357,6 +384,16 @@ class Http2Follower:
                 self._parse_body(memoryview(b""), time_ns)
         else:
             self._state = _IGNORED_BODY if length else _FRAME_HEADER
+
+    def _plain_headers(self, fragment: bytes) -> None:
+        flags = self._flags
+        self._start_block(
+            self._stream_id,
+            fragment,
+            end_stream=bool(flags & _HEADERS_END_STREAM),
+            end_headers=bool(flags & _HEADERS_END_HEADERS),
+            push=False,
+        )
 
     def _parse_body(self, body: memoryview, time_ns: int) -> None:
         frame = self._frame
