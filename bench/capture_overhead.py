@@ -63,6 +63,8 @@ VARIANT_OPTIONS: dict[str, dict[str, object]] = {
     "splice-system-cc": {"congestion_control": None},
     "copy": {"use_splice": False},
     "forward": {"follow": False},
+    "splice-realtime": {"realtime": True},
+    "forward-realtime": {"follow": False, "realtime": True},
 }
 
 
