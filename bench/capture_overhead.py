@@ -63,8 +63,6 @@ VARIANT_OPTIONS: dict[str, dict[str, object]] = {
     "splice-system-cc": {"congestion_control": None},
     "copy": {"use_splice": False},
     "forward": {"follow": False},
-    "splice-realtime": {"realtime": True},
-    "forward-realtime": {"follow": False, "realtime": True},
 }
 
 
@@ -89,6 +87,16 @@ class VariantFigures:
 
     def repetition_medians(self) -> list[float]:
         return [statistics.median(run) for run in self.steps_ms]
+
+    def paired_ratios(self, baseline: VariantFigures) -> list[float]:
+        """Per repetition: this variant's median step over the no-proxy run's of the same
+        repetition (run back to back, so slow changes in the machine's load cancel)."""
+        return [
+            mine / theirs
+            for mine, theirs in zip(
+                self.repetition_medians(), baseline.repetition_medians(), strict=True
+            )
+        ]
 
 
 def run_without_proxy(config: TrainingConfig, workdir: Path) -> list[float]:
@@ -168,12 +176,13 @@ def write_readme(
         f"(1/5/15 min) before: {load_before}, after: {load_after}. "
         f"Measured {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}.",
         "",
-        "| variant | median step (ms) | ratio to no proxy | per-repetition medians (ms) "
-        "| proxy CPU per step (ms) | spliced | physics |",
-        "|---|---|---|---|---|---|---|",
+        "| variant | median step (ms) | per-repetition medians (ms) | ratio to no proxy, "
+        "per repetition | median of those | pooled ratio | proxy CPU per step (ms) | spliced "
+        "| physics |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for name, figure in figures.items():
-        ratio = figure.median_ms / off.median_ms
+        ratios = figure.paired_ratios(off)
         cpu = f"{statistics.median(figure.cpu_ms_per_step):.0f}" if figure.cpu_ms_per_step else "-"
         spliced = (
             f"{figure.spliced_bytes / figure.forwarded_bytes:.0%}"
@@ -181,8 +190,9 @@ def write_readme(
             else "-"
         )
         lines.append(
-            f"| {name} | {figure.median_ms:.0f} | {ratio:.2f}x | "
-            f"{_format_ms(figure.repetition_medians())} | {cpu} | {spliced} | "
+            f"| {name} | {figure.median_ms:.0f} | {_format_ms(figure.repetition_medians())} | "
+            f"{', '.join(f'{r:.2f}' for r in ratios)} | {statistics.median(ratios):.2f}x | "
+            f"{figure.median_ms / off.median_ms:.2f}x | {cpu} | {spliced} | "
             f"{figure.physics or '-'} |"
         )
     lines.append("")
@@ -256,10 +266,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"capture_overhead: error: {error}", file=sys.stderr)
         return 1
     load_after = _load()
-    off = figures[OFF].median_ms
+    off = figures[OFF]
     for name in order:
         figure = figures[name]
-        print(f"{name:>8}: median {figure.median_ms:.0f} ms, ratio {figure.median_ms / off:.3f}")
+        ratios = figure.paired_ratios(off)
+        print(
+            f"{name:>16}: median {figure.median_ms:.0f} ms; ratio to no proxy: pooled "
+            f"{figure.median_ms / off.median_ms:.3f}, per repetition "
+            f"[{', '.join(f'{r:.3f}' for r in ratios)}], median {statistics.median(ratios):.3f}"
+        )
     if not args.no_readme:
         write_readme(command, config, figures, load_before, load_after, args.repetitions)
         print(f"wrote the '{SECTION[3:]}' section of {README.relative_to(ROOT)}")
