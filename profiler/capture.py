@@ -659,5 +659,9 @@ def capture_training(
 
 def command_line() -> tuple[str, ...]:
     """The command line of this process, as a user would retype it."""
-    program = Path(sys.argv[0]).name if sys.argv else "tf-grpc-bench"
+    if not sys.argv:
+        return ("tf-grpc-bench",)
+    program = Path(sys.argv[0]).name
+    if program == "__main__.py":  # python -m tf_grpc_bench ...
+        return ("python", "-m", "tf_grpc_bench", *sys.argv[1:])
     return (program, *sys.argv[1:])
