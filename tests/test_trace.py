@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import os
 import json
 import zlib
 from pathlib import Path
@@ -214,3 +215,32 @@ def test_every_size_has_one_category_inside_its_range(size: int) -> None:
     category = classify(size)
     if 1 <= size <= 10 * MIB:
         assert category.minimum_bytes <= size <= category.maximum_bytes
+
+
+def test_written_trace_is_readable_by_others_as_the_umask_allows(
+    tmp_path: Path, small_trace: Trace
+) -> None:
+    path = tmp_path / "shared.tfgbtrace"
+    previous = os.umask(0o022)
+    try:
+        trace_model.write_trace(small_trace, path)
+    finally:
+        os.umask(previous)
+    assert path.stat().st_mode & 0o777 == 0o644
+
+
+def test_shipped_traces_are_valid_and_the_default_is_resnet50() -> None:
+    names = trace_model.shipped_trace_names()
+    assert {
+        "resnet50-tf2ps.tfgbtrace",
+        "inceptionv3-tf2ps.tfgbtrace",
+        "vgg16-tf2ps.tfgbtrace",
+        "alexnet-tf2ps.tfgbtrace",
+        "resnet50-tf1ps.tfgbtrace",
+    } <= set(names)
+    default = trace_model.default_trace_path()
+    assert default is not None and default.name == "resnet50-tf2ps.tfgbtrace"
+    for name in names:
+        shipped = trace_model.read_trace(trace_model.shipped_trace_path(name))
+        assert shipped.steps and not shipped.partial
+        assert shipped.metadata.command[:2] == ("tf-grpc-bench", "capture")

@@ -447,6 +447,10 @@ def write_trace(trace: Trace, path: str | os.PathLike[str]) -> None:
     try:
         with os.fdopen(descriptor, "wb") as stream:
             dump_trace(trace, stream)
+        # mkstemp makes the file private (0600); a trace is a shareable document.
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(temporary, 0o666 & ~umask)
         os.replace(temporary, path)
     except BaseException:
         Path(temporary).unlink(missing_ok=True)

@@ -1,0 +1,87 @@
+"""Regenerates traces/README.md from the shipped traces themselves.
+
+Run from the repository root: ``.venv/bin/python scripts/traces_readme.py``.
+Every figure in the README is read from a trace file or computed by the
+profiler's physics check on it.
+"""
+
+from __future__ import annotations
+
+import statistics
+from pathlib import Path
+
+from tf_grpc_bench import trace as trace_model
+from tf_grpc_bench.profiler.physics import check_physics
+from tf_grpc_bench.sizes import SizeCategory
+
+ROOT = Path(__file__).resolve().parent.parent
+HEADER = """# Shipped traces
+
+Real traces captured on this project's development machine (2 cores, no GPU) by the profiler's recording proxy,
+one process per TensorFlow task on localhost, synthetic input images, 2 ps + 2 workers (+ the chief for TF2),
+synchronous training, batch 4 per worker. Message sizes follow the models' parameters, not the image size, so small
+images give faithful traffic on a CPU. `tf-grpc-bench replay` with no argument replays `resnet50-tf2ps`.
+All five were made by [`scripts/capture_shipped_traces.sh`](../scripts/capture_shipped_traces.sh); this file by
+`scripts/traces_readme.py`.
+
+Inspect one with `tf-grpc-bench inspect resnet50-tf2ps` (a shipped trace's name or any trace file's path).
+
+"""
+
+
+def describe(path: Path) -> str:
+    trace = trace_model.read_trace(path)
+    meta = trace.metadata
+    steps = trace.steps
+    summaries = [trace_model.summarize_rpcs(step.rpcs) for step in steps]
+    first = summaries[0]
+    categories = dict(first.category_counts)
+    report = check_physics(trace)
+    step_ms = statistics.median(step.duration_ns for step in steps) / 1e6
+    lines = [
+        f"## {path.stem}",
+        "",
+        "```sh",
+        " ".join(meta.command),
+        "```",
+        "",
+        "| | |",
+        "|---|---|",
+        f"| model | {meta.model}, {meta.trainable_parameters:,} trainable parameters |",
+        f"| setup | {meta.strategy}, {'synchronous' if meta.synchronous else 'asynchronous'}, "
+        f"TensorFlow {meta.tensorflow_version}, input {'x'.join(map(str, meta.input_shape))} |",
+        f"| tasks | {', '.join(f'{t.job}:{t.index}' for t in trace.tasks)} |",
+        f"| steady steps | {len(steps)} (start-up: {len(trace.startup.rpcs)} RPCs, kept apart) |",
+        f"| per step | {first.rpc_count} RPCs ({', '.join(f'{m} {c}' for m, c in first.rpcs_per_method)}), "
+        f"{first.request_bytes:,} B requests, {first.response_bytes:,} B responses |",
+        f"| size categories per step | small {categories[SizeCategory.SMALL]}, medium "
+        f"{categories[SizeCategory.MEDIUM]}, large {categories[SizeCategory.LARGE]} |",
+        f"| step time during capture | {step_ms:.0f} ms (median) |",
+        f"| file | {path.stat().st_size:,} B |",
+        "",
+        "Physics check (`tf_grpc_bench.profiler.physics.check_physics`): tensor bytes moved per step against "
+        "2 x trainable bytes x workers, and every trainable variable crossing once each way per worker:",
+        "",
+        "```",
+        report.format(),
+        "```",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def main() -> None:
+    order = ["resnet50-tf2ps", "inceptionv3-tf2ps", "vgg16-tf2ps", "alexnet-tf2ps", "resnet50-tf1ps"]
+    sections = [describe(trace_model.shipped_trace_path(name)) for name in order]
+    notes = """## Reading the physics figures
+
+"Other tensors" are tensors that are not trainable variables: batch-normalisation moving statistics (read by the
+workers, updated on the ps), the step counter and the loss. They are why ResNet-50 and Inception-v3 move 0.1-0.2%
+more than 2 x parameters x 4 B x workers; models without batch normalisation (VGG-16, AlexNet) match to a few
+hundred bytes.
+"""
+    (ROOT / "traces" / "README.md").write_text(HEADER + "\n".join(sections) + notes)
+
+
+if __name__ == "__main__":
+    main()
