@@ -15,7 +15,7 @@ import signal
 import sys
 import threading
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -29,10 +29,11 @@ from tf_grpc_bench.replay.runner import (
     NS_PER_S,
     ProgressEvent,
     RunPlan,
+    default_rpc,
     default_window,
 )
 from tf_grpc_bench.replay.server import DEFAULT_PORT, LocalServers, ReplayServer
-from tf_grpc_bench.replay.wire import ChannelSettings, ServerSettings
+from tf_grpc_bench.replay.wire import ChannelSettings, RpcKind, ServerSettings, keep_freed_memory
 from tf_grpc_bench.replay.workload import (
     Mode,
     Workload,
@@ -175,6 +176,8 @@ def run_serve(args: argparse.Namespace) -> int:
     for number in (signal.SIGINT, signal.SIGTERM):
         signal.signal(number, lambda *_: stop.set())
     if args.servers == 1:
+        if server_settings.keep_freed_memory:
+            keep_freed_memory()
         server = ReplayServer(mode=mode, host=args.host, port=args.port, settings=server_settings)
         server.start()
         print(
@@ -239,6 +242,14 @@ def configure_replay(parser: argparse.ArgumentParser) -> None:
         choices=[m.value for m in Mode],
         default=Mode.NON_SERIALIZED.value,
         help="payloads as raw bytes (default, the paper's non-serialized mode) or protobuf",
+    )
+    parser.add_argument(
+        "--rpc",
+        choices=[kind.value for kind in RpcKind],
+        default=None,
+        help="echo and ack calls as one unary call each, or as messages on one stream per "
+        "channel, each answered by one message (default: streaming for synthetic P2P "
+        "bandwidth, unary otherwise; trace replays are always unary)",
     )
     synthetic = parser.add_argument_group("synthetic workload (the paper's generators)")
     synthetic.add_argument(
@@ -364,6 +375,8 @@ class ReplayRequest:
     trace_path: Path | None
     workloads: tuple[Workload, ...]
     pacings: tuple[Pacing, ...]
+    #: How each workload's echo and ack calls travel.
+    rpcs: tuple[RpcKind, ...]
     plan: RunPlan
     mode: Mode
     targets: tuple[str, ...] | None
@@ -454,7 +467,19 @@ def _resolve_trace(args: argparse.Namespace) -> Path | None:
     return trace_model.default_trace_path()
 
 
-def _pacing(args: argparse.Namespace, workload: Workload) -> Pacing:
+def _rpc(args: argparse.Namespace, workload: Workload) -> RpcKind:
+    if args.rpc is None:
+        return default_rpc(workload)
+    rpc = RpcKind(args.rpc)
+    if rpc is RpcKind.STREAMING and workload.source == "trace":
+        raise UsageError(
+            "--rpc streaming applies to the synthetic echo and ack benchmarks; a trace is "
+            "replayed with its own unary methods (add --synthetic)"
+        )
+    return rpc
+
+
+def _pacing(args: argparse.Namespace, workload: Workload, rpc: RpcKind) -> Pacing:
     timing = Timing(args.pacing)
     if args.rate is not None and timing is not Timing.RATE:
         raise UsageError("--rate applies only to --pacing rate")
@@ -462,7 +487,7 @@ def _pacing(args: argparse.Namespace, workload: Workload) -> Pacing:
         raise UsageError("--speedup applies only to --pacing recorded")
     if timing is Timing.RATE and args.rate is None:
         raise UsageError("--pacing rate needs --rate CALLS_PER_S")
-    window = default_window(workload)
+    window = default_window(workload, rpc)
     if args.outstanding is not None and workload.benchmark is not Benchmark.P2P_LATENCY:
         window = args.outstanding
     return Pacing(
@@ -512,6 +537,7 @@ def build_request(args: argparse.Namespace) -> ReplayRequest:
     config: dict[str, str | int | float | bool] = {
         "benchmark": ",".join(b.value for b in benchmarks),
         "mode": mode.value,
+        "rpc": args.rpc or "default",
         "pacing": args.pacing,
         "warmup_s": warmup_ns / NS_PER_S,
         "duration_s": duration_ns / NS_PER_S,
@@ -562,7 +588,8 @@ def build_request(args: argparse.Namespace) -> ReplayRequest:
         workloads = [chunk_workload(workload, settings) for workload in workloads]
     for workload in workloads:
         settings.check_payload(max(call.payload_bytes for call in workload.calls))
-    pacings = tuple(_pacing(args, workload) for workload in workloads)
+    rpcs = tuple(_rpc(args, workload) for workload in workloads)
+    pacings = tuple(_pacing(args, w, rpc) for w, rpc in zip(workloads, rpcs, strict=True))
     if targets is not None:
         needed = max(w.server_count for w in workloads)
         if len(targets) < needed:
@@ -574,6 +601,7 @@ def build_request(args: argparse.Namespace) -> ReplayRequest:
         trace_path=trace_path,
         workloads=tuple(workloads),
         pacings=pacings,
+        rpcs=rpcs,
         plan=plan,
         mode=mode,
         targets=targets,
@@ -639,13 +667,15 @@ def execute(
     server_settings = _server_settings(request.grpc, tls_material)
     results: list[BenchmarkResult] = []
     with _servers(request, server_settings) as (targets, local):
-        for workload, pacing in zip(request.workloads, request.pacings, strict=True):
+        for workload, pacing, rpc in zip(
+            request.workloads, request.pacings, request.rpcs, strict=True
+        ):
             result = run_benchmark(
                 workload,
                 targets,
                 pacing=pacing,
                 plan=request.plan,
-                settings=channel_settings,
+                settings=replace(channel_settings, rpc=rpc),
                 parameters=request.grpc_parameters,
                 on_progress=on_progress,
             )

@@ -240,7 +240,7 @@ def _measure(placement: Placement, args: argparse.Namespace, files: Any) -> str:
     _, channel_credentials = _gather_credentials(files)
     measured: list[BenchmarkResult] = []
     assert request.targets is not None
-    for workload, pacing in zip(request.workloads, request.pacings, strict=True):
+    for workload, pacing, rpc in zip(request.workloads, request.pacings, request.rpcs, strict=True):
         if workload.benchmark is Benchmark.PS_THROUGHPUT:
             gather.barrier(
                 placement.gatherer_address,
@@ -257,7 +257,7 @@ def _measure(placement: Placement, args: argparse.Namespace, files: Any) -> str:
             request.targets,
             pacing=pacing,
             plan=request.plan,
-            settings=channel_settings,
+            settings=replace(channel_settings, rpc=rpc),
             parameters={**request.grpc_parameters, "task": str(placement.task)},
         )
         measured.append(_with_worker_index(result, index))

@@ -21,8 +21,8 @@ from dataclasses import dataclass
 from tf_grpc_bench.replay.client import Driver, ReplayClient
 from tf_grpc_bench.replay.measurement import Benchmark, BenchmarkResult, CallSample, RunMeasurement
 from tf_grpc_bench.replay.pacing import Pacing, Timing, next_step_begin_ns
-from tf_grpc_bench.replay.wire import ChannelSettings, ServerStats
-from tf_grpc_bench.replay.workload import Workload, WorkloadStep
+from tf_grpc_bench.replay.wire import ChannelSettings, RpcKind, ServerStats
+from tf_grpc_bench.replay.workload import Shape, Workload, WorkloadStep
 
 from tf_grpc_bench.errors import ConfigError, TransportError
 
@@ -274,19 +274,42 @@ def run_measurement(
 # Benchmarks.
 
 
-def default_window(workload: Workload) -> int | None:
+#: Messages in flight on a stream for synthetic P2P bandwidth (measured in
+#: ``docs/performance.md``).
+STREAMING_BANDWIDTH_WINDOW = 1
+
+
+def default_window(workload: Workload, rpc: RpcKind = RpcKind.UNARY) -> int | None:
     """Calls in flight a benchmark allows unless told otherwise (None: the recorded concurrency).
 
     Latency: one call at a time.  Bandwidth: one outstanding call for the
-    paper's synthetic benchmark (send, wait for the ack, send again), the
-    recorded concurrency for a trace.  Throughput: the recorded concurrency
+    paper's synthetic benchmark (send, wait for the ack, send again), or
+    ``STREAMING_BANDWIDTH_WINDOW`` messages on a stream; the recorded
+    concurrency for a trace.  Throughput: the recorded concurrency
     (synthetic: one call in flight per (worker, ps) pair, all ps at once).
     """
     if workload.benchmark is Benchmark.P2P_LATENCY:
         return 1
     if workload.benchmark is Benchmark.P2P_BANDWIDTH and workload.source == "synthetic":
-        return 1
+        return STREAMING_BANDWIDTH_WINDOW if rpc is RpcKind.STREAMING else 1
     return None
+
+
+def default_rpc(workload: Workload) -> RpcKind:
+    """The RPC kind a benchmark uses unless told otherwise: streaming for synthetic
+    P2P bandwidth (measured faster and cheaper per MB, ``docs/performance.md``),
+    unary for everything else (the paper's and TensorFlow's one call per tensor)."""
+    if workload.benchmark is Benchmark.P2P_BANDWIDTH and workload.source == "synthetic":
+        return RpcKind.STREAMING
+    return RpcKind.UNARY
+
+
+def rpc_used(workload: Workload, rpc: RpcKind) -> RpcKind:
+    """The RPC kind a workload's calls actually travel with: streams carry only echo
+    and ack calls, so a trace's pulls stay unary whatever was asked."""
+    if rpc is RpcKind.STREAMING and any(call.shape is not Shape.PULL for call in workload.calls):
+        return RpcKind.STREAMING
+    return RpcKind.UNARY
 
 
 def default_pacing(workload: Workload) -> Pacing:
@@ -430,6 +453,7 @@ def run_benchmark(
         "outstanding": "recorded" if pacing.window is None else pacing.window,
         "targets": ",".join(targets[i] for i in workload.servers_used),
         "grpc": settings.describe(),
+        "rpc": rpc_used(workload, settings.rpc).value,
         **workload.parameters(),
         **plan.parameters(),
     }

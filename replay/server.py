@@ -8,7 +8,9 @@ RecvTensor``, ``RunGraph``...) answers with the pull semantics, so that a
 replay captured by the profiler's proxy shows the trace's own methods.  The
 control service (``/tf_grpc_bench.Control/Stats`` and ``/Reset``, JSON over raw
 bytes) reports what the server received and the CPU time it spent, for a
-client on this host or another.
+client on this host or another.  The streaming kind's bidirectional streams
+(``EchoStream``, ``PushStream``, see ``wire``) answer each message with one
+message, counting every message as the unary paths count every call.
 
 ``LocalServers`` runs servers as separate processes (so their CPU time and
 GIL are their own), as the replay command does on loopback.
@@ -25,7 +27,7 @@ import signal
 import socket
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent import futures
 from types import TracebackType
 from typing import Any
@@ -34,6 +36,8 @@ import grpc
 from tf_grpc_bench.protos import bench_pb2, bench_pb2_grpc
 from tf_grpc_bench.replay.wire import (
     CONTROL_SERVICE,
+    ECHO_STREAM_METHOD,
+    PUSH_STREAM_METHOD,
     RESET_METHOD,
     STATS_METHOD,
     Counters,
@@ -41,6 +45,7 @@ from tf_grpc_bench.replay.wire import (
     ServerSettings,
     ServerStats,
     identity,
+    keep_freed_memory,
     raw_ack,
     raw_response_length,
 )
@@ -194,6 +199,8 @@ class _Handlers(grpc.GenericRpcHandler):
             )
         if method.startswith(f"/{CONTROL_SERVICE}/"):
             return None
+        if method in (ECHO_STREAM_METHOD, PUSH_STREAM_METHOD):
+            return self._stream_handler(method)
         if self._state.mode is Mode.NON_SERIALIZED:
             behaviour = self._raw_fixed.get(method) or self._raw_pull_for(method)
             return grpc.unary_unary_rpc_method_handler(
@@ -210,6 +217,38 @@ class _Handlers(grpc.GenericRpcHandler):
             pull,
             request_deserializer=bench_pb2.PullRequest.FromString,
             response_serializer=bench_pb2.PullResponse.SerializeToString,
+        )
+
+    def _stream_handler(self, method: str) -> grpc.RpcMethodHandler:
+        """A bidirectional stream answering each message as its unary path answers a call."""
+        counters = self._state.counters
+        echo = method == ECHO_STREAM_METHOD
+        serialized = self._state.mode is Mode.SERIALIZED
+
+        def answer_each(requests: Iterator[Any], context: grpc.ServicerContext) -> Iterator[Any]:
+            # A cancelled stream ends the loop with grpc's own RpcError, which
+            # grpc recognises and does not log.
+            for request in requests:
+                size = request.ByteSize() if serialized else len(request)
+                if echo:
+                    response = request
+                elif serialized:
+                    response = bench_pb2.Ack(received_bytes=size)
+                else:
+                    response = raw_ack(size)
+                sent = size if echo else (response.ByteSize() if serialized else len(response))
+                counters.add(method, size, sent)
+                yield response
+
+        if not serialized:
+            return grpc.stream_stream_rpc_method_handler(
+                answer_each, request_deserializer=identity, response_serializer=identity
+            )
+        response_type = bench_pb2.Payload if echo else bench_pb2.Ack
+        return grpc.stream_stream_rpc_method_handler(
+            answer_each,
+            request_deserializer=bench_pb2.Payload.FromString,
+            response_serializer=response_type.SerializeToString,
         )
 
     def _raw_echo(self, request: bytes, context: grpc.ServicerContext) -> bytes:
@@ -349,6 +388,8 @@ def _serve_in_process(
     settings: ServerSettings,
 ) -> None:
     """Entry point of a server process: report the port, serve until SIGTERM/SIGINT."""
+    if settings.keep_freed_memory:
+        keep_freed_memory()
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     # Ctrl-C reaches the whole process group: the parent decides when servers stop.

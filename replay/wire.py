@@ -4,10 +4,25 @@ Method paths, message encodings, gRPC settings (message size limits, TLS),
 the control service that reports what a server received, preallocated
 payload bytes, and the one place where ``grpc.RpcError`` becomes
 ``TransportError``.  Message layouts are described in ``workload``.
+
+RPC kinds
+---------
+``RpcKind.UNARY`` makes one gRPC call per workload call, on the call's own
+method path.  ``RpcKind.STREAMING`` carries echo and ack calls as messages on
+one long-lived bidirectional stream per channel (``ECHO_STREAM_METHOD``,
+``PUSH_STREAM_METHOD``): each request message is answered by exactly one
+response message (the echo, or the ack), in order, so a workload call is still
+one request and one response with the same bytes; what goes away is the per-
+call setup (headers, stream creation, trailers) and one thread hand-off per
+call.  Pulls (trace replays) always stay unary on the trace's method paths.
+See ``docs/performance.md`` for what each kind measures.
 """
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
+import enum
 import json
 import struct
 import threading
@@ -17,13 +32,15 @@ from typing import Any
 import grpc
 from tf_grpc_bench.protos import bench_pb2
 from tf_grpc_bench.replay.workload import (
+    ECHO_METHOD,
+    PUSH_METHOD,
     RAW_PULL_HEADER_BYTES,
     Mode,
     pull_request_layout,
     pull_response_content_bytes,
 )
 
-from tf_grpc_bench.errors import TransportError
+from tf_grpc_bench.errors import ConfigError, TransportError
 
 #: Largest message either end accepts: TensorFlow tensors reach ~50 MB, and a
 #: payload of 10 Large buffers at their 10 MiB maximum is 100 MiB.
@@ -36,7 +53,29 @@ CONTROL_SERVICE = "tf_grpc_bench.Control"
 STATS_METHOD = f"/{CONTROL_SERVICE}/Stats"
 RESET_METHOD = f"/{CONTROL_SERVICE}/Reset"
 
+#: Bidirectional streams carrying echo and ack calls in ``RpcKind.STREAMING``.
+ECHO_STREAM_METHOD = "/tf_grpc_bench.Replay/EchoStream"
+PUSH_STREAM_METHOD = "/tf_grpc_bench.Replay/PushStream"
+#: The stream that carries each unary payload method.
+STREAM_OF_METHOD = {ECHO_METHOD: ECHO_STREAM_METHOD, PUSH_METHOD: PUSH_STREAM_METHOD}
+
 _UINT64 = struct.Struct("<Q")
+
+
+class RpcKind(enum.Enum):
+    """How echo and ack calls travel: one unary call each, or messages on a stream."""
+
+    UNARY = "unary"
+    STREAMING = "streaming"
+
+    @classmethod
+    def parse(cls, text: str, *, flag: str = "--rpc") -> RpcKind:
+        try:
+            return cls(text.strip().lower())
+        except ValueError:
+            names = ", ".join(kind.value for kind in cls)
+            raise ConfigError(f"{flag} {text!r}: expected one of {names}") from None
+
 
 _SIZE_OPTIONS: tuple[tuple[str, int], ...] = (
     ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
@@ -65,10 +104,14 @@ class ChannelSettings:
     certificate_chain: bytes | None = None
     #: Channels per server per worker; calls take them in turn.
     channels_per_server: int = 1
+    #: Echo and ack calls as unary calls, or as messages on one stream per channel.
+    rpc: RpcKind = RpcKind.UNARY
 
     def __post_init__(self) -> None:
         if self.channels_per_server < 1:
             raise ValueError(f"channels_per_server must be >= 1, got {self.channels_per_server}")
+        if not isinstance(self.rpc, RpcKind):
+            raise ValueError(f"rpc must be an RpcKind, got {self.rpc!r}")
 
     def all_options(self) -> list[tuple[str, str | int]]:
         return [*_SIZE_OPTIONS, *self.options]
@@ -85,7 +128,8 @@ class ChannelSettings:
     def describe(self) -> str:
         extra = ",".join(f"{k}={v}" for k, v in self.options)
         tls = "tls" if self.root_certificates is not None else "insecure"
-        return f"{tls};channels={self.channels_per_server}" + (f";{extra}" if extra else "")
+        described = f"{tls};channels={self.channels_per_server};rpc={self.rpc.value}"
+        return described + (f";{extra}" if extra else "")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -100,8 +144,11 @@ class ServerSettings:
     private_key: bytes | None = None
     certificate_chain: bytes | None = None
     root_certificates: bytes | None = None
-    #: Threads answering calls; bounds how many calls are served at once.
+    #: Threads answering calls; bounds how many calls are served at once (a
+    #: stream of the streaming kind holds one thread for as long as it is open).
     max_workers: int = 64
+    #: Server processes reuse freed message buffers (``keep_freed_memory``).
+    keep_freed_memory: bool = True
 
     def __post_init__(self) -> None:
         if self.max_workers < 1:
@@ -289,3 +336,49 @@ class Counters:
                 self.sent_messages,
                 {k: list(v) for k, v in self.per_method.items()},
             )
+
+
+# --------------------------------------------------------------------------
+# Memory of replay processes.
+
+#: glibc ``mallopt`` parameters (malloc.h).
+_M_TRIM_THRESHOLD = -1
+_M_MMAP_THRESHOLD = -3
+#: Allocations up to this size come from malloc's heap instead of fresh mmaps.
+KEPT_ALLOCATION_BYTES = 512 * 1024 * 1024
+_kept = False
+
+
+def keep_freed_memory() -> bool:
+    """Make this process reuse freed message buffers instead of mapping new pages.
+
+    grpcio allocates a new buffer for every message it receives or sends (the
+    Python ``bytes`` of a received message, the slice a sent one is copied
+    into).  With glibc's defaults, buffers of more than 128 KiB are fresh
+    ``mmap`` regions returned to the kernel when freed, so each message costs
+    its size in page faults and zeroing; measured here that is about a tenth
+    to a quarter of the CPU time per MB a 1-10 MiB payload costs
+    (``docs/performance.md``).  Raising glibc's mmap and trim thresholds keeps
+    freed buffers in the heap for the next message.  The price is memory: a
+    process keeps its peak heap instead of giving it back.
+
+    Process-wide and irreversible; call it from a process this tool owns (a
+    server process, the ``replay`` command, a worker process).  Returns False
+    (and changes nothing) where the C library has no ``mallopt``.
+    """
+    global _kept
+    if _kept:
+        return True
+    name = ctypes.util.find_library("c")
+    try:
+        libc = ctypes.CDLL(name)
+        mallopt = libc.mallopt
+    except (OSError, AttributeError, TypeError):
+        return False
+    mallopt.argtypes = (ctypes.c_int, ctypes.c_int)
+    mallopt.restype = ctypes.c_int
+    _kept = bool(
+        mallopt(_M_MMAP_THRESHOLD, KEPT_ALLOCATION_BYTES)
+        and mallopt(_M_TRIM_THRESHOLD, 2 * KEPT_ALLOCATION_BYTES)
+    )
+    return _kept

@@ -20,6 +20,7 @@ from tf_grpc_bench.replay.measurement import Benchmark, BenchmarkResult, CallSam
 from tf_grpc_bench.replay.pacing import Pacing, Timing
 from tf_grpc_bench.replay.runner import ProgressEvent, RunPlan, run_benchmark
 from tf_grpc_bench.replay.server import LocalServers
+from tf_grpc_bench.replay.wire import ChannelSettings, RpcKind
 from tf_grpc_bench.replay.workload import Call, Mode, Workload, synthetic_workload, trace_workload
 
 from tf_grpc_bench.errors import ConfigError
@@ -158,17 +159,21 @@ def test_too_few_targets_for_the_workloads_ps_count_is_refused(servers: LocalSer
 
 
 def _kill_once_measuring(
-    running: LocalServers,
+    running: LocalServers, *, in_flight: int = 1
 ) -> tuple[threading.Event, Callable[[ProgressEvent], None]]:
     """A progress callback that SIGKILLs the server process once the first measured run
-    has delivered calls to it (watched through the server's own statistics)."""
+    has delivered calls to it (watched through the server's own statistics).
+
+    The server counts a message before its answer leaves, so with ``in_flight``
+    calls allowed at once, only a count above ``in_flight`` proves that at
+    least one call has completed at the client."""
     killed = threading.Event()
 
     def kill_when_served() -> None:
         observer = ReplayClient(running.targets[0], mode=running.mode)
         try:
             for _ in range(600):
-                if observer.stats().received_messages > 0:
+                if observer.stats().received_messages > in_flight:
                     break
                 time.sleep(0.05)
         finally:
@@ -200,3 +205,54 @@ def test_a_server_killed_mid_run_ends_the_benchmark_partial_with_what_was_measur
     assert len(result.runs) == 1 and result.runs[0].partial
     assert result.runs[0].rpc_count > 0
     assert result.runs[0].server_received_messages == -1
+
+
+@pytest.mark.parametrize("window", [1, 4])
+@pytest.mark.parametrize("benchmark", list(Benchmark), ids=lambda b: b.value)
+def test_streamed_synthetic_benchmarks_deliver_every_message_and_byte(
+    servers: LocalServers, benchmark: Benchmark, window: int
+) -> None:
+    workload = _workload(benchmark, "synthetic", servers.mode)
+    settings = ChannelSettings(rpc=RpcKind.STREAMING, channels_per_server=2)
+    result = run_benchmark(
+        workload, servers.targets, pacing=Pacing(window=window), plan=SHORT, settings=settings
+    )
+    _assert_servers_received_what_was_sent(result)
+    assert result.parameters["rpc"] == "streaming"
+    if benchmark is not Benchmark.PS_THROUGHPUT and window == 1:
+        calls = workload.calls
+        for run in result.runs:
+            expected = [_key(calls[i % len(calls)]) for i in range(run.rpc_count)]
+            assert [_key(s) for s in run.samples] == expected
+
+
+def test_a_trace_replayed_with_streaming_asked_stays_unary_and_says_so(
+    servers: LocalServers,
+) -> None:
+    workload = _workload(Benchmark.P2P_BANDWIDTH, "trace", servers.mode)
+    settings = ChannelSettings(rpc=RpcKind.STREAMING)
+    result = run_benchmark(workload, servers.targets, plan=TWO_STEPS, settings=settings)
+    _assert_servers_received_what_was_sent(result)
+    assert result.parameters["rpc"] == "unary"
+
+
+def test_a_server_killed_mid_stream_ends_the_benchmark_partial() -> None:
+    with LocalServers(1) as running:
+        workload = synthetic_workload(
+            Benchmark.P2P_BANDWIDTH, SMALL_PAYLOADS, mode=Mode.NON_SERIALIZED
+        )
+        plan = RunPlan(warmup_ns=0, duration_ns=60_000_000_000, runs=3, deadline_s=5)
+        killed, on_progress = _kill_once_measuring(running, in_flight=4)
+        result = run_benchmark(
+            workload,
+            running.targets,
+            pacing=Pacing(window=4),
+            plan=plan,
+            settings=ChannelSettings(rpc=RpcKind.STREAMING),
+            on_progress=on_progress,
+        )
+    assert killed.is_set()
+    assert result.partial
+    assert "unavailable" in result.partial_reason
+    assert len(result.runs) == 1 and result.runs[0].partial
+    assert result.runs[0].rpc_count > 0

@@ -272,6 +272,40 @@ def test_generator_flags_with_a_trace_are_refused(tmp_path: Path, small_trace_fi
     assert "--generator" in completed.stderr and completed.stderr.count("\n") == 1
 
 
+@pytest.mark.parametrize(
+    ("arguments", "expected"),
+    [
+        ([], {"p2p-latency": "unary", "p2p-bandwidth": "streaming", "ps-throughput": "unary"}),
+        (
+            ["--rpc", "unary"],
+            dict.fromkeys(("p2p-latency", "p2p-bandwidth", "ps-throughput"), "unary"),
+        ),
+        (
+            ["--rpc", "streaming", "--mode", "serialized"],
+            dict.fromkeys(("p2p-latency", "p2p-bandwidth", "ps-throughput"), "streaming"),
+        ),
+    ],
+    ids=["default", "unary", "streaming-serialized"],
+)
+def test_each_benchmark_records_the_rpc_kind_it_ran_with_and_every_byte_arrives(
+    tmp_path: Path, arguments: list[str], expected: dict[str, str]
+) -> None:
+    completed = _run("replay", "--synthetic", *TINY, *arguments, "--quiet", cwd=tmp_path)
+    assert completed.returncode == 0, completed.stderr
+    document = _document_from(completed.stdout, tmp_path)
+    assert {r.benchmark.value: r.parameters["rpc"] for r in document.benchmarks} == expected
+    for result in document.benchmarks:
+        for run in result.runs:
+            assert run.server_received_messages == run.rpc_count > 0
+            assert run.server_received_bytes == run.request_bytes
+
+
+def test_streaming_a_trace_is_refused_in_one_line(tmp_path: Path, small_trace_file: Path) -> None:
+    completed = _run("replay", str(small_trace_file), "--rpc", "streaming", cwd=tmp_path)
+    assert completed.returncode == 2
+    assert "--rpc" in completed.stderr and completed.stderr.count("\n") == 1
+
+
 def test_an_unreachable_target_is_one_line_and_exit_3(tmp_path: Path) -> None:
     completed = _run(
         "replay",

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import socket
 from collections.abc import Iterator
+from concurrent import futures
 from pathlib import Path
 
 import grpc
@@ -14,12 +15,16 @@ from tf_grpc_bench.replay.generators import GeneratorConfig
 from tf_grpc_bench.replay.measurement import Benchmark
 from tf_grpc_bench.replay.server import ReplayServer
 from tf_grpc_bench.replay.wire import (
+    ECHO_STREAM_METHOD,
+    PUSH_STREAM_METHOD,
     RESPONSE_LENGTH_METADATA,
     ChannelSettings,
+    RpcKind,
     ServerSettings,
     translate_rpc_error,
 )
 from tf_grpc_bench.replay.workload import (
+    ECHO_METHOD,
     PULL_METHOD,
     Mode,
     ack_call,
@@ -234,3 +239,107 @@ def test_preallocated_payloads_are_shared_up_to_their_memory_limit() -> None:
     assert payloads.get(60) is payloads.get(60)
     assert len(payloads.get(50)) == 50 and payloads.get(50) is not payloads.get(50)
     assert payloads.held_bytes == 60
+
+
+# -- the streaming kind: echo and ack calls as messages on one stream per channel
+
+
+@pytest.mark.parametrize("channels", [1, 2])
+def test_streamed_echo_and_ack_messages_reach_the_server_one_message_per_call(
+    server: ReplayServer, mode: Mode, channels: int
+) -> None:
+    settings = ChannelSettings(rpc=RpcKind.STREAMING, channels_per_server=channels)
+    replay_client = ReplayClient(server.address, mode=mode, settings=settings)
+    try:
+        calls = [echo_call((10, 10_240), mode), ack_call((1 << 20, 7), mode), echo_call((1,), mode)]
+        replay_client.prepare(calls)
+        replay_client.reset_stats()
+        for call in calls * 3:
+            replay_client.invoke(call, timeout_s=20)
+        pending = [(call, replay_client.start(call, timeout_s=20)) for call in calls * 4]
+        assert [replay_client.outcome(call, future) for call, future in pending] == [None] * 12
+        stats = replay_client.stats()
+    finally:
+        replay_client.close()
+    sent = calls * 7
+    assert stats.received_messages == len(sent)
+    assert stats.received_bytes == sum(call.request_bytes for call in sent)
+    assert stats.sent_bytes == sum(call.response_bytes for call in sent)
+    echoes = [call for call in sent if call.method == ECHO_METHOD]
+    assert stats.per_method == {
+        ECHO_STREAM_METHOD: [len(echoes), sum(call.request_bytes for call in echoes)],
+        PUSH_STREAM_METHOD: [len(sent) - len(echoes), 7 * calls[1].request_bytes],
+    }
+
+
+def test_pulls_stay_unary_on_their_own_method_when_streaming(
+    server: ReplayServer, mode: Mode
+) -> None:
+    settings = ChannelSettings(rpc=RpcKind.STREAMING)
+    replay_client = ReplayClient(server.address, mode=mode, settings=settings)
+    try:
+        call = pull_call(method=RECV_TENSOR, request_bytes=100, response_bytes=4096, mode=mode)
+        replay_client.reset_stats()
+        replay_client.invoke(call, timeout_s=20)
+        stats = replay_client.stats()
+    finally:
+        replay_client.close()
+    assert stats.per_method == {RECV_TENSOR: [1, call.request_bytes]}
+
+
+def _stalling_server() -> tuple[grpc.Server, int, list[grpc.ServicerContext]]:
+    """A real grpcio server whose push stream takes messages and never answers."""
+    seen: list[grpc.ServicerContext] = []
+
+    def swallow(requests: Iterator[bytes], context: grpc.ServicerContext) -> Iterator[bytes]:
+        seen.append(context)
+        for _ in requests:
+            pass
+        return iter(())
+
+    handler = grpc.method_handlers_generic_handler(
+        "tf_grpc_bench.Replay",
+        {"PushStream": grpc.stream_stream_rpc_method_handler(swallow)},
+    )
+    stalling = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
+    stalling.add_generic_rpc_handlers((handler,))
+    port = stalling.add_insecure_port("127.0.0.1:0")
+    stalling.start()
+    return stalling, port, seen
+
+
+@pytest.mark.parametrize("blocking", [True, False], ids=["blocking", "future"])
+def test_a_streamed_call_without_an_answer_fails_at_its_deadline(blocking: bool) -> None:
+    stalling, port, _ = _stalling_server()
+    settings = ChannelSettings(rpc=RpcKind.STREAMING)
+    replay_client = ReplayClient(f"127.0.0.1:{port}", mode=Mode.NON_SERIALIZED, settings=settings)
+    call = ack_call((100,), Mode.NON_SERIALIZED)
+    try:
+        if blocking:
+            with pytest.raises(TransportError, match="--deadline"):
+                replay_client.invoke(call, timeout_s=0.3)
+        else:
+            error = replay_client.outcome(call, replay_client.start(call, timeout_s=0.3))
+            assert isinstance(error, TransportError) and "--deadline" in str(error)
+        # The stream is gone: later calls fail at once instead of hanging.
+        with pytest.raises(TransportError):
+            replay_client.invoke(call, timeout_s=0.3)
+    finally:
+        replay_client.close()
+        stalling.stop(None)
+
+
+def test_a_stopped_server_fails_streamed_calls_as_transport_errors(mode: Mode) -> None:
+    running = ReplayServer(mode=mode).start()
+    settings = ChannelSettings(rpc=RpcKind.STREAMING)
+    replay_client = ReplayClient(running.address, mode=mode, settings=settings)
+    call = echo_call((1000,), mode)
+    try:
+        replay_client.invoke(call, timeout_s=10)
+        running.stop(None)
+        with pytest.raises(TransportError, match="EchoStream"):
+            for _ in range(100):
+                replay_client.invoke(call, timeout_s=10)
+    finally:
+        replay_client.close()
+        running.stop(None)
