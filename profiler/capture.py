@@ -8,7 +8,10 @@ addresses, so every call between tasks crosses a proxy.  When the job is done
 
 * steady-state steps come from the launcher's step markers (phase
   ``steady``); markers with the same step number (one per driving task) make
-  one window from the earliest start to the latest end;
+  one window from the earliest start to the latest end.  Asynchronous
+  training's steps overlap in time, so there a step is one worker-step: the
+  calls sharing a TensorFlow step id (see ``step_id_windows``), between the
+  first steady marker's start and the last one's end;
 * an RPC belongs to the step whose window contains its start (the latest such
   window when asynchronous windows overlap; an RPC between two windows belongs
   to the next one); RPCs before the first steady window are start-up (graph
@@ -270,6 +273,65 @@ def step_windows(markers: Sequence[StepMarker]) -> list[StepWindow]:
         for number, group in grouped.items()
     ]
     return sorted(windows, key=lambda w: (w.start_ns, w.number))
+
+
+def _involves_ps(call: RecordedCall) -> bool:
+    """A RecvTensor whose rendezvous key names a ps task at either end."""
+    if call.method != RECV_TENSOR:
+        return False
+    try:
+        key = decode_recv_tensor_request(call.request_head).rendezvous_key
+    except MessageDecodeError:
+        return False
+    return "/job:ps/" in key
+
+
+def step_id_windows(
+    calls: Sequence[RecordedCall],
+    *,
+    warmup_steps: int = 0,
+    start_ns: int | None = None,
+    end_ns: int | None = None,
+    count: int | None = None,
+) -> tuple[list[StepWindow], frozenset[int]]:
+    """One window per TensorFlow step id (one worker-step), ordered by first call.
+
+    Every RecvTensor (and RecvBuf) request names the step id of the function
+    or graph run that needs the tensor, so the calls sharing one are one
+    worker-step.  Only the transfers to or from parameter servers count when
+    there are some (other functions, such as the chief fetching a loss, have
+    step ids of their own).  Step ids whose first call comes before ``start_ns``, and the
+    ``warmup_steps`` first of the others, are start-up; those starting after
+    ``end_ns`` are left to teardown.  With ``count``, only the last ``count``
+    are steps and any earlier ones start-up (a slow worker's warm-up step
+    may start after a fast one's first steady step).  Returns the windows and
+    the start-up step ids.  Calls with step id 0 (RecvBuf under MultiWorkerMirrored)
+    delimit nothing.
+    """
+    spans: dict[int, list[int]] = {}
+    with_ps = [call for call in calls if _involves_ps(call)]
+    for call in with_ps or calls:
+        step_id = step_id_of(call)
+        if step_id:
+            span = spans.get(step_id)
+            if span is None:
+                spans[step_id] = [call.start_ns, call.end_ns]
+            else:
+                span[0] = min(span[0], call.start_ns)
+                span[1] = max(span[1], call.end_ns)
+    ordered = sorted((start, end, step_id) for step_id, (start, end) in spans.items())
+    early = [o for o in ordered if start_ns is not None and o[0] < start_ns]
+    rest = [o for o in ordered if start_ns is None or o[0] >= start_ns]
+    startup = early + rest[:warmup_steps]
+    kept = [o for o in rest[warmup_steps:] if end_ns is None or o[0] <= end_ns]
+    if count is not None and len(kept) > count:
+        startup += kept[: len(kept) - count]
+        kept = kept[len(kept) - count :]
+    windows = [
+        StepWindow(number=number, start_ns=start, end_ns=end, step_id=step_id)
+        for number, (start, end, step_id) in enumerate(kept)
+    ]
+    return windows, frozenset(step_id for _, _, step_id in startup)
 
 
 def split_into_steps(
@@ -629,6 +691,26 @@ def capture_training(
     task_index = {t.key: i for i, t in enumerate(tasks)}
     caller_of_pid = {pid: task_index[key] for key, pid in pids.items() if key in task_index}
     metadata = run_metadata(config, job_info, command)
+    windows: list[StepWindow] | None = None
+    startup_ids: frozenset[int] = frozenset()
+    steady = step_windows(markers)
+    if not config.synchronous and steady:
+        # Asynchronous steps overlap in time: a step is one worker-step, the
+        # calls of one TensorFlow step id, within the steady markers' span.
+        windows, startup_ids = step_id_windows(
+            calls,
+            start_ns=steady[0].start_ns,
+            end_ns=max(w.end_ns for w in steady),
+            count=sum(1 for m in markers if m.phase == "steady"),
+        )
+        metadata = dataclasses.replace(
+            metadata,
+            extra=(
+                *metadata.extra,
+                ("step_unit", "worker-step"),
+                ("steps_from", "step-id"),
+            ),
+        )
     proxy_errors = proxies.errors()
     reason = str(error) if error is not None else ""
     if not reason and proxy_errors:
@@ -638,6 +720,8 @@ def capture_training(
         tasks=trace_tasks,
         caller_of_pid=caller_of_pid,
         markers=markers,
+        windows=windows,
+        startup_step_ids=startup_ids,
         origin_ns=proxies.started_ns,
         metadata=metadata,
         partial_reason=reason,

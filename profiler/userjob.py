@@ -60,10 +60,9 @@ from tf_grpc_bench.profiler.capture import (
     ProxySet,
     StepWindow,
     assemble_trace,
-    step_id_of,
+    step_id_windows,
 )
 from tf_grpc_bench.profiler.launcher import StepMarker, read_step_markers
-from tf_grpc_bench.profiler.proxy import RecordedCall
 
 from tf_grpc_bench import __version__
 from tf_grpc_bench import trace as trace_model
@@ -194,33 +193,6 @@ def task_tf_config(
 
 # --------------------------------------------------------------------------
 # Steps from step ids (pure).
-
-
-def step_id_windows(
-    calls: Sequence[RecordedCall], *, warmup_steps: int
-) -> tuple[list[StepWindow], frozenset[int]]:
-    """One window per step id (a worker-step), by first call, after ``warmup_steps``.
-
-    Returns the windows and the step ids of the warm-up steps left out (their
-    calls belong to start-up).  Calls with step id 0 (RecvBuf under
-    MultiWorkerMirrored) delimit nothing.
-    """
-    spans: dict[int, list[int]] = {}
-    for call in calls:
-        step_id = step_id_of(call)
-        if step_id:
-            span = spans.get(step_id)
-            if span is None:
-                spans[step_id] = [call.start_ns, call.end_ns]
-            else:
-                span[0] = min(span[0], call.start_ns)
-                span[1] = max(span[1], call.end_ns)
-    ordered = sorted((start, end, step_id) for step_id, (start, end) in spans.items())
-    windows = [
-        StepWindow(number=number, start_ns=start, end_ns=end, step_id=step_id)
-        for number, (start, end, step_id) in enumerate(ordered[warmup_steps:])
-    ]
-    return windows, frozenset(step_id for _, _, step_id in ordered[:warmup_steps])
 
 
 def markers_as_windows(markers: Sequence[StepMarker]) -> list[StepMarker]:

@@ -448,17 +448,26 @@ def test_capturing_resnet50_at_a_tiny_input_moves_its_parameters_each_way(tmp_pa
 
 
 @pytest.mark.tensorflow
-@pytest.mark.parametrize(("setup", "ps"), [("tf1-ps", 1), ("mwms", 0)])
+@pytest.mark.parametrize(
+    ("setup", "ps", "synchronous"),
+    [("tf1-ps", 1, True), ("mwms", 0, True), ("tf2-ps", 1, False), ("tf1-ps", 1, False)],
+)
 def test_the_other_setups_are_captured_and_obey_their_physics(
-    setup: str, ps: int, tmp_path: Path
+    setup: str, ps: int, synchronous: bool, tmp_path: Path
 ) -> None:
-    config = TrainingConfig(model="tiny", setup=setup, ps=ps, workers=2, steps=2, input_size=8)
+    config = TrainingConfig(
+        model="tiny", setup=setup, ps=ps, workers=2, steps=2, input_size=8, synchronous=synchronous
+    )
     result = capture_training(config, tmp_path / f"{setup}.tfgbtrace", command=("pytest",))
     assert result.error is None
     extra = dict(result.trace.metadata.extra)
     assert extra["unattributed_calls"] == "0"
     report = check_physics(result.trace)
     assert report.ok, report.format()
+    if not synchronous:
+        # Asynchronous steps are worker-steps: every worker's, one by one.
+        assert extra["step_unit"] == "worker-step"
+        assert len(result.trace.steps) == config.steps * config.workers
     methods = Counter(r.short_method for s in result.trace.steps for r in s.rpcs)
     # Parameter servers move tensors with RecvTensor, all-reduce with RecvBuf.
     assert methods["RecvBuf" if setup == "mwms" else "RecvTensor"] > 0

@@ -9,15 +9,11 @@ import sys
 from pathlib import Path
 
 import pytest
+from tf_grpc_bench.profiler.capture import step_id_windows
 from tf_grpc_bench.profiler.physics import check_physics
 from tf_grpc_bench.profiler.ports import free_ports
 from tf_grpc_bench.profiler.proxy import RecordedCall
-from tf_grpc_bench.profiler.userjob import (
-    UserJob,
-    parse_cluster,
-    step_id_windows,
-    task_tf_config,
-)
+from tf_grpc_bench.profiler.userjob import UserJob, parse_cluster, task_tf_config
 
 from tf_grpc_bench import trace as trace_model
 from tf_grpc_bench.errors import ConfigError
@@ -100,6 +96,11 @@ def test_calls_sharing_a_step_id_are_one_worker_step() -> None:
     windows, warmup = step_id_windows(calls, warmup_steps=1)
     assert [(w.step_id, w.start_ns, w.end_ns) for w in windows] == [(7, 100, 140), (9, 105, 115)]
     assert warmup == {5}
+    # Within a span (asynchronous captures): earlier ids are start-up, later ones left out.
+    windows, startup = step_id_windows(calls, start_ns=50, end_ns=100)
+    assert [w.step_id for w in windows] == [7] and startup == {5}
+    windows, startup = step_id_windows(calls, count=1)
+    assert [w.step_id for w in windows] == [9] and startup == {5, 7}
 
 
 def test_a_busy_port_is_a_one_line_error(tmp_path: Path) -> None:
