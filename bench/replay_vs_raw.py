@@ -458,13 +458,22 @@ def _timed_loop(call: Callable[[], object], seconds: float) -> list[int]:
 # Our replay.
 
 
-#: In-flight windows of the bandwidth comparison: 1 is what ``replay`` does by
-#: default for synthetic P2P bandwidth (the paper's one call at a time).
-BANDWIDTH_WINDOWS = (1, 4)
-
-
-def replay_tool(window: int) -> str:
-    return "replay" if window == 1 else f"replay, {window} in flight"
+#: Replay configurations of the bandwidth comparison: (tool name, RPC kind,
+#: calls in flight); None means what ``tf-grpc-bench replay`` does by default
+#: (streaming, one message at a time, for synthetic P2P bandwidth: see
+#: ``runner.default_rpc`` and ``docs/performance.md``).  "replay, unary" is the
+#: paper's one unary call at a time.
+BANDWIDTH_VARIANTS: tuple[tuple[str, str | None, int | None], ...] = (
+    ("replay", None, None),
+    ("replay, unary", "unary", 1),
+    ("replay, streaming, 4 in flight", "streaming", 4),
+)
+#: Replay configurations of the round-trip comparison: the default (unary calls)
+#: and the streaming ping-pong (one message each way per round trip).
+ROUND_TRIP_VARIANTS: tuple[tuple[str, str | None], ...] = (
+    ("replay", None),
+    ("replay, streaming", "streaming"),
+)
 
 
 def measure_replay(seconds: float, runs: int, figures: Figures) -> None:
@@ -472,14 +481,16 @@ def measure_replay(seconds: float, runs: int, figures: Figures) -> None:
 
     The same path as ``tf-grpc-bench replay``: ``LocalServers`` (a server in
     its own process), ``synthetic_workload`` and ``run_benchmark`` with the
-    default channel settings, non-serialized mode; one buffer per payload so
-    every message is exactly the size in the table.
+    RPC kind and window the ``replay`` command defaults to (or the variant's),
+    non-serialized mode; one buffer per payload so every message is exactly
+    the size in the table.
     """
     from tf_grpc_bench.replay.generators import BufferSizes, GeneratorConfig
     from tf_grpc_bench.replay.measurement import Benchmark
     from tf_grpc_bench.replay.pacing import Pacing
-    from tf_grpc_bench.replay.runner import RunPlan, run_benchmark
+    from tf_grpc_bench.replay.runner import RunPlan, default_rpc, default_window, run_benchmark
     from tf_grpc_bench.replay.server import LocalServers
+    from tf_grpc_bench.replay.wire import ChannelSettings, RpcKind
     from tf_grpc_bench.replay.workload import Mode, synthetic_workload
 
     from tf_grpc_bench.sizes import classify
@@ -500,15 +511,24 @@ def measure_replay(seconds: float, runs: int, figures: Figures) -> None:
     mode = Mode.NON_SERIALIZED
     with LocalServers(1, mode=mode) as servers:
         for size in BANDWIDTH_SIZES:
-            for window in BANDWIDTH_WINDOWS:
+            for tool, rpc_name, chosen_window in BANDWIDTH_VARIANTS:
                 workload = synthetic_workload(Benchmark.P2P_BANDWIDTH, generator(size), mode=mode)
-                print(f"   replay P2P bandwidth {size_name(size)}, {window} in flight", flush=True)
+                rpc = RpcKind(rpc_name) if rpc_name else default_rpc(workload)
+                window = chosen_window or default_window(workload, rpc)
+                print(
+                    f"   replay P2P bandwidth {size_name(size)}, {rpc.value}, {window} in flight",
+                    flush=True,
+                )
                 result = run_benchmark(
-                    workload, servers.targets, pacing=Pacing(window=window), plan=plan
+                    workload,
+                    servers.targets,
+                    pacing=Pacing(window=window),
+                    plan=plan,
+                    settings=ChannelSettings(rpc=rpc),
                 )
                 figures.bandwidth.append(
                     Bandwidth(
-                        tool=replay_tool(window),
+                        tool=tool,
                         size_bytes=size,
                         pass_index=1,
                         mb_per_s=result.bandwidth_mb_per_s,
@@ -516,22 +536,26 @@ def measure_replay(seconds: float, runs: int, figures: Figures) -> None:
                 )
                 _note_partial(figures, result, f"P2P bandwidth {size_name(size)}")
         for size in ROUND_TRIP_SIZES:
-            workload = synthetic_workload(Benchmark.P2P_LATENCY, generator(size), mode=mode)
-            print(f"   replay P2P latency {size_name(size)}", flush=True)
-            result = run_benchmark(workload, servers.targets, plan=plan)
-            latency = result.latency_all
-            figures.round_trips.append(
-                RoundTrip(
-                    tool="replay",
-                    size_bytes=size,
-                    pass_index=1,
-                    p50_us=latency.p50_ns / 1e3,
-                    p99_us=latency.p99_ns / 1e3,
-                    mean_us=latency.mean_ns / 1e3,
-                    count=latency.count,
+            for tool, rpc_name in ROUND_TRIP_VARIANTS:
+                workload = synthetic_workload(Benchmark.P2P_LATENCY, generator(size), mode=mode)
+                rpc = RpcKind(rpc_name) if rpc_name else default_rpc(workload)
+                print(f"   replay P2P latency {size_name(size)}, {rpc.value}", flush=True)
+                result = run_benchmark(
+                    workload, servers.targets, plan=plan, settings=ChannelSettings(rpc=rpc)
                 )
-            )
-            _note_partial(figures, result, f"P2P latency {size_name(size)}")
+                latency = result.latency_all
+                figures.round_trips.append(
+                    RoundTrip(
+                        tool=tool,
+                        size_bytes=size,
+                        pass_index=1,
+                        p50_us=latency.p50_ns / 1e3,
+                        p99_us=latency.p99_ns / 1e3,
+                        mean_us=latency.mean_ns / 1e3,
+                        count=latency.count,
+                    )
+                )
+                _note_partial(figures, result, f"P2P latency {size_name(size)} ({tool})")
 
 
 def _note_partial(figures: Figures, result: Any, what: str) -> None:
@@ -551,10 +575,10 @@ def ratios(figures: Figures) -> list[tuple[str, float]]:
     found = []
     iperf = figures.best_bandwidth("iperf3")
     for size in BANDWIDTH_SIZES:
-        for window in BANDWIDTH_WINDOWS:
-            replay = figures.best_bandwidth(replay_tool(window), size)
+        for tool, _, _ in BANDWIDTH_VARIANTS:
+            replay = figures.best_bandwidth(tool, size)
             if iperf and replay:
-                what = f"{replay_tool(window)} bandwidth {size_name(size)} / iperf3"
+                what = f"{tool} bandwidth {size_name(size)} / iperf3"
                 found.append((what, replay.mb_per_s / iperf.mb_per_s))
         bare = figures.best_bandwidth("bare grpcio", size)
         replay = figures.best_bandwidth("replay", size)
@@ -562,13 +586,17 @@ def ratios(figures: Figures) -> list[tuple[str, float]]:
             what = f"replay bandwidth {size_name(size)} / bare grpcio"
             found.append((what, replay.mb_per_s / bare.mb_per_s))
     for size in ROUND_TRIP_SIZES:
-        replay_trip = figures.best_round_trip("replay", size)
-        for raw_tool in ("sockperf", "python socket", "bare grpcio"):
-            raw_size = max(size, SOCKPERF_MIN_BYTES) if raw_tool == "sockperf" else size
-            raw = figures.best_round_trip(raw_tool, raw_size)
-            if replay_trip and raw:
-                what = f"replay p50 round trip {size_name(size)} / {raw_tool} {size_name(raw_size)}"
-                found.append((what, replay_trip.p50_us / raw.p50_us))
+        for tool, _ in ROUND_TRIP_VARIANTS:
+            replay_trip = figures.best_round_trip(tool, size)
+            for raw_tool in ("sockperf", "python socket", "bare grpcio"):
+                raw_size = max(size, SOCKPERF_MIN_BYTES) if raw_tool == "sockperf" else size
+                raw = figures.best_round_trip(raw_tool, raw_size)
+                if replay_trip and raw:
+                    what = (
+                        f"{tool} p50 round trip {size_name(size)} / {raw_tool} "
+                        f"{size_name(raw_size)}"
+                    )
+                    found.append((what, replay_trip.p50_us / raw.p50_us))
     return found
 
 
@@ -647,6 +675,13 @@ def findings(figures: Figures) -> list[str]:
                         f"{share:.0%} of the replay's: grpcio's own Python call path is that "
                         f"share, the replay's driver the remaining {1 - share:.0%}"
                     )
+            streamed = figures.best_round_trip("replay, streaming", size)
+            if streamed:
+                sentence += (
+                    f". Streamed (--rpc streaming, one message each way per round trip) the "
+                    f"replay's p50 is {streamed.p50_us:,.0f} us = "
+                    f"{streamed.p50_us / raw.p50_us:.1f} x raw TCP"
+                )
             lines.append(sentence + ".")
     for tool in RAW_TOOLS[1:]:
         for size in sorted({r.size_bytes for r in figures.round_trips if r.tool == tool}):

@@ -1,0 +1,742 @@
+"""What makes the replay fast or slow: its alternatives side by side, against raw TCP, in one run.
+
+DESIGN.md section 7 asks that the replay not be the bottleneck: P2P bandwidth
+with 1 MB+ messages at least half of iperf3's single stream on the same link,
+and a small-message round trip driven toward what C++ gRPC achieves.  This
+script measures, interleaved in every repetition (so that a shared machine's
+load hits all of them alike):
+
+1. raw TCP: ``iperf3`` one stream and ``-P 2`` streams; ``sockperf ping-pong``;
+2. the replay library (``run_benchmark`` against ``LocalServers``, raw bytes,
+   one buffer per payload) in each RPC kind and window: P2P bandwidth with
+   1 MiB and 10 MiB messages (unary and streaming, 1..8 in flight, 2 channels,
+   a server without ``keep_freed_memory``), P2P latency with 10 B and 10 KiB
+   (unary and streaming); bandwidth rows carry CPU time per MB (client +
+   server), a figure the machine's load disturbs far less than MB/s;
+3. bare grpcio thread models for a 10 B echo (no replay code at all): sync and
+   asyncio clients and servers, unary calls and a bidirectional ping-pong,
+   1 or 64 server threads, with the thread switches each round trip costs;
+   run again in a child process with grpc-core's EventEngine client turned
+   off (``GRPC_EXPERIMENTS``), which moves polling into the calling thread.
+
+Writes the tables (medians over repetitions, ratios per repetition) into the
+"Measured" section of ``docs/performance.md`` with the command and the load.
+
+    .venv/bin/python bench/replay_alternatives.py                # 3 repetitions
+    .venv/bin/python bench/replay_alternatives.py --reps 1 --seconds 1 --no-write
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import glob
+import json
+import multiprocessing
+import os
+import re
+import shlex
+import shutil
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator, Sequence
+from concurrent import futures
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+DOC = ROOT / "docs" / "performance.md"
+SECTION = "## Measured"
+LOOPBACK = "127.0.0.1"
+KIB = 1024
+MIB = 1024 * 1024
+SOCKPERF_BYTES = 14
+
+
+def size_name(size: int) -> str:
+    if size >= MIB:
+        return f"{size // MIB} MiB"
+    if size >= KIB:
+        return f"{size // KIB} KiB"
+    return f"{size} B"
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as probe:
+        probe.bind((LOOPBACK, 0))
+        return int(probe.getsockname()[1])
+
+
+# --------------------------------------------------------------------------
+# Raw TCP.
+
+
+def iperf3(seconds: float, streams: int) -> float:
+    """MB/s (10**6 B) received by an ``iperf3 -s -1`` on loopback."""
+    port = free_port()
+    server = subprocess.Popen(
+        ["iperf3", "-s", "-1", "-B", LOOPBACK, "-p", str(port)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        deadline = time.monotonic() + 10
+        while True:
+            done = subprocess.run(
+                [
+                    "iperf3",
+                    "-c",
+                    LOOPBACK,
+                    "-p",
+                    str(port),
+                    "-J",
+                    "-t",
+                    str(max(1, round(seconds))),
+                    "-P",
+                    str(streams),
+                ],
+                capture_output=True,
+                text=True,
+                check=False,
+                timeout=seconds + 60,
+            )
+            report = json.loads(done.stdout or "{}")
+            if done.returncode == 0 and "sum_received" in report.get("end", {}):
+                return float(report["end"]["sum_received"]["bits_per_second"]) / 8e6
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"iperf3: {report.get('error', done.stderr)}")
+            time.sleep(0.1)
+    finally:
+        if server.poll() is None:
+            server.terminate()
+        server.wait()
+
+
+def sockperf(seconds: float) -> float:
+    """p50 round trip (us) of ``sockperf ping-pong --tcp`` with 14-byte messages."""
+    port = free_port()
+    server = subprocess.Popen(
+        ["sockperf", "sr", "--tcp", "-i", LOOPBACK, "-p", str(port)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        time.sleep(0.5)
+        done = subprocess.run(
+            [
+                "sockperf",
+                "pp",
+                "--tcp",
+                "-i",
+                LOOPBACK,
+                "-p",
+                str(port),
+                "-m",
+                str(SOCKPERF_BYTES),
+                "-t",
+                str(max(1, round(seconds))),
+                "--full-rtt",
+            ],
+            capture_output=True,
+            text=True,
+            check=False,
+            timeout=seconds + 60,
+        )
+    finally:
+        server.terminate()
+        server.wait()
+    text = re.sub(r"\x1b\[[0-9;]*m", "", done.stdout + done.stderr)
+    found = re.search(r"percentile 50\.000 =\s*([0-9.]+)", text)
+    if found is None:
+        raise RuntimeError("sockperf printed no median")
+    return float(found.group(1))
+
+
+# --------------------------------------------------------------------------
+# The replay library.
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ReplayVariant:
+    label: str
+    rpc: str = "unary"
+    window: int = 1
+    channels: int = 1
+    tuned_server: bool = True
+
+
+BANDWIDTH_VARIANTS = (
+    ReplayVariant(label="unary, 1 in flight"),
+    ReplayVariant(label="unary, 4 in flight", window=4),
+    ReplayVariant(label="streaming, 1 in flight", rpc="streaming"),
+    ReplayVariant(label="streaming, 2 in flight", rpc="streaming", window=2),
+    ReplayVariant(label="streaming, 4 in flight", rpc="streaming", window=4),
+    ReplayVariant(label="streaming, 8 in flight", rpc="streaming", window=8),
+    ReplayVariant(
+        label="streaming, 4 in flight, server without keep_freed_memory",
+        rpc="streaming",
+        window=4,
+        tuned_server=False,
+    ),
+    ReplayVariant(label="unary, 1 in flight, server without keep_freed_memory", tuned_server=False),
+    ReplayVariant(
+        label="streaming, 8 in flight, 2 channels", rpc="streaming", window=8, channels=2
+    ),
+)
+LATENCY_VARIANTS = (
+    ReplayVariant(label="unary"),
+    ReplayVariant(label="streaming", rpc="streaming"),
+)
+BANDWIDTH_SIZES = (MIB, 10 * MIB)
+LATENCY_SIZES = (10, 10 * KIB)
+
+
+@dataclass(slots=True, kw_only=True)
+class Table:
+    """Figures per (row, column) over repetitions."""
+
+    values: dict[tuple[str, str], list[float]] = field(default_factory=dict)
+
+    def add(self, row: str, column: str, value: float) -> None:
+        self.values.setdefault((row, column), []).append(value)
+
+    def median(self, row: str, column: str) -> float | None:
+        found = self.values.get((row, column))
+        return statistics.median(found) if found else None
+
+    def rows(self) -> list[str]:
+        return list(dict.fromkeys(row for row, _ in self.values))
+
+
+def _generator(size: int) -> Any:
+    from tf_grpc_bench.replay.generators import BufferSizes, GeneratorConfig
+
+    from tf_grpc_bench.sizes import classify
+
+    category = classify(size)
+    return GeneratorConfig(
+        categories=(category,),
+        buffers_per_payload=1,
+        payload_count=1,
+        sizes=BufferSizes(**{f"{category.value}_bytes": size}),
+    )
+
+
+def replay_once(
+    benchmark_name: str, size: int, variant: ReplayVariant, target: str, seconds: float
+) -> Any:
+    from tf_grpc_bench.replay.measurement import Benchmark
+    from tf_grpc_bench.replay.pacing import Pacing
+    from tf_grpc_bench.replay.runner import RunPlan, run_benchmark
+    from tf_grpc_bench.replay.wire import ChannelSettings, RpcKind
+    from tf_grpc_bench.replay.workload import Mode, synthetic_workload
+
+    benchmark = Benchmark(benchmark_name)
+    workload = synthetic_workload(benchmark, _generator(size), mode=Mode.NON_SERIALIZED)
+    settings = ChannelSettings(rpc=RpcKind(variant.rpc), channels_per_server=variant.channels)
+    plan = RunPlan(warmup_ns=int(0.5e9), duration_ns=int(seconds * 1e9), runs=1)
+    result = run_benchmark(
+        workload, [target], pacing=Pacing(window=variant.window), plan=plan, settings=settings
+    )
+    if result.partial:
+        raise RuntimeError(f"{variant.label}: partial run ({result.partial_reason})")
+    run = result.runs[0]
+    if run.server_received_messages != run.rpc_count or run.server_received_bytes != (
+        run.request_bytes
+    ):
+        raise RuntimeError(f"{variant.label}: the server counted other bytes than were sent")
+    return result
+
+
+# --------------------------------------------------------------------------
+# Bare grpcio thread models (10 B echo), with thread switches per round trip.
+
+_BARE_OPTIONS = [("grpc.max_receive_message_length", 64 * MIB)]
+
+
+def _bare_server(connection: Any, workers: int, use_aio: bool) -> None:
+    import grpc
+
+    def echo(request: bytes, context: Any) -> bytes:
+        return request
+
+    def echo_stream(requests: Iterator[bytes], context: Any) -> Iterator[bytes]:
+        yield from requests
+
+    def push(request: bytes, context: Any) -> bytes:
+        return len(request).to_bytes(8, "little")
+
+    def push_stream(requests: Iterator[bytes], context: Any) -> Iterator[bytes]:
+        for request in requests:
+            yield len(request).to_bytes(8, "little")
+
+    async def aio_echo(request: bytes, context: Any) -> bytes:
+        return request
+
+    async def aio_echo_stream(requests: Any, context: Any) -> Any:
+        async for request in requests:
+            yield request
+
+    def handlers(aio: bool) -> Any:
+        return grpc.method_handlers_generic_handler(
+            "bare",
+            {
+                "Echo": grpc.unary_unary_rpc_method_handler(aio_echo if aio else echo),
+                "EchoStream": grpc.stream_stream_rpc_method_handler(
+                    aio_echo_stream if aio else echo_stream
+                ),
+                "Push": grpc.unary_unary_rpc_method_handler(push),
+                "PushStream": grpc.stream_stream_rpc_method_handler(push_stream),
+            },
+        )
+
+    if use_aio:
+
+        async def serve() -> None:
+            server = grpc.aio.server(options=_BARE_OPTIONS)
+            server.add_generic_rpc_handlers((handlers(True),))
+            port = server.add_insecure_port(f"{LOOPBACK}:0")
+            await server.start()
+            connection.send(port)
+            await server.wait_for_termination()
+
+        asyncio.run(serve())
+        return
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=workers), options=_BARE_OPTIONS)
+    server.add_generic_rpc_handlers((handlers(False),))
+    port = server.add_insecure_port(f"{LOOPBACK}:0")
+    server.start()
+    connection.send(port)
+    server.wait_for_termination()
+
+
+def _switches(pid: int) -> int:
+    """Voluntary + involuntary context switches of every thread of ``pid`` so far."""
+    total = 0
+    for path in glob.glob(f"/proc/{pid}/task/*/status"):
+        try:
+            with open(path) as status:
+                for line in status:
+                    if "ctxt_switches" in line:
+                        total += int(line.split()[1])
+        except OSError:
+            continue
+    return total
+
+
+def _round_trips(client: str, port: int, count: int) -> list[int]:
+    """``count`` timed 10 B echoes (ns) with one of the four client models."""
+    import grpc
+
+    message = b"x" * 10
+    clock = time.perf_counter_ns
+    target = f"{LOOPBACK}:{port}"
+    if client.startswith("aio"):
+
+        async def run() -> list[int]:
+            samples = []
+            async with grpc.aio.insecure_channel(target) as channel:
+                if client == "aio unary":
+                    echo = channel.unary_unary("/bare/Echo")
+                    for _ in range(count):
+                        start = clock()
+                        await echo(message)
+                        samples.append(clock() - start)
+                else:
+                    call = channel.stream_stream("/bare/EchoStream")()
+                    for _ in range(count):
+                        start = clock()
+                        await call.write(message)
+                        await call.read()
+                        samples.append(clock() - start)
+                    await call.done_writing()
+            return samples
+
+        return asyncio.run(run())
+    samples = []
+    with grpc.insecure_channel(target) as channel:
+        if client == "sync unary":
+            echo = channel.unary_unary("/bare/Echo")
+            for _ in range(count):
+                start = clock()
+                echo(message)
+                samples.append(clock() - start)
+            return samples
+        go = threading.Semaphore(0)
+        stop = threading.Event()
+
+        def requests() -> Iterator[bytes]:
+            while True:
+                go.acquire()
+                if stop.is_set():
+                    return
+                yield message
+
+        answers = channel.stream_stream("/bare/EchoStream")(requests())
+        for _ in range(count):
+            start = clock()
+            go.release()
+            next(answers)
+            samples.append(clock() - start)
+        stop.set()
+        go.release()
+        for _ in answers:
+            pass
+    return samples
+
+
+BARE_SERVERS = (("sync server, 64 threads", 64, False), ("sync server, 1 thread", 1, False))
+BARE_SERVERS_AIO = (("asyncio server", 0, True),)
+BARE_CLIENTS = ("sync unary", "sync bidi ping-pong", "aio unary", "aio bidi ping-pong")
+
+
+def _pushes(client: str, port: int, size: int, seconds: float) -> float:
+    """MB/s of ``size``-byte pushes, acknowledged one by one (sync client)."""
+    import grpc
+
+    message = bytes(size)
+    window = 4
+    with grpc.insecure_channel(f"{LOOPBACK}:{port}", options=_BARE_OPTIONS) as channel:
+        if client == "unary":
+            push = channel.unary_unary("/bare/Push")
+            push(message)
+            count, start = 0, time.perf_counter()
+            while time.perf_counter() - start < seconds:
+                push(message)
+                count += 1
+            return count * size / (time.perf_counter() - start) / 1e6
+        credit = threading.Semaphore(window)
+        stop = threading.Event()
+
+        def requests() -> Iterator[bytes]:
+            while True:
+                credit.acquire()
+                if stop.is_set():
+                    return
+                yield message
+
+        count, start = 0, time.perf_counter()
+        for _ in channel.stream_stream("/bare/PushStream")(requests()):
+            count += 1
+            if time.perf_counter() - start >= seconds:
+                stop.set()
+            credit.release()
+        return count * size / (time.perf_counter() - start) / 1e6
+
+
+BARE_PUSHES = (("unary push, 1 in flight", "unary"), ("bidi push, 4 in flight", "bidi"))
+
+
+def bare_models(seconds: float) -> list[tuple[str, float, float, float]]:
+    """(model, p50 us, client switches per round trip, server switches per round trip), and
+    (push model with its size, MB/s, 0, 0) for the pushes against the 64-thread sync server."""
+    rows = []
+    context = multiprocessing.get_context("spawn")
+    for server_name, workers, use_aio in (*BARE_SERVERS, *BARE_SERVERS_AIO):
+        parent, child = context.Pipe(duplex=False)
+        process = context.Process(target=_bare_server, args=(child, workers, use_aio), daemon=True)
+        process.start()
+        child.close()
+        try:
+            if not parent.poll(60):
+                raise RuntimeError("bare grpcio server did not start")
+            port = parent.recv()
+            for client in BARE_CLIENTS:
+                _round_trips(client, port, 300)
+                # Calibrate the count to about ``seconds`` of round trips.
+                probe = _round_trips(client, port, 200)
+                count = max(500, int(seconds * 1e9 / max(statistics.median(probe), 1)))
+                own, theirs = _switches(os.getpid()), _switches(process.pid or 0)
+                samples = _round_trips(client, port, count)
+                own, theirs = _switches(os.getpid()) - own, _switches(process.pid or 0) - theirs
+                rows.append(
+                    (
+                        f"{client}, {server_name}",
+                        statistics.median(samples) / 1e3,
+                        own / count,
+                        theirs / count,
+                    )
+                )
+            if workers == 64:
+                for label, client in BARE_PUSHES:
+                    for size in BANDWIDTH_SIZES:
+                        mb_per_s = _pushes(client, port, size, seconds)
+                        rows.append((f"push {size_name(size)}: {label}", mb_per_s, 0.0, 0.0))
+        finally:
+            process.terminate()
+            process.join(5)
+    return rows
+
+
+def bare_models_in_child(seconds: float, environment: dict[str, str]) -> list[Any]:
+    """``bare_models`` in a fresh interpreter with ``environment`` (grpc reads it at start)."""
+    done = subprocess.run(
+        [sys.executable, __file__, "--bare-only", "--seconds", str(seconds)],
+        env={**os.environ, **environment},
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=600,
+    )
+    lines = [line for line in done.stdout.splitlines() if line.startswith("[")]
+    if done.returncode != 0 or not lines:
+        raise RuntimeError(f"bare grpcio child failed: {done.stderr.strip()[-300:]}")
+    return list(json.loads(lines[-1]))
+
+
+#: grpc-core experiments that, off, make the thread that waits for a call poll the socket itself.
+NO_EVENT_ENGINE_CLIENT = {
+    "GRPC_EXPERIMENTS": "-event_engine_client,-event_engine_listener,"
+    "-event_engine_for_all_other_endpoints,-event_engine_callback_cq"
+}
+
+
+# --------------------------------------------------------------------------
+
+
+def load_average() -> str:
+    return " / ".join(f"{value:.2f}" for value in os.getloadavg())
+
+
+@dataclass(slots=True, kw_only=True)
+class Results:
+    bandwidth: Table = field(default_factory=Table)
+    bandwidth_ratio: Table = field(default_factory=Table)
+    cpu_per_mb: Table = field(default_factory=Table)
+    latency: Table = field(default_factory=Table)
+    latency_ratio: Table = field(default_factory=Table)
+    bare: Table = field(default_factory=Table)
+    bare_push: Table = field(default_factory=Table)
+    raw: Table = field(default_factory=Table)
+    notes: list[str] = field(default_factory=list)
+
+
+def measure(seconds: float, reps: int, with_bare: bool) -> Results:
+    from tf_grpc_bench.replay.server import LocalServers
+    from tf_grpc_bench.replay.wire import ServerSettings
+    from tf_grpc_bench.replay.workload import Mode
+
+    results = Results()
+    mode = Mode.NON_SERIALIZED
+    untuned = ServerSettings(keep_freed_memory=False)
+    with (
+        LocalServers(1, mode=mode) as tuned_servers,
+        LocalServers(1, mode=mode, settings=untuned) as untuned_servers,
+    ):
+        for rep in range(reps):
+            print(f"-- repetition {rep + 1}/{reps}, load {load_average()}", flush=True)
+            single = iperf3(seconds, 1)
+            multi = iperf3(seconds, 2)
+            round_trip = sockperf(seconds)
+            results.raw.add("iperf3, 1 stream", "MB/s", single)
+            results.raw.add("iperf3 -P 2", "MB/s", multi)
+            results.raw.add("sockperf ping-pong 14 B", "p50 us", round_trip)
+            print(f"   iperf3 {single:,.0f} MB/s, -P 2 {multi:,.0f}; sockperf {round_trip} us")
+            for size in BANDWIDTH_SIZES:
+                for variant in BANDWIDTH_VARIANTS:
+                    servers = tuned_servers if variant.tuned_server else untuned_servers
+                    result = replay_once(
+                        "p2p-bandwidth", size, variant, servers.targets[0], seconds
+                    )
+                    run = result.runs[0]
+                    mb_per_s = result.bandwidth_mb_per_s
+                    baseline = multi if variant.channels > 1 else single
+                    cpu_us_per_mb = (
+                        (run.client_cpu_ns + run.server_cpu_ns)
+                        / 1e3
+                        / ((run.request_bytes + run.response_bytes) / 1e6)
+                    )
+                    column = size_name(size)
+                    results.bandwidth.add(variant.label, column, mb_per_s)
+                    results.bandwidth_ratio.add(variant.label, column, mb_per_s / baseline)
+                    results.cpu_per_mb.add(variant.label, column, cpu_us_per_mb)
+                    print(
+                        f"   bandwidth {column:7s} {variant.label:58s} {mb_per_s:7,.0f} MB/s "
+                        f"= {mb_per_s / baseline:.2f} x iperf3, {cpu_us_per_mb:4.0f} us CPU/MB",
+                        flush=True,
+                    )
+            for size in LATENCY_SIZES:
+                for variant in LATENCY_VARIANTS:
+                    result = replay_once(
+                        "p2p-latency", size, variant, tuned_servers.targets[0], seconds
+                    )
+                    p50_us = result.latency_all.p50_ns / 1e3
+                    column = size_name(size)
+                    results.latency.add(variant.label, column, p50_us)
+                    results.latency_ratio.add(variant.label, column, p50_us / round_trip)
+                    print(
+                        f"   latency {column:7s} {variant.label:10s} p50 {p50_us:6.1f} us "
+                        f"= {p50_us / round_trip:.1f} x sockperf",
+                        flush=True,
+                    )
+            if with_bare:
+                for label, environment in (
+                    ("", {}),
+                    (" (EventEngine client off)", NO_EVENT_ENGINE_CLIENT),
+                ):
+                    for model, p50_us, client_switches, server_switches in bare_models_in_child(
+                        seconds, environment
+                    ):
+                        row = model + label
+                        if model.startswith("push "):
+                            results.bare_push.add(row, "MB/s", p50_us)
+                            print(f"   bare {row:70s} {p50_us:7,.0f} MB/s", flush=True)
+                            continue
+                        results.bare.add(row, "p50 us", p50_us)
+                        results.bare.add(row, "x sockperf", p50_us / round_trip)
+                        results.bare.add(row, "client switches", client_switches)
+                        results.bare.add(row, "server switches", server_switches)
+                        print(
+                            f"   bare {row:70s} p50 {p50_us:6.1f} us, thread switches per round "
+                            f"trip: client {client_switches:.1f}, server {server_switches:.1f}",
+                            flush=True,
+                        )
+    return results
+
+
+def _cell(value: float | None, form: str) -> str:
+    return "-" if value is None else format(value, form)
+
+
+def report(results: Results) -> list[str]:
+    lines = ["Raw TCP (median over repetitions):", "", "| baseline | figure |", "|---|---|"]
+    for row in results.raw.rows():
+        for column in ("MB/s", "p50 us"):
+            value = results.raw.median(row, column)
+            if value is not None:
+                lines.append(f"| {row} | {value:,.1f} {column} |")
+    sizes = [size_name(s) for s in BANDWIDTH_SIZES]
+    lines += [
+        "",
+        "P2P bandwidth through the replay library (raw bytes; ratio to iperf3 one stream measured"
+        " in the same repetition, to iperf3 -P 2 for the 2-channel row; CPU = client + server"
+        " CPU time per MB moved):",
+        "",
+        "| variant | "
+        + " | ".join(f"{s} MB/s | {s} x iperf3 | {s} CPU us/MB" for s in sizes)
+        + " |",
+        "|---|" + "---|---|---|" * len(sizes),
+    ]
+    for row in results.bandwidth.rows():
+        cells = []
+        for size in sizes:
+            cells += [
+                _cell(results.bandwidth.median(row, size), ",.0f"),
+                _cell(results.bandwidth_ratio.median(row, size), ".2f"),
+                _cell(results.cpu_per_mb.median(row, size), ",.0f"),
+            ]
+        lines.append(f"| {row} | " + " | ".join(cells) + " |")
+    sizes = [size_name(s) for s in LATENCY_SIZES]
+    lines += [
+        "",
+        "P2P latency through the replay library (p50 round trip; ratio to sockperf's p50 of the"
+        " same repetition):",
+        "",
+        "| variant | " + " | ".join(f"{s} p50 us | {s} x sockperf" for s in sizes) + " |",
+        "|---|" + "---|---|" * len(sizes),
+    ]
+    for row in results.latency.rows():
+        cells = []
+        for size in sizes:
+            cells += [
+                _cell(results.latency.median(row, size), ",.1f"),
+                _cell(results.latency_ratio.median(row, size), ".1f"),
+            ]
+        lines.append(f"| {row} | " + " | ".join(cells) + " |")
+    if results.bare.rows():
+        lines += [
+            "",
+            "Bare grpcio, 10 B echo, no replay code (thread switches = voluntary + involuntary"
+            " context switches of all threads of the process, per round trip):",
+            "",
+            "| client, server | p50 us | x sockperf | client switches | server switches |",
+            "|---|---|---|---|---|",
+        ]
+        for row in results.bare.rows():
+            lines.append(
+                f"| {row} | {_cell(results.bare.median(row, 'p50 us'), ',.1f')} "
+                f"| {_cell(results.bare.median(row, 'x sockperf'), '.1f')} "
+                f"| {_cell(results.bare.median(row, 'client switches'), '.1f')} "
+                f"| {_cell(results.bare.median(row, 'server switches'), '.1f')} |"
+            )
+    if results.bare_push.rows():
+        lines += [
+            "",
+            "Bare grpcio pushes (sync client, sync server with 64 threads, no replay code):",
+            "",
+            "| push | MB/s |",
+            "|---|---|",
+        ]
+        for row in results.bare_push.rows():
+            lines.append(f"| {row} | {_cell(results.bare_push.median(row, 'MB/s'), ',.0f')} |")
+    lines += [f"- {note}" for note in results.notes]
+    return lines
+
+
+def write_section(lines: Sequence[str], command: str, before: str, after: str, reps: int) -> None:
+    from tf_grpc_bench.replay.results import describe_machine
+
+    machine = describe_machine()
+    section = [
+        SECTION,
+        "",
+        "(written by `bench/replay_alternatives.py`; rerun it to replace this section)",
+        "",
+        f"Command: `{command}`; {reps} repetitions, every variant measured in every repetition"
+        " right after that repetition's raw baselines; tables give medians over repetitions.",
+        f"Machine: {machine.cpu_model}, {machine.cpu_count} CPUs, kernel {machine.kernel}, "
+        f"Python {machine.python_version}, grpcio {machine.grpcio_version}. Load average "
+        f"(1/5/15 min) before: {before}, after: {after} (other work shares this machine). "
+        f"Measured {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}.",
+        "",
+        *lines,
+    ]
+    text = DOC.read_text() if DOC.exists() else "# Performance\n\n"
+    start = text.find(SECTION + "\n")
+    body = "\n".join(section) + "\n"
+    if start < 0:
+        text = text.rstrip("\n") + "\n\n" + body
+    else:
+        following = text.find("\n## ", start + len(SECTION))
+        tail = "" if following < 0 else "\n" + text[following + 1 :]
+        text = text[:start] + body + tail
+    DOC.write_text(text)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--seconds", type=float, default=2.0, help="length of each measurement")
+    parser.add_argument("--reps", type=int, default=3, help="repetitions of the whole set")
+    parser.add_argument("--no-bare", action="store_true", help="skip the bare grpcio models")
+    parser.add_argument("--no-write", action="store_true", help="leave docs/performance.md alone")
+    parser.add_argument("--bare-only", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.bare_only:
+        print(json.dumps(bare_models(args.seconds)))
+        return 0
+    for tool in ("iperf3", "sockperf"):
+        if shutil.which(tool) is None:
+            print(f"{tool} is missing: apt-get install -y iperf3 sockperf", file=sys.stderr)
+            return 1
+    command = shlex.join(
+        [".venv/bin/python", "bench/replay_alternatives.py", *(argv or sys.argv[1:])]
+    )
+    before = load_average()
+    results = measure(args.seconds, args.reps, not args.no_bare)
+    after = load_average()
+    lines = report(results)
+    print("\n".join(lines))
+    if not args.no_write:
+        write_section(lines, command, before, after, args.reps)
+        print(f"wrote the '{SECTION[3:]}' section of {DOC.relative_to(ROOT)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
