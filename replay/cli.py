@@ -46,6 +46,8 @@ from tf_grpc_bench import trace as trace_model
 from tf_grpc_bench.errors import ConfigError, RunInterrupted, TransportError, UsageError
 from tf_grpc_bench.sizes import SizeCategory, parse_size
 
+#: Server threads left for control calls when streams hold the others.
+STREAM_THREADS_KEPT_FREE = 4
 #: Benchmarks in the order ``--benchmark all`` runs them.
 ALL_BENCHMARKS = (Benchmark.P2P_LATENCY, Benchmark.P2P_BANDWIDTH, Benchmark.PS_THROUGHPUT)
 DEFAULT_OUTPUT_DIR = "runs"
@@ -589,6 +591,16 @@ def build_request(args: argparse.Namespace) -> ReplayRequest:
     for workload in workloads:
         settings.check_payload(max(call.payload_bytes for call in workload.calls))
     rpcs = tuple(_rpc(args, workload) for workload in workloads)
+    for workload, rpc in zip(workloads, rpcs, strict=True):
+        # A stream holds one server thread while open; leave threads for control calls.
+        streams = workload.worker_count * settings.channels
+        room = ServerSettings().max_workers - STREAM_THREADS_KEPT_FREE
+        if rpc is RpcKind.STREAMING and streams > room:
+            raise ConfigError(
+                f"--rpc streaming: {workload.worker_count} worker(s) x --channels "
+                f"{settings.channels} = {streams} streams per ps server, more than its "
+                f"{room} stream threads; use fewer channels or --rpc unary"
+            )
     pacings = tuple(_pacing(args, w, rpc) for w, rpc in zip(workloads, rpcs, strict=True))
     if targets is not None:
         needed = max(w.server_count for w in workloads)

@@ -254,6 +254,8 @@ def test_serve_on_a_port_in_use_is_one_line_and_exit_3(tmp_path: Path) -> None:
         (["--synthetic", "--outstanding", "0"], "--outstanding"),
         (["--benchmark", "p2p-everything"], "--benchmark"),
         (["--synthetic", "--seed", "-1"], "--seed"),
+        (["--synthetic", "--rpc", "streaming", "--channels", "70"], "--channels"),
+        (["--synthetic", "--rpc", "datagram"], "--rpc"),
     ],
 )
 def test_bad_flags_give_one_line_naming_the_flag_and_a_nonzero_exit(
