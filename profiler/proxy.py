@@ -62,6 +62,8 @@ SPLICE_MIN_BYTES = 1 << 14
 #: Pipe capacity asked for (Linux caps it at /proc/sys/fs/pipe-max-size).
 PIPE_BYTES = 1 << 20
 _F_SETPIPE_SZ = 1031
+#: splice(2) errors that mean "not supported here" rather than a broken connection.
+_NO_SPLICE = frozenset({errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP})
 #: TCP congestion control of the proxy's own sockets.  Measured on loopback
 #: (bench/README.md, "Capture overhead"): with the machine's default, BBR,
 #: whose pacing suits real links, ResNet-50 steps through the proxy took
@@ -386,7 +388,16 @@ class RecordingProxy:
                 skippable = follower.skippable if following else PIPE_BYTES
                 if pipe is not None and skippable >= SPLICE_MIN_BYTES:
                     read_end, write_end, capacity = pipe
-                    moved = os.splice(source_fd, write_end, min(skippable, capacity))
+                    try:
+                        moved = os.splice(source_fd, write_end, min(skippable, capacity))
+                    except OSError as error:
+                        if error.errno not in _NO_SPLICE or direction.spliced_bytes:
+                            raise
+                        # This kernel or socket cannot splice: copy instead.
+                        os.close(read_end)
+                        os.close(write_end)
+                        pipe = None
+                        continue
                     if not moved:
                         break
                     now = clock()

@@ -365,7 +365,6 @@ def capture_user_job(
     for name, index, address in tasks:
         host, port = split_address(address, where=f"cluster job {name!r}")
         _check_local(host, f"{name}:{index}")
-        _check_port_free(host, port, f"{name}:{index}")
     processes: list[_TaskProcess] = []
 
     def task_pids() -> list[int]:
@@ -385,6 +384,8 @@ def capture_user_job(
     try:
         proxies.start()
         try:
+            for name, index, address in tasks:
+                _check_port_free(*split_address(address, where="cluster"), f"{name}:{index}")
             for name, index, _ in tasks:
                 variables = dict(base_environment)
                 variables["TF_CONFIG"] = json.dumps(

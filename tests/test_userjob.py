@@ -126,6 +126,9 @@ def test_a_busy_port_is_a_one_line_error(tmp_path: Path) -> None:
         )
     assert result.returncode == 3
     assert result.stderr.count("\n") == 1 and f"port {port}" in result.stderr
+    assert "partial trace written" in result.stderr
+    trace = trace_model.read_trace(tmp_path / "t.tfgbtrace")
+    assert trace.partial and trace.steps == ()
 
 
 def test_tasks_on_another_machine_are_refused(tmp_path: Path) -> None:
