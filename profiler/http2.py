@@ -38,6 +38,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import hpack
+from hpack.table import HeaderTable
 from hyperframe.exceptions import HyperframeError
 from hyperframe.frame import (
     ContinuationFrame,
@@ -527,6 +528,18 @@ _CACHE_ENTRIES = 4096
 Headers = tuple[tuple[bytes, bytes], ...]
 
 
+class _CountingTable(HeaderTable):
+    """hpack's dynamic table, counting the entries added to it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.additions = 0
+
+    def add(self, name: bytes, value: bytes) -> None:
+        self.additions += 1
+        super().add(name, value)
+
+
 class HeaderDecoder:
     """HPACK decoding context of one direction of one connection (``hpack``).
 
@@ -534,20 +547,24 @@ class HeaderDecoder:
     order: a block can add entries to the dynamic table that later blocks
     refer to.  gRPC's steady state repeats a few blocks made only of table
     references; decoding such a block does not change the table, so its result
-    is cached until the table changes (checked on the decoder's table before
-    and after each decode).  Not thread-safe.
+    is cached until the table changes (entries added, counted by the table,
+    or the size changed: checked before and after each decode).  Not
+    thread-safe.
     """
 
     def __init__(self) -> None:
         self._decoder = hpack.Decoder(max_header_list_size=_MAX_HEADER_LIST_BYTES)
         self._decoder.max_allowed_table_size = _MAX_TABLE_BYTES
+        self._table = _CountingTable()
+        self._decoder.header_table = self._table  # still empty: nothing decoded yet
         self._cache: dict[bytes, tuple[tuple[int, int, int], Headers]] = {}
         self.blocks_decoded = 0
 
     def _table_state(self) -> tuple[int, int, int]:
-        table = self._decoder.header_table
-        entries = table.dynamic_entries
-        return (len(entries), id(entries[0]) if entries else 0, table.maxsize)
+        # Entries only ever come in through ``add`` (counted) and leave through
+        # evictions, which shorten the table unless an add comes with them.
+        table = self._table
+        return (table.additions, len(table.dynamic_entries), table.maxsize)
 
     def decode(self, block: bytes) -> Headers:
         """The (name, value) pairs of ``block`` as raw bytes.  FramingError if malformed."""

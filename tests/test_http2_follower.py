@@ -363,3 +363,20 @@ def test_header_blocks_are_what_hyperframe_parses_whatever_the_flags(
     events, _ = follow(data, client_side=False, chunks=[5, 17, 1, 300])
     blocks = [(e.stream_id, e.block, e.end_stream) for e in events if isinstance(e, HeaderBlock)]
     assert blocks == expected
+
+
+def test_the_same_reference_block_after_a_table_change_is_decoded_afresh() -> None:
+    # A table that holds one entry: each new header evicts the last one, and
+    # the same one-byte block (a reference to the newest entry) means
+    # something else each time.
+    encoder = hpack.Encoder()
+    encoder.header_table_size = 64
+    decoder = HeaderDecoder()
+    seen_blocks = set()
+    for number in range(50):
+        header = [(f"x-{number % 7}", str(number))]
+        decoder.decode(encoder.encode(header))  # literal, added to the table
+        reference = encoder.encode(header)  # now a reference to it
+        seen_blocks.add(reference)
+        assert list(decoder.decode(reference)) == [(b"x-%d" % (number % 7), str(number).encode())]
+    assert len(seen_blocks) == 1  # one block, fifty meanings
