@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import glob
 import json
 import multiprocessing
@@ -169,6 +170,8 @@ class ReplayVariant:
     window: int = 1
     channels: int = 1
     tuned_server: bool = True
+    #: gRPC channel arguments given to both the client's channels and the server.
+    options: tuple[tuple[str, str | int], ...] = ()
 
 
 BANDWIDTH_VARIANTS = (
@@ -187,6 +190,40 @@ BANDWIDTH_VARIANTS = (
     ReplayVariant(label="unary, 1 in flight, server without keep_freed_memory", tuned_server=False),
     ReplayVariant(
         label="streaming, 8 in flight, 2 channels", rpc="streaming", window=8, channels=2
+    ),
+)
+_STREAMED = {"rpc": "streaming"}
+#: grpc-core channel arguments tried on the default streamed bandwidth, each on
+#: a server of its own that has the same arguments.
+OPTION_VARIANTS = (
+    ReplayVariant(
+        label="streaming + grpc.http2.max_frame_size 16 MiB",
+        options=(("grpc.http2.max_frame_size", 16 * MIB - 1),),
+        **_STREAMED,
+    ),
+    ReplayVariant(
+        label="streaming + lookahead 64 MiB, no BDP probe",
+        options=(("grpc.http2.lookahead_bytes", 64 * MIB), ("grpc.http2.bdp_probe", 0)),
+        **_STREAMED,
+    ),
+    ReplayVariant(
+        label="streaming + grpc.optimization_target throughput",
+        options=(("grpc.optimization_target", "throughput"),),
+        **_STREAMED,
+    ),
+    ReplayVariant(
+        label="streaming + grpc.http2.write_buffer_size 64 MiB",
+        options=(("grpc.http2.write_buffer_size", 64 * MIB),),
+        **_STREAMED,
+    ),
+    ReplayVariant(
+        label="streaming + TCP read chunks 1-16 MiB",
+        options=(
+            ("grpc.experimental.tcp_read_chunk_size", 4 * MIB),
+            ("grpc.experimental.tcp_min_read_chunk_size", MIB),
+            ("grpc.experimental.tcp_max_read_chunk_size", 16 * MIB),
+        ),
+        **_STREAMED,
     ),
 )
 LATENCY_VARIANTS = (
@@ -239,7 +276,9 @@ def replay_once(
 
     benchmark = Benchmark(benchmark_name)
     workload = synthetic_workload(benchmark, _generator(size), mode=Mode.NON_SERIALIZED)
-    settings = ChannelSettings(rpc=RpcKind(variant.rpc), channels_per_server=variant.channels)
+    settings = ChannelSettings(
+        rpc=RpcKind(variant.rpc), channels_per_server=variant.channels, options=variant.options
+    )
     plan = RunPlan(warmup_ns=int(0.5e9), duration_ns=int(seconds * 1e9), runs=1)
     result = run_benchmark(
         workload, [target], pacing=Pacing(window=variant.window), plan=plan, settings=settings
@@ -517,7 +556,37 @@ class Results:
     notes: list[str] = field(default_factory=list)
 
 
-def measure(seconds: float, reps: int, with_bare: bool) -> Results:
+def _bandwidths(
+    results: Results,
+    seconds: float,
+    single: float,
+    multi: float,
+    tuned: Any,
+    untuned: Any,
+    optioned: dict[str, Any],
+) -> None:
+    """Every bandwidth variant at every size, each against its server, into ``results``."""
+    for size in BANDWIDTH_SIZES:
+        for variant in (*BANDWIDTH_VARIANTS, *(v for v in OPTION_VARIANTS if v.label in optioned)):
+            servers = optioned.get(variant.label) or (tuned if variant.tuned_server else untuned)
+            result = replay_once("p2p-bandwidth", size, variant, servers.targets[0], seconds)
+            run = result.runs[0]
+            mb_per_s = result.bandwidth_mb_per_s
+            baseline = multi if variant.channels > 1 else single
+            moved_mb = (run.request_bytes + run.response_bytes) / 1e6
+            cpu_us_per_mb = (run.client_cpu_ns + run.server_cpu_ns) / 1e3 / moved_mb
+            column = size_name(size)
+            results.bandwidth.add(variant.label, column, mb_per_s)
+            results.bandwidth_ratio.add(variant.label, column, mb_per_s / baseline)
+            results.cpu_per_mb.add(variant.label, column, cpu_us_per_mb)
+            print(
+                f"   bandwidth {column:7s} {variant.label:58s} {mb_per_s:7,.0f} MB/s "
+                f"= {mb_per_s / baseline:.2f} x iperf3, {cpu_us_per_mb:4.0f} us CPU/MB",
+                flush=True,
+            )
+
+
+def measure(seconds: float, reps: int, with_bare: bool, with_options: bool) -> Results:
     from tf_grpc_bench.replay.server import LocalServers
     from tf_grpc_bench.replay.wire import ServerSettings
     from tf_grpc_bench.replay.workload import Mode
@@ -538,29 +607,16 @@ def measure(seconds: float, reps: int, with_bare: bool) -> Results:
             results.raw.add("iperf3 -P 2", "MB/s", multi)
             results.raw.add("sockperf ping-pong 14 B", "p50 us", round_trip)
             print(f"   iperf3 {single:,.0f} MB/s, -P 2 {multi:,.0f}; sockperf {round_trip} us")
-            for size in BANDWIDTH_SIZES:
-                for variant in BANDWIDTH_VARIANTS:
-                    servers = tuned_servers if variant.tuned_server else untuned_servers
-                    result = replay_once(
-                        "p2p-bandwidth", size, variant, servers.targets[0], seconds
+            with contextlib.ExitStack() as stack:
+                optioned = {
+                    variant.label: stack.enter_context(
+                        LocalServers(1, mode=mode, settings=ServerSettings(options=variant.options))
                     )
-                    run = result.runs[0]
-                    mb_per_s = result.bandwidth_mb_per_s
-                    baseline = multi if variant.channels > 1 else single
-                    cpu_us_per_mb = (
-                        (run.client_cpu_ns + run.server_cpu_ns)
-                        / 1e3
-                        / ((run.request_bytes + run.response_bytes) / 1e6)
-                    )
-                    column = size_name(size)
-                    results.bandwidth.add(variant.label, column, mb_per_s)
-                    results.bandwidth_ratio.add(variant.label, column, mb_per_s / baseline)
-                    results.cpu_per_mb.add(variant.label, column, cpu_us_per_mb)
-                    print(
-                        f"   bandwidth {column:7s} {variant.label:58s} {mb_per_s:7,.0f} MB/s "
-                        f"= {mb_per_s / baseline:.2f} x iperf3, {cpu_us_per_mb:4.0f} us CPU/MB",
-                        flush=True,
-                    )
+                    for variant in (OPTION_VARIANTS if with_options else ())
+                }
+                _bandwidths(
+                    results, seconds, single, multi, tuned_servers, untuned_servers, optioned
+                )
             for size in LATENCY_SIZES:
                 for variant in LATENCY_VARIANTS:
                     result = replay_once(
@@ -714,6 +770,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--seconds", type=float, default=2.0, help="length of each measurement")
     parser.add_argument("--reps", type=int, default=3, help="repetitions of the whole set")
     parser.add_argument("--no-bare", action="store_true", help="skip the bare grpcio models")
+    parser.add_argument(
+        "--no-options", action="store_true", help="skip the grpc-core channel argument variants"
+    )
     parser.add_argument("--no-write", action="store_true", help="leave docs/performance.md alone")
     parser.add_argument("--bare-only", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -728,7 +787,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         [".venv/bin/python", "bench/replay_alternatives.py", *(argv or sys.argv[1:])]
     )
     before = load_average()
-    results = measure(args.seconds, args.reps, not args.no_bare)
+    results = measure(args.seconds, args.reps, not args.no_bare, not args.no_options)
     after = load_average()
     lines = report(results)
     print("\n".join(lines))
