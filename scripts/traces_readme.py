@@ -10,8 +10,9 @@ from __future__ import annotations
 import statistics
 from pathlib import Path
 
-from tf_grpc_bench import trace as trace_model
 from tf_grpc_bench.profiler.physics import check_physics
+
+from tf_grpc_bench import trace as trace_model
 from tf_grpc_bench.sizes import SizeCategory
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -71,7 +72,13 @@ def describe(path: Path) -> str:
 
 
 def main() -> None:
-    order = ["resnet50-tf2ps", "inceptionv3-tf2ps", "vgg16-tf2ps", "alexnet-tf2ps", "resnet50-tf1ps"]
+    order = [
+        "resnet50-tf2ps",
+        "inceptionv3-tf2ps",
+        "vgg16-tf2ps",
+        "alexnet-tf2ps",
+        "resnet50-tf1ps",
+    ]
     sections = [describe(trace_model.shipped_trace_path(name)) for name in order]
     notes = """## Reading the physics figures
 
