@@ -59,6 +59,20 @@ class CallSample:
             raise ValueError(f"latency_ns must be >= 0, got {self.latency_ns}")
 
 
+#: The fields of a CallSample, in the order raw sample tables (result
+#: documents, arrays passed between processes) store them.
+SAMPLE_COLUMNS = (
+    "start_ns",
+    "latency_ns",
+    "request_bytes",
+    "response_bytes",
+    "payload_bytes",
+    "server_index",
+    "worker_index",
+    "step",
+)
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class RunMeasurement:
     """One measured run (the paper averages 5) of one benchmark."""

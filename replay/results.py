@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from tf_grpc_bench.replay.measurement import (
+    SAMPLE_COLUMNS,
     Benchmark,
     BenchmarkResult,
     CallSample,
@@ -60,18 +61,7 @@ RESULTS_FILE_NAME = "results.json"
 #: A parameter value: what JSON and TensorBoard's hparams both hold.
 ParameterValue = str | int | float | bool
 
-#: Columns of a run's raw samples, in file order: (JSON key, CallSample field).
-SAMPLE_COLUMNS = (
-    "start_ns",
-    "latency_ns",
-    "request_bytes",
-    "response_bytes",
-    "payload_bytes",
-    "server_index",
-    "worker_index",
-    "step",
-)
-
+# Raw samples are stored column by column, in measurement.SAMPLE_COLUMNS order.
 
 # --------------------------------------------------------------------------
 # What the document records besides the measurements.

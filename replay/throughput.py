@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 from tf_grpc_bench.replay.client import Driver, ReplayClient
-from tf_grpc_bench.replay.measurement import CallSample, RunMeasurement
+from tf_grpc_bench.replay.measurement import SAMPLE_COLUMNS, CallSample, RunMeasurement
 from tf_grpc_bench.replay.pacing import Pacing
 from tf_grpc_bench.replay.runner import (
     INTERRUPTED_REASON,
@@ -48,29 +48,18 @@ START_MARGIN_NS = 300_000_000
 #: How often the parent checks that workers are alive while waiting.
 POLL_S = 0.5
 
-_SAMPLE_COLUMNS = (
-    "start_ns",
-    "latency_ns",
-    "request_bytes",
-    "response_bytes",
-    "payload_bytes",
-    "server_index",
-    "worker_index",
-    "step",
-)
-
 
 def pack_samples(samples: Sequence[CallSample]) -> np.ndarray:
     """Samples as an int64 array, one row per call (cheap to send between processes)."""
-    array = np.empty((len(samples), len(_SAMPLE_COLUMNS)), dtype=np.int64)
+    array = np.empty((len(samples), len(SAMPLE_COLUMNS)), dtype=np.int64)
     for row, sample in enumerate(samples):
-        array[row] = [getattr(sample, column) for column in _SAMPLE_COLUMNS]
+        array[row] = [getattr(sample, column) for column in SAMPLE_COLUMNS]
     return array
 
 
 def unpack_samples(array: np.ndarray) -> tuple[CallSample, ...]:
     return tuple(
-        CallSample(**dict(zip(_SAMPLE_COLUMNS, (int(v) for v in row), strict=True)))
+        CallSample(**dict(zip(SAMPLE_COLUMNS, (int(v) for v in row), strict=True)))
         for row in array.tolist()
     )
 
