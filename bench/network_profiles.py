@@ -153,11 +153,16 @@ def measure_iperf3(network: netns.EmulatedNetwork, seconds: float) -> float | No
 
 
 def replay_in(
-    network: netns.EmulatedNetwork, arguments: list[str], output: Path, timeout_s: float
+    network: netns.EmulatedNetwork,
+    arguments: list[str],
+    output: Path,
+    timeout_s: float,
+    servers: int = 1,
 ) -> results.ResultDocument:
+    # One ps server process per ps task of the workload, on PORT, PORT+1, ...
     server = network.spawn(
         0,
-        tool("serve", "--host", "0.0.0.0", "--port", str(PORT)),
+        tool("serve", "--host", "0.0.0.0", "--port", str(PORT), "--servers", str(servers)),
         stdout=subprocess.PIPE,
         text=True,
     )
@@ -172,7 +177,7 @@ def replay_in(
                 "replay",
                 *arguments,
                 "--target",
-                f"{network.hosts[0].address}:{PORT}",
+                ",".join(f"{network.hosts[0].address}:{PORT + i}" for i in range(servers)),
                 "--network-name",
                 network.profile.name,
                 "--output-dir",
@@ -233,6 +238,7 @@ def measure_profile(
             ],
             output / profile.name,
             timeout_s=600,
+            servers=max(len(trace_model.read_trace(trace_path).tasks_of_job("ps")), 1),
         )
         (throughput,) = steps.benchmarks
         assert throughput.benchmark is Benchmark.PS_THROUGHPUT
@@ -242,12 +248,29 @@ def measure_profile(
         again = measure_iperf3(network, seconds)
         if again is not None and figures.iperf3_bits_per_s is not None:
             figures.iperf3_bits_per_s = max(figures.iperf3_bits_per_s, again)
-    trace = trace_model.read_trace(trace_path)
-    first = trace.steps[0]
-    down = sum(r.response_bytes for r in first.rpcs)
-    up = sum(r.request_bytes for r in first.rpcs)
-    figures.step_bytes_busier_direction = max(down, up)
+    figures.step_bytes_busier_direction = busier_direction_bytes(trace_model.read_trace(trace_path))
     return figures
+
+
+def busier_direction_bytes(trace: Trace) -> int:
+    """Bytes of the trace's first step on the busier direction of the ps host's link.
+
+    The ps servers run in host 0 and the workers in host 1, as the replay maps
+    them: a call served by a ps sends its request up (worker -> ps) and its
+    response down; a call made by a ps (a ps pulling a gradient from a worker,
+    replayed as that worker pushing it) moves its response up and its request
+    down.  Calls between two ps or two non-ps tasks are not replayed.
+    """
+    ps_tasks = set(trace.tasks_of_job("ps"))
+    down = up = 0
+    for rpc in trace.steps[0].rpcs:
+        if rpc.callee_task in ps_tasks and rpc.caller_task not in ps_tasks:
+            down += rpc.response_bytes
+            up += rpc.request_bytes
+        elif rpc.caller_task in ps_tasks and rpc.callee_task not in ps_tasks:
+            up += rpc.response_bytes
+            down += rpc.request_bytes
+    return max(down, up)
 
 
 def _ratio(value: float | None, rate: int | None) -> str:
