@@ -711,24 +711,70 @@ def capture_training(
                 ("steps_from", "step-id"),
             ),
         )
-    proxy_errors = proxies.errors()
-    reason = str(error) if error is not None else ""
-    if not reason and proxy_errors:
-        reason = f"the proxy lost track of some traffic: {proxy_errors[0]}"
-    trace = assemble_trace(
+    return write_captured_trace(
         calls,
+        proxies=proxies,
         tasks=trace_tasks,
         caller_of_pid=caller_of_pid,
         markers=markers,
         windows=windows,
         startup_step_ids=startup_ids,
+        metadata=metadata,
+        error=error,
+        output=output,
+        work=work,
+        remove_work=temporary,
+        job_info=job_info,
+    )
+
+
+def partial_reason(error: BenchError | None, proxy_errors: Sequence[str]) -> str:
+    """Why a capture's trace is partial: the run's error, else the proxies' first, else ""."""
+    if error is not None:
+        return str(error)
+    if proxy_errors:
+        return f"the proxy lost track of some traffic: {proxy_errors[0]}"
+    return ""
+
+
+def write_captured_trace(
+    calls: Sequence[RecordedCall],
+    *,
+    proxies: ProxySet,
+    tasks: Sequence[Task],
+    caller_of_pid: Mapping[int, int],
+    markers: Sequence[StepMarker],
+    windows: Sequence[StepWindow] | None,
+    startup_step_ids: frozenset[int],
+    metadata: RunMetadata,
+    error: BenchError | None,
+    output: Path,
+    work: Path,
+    remove_work: bool,
+    job_info: dict[str, Any],
+) -> CaptureResult:
+    """Assemble the trace of a finished (or failed) capture, write it, and report.
+
+    Shared by ``capture`` and ``capture-job``.  The trace is written even when
+    ``error`` is set (then marked partial with its reason); the work directory
+    is removed only when ``remove_work`` and the capture succeeded, so a
+    failure keeps the tasks' logs.
+    """
+    proxy_errors = proxies.errors()
+    trace = assemble_trace(
+        calls,
+        tasks=tasks,
+        caller_of_pid=caller_of_pid,
+        markers=markers,
+        windows=windows,
+        startup_step_ids=startup_step_ids,
         origin_ns=proxies.started_ns,
         metadata=metadata,
-        partial_reason=reason,
+        partial_reason=partial_reason(error, proxy_errors),
     )
     trace_model.write_trace(trace, output)
     forwarded, spliced = proxies.forwarded_bytes()
-    if temporary and error is None:
+    if remove_work and error is None:
         shutil.rmtree(work, ignore_errors=True)
     return CaptureResult(
         trace=trace,

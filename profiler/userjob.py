@@ -41,7 +41,6 @@ import importlib.metadata
 import json
 import os
 import platform
-import shutil
 import signal
 import socket
 import subprocess
@@ -59,13 +58,12 @@ from tf_grpc_bench.profiler.capture import (
     ProgressCallback,
     ProxySet,
     StepWindow,
-    assemble_trace,
     step_id_windows,
+    write_captured_trace,
 )
 from tf_grpc_bench.profiler.launcher import StepMarker, read_step_markers
 
 from tf_grpc_bench import __version__
-from tf_grpc_bench import trace as trace_model
 from tf_grpc_bench.errors import BenchError, CaptureError, ConfigError, ServeError
 from tf_grpc_bench.trace import RunMetadata, Task
 
@@ -436,10 +434,6 @@ def capture_user_job(
     trace_tasks = [Task(job=name, index=index, address=address) for name, index, address in tasks]
     task_index = {(name, index): i for i, (name, index, _) in enumerate(tasks)}
     caller_of_pid = {pid: task_index[key] for key, pid in pids.items()}
-    proxy_errors = proxies.errors()
-    reason = str(error) if error is not None else ""
-    if not reason and proxy_errors:
-        reason = f"the proxy lost track of some traffic: {proxy_errors[0]}"
     metadata = RunMetadata(
         model=job.model or _script_name(job.command),
         tensorflow_version=_tensorflow_version(),
@@ -459,27 +453,18 @@ def capture_user_job(
             ("steps_from", steps_from),
         ),
     )
-    trace = assemble_trace(
+    return write_captured_trace(
         calls,
+        proxies=proxies,
         tasks=trace_tasks,
         caller_of_pid=caller_of_pid,
         markers=markers,
         windows=windows,
         startup_step_ids=warmup_ids,
-        origin_ns=proxies.started_ns,
         metadata=metadata,
-        partial_reason=reason,
-    )
-    trace_model.write_trace(trace, output)
-    forwarded, spliced = proxies.forwarded_bytes()
-    if temporary and error is None:
-        shutil.rmtree(work, ignore_errors=True)
-    return CaptureResult(
-        trace=trace,
-        path=output,
-        job_info={},
-        proxy_errors=proxy_errors,
-        forwarded_bytes=forwarded,
-        spliced_bytes=spliced,
         error=error,
+        output=output,
+        work=work,
+        remove_work=temporary,
+        job_info={},
     )
