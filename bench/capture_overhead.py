@@ -1,16 +1,20 @@
-"""Capture overhead: the same training job with the recording proxy on and off, side by side.
+"""Capture overhead: the same training job with capture on and off, side by side.
 
 Runs one real distributed training job (the launcher's, by default ResNet-50
 under TF2 ParameterServerStrategy, 1 ps + 2 workers, batch 4, 32x32) several
-times, alternating without a proxy (tasks dial each other directly) and with
-the recording proxies of ``tf-grpc-bench capture`` in between (the capture
-path itself, trace written).  Each repetition runs every variant once, in a
-rotating order so that none always runs first or last.  Compared: the median
-steady-state step time (from the launcher's step markers) with each proxy
-variant over the median without a proxy.
+times, alternating without capture (``off``: tasks dial each other directly,
+nothing loaded) and with each recorder of ``tf-grpc-bench capture`` (the
+capture path itself, trace written).  Each repetition runs every variant once,
+in a rotating order so that none always runs first or last.  Compared: the
+median steady-state step time (from the launcher's step markers) with each
+variant over the median without capture, paired per repetition.
 
 Variants (``--variants``):
 
+``preload``
+    the in-process recorder (``--recorder preload``, the default): a library
+    loaded into every task records what the task sends; tasks dial each other
+    directly;
 ``splice``
     the proxy as shipped: frame and message headers read in Python, the bulk
     of every DATA payload moved socket -> pipe -> socket with ``os.splice``,
@@ -24,10 +28,12 @@ Variants (``--variants``):
     alone, as a floor for the others.
 
 Also reported per variant: the CPU time this process (proxies and
-orchestrator) used per steady step, bytes forwarded and the share moved by
-splice.  Then the "Capture overhead" section of ``bench/README.md`` is
-rewritten with the command, the machine, the load and the figures (only
-figures from this run).
+orchestrator; the in-process recorder's work is in the tasks, so it shows only
+in their step time) used per steady step, bytes recorded and the share never
+copied into the recorder (spliced by the proxy, counted only by the library).
+Then the "Capture overhead" section of ``bench/README.md`` is rewritten with
+the command, the machine, the load and the figures (only figures from this
+run).
 
 Run from the repository root::
 
@@ -58,24 +64,31 @@ ROOT = Path(__file__).resolve().parent.parent
 README = ROOT / "bench" / "README.md"
 SECTION = "## Capture overhead"
 OFF = "off"
-VARIANT_OPTIONS: dict[str, dict[str, object]] = {
-    "splice": {},
-    "splice-system-cc": {"congestion_control": None},
-    "copy": {"use_splice": False},
-    "forward": {"follow": False},
+#: Variant -> (recorder, RecordingProxy options).
+VARIANTS: dict[str, tuple[str, dict[str, object]]] = {
+    "preload": ("preload", {}),
+    "splice": ("proxy", {}),
+    "splice-system-cc": ("proxy", {"congestion_control": None}),
+    "copy": ("proxy", {"use_splice": False}),
+    "forward": ("proxy", {"follow": False}),
 }
 
 
 #: What the variants are and what was tried before this run (written under the table).
 NOTES = (
-    "Variants: `splice` is the proxy as shipped (frame headers, header blocks, gRPC message "
+    "Variants: `preload` is the in-process recorder, `tf-grpc-bench capture`'s default "
+    "(a C library preloaded into every task follows HTTP/2 and gRPC framing over what the "
+    "task sends, copies frame headers, header blocks, message prefixes and the first KB of "
+    "each message into a shared-memory file and only counts the rest; the same follower as "
+    "the proxy's parses the records after the run; no second TCP hop). "
+    "`splice` is the proxy (`--recorder proxy`) (frame headers, header blocks, gRPC message "
     "prefixes and the first KB of each message read in Python after the chunk is forwarded; the "
     "rest of every DATA payload moved socket -> pipe -> socket with `os.splice`; TCP congestion "
     "control cubic on the proxy's sockets); `splice-system-cc` the same with the system's "
     "congestion control (BBR on this machine); `copy` reads every byte into Python "
     "(`recv_into` a 64 KiB buffer, `sendall` of a memoryview); `forward` splices everything "
     "and records nothing: the cost of the extra TCP hop alone. The ratio column that counts "
-    "is the median of the per-repetition ratios: each repetition runs the job without a proxy "
+    "is the median of the per-repetition ratios: each repetition runs the job without capture "
     "and with each variant back to back, so that the load of other work on this shared "
     "machine, which moves the step time by tens of percent over minutes, cancels out.",
     "",
@@ -130,7 +143,7 @@ class VariantFigures:
         return [statistics.median(run) for run in self.steps_ms]
 
     def paired_ratios(self, baseline: VariantFigures) -> list[float]:
-        """Per repetition: this variant's median step over the no-proxy run's of the same
+        """Per repetition: this variant's median step over the capture-off run's of the same
         repetition (run back to back, so slow changes in the machine's load cancel)."""
         return [
             mine / theirs
@@ -140,14 +153,14 @@ class VariantFigures:
         ]
 
 
-def run_without_proxy(config: TrainingConfig, workdir: Path) -> list[float]:
+def run_without_capture(config: TrainingConfig, workdir: Path) -> list[float]:
     with TrainingJob(config, plan_tasks(config), workdir) as job:
         job.start()
         outcome = job.wait(timeout_s=1800)
     return [d / 1e6 for d in outcome.steady_step_durations_ns]
 
 
-def run_with_proxy(
+def run_with_capture(
     config: TrainingConfig, workdir: Path, variant: str, figures: VariantFigures
 ) -> list[float]:
     samples: list[tuple[int, float]] = []
@@ -164,7 +177,8 @@ def run_with_proxy(
         workdir=workdir,
         timeout_s=1800,
         progress=progress,
-        proxy_options=VARIANT_OPTIONS[variant],
+        recorder=VARIANTS[variant][0],
+        proxy_options=VARIANTS[variant][1] or None,
     )
     if result.error is not None:
         raise result.error
@@ -173,8 +187,8 @@ def run_with_proxy(
         figures.cpu_ms_per_step.append(
             (steady[-1][1] - steady[0][1]) * 1e3 / (steady[-1][0] - steady[0][0])
         )
-    figures.forwarded_bytes += result.forwarded_bytes
-    figures.spliced_bytes += result.spliced_bytes
+    figures.forwarded_bytes += result.recorded_bytes
+    figures.spliced_bytes += result.uncopied_bytes
     if variant != "forward":
         from tf_grpc_bench.profiler.physics import check_physics
 
@@ -217,9 +231,9 @@ def write_readme(
         f"(1/5/15 min) before: {load_before}, after: {load_after}. "
         f"Measured {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}.",
         "",
-        "| variant | median step (ms) | per-repetition medians (ms) | ratio to no proxy, "
-        "per repetition | median of those | pooled ratio | proxy CPU per step (ms) | spliced "
-        "| physics |",
+        "| variant | median step (ms) | per-repetition medians (ms) | ratio to off, "
+        "per repetition | median of those | pooled ratio | capture process CPU per step (ms) "
+        "| not copied | physics |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
     for name, figure in figures.items():
@@ -262,15 +276,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--repetitions", type=int, default=3)
     parser.add_argument(
         "--variants",
-        default="splice,splice-system-cc,forward,copy",
-        help=f"proxy variants, comma-separated, of: {', '.join(VARIANT_OPTIONS)} (default all)",
+        default="preload,splice,forward",
+        help=f"capture variants, comma-separated, of: {', '.join(VARIANTS)} "
+        "(default preload,splice,forward)",
     )
     parser.add_argument("--no-readme", action="store_true", help="print only")
     args = parser.parse_args(argv)
     variants = [v.strip() for v in args.variants.split(",") if v.strip()]
-    unknown = [v for v in variants if v not in VARIANT_OPTIONS]
+    unknown = [v for v in variants if v not in VARIANTS]
     if unknown:
-        parser.error(f"unknown variants {unknown}; known: {', '.join(VARIANT_OPTIONS)}")
+        parser.error(f"unknown variants {unknown}; known: {', '.join(VARIANTS)}")
     config = TrainingConfig(
         model=args.model,
         setup=args.setup,
@@ -292,15 +307,15 @@ def main(argv: Sequence[str] | None = None) -> int:
                 with tempfile.TemporaryDirectory(prefix="tfgb-overhead-") as temporary:
                     workdir = Path(temporary)
                     if name == OFF:
-                        steps = run_without_proxy(config, workdir)
+                        steps = run_without_capture(config, workdir)
                     else:
-                        steps = run_with_proxy(config, workdir, name, figures[name])
+                        steps = run_with_capture(config, workdir, name, figures[name])
                 figures[name].steps_ms.append(steps)
                 cpu = figures[name].cpu_ms_per_step
                 print(
                     f"repetition {repetition + 1}/{args.repetitions} {name:>13}: median "
                     f"{statistics.median(steps):.0f} ms  [{_format_ms(steps)}]"
-                    + (f"  proxy CPU {cpu[-1]:.0f} ms/step" if name != OFF and cpu else ""),
+                    + (f"  capture process CPU {cpu[-1]:.0f} ms/step" if cpu else ""),
                     flush=True,
                 )
     except BenchError as error:
@@ -312,7 +327,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         figure = figures[name]
         ratios = figure.paired_ratios(off)
         print(
-            f"{name:>16}: median {figure.median_ms:.0f} ms; ratio to no proxy: pooled "
+            f"{name:>16}: median {figure.median_ms:.0f} ms; ratio to off: pooled "
             f"{figure.median_ms / off.median_ms:.3f}, per repetition "
             f"[{', '.join(f'{r:.3f}' for r in ratios)}], median {statistics.median(ratios):.3f}"
         )

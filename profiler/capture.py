@@ -1,10 +1,18 @@
 """Capture the tensor traffic of a real distributed training job as a trace.
 
 ``capture_training`` runs one job of the launcher (``launcher.TrainingJob``)
-with a ``RecordingProxy`` in front of every task: each task binds its real
-port, while every task's cluster definition advertises the proxies'
-addresses, so every call between tasks crosses a proxy.  When the job is done
-(or fails) the proxies' records become a ``Trace``:
+under one of two recorders, which see the same bytes and parse them the same
+way (``http2.Http2Follower`` and ``calls.CallTable``):
+
+* ``preload`` (the default): ``wiretap.TapRecorder`` loads a small library into
+  every task process, which records what the process sends on its cluster
+  connections; tasks talk to each other directly;
+* ``proxy``: a ``RecordingProxy`` in front of every task: each task binds its
+  real port, while every task's cluster definition advertises the proxies'
+  addresses, so every call between tasks crosses a proxy (a second TCP hop,
+  which costs more step time; bench/README.md, "Capture overhead").
+
+When the job is done (or fails) the records become a ``Trace``:
 
 * steady-state steps come from the launcher's step markers (phase
   ``steady``); markers with the same step number (one per driving task) make
@@ -17,7 +25,7 @@ addresses, so every call between tasks crosses a proxy.  When the job is done
   to the next one); RPCs before the first steady window are start-up (graph
   registration, variable initialisation, warm-up steps), after the last one
   teardown;
-* times are ns from the start of the capture (the proxies' start).
+* times are ns from the start of the capture (the recorder's start).
 
 Faults: whatever stops the job early (a task crashes or hangs, a port is
 taken, the user interrupts) stops every process this module started and
@@ -32,6 +40,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import datetime
+import os
 import platform
 import shutil
 import socket
@@ -42,8 +51,9 @@ from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
+from tf_grpc_bench.profiler.calls import RecordedCall
 from tf_grpc_bench.profiler.launcher import (
     StepMarker,
     TaskSpec,
@@ -52,7 +62,7 @@ from tf_grpc_bench.profiler.launcher import (
     plan_tasks,
 )
 from tf_grpc_bench.profiler.physics import VARIABLES_EXTRA, encode_variables
-from tf_grpc_bench.profiler.proxy import RecordedCall, RecordingProxy
+from tf_grpc_bench.profiler.proxy import RecordingProxy
 from tf_grpc_bench.profiler.tf_messages import (
     MessageDecodeError,
     decode_recv_buf_request,
@@ -62,10 +72,11 @@ from tf_grpc_bench.profiler.tf_messages import (
     parse_rendezvous_key,
     task_of_device,
 )
+from tf_grpc_bench.profiler.wiretap import TapRecorder
 
 from tf_grpc_bench import __version__
 from tf_grpc_bench import trace as trace_model
-from tf_grpc_bench.errors import BenchError, CaptureError
+from tf_grpc_bench.errors import BenchError, CaptureError, ConfigError
 from tf_grpc_bench.trace import (
     RECV_BUF,
     RECV_TENSOR,
@@ -78,7 +89,10 @@ from tf_grpc_bench.trace import (
     Trace,
 )
 
-CAPTURE_METHOD = "recording-proxy"
+#: How the traffic is recorded (``--recorder``) -> the trace's capture_method.
+CAPTURE_METHODS = {"preload": "in-process-recorder", "proxy": "recording-proxy"}
+RECORDERS = tuple(CAPTURE_METHODS)
+DEFAULT_RECORDER = "preload"
 
 #: Launcher setup -> the trace's strategy name (see protos/trace.proto).
 STRATEGY_NAMES = {
@@ -472,16 +486,38 @@ class CaptureResult:
     """A finished capture: the trace written to ``path`` and the job's facts.
 
     ``error`` is the failure that ended a partial capture (the trace was still
-    written), None if the job completed.
+    written), None if the job completed.  ``recorded_bytes`` crossed the
+    recorder (both directions); of those, ``uncopied_bytes`` never reached
+    the recorder's memory (spliced by the proxy, or only counted by the
+    in-process library).
     """
 
     trace: Trace
     path: Path
     job_info: Mapping[str, Any]
-    proxy_errors: tuple[str, ...]
-    forwarded_bytes: int
-    spliced_bytes: int
+    recorder_errors: tuple[str, ...]
+    recorded_bytes: int
+    uncopied_bytes: int
     error: BenchError | None = None
+
+
+class Recorder(Protocol):
+    """What a capture needs of a recorder (``ProxySet`` or ``wiretap.TapRecorder``)."""
+
+    @property
+    def started_ns(self) -> int:
+        """When recording started (monotonic ns): the trace's time origin."""
+        ...
+
+    def start(self) -> None: ...
+
+    def stop(self) -> None: ...
+
+    def collect(self, *, final: bool = False) -> list[RecordedCall]: ...
+
+    def errors(self) -> tuple[str, ...]: ...
+
+    def forwarded_bytes(self) -> tuple[int, int]: ...
 
 
 class ProxySet:
@@ -540,7 +576,11 @@ def _utc_now() -> str:
 
 
 def run_metadata(
-    config: TrainingConfig, job_info: Mapping[str, Any], command: Sequence[str]
+    config: TrainingConfig,
+    job_info: Mapping[str, Any],
+    command: Sequence[str],
+    *,
+    recorder: str = DEFAULT_RECORDER,
 ) -> RunMetadata:
     """The trace's RunMetadata for a launcher job (job_info may be empty if it failed early)."""
     import grpc
@@ -568,7 +608,7 @@ def run_metadata(
         batch_size=config.batch_size,
         input_shape=tuple(config.input_shape),
         trainable_parameters=int(job_info.get("trainable_parameters", 0)),
-        capture_method=CAPTURE_METHOD,
+        capture_method=CAPTURE_METHODS[recorder],
         host=socket.gethostname(),
         command=tuple(command),
         tool_version=__version__,
@@ -595,6 +635,12 @@ def _watch_progress(
                 )
 
 
+def check_recorder(recorder: str) -> None:
+    """ConfigError unless ``recorder`` is one of RECORDERS."""
+    if recorder not in CAPTURE_METHODS:
+        raise ConfigError(f"unknown recorder {recorder!r}; expected one of {', '.join(RECORDERS)}")
+
+
 def capture_training(
     config: TrainingConfig,
     output: str | Path,
@@ -605,20 +651,23 @@ def capture_training(
     timeout_s: float | None = None,
     progress: ProgressCallback | None = None,
     tasks: Sequence[TaskSpec] | None = None,
+    recorder: str = DEFAULT_RECORDER,
     proxy_options: Mapping[str, Any] | None = None,
 ) -> CaptureResult:
-    """Run ``config`` as a real distributed job behind recording proxies; write the trace.
+    """Run ``config`` as a real distributed job under ``recorder``; write the trace.
 
     Blocks until the job is done.  ``workdir`` keeps the tasks' logs (a
     temporary directory, removed on success, if not given).  The trace is
     written to ``output`` in every case once the job has started; if the job
     failed, the returned ``CaptureResult.error`` says why and the trace is
     marked partial.  Raises before writing anything only when nothing could
-    start (bad configuration, no free ports).  ``tasks`` fixes the tasks' bind
-    ports (default: ``plan_tasks`` picks free ones); their advertised
+    start (bad configuration, no free ports, the in-process recorder's library
+    cannot be built).  ``tasks`` fixes the tasks' bind ports (default:
+    ``plan_tasks`` picks free ones); with the proxy recorder their advertised
     addresses are replaced by the proxies'.  ``proxy_options`` go to every
     ``RecordingProxy`` (the overhead benchmark compares variants).
     """
+    check_recorder(recorder)
     output = Path(output)
     temporary = workdir is None
     work = Path(tempfile.mkdtemp(prefix="tfgb-capture-")) if workdir is None else Path(workdir)
@@ -629,15 +678,25 @@ def capture_training(
         job = holder.get("job")
         return list(job.pids().values()) if job else []
 
-    proxies = ProxySet(
-        {t.name: (host, t.bind_port) for t in tasks},
-        listen_host=host,
-        owner_pids=task_pids,
-        options=proxy_options,
-    )
-    tasks = [
-        dataclasses.replace(t, advertised_address=proxies.proxies[t.name].address) for t in tasks
-    ]
+    environment: dict[str, str] | None = None
+    tap: TapRecorder | None = None
+    recording: Recorder
+    if recorder == "preload":
+        tap = TapRecorder({t.name: t.bind_port for t in tasks}, work / "wiretap")
+        environment = tap.environment(os.environ)
+        recording = tap
+    else:
+        proxies = ProxySet(
+            {t.name: (host, t.bind_port) for t in tasks},
+            listen_host=host,
+            owner_pids=task_pids,
+            options=proxy_options,
+        )
+        tasks = [
+            dataclasses.replace(t, advertised_address=proxies.proxies[t.name].address)
+            for t in tasks
+        ]
+        recording = proxies
     error: BenchError | None = None
     job_info: dict[str, Any] = {}
     markers: list[StepMarker] = []
@@ -645,12 +704,14 @@ def capture_training(
     stop_progress = threading.Event()
     watcher: threading.Thread | None = None
     try:
-        with TrainingJob(config, tasks, work) as job:
+        with TrainingJob(config, tasks, work, environment=environment) as job:
             holder["job"] = job
-            proxies.start()
+            recording.start()
             try:
                 job.start()
                 pids = job.pids()
+                if tap is not None:
+                    tap.expected_pids = {pid: f"{j}:{i}" for (j, i), pid in pids.items()}
                 if progress is not None:
                     expected = config.markers_per_driving_task * len(config.driving_tasks)
                     watcher = threading.Thread(
@@ -683,14 +744,14 @@ def capture_training(
                 with contextlib.suppress(BenchError, OSError):
                     job_info = job.job_info()
     finally:
-        proxies.stop()
+        recording.stop()
         if watcher is not None:
             watcher.join(1)
-    calls = proxies.collect(final=True)
+    calls = recording.collect(final=True)
     trace_tasks = [Task(job=t.job, index=t.index, address=f"{host}:{t.bind_port}") for t in tasks]
     task_index = {t.key: i for i, t in enumerate(tasks)}
     caller_of_pid = {pid: task_index[key] for key, pid in pids.items() if key in task_index}
-    metadata = run_metadata(config, job_info, command)
+    metadata = run_metadata(config, job_info, command, recorder=recorder)
     windows: list[StepWindow] | None = None
     startup_ids: frozenset[int] = frozenset()
     steady = step_windows(markers)
@@ -713,7 +774,7 @@ def capture_training(
         )
     return write_captured_trace(
         calls,
-        proxies=proxies,
+        recorder=recording,
         tasks=trace_tasks,
         caller_of_pid=caller_of_pid,
         markers=markers,
@@ -728,19 +789,19 @@ def capture_training(
     )
 
 
-def partial_reason(error: BenchError | None, proxy_errors: Sequence[str]) -> str:
-    """Why a capture's trace is partial: the run's error, else the proxies' first, else ""."""
+def partial_reason(error: BenchError | None, recorder_errors: Sequence[str]) -> str:
+    """Why a capture's trace is partial: the run's error, else the recorder's first, else ""."""
     if error is not None:
         return str(error)
-    if proxy_errors:
-        return f"the proxy lost track of some traffic: {proxy_errors[0]}"
+    if recorder_errors:
+        return f"the recorder lost track of some traffic: {recorder_errors[0]}"
     return ""
 
 
 def write_captured_trace(
     calls: Sequence[RecordedCall],
     *,
-    proxies: ProxySet,
+    recorder: Recorder,
     tasks: Sequence[Task],
     caller_of_pid: Mapping[int, int],
     markers: Sequence[StepMarker],
@@ -760,7 +821,7 @@ def write_captured_trace(
     is removed only when ``remove_work`` and the capture succeeded, so a
     failure keeps the tasks' logs.
     """
-    proxy_errors = proxies.errors()
+    recorder_errors = recorder.errors()
     trace = assemble_trace(
         calls,
         tasks=tasks,
@@ -768,21 +829,21 @@ def write_captured_trace(
         markers=markers,
         windows=windows,
         startup_step_ids=startup_step_ids,
-        origin_ns=proxies.started_ns,
+        origin_ns=recorder.started_ns,
         metadata=metadata,
-        partial_reason=partial_reason(error, proxy_errors),
+        partial_reason=partial_reason(error, recorder_errors),
     )
     trace_model.write_trace(trace, output)
-    forwarded, spliced = proxies.forwarded_bytes()
+    recorded, uncopied = recorder.forwarded_bytes()
     if remove_work and error is None:
         shutil.rmtree(work, ignore_errors=True)
     return CaptureResult(
         trace=trace,
         path=output,
         job_info=job_info,
-        proxy_errors=proxy_errors,
-        forwarded_bytes=forwarded,
-        spliced_bytes=spliced,
+        recorder_errors=recorder_errors,
+        recorded_bytes=recorded,
+        uncopied_bytes=uncopied,
         error=error,
     )
 

@@ -15,6 +15,8 @@ from collections.abc import Callable
 
 from tf_grpc_bench.models.registry import available_models
 from tf_grpc_bench.profiler.capture import (
+    DEFAULT_RECORDER,
+    RECORDERS,
     CaptureResult,
     Progress,
     capture_training,
@@ -50,6 +52,14 @@ def _seconds(text: str) -> float:
 
 
 def _add_common(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--recorder",
+        choices=RECORDERS,
+        default=DEFAULT_RECORDER,
+        help="preload: a library in every task process records what it sends (default; "
+        "needs a C compiler once, to build it); proxy: a recording proxy in front of every "
+        "task (a second TCP hop, slower)",
+    )
     parser.add_argument(
         "--output",
         "-o",
@@ -217,6 +227,7 @@ def run_capture(args: argparse.Namespace) -> int:
             workdir=args.workdir,
             timeout_s=args.timeout,
             progress=progress,
+            recorder=args.recorder,
         )
     finally:
         close()
@@ -294,7 +305,12 @@ def run_capture_job(args: argparse.Namespace) -> int:
     _interrupt_on_sigterm()
     try:
         result = capture_user_job(
-            job, args.output, command=command_line(), workdir=args.workdir, progress=progress
+            job,
+            args.output,
+            command=command_line(),
+            workdir=args.workdir,
+            progress=progress,
+            recorder=args.recorder,
         )
     finally:
         close()

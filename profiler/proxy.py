@@ -36,22 +36,11 @@ import socket
 import threading
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
-from tf_grpc_bench.profiler.http2 import (
-    MESSAGE_HEAD_BYTES,
-    Event,
-    FramingError,
-    GoAway,
-    HeaderBlock,
-    HeaderDecoder,
-    Http2Follower,
-    MessageSeen,
-    StreamEnded,
-    StreamReset,
-    header_value,
-)
+from tf_grpc_bench.profiler.calls import CallTable, Direction, RecordedCall
+from tf_grpc_bench.profiler.http2 import MESSAGE_HEAD_BYTES, FramingError
 
 from tf_grpc_bench.errors import ServeError
 
@@ -74,65 +63,10 @@ DEFAULT_CONGESTION_CONTROL = "cubic"
 UPSTREAM_CONNECT_TIMEOUT_S = 30.0
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class RecordedCall:
-    """One gRPC call (HTTP/2 stream) seen by a proxy.  Times are monotonic ns.
-
-    ``status_code`` is the ``grpc-status`` trailer, None if none was seen (the
-    stream was reset or the capture ended first: then ``complete`` is false or
-    ``reset`` true).  ``request_head``/``response_head`` are the first bytes of
-    the first message each way.  ``caller_pid`` is the process that opened the
-    connection, None if it could not be found.
-    """
-
-    callee: str
-    connection: int
-    stream_id: int
-    caller_pid: int | None
-    method: str
-    start_ns: int
-    response_start_ns: int
-    end_ns: int
-    request_bytes: int
-    response_bytes: int
-    request_messages: int
-    response_messages: int
-    status_code: int | None
-    reset: bool
-    complete: bool
-    request_head: bytes = b""
-    response_head: bytes = b""
-
-
 @dataclass(slots=True)
-class _CallBuilder:
-    stream_id: int
-    method: str = ""
-    start_ns: int = 0
-    response_start_ns: int = 0
-    end_ns: int = 0
-    request_bytes: int = 0
-    response_bytes: int = 0
-    request_messages: int = 0
-    response_messages: int = 0
-    request_head: bytes = b""
-    response_head: bytes = b""
-    status_code: int | None = None
-    request_seen: bool = False
-    request_ended: bool = False
-    response_ended: bool = False
-    reset: bool = False
+class _Direction(Direction):
+    """One direction of a connection: its events (``Direction``) and forwarding counters."""
 
-
-@dataclass(slots=True)
-class _Direction:
-    """One direction of a connection: its follower's events and its counters."""
-
-    client_side: bool
-    events: list[Event] = field(default_factory=list)
-    follower: Http2Follower | None = None
-    undecodable: bool = False
-    decoder: HeaderDecoder = field(default_factory=HeaderDecoder)
     forwarded_bytes: int = 0
     spliced_bytes: int = 0
     splices: int = 0
@@ -144,7 +78,9 @@ class _Direction:
 class _Connection:
     """An accepted connection, its upstream, and the calls assembled from it."""
 
-    def __init__(self, number: int, client: socket.socket, peer: tuple[str, int]) -> None:
+    def __init__(
+        self, number: int, client: socket.socket, peer: tuple[str, int], *, callee: str
+    ) -> None:
         self.number = number
         self.client = client
         self.upstream: socket.socket | None = None
@@ -153,7 +89,7 @@ class _Connection:
         self.opened_ns = time.monotonic_ns()
         self.requests = _Direction(client_side=True)
         self.responses = _Direction(client_side=False)
-        self.calls: dict[int, _CallBuilder] = {}
+        self.table = CallTable(callee=callee, connection=number)
         self.threads: list[threading.Thread] = []
         self.lock = threading.Lock()
         self.closed = False
@@ -291,7 +227,7 @@ class RecordingProxy:
                 client, peer = self._listener.accept()
             except OSError:
                 return
-            connection = _Connection(number, client, peer[:2])
+            connection = _Connection(number, client, peer[:2], callee=self.callee)
             number += 1
             with self._lock:
                 self._connections.append(connection)
@@ -353,11 +289,7 @@ class RecordingProxy:
             (connection.requests, client, upstream),
             (connection.responses, upstream, client),
         ):
-            direction.follower = Http2Follower(
-                direction.events.append,
-                client_side=direction.client_side,
-                head_bytes=self._head_bytes,
-            )
+            direction.new_follower(self._head_bytes)
             thread = threading.Thread(
                 target=self._pump,
                 args=(connection, direction, source, sink),
@@ -482,105 +414,9 @@ class RecordingProxy:
         return total, spliced
 
     def _assemble(self, connection: _Connection, *, final: bool) -> list[RecordedCall]:
-        calls = connection.calls
         for direction in (connection.requests, connection.responses):
-            events = direction.events
-            end = len(events)
-            if not direction.undecodable:
-                for index in range(end):
-                    try:
-                        _apply(calls, direction, events[index])
-                    except FramingError as error:
-                        # The HPACK context is lost: nothing after can be decoded.
-                        direction.error = direction.error or str(error)
-                        direction.undecodable = True
-                        break
-            # Only the forwarding thread appends, at the end: the first ``end``
-            # events are exactly the ones just folded in.
-            del events[:end]
-        finished = []
-        for stream_id in list(calls):
-            builder = calls[stream_id]
-            done = builder.request_seen and (builder.response_ended or builder.reset)
-            if done or final:
-                del calls[stream_id]
-                if builder.request_seen:
-                    finished.append(self._record(connection, builder, complete=done))
-        return finished
-
-    def _record(
-        self, connection: _Connection, builder: _CallBuilder, *, complete: bool
-    ) -> RecordedCall:
-        end_ns = builder.end_ns or max(builder.start_ns, builder.response_start_ns)
-        return RecordedCall(
-            callee=self.callee,
-            connection=connection.number,
-            stream_id=builder.stream_id,
-            caller_pid=connection.caller_pid,
-            method=builder.method or "/unknown",
-            start_ns=builder.start_ns,
-            response_start_ns=builder.response_start_ns or end_ns,
-            end_ns=max(end_ns, builder.start_ns),
-            request_bytes=builder.request_bytes,
-            response_bytes=builder.response_bytes,
-            request_messages=builder.request_messages,
-            response_messages=builder.response_messages,
-            status_code=builder.status_code,
-            reset=builder.reset,
-            complete=complete,
-            request_head=builder.request_head,
-            response_head=builder.response_head,
-        )
-
-
-def _apply(calls: dict[int, _CallBuilder], direction: _Direction, event: Event) -> None:
-    """Fold one follower event into the call table of its connection."""
-    if isinstance(event, GoAway):
-        return
-    if isinstance(event, HeaderBlock):
-        headers = direction.decoder.decode(event.block)
-        if event.push_promise:
-            return  # gRPC never pushes; the block only had to reach the decoder
-    builder = calls.get(event.stream_id)
-    if builder is None:
-        builder = calls[event.stream_id] = _CallBuilder(stream_id=event.stream_id)
-    if direction.client_side:
-        if isinstance(event, HeaderBlock):
-            if not builder.request_seen:
-                builder.request_seen = True
-                builder.start_ns = event.time_ns
-                path = header_value(headers, b":path")
-                builder.method = path.decode("utf-8", "replace") if path else ""
-        elif isinstance(event, MessageSeen):
-            builder.request_bytes += event.length
-            builder.request_messages += 1
-            if builder.request_messages == 1:
-                builder.request_head = event.head
-        elif isinstance(event, StreamEnded):
-            builder.request_ended = True
-        elif isinstance(event, StreamReset):
-            builder.reset = True
-            builder.end_ns = builder.end_ns or event.time_ns
-    else:
-        if isinstance(event, HeaderBlock):
-            if not builder.response_start_ns:
-                builder.response_start_ns = event.time_ns
-            status = header_value(headers, b"grpc-status")
-            if status is not None and status.isdigit():
-                builder.status_code = int(status)
-        elif isinstance(event, MessageSeen):
-            if not builder.response_start_ns:
-                builder.response_start_ns = event.time_ns
-            builder.response_bytes += event.length
-            builder.response_messages += 1
-            if builder.response_messages == 1:
-                builder.response_head = event.head
-        elif isinstance(event, StreamEnded):
-            builder.response_ended = True
-            builder.end_ns = event.time_ns
-        elif isinstance(event, StreamReset):
-            builder.reset = True
-            builder.end_ns = builder.end_ns or event.time_ns
+            connection.table.fold(direction)
+        return connection.table.take(caller_pid=connection.caller_pid, final=final)
 
 
 def tune_socket(sock: socket.socket, *, congestion_control: str | None = None) -> None:

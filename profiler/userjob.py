@@ -2,18 +2,21 @@
 
 The user gives the cluster layout (the addresses the tasks will listen on, as
 in ``TF_CONFIG``) and the command that runs one task (the same command for
-every task, as TensorFlow's multi-worker tutorials do).  For every task this
-module starts a ``RecordingProxy`` and one process running the command, with
-a ``TF_CONFIG`` written for that task:
+every task, as TensorFlow's multi-worker tutorials do).  This module starts one
+process per task running the command, with a ``TF_CONFIG`` written for that
+task, under one of the two recorders of ``capture``:
 
-* the task's own entry is its real address, so its gRPC server binds there;
-* every other task's entry is that task's proxy address, so everything the
-  task dials goes through a proxy.
-
-TensorFlow's TF2 strategies push the coordinator's (chief's) cluster view to
-the other tasks; in that view the ps and worker tasks are proxy addresses, so
-their traffic is recorded, and calls *to* the chief (in a
-``ParameterServerStrategy`` job there are none in steady state) go direct.
+* ``preload`` (default): the cluster is the user's, unchanged; every process
+  gets the in-process recorder's library (``wiretap``), so every call between
+  the tasks, including calls to the chief, is recorded where it is sent;
+* ``proxy``: one ``RecordingProxy`` per task; in each task's ``TF_CONFIG`` its
+  own entry is its real address (its gRPC server binds there) and every other
+  task's entry is that task's proxy, so everything the task dials goes
+  through a proxy.  TensorFlow's TF2 strategies push the coordinator's
+  (chief's) cluster view to the other tasks; in that view the ps and worker
+  tasks are proxy addresses, so their traffic is recorded, but calls *to* the
+  chief (in a ``ParameterServerStrategy`` job there are none in steady
+  state) go direct.
 
 Steps.  A user script writes no step markers unless it wants to: if it appends
 lines to the file named by ``$TF_GRPC_BENCH_STEP_MARKERS`` (JSON: ``task``,
@@ -52,16 +55,20 @@ from pathlib import Path
 from typing import IO, Any
 
 from tf_grpc_bench.profiler.capture import (
-    CAPTURE_METHOD,
+    CAPTURE_METHODS,
+    DEFAULT_RECORDER,
     CaptureResult,
     Progress,
     ProgressCallback,
     ProxySet,
+    Recorder,
     StepWindow,
+    check_recorder,
     step_id_windows,
     write_captured_trace,
 )
 from tf_grpc_bench.profiler.launcher import StepMarker, read_step_markers
+from tf_grpc_bench.profiler.wiretap import TapRecorder
 
 from tf_grpc_bench import __version__
 from tf_grpc_bench.errors import BenchError, CaptureError, ConfigError, ServeError
@@ -173,14 +180,15 @@ def parse_cluster(text: str) -> dict[str, tuple[str, ...]]:
 
 def task_tf_config(
     cluster: Mapping[str, Sequence[str]],
-    proxies: Mapping[tuple[str, int], str],
+    peers: Mapping[tuple[str, int], str],
     job: str,
     index: int,
 ) -> dict[str, Any]:
-    """TF_CONFIG for one task: its own real address, every peer's proxy address."""
+    """TF_CONFIG for one task: its own real address, every peer's address from ``peers``
+    (the proxies', or the real ones)."""
     rewritten = {
         name: [
-            address if (name, i) == (job, index) else proxies[(name, i)]
+            address if (name, i) == (job, index) else peers[(name, i)]
             for i, address in enumerate(addresses)
         ]
         for name, addresses in cluster.items()
@@ -344,8 +352,13 @@ def capture_user_job(
     workdir: str | Path | None = None,
     environment: Mapping[str, str] | None = None,
     progress: ProgressCallback | None = None,
+    recorder: str = DEFAULT_RECORDER,
 ) -> CaptureResult:
-    """Run the user's job behind recording proxies and write its trace to ``output``.
+    """Run the user's job under ``recorder`` and write its trace to ``output``.
+
+    With ``preload`` every task gets the cluster as given (plus its own task)
+    and the in-process recorder's library; with ``proxy``, a ``TF_CONFIG`` whose
+    peers are recording proxies (see ``task_tf_config``).
 
     Blocks until the drivers finish.  The tasks' output goes to
     ``<workdir>/<job>-<index>.stdout|.stderr`` (a temporary directory, removed on
@@ -353,6 +366,7 @@ def capture_user_job(
     and ``CaptureResult.error`` says why.  ``command`` is recorded as the
     trace's command line.
     """
+    check_recorder(recorder)
     output = Path(output)
     temporary = workdir is None
     work = Path(tempfile.mkdtemp(prefix="tfgb-userjob-")) if workdir is None else Path(workdir)
@@ -368,26 +382,38 @@ def capture_user_job(
     def task_pids() -> list[int]:
         return [t.process.pid for t in processes]
 
-    targets = {}
-    listen_host = "127.0.0.1"
-    for name, index, address in tasks:
-        host, port = split_address(address, where=f"cluster job {name!r}")
-        targets[f"{name}:{index}"] = ("127.0.0.1" if host == "localhost" else host, port)
-    proxies = ProxySet(targets, listen_host=listen_host, owner_pids=task_pids)
-    proxy_addresses = {
-        (name, index): proxies.proxies[f"{name}:{index}"].address for name, index, _ in tasks
-    }
     base_environment = dict(os.environ if environment is None else environment)
+    recording: Recorder
+    tap: TapRecorder | None = None
+    if recorder == "preload":
+        ports = {
+            f"{name}:{index}": split_address(address, where=f"cluster job {name!r}")[1]
+            for name, index, address in tasks
+        }
+        tap = TapRecorder(ports, work / "wiretap")
+        base_environment = tap.environment(base_environment)
+        peer_addresses = {(name, index): address for name, index, address in tasks}
+        recording = tap
+    else:
+        targets = {}
+        for name, index, address in tasks:
+            host, port = split_address(address, where=f"cluster job {name!r}")
+            targets[f"{name}:{index}"] = ("127.0.0.1" if host == "localhost" else host, port)
+        proxies = ProxySet(targets, listen_host="127.0.0.1", owner_pids=task_pids)
+        peer_addresses = {
+            (name, index): proxies.proxies[f"{name}:{index}"].address for name, index, _ in tasks
+        }
+        recording = proxies
     error: BenchError | None = None
     try:
-        proxies.start()
+        recording.start()
         try:
             for name, index, address in tasks:
                 _check_port_free(*split_address(address, where="cluster"), f"{name}:{index}")
             for name, index, _ in tasks:
                 variables = dict(base_environment)
                 variables["TF_CONFIG"] = json.dumps(
-                    task_tf_config(job.cluster, proxy_addresses, name, index)
+                    task_tf_config(job.cluster, peer_addresses, name, index)
                 )
                 variables[MARKERS_VARIABLE] = str(markers_path)
                 variables["PYTHONUNBUFFERED"] = "1"
@@ -410,6 +436,8 @@ def capture_user_job(
                         f"cannot run {job.command[0]!r} for task {name}:{index}: {failure.strerror}"
                     ) from None
                 processes.append(_TaskProcess(name, index, process, stdout, stderr, prefix))
+                if tap is not None:
+                    tap.expected_pids[process.pid] = f"{name}:{index}"
             _wait(job, processes, markers_path, progress)
         except BenchError as failure:
             error = failure
@@ -418,9 +446,9 @@ def capture_user_job(
         finally:
             _stop_all(processes)
     finally:
-        proxies.stop()
+        recording.stop()
     pids = {(t.job, t.index): t.process.pid for t in processes}
-    calls = proxies.collect(final=True)
+    calls = recording.collect(final=True)
     markers: list[StepMarker] = []
     with contextlib.suppress(BenchError):
         markers = markers_as_windows(read_step_markers(markers_path))
@@ -441,7 +469,7 @@ def capture_user_job(
         synchronous=job.synchronous,
         batch_size=job.batch_size,
         input_shape=job.input_shape,
-        capture_method=CAPTURE_METHOD,
+        capture_method=CAPTURE_METHODS[recorder],
         host=socket.gethostname(),
         command=tuple(command),
         tool_version=__version__,
@@ -455,7 +483,7 @@ def capture_user_job(
     )
     return write_captured_trace(
         calls,
-        proxies=proxies,
+        recorder=recording,
         tasks=trace_tasks,
         caller_of_pid=caller_of_pid,
         markers=markers,

@@ -339,7 +339,7 @@ def test_capturing_the_tiny_model_gives_a_trace_that_obeys_physics(
     assert (meta.batch_size, meta.input_shape) == (4, (16, 16, 3))
     assert meta.trainable_parameters == 548_730
     assert meta.tensorflow_version.startswith("2.")
-    assert meta.capture_method == "recording-proxy"
+    assert meta.capture_method == "in-process-recorder"
     assert meta.command[:2] == ("tf-grpc-bench", "capture") and str(output) in meta.command
     assert meta.host and meta.tool_version
     datetime.datetime.fromisoformat(meta.created_utc)
@@ -444,7 +444,7 @@ def test_capturing_resnet50_at_a_tiny_input_moves_its_parameters_each_way(tmp_pa
     report = check_physics(result.trace, result.job_info)
     assert report.ok, report.format()
     # The bulk of the bytes never entered Python.
-    assert result.spliced_bytes > 0.9 * result.forwarded_bytes
+    assert result.uncopied_bytes > 0.9 * result.recorded_bytes
 
 
 @pytest.mark.tensorflow

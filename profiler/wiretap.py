@@ -1,0 +1,499 @@
+"""Record gRPC traffic inside the tasks' own processes: no proxy, no second hop.
+
+The recording proxy (``proxy.py``) puts a second TCP hop on every connection;
+on a 2-core machine that hop alone costs more step time than the capture is
+allowed (bench/README.md, "Capture overhead").  This recorder instead loads a
+small C library into every task process (``LD_PRELOAD``; source in
+``wiretap.c``, built here with the system's C compiler on first use and cached).
+The library wraps the send calls, and after each send on a cluster connection
+walks the sent bytes with just enough HTTP/2 and gRPC framing to tell which
+bytes a trace needs (frame headers, header blocks, message prefixes and the
+first ``head_bytes`` of each message) from those it only has to count (the
+bulk of every tensor).  It appends that to a per-process record file; no
+parsing, decoding or system call happens on the send path.
+
+Every task sends its own bytes, so the requests of a connection are in its
+client's file and the responses in its server's.  After the job, ``TapRecorder``
+reads the files, pairs the two sides of each connection by their addresses,
+and replays each side through the same ``http2.Http2Follower`` and
+``calls.CallTable`` as the proxy: the parsing is the proxy's, only the
+transport differs.  The caller of a call is the process whose file holds the
+client side (a child of a task counts as the task, through its recorded parent
+pid); the callee is the task listening on the server side's port.
+
+Record file layout: see ``wiretap.c``; it is read only here
+(``read_tap_file``).  Version history: 1 (2026-11-29) first version.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import struct
+import subprocess
+import time
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from tf_grpc_bench.profiler.calls import CallTable, Direction, RecordedCall
+from tf_grpc_bench.profiler.http2 import MESSAGE_HEAD_BYTES, FramingError, Http2Follower
+
+from tf_grpc_bench.errors import CaptureError
+
+LIBRARY_SOURCE = Path(__file__).with_name("wiretap.c")
+#: Environment variables the library reads (see wiretap.c).
+ENV_DIRECTORY = "TFGB_WIRETAP_DIR"
+ENV_PORTS = "TFGB_WIRETAP_PORTS"
+ENV_HEAD_BYTES = "TFGB_WIRETAP_HEAD"
+ENV_CAPACITY_BYTES = "TFGB_WIRETAP_BYTES"
+#: Room for one process's records: a sparse file, so only what is written
+#: takes space (ResNet-50 under tf2-ps writes about 2 MB per step per task).
+DEFAULT_CAPACITY_BYTES = 1 << 30
+
+FILE_MAGIC = b"TFGBTAP1"
+FILE_VERSION = 1
+_FILE_HEADER = struct.Struct("<8sIIIIQQQQ")  # magic .. created_ns; the header is 64 B
+FILE_HEADER_BYTES = 64
+_RECORD_HEAD = struct.Struct("<IHHIIQ")  # length, type, 0, connection, 0, time_ns
+_CONNECTION = struct.Struct("<HHHH16s16siI")
+_RECORD_CONNECTION = 1
+_RECORD_SENT = 2
+_RECORD_CLOSED = 3
+_SKIP_BIT = 0x80000000
+_COUNT_MASK = 0x7FFFFFFF
+_AF_INET = 2
+
+
+# --------------------------------------------------------------------------
+# The library.
+
+
+def _cache_directory() -> Path:
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "tf-grpc-bench"
+
+
+def build_library(cache_directory: Path | None = None) -> Path:
+    """The compiled recorder library, built from ``wiretap.c`` if not cached yet.
+
+    The file name carries a hash of the source, so an edited source is rebuilt.
+    Uses ``$CC``, else ``cc`` or ``gcc``.  CaptureError if no compiler is found
+    or the build fails.  Safe to call from several processes at once (the
+    library is written to a temporary name and renamed into place).
+    """
+    source = LIBRARY_SOURCE.read_bytes()
+    digest = hashlib.sha256(source).hexdigest()[:16]
+    directory = cache_directory or _cache_directory()
+    library = directory / f"wiretap-{digest}.so"
+    if library.is_file():
+        return library
+    compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+    if not compiler:
+        raise CaptureError(
+            "the in-process recorder (--recorder preload) needs a C compiler to build its "
+            "library, and none was found (set CC, or install gcc); --recorder proxy needs none"
+        )
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        raise CaptureError(f"cache directory {directory}: {error.strerror}") from None
+    temporary = directory / f".wiretap-{digest}.{os.getpid()}.so"
+    command = [
+        compiler,
+        "-O2",
+        "-fPIC",
+        "-shared",
+        "-o",
+        str(temporary),
+        str(LIBRARY_SOURCE),
+        "-ldl",
+        "-pthread",
+    ]
+    try:
+        built = subprocess.run(command, capture_output=True, text=True, check=False)
+    except OSError as error:
+        raise CaptureError(f"cannot run the C compiler {compiler}: {error.strerror}") from None
+    if built.returncode != 0:
+        temporary.unlink(missing_ok=True)
+        first = (built.stderr.strip().splitlines() or ["no output"])[0]
+        raise CaptureError(f"building the in-process recorder failed ({compiler}): {first}")
+    os.replace(temporary, library)
+    return library
+
+
+def recorder_environment(
+    base: Mapping[str, str],
+    *,
+    library: Path,
+    directory: Path,
+    ports: Iterable[int],
+    head_bytes: int = MESSAGE_HEAD_BYTES,
+    capacity_bytes: int = DEFAULT_CAPACITY_BYTES,
+) -> dict[str, str]:
+    """``base`` plus what makes a process record its cluster connections into ``directory``.
+
+    ``ports`` are the tasks' listening ports: a TCP connection is followed when
+    its local or peer port is one of them.  The library goes first in
+    ``LD_PRELOAD``, before whatever the base environment preloads.
+    """
+    environment = dict(base)
+    preload = environment.get("LD_PRELOAD", "")
+    environment["LD_PRELOAD"] = f"{library}:{preload}" if preload else str(library)
+    environment[ENV_DIRECTORY] = str(directory)
+    environment[ENV_PORTS] = ",".join(str(port) for port in sorted(set(ports)))
+    environment[ENV_HEAD_BYTES] = str(head_bytes)
+    environment[ENV_CAPACITY_BYTES] = str(capacity_bytes)
+    return environment
+
+
+# --------------------------------------------------------------------------
+# Record files (the one place they are parsed).
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TapConnection:
+    """One followed connection, as one process saw it."""
+
+    number: int
+    server_side: bool
+    local: tuple[str, int]
+    peer: tuple[str, int]
+    opened_ns: int
+    closed_ns: int = 0
+
+    @property
+    def endpoints(self) -> tuple[tuple[str, int], tuple[str, int]]:
+        """(client address, server address): the same for both sides of a connection."""
+        return (self.peer, self.local) if self.server_side else (self.local, self.peer)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TapFile:
+    """What one process recorded.
+
+    ``sends`` maps a connection number to its send calls, in order, each
+    ``(time_ns, operations)`` (see ``wiretap.c``).  ``damage`` says why the
+    file ends early ("" if it does not); ``dropped_records`` did not fit.
+    """
+
+    path: Path
+    pid: int
+    parent_pid: int
+    head_bytes: int
+    dropped_records: int
+    damage: str
+    connections: tuple[TapConnection, ...]
+    sends: Mapping[int, tuple[tuple[int, bytes], ...]] = field(default_factory=dict)
+
+    @property
+    def sent_bytes(self) -> int:
+        """Bytes sent on the followed connections (kept and skipped)."""
+        return sum(_operation_bytes(ops)[0] for calls in self.sends.values() for _, ops in calls)
+
+    @property
+    def skipped_bytes(self) -> int:
+        """Of ``sent_bytes``, those the library counted without copying."""
+        return sum(_operation_bytes(ops)[1] for calls in self.sends.values() for _, ops in calls)
+
+
+def _address(family: int, raw: bytes, port: int) -> tuple[str, int]:
+    import ipaddress
+
+    if family == _AF_INET:
+        return (str(ipaddress.IPv4Address(raw[:4])), port)
+    return (str(ipaddress.IPv6Address(raw)), port)
+
+
+def read_tap_file(path: Path) -> TapFile:
+    """Parse one record file.  CaptureError if it is not one (magic, version)."""
+    try:
+        with open(path, "rb") as handle:
+            header = handle.read(FILE_HEADER_BYTES)
+            if len(header) < _FILE_HEADER.size:
+                raise CaptureError(f"{path}: too short for a recorder file header")
+            magic, version, pid, parent, head, capacity, end, dropped, _created = (
+                _FILE_HEADER.unpack_from(header)
+            )
+            if magic != FILE_MAGIC:
+                raise CaptureError(f"{path}: not an in-process recorder file (bad magic)")
+            if version != FILE_VERSION:
+                raise CaptureError(
+                    f"{path}: recorder file version {version}; this tool reads {FILE_VERSION}"
+                )
+            end = min(end, capacity)
+            data = handle.read(max(0, end - FILE_HEADER_BYTES))
+    except OSError as error:
+        raise CaptureError(f"{path}: {error.strerror}") from None
+    connections: dict[int, TapConnection] = {}
+    sends: dict[int, list[tuple[int, bytes]]] = {}
+    damage = ""
+    position = 0
+    view = memoryview(data)
+    while position < len(data):
+        if len(data) - position < _RECORD_HEAD.size:
+            damage = f"record at offset {FILE_HEADER_BYTES + position} is cut short"
+            break
+        length, kind, _, number, _, time_ns = _RECORD_HEAD.unpack_from(data, position)
+        if length == 0:
+            damage = (
+                f"record at offset {FILE_HEADER_BYTES + position} was never finished "
+                "(the process was stopped while writing it)"
+            )
+            break
+        if length < _RECORD_HEAD.size or length % 8 or position + length > len(data):
+            damage = f"record at offset {FILE_HEADER_BYTES + position} has a bad length {length}"
+            break
+        payload = view[position + _RECORD_HEAD.size : position + length]
+        if kind == _RECORD_SENT:
+            sends.setdefault(number, []).append((time_ns, bytes(payload)))
+        elif kind == _RECORD_CONNECTION:
+            family, side, local_port, peer_port, local, peer, _fd, _ = _CONNECTION.unpack_from(
+                payload
+            )
+            connections[number] = TapConnection(
+                number=number,
+                server_side=side == 1,
+                local=_address(family, local, local_port),
+                peer=_address(family, peer, peer_port),
+                opened_ns=time_ns,
+            )
+        elif kind == _RECORD_CLOSED and number in connections:
+            old = connections[number]
+            connections[number] = TapConnection(
+                number=old.number,
+                server_side=old.server_side,
+                local=old.local,
+                peer=old.peer,
+                opened_ns=old.opened_ns,
+                closed_ns=time_ns,
+            )
+        position += length
+    return TapFile(
+        path=path,
+        pid=pid,
+        parent_pid=parent,
+        head_bytes=head,
+        dropped_records=dropped,
+        damage=damage,
+        connections=tuple(connections.values()),
+        sends={number: tuple(calls) for number, calls in sends.items()},
+    )
+
+
+def _operation_bytes(operations: bytes) -> tuple[int, int]:
+    """(bytes sent, of which skipped) in one send call's operations."""
+    total = skipped = position = 0
+    end = len(operations)
+    while position + 4 <= end:
+        word = int.from_bytes(operations[position : position + 4], "little")
+        position += 4
+        if not word:
+            break  # the record's padding
+        count = word & _COUNT_MASK
+        total += count
+        if word & _SKIP_BIT:
+            skipped += count
+        else:
+            position += (count + 3) & ~3
+    return total, skipped
+
+
+def replay_sends(follower: Http2Follower, sends: Iterable[tuple[int, bytes]]) -> None:
+    """Show a follower what one side sent, as the library recorded it.
+
+    FramingError if the bytes break HTTP/2 or gRPC framing, or if the library
+    skipped bytes the follower needed (the two disagree on framing).
+    """
+    for time_ns, operations in sends:
+        view = memoryview(operations)
+        position = 0
+        end = len(operations)
+        while position + 4 <= end:
+            word = int.from_bytes(view[position : position + 4], "little")
+            position += 4
+            if not word:
+                break
+            count = word & _COUNT_MASK
+            if word & _SKIP_BIT:
+                if count > follower.skippable:
+                    raise FramingError(
+                        f"the recorder skipped {count} bytes where the follower could skip "
+                        f"only {follower.skippable}"
+                    )
+                follower.skip(count, time_ns)
+            else:
+                follower.feed(view[position : position + count], time_ns)
+                position += (count + 3) & ~3
+
+
+# --------------------------------------------------------------------------
+# The recorder.
+
+
+@dataclass(slots=True)
+class _Side:
+    file: TapFile
+    connection: TapConnection
+
+
+class TapRecorder:
+    """In-process recording for one job: the environment to start its tasks
+    with, and, once they have stopped, their calls.
+
+    ``task_ports`` maps each task's name (``job:index``) to the port it listens
+    on.  Record files go to ``directory``.  ``library`` defaults to
+    ``build_library()`` (CaptureError if it cannot be built).  Same face as
+    the proxies' ``ProxySet``: ``start``, ``stop``, ``collect``, ``errors``,
+    ``forwarded_bytes``, ``started_ns``.  ``expected_pids`` (set before
+    ``collect``) are processes that must have left a file: a task in which the
+    library did not load is reported in ``errors``.  Not thread-safe.
+    """
+
+    def __init__(
+        self,
+        task_ports: Mapping[str, int],
+        directory: Path,
+        *,
+        head_bytes: int = MESSAGE_HEAD_BYTES,
+        capacity_bytes: int = DEFAULT_CAPACITY_BYTES,
+        library: Path | None = None,
+    ) -> None:
+        if capacity_bytes < 1 << 20:
+            raise CaptureError(f"recorder capacity must be >= 1 MiB, got {capacity_bytes} bytes")
+        self.library = library or build_library()
+        self.directory = Path(directory)
+        self.task_ports = dict(task_ports)
+        self._callee_of_port = {port: name for name, port in self.task_ports.items()}
+        self.head_bytes = head_bytes
+        self.capacity_bytes = capacity_bytes
+        self.started_ns = 0
+        self.expected_pids: dict[int, str] = {}
+        self._files: list[TapFile] | None = None
+        self._calls: list[RecordedCall] = []
+        self._errors: list[str] = []
+
+    def environment(self, base: Mapping[str, str]) -> dict[str, str]:
+        """The environment to start every task of the job with."""
+        return recorder_environment(
+            base,
+            library=self.library,
+            directory=self.directory,
+            ports=self.task_ports.values(),
+            head_bytes=self.head_bytes,
+            capacity_bytes=self.capacity_bytes,
+        )
+
+    def start(self) -> None:
+        """Prepare the record directory (emptied of earlier files); note the start time."""
+        try:
+            self.directory.mkdir(parents=True, exist_ok=True)
+            for stale in self.directory.glob("tap-*.bin"):
+                stale.unlink()
+        except OSError as error:
+            raise CaptureError(f"recorder directory {self.directory}: {error.strerror}") from None
+        self.started_ns = time.monotonic_ns()
+
+    def stop(self) -> None:
+        """Nothing to stop: the library lives and ends with each task."""
+
+    # -- reading -----------------------------------------------------------
+
+    def files(self) -> list[TapFile]:
+        """Every record file of the job (read once)."""
+        if self._files is None:
+            files = []
+            for path in sorted(self.directory.glob("tap-*.bin")):
+                try:
+                    files.append(read_tap_file(path))
+                except CaptureError as error:
+                    self._errors.append(str(error))
+            self._files = files
+        return self._files
+
+    def collect(self, *, final: bool = True) -> list[RecordedCall]:
+        """Every recorded call, oldest first.  Call once the tasks have stopped:
+        a call still open in a file is returned incomplete.  ``final`` is
+        accepted for the proxies' interface; every collect is final here."""
+        del final
+        if self._files is None:
+            self._calls = self._assemble(self.files())
+        return list(self._calls)
+
+    def errors(self) -> tuple[str, ...]:
+        """One line per file, connection side or task the recording lost track of."""
+        files = self.files()
+        lines = list(self._errors)
+        seen_pids = {f.pid for f in files}
+        for pid, task in sorted(self.expected_pids.items()):
+            if pid not in seen_pids:
+                lines.append(
+                    f"task {task} (pid {pid}) left no record file: the recorder library "
+                    "did not load in it, or it made no connection"
+                )
+        for tap in files:
+            if tap.damage:
+                lines.append(f"{tap.path.name}: {tap.damage}")
+            if tap.dropped_records:
+                lines.append(
+                    f"{tap.path.name}: {tap.dropped_records} records did not fit in "
+                    f"{self.capacity_bytes} bytes"
+                )
+        return tuple(lines)
+
+    def forwarded_bytes(self) -> tuple[int, int]:
+        """(bytes sent on followed connections, of which never copied by the recorder)."""
+        files = self.files()
+        return sum(f.sent_bytes for f in files), sum(f.skipped_bytes for f in files)
+
+    def _caller_pid(self, tap: TapFile) -> int:
+        """The task process a file belongs to: its own pid, or its parent's if that is a task."""
+        if tap.pid not in self.expected_pids and tap.parent_pid in self.expected_pids:
+            return tap.parent_pid
+        return tap.pid
+
+    def _assemble(self, files: list[TapFile]) -> list[RecordedCall]:
+        by_endpoints: dict[tuple[tuple[str, int], tuple[str, int]], list[list[_Side]]] = {}
+        for tap in files:
+            for connection in tap.connections:
+                by_endpoints.setdefault(connection.endpoints, [[], []])[
+                    connection.server_side
+                ].append(_Side(tap, connection))
+        calls: list[RecordedCall] = []
+        number = 0
+        for (client_address, server_address), (clients, servers) in sorted(by_endpoints.items()):
+            clients.sort(key=lambda side: side.connection.opened_ns)
+            servers.sort(key=lambda side: side.connection.opened_ns)
+            # The same address pair can come back after TIME_WAIT: pair in order.
+            for index in range(max(len(clients), len(servers))):
+                client = clients[index] if index < len(clients) else None
+                server = servers[index] if index < len(servers) else None
+                callee = self._callee_of_port.get(server_address[1], f"port {server_address[1]}")
+                label = f"connection {client_address[0]}:{client_address[1]} -> {callee}"
+                if client is None or server is None:
+                    missing = "client" if client is None else "server"
+                    self._errors.append(f"{label}: its {missing} side was not recorded")
+                table = CallTable(callee=callee, connection=number)
+                number += 1
+                for side, client_side in ((client, True), (server, False)):
+                    if side is None:
+                        continue
+                    direction = Direction(client_side=client_side)
+                    follower = direction.new_follower(side.file.head_bytes)
+                    try:
+                        replay_sends(follower, side.file.sends.get(side.connection.number, ()))
+                    except FramingError as error:
+                        kind = "requests" if client_side else "responses"
+                        self._errors.append(f"{label} {kind}: {error}")
+                    table.fold(direction)
+                    if direction.error:
+                        kind = "requests" if client_side else "responses"
+                        self._errors.append(f"{label} {kind}: {direction.error}")
+                calls.extend(
+                    table.take(
+                        caller_pid=self._caller_pid(client.file) if client else None, final=True
+                    )
+                )
+        calls.sort(key=lambda call: call.start_ns)
+        return calls
