@@ -108,6 +108,7 @@ struct connection {
     size_t scratch_len, scratch_capacity;
     size_t feed_at;       /* 1 + offset of the last op if it feeds, else 0 */
     size_t skip_at;       /* 1 + offset of the last op if it skips, else 0 */
+    uint8_t announce[48]; /* the CONNECTION record's payload */
 };
 
 static ssize_t (*real_sendmsg)(int, const struct msghdr *, int);
@@ -150,9 +151,18 @@ static uint8_t *open_file(void) {
     if (m || file_failed) return m;
     pthread_mutex_lock(&file_lock);
     if (!map && !file_failed) {
+        /* tap-<pid>.bin, or tap-<pid>-<n>.bin if an earlier program of this
+           process (before an exec) left one: never overwrite records. */
         char path[4200];
-        snprintf(path, sizeof path, "%s/tap-%d.bin", directory, (int)getpid());
-        int fd = open(path, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+        int fd = -1;
+        for (int n = 0; n < 100 && fd < 0; n++) {
+            if (n)
+                snprintf(path, sizeof path, "%s/tap-%d-%d.bin", directory, (int)getpid(), n);
+            else
+                snprintf(path, sizeof path, "%s/tap-%d.bin", directory, (int)getpid());
+            fd = open(path, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+            if (fd < 0 && errno != EEXIST) break;
+        }
         void *mapped = MAP_FAILED;
         if (fd >= 0 && ftruncate(fd, (off_t)capacity) == 0)
             mapped = mmap(NULL, capacity, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
@@ -251,7 +261,7 @@ static struct connection *look_at(int fd) {
                 put16(payload + 6, peer_port);
                 put32(payload + 40, (uint32_t)fd);
                 put32(payload + 44, 0);
-                emit(RECORD_CONNECTION, c->number, now_ns(), payload, sizeof payload);
+                memcpy(c->announce, payload, sizeof payload);
                 result = c;
             }
         }
@@ -269,6 +279,9 @@ static struct connection *connection_of(int fd) {
         if (__atomic_compare_exchange_n(&fds[fd], &expected, found, 0, __ATOMIC_ACQ_REL,
                                         __ATOMIC_ACQUIRE)) {
             c = found;
+            /* Announced only once it is the fd's: a racing loser leaves no trace. */
+            if (c != IGNORED)
+                emit(RECORD_CONNECTION, c->number, now_ns(), c->announce, sizeof c->announce);
         } else {
             if (found != IGNORED) {
                 free(found); /* another thread got there first: drop ours, unrecorded */

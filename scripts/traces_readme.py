@@ -18,8 +18,8 @@ from tf_grpc_bench.sizes import SizeCategory
 ROOT = Path(__file__).resolve().parent.parent
 HEADER = """# Shipped traces
 
-Real traces captured on this project's development machine (2 cores, no GPU) by the profiler's recording proxy,
-one process per TensorFlow task on localhost, synthetic input images, 2 ps + 2 workers (+ the chief for TF2),
+Real traces captured on this project's development machine (2 cores, no GPU) by `tf-grpc-bench capture` (the
+recorder each used is in its table), one process per TensorFlow task on localhost, synthetic input images, 2 ps + 2 workers (+ the chief for TF2),
 synchronous training, batch 4 per worker. Message sizes follow the models' parameters, not the image size, so small
 images give faithful traffic on a CPU. `tf-grpc-bench replay` with no argument replays `resnet50-tf2ps`.
 All five were made by [`scripts/capture_shipped_traces.sh`](../scripts/capture_shipped_traces.sh); this file by
@@ -52,6 +52,7 @@ def describe(path: Path) -> str:
         f"| setup | {meta.strategy}, {'synchronous' if meta.synchronous else 'asynchronous'}, "
         f"TensorFlow {meta.tensorflow_version}, input {'x'.join(map(str, meta.input_shape))} |",
         f"| tasks | {', '.join(f'{t.job}:{t.index}' for t in trace.tasks)} |",
+        f"| recorder | `{meta.capture_method}` |",
         f"| steady steps | {len(steps)} (start-up: {len(trace.startup.rpcs)} RPCs, kept apart) |",
         f"| per step | {first.rpc_count} RPCs ({', '.join(f'{m} {c}' for m, c in first.rpcs_per_method)}), "
         f"{first.request_bytes:,} B requests, {first.response_bytes:,} B responses |",

@@ -324,6 +324,54 @@ def tiny_capture(
     return output, result
 
 
+@pytest.fixture(scope="module")
+def tiny_capture_by_proxy(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> tuple[Path, subprocess.CompletedProcess[str]]:
+    """The same job as ``tiny_capture``, recorded by the recording proxy."""
+    output = tmp_path_factory.mktemp("tiny-proxy") / "tiny.tfgbtrace"
+    flags = (
+        "--model tiny --setup tf2-ps --ps 1 --workers 2 --steps 3 --batch-size 4 --recorder proxy"
+    )
+    result = run_cli("capture", *flags.split(), "--input-size", "16", "--output", str(output))
+    return output, result
+
+
+def _step_tensors(trace: trace_model.Trace) -> list[Counter[tuple[object, ...]]]:
+    """Per steady step: the tensors moved (who to whom, dtype, shape, content bytes)."""
+    return [
+        Counter(
+            (
+                trace.tasks[r.caller_task].name,
+                trace.tasks[r.callee_task].name,
+                r.tensor.dtype,
+                r.tensor.shape,
+                r.tensor.content_bytes,
+            )
+            for r in step.rpcs
+            if r.method == RECV_TENSOR and r.tensor is not None
+        )
+        for step in trace.steps
+    ]
+
+
+@pytest.mark.tensorflow
+def test_both_recorders_record_the_same_tensor_transfers(
+    tiny_capture: tuple[Path, subprocess.CompletedProcess[str]],
+    tiny_capture_by_proxy: tuple[Path, subprocess.CompletedProcess[str]],
+) -> None:
+    (preloaded, first), (proxied, second) = tiny_capture, tiny_capture_by_proxy
+    assert first.returncode == 0, first.stderr
+    assert second.returncode == 0, second.stderr
+    by_library, by_proxy = trace_model.read_trace(preloaded), trace_model.read_trace(proxied)
+    assert by_proxy.metadata.capture_method == "recording-proxy"
+    assert not by_proxy.partial
+    assert check_physics(by_proxy).ok
+    # Same job, two recorders: every step the same tensors between the same
+    # tasks (edge names and step ids in the requests differ from run to run).
+    assert _step_tensors(by_library) == _step_tensors(by_proxy)
+
+
 @pytest.mark.tensorflow
 def test_capturing_the_tiny_model_gives_a_trace_that_obeys_physics(
     tiny_capture: tuple[Path, subprocess.CompletedProcess[str]],
@@ -449,16 +497,25 @@ def test_capturing_resnet50_at_a_tiny_input_moves_its_parameters_each_way(tmp_pa
 
 @pytest.mark.tensorflow
 @pytest.mark.parametrize(
-    ("setup", "ps", "synchronous"),
-    [("tf1-ps", 1, True), ("mwms", 0, True), ("tf2-ps", 1, False), ("tf1-ps", 1, False)],
+    ("setup", "ps", "synchronous", "recorder"),
+    [
+        ("tf1-ps", 1, True, "preload"),
+        ("tf1-ps", 1, True, "proxy"),
+        ("mwms", 0, True, "preload"),
+        ("mwms", 0, True, "proxy"),
+        ("tf2-ps", 1, False, "preload"),
+        ("tf1-ps", 1, False, "preload"),
+    ],
 )
 def test_the_other_setups_are_captured_and_obey_their_physics(
-    setup: str, ps: int, synchronous: bool, tmp_path: Path
+    setup: str, ps: int, synchronous: bool, recorder: str, tmp_path: Path
 ) -> None:
     config = TrainingConfig(
         model="tiny", setup=setup, ps=ps, workers=2, steps=2, input_size=8, synchronous=synchronous
     )
-    result = capture_training(config, tmp_path / f"{setup}.tfgbtrace", command=("pytest",))
+    result = capture_training(
+        config, tmp_path / f"{setup}.tfgbtrace", command=("pytest",), recorder=recorder
+    )
     assert result.error is None
     extra = dict(result.trace.metadata.extra)
     assert extra["unattributed_calls"] == "0"

@@ -180,7 +180,8 @@ def test_a_failing_task_stops_the_job_and_leaves_a_partial_trace(tmp_path: Path)
 
 
 @pytest.mark.tensorflow
-def test_a_users_own_parameter_server_script_is_captured(tmp_path: Path) -> None:
+@pytest.mark.parametrize("recorder", ["preload", "proxy"])
+def test_a_users_own_parameter_server_script_is_captured(tmp_path: Path, recorder: str) -> None:
     ports = free_ports(4)
     cluster = {
         "chief": [f"localhost:{ports[0]}"],
@@ -201,6 +202,8 @@ def test_a_users_own_parameter_server_script_is_captured(tmp_path: Path) -> None
             "user-mlp",
             "--timeout",
             "300",
+            "--recorder",
+            recorder,
             "--",
             sys.executable,
             str(SCRIPT),
@@ -221,6 +224,13 @@ def test_a_users_own_parameter_server_script_is_captured(tmp_path: Path) -> None
     assert (extra["steps_from"], extra["step_unit"]) == ("step-id", "worker-step")
     assert extra["unattributed_calls"] == "0"
     assert trace.metadata.model == "user-mlp" and trace.metadata.command[1] == "capture-job"
+    assert (
+        trace.metadata.capture_method
+        == {
+            "preload": "in-process-recorder",
+            "proxy": "recording-proxy",
+        }[recorder]
+    )
     # 4 rounds of 2 workers = 8 worker-steps, the first kept as start-up.
     assert len(trace.steps) == 7
     variables = [dict(v, trainable=True) for v in json.loads(variables_file.read_text())]
