@@ -215,7 +215,10 @@ def _run_tf2_chief(plan: JobPlan, me: TaskSpec) -> int:
     config = plan.config
     keras = import_keras(config.keras)
     keras.utils.set_random_seed(config.seed)
-    _bind_coordinator_port(me.bind_port)
+    if me.advertised_address.rpartition(":")[2] != str(me.bind_port):
+        # Only behind a recording proxy does the chief bind elsewhere than it
+        # is advertised: leave TensorFlow's private API alone otherwise.
+        _bind_coordinator_port(me.bind_port)
     resolver = tf.distribute.cluster_resolver.SimpleClusterResolver(
         tf.train.ClusterSpec(plan.cluster), task_type="chief", task_id=0, rpc_layer="grpc"
     )

@@ -34,6 +34,8 @@
  *   SENT (2): operations, each a u32: bit 31 set = skip (low 31 bits:
  *     count); clear = feed that many bytes, which follow, padded to 4 B
  *   CLOSED (3): no payload
+ *   LOST (4): no payload; the library could not record this connection's
+ *     later sends (out of memory): its records end here
  *
  * Times are CLOCK_MONOTONIC ns, taken when the send call returned.
  * Thread-safety: records are reserved with an atomic add on "next"; one
@@ -70,6 +72,7 @@
 #define RECORD_CONNECTION 1
 #define RECORD_SENT 2
 #define RECORD_CLOSED 3
+#define RECORD_LOST 4
 #define SKIP_BIT 0x80000000u
 #define MAX_OP 0x7fffffffu
 
@@ -109,6 +112,7 @@ struct connection {
     size_t feed_at;       /* 1 + offset of the last op if it feeds, else 0 */
     size_t skip_at;       /* 1 + offset of the last op if it skips, else 0 */
     uint8_t announce[48]; /* the CONNECTION record's payload */
+    int broken;           /* out of memory once: nothing more is recorded */
 };
 
 static ssize_t (*real_sendmsg)(int, const struct msghdr *, int);
@@ -131,6 +135,9 @@ static char directory[4096];
 
 static pthread_mutex_t file_lock = PTHREAD_MUTEX_INITIALIZER;
 static uint8_t *volatile map;       /* the record file, once opened */
+/* The process the tables belong to.  A vfork child shares them until it
+   execs, and must not touch them (its close() calls are its own). */
+static pid_t owner;
 static int file_failed;
 static uint32_t connection_counter;
 
@@ -293,7 +300,7 @@ static struct connection *connection_of(int fd) {
 }
 
 static void forget(int fd) {
-    if (!enabled || fd < 0 || fd >= MAX_FDS) return;
+    if (!enabled || fd < 0 || fd >= MAX_FDS || getpid() != owner) return;
     struct connection *c = __atomic_exchange_n(&fds[fd], NULL, __ATOMIC_ACQ_REL);
     if (c && c != IGNORED) {
         emit(RECORD_CLOSED, c->number, now_ns(), NULL, 0);
@@ -308,7 +315,10 @@ static int reserve(struct connection *c, size_t more) {
     size_t size = c->scratch_capacity ? c->scratch_capacity : 4096;
     while (size < c->scratch_len + more) size *= 2;
     uint8_t *grown = realloc(c->scratch, size);
-    if (!grown) return 0;
+    if (!grown) {
+        c->broken = 1;
+        return 0;
+    }
     c->scratch = grown;
     c->scratch_capacity = size;
     return 1;
@@ -371,7 +381,10 @@ static struct stream *stream_of(struct connection *c, uint32_t id) {
     if (c->stream_count == c->stream_capacity) {
         uint32_t size = c->stream_capacity ? c->stream_capacity * 2 : 64;
         struct stream *grown = realloc(c->streams, size * sizeof *grown);
-        if (!grown) return NULL;
+        if (!grown) {
+            c->broken = 1;
+            return NULL;
+        }
         c->streams = grown;
         c->stream_capacity = size;
     }
@@ -511,9 +524,13 @@ static void follow(struct connection *c, const uint8_t *p, size_t n) {
 static void record_sent(int fd, const struct iovec *iov, int iovcnt, ssize_t sent) {
     if (sent <= 0) return;
     struct connection *c = connection_of(fd);
-    if (!c) return;
+    if (!c || getpid() != owner) return;
     uint64_t t = now_ns();
     pthread_mutex_lock(&c->lock);
+    if (c->broken) {
+        pthread_mutex_unlock(&c->lock);
+        return;
+    }
     c->scratch_len = 0;
     c->feed_at = c->skip_at = 0;
     size_t left = (size_t)sent;
@@ -529,7 +546,10 @@ static void record_sent(int fd, const struct iovec *iov, int iovcnt, ssize_t sen
             left -= piece;
         }
     }
-    emit(RECORD_SENT, c->number, t, c->scratch, c->scratch_len);
+    if (c->broken)
+        emit(RECORD_LOST, c->number, t, NULL, 0); /* the ops are incomplete: dropped */
+    else
+        emit(RECORD_SENT, c->number, t, c->scratch, c->scratch_len);
     pthread_mutex_unlock(&c->lock);
 }
 
@@ -596,6 +616,7 @@ int dup3(int old_fd, int new_fd, int flags) {
 
 static void after_fork_in_child(void) {
     /* The child is a new process: its own file, and no inherited framing state. */
+    owner = getpid();
     map = NULL;
     file_failed = 0;
     for (int fd = 0; fd < MAX_FDS; fd++) fds[fd] = NULL;
@@ -628,6 +649,7 @@ __attribute__((constructor)) static void set_up(void) {
         unsigned long long wanted = strtoull(bytes, NULL, 10);
         if (wanted >= 1 << 20) capacity = wanted;
     }
+    owner = getpid();
     pthread_atfork(NULL, NULL, after_fork_in_child);
     enabled = 1;
 }

@@ -61,6 +61,7 @@ _CONNECTION = struct.Struct("<HHHH16s16siI")
 _RECORD_CONNECTION = 1
 _RECORD_SENT = 2
 _RECORD_CLOSED = 3
+_RECORD_LOST = 4
 _SKIP_BIT = 0x80000000
 _COUNT_MASK = 0x7FFFFFFF
 _AF_INET = 2
@@ -175,7 +176,9 @@ class TapFile:
 
     ``sends`` maps a connection number to its send calls, in order, each
     ``(time_ns, operations)`` (see ``wiretap.c``).  ``damage`` says why the
-    file ends early ("" if it does not); ``dropped_records`` did not fit.
+    file ends early ("" if it does not); ``dropped_records`` did not fit;
+    ``lost`` are the connections whose later sends the library could not
+    record (it ran out of memory).
     """
 
     path: Path
@@ -186,6 +189,7 @@ class TapFile:
     damage: str
     connections: tuple[TapConnection, ...]
     sends: Mapping[int, tuple[tuple[int, bytes], ...]] = field(default_factory=dict)
+    lost: frozenset[int] = frozenset()
 
     @property
     def sent_bytes(self) -> int:
@@ -228,6 +232,7 @@ def read_tap_file(path: Path) -> TapFile:
         raise CaptureError(f"{path}: {error.strerror}") from None
     connections: dict[int, TapConnection] = {}
     sends: dict[int, list[tuple[int, bytes]]] = {}
+    lost: set[int] = set()
     damage = ""
     position = 0
     view = memoryview(data)
@@ -259,6 +264,8 @@ def read_tap_file(path: Path) -> TapFile:
                 peer=_address(family, peer, peer_port),
                 opened_ns=time_ns,
             )
+        elif kind == _RECORD_LOST:
+            lost.add(number)
         elif kind == _RECORD_CLOSED and number in connections:
             old = connections[number]
             connections[number] = TapConnection(
@@ -279,6 +286,7 @@ def read_tap_file(path: Path) -> TapFile:
         damage=damage,
         connections=tuple(connections.values()),
         sends={number: tuple(calls) for number, calls in sends.items()},
+        lost=frozenset(lost),
     )
 
 
@@ -481,6 +489,11 @@ class TapRecorder:
                 for side, client_side in ((client, True), (server, False)):
                     if side is None:
                         continue
+                    if side.connection.number in side.file.lost:
+                        self._errors.append(
+                            f"{label}: the recorder ran out of memory in pid {side.file.pid} "
+                            "and stopped recording this connection"
+                        )
                     direction = Direction(client_side=client_side)
                     follower = direction.new_follower(side.file.head_bytes)
                     try:

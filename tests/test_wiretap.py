@@ -191,13 +191,17 @@ def _essence(call: RecordedCall) -> tuple:
 
 def pieces(data: bytes, rng: random.Random, ways: list[str]) -> list[list[str]]:
     """``data`` cut at random places (many cuts inside frame headers), each piece
-    sent by a randomly chosen system call."""
+    sent by a randomly chosen system call; with ``spawn`` in ``ways``, child
+    processes are started (vfork or fork) between some pieces."""
     out = []
+    senders = [way for way in ways if way != "spawn"]
     position = 0
     while position < len(data):
         size = rng.choice([1, 2, 5, 9, 13, 100, 4000, 17000, 70000])
-        out.append([rng.choice(ways), data[position : position + size].hex()])
+        out.append([rng.choice(senders), data[position : position + size].hex()])
         position += size
+        if "spawn" in ways and rng.random() < 0.05:
+            out.append([rng.choice(["spawn", "fork"]), ""])
     return out
 
 
@@ -237,6 +241,7 @@ def record_conversation(
         (2, ["sendmsg"]),
         (3, ["write", "writev"]),
         (4, ["send", "sendmsg", "write", "writev"]),
+        (6, ["send", "sendmsg", "spawn"]),
     ],
 )
 def test_the_recorder_gives_the_calls_that_following_every_byte_gives(

@@ -6,13 +6,16 @@ a port the recorder follows) and ``client``/``server``: lists of
 ``[how, hex]`` pieces, sent in order (all the client's, then all the
 server's) with ``how`` one of ``send`` (socket.sendall), ``sendmsg`` (the
 piece cut in three buffers), ``write`` (os.write) and ``writev`` (os.writev,
-three buffers).  Each side reads what the other sends, so no buffer fills.
+three buffers); ``spawn`` (run a program, which closes its copies of every
+descriptor: Python spawns with vfork where it can) and ``fork`` (a child that
+exits at once) send nothing.  Each side reads what the other sends, so no buffer fills.
 Imports nothing from tf_grpc_bench: the library sees plain system calls.
 """
 
 import json
 import os
 import socket
+import subprocess
 import sys
 import threading
 
@@ -46,6 +49,13 @@ def send_piece(sock: socket.socket, how: str, data: bytes) -> None:
         sent = os.writev(sock.fileno(), thirds(data))
         if sent < len(data):
             sock.sendall(view[sent:])
+    elif how == "spawn":
+        subprocess.run(["true"], check=True, close_fds=True)
+    elif how == "fork":
+        child = os.fork()
+        if not child:
+            os._exit(0)
+        os.waitpid(child, 0)
     else:
         raise SystemExit(f"unknown way to send: {how}")
 
