@@ -154,7 +154,7 @@ static void put64(uint8_t *p, uint64_t v) { memcpy(p, &v, 8); }
 /* -- the record file ------------------------------------------------------ */
 
 static uint8_t *open_file(void) {
-    uint8_t *m = map;
+    uint8_t *m = __atomic_load_n(&map, __ATOMIC_ACQUIRE);
     if (m || file_failed) return m;
     pthread_mutex_lock(&file_lock);
     if (!map && !file_failed) {
@@ -173,11 +173,12 @@ static uint8_t *open_file(void) {
         void *mapped = MAP_FAILED;
         if (fd >= 0 && ftruncate(fd, (off_t)capacity) == 0)
             mapped = mmap(NULL, capacity, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+        int failure = errno;
         if (fd >= 0) real_close(fd);
         if (mapped == MAP_FAILED) {
             file_failed = 1;
             fprintf(stderr, "tf-grpc-bench wiretap: cannot map %s: %s; this process is not recorded\n",
-                    path, strerror(errno));
+                    path, strerror(failure));
         } else {
             uint8_t *h = mapped;
             memcpy(h, "TFGBTAP1", 8);
@@ -189,11 +190,11 @@ static uint8_t *open_file(void) {
             put64(h + 40, 0);
             put64(h + 48, now_ns());
             __atomic_store_n((uint64_t *)(h + 32), (uint64_t)HEADER_BYTES, __ATOMIC_RELEASE);
-            map = h;
+            __atomic_store_n(&map, h, __ATOMIC_RELEASE);
         }
     }
     pthread_mutex_unlock(&file_lock);
-    return map;
+    return __atomic_load_n(&map, __ATOMIC_ACQUIRE);
 }
 
 /* Append one record: 24-byte head plus payload; the length is stored last. */

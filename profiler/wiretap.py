@@ -27,6 +27,7 @@ Record file layout: see ``wiretap.c``; it is read only here
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import os
 import shutil
@@ -242,6 +243,8 @@ def read_tap_file(path: Path) -> TapFile:
             break
         length, kind, _, number, _, time_ns = _RECORD_HEAD.unpack_from(data, position)
         if length == 0:
+            if dropped:
+                break  # the records that did not fit left their room unwritten
             damage = (
                 f"record at offset {FILE_HEADER_BYTES + position} was never finished "
                 "(the process was stopped while writing it)"
@@ -267,15 +270,7 @@ def read_tap_file(path: Path) -> TapFile:
         elif kind == _RECORD_LOST:
             lost.add(number)
         elif kind == _RECORD_CLOSED and number in connections:
-            old = connections[number]
-            connections[number] = TapConnection(
-                number=old.number,
-                server_side=old.server_side,
-                local=old.local,
-                peer=old.peer,
-                opened_ns=old.opened_ns,
-                closed_ns=time_ns,
-            )
+            connections[number] = dataclasses.replace(connections[number], closed_ns=time_ns)
         position += length
     return TapFile(
         path=path,

@@ -19,11 +19,11 @@ ROOT = Path(__file__).resolve().parent.parent
 HEADER = """# Shipped traces
 
 Real traces captured on this project's development machine (2 cores, no GPU) by `tf-grpc-bench capture` (the
-recorder each used is in its table), one process per TensorFlow task on localhost, synthetic input images, 2 ps + 2 workers (+ the chief for TF2),
-synchronous training, batch 4 per worker. Message sizes follow the models' parameters, not the image size, so small
-images give faithful traffic on a CPU. `tf-grpc-bench replay` with no argument replays `resnet50-tf2ps`.
-All five were made by [`scripts/capture_shipped_traces.sh`](../scripts/capture_shipped_traces.sh); this file by
-`scripts/traces_readme.py`.
+recorder each used is in its table), one process per TensorFlow task on localhost, synthetic input images, 2 ps +
+2 workers (+ the chief for TF2), synchronous training, batch 4 per worker. Message sizes follow the models'
+parameters, not the image size, so small images give faithful traffic on a CPU. `tf-grpc-bench replay` with no
+argument replays `resnet50-tf2ps`. All five were made by
+[`scripts/capture_shipped_traces.sh`](../scripts/capture_shipped_traces.sh); this file by `scripts/traces_readme.py`.
 
 Inspect one with `tf-grpc-bench inspect resnet50-tf2ps` (a shipped trace's name or any trace file's path).
 

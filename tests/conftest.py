@@ -1,10 +1,13 @@
-"""Shared fixtures: small traces built in memory."""
+"""Shared fixtures and helpers: small traces built in memory, replayed call sequences."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
+from tf_grpc_bench.profiler.calls import RecordedCall
+from tf_grpc_bench.replay.workload import Workload
 
 from tf_grpc_bench import trace as trace_model
 from tf_grpc_bench.trace import RECV_TENSOR, Rpc, RunMetadata, Step, Task, TensorInfo, Trace
@@ -78,3 +81,30 @@ def small_trace_file(tmp_path: Path, small_trace: Trace) -> Path:
     path = tmp_path / "small.tfgbtrace"
     trace_model.write_trace(small_trace, path)
     return path
+
+
+#: One call as a replay round trip compares it: method, request and response bytes.
+Call = tuple[str, int, int]
+
+
+def replayed_sequences(calls: Sequence[RecordedCall]) -> dict[tuple[int | None, str], list[Call]]:
+    """Recorded calls of a replay, per (calling process, callee), in stream order, as
+    (method, request bytes, response bytes); the replayer's own statistics calls left out."""
+    sequences: dict[tuple[int | None, str], list[Call]] = {}
+    for call in sorted(calls, key=lambda c: (c.callee, c.connection, c.stream_id)):
+        if call.method.startswith("/tf_grpc_bench.Control/"):
+            continue
+        key = (call.caller_pid, call.callee)
+        sequences.setdefault(key, []).append((call.method, call.request_bytes, call.response_bytes))
+    return sequences
+
+
+def workload_sequences(workload: Workload) -> dict[tuple[int, int], list[Call]]:
+    """What each (worker, ps server) pair of a replay workload sends, in order."""
+    sequences: dict[tuple[int, int], list[Call]] = {}
+    for step in workload.steps:
+        for c in step.calls:
+            sequences.setdefault((c.worker_index, c.server_index), []).append(
+                (c.method, c.request_bytes, c.response_bytes)
+            )
+    return sequences

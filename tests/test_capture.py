@@ -42,7 +42,7 @@ from tf_grpc_bench import trace as trace_model
 from tf_grpc_bench.errors import ServeError
 from tf_grpc_bench.trace import RECV_BUF, RECV_TENSOR, Rpc, RunMetadata, Task
 
-from .conftest import make_trace
+from .conftest import make_trace, replayed_sequences, workload_sequences
 
 PYTHON_BIN = Path(sys.executable).parent
 CLI = str(PYTHON_BIN / "tf-grpc-bench")
@@ -458,23 +458,15 @@ def test_replaying_a_captured_trace_through_the_proxy_gives_the_trace_back(
             proxy.stop()
         for server in servers:
             server.stop()
-    captured: dict[tuple[int | None, str], list[tuple[str, int, int]]] = {}
     calls = [c for proxy in proxies for c in proxy.collect(final=True)]
-    for call in sorted(calls, key=lambda c: (c.callee, c.connection, c.stream_id)):
-        if call.method.startswith("/tf_grpc_bench.Control/"):
-            continue  # the replayer's own statistics calls
-        assert call.complete and call.status_code == 0
-        key = (call.caller_pid, call.callee)
-        captured.setdefault(key, []).append((call.method, call.request_bytes, call.response_bytes))
+    for call in calls:
+        if not call.method.startswith("/tf_grpc_bench.Control/"):  # the replayer's own
+            assert call.complete and call.status_code == 0
     # Each replay worker process against each server, in the order it issued
     # its calls (HTTP/2 stream order), must be one (worker, ps) pair of the
     # trace's steps: same methods, same sizes, same order.
-    expected: dict[tuple[int, int], list[tuple[str, int, int]]] = {}
-    for step in workload.steps:
-        for c in step.calls:
-            expected.setdefault((c.worker_index, c.server_index), []).append(
-                (c.method, c.request_bytes, c.response_bytes)
-            )
+    captured = replayed_sequences(calls)
+    expected = workload_sequences(workload)
     assert len(captured) == len(expected) == 2
     assert sorted(captured.values()) == sorted(expected.values())
     methods = Counter(m for sequence in captured.values() for m, _, _ in sequence)

@@ -26,9 +26,6 @@ from pathlib import Path
 import hpack
 import pytest
 from hyperframe.frame import (
-    ContinuationFrame,
-    DataFrame,
-    HeadersFrame,
     PingFrame,
     RstStreamFrame,
     SettingsFrame,
@@ -50,7 +47,8 @@ from tf_grpc_bench.replay.workload import Mode, trace_workload
 from tf_grpc_bench import trace as trace_model
 from tf_grpc_bench.errors import CaptureError
 
-from .conftest import make_trace
+from .conftest import make_trace, replayed_sequences, workload_sequences
+from .http2_frames import REQUEST_HEADERS, data_frames, grpc_message, headers_frames
 
 DATA = Path(__file__).parent / "data"
 PEER = DATA / "wiretap_peer.py"
@@ -61,57 +59,7 @@ METHOD = "/tensorflow.WorkerService/RecvTensor"
 
 
 def _request_headers(path: str) -> list[tuple[str, str]]:
-    return [
-        (":method", "POST"),
-        (":scheme", "http"),
-        (":path", path),
-        (":authority", "127.0.0.1"),
-        ("content-type", "application/grpc"),
-        ("te", "trailers"),
-    ]
-
-
-def grpc_message(payload: bytes) -> bytes:
-    return b"\x00" + len(payload).to_bytes(4, "big") + payload
-
-
-def data_frames(stream_id: int, data: bytes, *, size: int, end: bool, pad: int = 0) -> bytes:
-    out = b""
-    pieces = [data[i : i + size] for i in range(0, len(data), size)] or [b""]
-    for number, piece in enumerate(pieces):
-        frame = DataFrame(stream_id, piece)
-        if pad:
-            frame.flags.add("PADDED")
-            frame.pad_length = pad
-        if end and number == len(pieces) - 1:
-            frame.flags.add("END_STREAM")
-        out += frame.serialize()
-    return out
-
-
-def header_frames(
-    encoder: hpack.Encoder,
-    stream_id: int,
-    headers: list[tuple[str, str]],
-    *,
-    end: bool = False,
-    split: int = 0,
-    priority: bool = False,
-) -> bytes:
-    block = encoder.encode(headers)
-    parts = [block[i : i + split] for i in range(0, len(block), split)] if split else [block]
-    first = HeadersFrame(stream_id, parts[0])
-    if priority:
-        first.flags.add("PADDED")
-        first.flags.add("PRIORITY")
-        first.pad_length = 3
-        first.depends_on = 0
-        first.stream_weight = 7
-    if end:
-        first.flags.add("END_STREAM")
-    frames = [first] + [ContinuationFrame(stream_id, part) for part in parts[1:]]
-    frames[-1].flags.add("END_HEADERS")
-    return b"".join(frame.serialize() for frame in frames)
+    return [(name, path if name == ":path" else value) for name, value in REQUEST_HEADERS]
 
 
 def conversation() -> tuple[bytes, bytes]:
@@ -131,34 +79,34 @@ def conversation() -> tuple[bytes, bytes]:
     client = PREFACE + SettingsFrame(0, {SettingsFrame.INITIAL_WINDOW_SIZE: 1 << 24}).serialize()
     server = SettingsFrame(0, {}).serialize() + SettingsFrame(0, flags=["ACK"]).serialize()
     # 1
-    client += header_frames(encoder, 1, _request_headers(METHOD))
-    client += data_frames(1, grpc_message(bytes(range(256)) * 12), size=2000, end=True)
-    server += header_frames(answers, 1, ok)
-    server += data_frames(1, grpc_message(os.urandom(50_000)), size=16384, end=False)
-    server += header_frames(answers, 1, trailers, end=True)
+    client += headers_frames(encoder, 1, _request_headers(METHOD))
+    client += data_frames(1, grpc_message(bytes(range(256)) * 12), size=2000, end_stream=True)
+    server += headers_frames(answers, 1, ok)
+    server += data_frames(1, grpc_message(os.urandom(50_000)), size=16384, end_stream=False)
+    server += headers_frames(answers, 1, trailers, end_stream=True)
     # 2
     stream = grpc_message(b"a" * 10) + grpc_message(b"b" * 3000) + grpc_message(b"")
-    client += header_frames(encoder, 3, _request_headers("/tf_grpc_bench.Bench/Stream"), split=7)
-    client += data_frames(3, stream, size=1500, end=True, pad=5)
+    client += headers_frames(encoder, 3, _request_headers("/tf_grpc_bench.Bench/Stream"), split=7)
+    client += data_frames(3, stream, size=1500, end_stream=True, pad=5)
     client += WindowUpdateFrame(0, 1000).serialize() + PingFrame(0, b"12345678").serialize()
-    server += header_frames(answers, 3, ok)
-    server += data_frames(3, grpc_message(b"c" * 20_000) * 2, size=9000, end=False, pad=2)
-    server += header_frames(answers, 3, trailers, end=True)
+    server += headers_frames(answers, 3, ok)
+    server += data_frames(3, grpc_message(b"c" * 20_000) * 2, size=9000, end_stream=False, pad=2)
+    server += headers_frames(answers, 3, trailers, end_stream=True)
     # 3
-    client += header_frames(encoder, 5, _request_headers(METHOD))
-    client += data_frames(5, grpc_message(b"x" * 40_000)[:30_000], size=16384, end=False)
+    client += headers_frames(encoder, 5, _request_headers(METHOD))
+    client += data_frames(5, grpc_message(b"x" * 40_000)[:30_000], size=16384, end_stream=False)
     client += RstStreamFrame(5, error_code=8).serialize()
     # 4
-    client += header_frames(encoder, 7, _request_headers("/tensorflow.WorkerService/GetStatus"))
-    client += data_frames(7, grpc_message(b""), size=16384, end=True)
-    server += header_frames(answers, 7, [*ok, ("grpc-status", "5")], end=True)
+    client += headers_frames(encoder, 7, _request_headers("/tensorflow.WorkerService/GetStatus"))
+    client += data_frames(7, grpc_message(b""), size=16384, end_stream=True)
+    server += headers_frames(answers, 7, [*ok, ("grpc-status", "5")], end_stream=True)
     # 5
-    client += header_frames(encoder, 9, _request_headers(METHOD), priority=True)
-    client += data_frames(9, grpc_message(b"q" * 100), size=16384, end=True)
-    server += header_frames(answers, 9, ok) + data_frames(
-        9, grpc_message(b"r" * 2000), size=16384, end=False
+    client += headers_frames(encoder, 9, _request_headers(METHOD), padded=True)
+    client += data_frames(9, grpc_message(b"q" * 100), size=16384, end_stream=True)
+    server += headers_frames(answers, 9, ok) + data_frames(
+        9, grpc_message(b"r" * 2000), size=16384, end_stream=False
     )
-    server += header_frames(answers, 9, trailers, end=True)
+    server += headers_frames(answers, 9, trailers, end_stream=True)
     return client, server
 
 
@@ -206,10 +154,10 @@ def pieces(data: bytes, rng: random.Random, ways: list[str]) -> list[list[str]]:
 
 
 def record_conversation(
-    tmp_path: Path, client: bytes, server: bytes, *, seed: int, ways: list[str]
+    tmp_path: Path, client: bytes, server: bytes, *, seed: int, ways: list[str], **options: int
 ) -> TapRecorder:
     port = free_ports(1)[0]
-    recorder = TapRecorder({"ps:0": port}, tmp_path / "tap")
+    recorder = TapRecorder({"ps:0": port}, tmp_path / "tap", **options)
     recorder.start()
     rng = random.Random(seed)
     spec = tmp_path / "spec.json"
@@ -285,6 +233,22 @@ def test_a_record_cut_short_by_a_killed_process_ends_the_file_and_is_reported(
     assert not whole.damage
     errors = damaged.errors()
     assert any(path.name in line and "never finished" in line for line in errors), errors
+
+
+def test_records_past_the_files_capacity_are_counted_and_reported(tmp_path: Path) -> None:
+    encoder, answers = hpack.Encoder(), hpack.Encoder()
+    client = PREFACE + headers_frames(encoder, 1, _request_headers(METHOD))
+    client += data_frames(1, grpc_message(os.urandom(3 << 20)), size=16384, end_stream=True)
+    server = headers_frames(answers, 1, [(":status", "200")])
+    server += headers_frames(answers, 1, [("grpc-status", "0")], end_stream=True)
+    # Keep every byte (a 4 MiB head) in a file of 1 MiB: most records cannot fit.
+    recorder = record_conversation(
+        tmp_path, client, server, seed=7, ways=["send"], head_bytes=4 << 20, capacity_bytes=1 << 20
+    )
+    recorder.collect()
+    (tap,) = recorder.files()
+    assert tap.dropped_records > 0 and not tap.damage
+    assert any("records did not fit in 1048576 bytes" in line for line in recorder.errors())
 
 
 def test_files_that_are_not_record_files_are_refused_in_one_line(tmp_path: Path) -> None:
@@ -390,16 +354,8 @@ def test_real_grpc_traffic_of_the_replayer_is_recorded_call_by_call(tmp_path: Pa
         assert call.request_bytes >= 100_000 * call.request_messages
     unary = [c for c in replayed if c not in streamed]
     assert all(c.complete and c.status_code == 0 and not c.reset for c in unary)
-    captured: dict[tuple[int | None, str], list[tuple[str, int, int]]] = {}
-    for call in sorted(unary, key=lambda c: (c.callee, c.connection, c.stream_id)):
-        key = (call.caller_pid, call.callee)
-        captured.setdefault(key, []).append((call.method, call.request_bytes, call.response_bytes))
-    expected: dict[tuple[int, int], list[tuple[str, int, int]]] = {}
-    for step in workload.steps:
-        for c in step.calls:
-            expected.setdefault((c.worker_index, c.server_index), []).append(
-                (c.method, c.request_bytes, c.response_bytes)
-            )
+    captured = replayed_sequences(unary)
+    expected = workload_sequences(workload)
     assert sorted(captured.values()) == sorted(expected.values())
     methods = Counter(m for sequence in captured.values() for m, _, _ in sequence)
     assert methods[METHOD] > 0
