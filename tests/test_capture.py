@@ -578,8 +578,13 @@ def _run_and_interfere(tmp_path: Path, action: str, *extra: str):
 
 
 @pytest.mark.tensorflow
-def test_a_task_that_crashes_ends_the_capture_with_a_partial_trace(tmp_path: Path) -> None:
-    code, stdout, stderr, output, workdir = _run_and_interfere(tmp_path, "crash")
+@pytest.mark.parametrize("recorder", ["preload", "proxy"])
+def test_a_task_that_crashes_ends_the_capture_with_a_partial_trace(
+    tmp_path: Path, recorder: str
+) -> None:
+    code, stdout, stderr, output, workdir = _run_and_interfere(
+        tmp_path, "crash", "--recorder", recorder
+    )
     assert code == 4
     lines = stderr.strip().splitlines()
     assert len(lines) == 1 and "worker:0" in lines[0] and "partial trace written" in lines[0]
