@@ -72,7 +72,7 @@ from tf_grpc_bench.profiler.tf_messages import (
     parse_rendezvous_key,
     task_of_device,
 )
-from tf_grpc_bench.profiler.wiretap import TapRecorder
+from tf_grpc_bench.profiler.wiretap import TapRecorder, build_library
 
 from tf_grpc_bench import __version__
 from tf_grpc_bench import trace as trace_model
@@ -668,6 +668,8 @@ def capture_training(
     ``RecordingProxy`` (the overhead benchmark compares variants).
     """
     check_recorder(recorder)
+    # Built (or found in the cache) before anything is made or started.
+    library = build_library() if recorder == "preload" else None
     output = Path(output)
     temporary = workdir is None
     work = Path(tempfile.mkdtemp(prefix="tfgb-capture-")) if workdir is None else Path(workdir)
@@ -682,7 +684,7 @@ def capture_training(
     tap: TapRecorder | None = None
     recording: Recorder
     if recorder == "preload":
-        tap = TapRecorder({t.name: t.bind_port for t in tasks}, work / "wiretap")
+        tap = TapRecorder({t.name: t.bind_port for t in tasks}, work / "wiretap", library=library)
         environment = tap.environment(os.environ)
         recording = tap
     else:

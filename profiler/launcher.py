@@ -250,7 +250,8 @@ def _check_cluster_size(setup: str, ps: int, workers: int) -> None:
 @dataclass(frozen=True, slots=True, kw_only=True)
 class TaskSpec:
     """One task: its gRPC server binds ``bind_port`` (every interface); peers dial
-    ``advertised_address`` (``host:port``), which is a proxy's when capturing."""
+    ``advertised_address`` (``host:port``), which is a proxy's when capturing
+    with the recording proxy (the in-process recorder leaves it the bound one)."""
 
     job: str
     index: int

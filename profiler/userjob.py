@@ -68,7 +68,7 @@ from tf_grpc_bench.profiler.capture import (
     write_captured_trace,
 )
 from tf_grpc_bench.profiler.launcher import StepMarker, read_step_markers
-from tf_grpc_bench.profiler.wiretap import TapRecorder
+from tf_grpc_bench.profiler.wiretap import TapRecorder, build_library
 
 from tf_grpc_bench import __version__
 from tf_grpc_bench.errors import BenchError, CaptureError, ConfigError, ServeError
@@ -367,6 +367,7 @@ def capture_user_job(
     trace's command line.
     """
     check_recorder(recorder)
+    library = build_library() if recorder == "preload" else None
     output = Path(output)
     temporary = workdir is None
     work = Path(tempfile.mkdtemp(prefix="tfgb-userjob-")) if workdir is None else Path(workdir)
@@ -390,7 +391,7 @@ def capture_user_job(
             f"{name}:{index}": split_address(address, where=f"cluster job {name!r}")[1]
             for name, index, address in tasks
         }
-        tap = TapRecorder(ports, work / "wiretap")
+        tap = TapRecorder(ports, work / "wiretap", library=library)
         base_environment = tap.environment(base_environment)
         peer_addresses = {(name, index): address for name, index, address in tasks}
         recording = tap

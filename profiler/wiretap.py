@@ -116,11 +116,17 @@ def build_library(cache_directory: Path | None = None) -> Path:
     try:
         built = subprocess.run(command, capture_output=True, text=True, check=False)
     except OSError as error:
-        raise CaptureError(f"cannot run the C compiler {compiler}: {error.strerror}") from None
+        raise CaptureError(
+            f"cannot run the C compiler {compiler} ({error.strerror}): the in-process recorder "
+            "needs one to build its library; set CC, install gcc, or use --recorder proxy"
+        ) from None
     if built.returncode != 0:
         temporary.unlink(missing_ok=True)
         first = (built.stderr.strip().splitlines() or ["no output"])[0]
-        raise CaptureError(f"building the in-process recorder failed ({compiler}): {first}")
+        raise CaptureError(
+            f"building the in-process recorder with {compiler} failed: {first} "
+            "(--recorder proxy needs no compiler)"
+        )
     os.replace(temporary, library)
     return library
 

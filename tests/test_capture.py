@@ -628,6 +628,7 @@ def test_a_port_in_use_stops_everything_and_writes_a_partial_trace(tmp_path: Pat
         (["--model", "tiny", "--setup", "mwms", "--ps", "1"], "no parameter servers"),
         (["--model", "tiny", "--workers", "40"], "too many"),
         (["--model", "tiny", "--steps", "x"], "expected an integer"),
+        (["--model", "tiny", "--recorder", "tcpdump"], "invalid choice: 'tcpdump'"),
     ],
 )
 def test_bad_flags_are_one_line_errors(tmp_path: Path, arguments: list[str], message: str) -> None:
@@ -635,4 +636,18 @@ def test_bad_flags_are_one_line_errors(tmp_path: Path, arguments: list[str], mes
     result = run_cli("capture", *arguments, "--output", str(output), timeout=60)
     assert result.returncode == 2
     assert len(result.stderr.strip().splitlines()) == 1 and message in result.stderr
+    assert not output.exists()
+
+
+def test_no_c_compiler_for_the_in_process_recorder_is_a_one_line_error(tmp_path: Path) -> None:
+    """Nothing is started when the recorder's library cannot be built (fresh cache, no cc)."""
+    output = tmp_path / "never.tfgbtrace"
+    environment = dict(os.environ, CC=str(tmp_path / "no-cc"), XDG_CACHE_HOME=str(tmp_path))
+    result = subprocess.run(
+        [CLI, "capture", "--model", "tiny", "--output", str(output)],
+        capture_output=True, text=True, timeout=60, check=False, env=environment,
+    )  # fmt: skip
+    assert result.returncode == 4
+    (line,) = result.stderr.strip().splitlines()
+    assert "cannot run the C compiler" in line and "--recorder proxy" in line
     assert not output.exists()
