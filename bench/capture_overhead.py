@@ -54,6 +54,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from sections import replace_section
 from tf_grpc_bench.profiler.capture import Progress, capture_training
 from tf_grpc_bench.profiler.launcher import TrainingConfig, TrainingJob, plan_tasks
 from tf_grpc_bench.replay.results import describe_machine
@@ -256,16 +257,7 @@ def write_readme(
             f"{figure.physics or '-'} |"
         )
     lines += ["", *NOTES, ""]
-    section = "\n".join(lines) + "\n"
-    text = README.read_text() if README.exists() else "# Benchmarks\n"
-    start = text.find(SECTION + "\n")
-    if start < 0:
-        text = text.rstrip("\n") + "\n\n" + section
-    else:
-        following = text.find("\n## ", start + len(SECTION))
-        end = len(text) if following < 0 else following + 1
-        text = text[:start] + section + ("\n" if following >= 0 else "") + text[end:]
-    README.write_text(text)
+    replace_section(README, SECTION, "\n".join(lines))
 
 
 def main(argv: Sequence[str] | None = None) -> int:

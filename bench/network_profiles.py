@@ -40,6 +40,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from sections import replace_section
 from tf_grpc_bench.replay import netns, results
 from tf_grpc_bench.replay.measurement import Benchmark
 from tf_grpc_bench.replay.netinfo import format_rate
@@ -351,16 +352,6 @@ def render(figures: list[ProfileFigures], command: str, seconds: float, trace_na
     return "\n".join(lines) + "\n"
 
 
-def write_section(text: str) -> None:
-    readme = README.read_text(encoding="utf-8")
-    start = readme.index(SECTION)
-    following = readme.find("\n## ", start + len(SECTION))
-    end = len(readme) if following == -1 else following + 1
-    README.write_text(
-        readme[:start] + text + ("\n" + readme[end:] if following != -1 else ""), encoding="utf-8"
-    )
-
-
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--profiles", default="1gbit,10gbit,25gbit,40gbit,unlimited")
@@ -398,7 +389,7 @@ def main() -> int:
         rate = f.profile.rate_bits_per_s
         print(f"{f.profile.name}: configured {format_rate(rate) if rate else 'unlimited'}")
     if not args.no_readme:
-        write_section(text)
+        replace_section(README, SECTION, text)
         print(f"wrote the '{SECTION[3:]}' section of {README.relative_to(ROOT)}")
     return 0
 

@@ -49,6 +49,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from sections import replace_section
+
 ROOT = Path(__file__).resolve().parent.parent
 DOC = ROOT / "docs" / "performance.md"
 SECTION = "## Measured"
@@ -753,16 +755,7 @@ def write_section(lines: Sequence[str], command: str, before: str, after: str, r
         "",
         *lines,
     ]
-    text = DOC.read_text() if DOC.exists() else "# Performance\n\n"
-    start = text.find(SECTION + "\n")
-    body = "\n".join(section) + "\n"
-    if start < 0:
-        text = text.rstrip("\n") + "\n\n" + body
-    else:
-        following = text.find("\n## ", start + len(SECTION))
-        tail = "" if following < 0 else "\n" + text[following + 1 :]
-        text = text[:start] + body + tail
-    DOC.write_text(text)
+    replace_section(DOC, SECTION, "\n".join(section), title="# Performance")
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -43,6 +43,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from sections import replace_section
 from tf_grpc_bench.replay.results import describe_machine
 
 from tf_grpc_bench.errors import BenchError
@@ -739,15 +740,7 @@ def readme_section(
 
 def update_readme(section: str, readme: Path = README) -> None:
     """Replace this script's section of the README (up to the next ``## `` heading)."""
-    text = readme.read_text() if readme.exists() else "# Benchmarks\n\n"
-    start = text.find(SECTION + "\n")
-    if start < 0:
-        text = text.rstrip("\n") + "\n\n" + section
-    else:
-        following = text.find("\n## ", start + len(SECTION))
-        end = len(text) if following < 0 else following + 1
-        text = text[:start] + section + ("\n" if following >= 0 else "") + text[end:]
-    readme.write_text(text)
+    replace_section(readme, SECTION, section)
 
 
 # --------------------------------------------------------------------------

@@ -31,6 +31,7 @@ import tempfile
 from datetime import datetime, timezone
 from pathlib import Path
 
+from sections import replace_section
 from tf_grpc_bench.replay import results as results_module
 from tf_grpc_bench.replay.measurement import Benchmark
 
@@ -52,14 +53,7 @@ def load() -> str:
 
 
 def update_readme(section: str) -> None:
-    text = README.read_text()
-    start = text.find(SECTION)
-    if start < 0:
-        text = text.rstrip("\n") + "\n\n" + section
-    else:
-        following = text.find("\n## ", start + len(SECTION))
-        text = text[:start] + section + (text[following + 1 :] if following >= 0 else "")
-    README.write_text(text)
+    replace_section(README, SECTION, section)
 
 
 def main() -> int:
