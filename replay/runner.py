@@ -371,6 +371,33 @@ def _measure_runs(
     except TransportError as error:
         runs.append(failed_run(0, f"during warm-up: {error}"))
         return
+    run_each(
+        workload,
+        clients,
+        plan,
+        runs,
+        notify,
+        lambda: [
+            loop.measure(duration_ns=plan.duration_ns, step_count=plan.steps_per_run(workload))
+        ],
+    )
+
+
+def run_each(
+    workload: Workload,
+    clients: Mapping[int, ReplayClient],
+    plan: RunPlan,
+    runs: list[RunMeasurement],
+    notify: ProgressCallback,
+    measure: Callable[[], list[WorkerOutcome]],
+) -> None:
+    """The measured runs after the warm-up, whoever drives the calls.
+
+    Per run: servers' counters reset, ``measure()`` (the drivers' outcomes of
+    one run), the servers' statistics collected, the run appended to ``runs``.
+    Stops after a run that is partial or whose servers cannot be reset (then
+    recorded as a failed run).
+    """
     for run_index in range(plan.runs):
         notify(
             ProgressEvent(
@@ -382,11 +409,8 @@ def _measure_runs(
         except TransportError as error:
             runs.append(failed_run(run_index, str(error)))
             break
-        outcome = loop.measure(
-            duration_ns=plan.duration_ns, step_count=plan.steps_per_run(workload)
-        )
-        stats = collect_stats(clients, plan.connect_timeout_s)
-        run = run_measurement(run_index, [outcome], stats)
+        outcomes = measure()
+        run = run_measurement(run_index, outcomes, collect_stats(clients, plan.connect_timeout_s))
         runs.append(run)
         notify(
             ProgressEvent(

@@ -33,10 +33,8 @@ from tf_grpc_bench.replay.runner import (
     RunPlan,
     WorkerLoop,
     WorkerOutcome,
-    collect_stats,
     failed_run,
-    reset_servers,
-    run_measurement,
+    run_each,
 )
 from tf_grpc_bench.replay.wire import ChannelSettings
 from tf_grpc_bench.replay.workload import Workload
@@ -257,17 +255,8 @@ def _measure_runs(
     if any(warm_errors):
         runs.append(failed_run(0, next(e for e in warm_errors if e)))
         return
-    for run_index in range(plan.runs):
-        notify(
-            ProgressEvent(
-                benchmark=workload.benchmark, phase="run", run_index=run_index, runs=plan.runs
-            )
-        )
-        try:
-            reset_servers(clients, plan.connect_timeout_s)
-        except TransportError as error:
-            runs.append(failed_run(run_index, str(error)))
-            break
+
+    def one_run() -> list[WorkerOutcome]:
         start = time.monotonic_ns() + START_MARGIN_NS
         workers.send_all(("run", start, plan.duration_ns, plan.steps_per_run(workload)))
         outcomes = []
@@ -298,15 +287,6 @@ def _measure_runs(
                     partial_reason=str(reason or ""),
                 )
             )
-        run = run_measurement(run_index, outcomes, collect_stats(clients, plan.connect_timeout_s))
-        runs.append(run)
-        notify(
-            ProgressEvent(
-                benchmark=workload.benchmark,
-                phase="finished",
-                run_index=run_index,
-                runs=plan.runs,
-            )
-        )
-        if run.partial:
-            break
+        return outcomes
+
+    run_each(workload, clients, plan, runs, notify, one_run)
