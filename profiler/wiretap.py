@@ -380,7 +380,7 @@ class TapRecorder:
         self.started_ns = 0
         self.expected_pids: dict[int, str] = {}
         self._files: list[TapFile] | None = None
-        self._calls: list[RecordedCall] = []
+        self._calls: list[RecordedCall] | None = None
         self._errors: list[str] = []
 
     def environment(self, base: Mapping[str, str]) -> dict[str, str]:
@@ -426,12 +426,13 @@ class TapRecorder:
         a call still open in a file is returned incomplete.  ``final`` is
         accepted for the proxies' interface; every collect is final here."""
         del final
-        if self._files is None:
+        if self._calls is None:
             self._calls = self._assemble(self.files())
         return list(self._calls)
 
     def errors(self) -> tuple[str, ...]:
         """One line per file, connection side or task the recording lost track of."""
+        self.collect()  # assembling finds the connections it could not follow
         files = self.files()
         lines = list(self._errors)
         seen_pids = {f.pid for f in files}

@@ -197,8 +197,8 @@ def test_the_recorder_gives_the_calls_that_following_every_byte_gives(
 ) -> None:
     client, server = conversation()
     recorder = record_conversation(tmp_path, client, server, seed=seed, ways=ways)
+    assert recorder.errors() == ()  # before collect: it assembles the calls first
     calls = recorder.collect()
-    assert recorder.errors() == ()
     assert sorted(_essence(call) for call in calls) == direct_calls(client, server)
     by_stream = {call.stream_id: call for call in calls}
     assert set(by_stream) == {1, 3, 5, 7, 9}
