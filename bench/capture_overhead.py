@@ -1,6 +1,6 @@
 """Capture overhead: the same training job with capture on and off, side by side.
 
-Runs one real distributed training job (the launcher's, by default ResNet-50
+Runs real distributed training jobs (the launcher's, by default ResNet-50
 under TF2 ParameterServerStrategy, 1 ps + 2 workers, batch 4, 32x32) several
 times, alternating without capture (``off``: tasks dial each other directly,
 nothing loaded) and with each recorder of ``tf-grpc-bench capture`` (the
@@ -37,8 +37,8 @@ run).
 
 Run from the repository root::
 
-    .venv/bin/python bench/capture_overhead.py                      # ~10 min on 2 cores
-    .venv/bin/python bench/capture_overhead.py --model tiny --repetitions 2 --no-readme
+    .venv/bin/python bench/capture_overhead.py --models resnet50,vgg16   # ~15 min on 2 cores
+    .venv/bin/python bench/capture_overhead.py --models tiny --repetitions 2 --no-readme
 """
 
 from __future__ import annotations
@@ -211,31 +211,13 @@ def _format_ms(values: Sequence[float]) -> str:
     return ", ".join(f"{v:.0f}" for v in values)
 
 
-def write_readme(
-    command: str,
-    config: TrainingConfig,
-    figures: dict[str, VariantFigures],
-    load_before: str,
-    load_after: str,
-    repetitions: int,
-) -> None:
-    machine = describe_machine()
+def _table(config: TrainingConfig, figures: dict[str, VariantFigures]) -> list[str]:
     off = figures[OFF]
     lines = [
-        SECTION,
+        f"### {config.model}",
         "",
-        "(written by `bench/capture_overhead.py`; rerun it to replace this section)",
-        "",
-        f"Command: `{command}`. Job: {config.model} at {config.image_size}x{config.image_size}, "
-        f"{config.setup}, {config.ps} ps + {config.workers} workers, batch {config.batch_size}, "
-        f"{'synchronous' if config.synchronous else 'asynchronous'}, {config.warmup_steps} warm-up "
-        f"+ {config.steps} steady steps per run; {repetitions} repetitions, each running every "
-        "variant once in a rotating order; all figures from one run.",
-        "",
-        f"Machine: {machine.cpu_model}, {machine.cpu_count} CPUs, kernel {machine.kernel}, "
-        f"Python {machine.python_version}, grpcio {machine.grpcio_version}. Load average "
-        f"(1/5/15 min) before: {load_before}, after: {load_after}. "
-        f"Measured {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}.",
+        f"{config.model} at {config.image_size}x{config.image_size}, {config.setup}, "
+        f"{config.ps} ps + {config.workers} workers, batch {config.batch_size}.",
         "",
         "| variant | median step (ms) | per-repetition medians (ms) | ratio to off, "
         "per repetition | median of those | pooled ratio | capture process CPU per step (ms) "
@@ -256,13 +238,73 @@ def write_readme(
             f"{figure.median_ms / off.median_ms:.2f}x | {cpu} | {spliced} | "
             f"{figure.physics or '-'} |"
         )
-    lines += ["", *NOTES, ""]
+    return [*lines, ""]
+
+
+def write_readme(
+    command: str,
+    jobs: Sequence[tuple[TrainingConfig, dict[str, VariantFigures]]],
+    load_before: str,
+    load_after: str,
+    repetitions: int,
+) -> None:
+    machine = describe_machine()
+    first = jobs[0][0]
+    lines = [
+        SECTION,
+        "",
+        "(written by `bench/capture_overhead.py`; rerun it to replace this section)",
+        "",
+        f"Command: `{command}`. Jobs: {', '.join(config.model for config, _ in jobs)}, "
+        f"{'synchronous' if first.synchronous else 'asynchronous'}, {first.warmup_steps} warm-up "
+        f"+ {first.steps} steady steps per run; {repetitions} repetitions per job, each running "
+        "every variant once in a rotating order; all figures from one run.",
+        "",
+        f"Machine: {machine.cpu_model}, {machine.cpu_count} CPUs, kernel {machine.kernel}, "
+        f"Python {machine.python_version}, grpcio {machine.grpcio_version}. Load average "
+        f"(1/5/15 min) before: {load_before}, after: {load_after}. "
+        f"Measured {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}.",
+        "",
+    ]
+    for config, figures in jobs:
+        lines += _table(config, figures)
+    lines += [*NOTES, ""]
     replace_section(README, SECTION, "\n".join(lines))
+
+
+def measure_job(
+    config: TrainingConfig,
+    figures: dict[str, VariantFigures],
+    order: Sequence[str],
+    repetitions: int,
+) -> None:
+    """Every variant of ``order`` once per repetition, in a rotating order."""
+    for repetition in range(repetitions):
+        shift = repetition % len(order)
+        for name in [*order[shift:], *order[:shift]]:
+            with tempfile.TemporaryDirectory(prefix="tfgb-overhead-") as temporary:
+                workdir = Path(temporary)
+                if name == OFF:
+                    steps = run_without_capture(config, workdir)
+                else:
+                    steps = run_with_capture(config, workdir, name, figures[name])
+            figures[name].steps_ms.append(steps)
+            cpu = figures[name].cpu_ms_per_step
+            print(
+                f"{config.model} repetition {repetition + 1}/{repetitions} {name:>13}: median "
+                f"{statistics.median(steps):.0f} ms  [{_format_ms(steps)}]"
+                + (f"  capture process CPU {cpu[-1]:.0f} ms/step" if cpu else ""),
+                flush=True,
+            )
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--model", default="resnet50")
+    parser.add_argument(
+        "--models",
+        default="resnet50",
+        help="models to measure, comma-separated, one job each (default resnet50)",
+    )
     parser.add_argument("--setup", default="tf2-ps")
     parser.add_argument("--ps", type=int, default=1)
     parser.add_argument("--workers", type=int, default=2)
@@ -283,53 +325,44 @@ def main(argv: Sequence[str] | None = None) -> int:
     unknown = [v for v in variants if v not in VARIANTS]
     if unknown:
         parser.error(f"unknown variants {unknown}; known: {', '.join(VARIANTS)}")
-    config = TrainingConfig(
-        model=args.model,
-        setup=args.setup,
-        ps=args.ps,
-        workers=args.workers,
-        steps=args.steps,
-        warmup_steps=args.warmup_steps,
-        batch_size=args.batch_size,
-        input_size=args.input_size,
-    )
+    configs = [
+        TrainingConfig(
+            model=model.strip(),
+            setup=args.setup,
+            ps=args.ps,
+            workers=args.workers,
+            steps=args.steps,
+            warmup_steps=args.warmup_steps,
+            batch_size=args.batch_size,
+            input_size=args.input_size,
+        )
+        for model in args.models.split(",")
+        if model.strip()
+    ]
     command = shlex.join([".venv/bin/python", "bench/capture_overhead.py", *sys.argv[1:]])
     order = [OFF, *variants]
-    figures = {name: VariantFigures(name) for name in order}
+    jobs = [(config, {name: VariantFigures(name) for name in order}) for config in configs]
     load_before = _load()
     try:
-        for repetition in range(args.repetitions):
-            shift = repetition % len(order)
-            for name in order[shift:] + order[:shift]:
-                with tempfile.TemporaryDirectory(prefix="tfgb-overhead-") as temporary:
-                    workdir = Path(temporary)
-                    if name == OFF:
-                        steps = run_without_capture(config, workdir)
-                    else:
-                        steps = run_with_capture(config, workdir, name, figures[name])
-                figures[name].steps_ms.append(steps)
-                cpu = figures[name].cpu_ms_per_step
-                print(
-                    f"repetition {repetition + 1}/{args.repetitions} {name:>13}: median "
-                    f"{statistics.median(steps):.0f} ms  [{_format_ms(steps)}]"
-                    + (f"  capture process CPU {cpu[-1]:.0f} ms/step" if cpu else ""),
-                    flush=True,
-                )
+        for config, figures in jobs:
+            measure_job(config, figures, order, args.repetitions)
     except BenchError as error:
         print(f"capture_overhead: error: {error}", file=sys.stderr)
         return 1
     load_after = _load()
-    off = figures[OFF]
-    for name in order:
-        figure = figures[name]
-        ratios = figure.paired_ratios(off)
-        print(
-            f"{name:>16}: median {figure.median_ms:.0f} ms; ratio to off: pooled "
-            f"{figure.median_ms / off.median_ms:.3f}, per repetition "
-            f"[{', '.join(f'{r:.3f}' for r in ratios)}], median {statistics.median(ratios):.3f}"
-        )
+    for config, figures in jobs:
+        off = figures[OFF]
+        for name in order:
+            figure = figures[name]
+            ratios = figure.paired_ratios(off)
+            print(
+                f"{config.model} {name:>16}: median {figure.median_ms:.0f} ms; ratio to off: "
+                f"pooled {figure.median_ms / off.median_ms:.3f}, per repetition "
+                f"[{', '.join(f'{r:.3f}' for r in ratios)}], median "
+                f"{statistics.median(ratios):.3f}"
+            )
     if not args.no_readme:
-        write_readme(command, config, figures, load_before, load_after, args.repetitions)
+        write_readme(command, jobs, load_before, load_after, args.repetitions)
         print(f"wrote the '{SECTION[3:]}' section of {README.relative_to(ROOT)}")
     return 0
 
