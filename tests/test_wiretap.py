@@ -154,7 +154,14 @@ def pieces(data: bytes, rng: random.Random, ways: list[str]) -> list[list[str]]:
 
 
 def record_conversation(
-    tmp_path: Path, client: bytes, server: bytes, *, seed: int, ways: list[str], **options: int
+    tmp_path: Path,
+    client: bytes,
+    server: bytes,
+    *,
+    seed: int,
+    ways: list[str],
+    client_in_child: bool = False,
+    **options: int,
 ) -> TapRecorder:
     port = free_ports(1)[0]
     recorder = TapRecorder({"ps:0": port}, tmp_path / "tap", **options)
@@ -167,6 +174,7 @@ def record_conversation(
                 "port": port,
                 "client": pieces(client, rng, ways),
                 "server": pieces(server, rng, ways),
+                "client_in_child": client_in_child,
             }
         )
     )
@@ -212,6 +220,23 @@ def test_the_recorder_gives_the_calls_that_following_every_byte_gives(
     sent, skipped = recorder.forwarded_bytes()
     assert sent == len(client) + len(server)
     assert skipped > 0.8 * 150_000  # the bulk was only counted
+
+
+def test_calls_from_a_tasks_child_process_are_the_tasks(tmp_path: Path) -> None:
+    client, server = conversation()
+    recorder = record_conversation(
+        tmp_path, client, server, seed=8, ways=["send"], client_in_child=True
+    )
+    files = recorder.files()
+    assert len(files) == 2  # the child wrote its own file, naming its parent
+    pids = {f.pid for f in files}
+    (child,) = [f for f in files if f.parent_pid in pids]
+    (parent,) = [f for f in files if f is not child]
+    recorder.expected_pids = {parent.pid: "worker:0"}  # the task is the parent
+    calls = recorder.collect()
+    assert recorder.errors() == ()
+    assert sorted(_essence(call) for call in calls) == direct_calls(client, server)
+    assert {call.caller_pid for call in calls} == {parent.pid}
 
 
 def test_a_record_cut_short_by_a_killed_process_ends_the_file_and_is_reported(

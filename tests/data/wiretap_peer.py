@@ -8,7 +8,8 @@ server's) with ``how`` one of ``send`` (socket.sendall), ``sendmsg`` (the
 piece cut in three buffers), ``write`` (os.write) and ``writev`` (os.writev,
 three buffers); ``spawn`` (run a program, which closes its copies of every
 descriptor: Python spawns with vfork where it can) and ``fork`` (a child that
-exits at once) send nothing.  Each side reads what the other sends, so no buffer fills.
+exits at once) send nothing.  With ``"client_in_child": true`` the client
+end lives in a forked child process.  Each side reads what the other sends, so no buffer fills.
 Imports nothing from tf_grpc_bench: the library sees plain system calls.
 """
 
@@ -67,16 +68,35 @@ def main() -> None:
     listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     listener.bind(("127.0.0.1", spec["port"]))
     listener.listen(1)
-    client = socket.create_connection(("127.0.0.1", spec["port"]))
-    client.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-    server, _ = listener.accept()
     pieces = {
         side: [(how, bytes.fromhex(data)) for how, data in spec[side]]
         for side in ("client", "server")
     }
+    totals = {side: sum(len(data) for _, data in pieces[side]) for side in pieces}
+    if spec.get("client_in_child"):
+        child = os.fork()
+        if not child:
+            client = socket.create_connection(("127.0.0.1", spec["port"]))
+            for how, data in pieces["client"]:
+                send_piece(client, how, data)
+            drain(client, totals["server"])
+            client.close()
+            os._exit(0)
+        server, _ = listener.accept()
+        drain(server, totals["client"])
+        for how, data in pieces["server"]:
+            send_piece(server, how, data)
+        _, status = os.waitpid(child, 0)
+        server.close()
+        listener.close()
+        if status:
+            raise SystemExit(f"the client child failed: {status}")
+        return
+    client = socket.create_connection(("127.0.0.1", spec["port"]))
+    client.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    server, _ = listener.accept()
     for sender, receiver, side in ((client, server, "client"), (server, client, "server")):
-        total = sum(len(data) for _, data in pieces[side])
-        reader = threading.Thread(target=drain, args=(receiver, total))
+        reader = threading.Thread(target=drain, args=(receiver, totals[side]))
         reader.start()
         for how, data in pieces[side]:
             send_piece(sender, how, data)
