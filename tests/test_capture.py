@@ -425,6 +425,7 @@ def test_capturing_the_tiny_model_gives_a_trace_that_obeys_physics(
                 assert rpc.start_ns <= rpc.response_start_ns <= rpc.end_ns
     shown = run_cli("inspect", str(output))
     assert shown.returncode == 0 and "RecvTensor=50" in shown.stdout
+    assert "captured by: in-process-recorder" in shown.stdout
 
 
 @pytest.mark.tensorflow

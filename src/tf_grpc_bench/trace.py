@@ -643,6 +643,8 @@ def format_summary(trace: Trace, *, source: str = "") -> str:
         lines.append(f"trainable parameters: {meta.trainable_parameters:,}")
     if meta.command:
         lines.append("command: " + " ".join(meta.command))
+    if meta.capture_method:
+        lines.append(f"captured by: {meta.capture_method}")
     lines.append("tasks: " + ", ".join(f"{t.job}:{t.index}" for t in trace.tasks))
     if trace.partial:
         lines.append(f"PARTIAL trace: {trace.partial_reason or 'capture ended early'}")
