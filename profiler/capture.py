@@ -320,7 +320,7 @@ def step_id_windows(
     are steps and any earlier ones start-up (a slow worker's warm-up step
     may start after a fast one's first steady step).  Returns the windows and
     the start-up step ids.  Calls with step id 0 (RecvBuf under MultiWorkerMirrored)
-    delimit nothing.
+    delimit nothing: ``collective_windows`` finds those steps.
     """
     spans: dict[int, list[int]] = {}
     with_ps = [call for call in calls if _involves_ps(call)]
@@ -346,6 +346,93 @@ def step_id_windows(
         for number, (start, end, step_id) in enumerate(kept)
     ]
     return windows, frozenset(step_id for _, _, step_id in startup)
+
+
+def collective_instance_of(call: RecordedCall) -> tuple[int, int] | None:
+    """(group key, instance key) of a RecvBuf call, from its buffer's rendezvous key.
+
+    TensorFlow's collectives name a buffer ``group:instance:frame:iteration:...``;
+    None for any other call or key.
+    """
+    if call.method != RECV_BUF:
+        return None
+    try:
+        key = decode_recv_buf_request(call.request_head).buf_rendezvous_key
+    except MessageDecodeError:
+        return None
+    fields = key.split(":")
+    if len(fields) < 2 or not (fields[0].isdigit() and fields[1].isdigit()):
+        return None
+    return int(fields[0]), int(fields[1])
+
+
+def _buffer_bytes(call: RecordedCall) -> int:
+    """The size a RecvBuf request asks for (its response's length if it names none)."""
+    try:
+        return decode_recv_buf_request(call.request_head).num_bytes or call.response_bytes
+    except MessageDecodeError:
+        return call.response_bytes
+
+
+def repeating_tail(signatures: Sequence[object], *, longest_period: int = 256) -> tuple[int, int]:
+    """(period, first index) of the longest run at the end of ``signatures`` that
+    repeats with one period, at least twice; (0, len) if there is none.
+
+    The run starts where the repetition starts (so a run cut short at the end,
+    as when a job is stopped mid-step, still starts on a whole period).  Ties
+    go to the shorter period (a run with period K also repeats with 2K).
+    """
+    count = len(signatures)
+    best = (0, count)
+    best_length = 0
+    for period in range(1, min(longest_period, count // 2) + 1):
+        matching = 0
+        for index in range(count - 1, period - 1, -1):
+            if signatures[index] != signatures[index - period]:
+                break
+            matching += 1
+        length = matching + period
+        if matching >= period and length > best_length:
+            best, best_length = (period, count - length), length
+    return best
+
+
+def collective_windows(calls: Sequence[RecordedCall], *, warmup_steps: int = 0) -> list[StepWindow]:
+    """Steps of a collective (MultiWorkerMirrored) job from its RecvBuf calls.
+
+    Their step ids are all 0, but every collective launch has an instance key
+    of its own, counting up, and a synchronous training step launches the same
+    collectives each time.  So the instance keys, each summarised by its
+    transfers (who to whom, how many bytes), repeat with a period of one step:
+    the longest periodic run at the end is the training, each period of
+    instance keys one step, everything before it (the initial broadcasts) and
+    the first ``warmup_steps`` periods start-up.  A window spans the calls of
+    its period's instance keys.  [] when no such run is found.
+    """
+    transfers: dict[tuple[int, int], list[RecordedCall]] = {}
+    for call in calls:
+        instance = collective_instance_of(call)
+        if instance is not None:
+            transfers.setdefault(instance, []).append(call)
+    instances = sorted(transfers)
+    signatures = [
+        tuple(sorted((c.caller_pid or 0, c.callee, _buffer_bytes(c)) for c in transfers[i]))
+        for i in instances
+    ]
+    period, first = repeating_tail(signatures)
+    if not period:
+        return []
+    windows: list[StepWindow] = []
+    for start in range(first + warmup_steps * period, len(instances) - period + 1, period):
+        block = [c for i in instances[start : start + period] for c in transfers[i]]
+        windows.append(
+            StepWindow(
+                number=len(windows),
+                start_ns=min(c.start_ns for c in block),
+                end_ns=max(c.end_ns for c in block),
+            )
+        )
+    return windows
 
 
 def split_into_steps(

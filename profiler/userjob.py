@@ -26,8 +26,9 @@ Otherwise steps are found in the traffic: every RecvTensor (and RecvBuf)
 request carries the ``step_id`` of the function or graph run that needs the
 tensor, so the calls sharing a step id are one *worker-step*; its window runs
 from its first call to its last, and the first ``warmup_steps`` of them go to
-start-up.  MultiWorkerMirrored's RecvBuf calls all carry step id 0: such jobs
-need markers for steps.
+start-up.  MultiWorkerMirrored's RecvBuf calls all carry step id 0: there the
+steps are the periods of the collectives' instance keys
+(``capture.collective_windows``).
 
 The run ends when every *driver* task (the chief if there is one, else every
 worker) has exited with status 0; the other tasks (servers that never return)
@@ -64,6 +65,7 @@ from tf_grpc_bench.profiler.capture import (
     Recorder,
     StepWindow,
     check_recorder,
+    collective_windows,
     step_id_windows,
     write_captured_trace,
 )
@@ -76,6 +78,12 @@ from tf_grpc_bench.trace import RunMetadata, Task
 
 #: Environment variable naming the step-marker file a user script may write.
 MARKERS_VARIABLE = "TF_GRPC_BENCH_STEP_MARKERS"
+#: How the trace's steps were found -> what one step is.
+_STEP_UNITS = {
+    "markers": "marker",
+    "step-id": "worker-step",
+    "collective-instance": "step",
+}
 #: Job names TensorFlow's cluster resolvers know.
 KNOWN_JOBS = ("chief", "ps", "worker", "evaluator")
 _MAX_TASKS = 32
@@ -460,6 +468,11 @@ def capture_user_job(
     else:
         windows, warmup_ids = step_id_windows(calls, warmup_steps=job.warmup_steps)
         steps_from = "step-id"
+        if not windows:
+            # Collectives carry step id 0: find the steps in their instance keys.
+            found = collective_windows(calls, warmup_steps=job.warmup_steps)
+            if found:
+                windows, steps_from = found, "collective-instance"
     trace_tasks = [Task(job=name, index=index, address=address) for name, index, address in tasks]
     task_index = {(name, index): i for i, (name, index, _) in enumerate(tasks)}
     caller_of_pid = {pid: task_index[key] for key, pid in pids.items()}
@@ -478,7 +491,7 @@ def capture_user_job(
         extra=(
             ("job_command", " ".join(job.command)),
             ("python_version", platform.python_version()),
-            ("step_unit", "marker" if steps_from == "markers" else "worker-step"),
+            ("step_unit", _STEP_UNITS[steps_from]),
             ("steps_from", steps_from),
         ),
     )

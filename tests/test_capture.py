@@ -28,6 +28,8 @@ from tf_grpc_bench.profiler.capture import (
     assemble_trace,
     calls_to_rpcs,
     capture_training,
+    collective_windows,
+    repeating_tail,
     split_into_steps,
     step_windows,
 )
@@ -214,6 +216,46 @@ def test_a_recv_buf_tensor_is_as_large_as_its_request_says() -> None:
     tensor = rpcs[0].tensor
     assert tensor is not None
     assert (tensor.rendezvous_key, tensor.content_bytes) == ("1:112:0:0:0:1:1", 1_097_448)
+
+
+@pytest.mark.parametrize(
+    ("signatures", "expected"),
+    [
+        ("abcdXYXYXY", (2, 4)),  # broadcasts, then steps of two collectives
+        ("xAAAA", (1, 1)),
+        ("AABAABAAB", (3, 0)),  # a period with a repeat inside is still one period
+        ("abcdef", (0, 6)),  # nothing repeats
+        ("abXYXYX", (2, 2)),  # the run ends mid-step: it still starts where it starts
+    ],
+)
+def test_the_longest_periodic_tail_is_found(signatures: str, expected: tuple[int, int]) -> None:
+    assert repeating_tail(list(signatures)) == expected
+
+
+def _collective_call(start_ns: int, instance: int, size: int, *, pid: int) -> RecordedCall:
+    request = _field(2, f"1:{instance}:0:0:0:1:1".encode()) + _field(3, size)
+    return call(start_ns, method=RECV_BUF, request_head=request, caller_pid=pid)
+
+
+def test_collective_steps_are_found_in_their_instance_keys() -> None:
+    """Initial broadcasts (one instance each, all sizes differ), then 5 steps of two
+    all-reduces (instances counting up), each a transfer both ways."""
+    calls = [_collective_call(100 * i, 100 + i, 64 * (i + 1), pid=11) for i in range(4)]
+    clock = 10_000
+    for step in range(5):
+        for k, size in enumerate((4096, 128)):
+            instance = 104 + 2 * step + k
+            calls += [
+                _collective_call(clock, instance, size, pid=11),
+                _collective_call(clock + 20, instance, size, pid=12),
+            ]
+            clock += 100
+        clock += 1000
+    windows = collective_windows(calls, warmup_steps=1)
+    assert len(windows) == 4  # the first of the 5 is warm-up
+    assert (windows[0].start_ns, windows[0].end_ns) == (11_200, 11_330)
+    assert all(w.step_id == 0 for w in windows)
+    assert collective_windows(calls[:4]) == []  # broadcasts alone: no steps
 
 
 def test_assembled_trace_is_valid_marks_partial_and_keeps_notes() -> None:

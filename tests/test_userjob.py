@@ -6,6 +6,7 @@ import json
 import socket
 import subprocess
 import sys
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -17,10 +18,11 @@ from tf_grpc_bench.profiler.userjob import UserJob, parse_cluster, task_tf_confi
 
 from tf_grpc_bench import trace as trace_model
 from tf_grpc_bench.errors import ConfigError
-from tf_grpc_bench.trace import RECV_TENSOR
+from tf_grpc_bench.trace import RECV_BUF, RECV_TENSOR
 
 CLI = str(Path(sys.executable).parent / "tf-grpc-bench")
 SCRIPT = Path(__file__).parent / "data" / "user_train_ps.py"
+MWMS_SCRIPT = Path(__file__).parent / "data" / "user_train_mwms.py"
 
 
 def test_each_task_sees_its_own_address_and_every_peers_proxy() -> None:
@@ -242,3 +244,38 @@ def test_a_users_own_parameter_server_script_is_captured(tmp_path: Path, recorde
             r.caller_task for r in step.rpcs if r.method == RECV_TENSOR and r.caller_task in workers
         }
         assert len(pullers) == 1  # one worker-step: one worker pulls its weights
+
+
+@pytest.mark.tensorflow
+def test_a_users_own_multi_worker_mirrored_script_gets_its_steps_from_collectives(
+    tmp_path: Path,
+) -> None:
+    """No markers and step id 0 on every RecvBuf: the steps are the periods of the
+    collectives' instance keys."""
+    ports = free_ports(2)
+    cluster = {"worker": [f"localhost:{port}" for port in ports]}
+    output = tmp_path / "mwms.tfgbtrace"
+    result = subprocess.run(
+        [CLI, "capture-job", "--cluster", json.dumps(cluster), "--output", str(output),
+         "--timeout", "300", "--", sys.executable, str(MWMS_SCRIPT), "--steps", "6"],
+        capture_output=True, text=True, timeout=400, check=False,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    trace = trace_model.read_trace(output)
+    assert not trace.partial
+    extra = dict(trace.metadata.extra)
+    assert (extra["steps_from"], extra["step_unit"]) == ("collective-instance", "step")
+    assert len(trace.steps) == 5  # 6 steps, the first kept as start-up
+    per_step = [
+        Counter(
+            (r.caller_task, r.callee_task, r.response_bytes)
+            for r in step.rpcs
+            if r.method == RECV_BUF
+        )
+        for step in trace.steps
+    ]
+    # Each step: the same all-reduce, both workers sending to each other.
+    assert per_step[0] and all(counts == per_step[0] for counts in per_step)
+    assert {caller for caller, _, _ in per_step[0]} == {0, 1}
+    # The initial broadcasts of the variables are start-up.
+    assert any(r.method == RECV_BUF for r in trace.startup.rpcs)
