@@ -197,16 +197,10 @@ class TapFile:
     connections: tuple[TapConnection, ...]
     sends: Mapping[int, tuple[tuple[int, bytes], ...]] = field(default_factory=dict)
     lost: frozenset[int] = frozenset()
-
-    @property
-    def sent_bytes(self) -> int:
-        """Bytes sent on the followed connections (kept and skipped)."""
-        return sum(_operation_bytes(ops)[0] for calls in self.sends.values() for _, ops in calls)
-
-    @property
-    def skipped_bytes(self) -> int:
-        """Of ``sent_bytes``, those the library counted without copying."""
-        return sum(_operation_bytes(ops)[1] for calls in self.sends.values() for _, ops in calls)
+    #: Bytes sent on the followed connections (kept and skipped), and of
+    #: those, the ones the library counted without copying.
+    sent_bytes: int = 0
+    skipped_bytes: int = 0
 
 
 def _address(family: int, raw: bytes, port: int) -> tuple[str, int]:
@@ -240,6 +234,7 @@ def read_tap_file(path: Path) -> TapFile:
     connections: dict[int, TapConnection] = {}
     sends: dict[int, list[tuple[int, bytes]]] = {}
     lost: set[int] = set()
+    sent_bytes = skipped_bytes = 0
     damage = ""
     position = 0
     view = memoryview(data)
@@ -261,7 +256,11 @@ def read_tap_file(path: Path) -> TapFile:
             break
         payload = view[position + _RECORD_HEAD.size : position + length]
         if kind == _RECORD_SENT:
-            sends.setdefault(number, []).append((time_ns, bytes(payload)))
+            operations = bytes(payload)
+            sends.setdefault(number, []).append((time_ns, operations))
+            sent, skipped = _operation_bytes(operations)
+            sent_bytes += sent
+            skipped_bytes += skipped
         elif kind == _RECORD_CONNECTION:
             family, side, local_port, peer_port, local, peer, _fd, _ = _CONNECTION.unpack_from(
                 payload
@@ -288,6 +287,8 @@ def read_tap_file(path: Path) -> TapFile:
         connections=tuple(connections.values()),
         sends={number: tuple(calls) for number, calls in sends.items()},
         lost=frozenset(lost),
+        sent_bytes=sent_bytes,
+        skipped_bytes=skipped_bytes,
     )
 
 
