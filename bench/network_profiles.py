@@ -41,11 +41,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from sections import replace_section
+
+from tf_grpc_bench import trace as trace_model
+from tf_grpc_bench import trace_files
 from tf_grpc_bench.replay import netns, results
 from tf_grpc_bench.replay.measurement import Benchmark
 from tf_grpc_bench.replay.netinfo import format_rate
-
-from tf_grpc_bench import trace as trace_model
 from tf_grpc_bench.trace import RECV_TENSOR, Rpc, RunMetadata, Step, Task, TensorInfo, Trace
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -239,7 +240,7 @@ def measure_profile(
             ],
             output / profile.name,
             timeout_s=600,
-            servers=max(len(trace_model.read_trace(trace_path).tasks_of_job("ps")), 1),
+            servers=max(len(trace_files.read_trace(trace_path).tasks_of_job("ps")), 1),
         )
         (throughput,) = steps.benchmarks
         assert throughput.benchmark is Benchmark.PS_THROUGHPUT
@@ -249,7 +250,7 @@ def measure_profile(
         again = measure_iperf3(network, seconds)
         if again is not None and figures.iperf3_bits_per_s is not None:
             figures.iperf3_bits_per_s = max(figures.iperf3_bits_per_s, again)
-    figures.step_bytes_busier_direction = busier_direction_bytes(trace_model.read_trace(trace_path))
+    figures.step_bytes_busier_direction = busier_direction_bytes(trace_files.read_trace(trace_path))
     return figures
 
 
@@ -368,7 +369,7 @@ def main() -> int:
             trace_path = Path(args.trace)
         else:
             trace_path = Path(scratch) / "synthetic.tfgbtrace"
-            trace_model.write_trace(synthetic_trace(), trace_path)
+            trace_files.write_trace(synthetic_trace(), trace_path)
         figures = []
         for profile in profiles:
             print(f"{profile.name}: measuring", flush=True)

@@ -255,7 +255,6 @@ class Table:
 
 def _generator(size: int) -> Any:
     from tf_grpc_bench.replay.generators import BufferSizes, GeneratorConfig
-
     from tf_grpc_bench.sizes import classify
 
     category = classify(size)

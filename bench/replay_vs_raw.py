@@ -44,9 +44,9 @@ from typing import Any
 
 import numpy as np
 from sections import replace_section
-from tf_grpc_bench.replay.results import describe_machine
 
 from tf_grpc_bench.errors import BenchError
+from tf_grpc_bench.replay.results import describe_machine
 
 ROOT = Path(__file__).resolve().parent.parent
 README = ROOT / "bench" / "README.md"
@@ -493,7 +493,6 @@ def measure_replay(seconds: float, runs: int, figures: Figures) -> None:
     from tf_grpc_bench.replay.server import LocalServers
     from tf_grpc_bench.replay.wire import ChannelSettings, RpcKind
     from tf_grpc_bench.replay.workload import Mode, synthetic_workload
-
     from tf_grpc_bench.sizes import classify
 
     def generator(size: int) -> GeneratorConfig:

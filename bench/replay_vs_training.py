@@ -32,10 +32,10 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from sections import replace_section
+
+from tf_grpc_bench import trace_files
 from tf_grpc_bench.replay import results as results_module
 from tf_grpc_bench.replay.measurement import Benchmark
-
-from tf_grpc_bench import trace as trace_model
 
 ROOT = Path(__file__).resolve().parent.parent
 README = ROOT / "bench" / "README.md"
@@ -91,7 +91,7 @@ def main() -> int:
         ]
         run(capture)
         loads.append(load())
-        trace = trace_model.read_trace(trace_path)
+        trace = trace_files.read_trace(trace_path)
         training_ms = statistics.median(step.duration_ns for step in trace.steps) / 1e6
         step_bytes = statistics.median(
             sum(r.request_bytes + r.response_bytes for r in step.rpcs) for step in trace.steps

@@ -53,6 +53,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
+from tf_grpc_bench import __version__, trace_files
+from tf_grpc_bench import trace as trace_model
+from tf_grpc_bench.errors import BenchError, CaptureError, ConfigError
 from tf_grpc_bench.profiler.calls import RecordedCall
 from tf_grpc_bench.profiler.launcher import (
     StepMarker,
@@ -73,10 +76,6 @@ from tf_grpc_bench.profiler.tf_messages import (
     task_of_device,
 )
 from tf_grpc_bench.profiler.wiretap import TapRecorder, build_library
-
-from tf_grpc_bench import __version__
-from tf_grpc_bench import trace as trace_model
-from tf_grpc_bench.errors import BenchError, CaptureError, ConfigError
 from tf_grpc_bench.trace import (
     RECV_BUF,
     RECV_TENSOR,
@@ -922,7 +921,7 @@ def write_captured_trace(
         metadata=metadata,
         partial_reason=partial_reason(error, recorder_errors),
     )
-    trace_model.write_trace(trace, output)
+    trace_files.write_trace(trace, output)
     recorded, uncopied = recorder.forwarded_bytes()
     if remove_work and error is None:
         shutil.rmtree(work, ignore_errors=True)

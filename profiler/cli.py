@@ -13,6 +13,8 @@ import signal
 import sys
 from collections.abc import Callable
 
+from tf_grpc_bench import trace_summary
+from tf_grpc_bench.errors import UsageError
 from tf_grpc_bench.models.registry import available_models
 from tf_grpc_bench.profiler.capture import (
     DEFAULT_RECORDER,
@@ -24,9 +26,6 @@ from tf_grpc_bench.profiler.capture import (
 )
 from tf_grpc_bench.profiler.launcher import SETUPS, TrainingConfig
 from tf_grpc_bench.profiler.userjob import UserJob, capture_user_job, parse_cluster
-
-from tf_grpc_bench import trace as trace_model
-from tf_grpc_bench.errors import UsageError
 
 _DEFAULT_OUTPUT = "capture.tfgbtrace"
 
@@ -183,7 +182,7 @@ def _report(result: CaptureResult, quiet: bool) -> int:
     trace = result.trace
     rpcs = sum(len(s.rpcs) for s in trace.steps)
     if not quiet:
-        print(trace_model.format_summary(trace, source=str(result.path)))
+        print(trace_summary.format_summary(trace, source=str(result.path)))
     print(
         f"wrote {result.path}: {len(trace.steps)} steady steps, {rpcs} RPCs in them, "
         f"{len(trace.startup.rpcs)} at start-up" + (" (PARTIAL)" if trace.partial else "")

@@ -81,10 +81,9 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
+from tf_grpc_bench.errors import CaptureError, ConfigError, ServeError
 from tf_grpc_bench.models.registry import KERAS_FLAVOURS, check_input_size, model_spec
 from tf_grpc_bench.profiler.ports import check_ports_free, free_ports
-
-from tf_grpc_bench.errors import CaptureError, ConfigError, ServeError
 
 SETUPS = ("tf2-ps", "tf1-ps", "mwms")
 PHASES = ("warmup", "steady")

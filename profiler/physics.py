@@ -26,7 +26,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from tf_grpc_bench.trace import RECV_BUF, RECV_TENSOR, Rpc, Step, Trace, format_bytes
+from tf_grpc_bench.trace import RECV_BUF, RECV_TENSOR, Rpc, Step, Trace
+from tf_grpc_bench.trace_summary import format_bytes
 
 #: Allowed relative difference between measured and expected bytes per step.
 DEFAULT_TOLERANCE = 0.01

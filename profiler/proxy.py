@@ -39,10 +39,9 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
+from tf_grpc_bench.errors import ServeError
 from tf_grpc_bench.profiler.calls import CallTable, Direction, RecordedCall
 from tf_grpc_bench.profiler.http2 import MESSAGE_HEAD_BYTES, FramingError
-
-from tf_grpc_bench.errors import ServeError
 
 #: Largest read into Python at once (frame headers, header blocks, small messages).
 RECV_BYTES = 1 << 16

@@ -55,6 +55,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
+from tf_grpc_bench import __version__
+from tf_grpc_bench.errors import BenchError, CaptureError, ConfigError, ServeError
 from tf_grpc_bench.profiler.capture import (
     CAPTURE_METHODS,
     DEFAULT_RECORDER,
@@ -71,9 +73,6 @@ from tf_grpc_bench.profiler.capture import (
 )
 from tf_grpc_bench.profiler.launcher import StepMarker, read_step_markers
 from tf_grpc_bench.profiler.wiretap import TapRecorder, build_library
-
-from tf_grpc_bench import __version__
-from tf_grpc_bench.errors import BenchError, CaptureError, ConfigError, ServeError
 from tf_grpc_bench.trace import RunMetadata, Task
 
 #: Environment variable naming the step-marker file a user script may write.

@@ -38,10 +38,9 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from tf_grpc_bench.errors import CaptureError
 from tf_grpc_bench.profiler.calls import CallTable, Direction, RecordedCall
 from tf_grpc_bench.profiler.http2 import MESSAGE_HEAD_BYTES, FramingError, Http2Follower
-
-from tf_grpc_bench.errors import CaptureError
 
 LIBRARY_SOURCE = Path(__file__).with_name("wiretap.c")
 #: Environment variables the library reads (see wiretap.c).

@@ -19,6 +19,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from tf_grpc_bench import trace_files
+from tf_grpc_bench.errors import ConfigError, RunInterrupted, TransportError, UsageError
 from tf_grpc_bench.replay import grpc_settings
 from tf_grpc_bench.replay.client import parse_target
 from tf_grpc_bench.replay.generators import BufferSizes, GeneratorConfig, GeneratorKind
@@ -41,9 +43,6 @@ from tf_grpc_bench.replay.workload import (
     synthetic_workload,
     trace_workload,
 )
-
-from tf_grpc_bench import trace as trace_model
-from tf_grpc_bench.errors import ConfigError, RunInterrupted, TransportError, UsageError
 from tf_grpc_bench.sizes import SizeCategory, parse_size
 
 #: Server threads left for control calls when streams hold the others.
@@ -466,7 +465,7 @@ def _resolve_trace(args: argparse.Namespace) -> Path | None:
         return resolve_trace_argument(args.trace)
     if args.synthetic:
         return None
-    return trace_model.default_trace_path()
+    return trace_files.default_trace_path()
 
 
 def _rpc(args: argparse.Namespace, workload: Workload) -> RpcKind:
@@ -576,7 +575,7 @@ def build_request(args: argparse.Namespace) -> ReplayRequest:
                     f"{flag} shapes the synthetic workload; a trace brings its own "
                     "(add --synthetic to use the generators)"
                 )
-        trace = trace_model.read_trace(trace_path)
+        trace = trace_files.read_trace(trace_path)
         pair = parse_pair(args.pair, trace) if args.pair is not None else None
         for benchmark in benchmarks:
             workloads.append(

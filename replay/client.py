@@ -19,6 +19,8 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
 import grpc
+
+from tf_grpc_bench.errors import ConfigError, TransportError
 from tf_grpc_bench.protos import bench_pb2
 from tf_grpc_bench.replay.measurement import CallSample
 from tf_grpc_bench.replay.pacing import (
@@ -42,8 +44,6 @@ from tf_grpc_bench.replay.wire import (
     translate_rpc_error,
 )
 from tf_grpc_bench.replay.workload import Call, Mode, Shape, WorkloadStep
-
-from tf_grpc_bench.errors import ConfigError, TransportError
 
 Metadata = tuple[tuple[str, str], ...] | None
 

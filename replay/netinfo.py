@@ -26,10 +26,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from tf_grpc_bench.errors import ConfigError
 from tf_grpc_bench.replay.cluster import split_address
 from tf_grpc_bench.replay.results import InterfaceInfo, NetworkInfo, describe_interface
-
-from tf_grpc_bench.errors import ConfigError
 
 #: ioctl(2) request that reads an interface's IPv4 address (linux/sockios.h).
 _SIOCGIFADDR = 0x8915

@@ -18,10 +18,9 @@ import re
 import sys
 from collections import defaultdict
 
+from tf_grpc_bench.errors import NetworkError
 from tf_grpc_bench.replay import netns
 from tf_grpc_bench.replay.netinfo import format_rate
-
-from tf_grpc_bench.errors import NetworkError
 
 
 def configure_network(parser: argparse.ArgumentParser) -> None:
@@ -172,10 +171,9 @@ _SERVE_OWNS = ("host", "port", "servers", "tls", "tls_dir")
 def _compare(args: argparse.Namespace) -> int:
     from pathlib import Path
 
+    from tf_grpc_bench.errors import UsageError
     from tf_grpc_bench.replay import cli as replay_cli
     from tf_grpc_bench.replay import network_compare, results
-
-    from tf_grpc_bench.errors import UsageError
 
     if args.target is not None:
         raise UsageError("network compare makes its own targets; drop --target")

@@ -26,9 +26,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from tf_grpc_bench.replay import netns, report, results
-
 from tf_grpc_bench.errors import NetworkError, ResultError
+from tf_grpc_bench.replay import netns, report, results
 
 #: Port the servers listen on inside host 0 (each network is private, so fixed is fine).
 SERVE_PORT = 50001

@@ -27,9 +27,8 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
-from tf_grpc_bench.replay.workload import Call
-
 from tf_grpc_bench.errors import ConfigError
+from tf_grpc_bench.replay.workload import Call
 
 #: Window value meaning "the concurrency recorded in the trace".
 RECORDED_WINDOW = None

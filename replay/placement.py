@@ -34,11 +34,10 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
+from tf_grpc_bench.errors import ConfigError, TransportError, UsageError
 from tf_grpc_bench.replay import cluster, gather, netinfo, results
 from tf_grpc_bench.replay.cluster import Placement, Role
 from tf_grpc_bench.replay.measurement import Benchmark, BenchmarkResult, RunMeasurement
-
-from tf_grpc_bench.errors import ConfigError, TransportError, UsageError
 
 #: Seconds a task waits for the others (barriers, submissions, job end).
 DEFAULT_JOB_TIMEOUT_S = 3600.0

@@ -15,7 +15,6 @@ from dataclasses import dataclass
 
 from tf_grpc_bench.replay.measurement import BenchmarkResult, LatencySummary
 from tf_grpc_bench.replay.results import ResultDocument, benchmark_labels, run_statistics
-
 from tf_grpc_bench.sizes import SizeCategory
 
 PARTIAL_MARK = "*"

@@ -27,7 +27,6 @@ import os
 import platform
 import re
 import socket
-import tempfile
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -35,6 +34,10 @@ from importlib import metadata as package_metadata
 from pathlib import Path
 from typing import Any
 
+import tf_grpc_bench
+from tf_grpc_bench import trace_files
+from tf_grpc_bench.errors import ResultError, UnsupportedResultVersionError
+from tf_grpc_bench.files import write_atomically
 from tf_grpc_bench.replay.measurement import (
     SAMPLE_COLUMNS,
     Benchmark,
@@ -43,10 +46,6 @@ from tf_grpc_bench.replay.measurement import (
     LatencySummary,
     RunMeasurement,
 )
-
-import tf_grpc_bench
-from tf_grpc_bench import trace as trace_model
-from tf_grpc_bench.errors import ResultError, UnsupportedResultVersionError
 
 #: Value of the ``format`` field, naming the kind of document.
 FORMAT = "tf-grpc-bench-results"
@@ -300,10 +299,10 @@ def loopback_network(addresses: Sequence[str] = ()) -> NetworkInfo:
 def describe_trace(path: str | os.PathLike[str]) -> TraceInfo:
     """Read and hash the trace at ``path`` (raises ``TraceError`` if unreadable)."""
     path = Path(path)
-    trace = trace_model.read_trace(path)
+    trace = trace_files.read_trace(path)
     return TraceInfo(
         path=str(path.resolve()),
-        sha256=trace_model.file_sha256(path),
+        sha256=trace_files.file_sha256(path),
         model=trace.metadata.model,
         strategy=trace.metadata.strategy,
         tensorflow_version=trace.metadata.tensorflow_version,
@@ -587,30 +586,13 @@ def dumps_document(document: ResultDocument) -> str:
 def write_document(document: ResultDocument, path: str | os.PathLike[str]) -> Path:
     """Write ``document`` as JSON to ``path`` atomically; returns the path.
 
-    A reader never sees half a file: the text goes to a temporary file in the
-    same directory, which then replaces ``path``.  Raises ``ResultError`` if
-    the file cannot be written.
+    A reader never sees half a file.  Raises ``ResultError`` if the file
+    cannot be written.
     """
-    path = Path(path)
-    text = dumps_document(document)
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        descriptor, temporary = tempfile.mkstemp(
-            dir=path.parent, prefix=f".{path.name}.", suffix=".tmp"
-        )
-    except OSError as error:
-        raise ResultError(f"{path}: cannot write results ({error.strerror or error})") from None
-    try:
-        with os.fdopen(descriptor, "w", encoding="utf-8") as stream:
-            stream.write(text)
-        os.replace(temporary, path)
-    except OSError as error:
-        Path(temporary).unlink(missing_ok=True)
-        raise ResultError(f"{path}: cannot write results ({error.strerror or error})") from None
-    except BaseException:
-        Path(temporary).unlink(missing_ok=True)
-        raise
-    return path
+    data = dumps_document(document).encode("utf-8")
+    return write_atomically(
+        path, lambda stream: stream.write(data), error=ResultError, what="results"
+    )
 
 
 # --------------------------------------------------------------------------

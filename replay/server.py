@@ -33,6 +33,8 @@ from types import TracebackType
 from typing import Any
 
 import grpc
+
+from tf_grpc_bench.errors import ServeError
 from tf_grpc_bench.protos import bench_pb2, bench_pb2_grpc
 from tf_grpc_bench.replay.wire import (
     CONTROL_SERVICE,
@@ -50,8 +52,6 @@ from tf_grpc_bench.replay.wire import (
     raw_response_length,
 )
 from tf_grpc_bench.replay.workload import ECHO_METHOD, PULL_METHOD, PUSH_METHOD, Mode
-
-from tf_grpc_bench.errors import ServeError
 
 #: The paper's port.
 DEFAULT_PORT = 50001

@@ -69,6 +69,8 @@ from tensorboard.plugins.scalar import metadata as scalar_metadata
 from tensorboard.plugins.text import summary_v2 as text_summary
 from tensorboard.summary.writer.record_writer import RecordWriter
 from tensorboard.util import tensor_util
+
+from tf_grpc_bench.errors import ResultError
 from tf_grpc_bench.replay import report
 from tf_grpc_bench.replay.measurement import BenchmarkResult, CallSample, LatencySummary
 from tf_grpc_bench.replay.results import (
@@ -77,8 +79,6 @@ from tf_grpc_bench.replay.results import (
     cpu_utilization,
     run_statistics,
 )
-
-from tf_grpc_bench.errors import ResultError
 from tf_grpc_bench.sizes import classify
 
 #: The statistics written for every latency distribution, as (tag suffix, field).

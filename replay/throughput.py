@@ -23,6 +23,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+
+from tf_grpc_bench.errors import TransportError
 from tf_grpc_bench.replay.client import Driver, ReplayClient
 from tf_grpc_bench.replay.measurement import SAMPLE_COLUMNS, CallSample, RunMeasurement
 from tf_grpc_bench.replay.pacing import Pacing
@@ -38,8 +40,6 @@ from tf_grpc_bench.replay.runner import (
 )
 from tf_grpc_bench.replay.wire import ChannelSettings
 from tf_grpc_bench.replay.workload import Workload
-
-from tf_grpc_bench.errors import TransportError
 
 #: Time between telling workers to start and their common start instant.
 START_MARGIN_NS = 300_000_000

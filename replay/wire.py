@@ -30,6 +30,8 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import grpc
+
+from tf_grpc_bench.errors import ConfigError, TransportError
 from tf_grpc_bench.protos import bench_pb2
 from tf_grpc_bench.replay.workload import (
     ECHO_METHOD,
@@ -39,8 +41,6 @@ from tf_grpc_bench.replay.workload import (
     pull_request_layout,
     pull_response_content_bytes,
 )
-
-from tf_grpc_bench.errors import ConfigError, TransportError
 
 #: Largest message either end accepts: TensorFlow tensors reach ~50 MB, and a
 #: payload of 10 Large buffers at their 10 MiB maximum is 100 MiB.

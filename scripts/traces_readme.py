@@ -10,9 +10,8 @@ from __future__ import annotations
 import statistics
 from pathlib import Path
 
+from tf_grpc_bench import trace_files, trace_summary
 from tf_grpc_bench.profiler.physics import check_physics
-
-from tf_grpc_bench import trace as trace_model
 from tf_grpc_bench.sizes import SizeCategory
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -31,10 +30,10 @@ Inspect one with `tf-grpc-bench inspect resnet50-tf2ps` (a shipped trace's name 
 
 
 def describe(path: Path) -> str:
-    trace = trace_model.read_trace(path)
+    trace = trace_files.read_trace(path)
     meta = trace.metadata
     steps = trace.steps
-    summaries = [trace_model.summarize_rpcs(step.rpcs) for step in steps]
+    summaries = [trace_summary.summarize_rpcs(step.rpcs) for step in steps]
     first = summaries[0]
     categories = dict(first.category_counts)
     report = check_physics(trace)
@@ -80,7 +79,7 @@ def main() -> None:
         "alexnet-tf2ps",
         "resnet50-tf1ps",
     ]
-    sections = [describe(trace_model.shipped_trace_path(name)) for name in order]
+    sections = [describe(trace_files.shipped_trace_path(name)) for name in order]
     notes = """## Reading the physics figures
 
 "Other tensors" are tensors that are not trainable variables: batch-normalisation moving statistics (read by the

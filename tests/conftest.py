@@ -6,10 +6,11 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
-from tf_grpc_bench.profiler.calls import RecordedCall
-from tf_grpc_bench.replay.workload import Workload
 
 from tf_grpc_bench import trace as trace_model
+from tf_grpc_bench import trace_files
+from tf_grpc_bench.profiler.calls import RecordedCall
+from tf_grpc_bench.replay.workload import Workload
 from tf_grpc_bench.trace import RECV_TENSOR, Rpc, RunMetadata, Step, Task, TensorInfo, Trace
 
 
@@ -79,7 +80,7 @@ def small_trace() -> Trace:
 @pytest.fixture
 def small_trace_file(tmp_path: Path, small_trace: Trace) -> Path:
     path = tmp_path / "small.tfgbtrace"
-    trace_model.write_trace(small_trace, path)
+    trace_files.write_trace(small_trace, path)
     return path
 
 

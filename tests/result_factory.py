@@ -12,6 +12,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 import numpy as np
+
 from tf_grpc_bench.replay.measurement import (
     Benchmark,
     BenchmarkResult,

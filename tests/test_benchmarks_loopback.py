@@ -14,6 +14,8 @@ from collections import Counter
 from collections.abc import Callable, Iterator
 
 import pytest
+
+from tf_grpc_bench.errors import ConfigError
 from tf_grpc_bench.replay.client import ReplayClient
 from tf_grpc_bench.replay.generators import GeneratorConfig, GeneratorKind
 from tf_grpc_bench.replay.measurement import Benchmark, BenchmarkResult, CallSample
@@ -22,8 +24,6 @@ from tf_grpc_bench.replay.runner import ProgressEvent, RunPlan, run_benchmark
 from tf_grpc_bench.replay.server import LocalServers
 from tf_grpc_bench.replay.wire import ChannelSettings, RpcKind
 from tf_grpc_bench.replay.workload import Call, Mode, Workload, synthetic_workload, trace_workload
-
-from tf_grpc_bench.errors import ConfigError
 
 from .conftest import make_trace
 

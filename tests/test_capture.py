@@ -21,6 +21,10 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
+
+from tf_grpc_bench import trace as trace_model
+from tf_grpc_bench import trace_files
+from tf_grpc_bench.errors import ServeError
 from tf_grpc_bench.profiler.capture import (
     STATUS_CANCELLED,
     STATUS_UNKNOWN,
@@ -39,9 +43,6 @@ from tf_grpc_bench.profiler.proxy import RecordedCall, RecordingProxy
 from tf_grpc_bench.replay.measurement import Benchmark
 from tf_grpc_bench.replay.server import ReplayServer
 from tf_grpc_bench.replay.workload import Mode, trace_workload
-
-from tf_grpc_bench import trace as trace_model
-from tf_grpc_bench.errors import ServeError
 from tf_grpc_bench.trace import RECV_BUF, RECV_TENSOR, Rpc, RunMetadata, Task
 
 from .conftest import make_trace, replayed_sequences, workload_sequences
@@ -405,7 +406,7 @@ def test_both_recorders_record_the_same_tensor_transfers(
     (preloaded, first), (proxied, second) = tiny_capture, tiny_capture_by_proxy
     assert first.returncode == 0, first.stderr
     assert second.returncode == 0, second.stderr
-    by_library, by_proxy = trace_model.read_trace(preloaded), trace_model.read_trace(proxied)
+    by_library, by_proxy = trace_files.read_trace(preloaded), trace_files.read_trace(proxied)
     assert by_proxy.metadata.capture_method == "recording-proxy"
     assert not by_proxy.partial
     assert check_physics(by_proxy).ok
@@ -422,7 +423,7 @@ def test_capturing_the_tiny_model_gives_a_trace_that_obeys_physics(
     assert result.returncode == 0, result.stderr
     assert f"wrote {output}: 3 steady steps" in result.stdout
     assert "capture tiny:" in result.stderr  # the progress display
-    trace = trace_model.read_trace(output)
+    trace = trace_files.read_trace(output)
     meta = trace.metadata
     assert not trace.partial
     assert (meta.model, meta.strategy, meta.synchronous) == ("tiny", "tf2-parameter-server", True)
@@ -477,7 +478,7 @@ def test_replaying_a_captured_trace_through_the_proxy_gives_the_trace_back(
     """The round trip: the replayer's calls, captured, are the trace's, in order, to the byte."""
     output, result = tiny_capture
     assert result.returncode == 0, result.stderr
-    trace = trace_model.read_trace(output)
+    trace = trace_files.read_trace(output)
     workload = trace_workload(trace, Benchmark.PS_THROUGHPUT, mode=Mode.NON_SERIALIZED)
     servers = [ReplayServer().start() for _ in range(workload.server_count)]
     proxies = [
@@ -631,7 +632,7 @@ def test_a_task_that_crashes_ends_the_capture_with_a_partial_trace(
     assert code == 4
     lines = stderr.strip().splitlines()
     assert len(lines) == 1 and "worker:0" in lines[0] and "partial trace written" in lines[0]
-    trace = trace_model.read_trace(output)
+    trace = trace_files.read_trace(output)
     assert trace.partial and "worker:0" in trace.partial_reason
     assert len(trace.steps) >= 2
     assert "(PARTIAL)" in stdout
@@ -644,7 +645,7 @@ def test_a_task_that_hangs_ends_the_capture_with_a_partial_trace(tmp_path: Path)
     assert code == 4
     lines = stderr.strip().splitlines()
     assert len(lines) == 1 and "hangs" in lines[0]
-    trace = trace_model.read_trace(output)
+    trace = trace_files.read_trace(output)
     assert trace.partial and len(trace.steps) >= 2
     assert _task_pids(workdir) == {}
 
@@ -658,7 +659,7 @@ def test_a_port_in_use_stops_everything_and_writes_a_partial_trace(tmp_path: Pat
         )
     assert isinstance(result.error, ServeError)
     assert str(tasks[1].bind_port) in str(result.error)
-    trace = trace_model.read_trace(tmp_path / "t.tfgbtrace")
+    trace = trace_files.read_trace(tmp_path / "t.tfgbtrace")
     assert trace.partial and trace.steps == ()
     assert _task_pids(tmp_path / "work") == {}
 

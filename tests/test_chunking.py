@@ -7,6 +7,8 @@ from pathlib import Path
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+
+from tf_grpc_bench import trace_files
 from tf_grpc_bench.replay.chunking import chunk_workload
 from tf_grpc_bench.replay.generators import GeneratorConfig
 from tf_grpc_bench.replay.grpc_settings import GrpcSettings
@@ -14,8 +16,6 @@ from tf_grpc_bench.replay.measurement import Benchmark
 from tf_grpc_bench.replay.runner import RunPlan, run_benchmark
 from tf_grpc_bench.replay.server import ReplayServer
 from tf_grpc_bench.replay.workload import Mode, Shape, synthetic_workload, trace_workload
-
-from tf_grpc_bench import trace as trace_model
 
 from .conftest import make_trace
 
@@ -60,7 +60,7 @@ def test_without_a_chunk_size_the_workload_is_unchanged() -> None:
 def test_a_chunked_replay_delivers_every_chunk_to_a_real_server(tmp_path: Path) -> None:
     trace = make_trace(steps=1, sizes=(1 << 20,))
     path = tmp_path / "t.tfgbtrace"
-    trace_model.write_trace(trace, path)
+    trace_files.write_trace(trace, path)
     workload = chunk_workload(
         trace_workload(trace, Benchmark.P2P_LATENCY, mode=Mode.NON_SERIALIZED),
         GrpcSettings(chunk_bytes=CHUNK),

@@ -5,9 +5,9 @@ from __future__ import annotations
 import threading
 
 import pytest
-from tf_grpc_bench.replay import gather
 
 from tf_grpc_bench.errors import TransportError
+from tf_grpc_bench.replay import gather
 
 WORKERS = ("worker:0", "worker:1")
 

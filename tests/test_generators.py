@@ -7,6 +7,8 @@ from collections import Counter
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+
+from tf_grpc_bench.errors import ConfigError
 from tf_grpc_bench.replay.generators import (
     BufferSizes,
     GeneratorConfig,
@@ -14,8 +16,6 @@ from tf_grpc_bench.replay.generators import (
     category_sequence,
     generate_payloads,
 )
-
-from tf_grpc_bench.errors import ConfigError
 from tf_grpc_bench.sizes import KIB, MIB, SizeCategory, classify
 
 SMALL, MEDIUM, LARGE = SizeCategory.SMALL, SizeCategory.MEDIUM, SizeCategory.LARGE

@@ -11,14 +11,14 @@ import grpc
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+
+from tf_grpc_bench.errors import ConfigError
 from tf_grpc_bench.replay.grpc_settings import (
     Compression,
     GrpcSettings,
     add_grpc_flags,
     settings_from_args,
 )
-
-from tf_grpc_bench.errors import ConfigError
 
 METHOD = "/test.Peers/Call"
 

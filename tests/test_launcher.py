@@ -13,6 +13,8 @@ import time
 from pathlib import Path
 
 import pytest
+
+from tf_grpc_bench.errors import CaptureError, ConfigError, ServeError
 from tf_grpc_bench.profiler.launcher import (
     StepMarker,
     TaskSpec,
@@ -22,8 +24,6 @@ from tf_grpc_bench.profiler.launcher import (
     read_step_markers,
 )
 from tf_grpc_bench.profiler.ports import free_ports, port_is_free
-
-from tf_grpc_bench.errors import CaptureError, ConfigError, ServeError
 
 
 class ByteRelay:

@@ -7,6 +7,8 @@ import subprocess
 import sys
 
 import pytest
+
+from tf_grpc_bench.errors import ConfigError
 from tf_grpc_bench.models import (
     available_models,
     build_model,
@@ -15,8 +17,6 @@ from tf_grpc_bench.models import (
     trainable_parameter_count,
     variable_infos,
 )
-
-from tf_grpc_bench.errors import ConfigError
 from tf_grpc_bench.sizes import SizeCategory, classify
 
 

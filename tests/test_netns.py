@@ -9,9 +9,9 @@ import sys
 import textwrap
 
 import pytest
-from tf_grpc_bench.replay import netinfo, netns
 
 from tf_grpc_bench.errors import NetworkError
+from tf_grpc_bench.replay import netinfo, netns
 
 # A receiver that counts the bytes of one TCP connection and reports the rate
 # between its first and last byte; a sender that pushes a fixed number of bytes.

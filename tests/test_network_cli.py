@@ -9,6 +9,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
+
 from tf_grpc_bench.replay import netns, results
 
 pytestmark = pytest.mark.netns

@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
+
 from tf_grpc_bench.replay import placement, results
 from tf_grpc_bench.replay.measurement import Benchmark, BenchmarkResult, CallSample, RunMeasurement
 

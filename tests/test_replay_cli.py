@@ -12,12 +12,12 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+
+from tf_grpc_bench import trace_files
 from tf_grpc_bench.replay import results
 from tf_grpc_bench.replay.client import ReplayClient
 from tf_grpc_bench.replay.measurement import Benchmark
 from tf_grpc_bench.replay.workload import Mode
-
-from tf_grpc_bench import trace as trace_model
 
 from .conftest import make_trace
 
@@ -68,7 +68,7 @@ def test_synthetic_replay_runs_all_three_benchmarks_and_writes_results_and_tenso
 
 def test_trace_replay_with_exact_steps_in_serialized_mode(tmp_path: Path) -> None:
     path = tmp_path / "toy.tfgbtrace"
-    trace_model.write_trace(make_trace(steps=2, workers=2, ps=2), path)
+    trace_files.write_trace(make_trace(steps=2, workers=2, ps=2), path)
     completed = _run(
         "replay",
         str(path),

@@ -6,6 +6,8 @@ import dataclasses
 from datetime import datetime, timezone
 
 import pytest
+
+from tests.result_factory import make_results
 from tf_grpc_bench.replay import results
 from tf_grpc_bench.replay.report import (
     format_benchmark_markdown,
@@ -14,8 +16,6 @@ from tf_grpc_bench.replay.report import (
     format_table,
 )
 from tf_grpc_bench.replay.results import NetworkInfo, ResultDocument, build_document
-
-from tests.result_factory import make_results
 from tf_grpc_bench.sizes import SizeCategory
 
 CREATED = datetime(2026, 11, 29, 12, 30, 5, tzinfo=timezone.utc)

@@ -10,6 +10,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+
+from tests.result_factory import GOLDEN_MACHINE, golden_document, make_results, make_run
+from tf_grpc_bench import trace_files
+from tf_grpc_bench.errors import ResultError, UnsupportedResultVersionError
 from tf_grpc_bench.replay import results
 from tf_grpc_bench.replay.measurement import Benchmark, BenchmarkResult
 from tf_grpc_bench.replay.results import (
@@ -22,10 +26,6 @@ from tf_grpc_bench.replay.results import (
     read_document,
     write_document,
 )
-
-from tests.result_factory import GOLDEN_MACHINE, golden_document, make_results, make_run
-from tf_grpc_bench import trace as trace_model
-from tf_grpc_bench.errors import ResultError, UnsupportedResultVersionError
 from tf_grpc_bench.sizes import SizeCategory
 
 DATA = Path(__file__).parent / "data"
@@ -87,7 +87,7 @@ def test_document_describes_machine_tool_time_and_network() -> None:
 def test_document_records_the_trace_path_hash_and_model(small_trace_file: Path) -> None:
     document = _document(trace_path=small_trace_file)
     assert document.trace is not None
-    assert document.trace.sha256 == trace_model.file_sha256(small_trace_file)
+    assert document.trace.sha256 == trace_files.file_sha256(small_trace_file)
     assert document.trace.model == "toy"
     assert document.trace.step_count == 2
     assert Path(document.trace.path) == small_trace_file.resolve()

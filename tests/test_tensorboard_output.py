@@ -16,11 +16,11 @@ import pytest
 from tensorboard.backend.event_processing import plugin_event_accumulator
 from tensorboard.plugins.hparams import metadata as hparams_metadata
 from tensorboard.util import tensor_util
+
+from tests.result_factory import make_results
 from tf_grpc_bench.replay import results
 from tf_grpc_bench.replay.results import NetworkInfo, ResultDocument, build_document
 from tf_grpc_bench.replay.tensorboard_output import log_buckets, write_run
-
-from tests.result_factory import make_results
 from tf_grpc_bench.sizes import SizeCategory
 
 CREATED = datetime(2026, 11, 29, 12, 30, 5, tzinfo=timezone.utc)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+
 from tf_grpc_bench.profiler import tf_messages
 from tf_grpc_bench.profiler.tf_messages import (
     MessageDecodeError,
@@ -217,6 +218,7 @@ def test_a_recv_tensor_exchange_framed_like_grpc_decodes_from_the_kept_head(tf) 
     """HTTP/2 frames (hyperframe, hpack) carrying a genuine TensorProto, followed and decoded."""
     import hpack
     from hyperframe.frame import DataFrame, HeadersFrame
+
     from tf_grpc_bench.profiler.http2 import Http2Follower, MessageSeen
 
     array = np.arange(64 * 1024, dtype=np.float32).reshape(256, 256)

@@ -12,9 +12,9 @@ from pathlib import Path
 
 import grpc
 import pytest
-from tf_grpc_bench.replay import results, tls
 
 from tf_grpc_bench.errors import ConfigError
+from tf_grpc_bench.replay import results, tls
 
 METHOD = "/test.Echo/Echo"
 

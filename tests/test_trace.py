@@ -11,10 +11,11 @@ from pathlib import Path
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from tf_grpc_bench.protos import trace_pb2
 
 from tf_grpc_bench import trace as trace_model
+from tf_grpc_bench import trace_files, trace_summary
 from tf_grpc_bench.errors import TraceError, UnsupportedVersionError
+from tf_grpc_bench.protos import trace_pb2
 from tf_grpc_bench.sizes import MIB, SizeCategory, classify
 from tf_grpc_bench.trace import Rpc, RunMetadata, Step, Task, TensorInfo, Trace
 
@@ -100,9 +101,9 @@ def test_json_export_round_trips_and_is_plain_json(trace: Trace) -> None:
 
 def test_write_then_read_file(tmp_path: Path, small_trace: Trace) -> None:
     path = tmp_path / "a" / "t.tfgbtrace"
-    trace_model.write_trace(small_trace, path)
-    assert trace_model.read_trace(path) == small_trace
-    assert len(trace_model.file_sha256(path)) == 64
+    trace_files.write_trace(small_trace, path)
+    assert trace_files.read_trace(path) == small_trace
+    assert len(trace_files.file_sha256(path)) == 64
 
 
 @pytest.mark.parametrize(
@@ -120,7 +121,7 @@ def test_bad_files_are_refused_with_the_reason(
     path = tmp_path / "bad.tfgbtrace"
     path.write_bytes(content)
     with pytest.raises(TraceError, match=expected) as error:
-        trace_model.read_trace(path)
+        trace_files.read_trace(path)
     assert str(path) in str(error.value)
 
 
@@ -128,7 +129,7 @@ def test_truncated_file_is_refused(small_trace_file: Path) -> None:
     data = small_trace_file.read_bytes()
     small_trace_file.write_bytes(data[: len(data) // 2])
     with pytest.raises(TraceError, match="truncated"):
-        trace_model.read_trace(small_trace_file)
+        trace_files.read_trace(small_trace_file)
 
 
 def test_flipped_byte_is_detected(small_trace_file: Path) -> None:
@@ -136,12 +137,12 @@ def test_flipped_byte_is_detected(small_trace_file: Path) -> None:
     data[len(data) // 2] ^= 0xFF
     small_trace_file.write_bytes(bytes(data))
     with pytest.raises(TraceError):
-        trace_model.read_trace(small_trace_file)
+        trace_files.read_trace(small_trace_file)
 
 
 def test_missing_file_names_the_path(tmp_path: Path) -> None:
     with pytest.raises(TraceError, match="no such trace file"):
-        trace_model.read_trace(tmp_path / "nope.tfgbtrace")
+        trace_files.read_trace(tmp_path / "nope.tfgbtrace")
 
 
 def _raw(message: trace_pb2.Trace) -> io.BytesIO:
@@ -196,7 +197,7 @@ def test_outstanding_counts_overlapping_calls_on_the_same_pair() -> None:
 
 def test_summary_counts_categories_bytes_and_methods() -> None:
     trace = make_trace(steps=1, sizes=(21, 4096, 2 * MIB))
-    summary = trace_model.summarize_rpcs(trace.steps[0].rpcs)
+    summary = trace_summary.summarize_rpcs(trace.steps[0].rpcs)
     assert summary.rpc_count == 3
     assert dict(summary.category_counts) == {
         SizeCategory.SMALL: 1,
@@ -206,7 +207,7 @@ def test_summary_counts_categories_bytes_and_methods() -> None:
     assert summary.response_bytes == 21 + 4096 + 2 * MIB
     assert summary.request_bytes == 3 * 120
     assert dict(summary.rpcs_per_method) == {"RecvTensor": 3}
-    text = trace_model.format_summary(trace)
+    text = trace_summary.format_summary(trace)
     assert "RecvTensor=3" in text
 
 
@@ -223,14 +224,14 @@ def test_written_trace_is_readable_by_others_as_the_umask_allows(
     path = tmp_path / "shared.tfgbtrace"
     previous = os.umask(0o022)
     try:
-        trace_model.write_trace(small_trace, path)
+        trace_files.write_trace(small_trace, path)
     finally:
         os.umask(previous)
     assert path.stat().st_mode & 0o777 == 0o644
 
 
 def test_shipped_traces_are_valid_and_the_default_is_resnet50() -> None:
-    names = trace_model.shipped_trace_names()
+    names = trace_files.shipped_trace_names()
     assert {
         "resnet50-tf2ps.tfgbtrace",
         "inceptionv3-tf2ps.tfgbtrace",
@@ -238,9 +239,9 @@ def test_shipped_traces_are_valid_and_the_default_is_resnet50() -> None:
         "alexnet-tf2ps.tfgbtrace",
         "resnet50-tf1ps.tfgbtrace",
     } <= set(names)
-    default = trace_model.default_trace_path()
+    default = trace_files.default_trace_path()
     assert default is not None and default.name == "resnet50-tf2ps.tfgbtrace"
     for name in names:
-        shipped = trace_model.read_trace(trace_model.shipped_trace_path(name))
+        shipped = trace_files.read_trace(trace_files.shipped_trace_path(name))
         assert shipped.steps and not shipped.partial
         assert shipped.metadata.command[:2] == ("tf-grpc-bench", "capture")

@@ -10,14 +10,14 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
+
+from tf_grpc_bench import trace_files
+from tf_grpc_bench.errors import ConfigError
 from tf_grpc_bench.profiler.capture import step_id_windows
 from tf_grpc_bench.profiler.physics import check_physics
 from tf_grpc_bench.profiler.ports import free_ports
 from tf_grpc_bench.profiler.proxy import RecordedCall
 from tf_grpc_bench.profiler.userjob import UserJob, parse_cluster, task_tf_config
-
-from tf_grpc_bench import trace as trace_model
-from tf_grpc_bench.errors import ConfigError
 from tf_grpc_bench.trace import RECV_BUF, RECV_TENSOR
 
 CLI = str(Path(sys.executable).parent / "tf-grpc-bench")
@@ -129,7 +129,7 @@ def test_a_busy_port_is_a_one_line_error(tmp_path: Path) -> None:
     assert result.returncode == 3
     assert result.stderr.count("\n") == 1 and f"port {port}" in result.stderr
     assert "partial trace written" in result.stderr
-    trace = trace_model.read_trace(tmp_path / "t.tfgbtrace")
+    trace = trace_files.read_trace(tmp_path / "t.tfgbtrace")
     assert trace.partial and trace.steps == ()
 
 
@@ -177,7 +177,7 @@ def test_a_failing_task_stops_the_job_and_leaves_a_partial_trace(tmp_path: Path)
     assert result.returncode == 4
     line = result.stderr.strip()
     assert "\n" not in line and "worker:0 exited with 3" in line and "worker gives up" in line
-    trace = trace_model.read_trace(output)
+    trace = trace_files.read_trace(output)
     assert trace.partial and "worker:0" in trace.partial_reason
 
 
@@ -220,7 +220,7 @@ def test_a_users_own_parameter_server_script_is_captured(tmp_path: Path, recorde
         check=False,
     )
     assert result.returncode == 0, result.stderr
-    trace = trace_model.read_trace(output)
+    trace = trace_files.read_trace(output)
     assert not trace.partial
     extra = dict(trace.metadata.extra)
     assert (extra["steps_from"], extra["step_unit"]) == ("step-id", "worker-step")
@@ -261,7 +261,7 @@ def test_a_users_own_multi_worker_mirrored_script_gets_its_steps_from_collective
         capture_output=True, text=True, timeout=400, check=False,
     )  # fmt: skip
     assert result.returncode == 0, result.stderr
-    trace = trace_model.read_trace(output)
+    trace = trace_files.read_trace(output)
     assert not trace.partial
     extra = dict(trace.metadata.extra)
     assert (extra["steps_from"], extra["step_unit"]) == ("collective-instance", "step")

@@ -9,6 +9,8 @@ from pathlib import Path
 
 import grpc
 import pytest
+
+from tf_grpc_bench.errors import ConfigError, ServeError, TransportError
 from tf_grpc_bench.protos import bench_pb2, bench_pb2_grpc
 from tf_grpc_bench.replay.client import ReplayClient, parse_target
 from tf_grpc_bench.replay.generators import GeneratorConfig
@@ -32,8 +34,6 @@ from tf_grpc_bench.replay.workload import (
     pull_call,
     synthetic_workload,
 )
-
-from tf_grpc_bench.errors import ConfigError, ServeError, TransportError
 from tf_grpc_bench.trace import RECV_TENSOR
 
 

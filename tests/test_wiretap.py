@@ -31,6 +31,9 @@ from hyperframe.frame import (
     SettingsFrame,
     WindowUpdateFrame,
 )
+
+from tf_grpc_bench import trace_files
+from tf_grpc_bench.errors import CaptureError
 from tf_grpc_bench.profiler.calls import CallTable, Direction, RecordedCall
 from tf_grpc_bench.profiler.http2 import PREFACE
 from tf_grpc_bench.profiler.ports import free_ports
@@ -43,9 +46,6 @@ from tf_grpc_bench.profiler.wiretap import (
 )
 from tf_grpc_bench.replay.measurement import Benchmark
 from tf_grpc_bench.replay.workload import Mode, trace_workload
-
-from tf_grpc_bench import trace as trace_model
-from tf_grpc_bench.errors import CaptureError
 
 from .conftest import make_trace, replayed_sequences, workload_sequences
 from .http2_frames import REQUEST_HEADERS, data_frames, grpc_message, headers_frames
@@ -327,7 +327,7 @@ def test_real_grpc_traffic_of_the_replayer_is_recorded_call_by_call(tmp_path: Pa
     the trace's PS-throughput calls, in order and to the byte (streaming RPCs too)."""
     trace = make_trace(steps=2, workers=2, ps=2, sizes=(21, 4096, 300_000))
     trace_file = tmp_path / "small.tfgbtrace"
-    trace_model.write_trace(trace, trace_file)
+    trace_files.write_trace(trace, trace_file)
     workload = trace_workload(trace, Benchmark.PS_THROUGHPUT, mode=Mode.NON_SERIALIZED)
     count = workload.server_count
     base = _free_port_run(count)

@@ -5,6 +5,8 @@ from __future__ import annotations
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+
+from tf_grpc_bench.errors import ConfigError, TraceError
 from tf_grpc_bench.protos import bench_pb2
 from tf_grpc_bench.replay.generators import GeneratorConfig, GeneratorKind, generate_payloads
 from tf_grpc_bench.replay.measurement import Benchmark
@@ -32,8 +34,6 @@ from tf_grpc_bench.replay.workload import (
     trace_workload,
     uint_field_bytes,
 )
-
-from tf_grpc_bench.errors import ConfigError, TraceError
 from tf_grpc_bench.trace import RECV_TENSOR, Rpc, RunMetadata, Step, Task, Trace
 
 from .conftest import make_trace

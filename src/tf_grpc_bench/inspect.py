@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 from tf_grpc_bench import trace as trace_model
+from tf_grpc_bench import trace_files, trace_summary
 from tf_grpc_bench.errors import BenchError, TraceError
 
 
@@ -31,9 +32,9 @@ def resolve_trace_argument(text: str) -> Path:
     if path.exists() or "/" in text or text.endswith(trace_model.SUFFIX):
         return path
     try:
-        return trace_model.shipped_trace_path(text)
+        return trace_files.shipped_trace_path(text)
     except BenchError:
-        shipped = ", ".join(trace_model.shipped_trace_names()) or "none"
+        shipped = ", ".join(trace_files.shipped_trace_names()) or "none"
         raise TraceError(
             f"{text}: no such trace file, nor a shipped trace of that name (shipped: {shipped})"
         ) from None
@@ -41,15 +42,15 @@ def resolve_trace_argument(text: str) -> Path:
 
 def run_inspect(args: argparse.Namespace) -> int:
     path = resolve_trace_argument(args.trace)
-    trace = trace_model.read_trace(path)
+    trace = trace_files.read_trace(path)
     if args.json == "-":
-        trace_model.export_json(trace, sys.stdout)
+        trace_files.export_json(trace, sys.stdout)
         return 0
-    print(trace_model.format_summary(trace, source=str(path)))
+    print(trace_summary.format_summary(trace, source=str(path)))
     if args.json:
         try:
             with open(args.json, "w", encoding="utf-8") as stream:
-                trace_model.export_json(trace, stream)
+                trace_files.export_json(trace, stream)
         except OSError as error:
             raise BenchError(f"--json {args.json}: cannot write ({error.strerror})") from None
         print(f"exported JSON to {args.json}")

@@ -18,23 +18,15 @@ path-based conveniences.
 from __future__ import annotations
 
 import dataclasses
-import hashlib
-import importlib.resources
-import json
-import os
-import tempfile
 import zlib
-from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import IO, Any
 
 from google.protobuf.message import DecodeError
 
 from tf_grpc_bench.errors import TraceError, UnsupportedVersionError
 from tf_grpc_bench.protos import trace_pb2
-from tf_grpc_bench.sizes import SizeCategory, classify
 
 #: Version of the trace format this module writes.  History:
 #:   1 (2026-11): first version.
@@ -50,8 +42,6 @@ RECV_TENSOR = "/tensorflow.WorkerService/RecvTensor"
 RECV_BUF = "/tensorflow.WorkerService/RecvBuf"
 #: Methods whose response carries a tensor from callee to caller.
 TENSOR_METHODS = frozenset({RECV_TENSOR, RECV_BUF})
-
-_DEFAULT_TRACE = "resnet50-tf2ps.tfgbtrace"
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -425,74 +415,6 @@ def dump_trace(trace: Trace, stream: IO[bytes]) -> None:
     stream.write(zlib.compress(trace_to_proto(trace).SerializeToString(), 6))
 
 
-def read_trace(path: str | os.PathLike[str]) -> Trace:
-    """Read and validate the trace file at ``path``."""
-    path = Path(path)
-    try:
-        with path.open("rb") as stream:
-            return load_trace(stream, source=str(path))
-    except FileNotFoundError:
-        raise TraceError(f"{path}: no such trace file") from None
-    except IsADirectoryError:
-        raise TraceError(f"{path}: is a directory, expected a trace file") from None
-    except PermissionError:
-        raise TraceError(f"{path}: permission denied") from None
-
-
-def write_trace(trace: Trace, path: str | os.PathLike[str]) -> None:
-    """Write ``trace`` to ``path`` atomically (a reader never sees half a file)."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    descriptor, temporary = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
-    try:
-        with os.fdopen(descriptor, "wb") as stream:
-            dump_trace(trace, stream)
-        # mkstemp makes the file private (0600); a trace is a shareable document.
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(temporary, 0o666 & ~umask)
-        os.replace(temporary, path)
-    except BaseException:
-        Path(temporary).unlink(missing_ok=True)
-        raise
-
-
-def file_sha256(path: str | os.PathLike[str]) -> str:
-    """Hex SHA-256 of a file's bytes (recorded in results to identify the trace)."""
-    digest = hashlib.sha256()
-    with Path(path).open("rb") as stream:
-        for chunk in iter(lambda: stream.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
-
-
-def shipped_trace_names() -> list[str]:
-    """File names of the traces shipped in ``tf_grpc_bench.traces``."""
-    root = importlib.resources.files("tf_grpc_bench.traces")
-    return sorted(entry.name for entry in root.iterdir() if entry.name.endswith(SUFFIX))
-
-
-def shipped_trace_path(name: str) -> Path:
-    """Path of a shipped trace, by file name with or without the suffix."""
-    if not name.endswith(SUFFIX):
-        name += SUFFIX
-    resource = importlib.resources.files("tf_grpc_bench.traces").joinpath(name)
-    if not resource.is_file():
-        raise TraceError(
-            f"no shipped trace named {name!r} "
-            f"(shipped: {', '.join(shipped_trace_names()) or 'none'})"
-        )
-    return Path(str(resource))
-
-
-def default_trace_path() -> Path | None:
-    """The shipped trace the replay command uses by default, if it is shipped."""
-    try:
-        return shipped_trace_path(_DEFAULT_TRACE)
-    except TraceError:
-        return None
-
-
 # --------------------------------------------------------------------------
 # JSON export / import, for other tools.  Integers stay integers.
 
@@ -572,119 +494,9 @@ def trace_from_json_dict(document: dict[str, Any], *, source: str = "trace JSON"
         raise TraceError(f"{source}: invalid trace: {error}") from None
 
 
-def export_json(trace: Trace, stream: IO[str]) -> None:
-    json.dump(trace_to_json_dict(trace), stream, indent=1)
-    stream.write("\n")
-
-
-# --------------------------------------------------------------------------
-# Summaries (inspect).
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class TrafficSummary:
-    """Counts and bytes of a set of RPCs."""
-
-    rpc_count: int
-    rpcs_per_method: tuple[tuple[str, int], ...]
-    request_bytes: int
-    response_bytes: int
-    #: Messages (requests and responses that carry data) per size category.
-    #: Counted on the larger of request and response: the message that carries the payload.
-    category_counts: tuple[tuple[SizeCategory, int], ...]
-    duration_ns: int
-
-    @property
-    def total_bytes(self) -> int:
-        return self.request_bytes + self.response_bytes
-
-
 def payload_bytes(rpc: Rpc) -> int:
     """Size of the message that carries the RPC's payload: the larger direction."""
     return max(rpc.request_bytes, rpc.response_bytes)
-
-
-def summarize_rpcs(rpcs: Iterable[Rpc], duration_ns: int = 0) -> TrafficSummary:
-    rpc_list = list(rpcs)
-    methods = Counter(r.short_method for r in rpc_list)
-    categories = Counter(classify(payload_bytes(r)) for r in rpc_list)
-    return TrafficSummary(
-        rpc_count=len(rpc_list),
-        rpcs_per_method=tuple(sorted(methods.items())),
-        request_bytes=sum(r.request_bytes for r in rpc_list),
-        response_bytes=sum(r.response_bytes for r in rpc_list),
-        category_counts=tuple((c, categories.get(c, 0)) for c in SizeCategory),
-        duration_ns=duration_ns,
-    )
-
-
-def format_bytes(count: float) -> str:
-    """Human-readable bytes in powers of 1000 (MB as the paper's tables use)."""
-    for unit in ("B", "kB", "MB", "GB"):
-        if abs(count) < 1000 or unit == "GB":
-            return f"{count:.0f} {unit}" if unit == "B" else f"{count:.1f} {unit}"
-        count /= 1000
-    raise AssertionError("unreachable")
-
-
-def format_summary(trace: Trace, *, source: str = "") -> str:
-    """The text ``tf-grpc-bench inspect`` prints: metadata, then one line per step."""
-    meta = trace.metadata
-    lines = []
-    if source:
-        lines.append(f"trace: {source}")
-    lines.append(
-        f"format version {trace.format_version}; model {meta.model or '?'}; "
-        f"strategy {meta.strategy or '?'}; batch {meta.batch_size}; "
-        f"input {'x'.join(map(str, meta.input_shape)) or '?'}; "
-        f"TensorFlow {meta.tensorflow_version or '?'}"
-    )
-    if meta.trainable_parameters:
-        lines.append(f"trainable parameters: {meta.trainable_parameters:,}")
-    if meta.command:
-        lines.append("command: " + " ".join(meta.command))
-    if meta.capture_method:
-        lines.append(f"captured by: {meta.capture_method}")
-    lines.append("tasks: " + ", ".join(f"{t.job}:{t.index}" for t in trace.tasks))
-    if trace.partial:
-        lines.append(f"PARTIAL trace: {trace.partial_reason or 'capture ended early'}")
-    header = (
-        f"{'step':>8} {'rpcs':>6} {'request':>10} {'response':>10} "
-        f"{'small':>6} {'medium':>6} {'large':>6} {'time ms':>8}  methods"
-    )
-    lines.append(header)
-
-    def row(label: str, summary: TrafficSummary) -> str:
-        counts = dict(summary.category_counts)
-        methods = " ".join(f"{name}={count}" for name, count in summary.rpcs_per_method)
-        return (
-            f"{label:>8} {summary.rpc_count:>6} {format_bytes(summary.request_bytes):>10} "
-            f"{format_bytes(summary.response_bytes):>10} {counts[SizeCategory.SMALL]:>6} "
-            f"{counts[SizeCategory.MEDIUM]:>6} {counts[SizeCategory.LARGE]:>6} "
-            f"{summary.duration_ns / 1e6:>8.1f}  {methods}"
-        )
-
-    if trace.startup.rpcs:
-        lines.append(
-            row(
-                "startup",
-                summarize_rpcs(trace.startup.rpcs, trace.startup.end_ns - trace.startup.start_ns),
-            )
-        )
-    for step in trace.steps:
-        lines.append(row(str(step.index), summarize_rpcs(step.rpcs, step.duration_ns)))
-    if trace.teardown.rpcs:
-        lines.append(
-            row(
-                "teardown",
-                summarize_rpcs(
-                    trace.teardown.rpcs, trace.teardown.end_ns - trace.teardown.start_ns
-                ),
-            )
-        )
-    if not trace.steps:
-        lines.append("(no steady-state steps)")
-    return "\n".join(lines)
 
 
 def with_outstanding(rpcs: Sequence[Rpc]) -> tuple[Rpc, ...]:

@@ -1,0 +1,111 @@
+"""Text views of a trace: traffic summaries and the table ``inspect`` prints."""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from tf_grpc_bench.sizes import SizeCategory, classify
+from tf_grpc_bench.trace import Rpc, Trace, payload_bytes
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TrafficSummary:
+    """Counts and bytes of a set of RPCs."""
+
+    rpc_count: int
+    rpcs_per_method: tuple[tuple[str, int], ...]
+    request_bytes: int
+    response_bytes: int
+    #: Messages (requests and responses that carry data) per size category.
+    #: Counted on the larger of request and response: the message that carries the payload.
+    category_counts: tuple[tuple[SizeCategory, int], ...]
+    duration_ns: int
+
+    @property
+    def total_bytes(self) -> int:
+        return self.request_bytes + self.response_bytes
+
+
+def summarize_rpcs(rpcs: Iterable[Rpc], duration_ns: int = 0) -> TrafficSummary:
+    rpc_list = list(rpcs)
+    methods = Counter(r.short_method for r in rpc_list)
+    categories = Counter(classify(payload_bytes(r)) for r in rpc_list)
+    return TrafficSummary(
+        rpc_count=len(rpc_list),
+        rpcs_per_method=tuple(sorted(methods.items())),
+        request_bytes=sum(r.request_bytes for r in rpc_list),
+        response_bytes=sum(r.response_bytes for r in rpc_list),
+        category_counts=tuple((c, categories.get(c, 0)) for c in SizeCategory),
+        duration_ns=duration_ns,
+    )
+
+
+def format_bytes(count: float) -> str:
+    """Human-readable bytes in powers of 1000 (MB as the paper's tables use)."""
+    for unit in ("B", "kB", "MB", "GB"):
+        if abs(count) < 1000 or unit == "GB":
+            return f"{count:.0f} {unit}" if unit == "B" else f"{count:.1f} {unit}"
+        count /= 1000
+    raise AssertionError("unreachable")
+
+
+def format_summary(trace: Trace, *, source: str = "") -> str:
+    """The text ``tf-grpc-bench inspect`` prints: metadata, then one line per step."""
+    meta = trace.metadata
+    lines = []
+    if source:
+        lines.append(f"trace: {source}")
+    lines.append(
+        f"format version {trace.format_version}; model {meta.model or '?'}; "
+        f"strategy {meta.strategy or '?'}; batch {meta.batch_size}; "
+        f"input {'x'.join(map(str, meta.input_shape)) or '?'}; "
+        f"TensorFlow {meta.tensorflow_version or '?'}"
+    )
+    if meta.trainable_parameters:
+        lines.append(f"trainable parameters: {meta.trainable_parameters:,}")
+    if meta.command:
+        lines.append("command: " + " ".join(meta.command))
+    if meta.capture_method:
+        lines.append(f"captured by: {meta.capture_method}")
+    lines.append("tasks: " + ", ".join(f"{t.job}:{t.index}" for t in trace.tasks))
+    if trace.partial:
+        lines.append(f"PARTIAL trace: {trace.partial_reason or 'capture ended early'}")
+    header = (
+        f"{'step':>8} {'rpcs':>6} {'request':>10} {'response':>10} "
+        f"{'small':>6} {'medium':>6} {'large':>6} {'time ms':>8}  methods"
+    )
+    lines.append(header)
+
+    def row(label: str, summary: TrafficSummary) -> str:
+        counts = dict(summary.category_counts)
+        methods = " ".join(f"{name}={count}" for name, count in summary.rpcs_per_method)
+        return (
+            f"{label:>8} {summary.rpc_count:>6} {format_bytes(summary.request_bytes):>10} "
+            f"{format_bytes(summary.response_bytes):>10} {counts[SizeCategory.SMALL]:>6} "
+            f"{counts[SizeCategory.MEDIUM]:>6} {counts[SizeCategory.LARGE]:>6} "
+            f"{summary.duration_ns / 1e6:>8.1f}  {methods}"
+        )
+
+    if trace.startup.rpcs:
+        lines.append(
+            row(
+                "startup",
+                summarize_rpcs(trace.startup.rpcs, trace.startup.end_ns - trace.startup.start_ns),
+            )
+        )
+    for step in trace.steps:
+        lines.append(row(str(step.index), summarize_rpcs(step.rpcs, step.duration_ns)))
+    if trace.teardown.rpcs:
+        lines.append(
+            row(
+                "teardown",
+                summarize_rpcs(
+                    trace.teardown.rpcs, trace.teardown.end_ns - trace.teardown.start_ns
+                ),
+            )
+        )
+    if not trace.steps:
+        lines.append("(no steady-state steps)")
+    return "\n".join(lines)
