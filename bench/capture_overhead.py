@@ -45,24 +45,19 @@ from __future__ import annotations
 
 import argparse
 import os
-import shlex
 import statistics
 import sys
 import tempfile
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from sections import replace_section
+from common import README, command_line, load_average, machine_line, table_head, write_section
 
 from tf_grpc_bench.errors import BenchError
 from tf_grpc_bench.profiler.capture import Progress, capture_training
 from tf_grpc_bench.profiler.launcher import TrainingConfig, TrainingJob, plan_tasks
-from tf_grpc_bench.replay.results import describe_machine
 
-ROOT = Path(__file__).resolve().parent.parent
-README = ROOT / "bench" / "README.md"
 SECTION = "## Capture overhead"
 OFF = "off"
 #: Variant -> (recorder, RecordingProxy options).
@@ -203,10 +198,6 @@ def run_with_capture(
     return [s.duration_ns / 1e6 for s in result.trace.steps]
 
 
-def _load() -> str:
-    return " / ".join(f"{v:.2f}" for v in os.getloadavg())
-
-
 def _format_ms(values: Sequence[float]) -> str:
     return ", ".join(f"{v:.0f}" for v in values)
 
@@ -219,10 +210,17 @@ def _table(config: TrainingConfig, figures: dict[str, VariantFigures]) -> list[s
         f"{config.model} at {config.image_size}x{config.image_size}, {config.setup}, "
         f"{config.ps} ps + {config.workers} workers, batch {config.batch_size}.",
         "",
-        "| variant | median step (ms) | per-repetition medians (ms) | ratio to off, "
-        "per repetition | median of those | pooled ratio | capture process CPU per step (ms) "
-        "| not copied | physics |",
-        "|---|---|---|---|---|---|---|---|---|",
+        *table_head(
+            "variant",
+            "median step (ms)",
+            "per-repetition medians (ms)",
+            "ratio to off, per repetition",
+            "median of those",
+            "pooled ratio",
+            "capture process CPU per step (ms)",
+            "not copied",
+            "physics",
+        ),
     ]
     for name, figure in figures.items():
         ratios = figure.paired_ratios(off)
@@ -248,7 +246,6 @@ def write_readme(
     load_after: str,
     repetitions: int,
 ) -> None:
-    machine = describe_machine()
     first = jobs[0][0]
     lines = [
         SECTION,
@@ -260,16 +257,13 @@ def write_readme(
         f"+ {first.steps} steady steps per run; {repetitions} repetitions per job, each running "
         "every variant once in a rotating order; all figures from one run.",
         "",
-        f"Machine: {machine.cpu_model}, {machine.cpu_count} CPUs, kernel {machine.kernel}, "
-        f"Python {machine.python_version}, grpcio {machine.grpcio_version}. Load average "
-        f"(1/5/15 min) before: {load_before}, after: {load_after}. "
-        f"Measured {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}.",
+        machine_line(load_before, load_after),
         "",
     ]
     for config, figures in jobs:
         lines += _table(config, figures)
     lines += [*NOTES, ""]
-    replace_section(README, SECTION, "\n".join(lines))
+    write_section(README, SECTION, "\n".join(lines))
 
 
 def measure_job(
@@ -339,17 +333,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         for model in args.models.split(",")
         if model.strip()
     ]
-    command = shlex.join([".venv/bin/python", "bench/capture_overhead.py", *sys.argv[1:]])
+    command = command_line(__file__, sys.argv[1:])
     order = [OFF, *variants]
     jobs = [(config, {name: VariantFigures(name) for name in order}) for config in configs]
-    load_before = _load()
+    load_before = load_average()
     try:
         for config, figures in jobs:
             measure_job(config, figures, order, args.repetitions)
     except BenchError as error:
         print(f"capture_overhead: error: {error}", file=sys.stderr)
         return 1
-    load_after = _load()
+    load_after = load_average()
     for config, figures in jobs:
         off = figures[OFF]
         for name in order:
@@ -363,7 +357,6 @@ def main(argv: Sequence[str] | None = None) -> int:
             )
     if not args.no_readme:
         write_readme(command, jobs, load_before, load_after, args.repetitions)
-        print(f"wrote the '{SECTION[3:]}' section of {README.relative_to(ROOT)}")
     return 0
 
 

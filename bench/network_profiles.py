@@ -31,7 +31,6 @@ import argparse
 import json
 import os
 import re
-import shlex
 import shutil
 import subprocess
 import sys
@@ -40,7 +39,17 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from sections import replace_section
+from common import (
+    MIB,
+    README,
+    command_line,
+    iperf3_client_command,
+    iperf3_received_bits_per_s,
+    iperf3_server_command,
+    table_head,
+    tf_grpc_bench_command,
+    write_section,
+)
 
 from tf_grpc_bench import trace as trace_model
 from tf_grpc_bench import trace_files
@@ -49,12 +58,9 @@ from tf_grpc_bench.replay.measurement import Benchmark
 from tf_grpc_bench.replay.netinfo import format_rate
 from tf_grpc_bench.trace import RECV_TENSOR, Rpc, RunMetadata, Step, Task, TensorInfo, Trace
 
-ROOT = Path(__file__).resolve().parent.parent
-README = ROOT / "bench" / "README.md"
 SECTION = "## Emulated networks"
 PORT = 50001
 IPERF_PORT = 5201
-MIB = 1 << 20
 #: The synthetic trace's tensors per step, pulled by the worker from the ps: a
 #: mix like a convolutional network's (few large, many small), 24.6 MiB a step.
 SYNTHETIC_TENSORS = (
@@ -113,10 +119,6 @@ def synthetic_trace(steps: int = 4) -> Trace:
     )
 
 
-def tool(*arguments: str) -> list[str]:
-    return [sys.executable, "-m", "tf_grpc_bench", *arguments]
-
-
 @dataclass
 class ProfileFigures:
     profile: netns.LinkProfile
@@ -130,28 +132,17 @@ class ProfileFigures:
 def measure_iperf3(network: netns.EmulatedNetwork, seconds: float) -> float | None:
     if shutil.which("iperf3") is None:
         return None
-    server = network.spawn(
-        0, ["iperf3", "-s", "-1", "-p", str(IPERF_PORT)], stdout=subprocess.DEVNULL
-    )
+    server = network.spawn(0, iperf3_server_command(IPERF_PORT), stdout=subprocess.DEVNULL)
     time.sleep(0.5)
     client = network.run(
         1,
-        [
-            "iperf3",
-            "-c",
-            network.hosts[0].address,
-            "-p",
-            str(IPERF_PORT),
-            "-t",
-            f"{seconds:g}",
-            "-J",
-        ],
+        iperf3_client_command(network.hosts[0].address, IPERF_PORT, seconds),
         timeout_s=seconds + 60,
     )
     server.wait(timeout=30)
     if client.returncode != 0:
         raise RuntimeError(f"iperf3 failed: {client.stdout[-300:]} {client.stderr[-300:]}")
-    return float(json.loads(client.stdout)["end"]["sum_received"]["bits_per_second"])
+    return iperf3_received_bits_per_s(json.loads(client.stdout))
 
 
 def replay_in(
@@ -164,7 +155,9 @@ def replay_in(
     # One ps server process per ps task of the workload, on PORT, PORT+1, ...
     server = network.spawn(
         0,
-        tool("serve", "--host", "0.0.0.0", "--port", str(PORT), "--servers", str(servers)),
+        tf_grpc_bench_command(
+            "serve", "--host", "0.0.0.0", "--port", str(PORT), "--servers", str(servers)
+        ),
         stdout=subprocess.PIPE,
         text=True,
     )
@@ -175,7 +168,7 @@ def replay_in(
     try:
         replay = network.run(
             1,
-            tool(
+            tf_grpc_bench_command(
                 "replay",
                 *arguments,
                 "--target",
@@ -302,9 +295,18 @@ def render(figures: list[ProfileFigures], command: str, seconds: float, trace_na
         f"Step time: `replay {trace_name} --benchmark ps-throughput --passes 3`, mean replayed "
         "step time; the bound is the step's bytes on the busier direction x 8 / rate.",
         "",
-        "| profile | rate Gbit/s | iperf3 Gbit/s | iperf3 / rate | replay P2P Gbit/s "
-        "| replay / rate | replay / iperf3 | step ms | bound ms | step / bound |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        *table_head(
+            "profile",
+            "rate Gbit/s",
+            "iperf3 Gbit/s",
+            "iperf3 / rate",
+            "replay P2P Gbit/s",
+            "replay / rate",
+            "replay / iperf3",
+            "step ms",
+            "bound ms",
+            "step / bound",
+        ),
     ]
     for f in figures:
         rate = f.profile.rate_bits_per_s
@@ -381,17 +383,14 @@ def main() -> int:
                 )
             except RuntimeError as error:
                 figures.append(ProfileFigures(profile=profile, note=f"failed: {error}"))
-    command = "python bench/network_profiles.py " + shlex.join(sys.argv[1:])
-    text = render(
-        figures, command.strip(), args.seconds, args.trace or "<synthetic 24.6 MiB/step trace>"
-    )
+    command = command_line(__file__, sys.argv[1:], python="python")
+    text = render(figures, command, args.seconds, args.trace or "<synthetic 24.6 MiB/step trace>")
     print(text)
     for f in figures:
         rate = f.profile.rate_bits_per_s
         print(f"{f.profile.name}: configured {format_rate(rate) if rate else 'unlimited'}")
     if not args.no_readme:
-        replace_section(README, SECTION, text)
-        print(f"wrote the '{SECTION[3:]}' section of {README.relative_to(ROOT)}")
+        write_section(README, SECTION, text)
     return 0
 
 

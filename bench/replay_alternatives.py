@@ -33,10 +33,7 @@ import asyncio
 import contextlib
 import glob
 import json
-import multiprocessing
 import os
-import re
-import shlex
 import shutil
 import statistics
 import subprocess
@@ -46,34 +43,29 @@ import time
 from collections.abc import Iterator, Sequence
 from concurrent import futures
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
-from sections import replace_section
+from common import (
+    INSTALL_HINT,
+    KIB,
+    LOOPBACK,
+    MIB,
+    ROOT,
+    SOCKPERF_MIN_BYTES,
+    command_line,
+    iperf3_loopback,
+    load_average,
+    machine_line,
+    server_process,
+    size_name,
+    sockperf_loopback,
+    table_head,
+    table_row,
+    write_section,
+)
 
-ROOT = Path(__file__).resolve().parent.parent
 DOC = ROOT / "docs" / "performance.md"
 SECTION = "## Measured"
-LOOPBACK = "127.0.0.1"
-KIB = 1024
-MIB = 1024 * 1024
-SOCKPERF_BYTES = 14
-
-
-def size_name(size: int) -> str:
-    if size >= MIB:
-        return f"{size // MIB} MiB"
-    if size >= KIB:
-        return f"{size // KIB} KiB"
-    return f"{size} B"
-
-
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as probe:
-        probe.bind((LOOPBACK, 0))
-        return int(probe.getsockname()[1])
 
 
 # --------------------------------------------------------------------------
@@ -81,84 +73,14 @@ def free_port() -> int:
 
 
 def iperf3(seconds: float, streams: int) -> float:
-    """MB/s (10**6 B) received by an ``iperf3 -s -1`` on loopback."""
-    port = free_port()
-    server = subprocess.Popen(
-        ["iperf3", "-s", "-1", "-B", LOOPBACK, "-p", str(port)],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    try:
-        deadline = time.monotonic() + 10
-        while True:
-            done = subprocess.run(
-                [
-                    "iperf3",
-                    "-c",
-                    LOOPBACK,
-                    "-p",
-                    str(port),
-                    "-J",
-                    "-t",
-                    str(max(1, round(seconds))),
-                    "-P",
-                    str(streams),
-                ],
-                capture_output=True,
-                text=True,
-                check=False,
-                timeout=seconds + 60,
-            )
-            report = json.loads(done.stdout or "{}")
-            if done.returncode == 0 and "sum_received" in report.get("end", {}):
-                return float(report["end"]["sum_received"]["bits_per_second"]) / 8e6
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"iperf3: {report.get('error', done.stderr)}")
-            time.sleep(0.1)
-    finally:
-        if server.poll() is None:
-            server.terminate()
-        server.wait()
+    """MB/s (10**6 B) received by an ``iperf3 -s -1`` on loopback, over whole seconds."""
+    return iperf3_loopback(max(1, round(seconds)), streams) / 8e6
 
 
 def sockperf(seconds: float) -> float:
     """p50 round trip (us) of ``sockperf ping-pong --tcp`` with 14-byte messages."""
-    port = free_port()
-    server = subprocess.Popen(
-        ["sockperf", "sr", "--tcp", "-i", LOOPBACK, "-p", str(port)],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    try:
-        time.sleep(0.5)
-        done = subprocess.run(
-            [
-                "sockperf",
-                "pp",
-                "--tcp",
-                "-i",
-                LOOPBACK,
-                "-p",
-                str(port),
-                "-m",
-                str(SOCKPERF_BYTES),
-                "-t",
-                str(max(1, round(seconds))),
-                "--full-rtt",
-            ],
-            capture_output=True,
-            text=True,
-            check=False,
-            timeout=seconds + 60,
-        )
-    finally:
-        server.terminate()
-        server.wait()
-    text = re.sub(r"\x1b\[[0-9;]*m", "", done.stdout + done.stderr)
-    found = re.search(r"percentile 50\.000 =\s*([0-9.]+)", text)
-    if found is None:
-        raise RuntimeError("sockperf printed no median")
-    return float(found.group(1))
+    (found,) = sockperf_loopback([SOCKPERF_MIN_BYTES], seconds)
+    return found.p50_us
 
 
 # --------------------------------------------------------------------------
@@ -477,16 +399,9 @@ def bare_models(seconds: float) -> list[tuple[str, float, float, float]]:
     """(model, p50 us, client switches per round trip, server switches per round trip), and
     (push model with its size, MB/s, 0, 0) for the pushes against the 64-thread sync server."""
     rows = []
-    context = multiprocessing.get_context("spawn")
     for server_name, workers, use_aio in (*BARE_SERVERS, *BARE_SERVERS_AIO):
-        parent, child = context.Pipe(duplex=False)
-        process = context.Process(target=_bare_server, args=(child, workers, use_aio), daemon=True)
-        process.start()
-        child.close()
-        try:
-            if not parent.poll(60):
-                raise RuntimeError("bare grpcio server did not start")
-            port = parent.recv()
+        server = server_process(_bare_server, workers, use_aio, what="bare grpcio server")
+        with server as (port, process):
             for client in BARE_CLIENTS:
                 _round_trips(client, port, 300)
                 # Calibrate the count to about ``seconds`` of round trips.
@@ -508,9 +423,6 @@ def bare_models(seconds: float) -> list[tuple[str, float, float, float]]:
                     for size in BANDWIDTH_SIZES:
                         mb_per_s = _pushes(client, port, size, seconds)
                         rows.append((f"push {size_name(size)}: {label}", mb_per_s, 0.0, 0.0))
-        finally:
-            process.terminate()
-            process.join(5)
     return rows
 
 
@@ -538,10 +450,6 @@ NO_EVENT_ENGINE_CLIENT = {
 
 
 # --------------------------------------------------------------------------
-
-
-def load_average() -> str:
-    return " / ".join(f"{value:.2f}" for value in os.getloadavg())
 
 
 @dataclass(slots=True, kw_only=True)
@@ -606,7 +514,9 @@ def measure(seconds: float, reps: int, with_bare: bool, with_options: bool) -> R
             round_trip = sockperf(seconds)
             results.raw.add("iperf3, 1 stream", "MB/s", single)
             results.raw.add("iperf3 -P 2", "MB/s", multi)
-            results.raw.add("sockperf ping-pong 14 B", "p50 us", round_trip)
+            results.raw.add(
+                f"sockperf ping-pong {size_name(SOCKPERF_MIN_BYTES)}", "p50 us", round_trip
+            )
             print(f"   iperf3 {single:,.0f} MB/s, -P 2 {multi:,.0f}; sockperf {round_trip} us")
             with contextlib.ExitStack() as stack:
                 optioned = {
@@ -661,74 +571,74 @@ def _cell(value: float | None, form: str) -> str:
     return "-" if value is None else format(value, form)
 
 
+def _size_table(
+    rows: list[str], sizes: Sequence[int], columns: Sequence[tuple[str, Table, str]]
+) -> list[str]:
+    """A row per variant, and for every size a cell per (name, table, format) column."""
+    names = [size_name(size) for size in sizes]
+    lines = table_head("variant", *[f"{n} {column}" for n in names for column, _, _ in columns])
+    for row in rows:
+        cells = [_cell(table.median(row, n), form) for n in names for _, table, form in columns]
+        lines.append(table_row(row, *cells))
+    return lines
+
+
 def report(results: Results) -> list[str]:
-    lines = ["Raw TCP (median over repetitions):", "", "| baseline | figure |", "|---|---|"]
+    lines = ["Raw TCP (median over repetitions):", "", *table_head("baseline", "figure")]
     for row in results.raw.rows():
         for column in ("MB/s", "p50 us"):
             value = results.raw.median(row, column)
             if value is not None:
                 lines.append(f"| {row} | {value:,.1f} {column} |")
-    sizes = [size_name(s) for s in BANDWIDTH_SIZES]
     lines += [
         "",
         "P2P bandwidth through the replay library (raw bytes; ratio to iperf3 one stream measured"
         " in the same repetition, to iperf3 -P 2 for the 2-channel row; CPU = client + server"
         " CPU time per MB moved):",
         "",
-        "| variant | "
-        + " | ".join(f"{s} MB/s | {s} x iperf3 | {s} CPU us/MB" for s in sizes)
-        + " |",
-        "|---|" + "---|---|---|" * len(sizes),
-    ]
-    for row in results.bandwidth.rows():
-        cells = []
-        for size in sizes:
-            cells += [
-                _cell(results.bandwidth.median(row, size), ",.0f"),
-                _cell(results.bandwidth_ratio.median(row, size), ".2f"),
-                _cell(results.cpu_per_mb.median(row, size), ",.0f"),
-            ]
-        lines.append(f"| {row} | " + " | ".join(cells) + " |")
-    sizes = [size_name(s) for s in LATENCY_SIZES]
-    lines += [
+        *_size_table(
+            results.bandwidth.rows(),
+            BANDWIDTH_SIZES,
+            [
+                ("MB/s", results.bandwidth, ",.0f"),
+                ("x iperf3", results.bandwidth_ratio, ".2f"),
+                ("CPU us/MB", results.cpu_per_mb, ",.0f"),
+            ],
+        ),
         "",
         "P2P latency through the replay library (p50 round trip; ratio to sockperf's p50 of the"
         " same repetition):",
         "",
-        "| variant | " + " | ".join(f"{s} p50 us | {s} x sockperf" for s in sizes) + " |",
-        "|---|" + "---|---|" * len(sizes),
+        *_size_table(
+            results.latency.rows(),
+            LATENCY_SIZES,
+            [("p50 us", results.latency, ",.1f"), ("x sockperf", results.latency_ratio, ".1f")],
+        ),
     ]
-    for row in results.latency.rows():
-        cells = []
-        for size in sizes:
-            cells += [
-                _cell(results.latency.median(row, size), ",.1f"),
-                _cell(results.latency_ratio.median(row, size), ".1f"),
-            ]
-        lines.append(f"| {row} | " + " | ".join(cells) + " |")
     if results.bare.rows():
+        # Column -> format.
+        columns = {
+            "p50 us": ",.1f",
+            "x sockperf": ".1f",
+            "client switches": ".1f",
+            "server switches": ".1f",
+        }
         lines += [
             "",
             "Bare grpcio, 10 B echo, no replay code (thread switches = voluntary + involuntary"
             " context switches of all threads of the process, per round trip):",
             "",
-            "| client, server | p50 us | x sockperf | client switches | server switches |",
-            "|---|---|---|---|---|",
+            *table_head("client, server", *columns),
         ]
         for row in results.bare.rows():
-            lines.append(
-                f"| {row} | {_cell(results.bare.median(row, 'p50 us'), ',.1f')} "
-                f"| {_cell(results.bare.median(row, 'x sockperf'), '.1f')} "
-                f"| {_cell(results.bare.median(row, 'client switches'), '.1f')} "
-                f"| {_cell(results.bare.median(row, 'server switches'), '.1f')} |"
-            )
+            cells = [_cell(results.bare.median(row, c), form) for c, form in columns.items()]
+            lines.append(table_row(row, *cells))
     if results.bare_push.rows():
         lines += [
             "",
             "Bare grpcio pushes (sync client, sync server with 64 threads, no replay code):",
             "",
-            "| push | MB/s |",
-            "|---|---|",
+            *table_head("push", "MB/s"),
         ]
         for row in results.bare_push.rows():
             lines.append(f"| {row} | {_cell(results.bare_push.median(row, 'MB/s'), ',.0f')} |")
@@ -736,10 +646,9 @@ def report(results: Results) -> list[str]:
     return lines
 
 
-def write_section(lines: Sequence[str], command: str, before: str, after: str, reps: int) -> None:
-    from tf_grpc_bench.replay.results import describe_machine
-
-    machine = describe_machine()
+def write_measured_section(
+    lines: Sequence[str], command: str, before: str, after: str, reps: int
+) -> None:
     section = [
         SECTION,
         "",
@@ -747,14 +656,11 @@ def write_section(lines: Sequence[str], command: str, before: str, after: str, r
         "",
         f"Command: `{command}`; {reps} repetitions, every variant measured in every repetition"
         " right after that repetition's raw baselines; tables give medians over repetitions.",
-        f"Machine: {machine.cpu_model}, {machine.cpu_count} CPUs, kernel {machine.kernel}, "
-        f"Python {machine.python_version}, grpcio {machine.grpcio_version}. Load average "
-        f"(1/5/15 min) before: {before}, after: {after} (other work shares this machine). "
-        f"Measured {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}.",
+        machine_line(before, after, load_remark=" (other work shares this machine)"),
         "",
         *lines,
     ]
-    replace_section(DOC, SECTION, "\n".join(section), title="# Performance")
+    write_section(DOC, SECTION, "\n".join(section), title="# Performance")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -773,19 +679,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     for tool in ("iperf3", "sockperf"):
         if shutil.which(tool) is None:
-            print(f"{tool} is missing: apt-get install -y iperf3 sockperf", file=sys.stderr)
+            print(f"{tool} is missing: {INSTALL_HINT}", file=sys.stderr)
             return 1
-    command = shlex.join(
-        [".venv/bin/python", "bench/replay_alternatives.py", *(argv or sys.argv[1:])]
-    )
+    command = command_line(__file__, argv or sys.argv[1:])
     before = load_average()
     results = measure(args.seconds, args.reps, not args.no_bare, not args.no_options)
     after = load_average()
     lines = report(results)
     print("\n".join(lines))
     if not args.no_write:
-        write_section(lines, command, before, after, args.reps)
-        print(f"wrote the '{SECTION[3:]}' section of {DOC.relative_to(ROOT)}")
+        write_measured_section(lines, command, before, after, args.reps)
     return 0
 
 

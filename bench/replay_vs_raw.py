@@ -26,11 +26,8 @@ A missing tool is reported and its rows are left out, not guessed.
 from __future__ import annotations
 
 import argparse
-import json
-import multiprocessing
+import dataclasses
 import os
-import re
-import shlex
 import shutil
 import socket
 import struct
@@ -39,70 +36,36 @@ import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import numpy as np
-from sections import replace_section
+from common import (
+    INSTALL_HINT,
+    KIB,
+    LOOPBACK,
+    MIB,
+    README,
+    SOCKPERF_MIN_BYTES,
+    command_line,
+    iperf3_loopback,
+    load_average,
+    machine_line,
+    server_process,
+    size_name,
+    sockperf_loopback,
+    table_head,
+    write_section,
+)
 
 from tf_grpc_bench.errors import BenchError
-from tf_grpc_bench.replay.results import describe_machine
 
-ROOT = Path(__file__).resolve().parent.parent
-README = ROOT / "bench" / "README.md"
 SECTION = "## Replay against raw TCP"
-LOOPBACK = "127.0.0.1"
-KIB = 1024
-MIB = 1024 * 1024
-INSTALL_HINT = "apt-get install -y iperf3 sockperf"
 
 #: Message sizes of the round-trip comparison (the paper's default Small/Medium/Large).
+#: sockperf's 10 B row is measured at its smallest message, ``SOCKPERF_MIN_BYTES``.
 ROUND_TRIP_SIZES = (10, 10 * KIB, MIB)
-#: sockperf's smallest message: its 10 B row is measured at this size.
-SOCKPERF_MIN_BYTES = 14
 #: Message sizes of the bandwidth comparison.
 BANDWIDTH_SIZES = (MIB, 10 * MIB)
-
-
-def size_name(size_bytes: int) -> str:
-    if size_bytes >= MIB and size_bytes % MIB == 0:
-        return f"{size_bytes // MIB} MiB"
-    if size_bytes >= KIB and size_bytes % KIB == 0:
-        return f"{size_bytes // KIB} KiB"
-    return f"{size_bytes} B"
-
-
-def free_port() -> int:
-    """A port free on loopback right now (a benchmark, not a test: the race is acceptable)."""
-    with socket.socket() as probe:
-        probe.bind((LOOPBACK, 0))
-        return int(probe.getsockname()[1])
-
-
-def stop_process(process: subprocess.Popen[bytes], timeout_s: float = 5.0) -> None:
-    """Stop a process this script started, by its pid."""
-    if process.poll() is None:
-        process.terminate()
-        try:
-            process.wait(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
-
-
-def wait_listening(port: int, process: subprocess.Popen[bytes], timeout_s: float = 10.0) -> None:
-    """Wait until something accepts on ``port`` (for servers that take many connections)."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        if process.poll() is not None:
-            raise RuntimeError(f"server exited with status {process.returncode} before listening")
-        try:
-            with socket.create_connection((LOOPBACK, port), timeout=1.0):
-                return
-        except OSError:
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"nothing listens on port {port} after {timeout_s} s") from None
-            time.sleep(0.05)
 
 
 # --------------------------------------------------------------------------
@@ -155,32 +118,7 @@ class Figures:
 
 def measure_iperf3(seconds: float, pass_index: int) -> Bandwidth:
     """One TCP stream, client to server, for ``seconds``; bits/s as the receiver counted them."""
-    port = free_port()
-    server = subprocess.Popen(
-        ["iperf3", "-s", "-1", "-B", LOOPBACK, "-p", str(port)],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    try:
-        # A probe connection would use up the one-off server: retry the client instead.
-        deadline = time.monotonic() + 10
-        while True:
-            completed = subprocess.run(
-                ["iperf3", "-c", LOOPBACK, "-p", str(port), "-J", "-t", f"{seconds:g}"],
-                capture_output=True,
-                text=True,
-                check=False,
-                timeout=seconds + 60,
-            )
-            report = json.loads(completed.stdout or "{}")
-            if completed.returncode == 0 and "sum_received" in report.get("end", {}):
-                break
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"iperf3 client failed: {report.get('error', completed.stderr)}")
-            time.sleep(0.1)
-    finally:
-        stop_process(server)
-    bits_per_s = float(report["end"]["sum_received"]["bits_per_second"])
+    bits_per_s = iperf3_loopback(seconds)
     return Bandwidth(
         tool="iperf3", size_bytes=0, pass_index=pass_index, mb_per_s=bits_per_s / 8 / 1e6
     )
@@ -189,69 +127,13 @@ def measure_iperf3(seconds: float, pass_index: int) -> Bandwidth:
 # --------------------------------------------------------------------------
 # sockperf.
 
-_SOCKPERF_FIGURE = {
-    "mean_us": re.compile(r"avg-rtt=\s*([0-9.]+)"),
-    "p50_us": re.compile(r"percentile 50\.000 =\s*([0-9.]+)"),
-    "p99_us": re.compile(r"percentile 99\.000 =\s*([0-9.]+)"),
-    "count": re.compile(r"Total (\d+) observations"),
-}
-
 
 def measure_sockperf(sizes: Sequence[int], seconds: float, pass_index: int) -> list[RoundTrip]:
     """``sockperf ping-pong --tcp --full-rtt`` against ``sockperf server``, one size at a time."""
-    port = free_port()
-    server = subprocess.Popen(
-        ["sockperf", "sr", "--tcp", "-i", LOOPBACK, "-p", str(port)],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    figures = []
-    try:
-        wait_listening(port, server)
-        for size in sizes:
-            completed = subprocess.run(
-                [
-                    "sockperf",
-                    "pp",
-                    "--tcp",
-                    "-i",
-                    LOOPBACK,
-                    "-p",
-                    str(port),
-                    "-m",
-                    str(size),
-                    "-t",
-                    f"{max(1, round(seconds))}",
-                    "--full-rtt",
-                ],
-                capture_output=True,
-                text=True,
-                check=False,
-                timeout=seconds + 60,
-            )
-            # sockperf colours its output; strip the escapes before parsing.
-            text = re.sub(r"\x1b\[[0-9;]*m", "", completed.stdout + completed.stderr)
-            values = {}
-            for name, pattern in _SOCKPERF_FIGURE.items():
-                found = pattern.search(text)
-                if found is None:
-                    last = text.strip().splitlines()[-1:] or ["no output"]
-                    raise RuntimeError(f"sockperf -m {size}: no {name} in its output ({last[0]})")
-                values[name] = float(found.group(1))
-            figures.append(
-                RoundTrip(
-                    tool="sockperf",
-                    size_bytes=size,
-                    pass_index=pass_index,
-                    p50_us=values["p50_us"],
-                    p99_us=values["p99_us"],
-                    mean_us=values["mean_us"],
-                    count=int(values["count"]),
-                )
-            )
-    finally:
-        stop_process(server)
-    return figures
+    return [
+        RoundTrip(tool="sockperf", pass_index=pass_index, **dataclasses.asdict(found))
+        for found in sockperf_loopback(sizes, seconds)
+    ]
 
 
 # --------------------------------------------------------------------------
@@ -288,12 +170,12 @@ def _echo_server(listener: socket.socket) -> None:
                 connection.sendall(view)
 
 
-def _serve_forever(port: int, ready: multiprocessing.synchronize.Event) -> None:
+def _serve_forever(connection: Any) -> None:
     listener = socket.socket()
     listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    listener.bind((LOOPBACK, port))
+    listener.bind((LOOPBACK, 0))
     listener.listen(1)
-    ready.set()
+    connection.send(listener.getsockname()[1])
     _echo_server(listener)
 
 
@@ -301,22 +183,8 @@ def measure_socket_ping_pong(
     sizes: Sequence[int], seconds: float, pass_index: int
 ) -> list[RoundTrip]:
     """Round trips of ``size`` bytes each way through a Python echo server in another process."""
-    context = multiprocessing.get_context("spawn")
-    ready = context.Event()
-    port = free_port()
-    server = context.Process(target=_serve_forever, args=(port, ready), daemon=True)
-    server.start()
-    figures = []
-    try:
-        if not ready.wait(30):
-            raise RuntimeError("the ping-pong server did not start")
-        for size in sizes:
-            figures.append(_ping_pong(port, size, seconds, pass_index))
-    finally:
-        # Stop the server process this function started, by its handle (pid).
-        server.terminate()
-        server.join(5)
-    return figures
+    with server_process(_serve_forever, what="the ping-pong server", timeout_s=30) as (port, _):
+        return [_ping_pong(port, size, seconds, pass_index) for size in sizes]
 
 
 def _ping_pong(port: int, size: int, seconds: float, pass_index: int) -> RoundTrip:
@@ -326,33 +194,43 @@ def _ping_pong(port: int, size: int, seconds: float, pass_index: int) -> RoundTr
     with socket.create_connection((LOOPBACK, port)) as connection:
         connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         connection.sendall(struct.pack("<I", size))
-        clock = time.perf_counter_ns
 
-        def once() -> int:
-            start = clock()
+        def exchange() -> None:
             connection.sendall(message)
             if not _receive_exactly(connection, view):
                 raise RuntimeError("the ping-pong server closed the connection")
-            return clock() - start
 
-        warm_until = clock() + int(min(1.0, seconds / 4) * 1e9)
-        while clock() < warm_until:
-            once()
-        samples = []
-        stop = clock() + int(seconds * 1e9)
-        while clock() < stop:
-            samples.append(once())
+        samples = _timed_loop(exchange, seconds)
     if answer != message:
         raise RuntimeError("the ping-pong server answered different bytes")
-    values = np.asarray(samples, dtype=np.float64) / 1e3
+    return _round_trip("python socket", size, pass_index, samples)
+
+
+def _timed_loop(call: Callable[[], object], seconds: float) -> list[int]:
+    """Durations (ns) of back-to-back calls for ``seconds``, after a short warm-up."""
+    clock = time.perf_counter_ns
+    warm_until = clock() + int(min(1.0, seconds / 4) * 1e9)
+    while clock() < warm_until:
+        call()
+    samples = []
+    stop = clock() + int(seconds * 1e9)
+    while clock() < stop:
+        start = clock()
+        call()
+        samples.append(clock() - start)
+    return samples
+
+
+def _round_trip(tool: str, size: int, pass_index: int, samples_ns: Sequence[int]) -> RoundTrip:
+    values = np.asarray(samples_ns, dtype=np.float64) / 1e3
     return RoundTrip(
-        tool="python socket",
+        tool=tool,
         size_bytes=size,
         pass_index=pass_index,
         p50_us=float(np.percentile(values, 50)),
         p99_us=float(np.percentile(values, 99)),
         mean_us=float(values.mean()),
-        count=len(samples),
+        count=len(samples_ns),
     )
 
 
@@ -395,64 +273,30 @@ def measure_bare_grpc(
 ) -> tuple[list[RoundTrip], list[Bandwidth]]:
     import grpc
 
-    context = multiprocessing.get_context("spawn")
-    parent, child = context.Pipe(duplex=False)
-    server = context.Process(target=_serve_grpc, args=(child,), daemon=True)
-    server.start()
     trips, bandwidths = [], []
-    try:
-        if not parent.poll(60):
-            raise RuntimeError("the bare grpcio server did not start")
-        port = parent.recv()
-        with grpc.insecure_channel(f"{LOOPBACK}:{port}", options=_GRPC_OPTIONS) as channel:
-            echo = channel.unary_unary("/bench/Echo")
-            push = channel.unary_unary("/bench/Push")
-            for size in round_trip_sizes:
-                message = os.urandom(size)
-                samples = _timed_loop(lambda m=message: echo(m), seconds)
-                values = np.asarray(samples, dtype=np.float64) / 1e3
-                trips.append(
-                    RoundTrip(
-                        tool="bare grpcio",
-                        size_bytes=size,
-                        pass_index=1,
-                        p50_us=float(np.percentile(values, 50)),
-                        p99_us=float(np.percentile(values, 99)),
-                        mean_us=float(values.mean()),
-                        count=len(samples),
-                    )
+    with (
+        server_process(_serve_grpc, what="the bare grpcio server") as (port, _),
+        grpc.insecure_channel(f"{LOOPBACK}:{port}", options=_GRPC_OPTIONS) as channel,
+    ):
+        echo = channel.unary_unary("/bench/Echo")
+        push = channel.unary_unary("/bench/Push")
+        for size in round_trip_sizes:
+            message = os.urandom(size)
+            samples = _timed_loop(lambda m=message: echo(m), seconds)
+            trips.append(_round_trip("bare grpcio", size, 1, samples))
+        for size in bandwidth_sizes:
+            message = os.urandom(size)
+            samples = _timed_loop(lambda m=message: push(m), seconds)
+            moved = len(samples) * (size + 8)
+            bandwidths.append(
+                Bandwidth(
+                    tool="bare grpcio",
+                    size_bytes=size,
+                    pass_index=1,
+                    mb_per_s=moved / (sum(samples) / 1e9) / 1e6,
                 )
-            for size in bandwidth_sizes:
-                message = os.urandom(size)
-                samples = _timed_loop(lambda m=message: push(m), seconds)
-                moved = len(samples) * (size + 8)
-                bandwidths.append(
-                    Bandwidth(
-                        tool="bare grpcio",
-                        size_bytes=size,
-                        pass_index=1,
-                        mb_per_s=moved / (sum(samples) / 1e9) / 1e6,
-                    )
-                )
-    finally:
-        server.terminate()
-        server.join(5)
+            )
     return trips, bandwidths
-
-
-def _timed_loop(call: Callable[[], object], seconds: float) -> list[int]:
-    """Durations (ns) of back-to-back calls for ``seconds``, after a short warm-up."""
-    clock = time.perf_counter_ns
-    warm_until = clock() + int(min(1.0, seconds / 4) * 1e9)
-    while clock() < warm_until:
-        call()
-    samples = []
-    stop = clock() + int(seconds * 1e9)
-    while clock() < stop:
-        start = clock()
-        call()
-        samples.append(clock() - start)
-    return samples
 
 
 # --------------------------------------------------------------------------
@@ -611,7 +455,7 @@ def _order(tool: str) -> tuple[int, str]:
 
 def format_report(figures: Figures) -> list[str]:
     passes = {1: "before", 2: "after"}
-    lines = ["| measurement | message | pass | figure |", "|---|---|---|---|"]
+    lines = table_head("measurement", "message", "pass", "figure")
     for item in sorted(figures.bandwidth, key=lambda b: (_order(b.tool), b.size_bytes)):
         message = "stream" if item.size_bytes == 0 else size_name(item.size_bytes)
         when = passes[item.pass_index] if item.tool in RAW_TOOLS else "-"
@@ -625,7 +469,7 @@ def format_report(figures: Figures) -> list[str]:
         )
     found = ratios(figures)
     if found:
-        lines += ["", "| ratio | value |", "|---|---|"]
+        lines += ["", *table_head("ratio", "value")]
         lines += [f"| {what} | {value:.2f} |" for what, value in found]
     return lines
 
@@ -697,16 +541,9 @@ def findings(figures: Figures) -> list[str]:
     return lines
 
 
-def load_average() -> str:
-    one, five, fifteen = os.getloadavg()
-    return f"{one:.2f} / {five:.2f} / {fifteen:.2f}"
-
-
 def readme_section(
     figures: Figures, command: str, seconds: float, runs: int, load_before: str, load_after: str
 ) -> str:
-    machine = describe_machine()
-    memory = f"{machine.memory_bytes / 1024**3:.0f} GiB" if machine.memory_bytes > 0 else "?"
     lines = [
         SECTION,
         "",
@@ -715,11 +552,7 @@ def readme_section(
         f"Command: `{command}` ({seconds:g} s per measurement, replay: {runs} runs of {seconds:g} s"
         " after a warm-up), on loopback, all figures from one run.",
         "",
-        f"Machine: {machine.cpu_model}, {machine.cpu_count} CPUs, {memory}, "
-        f"kernel {machine.kernel}, Python {machine.python_version}, "
-        f"grpcio {machine.grpcio_version}, protobuf {machine.protobuf_version}. "
-        f"Load average (1/5/15 min) before: {load_before}, after: {load_after}. "
-        f"Measured {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}.",
+        machine_line(load_before, load_after, memory_and_protobuf=True),
         "",
         "The raw baselines run twice, before and after the replay; ratios use the better raw figure"
         " of the two (the highest iperf3 bandwidth, the lowest median round trip). On a shared"
@@ -735,11 +568,6 @@ def readme_section(
     if figures.notes:
         lines += ["", *[f"- {note}" for note in figures.notes]]
     return "\n".join(lines) + "\n"
-
-
-def update_readme(section: str, readme: Path = README) -> None:
-    """Replace this script's section of the README (up to the next ``## `` heading)."""
-    replace_section(readme, SECTION, section)
 
 
 # --------------------------------------------------------------------------
@@ -790,7 +618,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument("--skip-replay", action="store_true", help="measure the raw baselines only")
     args = parser.parse_args(argv)
-    command = shlex.join([".venv/bin/python", "bench/replay_vs_raw.py", *(argv or sys.argv[1:])])
+    command = command_line(__file__, argv or sys.argv[1:])
 
     load_before = load_average()
     print(f"load average before: {load_before} on {os.cpu_count()} CPUs", flush=True)
@@ -822,10 +650,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     for note in figures.notes:
         print(f"note: {note}")
     if not args.no_readme:
-        update_readme(
-            readme_section(figures, command, args.seconds, args.runs, load_before, load_after)
-        )
-        print(f"\nwrote the '{SECTION[3:]}' section of {README.relative_to(ROOT)}")
+        section = readme_section(figures, command, args.seconds, args.runs, load_before, load_after)
+        print()
+        write_section(README, SECTION, section)
     return 0
 
 

@@ -28,19 +28,22 @@ import statistics
 import subprocess
 import sys
 import tempfile
-from datetime import datetime, timezone
 from pathlib import Path
 
-from sections import replace_section
+from common import (
+    README,
+    command_line,
+    load_average,
+    tf_grpc_bench_command,
+    utc_minute,
+    write_section,
+)
 
 from tf_grpc_bench import trace_files
 from tf_grpc_bench.replay import results as results_module
 from tf_grpc_bench.replay.measurement import Benchmark
 
-ROOT = Path(__file__).resolve().parent.parent
-README = ROOT / "bench" / "README.md"
 SECTION = "## Replay against training"
-COMMAND = [sys.executable, "-m", "tf_grpc_bench"]
 
 
 def run(argv: list[str]) -> None:
@@ -49,11 +52,7 @@ def run(argv: list[str]) -> None:
 
 
 def load() -> str:
-    return " ".join(f"{value:.1f}" for value in os.getloadavg())
-
-
-def update_readme(section: str) -> None:
-    replace_section(README, SECTION, section)
+    return load_average(digits=1, separator=" ")
 
 
 def main() -> int:
@@ -68,8 +67,7 @@ def main() -> int:
     loads = [load()]
     with tempfile.TemporaryDirectory(prefix="tfgb-vs-training-") as scratch:
         trace_path = Path(scratch) / "captured.tfgbtrace"
-        capture = [
-            *COMMAND,
+        capture = tf_grpc_bench_command(
             "capture",
             "--model",
             args.model,
@@ -88,7 +86,7 @@ def main() -> int:
             "--output",
             str(trace_path),
             "--quiet",
-        ]
+        )
         run(capture)
         loads.append(load())
         trace = trace_files.read_trace(trace_path)
@@ -96,8 +94,7 @@ def main() -> int:
         step_bytes = statistics.median(
             sum(r.request_bytes + r.response_bytes for r in step.rpcs) for step in trace.steps
         )
-        replay = [
-            *COMMAND,
+        replay = tf_grpc_bench_command(
             "replay",
             str(trace_path),
             "--benchmark",
@@ -111,7 +108,7 @@ def main() -> int:
             "--output-dir",
             str(Path(scratch) / "runs"),
             "--quiet",
-        ]
+        )
         run(replay)
         loads.append(load())
         document_path = next((Path(scratch) / "runs").glob(f"*/{results_module.RESULTS_FILE_NAME}"))
@@ -133,10 +130,10 @@ def main() -> int:
             "than that.",
             "",
             "```sh",
-            ".venv/bin/python bench/replay_vs_training.py " + shlex.join(sys.argv[1:]),
+            command_line(__file__, sys.argv[1:]),
             "```",
             "",
-            f"Run {datetime.now(timezone.utc).strftime('%Y-%m-%d %H:%M UTC')}, "
+            f"Run {utc_minute()}, "
             f"{os.cpu_count()} CPUs, load average before / after capture / after replay: "
             f"{' | '.join(loads)}.",
             "",
@@ -154,8 +151,7 @@ def main() -> int:
         ]
     )
     if not args.no_readme:
-        update_readme(section)
-        print(f"wrote the '{SECTION[3:]}' section of bench/README.md")
+        write_section(README, SECTION, section)
     return 0
 
 
