@@ -59,7 +59,7 @@ from sections import replace_section
 from tf_grpc_bench.errors import BenchError
 from tf_grpc_bench.profiler.capture import Progress, capture_training
 from tf_grpc_bench.profiler.launcher import TrainingConfig, TrainingJob, plan_tasks
-from tf_grpc_bench.replay.results import describe_machine
+from tf_grpc_bench.replay.output.machine import describe_machine
 
 ROOT = Path(__file__).resolve().parent.parent
 README = ROOT / "bench" / "README.md"

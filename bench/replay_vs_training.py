@@ -34,8 +34,8 @@ from pathlib import Path
 from sections import replace_section
 
 from tf_grpc_bench import trace_files
-from tf_grpc_bench.replay import results as results_module
-from tf_grpc_bench.replay.measurement import Benchmark
+from tf_grpc_bench.replay.core.measurement import Benchmark
+from tf_grpc_bench.replay.output import document as results_module
 
 ROOT = Path(__file__).resolve().parent.parent
 README = ROOT / "bench" / "README.md"

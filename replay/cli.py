@@ -21,11 +21,16 @@ from typing import Any
 
 from tf_grpc_bench import trace_files
 from tf_grpc_bench.errors import ConfigError, RunInterrupted, TransportError, UsageError
-from tf_grpc_bench.replay import grpc_settings
-from tf_grpc_bench.replay.client import parse_target
-from tf_grpc_bench.replay.generators import BufferSizes, GeneratorConfig, GeneratorKind
-from tf_grpc_bench.replay.measurement import Benchmark, BenchmarkResult
-from tf_grpc_bench.replay.pacing import Pacing, Timing
+from tf_grpc_bench.replay.core.generators import BufferSizes, GeneratorConfig, GeneratorKind
+from tf_grpc_bench.replay.core.measurement import Benchmark, BenchmarkResult
+from tf_grpc_bench.replay.core.pacing import Pacing, Timing
+from tf_grpc_bench.replay.core.workload import (
+    Mode,
+    Workload,
+    parse_pair,
+    synthetic_workload,
+    trace_workload,
+)
 from tf_grpc_bench.replay.runner import (
     INTERRUPTED_REASON,
     NS_PER_S,
@@ -34,14 +39,14 @@ from tf_grpc_bench.replay.runner import (
     default_rpc,
     default_window,
 )
-from tf_grpc_bench.replay.server import DEFAULT_PORT, LocalServers, ReplayServer
-from tf_grpc_bench.replay.wire import ChannelSettings, RpcKind, ServerSettings, keep_freed_memory
-from tf_grpc_bench.replay.workload import (
-    Mode,
-    Workload,
-    parse_pair,
-    synthetic_workload,
-    trace_workload,
+from tf_grpc_bench.replay.transport import grpc_settings
+from tf_grpc_bench.replay.transport.client import parse_target
+from tf_grpc_bench.replay.transport.server import DEFAULT_PORT, LocalServers, ReplayServer
+from tf_grpc_bench.replay.transport.wire import (
+    ChannelSettings,
+    RpcKind,
+    ServerSettings,
+    keep_freed_memory,
 )
 from tf_grpc_bench.sizes import SizeCategory, parse_size
 
@@ -88,7 +93,7 @@ def _tls_material(
     """(CA, server certificate, server key) for ``--tls``, made or reused in the TLS directory."""
     if not settings.tls:
         return None
-    from tf_grpc_bench.replay import tls
+    from tf_grpc_bench.replay.transport import tls
 
     directory = Path(tls_dir) if tls_dir else default_dir
     if directory is None:
@@ -156,7 +161,7 @@ def configure_serve(parser: argparse.ArgumentParser) -> None:
 
 def _serving_hosts(host: str) -> tuple[str, ...]:
     """What a TLS server certificate must name: the listening host, or every local address."""
-    from tf_grpc_bench.replay import netinfo
+    from tf_grpc_bench.replay.network import netinfo
 
     wildcard = host in ("0.0.0.0", "::", "[::]", "")
     return netinfo.local_addresses() if wildcard else (host, *netinfo.local_addresses())
@@ -584,7 +589,7 @@ def build_request(args: argparse.Namespace) -> ReplayRequest:
         config["workload"] = "trace"
         config["trace"] = str(trace_path)
     if settings.chunk_bytes:
-        from tf_grpc_bench.replay.chunking import chunk_workload
+        from tf_grpc_bench.replay.core.chunking import chunk_workload
 
         workloads = [chunk_workload(workload, settings) for workload in workloads]
     for workload in workloads:
@@ -697,7 +702,9 @@ def execute(
 
 
 def run_replay(args: argparse.Namespace) -> int:
-    from tf_grpc_bench.replay import report, results, tensorboard_output
+    from tf_grpc_bench.replay.output import document as results
+    from tf_grpc_bench.replay.output import report
+    from tf_grpc_bench.replay.output import tensorboard as tensorboard_output
 
     request = build_request(args)
     run_directory: Path | None = None
@@ -715,7 +722,7 @@ def run_replay(args: argparse.Namespace) -> int:
         progress.close()
     if run_directory is None:
         run_directory = results.new_run_directory(args.output_dir, _label(request))
-    from tf_grpc_bench.replay import netinfo
+    from tf_grpc_bench.replay.network import netinfo
 
     network = netinfo.describe_network(targets, name=args.network_name)
     document = results.build_document(

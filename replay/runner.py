@@ -19,11 +19,16 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
 from tf_grpc_bench.errors import ConfigError, TransportError
-from tf_grpc_bench.replay.client import Driver, ReplayClient
-from tf_grpc_bench.replay.measurement import Benchmark, BenchmarkResult, CallSample, RunMeasurement
-from tf_grpc_bench.replay.pacing import Pacing, Timing, next_step_begin_ns
-from tf_grpc_bench.replay.wire import ChannelSettings, RpcKind, ServerStats
-from tf_grpc_bench.replay.workload import Shape, Workload, WorkloadStep
+from tf_grpc_bench.replay.core.measurement import (
+    Benchmark,
+    BenchmarkResult,
+    CallSample,
+    RunMeasurement,
+)
+from tf_grpc_bench.replay.core.pacing import Pacing, Timing, next_step_begin_ns
+from tf_grpc_bench.replay.core.workload import Shape, Workload, WorkloadStep
+from tf_grpc_bench.replay.transport.client import Driver, ReplayClient
+from tf_grpc_bench.replay.transport.wire import ChannelSettings, RpcKind, ServerStats
 
 NS_PER_S = 1_000_000_000
 #: Partial reason of a run stopped by Ctrl-C.

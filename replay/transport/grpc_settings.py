@@ -28,6 +28,7 @@ from typing import Any
 import grpc
 
 from tf_grpc_bench.errors import ConfigError
+from tf_grpc_bench.replay.core import chunking
 from tf_grpc_bench.sizes import parse_size
 
 #: grpcio's largest message size (an int32): what TensorFlow itself sets.
@@ -125,12 +126,7 @@ class GrpcSettings:
         Without chunking (or when the payload fits) that is ``(payload_bytes,)``.
         The sizes add up to ``payload_bytes``; all but the last equal ``chunk_bytes``.
         """
-        if payload_bytes < 0:
-            raise ValueError(f"payload_bytes must be >= 0, got {payload_bytes}")
-        if self.chunk_bytes == 0 or payload_bytes <= self.chunk_bytes:
-            return (payload_bytes,)
-        full, rest = divmod(payload_bytes, self.chunk_bytes)
-        return (self.chunk_bytes,) * full + ((rest,) if rest else ())
+        return chunking.chunk_sizes(payload_bytes, self.chunk_bytes)
 
     def check_payload(self, payload_bytes: int, *, what: str = "payload") -> None:
         """ConfigError if a payload cannot be sent under the message size limit."""

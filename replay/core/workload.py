@@ -66,8 +66,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 
 from tf_grpc_bench.errors import ConfigError, TraceError
-from tf_grpc_bench.replay.generators import GeneratorConfig, PayloadSpec, generate_payloads
-from tf_grpc_bench.replay.measurement import Benchmark
+from tf_grpc_bench.replay.core.generators import GeneratorConfig, PayloadSpec, generate_payloads
+from tf_grpc_bench.replay.core.measurement import Benchmark
 from tf_grpc_bench.trace import Rpc, Trace
 
 #: Method paths of the replay service (``protos/bench.proto``); the raw mode uses the same paths.

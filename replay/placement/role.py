@@ -35,9 +35,11 @@ from types import FrameType
 from typing import Any
 
 from tf_grpc_bench.errors import ConfigError, TransportError, UsageError
-from tf_grpc_bench.replay import cluster, gather, netinfo, results
-from tf_grpc_bench.replay.cluster import Placement, Role
-from tf_grpc_bench.replay.measurement import Benchmark, BenchmarkResult, RunMeasurement
+from tf_grpc_bench.replay.core.measurement import Benchmark, BenchmarkResult, RunMeasurement
+from tf_grpc_bench.replay.network import netinfo
+from tf_grpc_bench.replay.output import document as results
+from tf_grpc_bench.replay.placement import cluster, gather
+from tf_grpc_bench.replay.placement.cluster import Placement, Role
 
 #: Seconds a task waits for the others (barriers, submissions, job end).
 DEFAULT_JOB_TIMEOUT_S = 3600.0
@@ -110,7 +112,7 @@ def _tls(placement: Placement, args: argparse.Namespace) -> Any:
     """The run's TLS files when --tls (one certificate naming every cluster host)."""
     if not args.tls:
         return None
-    from tf_grpc_bench.replay import tls
+    from tf_grpc_bench.replay.transport import tls
 
     if not args.tls_dir:
         raise UsageError("role --tls needs --tls-dir DIR, a directory every task can read")
@@ -120,7 +122,7 @@ def _tls(placement: Placement, args: argparse.Namespace) -> Any:
 def _gather_credentials(files: Any) -> tuple[Any, Any]:
     if files is None:
         return None, None
-    from tf_grpc_bench.replay import tls
+    from tf_grpc_bench.replay.transport import tls
 
     return tls.server_credentials(files), tls.channel_credentials(files)
 
@@ -147,8 +149,8 @@ class _Stop:
 
 def _serve(placement: Placement, args: argparse.Namespace) -> int:
     from tf_grpc_bench.replay import cli as replay_cli
-    from tf_grpc_bench.replay.server import ReplayServer
-    from tf_grpc_bench.replay.workload import Mode
+    from tf_grpc_bench.replay.core.workload import Mode
+    from tf_grpc_bench.replay.transport.server import ReplayServer
 
     settings = replay_cli._grpc_settings(args)
     files = _tls(placement, args)
@@ -395,7 +397,7 @@ def merge_worker_documents(
 
 
 def _gather(placement: Placement, args: argparse.Namespace) -> int:
-    from tf_grpc_bench.replay import tensorboard_output
+    from tf_grpc_bench.replay.output import tensorboard as tensorboard_output
 
     files = _tls(placement, args)
     server_credentials, _ = _gather_credentials(files)

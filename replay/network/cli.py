@@ -19,8 +19,8 @@ import sys
 from collections import defaultdict
 
 from tf_grpc_bench.errors import NetworkError
-from tf_grpc_bench.replay import netns
-from tf_grpc_bench.replay.netinfo import format_rate
+from tf_grpc_bench.replay.network import netns
+from tf_grpc_bench.replay.network.netinfo import format_rate
 
 
 def configure_network(parser: argparse.ArgumentParser) -> None:
@@ -173,7 +173,8 @@ def _compare(args: argparse.Namespace) -> int:
 
     from tf_grpc_bench.errors import UsageError
     from tf_grpc_bench.replay import cli as replay_cli
-    from tf_grpc_bench.replay import network_compare, results
+    from tf_grpc_bench.replay.network import compare as network_compare
+    from tf_grpc_bench.replay.output import document as results
 
     if args.target is not None:
         raise UsageError("network compare makes its own targets; drop --target")

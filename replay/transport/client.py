@@ -22,14 +22,15 @@ import grpc
 
 from tf_grpc_bench.errors import ConfigError, TransportError
 from tf_grpc_bench.protos import bench_pb2
-from tf_grpc_bench.replay.measurement import CallSample
-from tf_grpc_bench.replay.pacing import (
+from tf_grpc_bench.replay.core.measurement import CallSample
+from tf_grpc_bench.replay.core.pacing import (
     Pacing,
     blocking_calls_suffice,
     may_issue,
     release_time_ns,
 )
-from tf_grpc_bench.replay.wire import (
+from tf_grpc_bench.replay.core.workload import Call, Mode, Shape, WorkloadStep
+from tf_grpc_bench.replay.transport.wire import (
     RESET_METHOD,
     STATS_METHOD,
     STREAM_OF_METHOD,
@@ -43,7 +44,6 @@ from tf_grpc_bench.replay.wire import (
     serialized_pull_request,
     translate_rpc_error,
 )
-from tf_grpc_bench.replay.workload import Call, Mode, Shape, WorkloadStep
 
 Metadata = tuple[tuple[str, str], ...] | None
 
