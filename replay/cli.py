@@ -9,20 +9,18 @@ document and TensorBoard logs into a new run directory.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import os
 import signal
 import sys
 import threading
-from collections.abc import Iterator
-from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from tf_grpc_bench import trace_files
 from tf_grpc_bench.errors import ConfigError, RunInterrupted, TransportError, UsageError
+from tf_grpc_bench.replay import runner
 from tf_grpc_bench.replay.core.generators import BufferSizes, GeneratorConfig, GeneratorKind
-from tf_grpc_bench.replay.core.measurement import Benchmark, BenchmarkResult
+from tf_grpc_bench.replay.core.measurement import Benchmark
 from tf_grpc_bench.replay.core.pacing import Pacing, Timing
 from tf_grpc_bench.replay.core.workload import (
     Mode,
@@ -31,19 +29,14 @@ from tf_grpc_bench.replay.core.workload import (
     synthetic_workload,
     trace_workload,
 )
-from tf_grpc_bench.replay.runner import (
-    INTERRUPTED_REASON,
-    NS_PER_S,
-    ProgressEvent,
-    RunPlan,
-    default_rpc,
-    default_window,
-)
+from tf_grpc_bench.replay.network import cli as network_cli
+from tf_grpc_bench.replay.placement import role
+from tf_grpc_bench.replay.runner import ReplayRequest, default_rpc, default_window
 from tf_grpc_bench.replay.transport import grpc_settings
 from tf_grpc_bench.replay.transport.client import parse_target
+from tf_grpc_bench.replay.transport.loop import INTERRUPTED_REASON, NS_PER_S, ProgressEvent, RunPlan
 from tf_grpc_bench.replay.transport.server import DEFAULT_PORT, LocalServers, ReplayServer
 from tf_grpc_bench.replay.transport.wire import (
-    ChannelSettings,
     RpcKind,
     ServerSettings,
     keep_freed_memory,
@@ -78,53 +71,6 @@ def _size(flag: str, text: str) -> int:
         return parse_size(text)
     except ValueError as error:
         raise ConfigError(f"{flag}: {error}") from None
-
-
-def _grpc_settings(args: argparse.Namespace) -> grpc_settings.GrpcSettings:
-    return grpc_settings.settings_from_args(args)
-
-
-def _tls_material(
-    settings: grpc_settings.GrpcSettings,
-    tls_dir: str | None,
-    default_dir: Path | None,
-    hosts: tuple[str, ...] = (),
-) -> tuple[bytes, bytes, bytes] | None:
-    """(CA, server certificate, server key) for ``--tls``, made or reused in the TLS directory."""
-    if not settings.tls:
-        return None
-    from tf_grpc_bench.replay.transport import tls
-
-    directory = Path(tls_dir) if tls_dir else default_dir
-    if directory is None:
-        raise UsageError("--tls needs --tls-dir DIR (where the CA and server certificate are)")
-    files = tls.ensure_tls_files(directory, hosts=hosts)
-    return files.ca_cert_pem(), files.server_cert_pem(), files.server_key_pem()
-
-
-def _channel_settings(
-    settings: grpc_settings.GrpcSettings, tls_material: tuple[bytes, bytes, bytes] | None
-) -> ChannelSettings:
-    return ChannelSettings(
-        options=tuple(settings.channel_options()),
-        root_certificates=tls_material[0] if tls_material else None,
-        channels_per_server=settings.channels,
-    )
-
-
-def _server_settings(
-    settings: grpc_settings.GrpcSettings, tls_material: tuple[bytes, bytes, bytes] | None
-) -> ServerSettings:
-    options = list(settings.server_options())
-    if settings.compression is not grpc_settings.Compression.NONE:
-        options.append(
-            ("grpc.default_compression_algorithm", int(settings.compression_algorithm()))
-        )
-    return ServerSettings(
-        options=tuple(options),
-        certificate_chain=tls_material[1] if tls_material else None,
-        private_key=tls_material[2] if tls_material else None,
-    )
 
 
 # --------------------------------------------------------------------------
@@ -173,9 +119,14 @@ def run_serve(args: argparse.Namespace) -> int:
         raise ConfigError(f"--port must be in 0..65535, got {args.port}")
     if args.servers > 1 and args.port == 0:
         raise UsageError("--servers N needs a fixed --port (servers use PORT..PORT+N-1)")
-    settings = _grpc_settings(args)
-    tls_material = _tls_material(settings, args.tls_dir, None, _serving_hosts(args.host))
-    server_settings = _server_settings(settings, tls_material)
+    settings = grpc_settings.settings_from_args(args)
+    tls_material = None
+    if settings.tls:
+        from tf_grpc_bench.replay.transport import tls
+
+        directory = Path(args.tls_dir) if args.tls_dir else None
+        tls_material = tls.ensure_material(directory, hosts=_serving_hosts(args.host))
+    server_settings = grpc_settings.server_settings(settings, tls_material)
     mode = Mode(args.mode)
     stop = threading.Event()
     # Ctrl-C and SIGTERM both stop gracefully (a background job may ignore SIGINT).
@@ -373,25 +324,6 @@ def configure_replay(parser: argparse.ArgumentParser) -> None:
     grpc_settings.add_grpc_flags(parser)
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class ReplayRequest:
-    """What ``replay`` was asked to do, validated."""
-
-    benchmarks: tuple[Benchmark, ...]
-    trace_path: Path | None
-    workloads: tuple[Workload, ...]
-    pacings: tuple[Pacing, ...]
-    #: How each workload's echo and ack calls travel.
-    rpcs: tuple[RpcKind, ...]
-    plan: RunPlan
-    mode: Mode
-    targets: tuple[str, ...] | None
-    grpc: grpc_settings.GrpcSettings
-    config: dict[str, str | int | float | bool]
-    #: The gRPC settings as result parameters.
-    grpc_parameters: dict[str, str | int | float | bool]
-
-
 _SYNTHETIC_FLAGS = (
     ("generator", "--generator"),
     ("categories", "--categories"),
@@ -535,7 +467,7 @@ def build_request(args: argparse.Namespace) -> ReplayRequest:
         targets = tuple(parse_target(t) for t in args.target.split(",") if t.strip())
         if not targets:
             raise ConfigError("--target: expected HOST:PORT[,HOST:PORT...]")
-    settings = _grpc_settings(args)
+    settings = grpc_settings.settings_from_args(args)
     grpc_parameters = settings.as_parameters()
     if args.outstanding is None:
         # Each benchmark records its own window ("outstanding"): 1 or the trace's.
@@ -653,88 +585,33 @@ class _Progress:
             self._bar.close()
 
 
-@contextlib.contextmanager
-def _servers(
-    request: ReplayRequest, server_settings: ServerSettings
-) -> Iterator[tuple[tuple[str, ...], bool]]:
-    """The targets to replay against: given, or servers started here (stopped afterwards)."""
-    if request.targets is not None:
-        yield request.targets, False
-        return
-    count = max(w.server_count for w in request.workloads)
-    with LocalServers(count, mode=request.mode, settings=server_settings) as servers:
-        yield tuple(servers.targets), True
-
-
-def execute(
-    request: ReplayRequest,
-    *,
-    tls_dir: Path | None = None,
-    on_progress: Any = None,
-) -> tuple[list[BenchmarkResult], tuple[str, ...], bool]:
-    """Run the requested benchmarks; returns the results, the targets and whether they were local.
-
-    Stops after a benchmark that ended partial (its servers are likely gone).
-    """
-    from tf_grpc_bench.replay.runner import run_benchmark
-
-    tls_material = _tls_material(request.grpc, str(tls_dir) if tls_dir else None, tls_dir)
-    channel_settings = _channel_settings(request.grpc, tls_material)
-    server_settings = _server_settings(request.grpc, tls_material)
-    results: list[BenchmarkResult] = []
-    with _servers(request, server_settings) as (targets, local):
-        for workload, pacing, rpc in zip(
-            request.workloads, request.pacings, request.rpcs, strict=True
-        ):
-            result = run_benchmark(
-                workload,
-                targets,
-                pacing=pacing,
-                plan=request.plan,
-                settings=replace(channel_settings, rpc=rpc),
-                parameters=request.grpc_parameters,
-                on_progress=on_progress,
-            )
-            results.append(result)
-            if result.partial:
-                break
-    return results, targets, local
-
-
 def run_replay(args: argparse.Namespace) -> int:
     from tf_grpc_bench.replay.output import document as results
     from tf_grpc_bench.replay.output import report
-    from tf_grpc_bench.replay.output import tensorboard as tensorboard_output
 
     request = build_request(args)
     run_directory: Path | None = None
     tls_dir: Path | None = None
     if request.grpc.tls:
-        run_directory = results.new_run_directory(args.output_dir, _label(request))
+        run_directory = results.new_run_directory(args.output_dir, runner.run_label(request))
         tls_dir = Path(args.tls_dir) if args.tls_dir else run_directory / "tls"
     progress = _Progress(
         len(request.workloads) * request.plan.runs,
         enabled=not args.quiet and sys.stderr.isatty(),
     )
     try:
-        measured, targets, _local = execute(request, tls_dir=tls_dir, on_progress=progress)
+        measured, targets, _local = runner.execute(request, tls_dir=tls_dir, on_progress=progress)
     finally:
         progress.close()
     if run_directory is None:
-        run_directory = results.new_run_directory(args.output_dir, _label(request))
-    from tf_grpc_bench.replay.network import netinfo
-
-    network = netinfo.describe_network(targets, name=args.network_name)
-    document = results.build_document(
-        measured, config=request.config, trace_path=request.trace_path, network=network
+        run_directory = results.new_run_directory(args.output_dir, runner.run_label(request))
+    document = runner.record(
+        request, measured, targets, run_directory, network_name=args.network_name
     )
-    results.write_document(document, run_directory / results.RESULTS_FILE_NAME)
-    logdir = run_directory / "tensorboard"
-    tensorboard_output.write_run(document, logdir)
     if not args.quiet:
         print(report.format_table(document))
     print(f"results: {run_directory / results.RESULTS_FILE_NAME}")
-    print(f"view:    tensorboard --logdir {logdir}")
+    print(f"view:    tensorboard --logdir {run_directory / 'tensorboard'}")
     if document.partial and INTERRUPTED_REASON in document.partial_reason:
         raise RunInterrupted(f"interrupted; partial results written to {run_directory}")
     if document.partial:
@@ -744,7 +621,27 @@ def run_replay(args: argparse.Namespace) -> int:
     return 0
 
 
-def _label(request: ReplayRequest) -> str:
-    where = "remote" if request.targets is not None else "loopback"
-    what = request.trace_path.stem if request.trace_path is not None else "synthetic"
-    return f"{where}-{what}"
+# --------------------------------------------------------------------------
+# role and network: their own flags, then the replay flags and request above.
+
+
+def configure_role(parser: argparse.ArgumentParser) -> None:
+    role.add_placement_flags(parser)
+    configure_replay(parser)
+
+
+def run_role(args: argparse.Namespace) -> int:
+    return role.run_role(args, build_request=build_request)
+
+
+def configure_network(parser: argparse.ArgumentParser) -> None:
+    network_cli.configure_network(parser, replay_flags=configure_replay)
+
+
+def run_network(args: argparse.Namespace) -> int:
+    return network_cli.run_network(
+        args,
+        build_request=build_request,
+        replay_flags=configure_replay,
+        serve_flags=configure_serve,
+    )

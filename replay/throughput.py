@@ -28,7 +28,8 @@ from tf_grpc_bench.errors import TransportError
 from tf_grpc_bench.replay.core.measurement import SAMPLE_COLUMNS, CallSample, RunMeasurement
 from tf_grpc_bench.replay.core.pacing import Pacing
 from tf_grpc_bench.replay.core.workload import Workload
-from tf_grpc_bench.replay.runner import (
+from tf_grpc_bench.replay.transport.client import Driver, ReplayClient
+from tf_grpc_bench.replay.transport.loop import (
     INTERRUPTED_REASON,
     ProgressCallback,
     ProgressEvent,
@@ -38,7 +39,6 @@ from tf_grpc_bench.replay.runner import (
     failed_run,
     run_each,
 )
-from tf_grpc_bench.replay.transport.client import Driver, ReplayClient
 from tf_grpc_bench.replay.transport.wire import ChannelSettings
 
 #: Time between telling workers to start and their common start instant.
