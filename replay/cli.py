@@ -19,6 +19,7 @@ from typing import Any
 from tf_grpc_bench import trace_files
 from tf_grpc_bench.errors import ConfigError, RunInterrupted, TransportError, UsageError
 from tf_grpc_bench.replay import runner
+from tf_grpc_bench.replay.core.chunking import chunk_workload
 from tf_grpc_bench.replay.core.generators import BufferSizes, GeneratorConfig, GeneratorKind
 from tf_grpc_bench.replay.core.measurement import Benchmark
 from tf_grpc_bench.replay.core.pacing import Pacing, Timing
@@ -178,6 +179,15 @@ def run_serve(args: argparse.Namespace) -> int:
 
 
 def configure_replay(parser: argparse.ArgumentParser) -> None:
+    _add_what_flags(parser)
+    _add_synthetic_flags(parser)
+    _add_trace_flags(parser)
+    _add_timing_flags(parser)
+    _add_where_flags(parser)
+    grpc_settings.add_grpc_flags(parser)
+
+
+def _add_what_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "trace",
         metavar="TRACE",
@@ -208,6 +218,9 @@ def configure_replay(parser: argparse.ArgumentParser) -> None:
         "channel, each answered by one message (default: streaming for synthetic P2P "
         "bandwidth, unary otherwise; trace replays are always unary)",
     )
+
+
+def _add_synthetic_flags(parser: argparse.ArgumentParser) -> None:
     synthetic = parser.add_argument_group("synthetic workload (the paper's generators)")
     synthetic.add_argument(
         "--generator",
@@ -257,6 +270,9 @@ def configure_replay(parser: argparse.ArgumentParser) -> None:
     synthetic.add_argument(
         "--workers", type=int, default=None, help="worker processes for PS throughput (default 1)"
     )
+
+
+def _add_trace_flags(parser: argparse.ArgumentParser) -> None:
     traced = parser.add_argument_group("trace replay")
     traced.add_argument(
         "--pair",
@@ -271,6 +287,9 @@ def configure_replay(parser: argparse.ArgumentParser) -> None:
     traced.add_argument(
         "--passes", type=int, default=None, help="replay the trace's steps N times per run"
     )
+
+
+def _add_timing_flags(parser: argparse.ArgumentParser) -> None:
     timing = parser.add_argument_group("timing")
     timing.add_argument(
         "--warmup", type=float, default=2.0, help="warm-up seconds (default 2, the paper's)"
@@ -298,6 +317,9 @@ def configure_replay(parser: argparse.ArgumentParser) -> None:
         default=10.0,
         help="seconds to wait for the servers to answer (default 10)",
     )
+
+
+def _add_where_flags(parser: argparse.ArgumentParser) -> None:
     where = parser.add_argument_group("where")
     where.add_argument(
         "--target",
@@ -321,7 +343,6 @@ def configure_replay(parser: argparse.ArgumentParser) -> None:
     where.add_argument(
         "--quiet", action="store_true", help="no progress bar and no table, just the paths"
     )
-    grpc_settings.add_grpc_flags(parser)
 
 
 _SYNTHETIC_FLAGS = (
@@ -445,28 +466,8 @@ def build_request(args: argparse.Namespace) -> ReplayRequest:
         _positive_int(f"--{name}", getattr(args, name))
     if args.outstanding is not None:
         _positive_int("--outstanding", args.outstanding)
-    warmup_ns = _seconds("--warmup", args.warmup, allow_zero=True)
-    duration_ns = _seconds(
-        "--duration", args.duration if args.duration is not None else 10.0, allow_zero=False
-    )
-    deadline = _seconds("--deadline", args.deadline, allow_zero=False) / NS_PER_S
-    connect = _seconds("--connect-timeout", args.connect_timeout, allow_zero=False) / NS_PER_S
-    if args.duration is not None and (args.steps is not None or args.passes is not None):
-        raise UsageError("--duration and --steps/--passes are alternatives; give one")
-    plan = RunPlan(
-        warmup_ns=warmup_ns,
-        duration_ns=duration_ns,
-        runs=args.runs,
-        steps=args.steps,
-        passes=args.passes,
-        deadline_s=deadline,
-        connect_timeout_s=connect,
-    )
-    targets = None
-    if args.target is not None:
-        targets = tuple(parse_target(t) for t in args.target.split(",") if t.strip())
-        if not targets:
-            raise ConfigError("--target: expected HOST:PORT[,HOST:PORT...]")
+    plan = _run_plan(args)
+    targets = _targets(args)
     settings = grpc_settings.settings_from_args(args)
     grpc_parameters = settings.as_parameters()
     if args.outstanding is None:
@@ -477,73 +478,25 @@ def build_request(args: argparse.Namespace) -> ReplayRequest:
         "mode": mode.value,
         "rpc": args.rpc or "default",
         "pacing": args.pacing,
-        "warmup_s": warmup_ns / NS_PER_S,
-        "duration_s": duration_ns / NS_PER_S,
+        "warmup_s": plan.warmup_ns / NS_PER_S,
+        "duration_s": plan.duration_ns / NS_PER_S,
         "runs": args.runs,
-        "deadline_s": deadline,
+        "deadline_s": plan.deadline_s,
         "targets": ",".join(targets) if targets else "loopback",
         **grpc_parameters,
     }
-    workloads: list[Workload] = []
     if trace_path is None:
-        for flag_attribute, flag in _TRACE_FLAGS:
-            if getattr(args, flag_attribute) is not None:
-                raise UsageError(f"{flag} applies to trace replays, not to --synthetic workloads")
-        if Timing(args.pacing) is Timing.RECORDED:
-            raise UsageError(
-                "--pacing recorded needs a trace (synthetic payloads have no timestamps)"
-            )
-        generator = _generator_config(args)
-        for benchmark in benchmarks:
-            workloads.append(
-                synthetic_workload(
-                    benchmark,
-                    generator,
-                    mode=mode,
-                    ps_count=args.ps if args.ps is not None else 1,
-                    worker_count=args.workers if args.workers is not None else 1,
-                )
-            )
+        workloads = _synthetic_workloads(args, benchmarks, mode)
         config["workload"] = "synthetic"
     else:
-        for flag_attribute, flag in _SYNTHETIC_FLAGS:
-            if getattr(args, flag_attribute) is not None:
-                raise UsageError(
-                    f"{flag} shapes the synthetic workload; a trace brings its own "
-                    "(add --synthetic to use the generators)"
-                )
-        trace = trace_files.read_trace(trace_path)
-        pair = parse_pair(args.pair, trace) if args.pair is not None else None
-        for benchmark in benchmarks:
-            workloads.append(
-                trace_workload(trace, benchmark, mode=mode, pair=pair, source=str(trace_path))
-            )
+        workloads = _trace_workloads(args, trace_path, benchmarks, mode)
         config["workload"] = "trace"
         config["trace"] = str(trace_path)
-    if settings.chunk_bytes:
-        from tf_grpc_bench.replay.core.chunking import chunk_workload
-
-        workloads = [chunk_workload(workload, settings) for workload in workloads]
-    for workload in workloads:
-        settings.check_payload(max(call.payload_bytes for call in workload.calls))
+    workloads = _fitted_to_messages(workloads, settings)
     rpcs = tuple(_rpc(args, workload) for workload in workloads)
-    for workload, rpc in zip(workloads, rpcs, strict=True):
-        # A stream holds one server thread while open; leave threads for control calls.
-        streams = workload.worker_count * settings.channels
-        room = ServerSettings().max_workers - STREAM_THREADS_KEPT_FREE
-        if rpc is RpcKind.STREAMING and streams > room:
-            raise ConfigError(
-                f"--rpc streaming: {workload.worker_count} worker(s) x --channels "
-                f"{settings.channels} = {streams} streams per ps server, more than its "
-                f"{room} stream threads; use fewer channels or --rpc unary"
-            )
+    _check_stream_threads(workloads, rpcs, settings)
     pacings = tuple(_pacing(args, w, rpc) for w, rpc in zip(workloads, rpcs, strict=True))
-    if targets is not None:
-        needed = max(w.server_count for w in workloads)
-        if len(targets) < needed:
-            raise ConfigError(
-                f"--target: the workload needs {needed} ps server(s), got {len(targets)} target(s)"
-            )
+    _check_target_count(targets, workloads)
     return ReplayRequest(
         benchmarks=benchmarks,
         trace_path=trace_path,
@@ -557,6 +510,108 @@ def build_request(args: argparse.Namespace) -> ReplayRequest:
         config=config,
         grpc_parameters=dict(grpc_parameters),
     )
+
+
+def _run_plan(args: argparse.Namespace) -> RunPlan:
+    warmup_ns = _seconds("--warmup", args.warmup, allow_zero=True)
+    duration_ns = _seconds(
+        "--duration", args.duration if args.duration is not None else 10.0, allow_zero=False
+    )
+    deadline = _seconds("--deadline", args.deadline, allow_zero=False) / NS_PER_S
+    connect = _seconds("--connect-timeout", args.connect_timeout, allow_zero=False) / NS_PER_S
+    if args.duration is not None and (args.steps is not None or args.passes is not None):
+        raise UsageError("--duration and --steps/--passes are alternatives; give one")
+    return RunPlan(
+        warmup_ns=warmup_ns,
+        duration_ns=duration_ns,
+        runs=args.runs,
+        steps=args.steps,
+        passes=args.passes,
+        deadline_s=deadline,
+        connect_timeout_s=connect,
+    )
+
+
+def _targets(args: argparse.Namespace) -> tuple[str, ...] | None:
+    if args.target is None:
+        return None
+    targets = tuple(parse_target(t) for t in args.target.split(",") if t.strip())
+    if not targets:
+        raise ConfigError("--target: expected HOST:PORT[,HOST:PORT...]")
+    return targets
+
+
+def _synthetic_workloads(
+    args: argparse.Namespace, benchmarks: tuple[Benchmark, ...], mode: Mode
+) -> list[Workload]:
+    for flag_attribute, flag in _TRACE_FLAGS:
+        if getattr(args, flag_attribute) is not None:
+            raise UsageError(f"{flag} applies to trace replays, not to --synthetic workloads")
+    if Timing(args.pacing) is Timing.RECORDED:
+        raise UsageError("--pacing recorded needs a trace (synthetic payloads have no timestamps)")
+    generator = _generator_config(args)
+    return [
+        synthetic_workload(
+            benchmark,
+            generator,
+            mode=mode,
+            ps_count=args.ps if args.ps is not None else 1,
+            worker_count=args.workers if args.workers is not None else 1,
+        )
+        for benchmark in benchmarks
+    ]
+
+
+def _trace_workloads(
+    args: argparse.Namespace, trace_path: Path, benchmarks: tuple[Benchmark, ...], mode: Mode
+) -> list[Workload]:
+    for flag_attribute, flag in _SYNTHETIC_FLAGS:
+        if getattr(args, flag_attribute) is not None:
+            raise UsageError(
+                f"{flag} shapes the synthetic workload; a trace brings its own "
+                "(add --synthetic to use the generators)"
+            )
+    trace = trace_files.read_trace(trace_path)
+    pair = parse_pair(args.pair, trace) if args.pair is not None else None
+    return [
+        trace_workload(trace, benchmark, mode=mode, pair=pair, source=str(trace_path))
+        for benchmark in benchmarks
+    ]
+
+
+def _fitted_to_messages(
+    workloads: list[Workload], settings: grpc_settings.GrpcSettings
+) -> list[Workload]:
+    """The workloads chunked as ``--chunk-size`` says; ConfigError if a payload cannot be sent."""
+    if settings.chunk_bytes:
+        workloads = [chunk_workload(workload, settings) for workload in workloads]
+    for workload in workloads:
+        settings.check_payload(max(call.payload_bytes for call in workload.calls))
+    return workloads
+
+
+def _check_stream_threads(
+    workloads: list[Workload], rpcs: tuple[RpcKind, ...], settings: grpc_settings.GrpcSettings
+) -> None:
+    for workload, rpc in zip(workloads, rpcs, strict=True):
+        # A stream holds one server thread while open; leave threads for control calls.
+        streams = workload.worker_count * settings.channels
+        room = ServerSettings().max_workers - STREAM_THREADS_KEPT_FREE
+        if rpc is RpcKind.STREAMING and streams > room:
+            raise ConfigError(
+                f"--rpc streaming: {workload.worker_count} worker(s) x --channels "
+                f"{settings.channels} = {streams} streams per ps server, more than its "
+                f"{room} stream threads; use fewer channels or --rpc unary"
+            )
+
+
+def _check_target_count(targets: tuple[str, ...] | None, workloads: list[Workload]) -> None:
+    if targets is not None:
+        needed = max(w.server_count for w in workloads)
+        if len(targets) < needed:
+            raise ConfigError(
+                f"--target: the workload needs {needed} ps server(s), got {len(targets)} target(s)"
+            )
 
 
 class _Progress:

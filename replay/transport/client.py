@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import collections
 import queue
+import re
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
@@ -52,6 +53,18 @@ _SERIALIZED_TYPES: dict[Shape, tuple[Any, Any]] = {
     Shape.ACK: (bench_pb2.Payload, bench_pb2.Ack),
     Shape.PULL: (bench_pb2.PullRequest, bench_pb2.PullResponse),
 }
+
+
+_ADDRESS = re.compile(r"^(?:\[(?P<ipv6>[0-9A-Fa-f:.]+)\]|(?P<host>[^\s:\[\]/]+)):(?P<port>[0-9]+)$")
+
+
+def split_address(address: str, *, where: str) -> tuple[str, int]:
+    """``host:port`` or ``[v6]:port`` -> (host, port); ConfigError naming ``where``."""
+    match = _ADDRESS.match(address)
+    port = int(match["port"]) if match else 0
+    if not match or not 0 < port < 65536:
+        raise ConfigError(f"{where}: expected 'host:port', got {address!r}")
+    return (match["ipv6"] or match["host"], port)
 
 
 def parse_target(text: str) -> str:
