@@ -67,7 +67,7 @@ def machine_line(
     load_before: str, load_after: str, *, memory_and_protobuf: bool = False, load_remark: str = ""
 ) -> str:
     """The machine, the load before and after the measurements, and when they were taken."""
-    from tf_grpc_bench.replay.results import describe_machine
+    from tf_grpc_bench.replay.output.machine import describe_machine
 
     machine = describe_machine()
     hardware = f"{machine.cpu_model}, {machine.cpu_count} CPUs"

@@ -176,7 +176,7 @@ class Table:
 
 
 def _generator(size: int) -> Any:
-    from tf_grpc_bench.replay.generators import BufferSizes, GeneratorConfig
+    from tf_grpc_bench.replay.core.generators import BufferSizes, GeneratorConfig
     from tf_grpc_bench.sizes import classify
 
     category = classify(size)
@@ -191,11 +191,11 @@ def _generator(size: int) -> Any:
 def replay_once(
     benchmark_name: str, size: int, variant: ReplayVariant, target: str, seconds: float
 ) -> Any:
-    from tf_grpc_bench.replay.measurement import Benchmark
-    from tf_grpc_bench.replay.pacing import Pacing
+    from tf_grpc_bench.replay.core.measurement import Benchmark
+    from tf_grpc_bench.replay.core.pacing import Pacing
+    from tf_grpc_bench.replay.core.workload import Mode, synthetic_workload
     from tf_grpc_bench.replay.runner import RunPlan, run_benchmark
-    from tf_grpc_bench.replay.wire import ChannelSettings, RpcKind
-    from tf_grpc_bench.replay.workload import Mode, synthetic_workload
+    from tf_grpc_bench.replay.transport.wire import ChannelSettings, RpcKind
 
     benchmark = Benchmark(benchmark_name)
     workload = synthetic_workload(benchmark, _generator(size), mode=Mode.NON_SERIALIZED)
@@ -496,9 +496,9 @@ def _bandwidths(
 
 
 def measure(seconds: float, reps: int, with_bare: bool, with_options: bool) -> Results:
-    from tf_grpc_bench.replay.server import LocalServers
-    from tf_grpc_bench.replay.wire import ServerSettings
-    from tf_grpc_bench.replay.workload import Mode
+    from tf_grpc_bench.replay.core.workload import Mode
+    from tf_grpc_bench.replay.transport.server import LocalServers
+    from tf_grpc_bench.replay.transport.wire import ServerSettings
 
     results = Results()
     mode = Mode.NON_SERIALIZED

@@ -330,13 +330,13 @@ def measure_replay(seconds: float, runs: int, figures: Figures) -> None:
     non-serialized mode; one buffer per payload so every message is exactly
     the size in the table.
     """
-    from tf_grpc_bench.replay.generators import BufferSizes, GeneratorConfig
-    from tf_grpc_bench.replay.measurement import Benchmark
-    from tf_grpc_bench.replay.pacing import Pacing
+    from tf_grpc_bench.replay.core.generators import BufferSizes, GeneratorConfig
+    from tf_grpc_bench.replay.core.measurement import Benchmark
+    from tf_grpc_bench.replay.core.pacing import Pacing
+    from tf_grpc_bench.replay.core.workload import Mode, synthetic_workload
     from tf_grpc_bench.replay.runner import RunPlan, default_rpc, default_window, run_benchmark
-    from tf_grpc_bench.replay.server import LocalServers
-    from tf_grpc_bench.replay.wire import ChannelSettings, RpcKind
-    from tf_grpc_bench.replay.workload import Mode, synthetic_workload
+    from tf_grpc_bench.replay.transport.server import LocalServers
+    from tf_grpc_bench.replay.transport.wire import ChannelSettings, RpcKind
     from tf_grpc_bench.sizes import classify
 
     def generator(size: int) -> GeneratorConfig:

@@ -40,8 +40,8 @@ from common import (
 )
 
 from tf_grpc_bench import trace_files
-from tf_grpc_bench.replay import results as results_module
-from tf_grpc_bench.replay.measurement import Benchmark
+from tf_grpc_bench.replay.core.measurement import Benchmark
+from tf_grpc_bench.replay.output import document as results_module
 
 SECTION = "## Replay against training"
 

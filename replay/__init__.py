@@ -1,0 +1,24 @@
+"""Replay captured TensorFlow gRPC traffic as the TF-gRPC-Bench micro-benchmarks.
+
+The package is layered; a module imports only from its own layer or lower ones
+(``tests/test_layers.py`` enforces this, lowest first):
+
+0. ``core``: the workload model, generators, pacing, measurements, chunking.
+   Pure: no gRPC, no sockets, no clocks, no processes or threads, no IO.
+1. ``transport``: gRPC clients and servers, the wire formats, TLS, gRPC
+   settings, and the measuring loop the runner and the throughput workers share.
+2. ``output``: the result document (the one parse point of result files),
+   machine probes, statistics, the text report, TensorBoard logs.
+3. ``network``: emulated networks (namespaces, link profiles), what the
+   network under a run is, comparisons across profiles, and their CLI.
+4. ``throughput.py``: PS throughput's worker processes.
+5. ``runner.py``: runs a benchmark and executes a replay request (the
+   library behind every replay command).
+6. ``placement``: a replay task placed by TF_CONFIG (cluster, gather, role);
+   it runs the runner, so it sits above it.
+7. ``cli.py``: flag tables and flags -> request for ``serve``, ``replay``,
+   ``role`` and ``network``; nothing imports it.
+
+Nothing in ``replay`` imports ``tf_grpc_bench.profiler`` or TensorFlow, and no
+module imports another module's ``_private`` names.
+"""

@@ -9,39 +9,38 @@ document and TensorBoard logs into a new run directory.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import os
 import signal
 import sys
 import threading
-from collections.abc import Iterator
-from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from tf_grpc_bench import trace_files
 from tf_grpc_bench.errors import ConfigError, RunInterrupted, TransportError, UsageError
-from tf_grpc_bench.replay import grpc_settings
-from tf_grpc_bench.replay.client import parse_target
-from tf_grpc_bench.replay.generators import BufferSizes, GeneratorConfig, GeneratorKind
-from tf_grpc_bench.replay.measurement import Benchmark, BenchmarkResult
-from tf_grpc_bench.replay.pacing import Pacing, Timing
-from tf_grpc_bench.replay.runner import (
-    INTERRUPTED_REASON,
-    NS_PER_S,
-    ProgressEvent,
-    RunPlan,
-    default_rpc,
-    default_window,
-)
-from tf_grpc_bench.replay.server import DEFAULT_PORT, LocalServers, ReplayServer
-from tf_grpc_bench.replay.wire import ChannelSettings, RpcKind, ServerSettings, keep_freed_memory
-from tf_grpc_bench.replay.workload import (
+from tf_grpc_bench.replay import runner
+from tf_grpc_bench.replay.core.chunking import chunk_workload
+from tf_grpc_bench.replay.core.generators import BufferSizes, GeneratorConfig, GeneratorKind
+from tf_grpc_bench.replay.core.measurement import Benchmark
+from tf_grpc_bench.replay.core.pacing import Pacing, Timing
+from tf_grpc_bench.replay.core.workload import (
     Mode,
     Workload,
     parse_pair,
     synthetic_workload,
     trace_workload,
+)
+from tf_grpc_bench.replay.network import cli as network_cli
+from tf_grpc_bench.replay.placement import role
+from tf_grpc_bench.replay.runner import ReplayRequest, default_rpc, default_window
+from tf_grpc_bench.replay.transport import grpc_settings
+from tf_grpc_bench.replay.transport.client import parse_target
+from tf_grpc_bench.replay.transport.loop import INTERRUPTED_REASON, NS_PER_S, ProgressEvent, RunPlan
+from tf_grpc_bench.replay.transport.server import DEFAULT_PORT, LocalServers, ReplayServer
+from tf_grpc_bench.replay.transport.wire import (
+    RpcKind,
+    ServerSettings,
+    keep_freed_memory,
 )
 from tf_grpc_bench.sizes import SizeCategory, parse_size
 
@@ -73,53 +72,6 @@ def _size(flag: str, text: str) -> int:
         return parse_size(text)
     except ValueError as error:
         raise ConfigError(f"{flag}: {error}") from None
-
-
-def _grpc_settings(args: argparse.Namespace) -> grpc_settings.GrpcSettings:
-    return grpc_settings.settings_from_args(args)
-
-
-def _tls_material(
-    settings: grpc_settings.GrpcSettings,
-    tls_dir: str | None,
-    default_dir: Path | None,
-    hosts: tuple[str, ...] = (),
-) -> tuple[bytes, bytes, bytes] | None:
-    """(CA, server certificate, server key) for ``--tls``, made or reused in the TLS directory."""
-    if not settings.tls:
-        return None
-    from tf_grpc_bench.replay import tls
-
-    directory = Path(tls_dir) if tls_dir else default_dir
-    if directory is None:
-        raise UsageError("--tls needs --tls-dir DIR (where the CA and server certificate are)")
-    files = tls.ensure_tls_files(directory, hosts=hosts)
-    return files.ca_cert_pem(), files.server_cert_pem(), files.server_key_pem()
-
-
-def _channel_settings(
-    settings: grpc_settings.GrpcSettings, tls_material: tuple[bytes, bytes, bytes] | None
-) -> ChannelSettings:
-    return ChannelSettings(
-        options=tuple(settings.channel_options()),
-        root_certificates=tls_material[0] if tls_material else None,
-        channels_per_server=settings.channels,
-    )
-
-
-def _server_settings(
-    settings: grpc_settings.GrpcSettings, tls_material: tuple[bytes, bytes, bytes] | None
-) -> ServerSettings:
-    options = list(settings.server_options())
-    if settings.compression is not grpc_settings.Compression.NONE:
-        options.append(
-            ("grpc.default_compression_algorithm", int(settings.compression_algorithm()))
-        )
-    return ServerSettings(
-        options=tuple(options),
-        certificate_chain=tls_material[1] if tls_material else None,
-        private_key=tls_material[2] if tls_material else None,
-    )
 
 
 # --------------------------------------------------------------------------
@@ -156,7 +108,7 @@ def configure_serve(parser: argparse.ArgumentParser) -> None:
 
 def _serving_hosts(host: str) -> tuple[str, ...]:
     """What a TLS server certificate must name: the listening host, or every local address."""
-    from tf_grpc_bench.replay import netinfo
+    from tf_grpc_bench.replay.network import netinfo
 
     wildcard = host in ("0.0.0.0", "::", "[::]", "")
     return netinfo.local_addresses() if wildcard else (host, *netinfo.local_addresses())
@@ -168,9 +120,14 @@ def run_serve(args: argparse.Namespace) -> int:
         raise ConfigError(f"--port must be in 0..65535, got {args.port}")
     if args.servers > 1 and args.port == 0:
         raise UsageError("--servers N needs a fixed --port (servers use PORT..PORT+N-1)")
-    settings = _grpc_settings(args)
-    tls_material = _tls_material(settings, args.tls_dir, None, _serving_hosts(args.host))
-    server_settings = _server_settings(settings, tls_material)
+    settings = grpc_settings.settings_from_args(args)
+    tls_material = None
+    if settings.tls:
+        from tf_grpc_bench.replay.transport import tls
+
+        directory = Path(args.tls_dir) if args.tls_dir else None
+        tls_material = tls.ensure_material(directory, hosts=_serving_hosts(args.host))
+    server_settings = grpc_settings.server_settings(settings, tls_material)
     mode = Mode(args.mode)
     stop = threading.Event()
     # Ctrl-C and SIGTERM both stop gracefully (a background job may ignore SIGINT).
@@ -222,6 +179,15 @@ def run_serve(args: argparse.Namespace) -> int:
 
 
 def configure_replay(parser: argparse.ArgumentParser) -> None:
+    _add_what_flags(parser)
+    _add_synthetic_flags(parser)
+    _add_trace_flags(parser)
+    _add_timing_flags(parser)
+    _add_where_flags(parser)
+    grpc_settings.add_grpc_flags(parser)
+
+
+def _add_what_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "trace",
         metavar="TRACE",
@@ -252,6 +218,9 @@ def configure_replay(parser: argparse.ArgumentParser) -> None:
         "channel, each answered by one message (default: streaming for synthetic P2P "
         "bandwidth, unary otherwise; trace replays are always unary)",
     )
+
+
+def _add_synthetic_flags(parser: argparse.ArgumentParser) -> None:
     synthetic = parser.add_argument_group("synthetic workload (the paper's generators)")
     synthetic.add_argument(
         "--generator",
@@ -301,6 +270,9 @@ def configure_replay(parser: argparse.ArgumentParser) -> None:
     synthetic.add_argument(
         "--workers", type=int, default=None, help="worker processes for PS throughput (default 1)"
     )
+
+
+def _add_trace_flags(parser: argparse.ArgumentParser) -> None:
     traced = parser.add_argument_group("trace replay")
     traced.add_argument(
         "--pair",
@@ -315,6 +287,9 @@ def configure_replay(parser: argparse.ArgumentParser) -> None:
     traced.add_argument(
         "--passes", type=int, default=None, help="replay the trace's steps N times per run"
     )
+
+
+def _add_timing_flags(parser: argparse.ArgumentParser) -> None:
     timing = parser.add_argument_group("timing")
     timing.add_argument(
         "--warmup", type=float, default=2.0, help="warm-up seconds (default 2, the paper's)"
@@ -342,6 +317,9 @@ def configure_replay(parser: argparse.ArgumentParser) -> None:
         default=10.0,
         help="seconds to wait for the servers to answer (default 10)",
     )
+
+
+def _add_where_flags(parser: argparse.ArgumentParser) -> None:
     where = parser.add_argument_group("where")
     where.add_argument(
         "--target",
@@ -365,26 +343,6 @@ def configure_replay(parser: argparse.ArgumentParser) -> None:
     where.add_argument(
         "--quiet", action="store_true", help="no progress bar and no table, just the paths"
     )
-    grpc_settings.add_grpc_flags(parser)
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class ReplayRequest:
-    """What ``replay`` was asked to do, validated."""
-
-    benchmarks: tuple[Benchmark, ...]
-    trace_path: Path | None
-    workloads: tuple[Workload, ...]
-    pacings: tuple[Pacing, ...]
-    #: How each workload's echo and ack calls travel.
-    rpcs: tuple[RpcKind, ...]
-    plan: RunPlan
-    mode: Mode
-    targets: tuple[str, ...] | None
-    grpc: grpc_settings.GrpcSettings
-    config: dict[str, str | int | float | bool]
-    #: The gRPC settings as result parameters.
-    grpc_parameters: dict[str, str | int | float | bool]
 
 
 _SYNTHETIC_FLAGS = (
@@ -508,29 +466,9 @@ def build_request(args: argparse.Namespace) -> ReplayRequest:
         _positive_int(f"--{name}", getattr(args, name))
     if args.outstanding is not None:
         _positive_int("--outstanding", args.outstanding)
-    warmup_ns = _seconds("--warmup", args.warmup, allow_zero=True)
-    duration_ns = _seconds(
-        "--duration", args.duration if args.duration is not None else 10.0, allow_zero=False
-    )
-    deadline = _seconds("--deadline", args.deadline, allow_zero=False) / NS_PER_S
-    connect = _seconds("--connect-timeout", args.connect_timeout, allow_zero=False) / NS_PER_S
-    if args.duration is not None and (args.steps is not None or args.passes is not None):
-        raise UsageError("--duration and --steps/--passes are alternatives; give one")
-    plan = RunPlan(
-        warmup_ns=warmup_ns,
-        duration_ns=duration_ns,
-        runs=args.runs,
-        steps=args.steps,
-        passes=args.passes,
-        deadline_s=deadline,
-        connect_timeout_s=connect,
-    )
-    targets = None
-    if args.target is not None:
-        targets = tuple(parse_target(t) for t in args.target.split(",") if t.strip())
-        if not targets:
-            raise ConfigError("--target: expected HOST:PORT[,HOST:PORT...]")
-    settings = _grpc_settings(args)
+    plan = _run_plan(args)
+    targets = _targets(args)
+    settings = grpc_settings.settings_from_args(args)
     grpc_parameters = settings.as_parameters()
     if args.outstanding is None:
         # Each benchmark records its own window ("outstanding"): 1 or the trace's.
@@ -540,73 +478,25 @@ def build_request(args: argparse.Namespace) -> ReplayRequest:
         "mode": mode.value,
         "rpc": args.rpc or "default",
         "pacing": args.pacing,
-        "warmup_s": warmup_ns / NS_PER_S,
-        "duration_s": duration_ns / NS_PER_S,
+        "warmup_s": plan.warmup_ns / NS_PER_S,
+        "duration_s": plan.duration_ns / NS_PER_S,
         "runs": args.runs,
-        "deadline_s": deadline,
+        "deadline_s": plan.deadline_s,
         "targets": ",".join(targets) if targets else "loopback",
         **grpc_parameters,
     }
-    workloads: list[Workload] = []
     if trace_path is None:
-        for flag_attribute, flag in _TRACE_FLAGS:
-            if getattr(args, flag_attribute) is not None:
-                raise UsageError(f"{flag} applies to trace replays, not to --synthetic workloads")
-        if Timing(args.pacing) is Timing.RECORDED:
-            raise UsageError(
-                "--pacing recorded needs a trace (synthetic payloads have no timestamps)"
-            )
-        generator = _generator_config(args)
-        for benchmark in benchmarks:
-            workloads.append(
-                synthetic_workload(
-                    benchmark,
-                    generator,
-                    mode=mode,
-                    ps_count=args.ps if args.ps is not None else 1,
-                    worker_count=args.workers if args.workers is not None else 1,
-                )
-            )
+        workloads = _synthetic_workloads(args, benchmarks, mode)
         config["workload"] = "synthetic"
     else:
-        for flag_attribute, flag in _SYNTHETIC_FLAGS:
-            if getattr(args, flag_attribute) is not None:
-                raise UsageError(
-                    f"{flag} shapes the synthetic workload; a trace brings its own "
-                    "(add --synthetic to use the generators)"
-                )
-        trace = trace_files.read_trace(trace_path)
-        pair = parse_pair(args.pair, trace) if args.pair is not None else None
-        for benchmark in benchmarks:
-            workloads.append(
-                trace_workload(trace, benchmark, mode=mode, pair=pair, source=str(trace_path))
-            )
+        workloads = _trace_workloads(args, trace_path, benchmarks, mode)
         config["workload"] = "trace"
         config["trace"] = str(trace_path)
-    if settings.chunk_bytes:
-        from tf_grpc_bench.replay.chunking import chunk_workload
-
-        workloads = [chunk_workload(workload, settings) for workload in workloads]
-    for workload in workloads:
-        settings.check_payload(max(call.payload_bytes for call in workload.calls))
+    workloads = _fitted_to_messages(workloads, settings)
     rpcs = tuple(_rpc(args, workload) for workload in workloads)
-    for workload, rpc in zip(workloads, rpcs, strict=True):
-        # A stream holds one server thread while open; leave threads for control calls.
-        streams = workload.worker_count * settings.channels
-        room = ServerSettings().max_workers - STREAM_THREADS_KEPT_FREE
-        if rpc is RpcKind.STREAMING and streams > room:
-            raise ConfigError(
-                f"--rpc streaming: {workload.worker_count} worker(s) x --channels "
-                f"{settings.channels} = {streams} streams per ps server, more than its "
-                f"{room} stream threads; use fewer channels or --rpc unary"
-            )
+    _check_stream_threads(workloads, rpcs, settings)
     pacings = tuple(_pacing(args, w, rpc) for w, rpc in zip(workloads, rpcs, strict=True))
-    if targets is not None:
-        needed = max(w.server_count for w in workloads)
-        if len(targets) < needed:
-            raise ConfigError(
-                f"--target: the workload needs {needed} ps server(s), got {len(targets)} target(s)"
-            )
+    _check_target_count(targets, workloads)
     return ReplayRequest(
         benchmarks=benchmarks,
         trace_path=trace_path,
@@ -620,6 +510,108 @@ def build_request(args: argparse.Namespace) -> ReplayRequest:
         config=config,
         grpc_parameters=dict(grpc_parameters),
     )
+
+
+def _run_plan(args: argparse.Namespace) -> RunPlan:
+    warmup_ns = _seconds("--warmup", args.warmup, allow_zero=True)
+    duration_ns = _seconds(
+        "--duration", args.duration if args.duration is not None else 10.0, allow_zero=False
+    )
+    deadline = _seconds("--deadline", args.deadline, allow_zero=False) / NS_PER_S
+    connect = _seconds("--connect-timeout", args.connect_timeout, allow_zero=False) / NS_PER_S
+    if args.duration is not None and (args.steps is not None or args.passes is not None):
+        raise UsageError("--duration and --steps/--passes are alternatives; give one")
+    return RunPlan(
+        warmup_ns=warmup_ns,
+        duration_ns=duration_ns,
+        runs=args.runs,
+        steps=args.steps,
+        passes=args.passes,
+        deadline_s=deadline,
+        connect_timeout_s=connect,
+    )
+
+
+def _targets(args: argparse.Namespace) -> tuple[str, ...] | None:
+    if args.target is None:
+        return None
+    targets = tuple(parse_target(t) for t in args.target.split(",") if t.strip())
+    if not targets:
+        raise ConfigError("--target: expected HOST:PORT[,HOST:PORT...]")
+    return targets
+
+
+def _synthetic_workloads(
+    args: argparse.Namespace, benchmarks: tuple[Benchmark, ...], mode: Mode
+) -> list[Workload]:
+    for flag_attribute, flag in _TRACE_FLAGS:
+        if getattr(args, flag_attribute) is not None:
+            raise UsageError(f"{flag} applies to trace replays, not to --synthetic workloads")
+    if Timing(args.pacing) is Timing.RECORDED:
+        raise UsageError("--pacing recorded needs a trace (synthetic payloads have no timestamps)")
+    generator = _generator_config(args)
+    return [
+        synthetic_workload(
+            benchmark,
+            generator,
+            mode=mode,
+            ps_count=args.ps if args.ps is not None else 1,
+            worker_count=args.workers if args.workers is not None else 1,
+        )
+        for benchmark in benchmarks
+    ]
+
+
+def _trace_workloads(
+    args: argparse.Namespace, trace_path: Path, benchmarks: tuple[Benchmark, ...], mode: Mode
+) -> list[Workload]:
+    for flag_attribute, flag in _SYNTHETIC_FLAGS:
+        if getattr(args, flag_attribute) is not None:
+            raise UsageError(
+                f"{flag} shapes the synthetic workload; a trace brings its own "
+                "(add --synthetic to use the generators)"
+            )
+    trace = trace_files.read_trace(trace_path)
+    pair = parse_pair(args.pair, trace) if args.pair is not None else None
+    return [
+        trace_workload(trace, benchmark, mode=mode, pair=pair, source=str(trace_path))
+        for benchmark in benchmarks
+    ]
+
+
+def _fitted_to_messages(
+    workloads: list[Workload], settings: grpc_settings.GrpcSettings
+) -> list[Workload]:
+    """The workloads chunked as ``--chunk-size`` says; ConfigError if a payload cannot be sent."""
+    if settings.chunk_bytes:
+        workloads = [chunk_workload(workload, settings) for workload in workloads]
+    for workload in workloads:
+        settings.check_payload(max(call.payload_bytes for call in workload.calls))
+    return workloads
+
+
+def _check_stream_threads(
+    workloads: list[Workload], rpcs: tuple[RpcKind, ...], settings: grpc_settings.GrpcSettings
+) -> None:
+    for workload, rpc in zip(workloads, rpcs, strict=True):
+        # A stream holds one server thread while open; leave threads for control calls.
+        streams = workload.worker_count * settings.channels
+        room = ServerSettings().max_workers - STREAM_THREADS_KEPT_FREE
+        if rpc is RpcKind.STREAMING and streams > room:
+            raise ConfigError(
+                f"--rpc streaming: {workload.worker_count} worker(s) x --channels "
+                f"{settings.channels} = {streams} streams per ps server, more than its "
+                f"{room} stream threads; use fewer channels or --rpc unary"
+            )
+
+
+def _check_target_count(targets: tuple[str, ...] | None, workloads: list[Workload]) -> None:
+    if targets is not None:
+        needed = max(w.server_count for w in workloads)
+        if len(targets) < needed:
+            raise ConfigError(
+                f"--target: the workload needs {needed} ps server(s), got {len(targets)} target(s)"
+            )
 
 
 class _Progress:
@@ -648,86 +640,33 @@ class _Progress:
             self._bar.close()
 
 
-@contextlib.contextmanager
-def _servers(
-    request: ReplayRequest, server_settings: ServerSettings
-) -> Iterator[tuple[tuple[str, ...], bool]]:
-    """The targets to replay against: given, or servers started here (stopped afterwards)."""
-    if request.targets is not None:
-        yield request.targets, False
-        return
-    count = max(w.server_count for w in request.workloads)
-    with LocalServers(count, mode=request.mode, settings=server_settings) as servers:
-        yield tuple(servers.targets), True
-
-
-def execute(
-    request: ReplayRequest,
-    *,
-    tls_dir: Path | None = None,
-    on_progress: Any = None,
-) -> tuple[list[BenchmarkResult], tuple[str, ...], bool]:
-    """Run the requested benchmarks; returns the results, the targets and whether they were local.
-
-    Stops after a benchmark that ended partial (its servers are likely gone).
-    """
-    from tf_grpc_bench.replay.runner import run_benchmark
-
-    tls_material = _tls_material(request.grpc, str(tls_dir) if tls_dir else None, tls_dir)
-    channel_settings = _channel_settings(request.grpc, tls_material)
-    server_settings = _server_settings(request.grpc, tls_material)
-    results: list[BenchmarkResult] = []
-    with _servers(request, server_settings) as (targets, local):
-        for workload, pacing, rpc in zip(
-            request.workloads, request.pacings, request.rpcs, strict=True
-        ):
-            result = run_benchmark(
-                workload,
-                targets,
-                pacing=pacing,
-                plan=request.plan,
-                settings=replace(channel_settings, rpc=rpc),
-                parameters=request.grpc_parameters,
-                on_progress=on_progress,
-            )
-            results.append(result)
-            if result.partial:
-                break
-    return results, targets, local
-
-
 def run_replay(args: argparse.Namespace) -> int:
-    from tf_grpc_bench.replay import report, results, tensorboard_output
+    from tf_grpc_bench.replay.output import document as results
+    from tf_grpc_bench.replay.output import report
 
     request = build_request(args)
     run_directory: Path | None = None
     tls_dir: Path | None = None
     if request.grpc.tls:
-        run_directory = results.new_run_directory(args.output_dir, _label(request))
+        run_directory = results.new_run_directory(args.output_dir, runner.run_label(request))
         tls_dir = Path(args.tls_dir) if args.tls_dir else run_directory / "tls"
     progress = _Progress(
         len(request.workloads) * request.plan.runs,
         enabled=not args.quiet and sys.stderr.isatty(),
     )
     try:
-        measured, targets, _local = execute(request, tls_dir=tls_dir, on_progress=progress)
+        measured, targets, _local = runner.execute(request, tls_dir=tls_dir, on_progress=progress)
     finally:
         progress.close()
     if run_directory is None:
-        run_directory = results.new_run_directory(args.output_dir, _label(request))
-    from tf_grpc_bench.replay import netinfo
-
-    network = netinfo.describe_network(targets, name=args.network_name)
-    document = results.build_document(
-        measured, config=request.config, trace_path=request.trace_path, network=network
+        run_directory = results.new_run_directory(args.output_dir, runner.run_label(request))
+    document = runner.record(
+        request, measured, targets, run_directory, network_name=args.network_name
     )
-    results.write_document(document, run_directory / results.RESULTS_FILE_NAME)
-    logdir = run_directory / "tensorboard"
-    tensorboard_output.write_run(document, logdir)
     if not args.quiet:
         print(report.format_table(document))
     print(f"results: {run_directory / results.RESULTS_FILE_NAME}")
-    print(f"view:    tensorboard --logdir {logdir}")
+    print(f"view:    tensorboard --logdir {run_directory / 'tensorboard'}")
     if document.partial and INTERRUPTED_REASON in document.partial_reason:
         raise RunInterrupted(f"interrupted; partial results written to {run_directory}")
     if document.partial:
@@ -737,7 +676,27 @@ def run_replay(args: argparse.Namespace) -> int:
     return 0
 
 
-def _label(request: ReplayRequest) -> str:
-    where = "remote" if request.targets is not None else "loopback"
-    what = request.trace_path.stem if request.trace_path is not None else "synthetic"
-    return f"{where}-{what}"
+# --------------------------------------------------------------------------
+# role and network: their own flags, then the replay flags and request above.
+
+
+def configure_role(parser: argparse.ArgumentParser) -> None:
+    role.add_placement_flags(parser)
+    configure_replay(parser)
+
+
+def run_role(args: argparse.Namespace) -> int:
+    return role.run_role(args, build_request=build_request)
+
+
+def configure_network(parser: argparse.ArgumentParser) -> None:
+    network_cli.configure_network(parser, replay_flags=configure_replay)
+
+
+def run_network(args: argparse.Namespace) -> int:
+    return network_cli.run_network(
+        args,
+        build_request=build_request,
+        replay_flags=configure_replay,
+        serve_flags=configure_serve,
+    )

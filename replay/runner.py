@@ -9,265 +9,43 @@ one process per worker (``throughput``).
 
 A server that fails mid-run ends the run and the benchmark: what was measured
 is kept, marked partial with the reason.
+
+``execute`` carries out a whole ``ReplayRequest`` (servers, benchmarks) and
+``record`` writes what it measured (result document, TensorBoard logs): the
+library behind ``replay``, ``role`` and ``network compare``.
 """
 
 from __future__ import annotations
 
-import itertools
-import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+import contextlib
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
 
 from tf_grpc_bench.errors import ConfigError, TransportError
-from tf_grpc_bench.replay.client import Driver, ReplayClient
-from tf_grpc_bench.replay.measurement import Benchmark, BenchmarkResult, CallSample, RunMeasurement
-from tf_grpc_bench.replay.pacing import Pacing, Timing, next_step_begin_ns
-from tf_grpc_bench.replay.wire import ChannelSettings, RpcKind, ServerStats
-from tf_grpc_bench.replay.workload import Shape, Workload, WorkloadStep
-
-NS_PER_S = 1_000_000_000
-#: Partial reason of a run stopped by Ctrl-C.
-INTERRUPTED_REASON = "interrupted by the user (Ctrl-C)"
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class RunPlan:
-    """How long and how often to measure.  The defaults are the paper's."""
-
-    warmup_ns: int = 2 * NS_PER_S
-    duration_ns: int = 10 * NS_PER_S
-    runs: int = 5
-    #: Trace workloads only: replay exactly this many steps per run (instead of a duration).
-    steps: int | None = None
-    #: Trace workloads only: replay the trace's steps this many times per run.
-    passes: int | None = None
-    #: Deadline of each call, in seconds.
-    deadline_s: float = 60.0
-    #: How long to wait for a server to answer before the first call.
-    connect_timeout_s: float = 10.0
-
-    def __post_init__(self) -> None:
-        if self.warmup_ns < 0:
-            raise ConfigError(f"--warmup must be >= 0 s, got {self.warmup_ns / 1e9:g}")
-        if self.duration_ns <= 0:
-            raise ConfigError(f"--duration must be > 0 s, got {self.duration_ns / 1e9:g}")
-        if self.runs < 1:
-            raise ConfigError(f"--runs must be >= 1, got {self.runs}")
-        if self.steps is not None and self.steps < 1:
-            raise ConfigError(f"--steps must be >= 1, got {self.steps}")
-        if self.passes is not None and self.passes < 1:
-            raise ConfigError(f"--passes must be >= 1, got {self.passes}")
-        if self.steps is not None and self.passes is not None:
-            raise ConfigError("--steps and --passes are alternatives; give one")
-        if not self.deadline_s > 0:
-            raise ConfigError(f"--deadline must be > 0 s, got {self.deadline_s:g}")
-        if not self.connect_timeout_s > 0:
-            raise ConfigError(f"--connect-timeout must be > 0 s, got {self.connect_timeout_s:g}")
-
-    def steps_per_run(self, workload: Workload) -> int | None:
-        """Exact steps to replay per run, or None to run for ``duration_ns``."""
-        if self.passes is not None:
-            return self.passes * len(workload.steps)
-        return self.steps
-
-    def parameters(self) -> dict[str, str | int | float | bool]:
-        parameters: dict[str, str | int | float | bool] = {
-            "warmup_s": self.warmup_ns / 1e9,
-            "duration_s": self.duration_ns / 1e9,
-            "runs": self.runs,
-            "deadline_s": self.deadline_s,
-        }
-        if self.steps is not None:
-            parameters["steps_per_run"] = self.steps
-        if self.passes is not None:
-            parameters["passes_per_run"] = self.passes
-        return parameters
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class ProgressEvent:
-    """Reported by the runner as it goes, for a progress bar."""
-
-    benchmark: Benchmark
-    #: "warmup", "run" (a measured run starts) or "finished" (a measured run ended).
-    phase: str
-    run_index: int
-    runs: int
-
-
-ProgressCallback = Callable[[ProgressEvent], None]
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class WorkerOutcome:
-    """What one worker measured in one run."""
-
-    samples: tuple[CallSample, ...]
-    step_times_ns: tuple[int, ...]
-    #: From the run's begin to the worker's last completed call.
-    elapsed_ns: int
-    cpu_ns: int
-    partial: bool = False
-    partial_reason: str = ""
-
-
-class WorkerLoop:
-    """One worker's replay: its calls, cycled under the runner's protocol.
-
-    ``clock`` returns ns.  Blocking; not thread-safe.
-    """
-
-    def __init__(
-        self,
-        workload: Workload,
-        driver: Driver,
-        *,
-        clock: Callable[[], int] = time.perf_counter_ns,
-        cpu_clock: Callable[[], int] = time.process_time_ns,
-    ) -> None:
-        self.workload = workload
-        self.driver = driver
-        self.clock = clock
-        self.cpu_clock = cpu_clock
-        self._steps = tuple(step for step in workload.steps if step.calls)
-        self._synthetic = workload.source == "synthetic"
-
-    def _cycle(self) -> Iterator[WorkloadStep]:
-        return itertools.cycle(self._steps)
-
-    def _replay(
-        self,
-        *,
-        begin_ns: int,
-        duration_ns: int | None,
-        step_count: int | None,
-        samples: list[CallSample] | None,
-        step_times: list[int] | None,
-    ) -> int:
-        """Replay steps from ``begin_ns``; returns the time the last call completed."""
-        self.driver.begin_run()
-        stop_at = None if duration_ns is None else begin_ns + duration_ns
-        step_begin = begin_ns
-        last_end = begin_ns
-        for number, step in enumerate(self._cycle()):
-            if step_count is not None and number >= step_count:
-                break
-            if step_count is None and stop_at is not None and self.clock() >= stop_at:
-                break
-            last_end = self.driver.run_step(
-                step,
-                run_begin_ns=begin_ns,
-                step_begin_ns=step_begin,
-                # A synthetic cycle may stop mid-way; trace steps are replayed whole.
-                stop_at_ns=stop_at if self._synthetic and step_count is None else None,
-                samples=samples,
-            )
-            if step_times is not None and not self._synthetic:
-                step_times.append(last_end - step_begin)
-            next_begin = next_step_begin_ns(
-                self.driver.pacing,
-                previous_begin_ns=step_begin,
-                previous_end_ns=last_end,
-                recorded_period_ns=step.period_ns,
-            )
-            now = self.clock()
-            if next_begin > now:
-                if stop_at is not None and step_count is None and next_begin >= stop_at:
-                    break
-                while self.clock() < next_begin:
-                    time.sleep((next_begin - self.clock()) / 1e9)
-            step_begin = max(next_begin, self.clock())
-        return last_end
-
-    def warm_up(self, duration_ns: int) -> None:
-        """Replay for ``duration_ns`` (whole steps for traces), measuring nothing."""
-        if duration_ns <= 0:
-            return
-        self._replay(
-            begin_ns=self.clock(),
-            duration_ns=duration_ns,
-            step_count=None,
-            samples=None,
-            step_times=None,
-        )
-
-    def measure(
-        self, *, begin_ns: int | None = None, duration_ns: int, step_count: int | None
-    ) -> WorkerOutcome:
-        """One measured run.  A ``TransportError`` ends it early, marked partial."""
-        if begin_ns is not None:
-            while self.clock() < begin_ns:
-                time.sleep(max(begin_ns - self.clock(), 0) / 1e9)
-        else:
-            begin_ns = self.clock()
-        samples: list[CallSample] = []
-        step_times: list[int] = []
-        cpu_before = self.cpu_clock()
-        partial, reason = False, ""
-        try:
-            last_end = self._replay(
-                begin_ns=begin_ns,
-                duration_ns=None if step_count is not None else duration_ns,
-                step_count=step_count,
-                samples=samples,
-                step_times=step_times,
-            )
-        except TransportError as error:
-            partial, reason = True, str(error)
-            last_end = self.clock()
-        return WorkerOutcome(
-            samples=tuple(sorted(samples, key=lambda s: s.start_ns)),
-            step_times_ns=tuple(step_times),
-            elapsed_ns=max(last_end - begin_ns, 1),
-            cpu_ns=self.cpu_clock() - cpu_before,
-            partial=partial,
-            partial_reason=reason,
-        )
-
-
-# --------------------------------------------------------------------------
-# Servers' statistics around a run.
-
-
-def reset_servers(clients: Mapping[int, ReplayClient], timeout_s: float) -> None:
-    for client in clients.values():
-        client.reset_stats(timeout_s)
-
-
-def collect_stats(
-    clients: Mapping[int, ReplayClient], timeout_s: float
-) -> list[ServerStats] | None:
-    try:
-        return [client.stats(timeout_s) for client in clients.values()]
-    except TransportError:
-        return None
-
-
-def run_measurement(
-    run_index: int, outcomes: Sequence[WorkerOutcome], stats: list[ServerStats] | None
-) -> RunMeasurement:
-    """Combine the workers' outcomes and the servers' counts into one run."""
-    samples = sorted(
-        (sample for outcome in outcomes for sample in outcome.samples), key=lambda s: s.start_ns
-    )
-    reasons = [o.partial_reason for o in outcomes if o.partial]
-    partial = bool(reasons)
-    reason = reasons[0] if reasons else ""
-    if stats is None and not partial:
-        partial, reason = True, "server statistics unavailable after the run"
-    return RunMeasurement(
-        run_index=run_index,
-        duration_ns=max(o.elapsed_ns for o in outcomes),
-        samples=tuple(samples),
-        step_times_ns=tuple(t for o in outcomes for t in o.step_times_ns),
-        client_cpu_ns=sum(o.cpu_ns for o in outcomes),
-        server_cpu_ns=sum(s.cpu_ns for s in stats) if stats else 0,
-        server_received_bytes=sum(s.received_bytes for s in stats) if stats else -1,
-        server_received_messages=sum(s.received_messages for s in stats) if stats else -1,
-        partial=partial,
-        partial_reason=reason,
-    )
-
+from tf_grpc_bench.replay.core.measurement import (
+    Benchmark,
+    BenchmarkResult,
+    RunMeasurement,
+)
+from tf_grpc_bench.replay.core.pacing import Pacing, Timing
+from tf_grpc_bench.replay.core.workload import Mode, Shape, Workload
+from tf_grpc_bench.replay.network import netinfo
+from tf_grpc_bench.replay.output import document as results
+from tf_grpc_bench.replay.transport import grpc_settings
+from tf_grpc_bench.replay.transport.client import Driver, ReplayClient
+from tf_grpc_bench.replay.transport.loop import (
+    INTERRUPTED_REASON,
+    ProgressCallback,
+    ProgressEvent,
+    RunPlan,
+    WorkerLoop,
+    failed_run,
+    open_clients,
+    run_each,
+)
+from tf_grpc_bench.replay.transport.server import LocalServers
+from tf_grpc_bench.replay.transport.wire import ChannelSettings, RpcKind, ServerSettings
 
 # --------------------------------------------------------------------------
 # Benchmarks.
@@ -316,24 +94,6 @@ def default_pacing(workload: Workload) -> Pacing:
     return Pacing(timing=Timing.ASAP, window=default_window(workload))
 
 
-def open_clients(
-    workload: Workload,
-    targets: Sequence[str],
-    *,
-    settings: ChannelSettings,
-) -> dict[int, ReplayClient]:
-    """One client per server the workload calls, keyed by server index."""
-    if len(targets) < workload.server_count:
-        raise ConfigError(
-            f"--target: the {workload.benchmark.value} workload needs {workload.server_count} "
-            f"ps server(s), got {len(targets)} target(s)"
-        )
-    return {
-        index: ReplayClient(targets[index], mode=workload.mode, settings=settings)
-        for index in workload.servers_used
-    }
-
-
 def measure_point_to_point(
     workload: Workload,
     clients: Mapping[int, ReplayClient],
@@ -379,50 +139,6 @@ def _measure_runs(
         lambda: [
             loop.measure(duration_ns=plan.duration_ns, step_count=plan.steps_per_run(workload))
         ],
-    )
-
-
-def run_each(
-    workload: Workload,
-    clients: Mapping[int, ReplayClient],
-    plan: RunPlan,
-    runs: list[RunMeasurement],
-    notify: ProgressCallback,
-    measure: Callable[[], list[WorkerOutcome]],
-) -> None:
-    """The measured runs after the warm-up, whoever drives the calls.
-
-    Per run: servers' counters reset, ``measure()`` (the drivers' outcomes of
-    one run), the servers' statistics collected, the run appended to ``runs``.
-    Stops after a run that is partial or whose servers cannot be reset (then
-    recorded as a failed run).
-    """
-    for run_index in range(plan.runs):
-        notify(
-            ProgressEvent(
-                benchmark=workload.benchmark, phase="run", run_index=run_index, runs=plan.runs
-            )
-        )
-        try:
-            reset_servers(clients, plan.connect_timeout_s)
-        except TransportError as error:
-            runs.append(failed_run(run_index, str(error)))
-            break
-        outcomes = measure()
-        run = run_measurement(run_index, outcomes, collect_stats(clients, plan.connect_timeout_s))
-        runs.append(run)
-        notify(
-            ProgressEvent(
-                benchmark=workload.benchmark, phase="finished", run_index=run_index, runs=plan.runs
-            )
-        )
-        if run.partial:
-            break
-
-
-def failed_run(run_index: int, reason: str) -> RunMeasurement:
-    return RunMeasurement(
-        run_index=run_index, duration_ns=0, samples=(), partial=True, partial_reason=reason
     )
 
 
@@ -493,3 +209,105 @@ def run_benchmark(
         partial=bool(partial_runs),
         partial_reason=partial_runs[0].partial_reason if partial_runs else "",
     )
+
+
+# --------------------------------------------------------------------------
+# A replay request: what ``replay`` (and ``role``) was asked to do, carried out.
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ReplayRequest:
+    """What ``replay`` was asked to do, validated."""
+
+    benchmarks: tuple[Benchmark, ...]
+    trace_path: Path | None
+    workloads: tuple[Workload, ...]
+    pacings: tuple[Pacing, ...]
+    #: How each workload's echo and ack calls travel.
+    rpcs: tuple[RpcKind, ...]
+    plan: RunPlan
+    mode: Mode
+    targets: tuple[str, ...] | None
+    grpc: grpc_settings.GrpcSettings
+    config: dict[str, str | int | float | bool]
+    #: The gRPC settings as result parameters.
+    grpc_parameters: dict[str, str | int | float | bool]
+
+
+def run_label(request: ReplayRequest) -> str:
+    """The name a run directory of ``request`` starts with: where and what."""
+    where = "remote" if request.targets is not None else "loopback"
+    what = request.trace_path.stem if request.trace_path is not None else "synthetic"
+    return f"{where}-{what}"
+
+
+@contextlib.contextmanager
+def replay_servers(
+    request: ReplayRequest, server_settings: ServerSettings
+) -> Iterator[tuple[tuple[str, ...], bool]]:
+    """The targets to replay against: given, or servers started here (stopped afterwards)."""
+    if request.targets is not None:
+        yield request.targets, False
+        return
+    count = max(w.server_count for w in request.workloads)
+    with LocalServers(count, mode=request.mode, settings=server_settings) as servers:
+        yield tuple(servers.targets), True
+
+
+def execute(
+    request: ReplayRequest,
+    *,
+    tls_dir: Path | None = None,
+    on_progress: ProgressCallback | None = None,
+) -> tuple[list[BenchmarkResult], tuple[str, ...], bool]:
+    """Run the requested benchmarks; returns the results, the targets and whether they were local.
+
+    Stops after a benchmark that ended partial (its servers are likely gone).
+    """
+    material = None
+    if request.grpc.tls:
+        # cryptography is imported only by runs that use TLS.
+        from tf_grpc_bench.replay.transport import tls
+
+        material = tls.ensure_material(tls_dir)
+    channel_settings = grpc_settings.channel_settings(request.grpc, material)
+    server_settings = grpc_settings.server_settings(request.grpc, material)
+    measured: list[BenchmarkResult] = []
+    with replay_servers(request, server_settings) as (targets, local):
+        for workload, pacing, rpc in zip(
+            request.workloads, request.pacings, request.rpcs, strict=True
+        ):
+            result = run_benchmark(
+                workload,
+                targets,
+                pacing=pacing,
+                plan=request.plan,
+                settings=replace(channel_settings, rpc=rpc),
+                parameters=request.grpc_parameters,
+                on_progress=on_progress,
+            )
+            measured.append(result)
+            if result.partial:
+                break
+    return measured, targets, local
+
+
+def record(
+    request: ReplayRequest,
+    measured: Sequence[BenchmarkResult],
+    targets: Sequence[str],
+    run_directory: Path,
+    *,
+    network_name: str = "",
+) -> results.ResultDocument:
+    """Write the result document and TensorBoard logs of a replay into ``run_directory``."""
+    # The TensorBoard writer is imported only when there is something to write.
+    from tf_grpc_bench.replay.output import tensorboard
+
+    network = netinfo.describe_network(targets, name=network_name)
+    document = results.build_document(
+        measured, config=request.config, trace_path=request.trace_path, network=network
+    )
+    results.write_document(document, run_directory / results.RESULTS_FILE_NAME)
+    tensorboard.write_run(document, run_directory / "tensorboard")
+    return document

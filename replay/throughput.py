@@ -25,10 +25,11 @@ from typing import Any
 import numpy as np
 
 from tf_grpc_bench.errors import TransportError
-from tf_grpc_bench.replay.client import Driver, ReplayClient
-from tf_grpc_bench.replay.measurement import SAMPLE_COLUMNS, CallSample, RunMeasurement
-from tf_grpc_bench.replay.pacing import Pacing
-from tf_grpc_bench.replay.runner import (
+from tf_grpc_bench.replay.core.measurement import SAMPLE_COLUMNS, CallSample, RunMeasurement
+from tf_grpc_bench.replay.core.pacing import Pacing
+from tf_grpc_bench.replay.core.workload import Workload
+from tf_grpc_bench.replay.transport.client import Driver, ReplayClient
+from tf_grpc_bench.replay.transport.loop import (
     INTERRUPTED_REASON,
     ProgressCallback,
     ProgressEvent,
@@ -38,8 +39,7 @@ from tf_grpc_bench.replay.runner import (
     failed_run,
     run_each,
 )
-from tf_grpc_bench.replay.wire import ChannelSettings
-from tf_grpc_bench.replay.workload import Workload
+from tf_grpc_bench.replay.transport.wire import ChannelSettings
 
 #: Time between telling workers to start and their common start instant.
 START_MARGIN_NS = 300_000_000

@@ -13,20 +13,14 @@ from pathlib import Path
 
 import numpy as np
 
-from tf_grpc_bench.replay.measurement import (
+from tf_grpc_bench.replay.core.measurement import (
     Benchmark,
     BenchmarkResult,
     CallSample,
     RunMeasurement,
 )
-from tf_grpc_bench.replay.results import (
-    InterfaceInfo,
-    MachineInfo,
-    NetworkInfo,
-    ResultDocument,
-    TraceInfo,
-    build_document,
-)
+from tf_grpc_bench.replay.output.document import ResultDocument, TraceInfo, build_document
+from tf_grpc_bench.replay.output.machine import InterfaceInfo, MachineInfo, NetworkInfo
 
 #: Round-trip latency model: fixed cost plus a per-byte cost, in ns.
 _BASE_NS = 180_000
@@ -192,7 +186,7 @@ if __name__ == "__main__":
     # Regenerate the golden document of the current format version:
     #   .venv/bin/python -m tests.result_factory
     # Only when the format version changes, as a NEW file: old ones stay.
-    from tf_grpc_bench.replay.results import FORMAT_VERSION, write_document
+    from tf_grpc_bench.replay.output.document import FORMAT_VERSION, write_document
 
     target = Path(__file__).parent / "data" / f"results-v{FORMAT_VERSION}.json"
     if target.exists():

@@ -16,14 +16,20 @@ from collections.abc import Callable, Iterator
 import pytest
 
 from tf_grpc_bench.errors import ConfigError
-from tf_grpc_bench.replay.client import ReplayClient
-from tf_grpc_bench.replay.generators import GeneratorConfig, GeneratorKind
-from tf_grpc_bench.replay.measurement import Benchmark, BenchmarkResult, CallSample
-from tf_grpc_bench.replay.pacing import Pacing, Timing
+from tf_grpc_bench.replay.core.generators import GeneratorConfig, GeneratorKind
+from tf_grpc_bench.replay.core.measurement import Benchmark, BenchmarkResult, CallSample
+from tf_grpc_bench.replay.core.pacing import Pacing, Timing
+from tf_grpc_bench.replay.core.workload import (
+    Call,
+    Mode,
+    Workload,
+    synthetic_workload,
+    trace_workload,
+)
 from tf_grpc_bench.replay.runner import ProgressEvent, RunPlan, run_benchmark
-from tf_grpc_bench.replay.server import LocalServers
-from tf_grpc_bench.replay.wire import ChannelSettings, RpcKind
-from tf_grpc_bench.replay.workload import Call, Mode, Workload, synthetic_workload, trace_workload
+from tf_grpc_bench.replay.transport.client import ReplayClient
+from tf_grpc_bench.replay.transport.server import LocalServers
+from tf_grpc_bench.replay.transport.wire import ChannelSettings, RpcKind
 
 from .conftest import make_trace
 

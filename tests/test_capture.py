@@ -40,9 +40,9 @@ from tf_grpc_bench.profiler.capture import (
 from tf_grpc_bench.profiler.launcher import StepMarker, TrainingConfig, plan_tasks
 from tf_grpc_bench.profiler.physics import VARIABLES_EXTRA, check_physics, encode_variables
 from tf_grpc_bench.profiler.proxy import RecordedCall, RecordingProxy
-from tf_grpc_bench.replay.measurement import Benchmark
-from tf_grpc_bench.replay.server import ReplayServer
-from tf_grpc_bench.replay.workload import Mode, trace_workload
+from tf_grpc_bench.replay.core.measurement import Benchmark
+from tf_grpc_bench.replay.core.workload import Mode, trace_workload
+from tf_grpc_bench.replay.transport.server import ReplayServer
 from tf_grpc_bench.trace import RECV_BUF, RECV_TENSOR, Rpc, RunMetadata, Task
 
 from .conftest import make_trace, replayed_sequences, workload_sequences

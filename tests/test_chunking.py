@@ -9,13 +9,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tf_grpc_bench import trace_files
-from tf_grpc_bench.replay.chunking import chunk_workload
-from tf_grpc_bench.replay.generators import GeneratorConfig
-from tf_grpc_bench.replay.grpc_settings import GrpcSettings
-from tf_grpc_bench.replay.measurement import Benchmark
+from tf_grpc_bench.replay.core.chunking import chunk_workload
+from tf_grpc_bench.replay.core.generators import GeneratorConfig
+from tf_grpc_bench.replay.core.measurement import Benchmark
+from tf_grpc_bench.replay.core.workload import Mode, Shape, synthetic_workload, trace_workload
 from tf_grpc_bench.replay.runner import RunPlan, run_benchmark
-from tf_grpc_bench.replay.server import ReplayServer
-from tf_grpc_bench.replay.workload import Mode, Shape, synthetic_workload, trace_workload
+from tf_grpc_bench.replay.transport.grpc_settings import GrpcSettings
+from tf_grpc_bench.replay.transport.server import ReplayServer
 
 from .conftest import make_trace
 

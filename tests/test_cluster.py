@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from tf_grpc_bench.errors import ConfigError
-from tf_grpc_bench.replay import cluster
-from tf_grpc_bench.replay.cluster import Role, TaskId
+from tf_grpc_bench.replay.placement import cluster
+from tf_grpc_bench.replay.placement.cluster import Role, TaskId
 
 CLUSTER = {
     "chief": ["h0:2222"],

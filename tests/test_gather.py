@@ -7,7 +7,7 @@ import threading
 import pytest
 
 from tf_grpc_bench.errors import TransportError
-from tf_grpc_bench.replay import gather
+from tf_grpc_bench.replay.placement import gather
 
 WORKERS = ("worker:0", "worker:1")
 

@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tf_grpc_bench.errors import ConfigError
-from tf_grpc_bench.replay.generators import (
+from tf_grpc_bench.replay.core.generators import (
     BufferSizes,
     GeneratorConfig,
     GeneratorKind,

@@ -13,7 +13,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from tf_grpc_bench.errors import ConfigError
-from tf_grpc_bench.replay.grpc_settings import (
+from tf_grpc_bench.replay.transport.grpc_settings import (
     Compression,
     GrpcSettings,
     add_grpc_flags,

@@ -11,7 +11,7 @@ import textwrap
 import pytest
 
 from tf_grpc_bench.errors import NetworkError
-from tf_grpc_bench.replay import netinfo, netns
+from tf_grpc_bench.replay.network import netinfo, netns
 
 # A receiver that counts the bytes of one TCP connection and reports the rate
 # between its first and last byte; a sender that pushes a fixed number of bytes.
@@ -128,7 +128,7 @@ def test_sigterm_removes_the_network_and_what_runs_in_it() -> None:
     script = textwrap.dedent(
         """
         import sys, time
-        from tf_grpc_bench.replay import netns
+        from tf_grpc_bench.replay.network import netns
         with netns.EmulatedNetwork(hosts=2, profile=netns.parse_profile("1gbit")) as net:
             net.spawn(0, ["sleep", "600"])
             print(net.run_id, flush=True)
@@ -148,7 +148,7 @@ def test_ctrl_c_removes_the_network() -> None:
     script = textwrap.dedent(
         """
         import time
-        from tf_grpc_bench.replay import netns
+        from tf_grpc_bench.replay.network import netns
         with netns.EmulatedNetwork(hosts=3, profile=netns.parse_profile("1gbit")) as net:
             print(net.run_id, flush=True)
             time.sleep(600)
@@ -198,7 +198,7 @@ def test_non_root_gets_a_one_line_network_error() -> None:
         """
         import os
         from tf_grpc_bench.errors import NetworkError
-        from tf_grpc_bench.replay import netns
+        from tf_grpc_bench.replay.network import netns
         os.setuid(65534)  # nobody: the checks must run as a user without root
         try:
             netns.EmulatedNetwork(hosts=2).up()
@@ -268,7 +268,7 @@ def test_bad_host_count_and_subnet_are_refused() -> None:
 
 def test_a_client_inside_a_host_describes_its_link_and_its_rate_limit() -> None:
     describe = (
-        "import json, sys; from tf_grpc_bench.replay import netinfo; "
+        "import json, sys; from tf_grpc_bench.replay.network import netinfo; "
         "info = netinfo.describe_network([sys.argv[1]]); "
         "print(json.dumps({'name': info.name, 'rate': info.emulated_rate_bits_per_s, "
         "'interfaces': [[i.name, i.mtu_bytes, i.namespace] for i in info.interfaces]}))"
@@ -292,7 +292,10 @@ def test_loopback_targets_are_described_as_loopback() -> None:
 
 
 def test_local_addresses_name_every_interface_of_a_host() -> None:
-    show = "from tf_grpc_bench.replay import netinfo; print(' '.join(netinfo.local_addresses()))"
+    show = (
+        "from tf_grpc_bench.replay.network import netinfo; "
+        "print(' '.join(netinfo.local_addresses()))"
+    )
     with netns.EmulatedNetwork(hosts=2, profile=netns.PROFILES["unlimited"]) as network:
         result = network.run(0, [sys.executable, "-c", show])
     assert result.returncode == 0, result.stderr

@@ -11,8 +11,14 @@ from pathlib import Path
 
 import pytest
 
-from tf_grpc_bench.replay import placement, results
-from tf_grpc_bench.replay.measurement import Benchmark, BenchmarkResult, CallSample, RunMeasurement
+from tf_grpc_bench.replay.core.measurement import (
+    Benchmark,
+    BenchmarkResult,
+    CallSample,
+    RunMeasurement,
+)
+from tf_grpc_bench.replay.output import document as results
+from tf_grpc_bench.replay.placement import role as placement
 
 FLAGS = (
     "--synthetic",

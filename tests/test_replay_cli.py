@@ -14,10 +14,10 @@ from pathlib import Path
 import pytest
 
 from tf_grpc_bench import trace_files
-from tf_grpc_bench.replay import results
-from tf_grpc_bench.replay.client import ReplayClient
-from tf_grpc_bench.replay.measurement import Benchmark
-from tf_grpc_bench.replay.workload import Mode
+from tf_grpc_bench.replay.core.measurement import Benchmark
+from tf_grpc_bench.replay.core.workload import Mode
+from tf_grpc_bench.replay.output import document as results
+from tf_grpc_bench.replay.transport.client import ReplayClient
 
 from .conftest import make_trace
 
@@ -348,7 +348,8 @@ def test_bad_trace_files_give_one_line_naming_the_file(
 
 def test_replay_does_not_import_tensorflow() -> None:
     code = (
-        "import sys; from tf_grpc_bench.replay import cli, runner, throughput, server; "
+        "import sys; from tf_grpc_bench.replay import cli, runner, throughput; "
+        "from tf_grpc_bench.replay.transport import server; "
         "print('tensorflow' in sys.modules)"
     )
     completed = subprocess.run(

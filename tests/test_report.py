@@ -8,14 +8,15 @@ from datetime import datetime, timezone
 import pytest
 
 from tests.result_factory import make_results
-from tf_grpc_bench.replay import results
-from tf_grpc_bench.replay.report import (
+from tf_grpc_bench.replay.output import machine
+from tf_grpc_bench.replay.output.document import ResultDocument, build_document
+from tf_grpc_bench.replay.output.machine import NetworkInfo
+from tf_grpc_bench.replay.output.report import (
     format_benchmark_markdown,
     format_markdown_table,
     format_number,
     format_table,
 )
-from tf_grpc_bench.replay.results import NetworkInfo, ResultDocument, build_document
 from tf_grpc_bench.sizes import SizeCategory
 
 CREATED = datetime(2026, 11, 29, 12, 30, 5, tzinfo=timezone.utc)
@@ -119,7 +120,7 @@ def test_loopback_network_is_named_in_the_context_line() -> None:
         make_results(runs=1, calls=3),
         config={},
         trace_path=None,
-        network=results.loopback_network(),
+        network=machine.loopback_network(),
         created=CREATED,
     )
     assert ", loopback, " in format_table(document).splitlines()[0]

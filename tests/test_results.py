@@ -14,11 +14,11 @@ import pytest
 from tests.result_factory import GOLDEN_MACHINE, golden_document, make_results, make_run
 from tf_grpc_bench import trace_files
 from tf_grpc_bench.errors import ResultError, UnsupportedResultVersionError
-from tf_grpc_bench.replay import results
-from tf_grpc_bench.replay.measurement import Benchmark, BenchmarkResult
-from tf_grpc_bench.replay.results import (
+from tf_grpc_bench.replay.core.measurement import Benchmark, BenchmarkResult
+from tf_grpc_bench.replay.output import document as results
+from tf_grpc_bench.replay.output import machine
+from tf_grpc_bench.replay.output.document import (
     FORMAT_VERSION,
-    NetworkInfo,
     ResultDocument,
     build_document,
     dumps_document,
@@ -26,6 +26,7 @@ from tf_grpc_bench.replay.results import (
     read_document,
     write_document,
 )
+from tf_grpc_bench.replay.output.machine import NetworkInfo
 from tf_grpc_bench.sizes import SizeCategory
 
 DATA = Path(__file__).parent / "data"
@@ -36,7 +37,7 @@ def _document(**overrides: object) -> ResultDocument:
     arguments: dict[str, object] = {
         "config": {"command": "replay", "runs": 3, "warmup_s": 2.0, "serialized": False},
         "trace_path": None,
-        "network": results.loopback_network(["127.0.0.1:50001"]),
+        "network": machine.loopback_network(["127.0.0.1:50001"]),
         "created": CREATED,
     }
     arguments.update(overrides)

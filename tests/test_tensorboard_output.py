@@ -18,9 +18,10 @@ from tensorboard.plugins.hparams import metadata as hparams_metadata
 from tensorboard.util import tensor_util
 
 from tests.result_factory import make_results
-from tf_grpc_bench.replay import results
-from tf_grpc_bench.replay.results import NetworkInfo, ResultDocument, build_document
-from tf_grpc_bench.replay.tensorboard_output import log_buckets, write_run
+from tf_grpc_bench.replay.output import machine
+from tf_grpc_bench.replay.output.document import ResultDocument, build_document
+from tf_grpc_bench.replay.output.machine import NetworkInfo
+from tf_grpc_bench.replay.output.tensorboard import log_buckets, write_run
 from tf_grpc_bench.sizes import SizeCategory
 
 CREATED = datetime(2026, 11, 29, 12, 30, 5, tzinfo=timezone.utc)
@@ -31,7 +32,7 @@ def _document(network: NetworkInfo | None = None, seed: int = 7) -> ResultDocume
         make_results(seed=seed, runs=3, calls=30),
         config={"command": "replay", "serialized": False, "warmup_s": 2.0},
         trace_path=None,
-        network=network or results.loopback_network(["127.0.0.1:50001"]),
+        network=network or machine.loopback_network(["127.0.0.1:50001"]),
         created=CREATED,
     )
 
@@ -158,7 +159,7 @@ import sys
 sys.path.insert(0, {str(Path(__file__).parent.parent)!r})
 from pathlib import Path
 from tests.result_factory import golden_document
-from tf_grpc_bench.replay.tensorboard_output import write_run
+from tf_grpc_bench.replay.output.tensorboard import write_run
 write_run(golden_document(), Path({str(tmp_path)!r}))
 loaded = sorted(name for name in sys.modules if name.split(".")[0] == "tensorflow")
 print("tensorflow modules:", loaded)

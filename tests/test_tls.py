@@ -14,7 +14,8 @@ import grpc
 import pytest
 
 from tf_grpc_bench.errors import ConfigError
-from tf_grpc_bench.replay import results, tls
+from tf_grpc_bench.replay.output import document as results
+from tf_grpc_bench.replay.transport import tls
 
 METHOD = "/test.Echo/Echo"
 

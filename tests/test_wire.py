@@ -12,20 +12,9 @@ import pytest
 
 from tf_grpc_bench.errors import ConfigError, ServeError, TransportError
 from tf_grpc_bench.protos import bench_pb2, bench_pb2_grpc
-from tf_grpc_bench.replay.client import ReplayClient, parse_target
-from tf_grpc_bench.replay.generators import GeneratorConfig
-from tf_grpc_bench.replay.measurement import Benchmark
-from tf_grpc_bench.replay.server import ReplayServer
-from tf_grpc_bench.replay.wire import (
-    ECHO_STREAM_METHOD,
-    PUSH_STREAM_METHOD,
-    RESPONSE_LENGTH_METADATA,
-    ChannelSettings,
-    RpcKind,
-    ServerSettings,
-    translate_rpc_error,
-)
-from tf_grpc_bench.replay.workload import (
+from tf_grpc_bench.replay.core.generators import GeneratorConfig
+from tf_grpc_bench.replay.core.measurement import Benchmark
+from tf_grpc_bench.replay.core.workload import (
     ECHO_METHOD,
     PULL_METHOD,
     Mode,
@@ -33,6 +22,17 @@ from tf_grpc_bench.replay.workload import (
     echo_call,
     pull_call,
     synthetic_workload,
+)
+from tf_grpc_bench.replay.transport.client import ReplayClient, parse_target
+from tf_grpc_bench.replay.transport.server import ReplayServer
+from tf_grpc_bench.replay.transport.wire import (
+    ECHO_STREAM_METHOD,
+    PUSH_STREAM_METHOD,
+    RESPONSE_LENGTH_METADATA,
+    ChannelSettings,
+    RpcKind,
+    ServerSettings,
+    translate_rpc_error,
 )
 from tf_grpc_bench.trace import RECV_TENSOR
 
@@ -211,7 +211,7 @@ def test_bad_targets_are_refused(text: str) -> None:
 
 
 def test_tls_servers_and_clients_talk_with_the_runs_certificates(tmp_path: Path) -> None:
-    from tf_grpc_bench.replay import tls
+    from tf_grpc_bench.replay.transport import tls
 
     files = tls.generate_tls_files(tmp_path)
     settings = ServerSettings(
@@ -233,7 +233,7 @@ def test_tls_servers_and_clients_talk_with_the_runs_certificates(tmp_path: Path)
 
 
 def test_preallocated_payloads_are_shared_up_to_their_memory_limit() -> None:
-    from tf_grpc_bench.replay.wire import PayloadBytes
+    from tf_grpc_bench.replay.transport.wire import PayloadBytes
 
     payloads = PayloadBytes(limit_bytes=100)
     assert payloads.get(60) is payloads.get(60)

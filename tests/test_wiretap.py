@@ -44,8 +44,8 @@ from tf_grpc_bench.profiler.wiretap import (
     read_tap_file,
     recorder_environment,
 )
-from tf_grpc_bench.replay.measurement import Benchmark
-from tf_grpc_bench.replay.workload import Mode, trace_workload
+from tf_grpc_bench.replay.core.measurement import Benchmark
+from tf_grpc_bench.replay.core.workload import Mode, trace_workload
 
 from .conftest import make_trace, replayed_sequences, workload_sequences
 from .http2_frames import REQUEST_HEADERS, data_frames, grpc_message, headers_frames

@@ -8,17 +8,16 @@ from hypothesis import strategies as st
 
 from tf_grpc_bench.errors import ConfigError, TraceError
 from tf_grpc_bench.protos import bench_pb2
-from tf_grpc_bench.replay.generators import GeneratorConfig, GeneratorKind, generate_payloads
-from tf_grpc_bench.replay.measurement import Benchmark
-from tf_grpc_bench.replay.pacing import (
+from tf_grpc_bench.replay.core.generators import GeneratorConfig, GeneratorKind, generate_payloads
+from tf_grpc_bench.replay.core.measurement import Benchmark
+from tf_grpc_bench.replay.core.pacing import (
     Pacing,
     Timing,
     may_issue,
     next_step_begin_ns,
     release_time_ns,
 )
-from tf_grpc_bench.replay.wire import PayloadBytes, serialized_payload, serialized_pull_request
-from tf_grpc_bench.replay.workload import (
+from tf_grpc_bench.replay.core.workload import (
     ECHO_METHOD,
     PUSH_METHOD,
     Call,
@@ -33,6 +32,11 @@ from tf_grpc_bench.replay.workload import (
     trace_roles,
     trace_workload,
     uint_field_bytes,
+)
+from tf_grpc_bench.replay.transport.wire import (
+    PayloadBytes,
+    serialized_payload,
+    serialized_pull_request,
 )
 from tf_grpc_bench.trace import RECV_TENSOR, Rpc, RunMetadata, Step, Task, Trace
 

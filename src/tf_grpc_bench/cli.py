@@ -28,10 +28,10 @@ COMMANDS: tuple[tuple[str, str, str], ...] = (
     ("replay", "tf_grpc_bench.replay.cli", "run the paper's 3 benchmarks on a trace or synthetic"),
     (
         "network",
-        "tf_grpc_bench.replay.network_cli",
+        "tf_grpc_bench.replay.cli",
         "emulated networks: compare links, up/down/cleanup",
     ),
-    ("role", "tf_grpc_bench.replay.placement", "run one replay task placed by TF_CONFIG"),
+    ("role", "tf_grpc_bench.replay.cli", "run one replay task placed by TF_CONFIG"),
     ("capture", "tf_grpc_bench.profiler.cli", "train a model across processes, record a trace"),
     ("capture-job", "tf_grpc_bench.profiler.cli", "record a trace of your own training job"),
 )

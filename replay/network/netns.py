@@ -245,16 +245,8 @@ class NetworkPlan:
         return (*names, self.switch_namespace) if self.switch_namespace else names
 
 
-def plan_network(
-    *,
-    hosts: int,
-    profile: LinkProfile,
-    run_id: str,
-    subnet: str = DEFAULT_SUBNET,
-    hz: int = FALLBACK_HZ,
-    tbf_latency_us: int = DEFAULT_TBF_LATENCY_US,
-) -> NetworkPlan:
-    """The namespaces, addresses and ``ip``/``tc`` commands for ``hosts`` hosts."""
+def _plan_hosts(hosts: int, run_id: str, subnet: str) -> tuple[Host, ...]:
+    """The hosts' namespaces and addresses; NetworkError for a bad count, run id or subnet."""
     if hosts < 2:
         raise NetworkError(f"--hosts must be >= 2, got {hosts}")
     if not _RUN_ID.match(run_id):
@@ -268,7 +260,7 @@ def plan_network(
         raise NetworkError(f"--subnet {subnet} has room for {len(usable)} hosts, not {hosts}")
     if hosts > 200:
         raise NetworkError(f"--hosts {hosts}: at most 200 emulated hosts")
-    host_list = tuple(
+    return tuple(
         Host(
             index=i,
             namespace=namespace_name(run_id, f"h{i}"),
@@ -278,13 +270,14 @@ def plan_network(
         )
         for i in range(hosts)
     )
-    bucket = (
-        None
-        if profile.rate_bits_per_s is None
-        else token_bucket_for(profile.rate_bits_per_s, hz=hz, latency_us=tbf_latency_us)
-    )
+
+
+def _link_commands(
+    host_list: tuple[Host, ...], switch: str
+) -> tuple[list[tuple[str, ...]], list[tuple[str, str]]]:
+    """Commands making the namespaces and their links (through a bridge in ``switch``, if
+    any), and the (namespace, interface) pairs a rate limit goes on."""
     commands: list[tuple[str, ...]] = []
-    switch = namespace_name(run_id, "sw") if hosts > 2 else ""
     for host in host_list:
         commands.append(("ip", "netns", "add", host.namespace))
     if switch:
@@ -304,6 +297,27 @@ def plan_network(
         a, b = host_list
         commands.append(_veth(a.namespace, a.interface, b.namespace, b.interface))
         shaped += [(a.namespace, a.interface), (b.namespace, b.interface)]
+    return commands, shaped
+
+
+def plan_network(
+    *,
+    hosts: int,
+    profile: LinkProfile,
+    run_id: str,
+    subnet: str = DEFAULT_SUBNET,
+    hz: int = FALLBACK_HZ,
+    tbf_latency_us: int = DEFAULT_TBF_LATENCY_US,
+) -> NetworkPlan:
+    """The namespaces, addresses and ``ip``/``tc`` commands for ``hosts`` hosts."""
+    host_list = _plan_hosts(hosts, run_id, subnet)
+    bucket = (
+        None
+        if profile.rate_bits_per_s is None
+        else token_bucket_for(profile.rate_bits_per_s, hz=hz, latency_us=tbf_latency_us)
+    )
+    switch = namespace_name(run_id, "sw") if hosts > 2 else ""
+    commands, shaped = _link_commands(host_list, switch)
     for host in host_list:
         commands.append(("ip", "-n", host.namespace, "link", "set", "lo", "up"))
         commands.append(

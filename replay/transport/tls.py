@@ -32,7 +32,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-from tf_grpc_bench.errors import ConfigError
+from tf_grpc_bench.errors import ConfigError, UsageError
 
 CA_CERT = "ca.pem"
 SERVER_CERT = "server.pem"
@@ -230,3 +230,20 @@ def server_credentials(files: TlsFiles) -> grpc.ServerCredentials:
 def channel_credentials(files: TlsFiles) -> grpc.ChannelCredentials:
     """Credentials for ``grpc.secure_channel``: trust the run's CA and nothing else."""
     return grpc.ssl_channel_credentials(root_certificates=files.ca_cert_pem())
+
+
+def material(files: TlsFiles) -> tuple[bytes, bytes, bytes]:
+    """(CA certificate, server certificate, server key) of ``files``, PEM."""
+    return files.ca_cert_pem(), files.server_cert_pem(), files.server_key_pem()
+
+
+def ensure_material(
+    directory: Path | None, *, hosts: Sequence[str] = ()
+) -> tuple[bytes, bytes, bytes]:
+    """The TLS material for ``--tls``, made or reused in ``directory``.
+
+    Raises ``UsageError`` when there is no directory to keep it in.
+    """
+    if directory is None:
+        raise UsageError("--tls needs --tls-dir DIR (where the CA and server certificate are)")
+    return material(ensure_tls_files(directory, hosts=hosts))

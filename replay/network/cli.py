@@ -8,7 +8,8 @@ Subcommands:
 - ``list``: the tool's namespaces, by run;
 - ``cleanup``: remove what crashed runs (and ``up``) left behind;
 - ``compare [TRACE]``: replay across several profiles, one comparison
-  (``network_compare``); takes every flag of ``replay``.
+  (``compare``); takes every flag of ``replay``, which ``replay.cli``
+  hands in with the function that validates them.
 """
 
 from __future__ import annotations
@@ -17,13 +18,33 @@ import argparse
 import re
 import sys
 from collections import defaultdict
+from collections.abc import Callable
+from pathlib import Path
+from typing import Protocol
 
-from tf_grpc_bench.errors import NetworkError
-from tf_grpc_bench.replay import netns
-from tf_grpc_bench.replay.netinfo import format_rate
+from tf_grpc_bench.errors import NetworkError, UsageError
+from tf_grpc_bench.replay.core.workload import Workload
+from tf_grpc_bench.replay.network import compare as network_compare
+from tf_grpc_bench.replay.network import netns
+from tf_grpc_bench.replay.network.netinfo import format_rate
+from tf_grpc_bench.replay.output import document as results
 
 
-def configure_network(parser: argparse.ArgumentParser) -> None:
+class ReplayRequest(Protocol):
+    """What ``compare`` reads of a validated replay request (``runner.ReplayRequest``)."""
+
+    @property
+    def workloads(self) -> tuple[Workload, ...]: ...
+
+
+#: Adds a command's flags to a parser (``replay.cli.configure_replay``, ``configure_serve``).
+Flags = Callable[[argparse.ArgumentParser], None]
+#: Turns replay flags into a validated request (``replay.cli.build_request``).
+RequestBuilder = Callable[[argparse.Namespace], ReplayRequest]
+
+
+def configure_network(parser: argparse.ArgumentParser, *, replay_flags: Flags) -> None:
+    """The ``network`` subcommands' flags; ``compare`` also takes ``replay_flags``."""
     commands = parser.add_subparsers(dest="network_command", metavar="SUBCOMMAND", required=True)
 
     commands.add_parser("profiles", help="list the named link profiles and their tbf settings")
@@ -68,12 +89,17 @@ def configure_network(parser: argparse.ArgumentParser) -> None:
         help=f"comma-separated link profiles ({', '.join(netns.PROFILES)}, or rates "
         "like 100mbit; default 1gbit,10gbit,unlimited)",
     )
-    from tf_grpc_bench.replay import cli as replay_cli
-
-    replay_cli.configure_replay(compare)
+    replay_flags(compare)
 
 
-def run_network(args: argparse.Namespace) -> int:
+def run_network(
+    args: argparse.Namespace,
+    *,
+    build_request: RequestBuilder,
+    replay_flags: Flags,
+    serve_flags: Flags,
+) -> int:
+    """Run a ``network`` subcommand; ``compare`` validates and passes on the replay flags."""
     command = args.network_command
     if command == "profiles":
         return _profiles()
@@ -86,7 +112,7 @@ def run_network(args: argparse.Namespace) -> int:
     if command == "cleanup":
         return _cleanup(include_live=args.all)
     if command == "compare":
-        return _compare(args)
+        return _compare(args, build_request, replay_flags, serve_flags)
     raise NetworkError(f"unknown network subcommand {command!r}")
 
 
@@ -168,19 +194,19 @@ _COMPARE_OWNS = ("target", "output_dir", "quiet", "tls", "tls_dir", "network_nam
 _SERVE_OWNS = ("host", "port", "servers", "tls", "tls_dir")
 
 
-def _compare(args: argparse.Namespace) -> int:
-    from pathlib import Path
-
-    from tf_grpc_bench.errors import UsageError
-    from tf_grpc_bench.replay import cli as replay_cli
-    from tf_grpc_bench.replay import network_compare, results
+def _compare(
+    args: argparse.Namespace,
+    build_request: RequestBuilder,
+    replay_flags: Flags,
+    serve_flags: Flags,
+) -> int:
 
     if args.target is not None:
         raise UsageError("network compare makes its own targets; drop --target")
     profiles = netns.parse_profiles(args.profiles)
     netns.require_root()
     # Validate every replay flag here, before any namespace exists.
-    request = replay_cli.build_request(args)
+    request = build_request(args)
     server_count = max(w.server_count for w in request.workloads)
     output_dir = results.new_run_directory(args.output_dir, "compare")
     config = network_compare.CompareConfig(
@@ -188,10 +214,10 @@ def _compare(args: argparse.Namespace) -> int:
         output_dir=Path(output_dir),
         server_count=server_count,
         replay_arguments=network_compare.passthrough_arguments(
-            args, replay_cli.configure_replay, exclude=_COMPARE_OWNS
+            args, replay_flags, exclude=_COMPARE_OWNS
         ),
         serve_arguments=network_compare.passthrough_arguments(
-            args, replay_cli.configure_serve, exclude=_SERVE_OWNS
+            args, serve_flags, exclude=_SERVE_OWNS
         ),
         tls=bool(args.tls),
     )

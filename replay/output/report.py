@@ -13,8 +13,9 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from tf_grpc_bench.replay.measurement import BenchmarkResult, LatencySummary
-from tf_grpc_bench.replay.results import ResultDocument, benchmark_labels, run_statistics
+from tf_grpc_bench.replay.core.measurement import BenchmarkResult, LatencySummary
+from tf_grpc_bench.replay.output.document import ResultDocument, benchmark_labels
+from tf_grpc_bench.replay.output.statistics import run_statistics
 from tf_grpc_bench.sizes import SizeCategory
 
 PARTIAL_MARK = "*"

@@ -13,8 +13,9 @@ in the file are written for other tools and for people reading the file: on
 reading, statistics are recomputed from the raw samples, so a document read
 back is exactly the ``BenchmarkResult`` objects that were written.
 
-Pure except where a function says otherwise: ``describe_machine``,
-``describe_interface`` and ``describe_trace`` read the system or a file,
+The machine and network records and their probes live in ``machine``, the
+derived figures in ``statistics``.  Pure except where a function says
+otherwise: ``describe_trace`` reads a file,
 ``write_document``/``read_document``/``new_run_directory`` touch the file
 system, and ``build_document`` calls ``describe_machine`` unless given one.
 """
@@ -24,13 +25,10 @@ from __future__ import annotations
 import json
 import math
 import os
-import platform
 import re
-import socket
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timezone
-from importlib import metadata as package_metadata
 from pathlib import Path
 from typing import Any
 
@@ -38,7 +36,7 @@ import tf_grpc_bench
 from tf_grpc_bench import trace_files
 from tf_grpc_bench.errors import ResultError, UnsupportedResultVersionError
 from tf_grpc_bench.files import write_atomically
-from tf_grpc_bench.replay.measurement import (
+from tf_grpc_bench.replay.core.measurement import (
     SAMPLE_COLUMNS,
     Benchmark,
     BenchmarkResult,
@@ -46,6 +44,13 @@ from tf_grpc_bench.replay.measurement import (
     LatencySummary,
     RunMeasurement,
 )
+from tf_grpc_bench.replay.output.machine import (
+    InterfaceInfo,
+    MachineInfo,
+    NetworkInfo,
+    describe_machine,
+)
+from tf_grpc_bench.replay.output.statistics import cpu_utilization, run_statistics
 
 #: Value of the ``format`` field, naming the kind of document.
 FORMAT = "tf-grpc-bench-results"
@@ -64,64 +69,6 @@ ParameterValue = str | int | float | bool
 
 # --------------------------------------------------------------------------
 # What the document records besides the measurements.
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class MachineInfo:
-    """The host the client side of the benchmark ran on."""
-
-    hostname: str
-    platform: str
-    kernel: str
-    cpu_model: str
-    #: Logical CPUs the operating system reports.
-    cpu_count: int
-    #: Total physical memory; -1 where unknown.
-    memory_bytes: int
-    python_version: str
-    #: Versions of the packages that shape the figures ("" if not installed).
-    grpcio_version: str
-    protobuf_version: str
-    numpy_version: str
-    tensorboard_version: str
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class InterfaceInfo:
-    """One network interface the benchmark's traffic crossed."""
-
-    name: str
-    #: -1 where the kernel does not say.
-    mtu_bytes: int = -1
-    #: Link speed in Mbit/s as the kernel reports it; -1 for interfaces that
-    #: have none (loopback, veth) or where it cannot be read.
-    speed_mbit_per_s: int = -1
-    #: Network namespace the interface lives in ("" for the caller's own).
-    namespace: str = ""
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class NetworkInfo:
-    """The network a run went over (filled by whoever set the network up)."""
-
-    #: Short name shown in tables and TensorBoard: "loopback", "veth-1gbit", ...
-    name: str
-    #: Addresses the client connected to ("host:port").
-    addresses: tuple[str, ...] = ()
-    interfaces: tuple[InterfaceInfo, ...] = ()
-    #: Rate limit of an emulated link in bit/s; 0 when the link is not emulated.
-    emulated_rate_bits_per_s: int = 0
-    #: How the link was emulated, e.g. "tbf rate 1gbit burst 128kb latency 50ms".
-    emulation: str = ""
-
-    def __post_init__(self) -> None:
-        if not self.name:
-            raise ValueError("NetworkInfo.name must not be empty")
-        if self.emulated_rate_bits_per_s < 0:
-            raise ValueError(
-                f"NetworkInfo.emulated_rate_bits_per_s must be >= 0, "
-                f"got {self.emulated_rate_bits_per_s}"
-            )
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -210,90 +157,7 @@ def _safe_name(text: str) -> str:
 
 
 # --------------------------------------------------------------------------
-# Describing the machine, interfaces and trace (these read the system).
-
-
-def _package_version(name: str) -> str:
-    try:
-        return package_metadata.version(name)
-    except package_metadata.PackageNotFoundError:
-        return ""
-
-
-def _cpu_model(cpuinfo: Path) -> str:
-    try:
-        text = cpuinfo.read_text(errors="replace")
-    except OSError:
-        return platform.processor()
-    for line in text.splitlines():
-        key, _, value = line.partition(":")
-        if key.strip() in {"model name", "Hardware", "cpu model"}:
-            return value.strip()
-    return platform.processor()
-
-
-def _memory_bytes(meminfo: Path) -> int:
-    try:
-        text = meminfo.read_text(errors="replace")
-    except OSError:
-        return -1
-    for line in text.splitlines():
-        if line.startswith("MemTotal:"):
-            fields = line.split()
-            if len(fields) >= 2 and fields[1].isdigit():
-                unit = 1024 if len(fields) > 2 and fields[2].lower() == "kb" else 1
-                return int(fields[1]) * unit
-    return -1
-
-
-def describe_machine(*, proc: Path = Path("/proc")) -> MachineInfo:
-    """Describe this host.  Reads ``/proc`` and installed package metadata."""
-    return MachineInfo(
-        hostname=socket.gethostname(),
-        platform=platform.platform(),
-        kernel=platform.release(),
-        cpu_model=_cpu_model(proc / "cpuinfo"),
-        cpu_count=os.cpu_count() or 0,
-        memory_bytes=_memory_bytes(proc / "meminfo"),
-        python_version=platform.python_version(),
-        grpcio_version=_package_version("grpcio"),
-        protobuf_version=_package_version("protobuf"),
-        numpy_version=_package_version("numpy"),
-        tensorboard_version=_package_version("tensorboard"),
-    )
-
-
-def _read_sys_int(path: Path) -> int:
-    try:
-        return int(path.read_text().strip())
-    except (OSError, ValueError):
-        # Loopback and veth answer EINVAL for "speed"; that means "no speed".
-        return -1
-
-
-def describe_interface(
-    name: str, *, namespace: str = "", sys_class_net: Path = Path("/sys/class/net")
-) -> InterfaceInfo:
-    """MTU and link speed of interface ``name`` as seen from this process's namespace.
-
-    Reads ``/sys/class/net/<name>``; values the kernel does not report are -1.
-    ``namespace`` is only recorded: the caller reads from inside it.
-    """
-    base = sys_class_net / name
-    speed = _read_sys_int(base / "speed")
-    return InterfaceInfo(
-        name=name,
-        mtu_bytes=_read_sys_int(base / "mtu"),
-        speed_mbit_per_s=speed if speed > 0 else -1,
-        namespace=namespace,
-    )
-
-
-def loopback_network(addresses: Sequence[str] = ()) -> NetworkInfo:
-    """The NetworkInfo of a run over this host's loopback interface."""
-    return NetworkInfo(
-        name="loopback", addresses=tuple(addresses), interfaces=(describe_interface("lo"),)
-    )
+# Describing the trace (reads the file).
 
 
 def describe_trace(path: str | os.PathLike[str]) -> TraceInfo:
@@ -366,54 +230,6 @@ def build_document(
         )
     except ValueError as error:
         raise ResultError(f"cannot build the result document: {error}") from None
-
-
-# --------------------------------------------------------------------------
-# Derived statistics (pure).
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class RunStatistics:
-    """Figures of one measured run."""
-
-    run_index: int
-    rpc_count: int
-    duration_ns: int
-    rpcs_per_s: float
-    #: Request plus response bytes per second.
-    bytes_per_s: float
-    #: MB (10**6 bytes) per second.
-    bandwidth_mb_per_s: float
-    latency: LatencySummary
-    step_time: LatencySummary
-    client_cpu_ns: int
-    server_cpu_ns: int
-    partial: bool
-
-
-def run_statistics(run: RunMeasurement) -> RunStatistics:
-    """The per-run figures ``BenchmarkResult`` averages over runs."""
-    seconds = run.duration_ns / 1e9
-    moved = run.request_bytes + run.response_bytes
-    return RunStatistics(
-        run_index=run.run_index,
-        rpc_count=run.rpc_count,
-        duration_ns=run.duration_ns,
-        rpcs_per_s=run.rpc_count / seconds if seconds else math.nan,
-        bytes_per_s=moved / seconds if seconds else math.nan,
-        bandwidth_mb_per_s=moved / seconds / 1e6 if seconds else math.nan,
-        latency=LatencySummary.from_samples([s.latency_ns for s in run.samples]),
-        step_time=LatencySummary.from_samples(run.step_times_ns),
-        client_cpu_ns=run.client_cpu_ns,
-        server_cpu_ns=run.server_cpu_ns,
-        partial=run.partial,
-    )
-
-
-def cpu_utilization(cpu_ns: int, result: BenchmarkResult) -> float:
-    """CPU time over measured wall time (1.0 = one core busy all run); NaN if no time."""
-    wall_ns = sum(run.duration_ns for run in result.runs)
-    return cpu_ns / wall_ns if wall_ns else math.nan
 
 
 def _finite_or_none(value: float) -> float | None:

@@ -36,7 +36,8 @@ import grpc
 
 from tf_grpc_bench.errors import ServeError
 from tf_grpc_bench.protos import bench_pb2, bench_pb2_grpc
-from tf_grpc_bench.replay.wire import (
+from tf_grpc_bench.replay.core.workload import ECHO_METHOD, PULL_METHOD, PUSH_METHOD, Mode
+from tf_grpc_bench.replay.transport.wire import (
     CONTROL_SERVICE,
     ECHO_STREAM_METHOD,
     PUSH_STREAM_METHOD,
@@ -51,7 +52,6 @@ from tf_grpc_bench.replay.wire import (
     raw_ack,
     raw_response_length,
 )
-from tf_grpc_bench.replay.workload import ECHO_METHOD, PULL_METHOD, PUSH_METHOD, Mode
 
 #: The paper's port.
 DEFAULT_PORT = 50001

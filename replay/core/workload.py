@@ -66,8 +66,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 
 from tf_grpc_bench.errors import ConfigError, TraceError
-from tf_grpc_bench.replay.generators import GeneratorConfig, PayloadSpec, generate_payloads
-from tf_grpc_bench.replay.measurement import Benchmark
+from tf_grpc_bench.replay.core.generators import GeneratorConfig, PayloadSpec, generate_payloads
+from tf_grpc_bench.replay.core.measurement import Benchmark
 from tf_grpc_bench.trace import Rpc, Trace
 
 #: Method paths of the replay service (``protos/bench.proto``); the raw mode uses the same paths.
@@ -650,6 +650,32 @@ def _step_periods(trace: Trace) -> list[int]:
     return periods
 
 
+def _pair_only(
+    trace: Trace,
+    roles: TraceRoles,
+    steps: list[list[_Mapped]],
+    dropped: int,
+    pair: tuple[int, int] | None,
+) -> tuple[tuple[int, int], list[list[_Mapped]], int]:
+    """The steps' RPCs between one (worker, ps) pair (default: ``choose_pair``), and the
+    dropped count grown by the others.  ConfigError for a pair that is not one."""
+    if pair is None:
+        pair = choose_pair(trace, roles)
+    elif pair[1] not in roles.server_tasks or pair[0] not in roles.client_tasks:
+        raise ConfigError(
+            f"--pair: {trace.task_name(pair[0])} -> {trace.task_name(pair[1])} is not a "
+            "(worker, ps) pair of this trace"
+        )
+    dropped += sum(1 for step in steps for m in step if (m.client_task, m.server_task) != pair)
+    steps = [[m for m in step if (m.client_task, m.server_task) == pair] for step in steps]
+    if not any(steps):
+        raise ConfigError(
+            f"--pair: {trace.task_name(pair[0])} and {trace.task_name(pair[1])} "
+            "exchange no RPCs in the trace's steps"
+        )
+    return pair, steps, dropped
+
+
 def trace_workload(
     trace: Trace,
     benchmark: Benchmark,
@@ -668,20 +694,7 @@ def trace_workload(
     steps, dropped = _mapped_steps(trace, roles)
     point_to_point = benchmark is not Benchmark.PS_THROUGHPUT
     if point_to_point:
-        if pair is None:
-            pair = choose_pair(trace, roles)
-        elif pair[1] not in roles.server_tasks or pair[0] not in roles.client_tasks:
-            raise ConfigError(
-                f"--pair: {trace.task_name(pair[0])} -> {trace.task_name(pair[1])} is not a "
-                "(worker, ps) pair of this trace"
-            )
-        dropped += sum(1 for step in steps for m in step if (m.client_task, m.server_task) != pair)
-        steps = [[m for m in step if (m.client_task, m.server_task) == pair] for step in steps]
-        if not any(steps):
-            raise ConfigError(
-                f"--pair: {trace.task_name(pair[0])} and {trace.task_name(pair[1])} "
-                "exchange no RPCs in the trace's steps"
-            )
+        pair, steps, dropped = _pair_only(trace, roles, steps, dropped, pair)
     periods = _step_periods(trace)
     workload_steps = []
     for trace_step, period, mapped in zip(trace.steps, periods, steps, strict=True):

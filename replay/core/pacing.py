@@ -28,7 +28,7 @@ import enum
 from dataclasses import dataclass
 
 from tf_grpc_bench.errors import ConfigError
-from tf_grpc_bench.replay.workload import Call
+from tf_grpc_bench.replay.core.workload import Call
 
 #: Window value meaning "the concurrency recorded in the trace".
 RECORDED_WINDOW = None

@@ -27,7 +27,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tf_grpc_bench.errors import NetworkError, ResultError
-from tf_grpc_bench.replay import netns, report, results
+from tf_grpc_bench.replay.network import netns
+from tf_grpc_bench.replay.output import document as results
+from tf_grpc_bench.replay.output import report
 
 #: Port the servers listen on inside host 0 (each network is private, so fixed is fine).
 SERVE_PORT = 50001
@@ -117,7 +119,7 @@ def _run_profile(
         server_host, client_host = network.hosts
         tls_arguments: list[str] = []
         if config.tls:
-            from tf_grpc_bench.replay import tls
+            from tf_grpc_bench.replay.transport import tls
 
             tls_dir = config.output_dir / "tls"
             tls.ensure_tls_files(tls_dir, hosts=[server_host.address])

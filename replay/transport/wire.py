@@ -33,7 +33,7 @@ import grpc
 
 from tf_grpc_bench.errors import ConfigError, TransportError
 from tf_grpc_bench.protos import bench_pb2
-from tf_grpc_bench.replay.workload import (
+from tf_grpc_bench.replay.core.workload import (
     ECHO_METHOD,
     PUSH_METHOD,
     RAW_PULL_HEADER_BYTES,

@@ -28,6 +28,8 @@ from typing import Any
 import grpc
 
 from tf_grpc_bench.errors import ConfigError
+from tf_grpc_bench.replay.core import chunking
+from tf_grpc_bench.replay.transport.wire import ChannelSettings, ServerSettings
 from tf_grpc_bench.sizes import parse_size
 
 #: grpcio's largest message size (an int32): what TensorFlow itself sets.
@@ -125,12 +127,7 @@ class GrpcSettings:
         Without chunking (or when the payload fits) that is ``(payload_bytes,)``.
         The sizes add up to ``payload_bytes``; all but the last equal ``chunk_bytes``.
         """
-        if payload_bytes < 0:
-            raise ValueError(f"payload_bytes must be >= 0, got {payload_bytes}")
-        if self.chunk_bytes == 0 or payload_bytes <= self.chunk_bytes:
-            return (payload_bytes,)
-        full, rest = divmod(payload_bytes, self.chunk_bytes)
-        return (self.chunk_bytes,) * full + ((rest,) if rest else ())
+        return chunking.chunk_sizes(payload_bytes, self.chunk_bytes)
 
     def check_payload(self, payload_bytes: int, *, what: str = "payload") -> None:
         """ConfigError if a payload cannot be sent under the message size limit."""
@@ -316,3 +313,32 @@ def _size_flag(flag: str, text: str) -> int:
         return parse_size(text)
     except ValueError as error:
         raise ConfigError(f"{flag} {text!r}: {error}") from None
+
+
+# -- what clients and servers are given ----------------------------------------------
+
+#: (CA certificate, server certificate chain, server private key), PEM.
+TlsMaterial = tuple[bytes, bytes, bytes]
+
+
+def channel_settings(settings: GrpcSettings, tls_material: TlsMaterial | None) -> ChannelSettings:
+    """What a replay client's channels are opened with."""
+    return ChannelSettings(
+        options=tuple(settings.channel_options()),
+        root_certificates=tls_material[0] if tls_material else None,
+        channels_per_server=settings.channels,
+    )
+
+
+def server_settings(settings: GrpcSettings, tls_material: TlsMaterial | None) -> ServerSettings:
+    """What a replay server is started with (compressed answers when compression is on)."""
+    options = list(settings.server_options())
+    if settings.compression is not Compression.NONE:
+        options.append(
+            ("grpc.default_compression_algorithm", int(settings.compression_algorithm()))
+        )
+    return ServerSettings(
+        options=tuple(options),
+        certificate_chain=tls_material[1] if tls_material else None,
+        private_key=tls_material[2] if tls_material else None,
+    )

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import collections
 import queue
+import re
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
@@ -22,14 +23,15 @@ import grpc
 
 from tf_grpc_bench.errors import ConfigError, TransportError
 from tf_grpc_bench.protos import bench_pb2
-from tf_grpc_bench.replay.measurement import CallSample
-from tf_grpc_bench.replay.pacing import (
+from tf_grpc_bench.replay.core.measurement import CallSample
+from tf_grpc_bench.replay.core.pacing import (
     Pacing,
     blocking_calls_suffice,
     may_issue,
     release_time_ns,
 )
-from tf_grpc_bench.replay.wire import (
+from tf_grpc_bench.replay.core.workload import Call, Mode, Shape, WorkloadStep
+from tf_grpc_bench.replay.transport.wire import (
     RESET_METHOD,
     STATS_METHOD,
     STREAM_OF_METHOD,
@@ -43,7 +45,6 @@ from tf_grpc_bench.replay.wire import (
     serialized_pull_request,
     translate_rpc_error,
 )
-from tf_grpc_bench.replay.workload import Call, Mode, Shape, WorkloadStep
 
 Metadata = tuple[tuple[str, str], ...] | None
 
@@ -52,6 +53,18 @@ _SERIALIZED_TYPES: dict[Shape, tuple[Any, Any]] = {
     Shape.ACK: (bench_pb2.Payload, bench_pb2.Ack),
     Shape.PULL: (bench_pb2.PullRequest, bench_pb2.PullResponse),
 }
+
+
+_ADDRESS = re.compile(r"^(?:\[(?P<ipv6>[0-9A-Fa-f:.]+)\]|(?P<host>[^\s:\[\]/]+)):(?P<port>[0-9]+)$")
+
+
+def split_address(address: str, *, where: str) -> tuple[str, int]:
+    """``host:port`` or ``[v6]:port`` -> (host, port); ConfigError naming ``where``."""
+    match = _ADDRESS.match(address)
+    port = int(match["port"]) if match else 0
+    if not match or not 0 < port < 65536:
+        raise ConfigError(f"{where}: expected 'host:port', got {address!r}")
+    return (match["ipv6"] or match["host"], port)
 
 
 def parse_target(text: str) -> str:

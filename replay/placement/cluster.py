@@ -28,13 +28,13 @@ from __future__ import annotations
 import enum
 import json
 import os
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from tf_grpc_bench.errors import ConfigError
+from tf_grpc_bench.replay.transport.client import split_address
 
 TF_CONFIG = "TF_CONFIG"
 CHIEF = "chief"
@@ -44,8 +44,6 @@ EVALUATOR = "evaluator"
 #: The job names TensorFlow's multi-worker strategies accept.
 JOBS = (CHIEF, WORKER, PS, EVALUATOR)
 
-_ADDRESS = re.compile(r"^(?:\[(?P<ipv6>[0-9A-Fa-f:.]+)\]|(?P<host>[^\s:\[\]/]+)):(?P<port>[0-9]+)$")
-
 
 class Role(enum.Enum):
     """What a task does in a replay."""
@@ -53,15 +51,6 @@ class Role(enum.Enum):
     SERVE = "serve"
     REPLAY = "replay"
     GATHER = "gather"
-
-
-def split_address(address: str, *, where: str) -> tuple[str, int]:
-    """``host:port`` or ``[v6]:port`` -> (host, port); ConfigError naming ``where``."""
-    match = _ADDRESS.match(address)
-    port = int(match["port"]) if match else 0
-    if not match or not 0 < port < 65536:
-        raise ConfigError(f"{where}: expected 'host:port', got {address!r}")
-    return (match["ipv6"] or match["host"], port)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

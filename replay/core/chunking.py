@@ -1,25 +1,27 @@
 """Chunking of large tensors: a payload above ``--chunk-size`` sent as several calls.
 
-``chunk_workload(workload, chunk_bytes)`` rewrites a workload so that no call
-carries a payload larger than ``chunk_bytes``: a call whose payload is larger
-becomes consecutive calls of the same shape, method, worker, server and step,
-each with one chunk (``GrpcSettings.chunk_sizes``: all chunks full but the
-last).  The bytes each way add up to the original's (less per-message
-overhead in serialized mode, where sizes are as close as protobuf allows);
-order within a step is kept, the chunks of one tensor next to each other.
+``chunk_workload(workload, limit)`` rewrites a workload so that no call
+carries a payload larger than ``limit.chunk_bytes``: a call whose payload is
+larger becomes consecutive calls of the same shape, method, worker, server and
+step, each with one chunk (``chunk_sizes``: all chunks full but the last).
+``limit`` is anything with a ``chunk_bytes`` (``GrpcSettings`` is one).  The
+bytes each way add up to the original's (less per-message overhead in
+serialized mode, where sizes are as close as protobuf allows); order within a
+step is kept, the chunks of one tensor next to each other.
 
 This is chunking by several unary calls, the form TensorFlow's own transfers
 take when a tensor is cut (and what gRPC's message limit forces on a client
 that cannot stream).  Latency samples are then per chunk; step times and
-bandwidth still cover whole tensors.  Pure: no gRPC.
+bandwidth still cover whole tensors.  Pure: no gRPC (the settings arrive as a
+plain number).
 """
 
 from __future__ import annotations
 
 from dataclasses import replace
+from typing import Protocol
 
-from tf_grpc_bench.replay.grpc_settings import GrpcSettings
-from tf_grpc_bench.replay.workload import (
+from tf_grpc_bench.replay.core.workload import (
     Call,
     Mode,
     Shape,
@@ -28,6 +30,28 @@ from tf_grpc_bench.replay.workload import (
     echo_call,
     pull_call,
 )
+
+
+class ChunkLimit(Protocol):
+    """What chunking needs to know: the largest payload of one call (0 = no chunking)."""
+
+    @property
+    def chunk_bytes(self) -> int: ...
+
+
+def chunk_sizes(payload_bytes: int, chunk_bytes: int) -> tuple[int, ...]:
+    """How a payload of ``payload_bytes`` is cut: one size per message, in order.
+
+    Without chunking (``chunk_bytes`` 0) or when the payload fits that is
+    ``(payload_bytes,)``.  The sizes add up to ``payload_bytes``; all but the
+    last equal ``chunk_bytes``.
+    """
+    if payload_bytes < 0:
+        raise ValueError(f"payload_bytes must be >= 0, got {payload_bytes}")
+    if chunk_bytes == 0 or payload_bytes <= chunk_bytes:
+        return (payload_bytes,)
+    full, rest = divmod(payload_bytes, chunk_bytes)
+    return (chunk_bytes,) * full + ((rest,) if rest else ())
 
 
 def _split_buffers(buffers: tuple[int, ...], sizes: tuple[int, ...]) -> list[tuple[int, ...]]:
@@ -48,10 +72,10 @@ def _split_buffers(buffers: tuple[int, ...], sizes: tuple[int, ...]) -> list[tup
     return groups
 
 
-def chunk_call(call: Call, settings: GrpcSettings, mode: Mode) -> tuple[Call, ...]:
+def chunk_call(call: Call, limit: ChunkLimit, mode: Mode) -> tuple[Call, ...]:
     """One call as the calls that carry it in chunks (itself when it fits)."""
     if call.shape is Shape.PULL:
-        sizes = settings.chunk_sizes(call.response_bytes)
+        sizes = chunk_sizes(call.response_bytes, limit.chunk_bytes)
         if len(sizes) == 1:
             return (call,)
         if mode is Mode.NON_SERIALIZED:
@@ -73,7 +97,7 @@ def chunk_call(call: Call, settings: GrpcSettings, mode: Mode) -> tuple[Call, ..
             for size in sizes
         )
     payload = sum(call.buffers)
-    sizes = settings.chunk_sizes(payload)
+    sizes = chunk_sizes(payload, limit.chunk_bytes)
     if len(sizes) == 1:
         return (call,)
     make = echo_call if call.shape is Shape.ECHO else ack_call
@@ -91,18 +115,16 @@ def chunk_call(call: Call, settings: GrpcSettings, mode: Mode) -> tuple[Call, ..
     )
 
 
-def chunk_workload(workload: Workload, settings: GrpcSettings) -> Workload:
-    """The workload with every payload above ``settings.chunk_bytes`` cut into chunks."""
-    if settings.chunk_bytes == 0:
+def chunk_workload(workload: Workload, limit: ChunkLimit) -> Workload:
+    """The workload with every payload above ``limit.chunk_bytes`` cut into chunks."""
+    if limit.chunk_bytes == 0:
         return workload
     steps = tuple(
         replace(
             step,
-            calls=tuple(
-                c for call in step.calls for c in chunk_call(call, settings, workload.mode)
-            ),
+            calls=tuple(c for call in step.calls for c in chunk_call(call, limit, workload.mode)),
         )
         for step in workload.steps
     )
-    description = (*workload.description, ("chunk_bytes", settings.chunk_bytes))
+    description = (*workload.description, ("chunk_bytes", limit.chunk_bytes))
     return replace(workload, steps=steps, description=description)

@@ -27,8 +27,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tf_grpc_bench.errors import ConfigError
-from tf_grpc_bench.replay.cluster import split_address
-from tf_grpc_bench.replay.results import InterfaceInfo, NetworkInfo, describe_interface
+from tf_grpc_bench.replay.output.machine import InterfaceInfo, NetworkInfo, describe_interface
+from tf_grpc_bench.replay.transport.client import split_address
 
 #: ioctl(2) request that reads an interface's IPv4 address (linux/sockios.h).
 _SIOCGIFADDR = 0x8915

@@ -71,14 +71,10 @@ from tensorboard.summary.writer.record_writer import RecordWriter
 from tensorboard.util import tensor_util
 
 from tf_grpc_bench.errors import ResultError
-from tf_grpc_bench.replay import report
-from tf_grpc_bench.replay.measurement import BenchmarkResult, CallSample, LatencySummary
-from tf_grpc_bench.replay.results import (
-    ParameterValue,
-    ResultDocument,
-    cpu_utilization,
-    run_statistics,
-)
+from tf_grpc_bench.replay.core.measurement import BenchmarkResult, CallSample, LatencySummary
+from tf_grpc_bench.replay.output import report
+from tf_grpc_bench.replay.output.document import ParameterValue, ResultDocument
+from tf_grpc_bench.replay.output.statistics import cpu_utilization, run_statistics
 from tf_grpc_bench.sizes import classify
 
 #: The statistics written for every latency distribution, as (tag suffix, field).

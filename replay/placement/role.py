@@ -28,24 +28,29 @@ import contextlib
 import json
 import signal
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
 from types import FrameType
 from typing import Any
 
 from tf_grpc_bench.errors import ConfigError, TransportError, UsageError
-from tf_grpc_bench.replay import cluster, gather, netinfo, results
-from tf_grpc_bench.replay.cluster import Placement, Role
-from tf_grpc_bench.replay.measurement import Benchmark, BenchmarkResult, RunMeasurement
+from tf_grpc_bench.replay.core.measurement import Benchmark, BenchmarkResult, RunMeasurement
+from tf_grpc_bench.replay.core.workload import Mode
+from tf_grpc_bench.replay.network import netinfo
+from tf_grpc_bench.replay.output import document as results
+from tf_grpc_bench.replay.placement import cluster, gather
+from tf_grpc_bench.replay.placement.cluster import Placement, Role
+from tf_grpc_bench.replay.runner import ReplayRequest, run_benchmark
+from tf_grpc_bench.replay.transport import grpc_settings, tls
+from tf_grpc_bench.replay.transport.server import ReplayServer
 
 #: Seconds a task waits for the others (barriers, submissions, job end).
 DEFAULT_JOB_TIMEOUT_S = 3600.0
 
 
-def configure_role(parser: argparse.ArgumentParser) -> None:
-    from tf_grpc_bench.replay import cli as replay_cli
-
+def add_placement_flags(parser: argparse.ArgumentParser) -> None:
+    """The flags ``role`` adds to every replay flag (which ``replay.cli`` adds)."""
     placement = parser.add_argument_group("placement (TensorFlow's conventions)")
     placement.add_argument(
         "--cluster",
@@ -67,10 +72,14 @@ def configure_role(parser: argparse.ArgumentParser) -> None:
         metavar="S",
         help=f"seconds to wait for the other tasks (default {DEFAULT_JOB_TIMEOUT_S:g})",
     )
-    replay_cli.configure_replay(parser)
 
 
-def run_role(args: argparse.Namespace) -> int:
+#: Turns (replay) flags into a validated request; ``replay.cli.build_request``.
+RequestBuilder = Callable[[argparse.Namespace], ReplayRequest]
+
+
+def run_role(args: argparse.Namespace, *, build_request: RequestBuilder) -> int:
+    """Do this task's part of the replay job; ``build_request`` validates the replay flags."""
     placement = cluster.resolve_placement(cluster=args.cluster, task=args.task)
     if placement is None:
         raise UsageError("no placement: set TF_CONFIG, or give --cluster and --task")
@@ -85,8 +94,8 @@ def run_role(args: argparse.Namespace) -> int:
     if Role.SERVE in roles:
         return _serve(placement, args)
     if Role.GATHER in roles:
-        return _gather(placement, args)
-    return _replay(placement, args)
+        return _gather(placement, args, build_request)
+    return _replay(placement, args, build_request)
 
 
 # -- shared -------------------------------------------------------------------
@@ -110,8 +119,6 @@ def _tls(placement: Placement, args: argparse.Namespace) -> Any:
     """The run's TLS files when --tls (one certificate naming every cluster host)."""
     if not args.tls:
         return None
-    from tf_grpc_bench.replay import tls
-
     if not args.tls_dir:
         raise UsageError("role --tls needs --tls-dir DIR, a directory every task can read")
     return tls.ensure_tls_files(Path(args.tls_dir), hosts=_hosts(placement))
@@ -120,8 +127,6 @@ def _tls(placement: Placement, args: argparse.Namespace) -> Any:
 def _gather_credentials(files: Any) -> tuple[Any, Any]:
     if files is None:
         return None, None
-    from tf_grpc_bench.replay import tls
-
     return tls.server_credentials(files), tls.channel_credentials(files)
 
 
@@ -146,22 +151,14 @@ class _Stop:
 
 
 def _serve(placement: Placement, args: argparse.Namespace) -> int:
-    from tf_grpc_bench.replay import cli as replay_cli
-    from tf_grpc_bench.replay.server import ReplayServer
-    from tf_grpc_bench.replay.workload import Mode
-
-    settings = replay_cli._grpc_settings(args)
+    settings = grpc_settings.settings_from_args(args)
     files = _tls(placement, args)
-    material = (
-        None
-        if files is None
-        else (files.ca_cert_pem(), files.server_cert_pem(), files.server_key_pem())
-    )
+    material = None if files is None else tls.material(files)
     server = ReplayServer(
         mode=Mode(args.mode),
         host="0.0.0.0",
         port=_port_of(placement.address),
-        settings=replay_cli._server_settings(settings, material),
+        settings=grpc_settings.server_settings(settings, material),
     )
     server.start()
     print(f"{placement.task}: serving on {server.bind_address}", flush=True)
@@ -196,21 +193,21 @@ def _serve(placement: Placement, args: argparse.Namespace) -> int:
 # -- worker ------------------------------------------------------------------------
 
 
-def _worker_request(placement: Placement, args: argparse.Namespace) -> Any:
+def _worker_request(
+    placement: Placement, args: argparse.Namespace, build_request: RequestBuilder
+) -> ReplayRequest:
     """The replay request of this worker: the cluster's ps tasks as targets."""
-    from tf_grpc_bench.replay import cli as replay_cli
-
     ps = placement.ps_addresses
     worker_args = argparse.Namespace(**vars(args))
     worker_args.target = ",".join(ps)
-    request = replay_cli.build_request(worker_args)
+    request = build_request(worker_args)
     if request.trace_path is None:
         # The synthetic workload, shaped like the cluster unless told otherwise.
         if args.workers is None:
             worker_args.workers = placement.worker_count
         if args.ps is None:
             worker_args.ps = len(ps)
-        request = replay_cli.build_request(worker_args)
+        request = build_request(worker_args)
     for workload in request.workloads:
         if (
             workload.benchmark is Benchmark.PS_THROUGHPUT
@@ -223,19 +220,14 @@ def _worker_request(placement: Placement, args: argparse.Namespace) -> Any:
     return request
 
 
-def _measure(placement: Placement, args: argparse.Namespace, files: Any) -> str:
+def _measure(
+    placement: Placement, args: argparse.Namespace, files: Any, build_request: RequestBuilder
+) -> str:
     """Replay this worker's part; returns its result document as JSON text."""
-    from tf_grpc_bench.replay import cli as replay_cli
-    from tf_grpc_bench.replay.runner import run_benchmark
-
-    request = _worker_request(placement, args)
+    request = _worker_request(placement, args, build_request)
     index = placement.task.index
-    material = (
-        None
-        if files is None
-        else (files.ca_cert_pem(), files.server_cert_pem(), files.server_key_pem())
-    )
-    channel_settings = replay_cli._channel_settings(request.grpc, material)
+    material = None if files is None else tls.material(files)
+    channel_settings = grpc_settings.channel_settings(request.grpc, material)
     _, channel_credentials = _gather_credentials(files)
     measured: list[BenchmarkResult] = []
     assert request.targets is not None
@@ -296,12 +288,12 @@ def _with_worker_index(result: BenchmarkResult, worker: int) -> BenchmarkResult:
     return replace(result, runs=runs)
 
 
-def _replay(placement: Placement, args: argparse.Namespace) -> int:
+def _replay(placement: Placement, args: argparse.Namespace, build_request: RequestBuilder) -> int:
     files = _tls(placement, args)
     _, channel_credentials = _gather_credentials(files)
     task = str(placement.task)
     try:
-        document = _measure(placement, args, files)
+        document = _measure(placement, args, files, build_request)
     except Exception as error:
         # Tell the gatherer rather than leave it waiting, then fail as usual.
         with contextlib.suppress(TransportError):
@@ -394,8 +386,9 @@ def merge_worker_documents(
     return merged, "; ".join(reasons)
 
 
-def _gather(placement: Placement, args: argparse.Namespace) -> int:
-    from tf_grpc_bench.replay import tensorboard_output
+def _gather(placement: Placement, args: argparse.Namespace, build_request: RequestBuilder) -> int:
+    # The TensorBoard writer is imported only by the task that writes the logs.
+    from tf_grpc_bench.replay.output import tensorboard as tensorboard_output
 
     files = _tls(placement, args)
     server_credentials, _ = _gather_credentials(files)
@@ -413,7 +406,7 @@ def _gather(placement: Placement, args: argparse.Namespace) -> int:
 
             def replay() -> None:
                 try:
-                    _replay(placement, args)
+                    _replay(placement, args, build_request)
                 except BaseException as error:  # reported after the gather below
                     errors.append(error)
 

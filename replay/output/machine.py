@@ -1,0 +1,158 @@
+"""The machine and network a run went over: what a result document records about them.
+
+``MachineInfo``, ``InterfaceInfo`` and ``NetworkInfo`` are plain records.
+``describe_machine`` reads ``/proc`` and installed package metadata,
+``describe_interface`` reads ``/sys/class/net``; nothing else here touches
+the system.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import socket
+from collections.abc import Sequence
+from dataclasses import dataclass
+from importlib import metadata as package_metadata
+from pathlib import Path
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class MachineInfo:
+    """The host the client side of the benchmark ran on."""
+
+    hostname: str
+    platform: str
+    kernel: str
+    cpu_model: str
+    #: Logical CPUs the operating system reports.
+    cpu_count: int
+    #: Total physical memory; -1 where unknown.
+    memory_bytes: int
+    python_version: str
+    #: Versions of the packages that shape the figures ("" if not installed).
+    grpcio_version: str
+    protobuf_version: str
+    numpy_version: str
+    tensorboard_version: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class InterfaceInfo:
+    """One network interface the benchmark's traffic crossed."""
+
+    name: str
+    #: -1 where the kernel does not say.
+    mtu_bytes: int = -1
+    #: Link speed in Mbit/s as the kernel reports it; -1 for interfaces that
+    #: have none (loopback, veth) or where it cannot be read.
+    speed_mbit_per_s: int = -1
+    #: Network namespace the interface lives in ("" for the caller's own).
+    namespace: str = ""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class NetworkInfo:
+    """The network a run went over (filled by whoever set the network up)."""
+
+    #: Short name shown in tables and TensorBoard: "loopback", "veth-1gbit", ...
+    name: str
+    #: Addresses the client connected to ("host:port").
+    addresses: tuple[str, ...] = ()
+    interfaces: tuple[InterfaceInfo, ...] = ()
+    #: Rate limit of an emulated link in bit/s; 0 when the link is not emulated.
+    emulated_rate_bits_per_s: int = 0
+    #: How the link was emulated, e.g. "tbf rate 1gbit burst 128kb latency 50ms".
+    emulation: str = ""
+
+    def __post_init__(self) -> None:
+        if not self.name:
+            raise ValueError("NetworkInfo.name must not be empty")
+        if self.emulated_rate_bits_per_s < 0:
+            raise ValueError(
+                f"NetworkInfo.emulated_rate_bits_per_s must be >= 0, "
+                f"got {self.emulated_rate_bits_per_s}"
+            )
+
+
+def _package_version(name: str) -> str:
+    try:
+        return package_metadata.version(name)
+    except package_metadata.PackageNotFoundError:
+        return ""
+
+
+def _cpu_model(cpuinfo: Path) -> str:
+    try:
+        text = cpuinfo.read_text(errors="replace")
+    except OSError:
+        return platform.processor()
+    for line in text.splitlines():
+        key, _, value = line.partition(":")
+        if key.strip() in {"model name", "Hardware", "cpu model"}:
+            return value.strip()
+    return platform.processor()
+
+
+def _memory_bytes(meminfo: Path) -> int:
+    try:
+        text = meminfo.read_text(errors="replace")
+    except OSError:
+        return -1
+    for line in text.splitlines():
+        if line.startswith("MemTotal:"):
+            fields = line.split()
+            if len(fields) >= 2 and fields[1].isdigit():
+                unit = 1024 if len(fields) > 2 and fields[2].lower() == "kb" else 1
+                return int(fields[1]) * unit
+    return -1
+
+
+def describe_machine(*, proc: Path = Path("/proc")) -> MachineInfo:
+    """Describe this host.  Reads ``/proc`` and installed package metadata."""
+    return MachineInfo(
+        hostname=socket.gethostname(),
+        platform=platform.platform(),
+        kernel=platform.release(),
+        cpu_model=_cpu_model(proc / "cpuinfo"),
+        cpu_count=os.cpu_count() or 0,
+        memory_bytes=_memory_bytes(proc / "meminfo"),
+        python_version=platform.python_version(),
+        grpcio_version=_package_version("grpcio"),
+        protobuf_version=_package_version("protobuf"),
+        numpy_version=_package_version("numpy"),
+        tensorboard_version=_package_version("tensorboard"),
+    )
+
+
+def _read_sys_int(path: Path) -> int:
+    try:
+        return int(path.read_text().strip())
+    except (OSError, ValueError):
+        # Loopback and veth answer EINVAL for "speed"; that means "no speed".
+        return -1
+
+
+def describe_interface(
+    name: str, *, namespace: str = "", sys_class_net: Path = Path("/sys/class/net")
+) -> InterfaceInfo:
+    """MTU and link speed of interface ``name`` as seen from this process's namespace.
+
+    Reads ``/sys/class/net/<name>``; values the kernel does not report are -1.
+    ``namespace`` is only recorded: the caller reads from inside it.
+    """
+    base = sys_class_net / name
+    speed = _read_sys_int(base / "speed")
+    return InterfaceInfo(
+        name=name,
+        mtu_bytes=_read_sys_int(base / "mtu"),
+        speed_mbit_per_s=speed if speed > 0 else -1,
+        namespace=namespace,
+    )
+
+
+def loopback_network(addresses: Sequence[str] = ()) -> NetworkInfo:
+    """The NetworkInfo of a run over this host's loopback interface."""
+    return NetworkInfo(
+        name="loopback", addresses=tuple(addresses), interfaces=(describe_interface("lo"),)
+    )
