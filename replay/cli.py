@@ -22,7 +22,7 @@ from tf_grpc_bench.replay import runner
 from tf_grpc_bench.replay.core.chunking import chunk_workload
 from tf_grpc_bench.replay.core.generators import BufferSizes, GeneratorConfig, GeneratorKind
 from tf_grpc_bench.replay.core.measurement import Benchmark
-from tf_grpc_bench.replay.core.pacing import Pacing, Timing
+from tf_grpc_bench.replay.core.pacing import MAX_COMPUTE_SCALE, Pacing, Timing
 from tf_grpc_bench.replay.core.workload import (
     Mode,
     Workload,
@@ -301,8 +301,17 @@ def _add_timing_flags(parser: argparse.ArgumentParser) -> None:
     timing.add_argument(
         "--pacing",
         choices=[t.value for t in Timing],
-        default=Timing.ASAP.value,
-        help="asap (default: closed loop), recorded (the trace's offsets), rate (--rate)",
+        default=None,
+        help="dependencies (default for a trace's ps-throughput: training's causality, "
+        "compute gaps kept), asap (default otherwise: closed loop), recorded (the trace's "
+        "offsets), rate (--rate)",
+    )
+    timing.add_argument(
+        "--compute",
+        default=None,
+        metavar="recorded|none|SCALE",
+        help="dependencies pacing: keep the recorded compute gaps (default), drop them "
+        "(communication only), or scale them (0.5: compute twice as fast)",
     )
     timing.add_argument("--rate", type=float, default=None, help="calls per second per worker")
     timing.add_argument(
@@ -438,8 +447,40 @@ def _rpc(args: argparse.Namespace, workload: Workload) -> RpcKind:
     return rpc
 
 
+def _timing(args: argparse.Namespace, workload: Workload) -> Timing:
+    if args.pacing is not None:
+        timing = Timing(args.pacing)
+    elif workload.source == "trace" and workload.benchmark is Benchmark.PS_THROUGHPUT:
+        timing = Timing.DEPENDENCIES
+    else:
+        timing = Timing.ASAP
+    if args.compute is not None and timing is not Timing.DEPENDENCIES:
+        raise UsageError(
+            f"--compute applies only to --pacing dependencies (the {workload.benchmark.value} "
+            f"benchmark paces {timing.value})"
+        )
+    return timing
+
+
+def parse_compute(text: str | None) -> float:
+    """``--compute``: ``recorded`` (1), ``none`` (0) or a non-negative scale."""
+    if text is None or text == "recorded":
+        return 1.0
+    if text == "none":
+        return 0.0
+    try:
+        scale = float(text)
+    except ValueError:
+        raise UsageError(
+            f"--compute {text!r}: expected 'recorded', 'none' or a scale such as 0.5"
+        ) from None
+    if not 0 <= scale <= MAX_COMPUTE_SCALE:
+        raise UsageError(f"--compute {text!r}: a scale must be in [0, {MAX_COMPUTE_SCALE:g}]")
+    return scale
+
+
 def _pacing(args: argparse.Namespace, workload: Workload, rpc: RpcKind) -> Pacing:
-    timing = Timing(args.pacing)
+    timing = _timing(args, workload)
     if args.rate is not None and timing is not Timing.RATE:
         raise UsageError("--rate applies only to --pacing rate")
     if args.speedup is not None and timing is not Timing.RECORDED:
@@ -454,6 +495,7 @@ def _pacing(args: argparse.Namespace, workload: Workload, rpc: RpcKind) -> Pacin
         window=window,
         rate_per_s=args.rate if timing is Timing.RATE else 0.0,
         speedup=args.speedup if args.speedup is not None else 1.0,
+        compute_scale=parse_compute(args.compute) if timing is Timing.DEPENDENCIES else 1.0,
     )
 
 
@@ -477,7 +519,7 @@ def build_request(args: argparse.Namespace) -> ReplayRequest:
         "benchmark": ",".join(b.value for b in benchmarks),
         "mode": mode.value,
         "rpc": args.rpc or "default",
-        "pacing": args.pacing,
+        "pacing": args.pacing or "default",
         "warmup_s": plan.warmup_ns / NS_PER_S,
         "duration_s": plan.duration_ns / NS_PER_S,
         "runs": args.runs,
@@ -547,8 +589,11 @@ def _synthetic_workloads(
     for flag_attribute, flag in _TRACE_FLAGS:
         if getattr(args, flag_attribute) is not None:
             raise UsageError(f"{flag} applies to trace replays, not to --synthetic workloads")
-    if Timing(args.pacing) is Timing.RECORDED:
-        raise UsageError("--pacing recorded needs a trace (synthetic payloads have no timestamps)")
+    if args.pacing in (Timing.RECORDED.value, Timing.DEPENDENCIES.value):
+        raise UsageError(
+            f"--pacing {args.pacing} needs a trace (synthetic payloads have no "
+            "timestamps or dependencies)"
+        )
     generator = _generator_config(args)
     return [
         synthetic_workload(

@@ -198,6 +198,8 @@ def run_benchmark(
     }
     if pacing.timing is Timing.RATE:
         all_parameters["rate_per_s"] = pacing.rate_per_s
+    if pacing.timing is Timing.DEPENDENCIES:
+        all_parameters["compute_scale"] = pacing.compute_scale
     if pacing.timing is Timing.RECORDED:
         all_parameters["speedup"] = pacing.speedup
     all_parameters.update(parameters or {})

@@ -115,6 +115,7 @@ def _worker_main(connection: multiprocessing.connection.Connection, spec: Worker
                         "result",
                         pack_samples(outcome.samples),
                         outcome.step_times_ns,
+                        outcome.step_compute_ns,
                         outcome.elapsed_ns,
                         outcome.cpu_ns,
                         outcome.partial_reason if outcome.partial else None,
@@ -275,12 +276,13 @@ def _measure_runs(
                     )
                 )
                 continue
-            _, packed, step_times, elapsed, cpu, reason = message
+            _, packed, step_times, step_compute, elapsed, cpu, reason = message
             assert isinstance(packed, np.ndarray)
             outcomes.append(
                 WorkerOutcome(
                     samples=unpack_samples(packed),
                     step_times_ns=tuple(step_times),  # type: ignore[call-overload,arg-type]
+                    step_compute_ns=tuple(step_compute),  # type: ignore[call-overload,arg-type]
                     elapsed_ns=int(elapsed),  # type: ignore[call-overload]
                     cpu_ns=int(cpu),  # type: ignore[call-overload]
                     partial=reason is not None,

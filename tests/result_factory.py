@@ -149,6 +149,23 @@ def golden_document() -> ResultDocument:
     results = make_results(seed=11, runs=2, calls=6)
     # The last run of the throughput benchmark stopped early, as when a server dies.
     throughput = results[2]
+    # Throughput replayed under dependencies pacing: planned releases, step
+    # critical paths (format version 2).
+    throughput = dataclasses.replace(
+        throughput,
+        runs=tuple(
+            dataclasses.replace(
+                run,
+                samples=tuple(
+                    dataclasses.replace(sample, release_lag_ns=1000 * (number + 1))
+                    for number, sample in enumerate(run.samples)
+                ),
+                step_times_ns=(300_000_000 + run.run_index, 310_000_000),
+                step_compute_ns=(120_000_000, 125_000_000 + run.run_index),
+            )
+            for run in throughput.runs
+        ),
+    )
     last = dataclasses.replace(
         throughput.runs[-1], partial=True, partial_reason="server 1 stopped answering"
     )

@@ -53,6 +53,9 @@ class CallSample:
     worker_index: int = 0
     #: Replayed training step the call belongs to; -1 for synthetic workloads.
     step: int = -1
+    #: How late the call was issued after its planned release (schedule
+    #: fidelity); 0 under closed-loop pacing, which plans no release times.
+    release_lag_ns: int = 0
 
     def __post_init__(self) -> None:
         if self.latency_ns < 0:
@@ -70,6 +73,7 @@ SAMPLE_COLUMNS = (
     "server_index",
     "worker_index",
     "step",
+    "release_lag_ns",
 )
 
 
@@ -81,8 +85,12 @@ class RunMeasurement:
     #: Wall time of the measured part of the run (warm-up excluded).
     duration_ns: int
     samples: tuple[CallSample, ...]
-    #: For trace-driven runs: wall time of each replayed step, in order.
+    #: For trace-driven runs: wall time of each replayed step, in order (under
+    #: dependencies pacing: from a step's begin to the next one's, the compute kept).
     step_times_ns: tuple[int, ...] = ()
+    #: Dependencies pacing: compute kept on each step's critical path, parallel to
+    #: ``step_times_ns`` (the rest of the step is communication); else empty.
+    step_compute_ns: tuple[int, ...] = ()
     #: CPU time (user + system) spent by the client processes during the run.
     client_cpu_ns: int = 0
     #: CPU time spent by the server processes during the run (0 if unknown,
@@ -229,6 +237,26 @@ class BenchmarkResult:
     @property
     def step_times_ns(self) -> tuple[int, ...]:
         return tuple(t for run in self.runs for t in run.step_times_ns)
+
+    @property
+    def step_compute_ns(self) -> tuple[int, ...]:
+        return tuple(t for run in self.runs for t in run.step_compute_ns)
+
+    @property
+    def step_communication_ns(self) -> tuple[int, ...]:
+        """Per step: the critical path's communication (step time less the compute kept)."""
+        return tuple(
+            total - compute
+            for run in self.runs
+            for total, compute in zip(run.step_times_ns, run.step_compute_ns, strict=False)
+        )
+
+    @property
+    def release_lag(self) -> LatencySummary:
+        """Schedule fidelity: how late calls went after their planned release."""
+        return LatencySummary.from_samples(
+            [s.release_lag_ns for run in self.runs for s in run.samples]
+        )
 
     @property
     def step_time(self) -> LatencySummary:

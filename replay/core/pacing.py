@@ -12,8 +12,15 @@ A pacing combines a *timing* (when a call may be released) with a *window*
   have all completed, whichever is later (compute time is kept as idle time).
 * ``rate``: open loop at a fixed rate: call *n* of a run is released at
   ``run begin + n / rate``.
+* ``dependencies``: training's causality (``dependencies``): a trace call goes
+  once what it waits for has arrived in the replay, plus the recorded compute
+  gap times ``compute_scale`` (1 keeps the recorded compute, 0 drops it); a
+  worker's next step begins when its step's calls are done plus the step's
+  recorded tail.  The default for trace replays of PS throughput.
 
-Window: an integer N allows at most N calls in flight per worker;
+Window: an integer N allows at most N calls in flight per worker (under
+``dependencies`` the default is no window beyond ``OPEN_LOOP_MAX_IN_FLIGHT``:
+the dependencies shape the concurrency);
 ``RECORDED_WINDOW`` (None) keeps the trace's concurrency: a call waits until no
 more of its (worker, ps) pair's calls are in flight than were open when it
 started in the trace (``Call.outstanding_at_start``; 0 for synthetic calls,
@@ -30,6 +37,8 @@ from dataclasses import dataclass
 from tf_grpc_bench.errors import ConfigError
 from tf_grpc_bench.replay.core.workload import Call
 
+#: Largest compute scale accepted (100x slower compute than recorded).
+MAX_COMPUTE_SCALE = 100.0
 #: Window value meaning "the concurrency recorded in the trace".
 RECORDED_WINDOW = None
 #: Cap on calls in flight for open-loop timings without an explicit window,
@@ -41,6 +50,7 @@ class Timing(enum.Enum):
     ASAP = "asap"
     RECORDED = "recorded"
     RATE = "rate"
+    DEPENDENCIES = "dependencies"
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -52,6 +62,8 @@ class Pacing:
     rate_per_s: float = 0.0
     #: Recorded timing only: 2.0 replays twice as fast as recorded.
     speedup: float = 1.0
+    #: Dependencies timing only: the recorded compute gaps times this (0: none).
+    compute_scale: float = 1.0
 
     def __post_init__(self) -> None:
         if self.window is not None and self.window < 1:
@@ -63,6 +75,13 @@ class Pacing:
             raise ConfigError("--rate applies only to --pacing rate")
         if not self.speedup > 0:
             raise ConfigError(f"--speedup must be > 0, got {self.speedup}")
+        if not 0 <= self.compute_scale <= MAX_COMPUTE_SCALE:
+            raise ConfigError(
+                f"--compute must be 'recorded', 'none' or a scale in [0, {MAX_COMPUTE_SCALE:g}], "
+                f"got {self.compute_scale}"
+            )
+        if self.compute_scale != 1.0 and self.timing is not Timing.DEPENDENCIES:
+            raise ConfigError("--compute applies only to --pacing dependencies")
 
     @property
     def closed_loop(self) -> bool:
@@ -74,6 +93,8 @@ class Pacing:
             return f"rate {self.rate_per_s:g}/s, window {window}"
         if self.timing is Timing.RECORDED:
             return f"recorded x{self.speedup:g}, window {window}"
+        if self.timing is Timing.DEPENDENCIES:
+            return f"dependencies, compute x{self.compute_scale:g}, window {window}"
         return f"asap, window {window}"
 
 
@@ -83,6 +104,8 @@ def release_time_ns(
     """Absolute time at which ``call`` may be issued, or None for "now".
 
     ``call_number`` counts the calls this worker issued since ``run_begin_ns``.
+    Under ``dependencies`` the release depends on completions: the driver asks
+    a ``DependencyTracker`` instead, and this returns None.
     """
     if pacing.timing is Timing.RECORDED:
         return step_begin_ns + round(call.offset_ns / pacing.speedup)
@@ -95,7 +118,7 @@ def may_issue(pacing: Pacing, call: Call, *, in_flight: int, in_flight_to_server
     """Whether the window lets ``call`` go with this many calls in flight."""
     if pacing.window is not None:
         return in_flight < pacing.window
-    if pacing.timing is Timing.RATE:
+    if pacing.timing in (Timing.RATE, Timing.DEPENDENCIES):
         return in_flight < OPEN_LOOP_MAX_IN_FLIGHT
     return in_flight_to_server <= call.outstanding_at_start
 

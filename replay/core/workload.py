@@ -66,9 +66,10 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 
 from tf_grpc_bench.errors import ConfigError, TraceError
+from tf_grpc_bench.replay.core.dependencies import Dependencies, TimedCall, infer_dependencies
 from tf_grpc_bench.replay.core.generators import GeneratorConfig, PayloadSpec, generate_payloads
 from tf_grpc_bench.replay.core.measurement import Benchmark
-from tf_grpc_bench.trace import Rpc, Trace
+from tf_grpc_bench.trace import TENSOR_METHODS, Rpc, Trace
 
 #: Method paths of the replay service (``protos/bench.proto``); the raw mode uses the same paths.
 ECHO_METHOD = "/tf_grpc_bench.Replay/Echo"
@@ -245,6 +246,9 @@ class Call:
     outstanding_at_start: int = 0
     #: The trace's RPC went from the ps to the worker; replayed with sizes swapped.
     reversed_direction: bool = False
+    #: Trace calls: what the call waits for and when its data left and arrived in
+    #: the trace (``dependencies``); None for synthetic calls.
+    dependencies: Dependencies | None = None
 
     def __post_init__(self) -> None:
         if not self.method.startswith("/"):
@@ -393,6 +397,7 @@ def pull_call(
     offset_ns: int = 0,
     outstanding_at_start: int = 0,
     reversed_direction: bool = False,
+    dependencies: Dependencies | None = None,
 ) -> Call:
     """A pull-shaped call as close as the mode allows to the given wire sizes."""
     if mode is Mode.SERIALIZED:
@@ -412,6 +417,7 @@ def pull_call(
         offset_ns=offset_ns,
         outstanding_at_start=outstanding_at_start,
         reversed_direction=reversed_direction,
+        dependencies=dependencies,
     )
 
 
@@ -640,6 +646,38 @@ def _with_pair_outstanding(mapped: Sequence[_Mapped]) -> list[int]:
     return result
 
 
+def _timed_call(mapped: _Mapped, server_index: int, step_start_ns: int) -> TimedCall:
+    rpc = mapped.rpc
+    start = max(rpc.start_ns - step_start_ns, 0)
+    response_start = max(rpc.response_start_ns - step_start_ns, start)
+    return TimedCall(
+        server=server_index,
+        reversed_direction=mapped.reversed_direction,
+        carries_tensor=rpc.method in TENSOR_METHODS,
+        start_ns=start,
+        response_start_ns=response_start,
+        end_ns=max(rpc.end_ns - step_start_ns, response_start),
+    )
+
+
+def _step_dependencies(
+    mapped: Sequence[_Mapped], roles: TraceRoles, step_start_ns: int
+) -> list[Dependencies]:
+    """Each call's dependencies, inferred per client task over its calls of the step."""
+    by_client: dict[int, list[int]] = {}
+    for position, m in enumerate(mapped):
+        by_client.setdefault(m.client_task, []).append(position)
+    result: list[Dependencies | None] = [None] * len(mapped)
+    for positions in by_client.values():
+        timed = [
+            _timed_call(mapped[p], roles.server_index(mapped[p].server_task), step_start_ns)
+            for p in positions
+        ]
+        for position, dependencies in zip(positions, infer_dependencies(timed), strict=True):
+            result[position] = dependencies
+    return [d for d in result if d is not None]
+
+
 def _step_periods(trace: Trace) -> list[int]:
     periods = []
     for number, step in enumerate(trace.steps):
@@ -699,6 +737,7 @@ def trace_workload(
     workload_steps = []
     for trace_step, period, mapped in zip(trace.steps, periods, steps, strict=True):
         outstanding = _with_pair_outstanding(mapped)
+        dependencies = _step_dependencies(mapped, roles, trace_step.start_ns)
         calls = tuple(
             pull_call(
                 method=m.rpc.method,
@@ -712,8 +751,9 @@ def trace_workload(
                 offset_ns=max(m.rpc.start_ns - trace_step.start_ns, 0),
                 outstanding_at_start=count,
                 reversed_direction=m.reversed_direction,
+                dependencies=deps,
             )
-            for m, count in zip(mapped, outstanding, strict=True)
+            for m, count, deps in zip(mapped, outstanding, dependencies, strict=True)
         )
         if calls:
             workload_steps.append(

@@ -32,6 +32,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 import tf_grpc_bench
 from tf_grpc_bench import trace_files
 from tf_grpc_bench.errors import ResultError, UnsupportedResultVersionError
@@ -56,9 +58,15 @@ from tf_grpc_bench.replay.output.statistics import cpu_utilization, run_statisti
 FORMAT = "tf-grpc-bench-results"
 #: Version of the result format this module writes.  History:
 #:   1 (2026-11): first version.
-FORMAT_VERSION = 1
+#:   2 (2026-12): samples gain ``release_lag_ns`` (schedule fidelity), runs gain
+#:       ``step_compute_ns`` (compute on each step's critical path), statistics
+#:       gain ``prediction`` and ``release_lag_ns``.  Version 1 documents read
+#:       with those empty (lags 0).
+FORMAT_VERSION = 2
 #: Versions ``read_document`` can read.
-READABLE_VERSIONS = frozenset({1})
+READABLE_VERSIONS = frozenset({1, 2})
+#: The sample columns of version 1 documents.
+_SAMPLE_COLUMNS_V1 = tuple(c for c in SAMPLE_COLUMNS if c != "release_lag_ns")
 #: Conventional name of the result document inside a run directory.
 RESULTS_FILE_NAME = "results.json"
 
@@ -262,10 +270,32 @@ def _statistics_json(result: BenchmarkResult) -> dict[str, Any]:
         "bandwidth_mb_per_s": _finite_or_none(result.bandwidth_mb_per_s),
         "latency_ns": latency,
         "step_time_ns": _latency_json(result.step_time),
+        "prediction": _prediction_json(result),
+        "release_lag_ns": _latency_json(result.release_lag),
         "client_cpu_ns": result.client_cpu_ns,
         "server_cpu_ns": result.server_cpu_ns,
         "client_cpu_utilization": _finite_or_none(cpu_utilization(result.client_cpu_ns, result)),
         "server_cpu_utilization": _finite_or_none(cpu_utilization(result.server_cpu_ns, result)),
+    }
+
+
+def _median_or_none(values: Sequence[int]) -> float | None:
+    return float(np.median(values)) if values else None
+
+
+def _prediction_json(result: BenchmarkResult) -> dict[str, Any] | None:
+    """What the replay predicts of a training step (dependencies pacing), else None.
+
+    ``step_ns``: median replayed worker-step, compute kept; ``compute_ns`` and
+    ``communication_ns``: medians of the critical path's two parts.
+    """
+    if not result.step_compute_ns:
+        return None
+    return {
+        "step_ns": _median_or_none(result.step_times_ns),
+        "compute_ns": _median_or_none(result.step_compute_ns),
+        "communication_ns": _median_or_none(result.step_communication_ns),
+        "steps": len(result.step_compute_ns),
     }
 
 
@@ -297,6 +327,7 @@ def _run_json(run: RunMeasurement) -> dict[str, Any]:
         "partial_reason": run.partial_reason,
         "statistics": _run_statistics_json(run),
         "step_times_ns": list(run.step_times_ns),
+        "step_compute_ns": list(run.step_compute_ns),
         "samples": {
             "count": run.rpc_count,
             **{
@@ -535,18 +566,19 @@ def _network_from_json(obj: dict[str, Any], where: str) -> NetworkInfo:
     )
 
 
-def _run_from_json(obj: dict[str, Any], where: str) -> RunMeasurement:
+def _run_from_json(obj: dict[str, Any], where: str, version: int) -> RunMeasurement:
     samples_obj = _object(obj, "samples", where)
     at = f"{where}.samples"
     count = _int(samples_obj, "count", at)
-    columns = [_int_list(samples_obj, column, at) for column in SAMPLE_COLUMNS]
-    for column, values in zip(SAMPLE_COLUMNS, columns, strict=True):
+    names = SAMPLE_COLUMNS if version >= 2 else _SAMPLE_COLUMNS_V1
+    columns = [_int_list(samples_obj, column, at) for column in names]
+    for column, values in zip(names, columns, strict=True):
         if len(values) != count:
             raise _Invalid(f"{at}.{column}: has {len(values)} values, 'count' says {count}")
     samples = []
     for index, row in enumerate(zip(*columns, strict=True)):
         try:
-            samples.append(CallSample(**dict(zip(SAMPLE_COLUMNS, row, strict=True))))
+            samples.append(CallSample(**dict(zip(names, row, strict=True))))
         except ValueError as error:
             raise _Invalid(f"{at}[{index}]: {error}") from None
     return RunMeasurement(
@@ -554,6 +586,7 @@ def _run_from_json(obj: dict[str, Any], where: str) -> RunMeasurement:
         duration_ns=_int(obj, "duration_ns", where),
         samples=tuple(samples),
         step_times_ns=tuple(_int_list(obj, "step_times_ns", where)),
+        step_compute_ns=tuple(_int_list(obj, "step_compute_ns", where)) if version >= 2 else (),
         client_cpu_ns=_int(obj, "client_cpu_ns", where),
         server_cpu_ns=_int(obj, "server_cpu_ns", where),
         server_received_bytes=_int(obj, "server_received_bytes", where),
@@ -563,7 +596,7 @@ def _run_from_json(obj: dict[str, Any], where: str) -> RunMeasurement:
     )
 
 
-def _benchmark_from_json(obj: dict[str, Any], where: str) -> BenchmarkResult:
+def _benchmark_from_json(obj: dict[str, Any], where: str, version: int) -> BenchmarkResult:
     name = _str(obj, "benchmark", where)
     try:
         benchmark = Benchmark(name)
@@ -574,7 +607,7 @@ def _benchmark_from_json(obj: dict[str, Any], where: str) -> BenchmarkResult:
     for index, item in enumerate(_list(obj, "runs", where)):
         if not isinstance(item, dict):
             raise _Invalid(f"{where}.runs[{index}]: expected an object")
-        runs.append(_run_from_json(item, f"{where}.runs[{index}]"))
+        runs.append(_run_from_json(item, f"{where}.runs[{index}]", version))
     return BenchmarkResult(
         benchmark=benchmark,
         workload=_str(obj, "workload", where),
@@ -608,7 +641,7 @@ def document_from_json_dict(data: Any, *, source: str = "results") -> ResultDocu
         for index, item in enumerate(_list(data, "benchmarks", where)):
             if not isinstance(item, dict):
                 raise _Invalid(f"benchmarks[{index}]: expected an object")
-            benchmarks.append(_benchmark_from_json(item, f"benchmarks[{index}]"))
+            benchmarks.append(_benchmark_from_json(item, f"benchmarks[{index}]", version))
         trace = data.get("trace")
         network = data.get("network")
         if trace is not None and not isinstance(trace, dict):

@@ -358,6 +358,7 @@ def merge_worker_documents(
                     duration_ns=max(p.duration_ns for p in parts),
                     samples=tuple(s for p in parts for s in p.samples),
                     step_times_ns=tuple(t for p in parts for t in p.step_times_ns),
+                    step_compute_ns=tuple(t for p in parts for t in p.step_compute_ns),
                     client_cpu_ns=sum(p.client_cpu_ns for p in parts),
                     server_cpu_ns=max(p.server_cpu_ns for p in parts),
                     partial=bool(partial),

@@ -17,15 +17,18 @@ import re
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import grpc
 
 from tf_grpc_bench.errors import ConfigError, TransportError
 from tf_grpc_bench.protos import bench_pb2
+from tf_grpc_bench.replay.core.dependencies import Dependencies, DependencyTracker, StepPath
 from tf_grpc_bench.replay.core.measurement import CallSample
 from tf_grpc_bench.replay.core.pacing import (
     Pacing,
+    Timing,
     blocking_calls_suffice,
     may_issue,
     release_time_ns,
@@ -490,6 +493,19 @@ class ReplayClient:
             channel.close()
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StepOutcome:
+    """How one replayed step went, as the driver saw it (absolute ns of its clock)."""
+
+    #: When the step's last call completed.
+    last_end_ns: int
+    #: Dependencies pacing: when the worker's next step may begin (the step's
+    #: recorded tail kept); None for other pacings, which decide it themselves.
+    next_begin_ns: int | None = None
+    #: Dependencies pacing: the step's critical path, compute against communication.
+    path: StepPath | None = None
+
+
 class Driver:
     """Issues a worker's calls to its servers' clients under a pacing, recording samples.
 
@@ -513,11 +529,28 @@ class Driver:
         self.clock = clock
         self.sleep = sleep
         self._issued_in_run = 0
+        #: Per step (by identity): its calls' indices in the order their data became ready.
+        self._ready_orders: dict[int, tuple[int, ...]] = {}
 
     def prepare(self, steps: Iterable[WorkloadStep]) -> None:
         for step in steps:
             for call in step.calls:
                 self.clients[call.server_index].prepare([call])
+            if self.pacing.timing is Timing.DEPENDENCIES:
+                self._ready_order(step)
+
+    def _ready_order(self, step: WorkloadStep) -> tuple[int, ...]:
+        order = self._ready_orders.get(id(step))
+        if order is None:
+            dependencies = _dependencies_of(step)
+            order = tuple(
+                sorted(
+                    range(len(step.calls)),
+                    key=lambda i: (dependencies[i].ready_offset_ns, i),
+                )
+            )
+            self._ready_orders[id(step)] = order
+        return order
 
     def begin_run(self) -> None:
         """Start counting calls afresh (rate pacing counts from a run's begin)."""
@@ -538,19 +571,24 @@ class Driver:
         step_begin_ns: int,
         stop_at_ns: int | None = None,
         samples: list[CallSample] | None = None,
-    ) -> int:
-        """Issue the step's calls, wait for all, return the time the last one completed.
+    ) -> StepOutcome:
+        """Issue the step's calls, wait for all, say when the last one completed.
 
         Stops issuing once ``stop_at_ns`` has passed (calls in flight still
         complete).  Samples (``start_ns`` relative to ``run_begin_ns``) are
         appended to ``samples`` as calls complete, so a caller keeps what was
         measured even when this raises ``TransportError``.
         """
+        if self.pacing.timing is Timing.DEPENDENCIES:
+            return self._run_dependencies(step, run_begin_ns, step_begin_ns, samples)
         if blocking_calls_suffice(self.pacing):
-            return self._run_blocking(step, run_begin_ns, step_begin_ns, stop_at_ns, samples)
-        return self._run_concurrent(step, run_begin_ns, step_begin_ns, stop_at_ns, samples)
+            end = self._run_blocking(step, run_begin_ns, step_begin_ns, stop_at_ns, samples)
+        else:
+            end = self._run_concurrent(step, run_begin_ns, step_begin_ns, stop_at_ns, samples)
+        return StepOutcome(last_end_ns=end)
 
-    def _release(self, call: Call, run_begin_ns: int, step_begin_ns: int) -> None:
+    def _release(self, call: Call, run_begin_ns: int, step_begin_ns: int) -> int | None:
+        """Wait until ``call``'s planned release, if the pacing plans one; returns it."""
         release = release_time_ns(
             self.pacing,
             call,
@@ -561,6 +599,7 @@ class Driver:
         if release is not None:
             self._wait_until(release)
         self._issued_in_run += 1
+        return release
 
     def _run_blocking(
         self,
@@ -575,13 +614,13 @@ class Driver:
         for call in step.calls:
             if stop_at_ns is not None and clock() >= stop_at_ns:
                 break
-            self._release(call, run_begin_ns, step_begin_ns)
+            release = self._release(call, run_begin_ns, step_begin_ns)
             client = self.clients[call.server_index]
             start = clock()
             client.invoke(call, self.timeout_s)
             end = clock()
             if samples is not None:
-                samples.append(_sample(call, start - run_begin_ns, end - start))
+                samples.append(_sample(call, start - run_begin_ns, end - start, start, release))
         return end
 
     def _run_concurrent(
@@ -598,11 +637,11 @@ class Driver:
         state = {"in_flight": 0, "last_end": clock()}
         errors: list[TransportError] = []
 
-        def completed(call: Call, start: int, future: grpc.Future) -> None:
+        def completed(call: Call, start: int, release: int | None, future: grpc.Future) -> None:
             end = clock()
             error = self.clients[call.server_index].outcome(call, future)
             if error is None and samples is not None:
-                samples.append(_sample(call, start - run_begin_ns, end - start))
+                samples.append(_sample(call, start - run_begin_ns, end - start, start, release))
             with condition:
                 if error is not None:
                     errors.append(error)
@@ -614,7 +653,7 @@ class Driver:
         for call in step.calls:
             if errors or (stop_at_ns is not None and clock() >= stop_at_ns):
                 break
-            self._release(call, run_begin_ns, step_begin_ns)
+            release = self._release(call, run_begin_ns, step_begin_ns)
             with condition:
                 while not errors and not may_issue(
                     self.pacing,
@@ -630,7 +669,9 @@ class Driver:
             start = clock()
             future = self.clients[call.server_index].start(call, self.timeout_s)
             future.add_done_callback(
-                lambda f, call=call, start=start: completed(call, start, f)  # type: ignore[misc]
+                lambda f, call=call, start=start, release=release: completed(  # type: ignore[misc]
+                    call, start, release, f
+                )
             )
         with condition:
             while state["in_flight"] > 0:
@@ -639,8 +680,97 @@ class Driver:
             raise errors[0]
         return state["last_end"]
 
+    def _run_dependencies(
+        self,
+        step: WorkloadStep,
+        run_begin_ns: int,
+        step_begin_ns: int,
+        samples: list[CallSample] | None,
+    ) -> StepOutcome:
+        """Issue the step's calls in ready order, each once what it waits for has arrived."""
+        clock = self.clock
+        calls = step.calls
+        tracker = DependencyTracker(
+            _dependencies_of(step),
+            servers=[call.server_index for call in calls],
+            step_begin_ns=step_begin_ns,
+            period_ns=step.period_ns,
+            compute_scale=self.pacing.compute_scale,
+        )
+        condition = threading.Condition()
+        in_flight_to: dict[int, int] = dict.fromkeys(self.clients, 0)
+        state = {"in_flight": 0, "last_end": step_begin_ns}
+        errors: list[TransportError] = []
 
-def _sample(call: Call, start_ns: int, latency_ns: int) -> CallSample:
+        def completed(index: int, start: int, release: int, future: grpc.Future) -> None:
+            end = clock()
+            call = calls[index]
+            error = self.clients[call.server_index].outcome(call, future)
+            if error is None and samples is not None:
+                samples.append(_sample(call, start - run_begin_ns, end - start, start, release))
+            with condition:
+                if error is not None:
+                    errors.append(error)
+                else:
+                    tracker.complete(index, end)
+                state["in_flight"] -= 1
+                in_flight_to[call.server_index] -= 1
+                state["last_end"] = max(state["last_end"], end)
+                condition.notify_all()
+
+        for index in self._ready_order(step):
+            call = calls[index]
+            with condition:
+                release = tracker.release_ns(index)
+                while not errors and release is None:
+                    condition.wait()
+                    release = tracker.release_ns(index)
+                if errors or release is None:
+                    break
+            self._wait_until(release)
+            with condition:
+                while not errors and not may_issue(
+                    self.pacing,
+                    call,
+                    in_flight=state["in_flight"],
+                    in_flight_to_server=in_flight_to[call.server_index],
+                ):
+                    condition.wait()
+                if errors:
+                    break
+                state["in_flight"] += 1
+                in_flight_to[call.server_index] += 1
+            start = clock()
+            future = self.clients[call.server_index].start(call, self.timeout_s)
+            future.add_done_callback(
+                lambda f, index=index, start=start, release=release: completed(  # type: ignore[misc]
+                    index, start, release, f
+                )
+            )
+        with condition:
+            while state["in_flight"] > 0:
+                condition.wait()
+        if errors:
+            raise errors[0]
+        return StepOutcome(
+            last_end_ns=state["last_end"],
+            next_begin_ns=tracker.next_step_begin_ns(),
+            path=tracker.critical_path(),
+        )
+
+
+def _dependencies_of(step: WorkloadStep) -> list[Dependencies]:
+    dependencies = [call.dependencies for call in step.calls]
+    if any(d is None for d in dependencies):
+        raise ConfigError(
+            "--pacing dependencies needs a trace's calls (synthetic payloads have no dependencies)"
+        )
+    return [d for d in dependencies if d is not None]
+
+
+def _sample(
+    call: Call, start_ns: int, latency_ns: int, issued_ns: int = 0, release_ns: int | None = None
+) -> CallSample:
     return CallSample(
         start_ns=start_ns,
         latency_ns=latency_ns,
@@ -650,4 +780,5 @@ def _sample(call: Call, start_ns: int, latency_ns: int) -> CallSample:
         server_index=call.server_index,
         worker_index=call.worker_index,
         step=call.step,
+        release_lag_ns=0 if release_ns is None else max(issued_ns - release_ns, 0),
     )

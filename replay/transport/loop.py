@@ -99,6 +99,8 @@ class WorkerOutcome:
 
     samples: tuple[CallSample, ...]
     step_times_ns: tuple[int, ...]
+    #: Dependencies pacing: compute on each step's critical path (else empty).
+    step_compute_ns: tuple[int, ...] = ()
     #: From the run's begin to the worker's last completed call.
     elapsed_ns: int
     cpu_ns: int
@@ -138,6 +140,7 @@ class WorkerLoop:
         step_count: int | None,
         samples: list[CallSample] | None,
         step_times: list[int] | None,
+        step_compute: list[int] | None = None,
     ) -> int:
         """Replay steps from ``begin_ns``; returns the time the last call completed."""
         self.driver.begin_run()
@@ -149,7 +152,7 @@ class WorkerLoop:
                 break
             if step_count is None and stop_at is not None and self.clock() >= stop_at:
                 break
-            last_end = self.driver.run_step(
+            outcome = self.driver.run_step(
                 step,
                 run_begin_ns=begin_ns,
                 step_begin_ns=step_begin,
@@ -157,14 +160,23 @@ class WorkerLoop:
                 stop_at_ns=stop_at if self._synthetic and step_count is None else None,
                 samples=samples,
             )
-            if step_times is not None and not self._synthetic:
-                step_times.append(last_end - step_begin)
-            next_begin = next_step_begin_ns(
-                self.driver.pacing,
-                previous_begin_ns=step_begin,
-                previous_end_ns=last_end,
-                recorded_period_ns=step.period_ns,
-            )
+            last_end = outcome.last_end_ns
+            if outcome.next_begin_ns is not None:
+                # Dependencies pacing: the step lasts until the next may begin.
+                next_begin = outcome.next_begin_ns
+                if step_times is not None:
+                    step_times.append(next_begin - step_begin)
+                if step_compute is not None and outcome.path is not None:
+                    step_compute.append(outcome.path.compute_ns)
+            else:
+                if step_times is not None and not self._synthetic:
+                    step_times.append(last_end - step_begin)
+                next_begin = next_step_begin_ns(
+                    self.driver.pacing,
+                    previous_begin_ns=step_begin,
+                    previous_end_ns=last_end,
+                    recorded_period_ns=step.period_ns,
+                )
             now = self.clock()
             if next_begin > now:
                 if stop_at is not None and step_count is None and next_begin >= stop_at:
@@ -197,6 +209,7 @@ class WorkerLoop:
             begin_ns = self.clock()
         samples: list[CallSample] = []
         step_times: list[int] = []
+        step_compute: list[int] = []
         cpu_before = self.cpu_clock()
         partial, reason = False, ""
         try:
@@ -206,6 +219,7 @@ class WorkerLoop:
                 step_count=step_count,
                 samples=samples,
                 step_times=step_times,
+                step_compute=step_compute,
             )
         except TransportError as error:
             partial, reason = True, str(error)
@@ -213,6 +227,7 @@ class WorkerLoop:
         return WorkerOutcome(
             samples=tuple(sorted(samples, key=lambda s: s.start_ns)),
             step_times_ns=tuple(step_times),
+            step_compute_ns=tuple(step_compute),
             elapsed_ns=max(last_end - begin_ns, 1),
             cpu_ns=self.cpu_clock() - cpu_before,
             partial=partial,
@@ -255,6 +270,7 @@ def run_measurement(
         duration_ns=max(o.elapsed_ns for o in outcomes),
         samples=tuple(samples),
         step_times_ns=tuple(t for o in outcomes for t in o.step_times_ns),
+        step_compute_ns=tuple(t for o in outcomes for t in o.step_compute_ns),
         client_cpu_ns=sum(o.cpu_ns for o in outcomes),
         server_cpu_ns=sum(s.cpu_ns for s in stats) if stats else 0,
         server_received_bytes=sum(s.received_bytes for s in stats) if stats else -1,

@@ -1,0 +1,391 @@
+"""Training's causality in a replayed step: which calls wait for which, and for how long.
+
+Pure: no gRPC, no clocks, no IO.  Times are ns; the tracker is given them.
+
+Why (DESIGN.md section 4)
+-------------------------
+In parameter-server training a tensor leaves a task only once what it is
+computed from has arrived there and the compute between them has run: a worker
+sends its gradients only after it has pulled the variables and run forward and
+backward.  A replay that releases calls by the trace's *request* times overlaps
+the gradient pushes with the variable pulls (the ps asks for a gradient early;
+the rendezvous request waits until the gradient exists) and, on a slow link,
+predicts a step far shorter than training's.
+
+The model, per worker and per step
+----------------------------------
+Each replayed call carries one *data message*: the tensor in a RecvTensor or
+RecvBuf response (which a reversed call sends as its request), or the request
+of any other method.  For every call the trace gives:
+
+* ``ready``: when its data left its sender: ``response_start_ns`` for a tensor
+  method (the tensor existed then), ``start_ns`` otherwise;
+* ``arrival``: when the call completed (``end_ns``), i.e. when its data had
+  arrived at its receiver: at the worker for a pull (the worker calls the ps
+  and the tensor comes back), at the ps for a reversed call (the ps pulled a
+  gradient from the worker; the replay pushes it).
+
+Inference rule: a call waits for every arrival, at the task its data leaves
+from, that completed strictly before its data left, and, for a pull, also for
+every arrival at the worker that completed strictly before the worker asked
+for it.  Concretely:
+
+* a reversed call (gradient, worker -> ps) waits for the worker's pulls that
+  completed before ``ready``: backward needs the forward pass, which needs the
+  variables that had arrived;
+* a pull (variable, ps -> worker) waits for the worker's own earlier arrivals
+  at this ps (its gradients that reached the ps before the variable left: a
+  variable read after an update) and for the worker's pulls that completed
+  before the pull's request left the worker.
+
+Arrivals of other workers are not waited for: workers run in separate replay
+processes, and training's cross-worker ordering (a synchronous ps waiting for
+every worker's gradient) is not in one worker's trace.  What arrived *before*
+is taken as what the data was *computed from*; the tensor identities in a
+PS step agree (every gradient depends on the whole forward pass), and an
+arrival that was in fact unrelated can only delay the call, never release it
+early.
+
+Because every waited-for arrival completed strictly before the call's data
+left, sorting a step's calls by ``ready`` is a topological order, and the sets
+a call waits for are prefixes of the arrivals in completion order.  The
+tracker therefore needs one running maximum per arrival list, not an edge list.
+
+Release time in a replay
+------------------------
+With ``s`` the compute scale (1: the recorded compute, 0: none, 0.5: twice as
+fast), a step begun at ``B`` and ``done(j)`` the replay's completion of call
+``j``, a call is released at::
+
+    B + s * ready(c) + max over waited-for j of (done(j) - B - s * arrival(j))
+
+so each recorded compute gap ``ready(c) - arrival(j)`` is kept (scaled) after
+the replay's own arrival of ``j``; a call that waits for nothing is released at
+``B + s * ready(c)``.  The worker's next step begins at
+``B + s * period + max over the step's calls j of (done(j) - B - s * arrival(j))``:
+after everything of the step has arrived and the recorded tail of the step.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+#: Placeholder for "no waited-for arrival": any real lag is larger.
+_NO_LAG = -(1 << 62)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TimedCall:
+    """One replayed call of a worker-step as the trace timed it (ns from the step's start)."""
+
+    #: The ps (server index) the replayed call goes to.
+    server: int
+    #: The trace's RPC went from the ps to the worker (a gradient pull), replayed as a push.
+    reversed_direction: bool
+    #: The trace's data was the response's tensor (RecvTensor, RecvBuf).
+    carries_tensor: bool
+    start_ns: int
+    response_start_ns: int
+    end_ns: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Dependencies:
+    """What a call waits for, and when its data left and arrived in the trace.
+
+    Offsets are ns from the trace step's start.  The call waits for the first
+    ``after_worker_arrivals`` arrivals at its worker and the first
+    ``after_server_arrivals`` arrivals (from its worker) at its server, both in
+    trace completion order; its own place in its arrival list is
+    ``arrival_rank``.
+    """
+
+    ready_offset_ns: int
+    arrival_offset_ns: int
+    lands_on_worker: bool
+    #: Whether others wait for this call's completion: only a tensor's arrival
+    #: counts (a control call's completion marks the callee's work finishing,
+    #: which the replay's server does not redo).
+    is_arrival: bool = True
+    arrival_rank: int = 0
+    after_worker_arrivals: int = 0
+    after_server_arrivals: int = 0
+
+    def __post_init__(self) -> None:
+        for name in ("arrival_rank", "after_worker_arrivals", "after_server_arrivals"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
+        if self.arrival_offset_ns < self.ready_offset_ns:
+            raise ValueError("a call's data cannot arrive before it left")
+
+
+def ready_ns(call: TimedCall) -> int:
+    """When the call's data left its sender in the trace."""
+    return call.response_start_ns if call.carries_tensor else call.start_ns
+
+
+def infer_dependencies(calls: Sequence[TimedCall]) -> tuple[Dependencies, ...]:
+    """The dependencies of one worker's calls in one step, in the order given.
+
+    See the module docstring for the rules.  Raises ``ValueError`` for a call
+    whose times are out of order (end before response start before start).
+    """
+    for number, call in enumerate(calls):
+        if not call.start_ns <= call.response_start_ns <= call.end_ns:
+            raise ValueError(
+                f"call {number}: times out of order (start {call.start_ns}, "
+                f"response start {call.response_start_ns}, end {call.end_ns})"
+            )
+    worker_order = sorted(
+        (i for i, c in enumerate(calls) if c.carries_tensor and not c.reversed_direction),
+        key=lambda i: (calls[i].end_ns, i),
+    )
+    worker_ends = [calls[i].end_ns for i in worker_order]
+    server_orders: dict[int, list[int]] = {}
+    for i in sorted(
+        (i for i, c in enumerate(calls) if c.carries_tensor and c.reversed_direction),
+        key=lambda i: (calls[i].end_ns, i),
+    ):
+        server_orders.setdefault(calls[i].server, []).append(i)
+    server_ends = {s: [calls[i].end_ns for i in order] for s, order in server_orders.items()}
+    rank = {i: r for r, i in enumerate(worker_order)}
+    for order in server_orders.values():
+        rank.update({i: r for r, i in enumerate(order)})
+
+    result = []
+    for number, call in enumerate(calls):
+        ready = ready_ns(call)
+        if call.reversed_direction:
+            after_worker = bisect.bisect_left(worker_ends, ready)
+            after_server = 0
+        else:
+            after_worker = bisect.bisect_left(worker_ends, call.start_ns)
+            after_server = bisect.bisect_left(server_ends.get(call.server, []), ready)
+        result.append(
+            Dependencies(
+                ready_offset_ns=ready,
+                arrival_offset_ns=call.end_ns,
+                lands_on_worker=not call.reversed_direction,
+                is_arrival=number in rank,
+                arrival_rank=rank.get(number, 0),
+                after_worker_arrivals=after_worker,
+                after_server_arrivals=after_server,
+            )
+        )
+    return tuple(result)
+
+
+class _ArrivalList:
+    """Completions of one arrival list, with the running maximum over its complete prefix."""
+
+    __slots__ = ("_argmax", "_complete", "_done", "_maxima")
+
+    def __init__(self, length: int) -> None:
+        self._done: list[int | None] = [None] * length
+        self._complete = 0
+        #: _maxima[k]: the largest lag over the first k arrivals; _argmax[k]: whose.
+        self._maxima = [_NO_LAG]
+        self._argmax = [-1]
+
+    def record(self, rank: int, lag_ns: int) -> None:
+        if self._done[rank] is not None:
+            raise ValueError(f"arrival {rank} recorded twice")
+        self._done[rank] = lag_ns
+        while self._complete < len(self._done) and self._done[self._complete] is not None:
+            lag = self._done[self._complete]
+            assert lag is not None
+            # ">=": on a tie the later arrival binds (the natural critical path).
+            if lag >= self._maxima[-1]:
+                self._maxima.append(lag)
+                self._argmax.append(self._complete)
+            else:
+                self._maxima.append(self._maxima[-1])
+                self._argmax.append(self._argmax[-1])
+            self._complete += 1
+
+    def lag(self, count: int) -> tuple[int, int] | None:
+        """(largest lag, its rank) over the first ``count`` arrivals; None while incomplete."""
+        if count > self._complete:
+            return None
+        return self._maxima[count], self._argmax[count]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StepPath:
+    """A replayed (or captured) step's critical path, split into compute and communication.
+
+    ``compute_ns`` sums the compute gaps kept on the path (scaled), including
+    the wait before the step's first call and the step's recorded tail;
+    ``communication_ns`` is the rest of the step: transfers, and any waiting
+    of the replay itself.
+    """
+
+    step_ns: int
+    compute_ns: int
+    communication_ns: int
+
+
+class DependencyTracker:
+    """Release times of one worker-step's calls under the dependency model.
+
+    Pure and clock-free: the driver tells it when the step began and when each
+    call completed, and asks when a call may go.  Not thread-safe: callers
+    hold their own lock.
+    """
+
+    def __init__(
+        self,
+        dependencies: Sequence[Dependencies],
+        *,
+        servers: Sequence[int],
+        step_begin_ns: int,
+        period_ns: int,
+        compute_scale: float = 1.0,
+    ) -> None:
+        if compute_scale < 0:
+            raise ValueError(f"compute scale must be >= 0, got {compute_scale}")
+        if len(servers) != len(dependencies):
+            raise ValueError("one server per call")
+        self._deps = tuple(dependencies)
+        self._servers = tuple(servers)
+        self._begin = step_begin_ns
+        self._period = period_ns
+        self._scale = compute_scale
+        self._worker = _ArrivalList(
+            sum(1 for d in self._deps if d.is_arrival and d.lands_on_worker)
+        )
+        self._by_server = {
+            server: _ArrivalList(
+                sum(
+                    1
+                    for d, s in zip(self._deps, self._servers, strict=True)
+                    if s == server and d.is_arrival and not d.lands_on_worker
+                )
+            )
+            for server in set(self._servers)
+        }
+        #: Per call: planned release (absolute ns), the call it waited for
+        #: (index into ``dependencies``, -1 for none), its completion.
+        self._released: dict[int, tuple[int, int]] = {}
+        self._completed: dict[int, int] = {}
+        self._index_of: dict[tuple[bool, int, int], int] = {
+            (d.lands_on_worker, -1 if d.lands_on_worker else s, d.arrival_rank): i
+            for i, (d, s) in enumerate(zip(self._deps, self._servers, strict=True))
+            if d.is_arrival
+        }
+
+    def _scaled(self, offset_ns: int) -> int:
+        return round(self._scale * offset_ns)
+
+    def _list_of(self, index: int) -> _ArrivalList:
+        if self._deps[index].lands_on_worker:
+            return self._worker
+        return self._by_server[self._servers[index]]
+
+    def release_ns(self, index: int) -> int | None:
+        """Absolute time call ``index`` may go, or None while what it waits for is in flight."""
+        deps = self._deps[index]
+        worker = self._worker.lag(deps.after_worker_arrivals)
+        server = self._by_server[self._servers[index]].lag(deps.after_server_arrivals)
+        if worker is None or server is None:
+            return None
+        # The binding arrival: the largest lag; on a tie the later trace arrival.
+        candidates = []
+        if deps.after_worker_arrivals:
+            candidates.append((worker[0], self._owner_of_worker_rank(worker[1])))
+        if deps.after_server_arrivals:
+            candidates.append((server[0], self._owner_of_server_rank(index, server[1])))
+        lag, waited = max(
+            candidates,
+            key=lambda c: (c[0], self._deps[c[1]].arrival_offset_ns),
+            default=(_NO_LAG, -1),
+        )
+        release = self._begin + self._scaled(deps.ready_offset_ns)
+        if waited >= 0:
+            release += lag
+        self._released[index] = (release, waited)
+        return release
+
+    def _owner_of_worker_rank(self, rank: int) -> int:
+        return self._index_of[(True, -1, rank)]
+
+    def _owner_of_server_rank(self, index: int, rank: int) -> int:
+        return self._index_of[(False, self._servers[index], rank)]
+
+    def complete(self, index: int, done_ns: int) -> None:
+        """Call ``index`` completed at ``done_ns`` (absolute)."""
+        deps = self._deps[index]
+        self._completed[index] = done_ns
+        if deps.is_arrival:
+            lag = done_ns - self._begin - self._scaled(deps.arrival_offset_ns)
+            self._list_of(index).record(deps.arrival_rank, lag)
+
+    def _end_lag(self) -> tuple[int, int]:
+        best, owner = _NO_LAG, -1
+        for index, done in self._completed.items():
+            if not self._deps[index].is_arrival:
+                continue
+            lag = done - self._begin - self._scaled(self._deps[index].arrival_offset_ns)
+            if lag > best or (lag == best and done > self._completed.get(owner, -1)):
+                best, owner = lag, index
+        return best, owner
+
+    def next_step_begin_ns(self) -> int:
+        """When the worker's next step begins: every call done, plus the step's recorded tail.
+
+        Call once every call of the step has completed.
+        """
+        if len(self._completed) != len(self._deps):
+            raise ValueError("the step still has calls in flight")
+        lag, owner = self._end_lag()
+        last_done = max(self._completed.values(), default=self._begin)
+        if owner < 0:
+            return max(self._begin + self._scaled(self._period), last_done)
+        return max(self._begin + self._scaled(self._period) + lag, last_done)
+
+    def critical_path(self) -> StepPath:
+        """The step's critical path, walked back from its end through the waited-for calls."""
+        end = self.next_step_begin_ns()
+        _, index = self._end_lag()
+        compute = 0
+        if index >= 0:
+            compute += end - self._completed[index]
+        while index >= 0:
+            release, waited = self._released.get(index, (self._begin, -1))
+            if waited >= 0:
+                compute += max(release - self._completed[waited], 0)
+            else:
+                compute += max(release - self._begin, 0)
+            index = waited
+        step = end - self._begin
+        compute = min(compute, step)
+        return StepPath(step_ns=step, compute_ns=compute, communication_ns=step - compute)
+
+
+def captured_critical_path(
+    calls: Sequence[TimedCall], *, servers: Iterable[int] | None = None, period_ns: int
+) -> StepPath:
+    """The critical path of one worker's step as captured: the trace replayed onto itself."""
+    dependencies = infer_dependencies(calls)
+    tracker = DependencyTracker(
+        dependencies,
+        servers=[c.server for c in calls] if servers is None else list(servers),
+        step_begin_ns=0,
+        period_ns=period_ns,
+    )
+    # Replay the trace onto itself: completions at their end, releases at their
+    # ready time; a completion at the same instant as a release is not waited for.
+    events = sorted(
+        [(call.end_ns, 0, i) for i, call in enumerate(calls)]
+        + [(d.ready_offset_ns, 1, i) for i, d in enumerate(dependencies)],
+        key=lambda event: (event[0], -event[1], event[2]),
+    )
+    for _, kind, index in events:
+        if kind == 1:
+            if tracker.release_ns(index) is None:
+                raise AssertionError("a waited-for arrival ends before the data leaves")
+        else:
+            tracker.complete(index, calls[index].end_ns)
+    return tracker.critical_path()

@@ -1,0 +1,259 @@
+"""The dependency model of a replayed step: inference rules and the release tracker."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from tf_grpc_bench.replay.core.dependencies import (
+    Dependencies,
+    DependencyTracker,
+    TimedCall,
+    captured_critical_path,
+    infer_dependencies,
+)
+
+MS = 1_000_000
+
+
+def _pull(start: int, ready: int, end: int, server: int = 0, tensor: bool = True) -> TimedCall:
+    return TimedCall(
+        server=server,
+        reversed_direction=False,
+        carries_tensor=tensor,
+        start_ns=start * MS,
+        response_start_ns=ready * MS,
+        end_ns=end * MS,
+    )
+
+
+def _push(start: int, ready: int, end: int, server: int = 0) -> TimedCall:
+    return TimedCall(
+        server=server,
+        reversed_direction=True,
+        carries_tensor=True,
+        start_ns=start * MS,
+        response_start_ns=ready * MS,
+        end_ns=end * MS,
+    )
+
+
+# A PS step as training makes it: two variables pulled, compute, two gradients
+# pulled by the ps (requested early, answered when they exist), one variable
+# read back after the update.
+STEP = (
+    _pull(1, 2, 10),  # 0: variable a arrives at 10 ms
+    _pull(1, 3, 20),  # 1: variable b arrives at 20 ms
+    _push(2, 50, 60),  # 2: gradient a leaves at 50 ms (30 ms after the last variable)
+    _push(2, 55, 70),  # 3: gradient b leaves at 55 ms
+    _pull(65, 75, 80),  # 4: a read after gradient a reached the ps (60 ms)
+)
+
+
+def test_a_gradient_waits_for_every_variable_that_arrived_before_it_left() -> None:
+    deps = infer_dependencies(STEP)
+    assert deps[2] == Dependencies(
+        ready_offset_ns=50 * MS,
+        arrival_offset_ns=60 * MS,
+        lands_on_worker=False,
+        is_arrival=True,
+        arrival_rank=0,
+        after_worker_arrivals=2,
+        after_server_arrivals=0,
+    )
+    assert deps[3].after_worker_arrivals == 2
+    assert deps[3].arrival_rank == 1
+
+
+def test_a_pull_waits_for_gradients_that_reached_its_ps_before_the_variable_left() -> None:
+    deps = infer_dependencies(STEP)
+    # Variable read at 75 ms: gradient a (arrived 60 ms) and b (70 ms) were at the ps.
+    assert deps[4].after_server_arrivals == 2
+    # Its request left the worker at 65 ms, after both variables had arrived.
+    assert deps[4].after_worker_arrivals == 2
+    # The first pulls wait for nothing.
+    assert (deps[0].after_worker_arrivals, deps[0].after_server_arrivals) == (0, 0)
+    assert (deps[1].after_worker_arrivals, deps[1].after_server_arrivals) == (0, 0)
+
+
+def test_an_arrival_at_the_very_instant_data_leaves_is_not_waited_for() -> None:
+    deps = infer_dependencies((_pull(0, 0, 10), _push(0, 10, 12)))
+    assert deps[1].after_worker_arrivals == 0
+
+
+def test_control_calls_wait_but_are_not_waited_for() -> None:
+    control = _pull(
+        0, 0, 300, tensor=False
+    )  # e.g. RunComponentFunction, answered when the ps is done
+    deps = infer_dependencies((control, _pull(1, 5, 10), _push(1, 40, 45)))
+    assert deps[0].is_arrival is False
+    assert deps[2].after_worker_arrivals == 1  # only the tensor that arrived
+    assert deps[0].ready_offset_ns == 0  # a control call's data is its request
+
+
+def test_times_out_of_order_are_refused() -> None:
+    with pytest.raises(ValueError, match="call 0: times out of order"):
+        infer_dependencies((_pull(5, 4, 10),))
+
+
+def _replay(
+    calls: tuple[TimedCall, ...],
+    *,
+    transfer_ns: dict[int, int],
+    scale: float = 1.0,
+    period_ms: int = 100,
+    begin: int = 1000 * MS,
+) -> tuple[DependencyTracker, dict[int, int], dict[int, int]]:
+    """Drive a tracker as the driver does, with each call taking ``transfer_ns[i]``."""
+    deps = infer_dependencies(calls)
+    tracker = DependencyTracker(
+        deps,
+        servers=[c.server for c in calls],
+        step_begin_ns=begin,
+        period_ns=period_ms * MS,
+        compute_scale=scale,
+    )
+    released: dict[int, int] = {}
+    done: dict[int, int] = {}
+    pending = sorted(range(len(calls)), key=lambda i: (deps[i].ready_offset_ns, i))
+    in_flight: list[tuple[int, int]] = []
+    while pending or in_flight:
+        if pending:
+            release = tracker.release_ns(pending[0])
+            if release is not None and (not in_flight or release <= min(in_flight)[0]):
+                index = pending.pop(0)
+                released[index] = release
+                in_flight.append((release + transfer_ns[index], index))
+                continue
+        in_flight.sort()
+        end, index = in_flight.pop(0)
+        tracker.complete(index, end)
+        done[index] = end
+    return tracker, released, done
+
+
+def test_on_a_link_as_fast_as_the_trace_the_replay_keeps_the_trace_times() -> None:
+    transfers = {i: c.end_ns - (c.response_start_ns) for i, c in enumerate(STEP)}
+    tracker, released, _done = _replay(STEP, transfer_ns=transfers)
+    begin = 1000 * MS
+    assert {i: t - begin for i, t in released.items()} == {
+        i: c.response_start_ns for i, c in enumerate(STEP)
+    }
+    assert tracker.next_step_begin_ns() - begin == 100 * MS
+
+
+def test_on_a_slow_link_gradients_leave_after_the_variables_plus_the_compute() -> None:
+    # Every transfer takes 100 ms: variables arrive at 102 and 103 ms.
+    tracker, released, done = _replay(STEP, transfer_ns=dict.fromkeys(range(5), 100 * MS))
+    begin = 1000 * MS
+    assert (done[0] - begin, done[1] - begin) == (102 * MS, 103 * MS)
+    # Gradient a left 40 ms after variable a arrived and 30 ms after b: each gap is
+    # kept after the replay's own arrival, the later bound wins: max(102+40, 103+30).
+    assert released[2] - begin == 142 * MS
+    assert released[3] - begin == 147 * MS  # max(102 + 45, 103 + 35)
+    # The variable read waits for the gradients at the ps: gradient a arrived at
+    # 242 (60 ms in the trace, read at 75): 242 + 15.
+    assert released[4] - begin == 257 * MS
+    # The step ends with everything done plus the recorded tail (80 -> 100 ms).
+    assert done[4] - begin == 357 * MS
+    assert tracker.next_step_begin_ns() - begin == 377 * MS
+
+
+def test_compute_none_drops_every_gap_and_half_halves_them() -> None:
+    slow = dict.fromkeys(range(5), 100 * MS)
+    _, released, done = _replay(STEP, transfer_ns=slow, scale=0.0)
+    begin = 1000 * MS
+    assert released[2] == done[1]  # no compute between the last variable and the gradient
+    assert released[0] == begin
+    _, released_half, done_half = _replay(STEP, transfer_ns=slow, scale=0.5)
+    # Variables released at 1 and 1.5 ms, arrive 100 ms later; gaps 40 and 30 halved.
+    assert (done_half[0] - begin, done_half[1] - begin) == (101 * MS, 101.5 * MS)
+    assert released_half[2] - begin == 121 * MS
+
+
+def test_critical_path_splits_the_step_into_compute_and_communication() -> None:
+    tracker, _, _ = _replay(STEP, transfer_ns=dict.fromkeys(range(5), 100 * MS))
+    path = tracker.critical_path()
+    # Walked back from the end: tail 20; the read released 15 after gradient a
+    # arrived; gradient a released 40 after variable a arrived; variable a
+    # released 2 ms into the step.  The three transfers are the rest.
+    assert path.step_ns == 377 * MS
+    assert path.compute_ns == (20 + 15 + 40 + 2) * MS
+    assert path.communication_ns == 300 * MS
+
+
+def test_captured_critical_path_of_the_trace_itself() -> None:
+    path = captured_critical_path(STEP, period_ns=100 * MS)
+    assert path.step_ns == 100 * MS
+    # Trace: b released at 3 (compute 3), arrives 20; gradient b at 55 (compute 35),
+    # arrives 70; read at 75 (compute 5), arrives 80; tail 20.
+    assert path.compute_ns == (3 + 35 + 5 + 20) * MS
+    assert path.communication_ns == (17 + 15 + 5) * MS
+
+
+@st.composite
+def _steps(draw: st.DrawFn) -> tuple[TimedCall, ...]:
+    count = draw(st.integers(min_value=1, max_value=25))
+    calls = []
+    for _ in range(count):
+        start = draw(st.integers(min_value=0, max_value=200))
+        ready = start + draw(st.integers(min_value=0, max_value=50))
+        end = ready + draw(st.integers(min_value=0, max_value=50))
+        calls.append(
+            TimedCall(
+                server=draw(st.integers(min_value=0, max_value=2)),
+                reversed_direction=draw(st.booleans()),
+                carries_tensor=draw(st.booleans()),
+                start_ns=start,
+                response_start_ns=ready,
+                end_ns=end,
+            )
+        )
+    return tuple(calls)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    calls=_steps(),
+    transfers=st.lists(st.integers(min_value=0, max_value=500), min_size=25, max_size=25),
+    scale=st.sampled_from([0.0, 0.5, 1.0, 2.0]),
+)
+def test_no_call_is_released_before_what_it_waits_for_has_arrived(
+    calls: tuple[TimedCall, ...], transfers: list[int], scale: float
+) -> None:
+    deps = infer_dependencies(calls)
+    tracker, released, done = _replay(
+        calls, transfer_ns=dict(enumerate(transfers)), scale=scale, begin=0
+    )
+    assert set(done) == set(range(len(calls)))  # the ready order never deadlocks
+    for index, dep in enumerate(deps):
+        waited = [
+            j
+            for j, other in enumerate(deps)
+            if other.is_arrival
+            and (
+                (other.lands_on_worker and other.arrival_rank < dep.after_worker_arrivals)
+                or (
+                    not other.lands_on_worker
+                    and calls[j].server == calls[index].server
+                    and other.arrival_rank < dep.after_server_arrivals
+                )
+            )
+        ]
+        for j in waited:
+            # Waited-for data arrived strictly before this call's data left, in the trace...
+            assert calls[j].end_ns < (
+                calls[index].response_start_ns
+                if calls[index].carries_tensor
+                else calls[index].start_ns
+            )
+            # ... and in the replay, no call goes before it arrived plus the scaled gap.
+            # (Each offset is scaled and rounded to whole ns on its own.)
+            gap = round(scale * dep.ready_offset_ns) - round(scale * deps[j].arrival_offset_ns)
+            assert released[index] >= done[j] + gap
+        if not waited:
+            assert released[index] == round(scale * dep.ready_offset_ns)
+    path = tracker.critical_path()
+    assert 0 <= path.compute_ns <= path.step_ns
+    assert path.step_ns >= max(done.values())
