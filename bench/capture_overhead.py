@@ -57,8 +57,11 @@ from pathlib import Path
 from sections import replace_section
 
 from tf_grpc_bench.errors import BenchError
-from tf_grpc_bench.profiler.capture import Progress, capture_training
-from tf_grpc_bench.profiler.launcher import TrainingConfig, TrainingJob, plan_tasks
+from tf_grpc_bench.profiler.capture import capture_training
+from tf_grpc_bench.profiler.launch.config import TrainingConfig
+from tf_grpc_bench.profiler.launch.job import TrainingJob
+from tf_grpc_bench.profiler.launch.plan import plan_tasks
+from tf_grpc_bench.profiler.progress import Progress
 from tf_grpc_bench.replay.results import describe_machine
 
 ROOT = Path(__file__).resolve().parent.parent
