@@ -36,12 +36,13 @@ from tf_grpc_bench.profiler.launch.job import FAILURE_PREFIX
 from tf_grpc_bench.profiler.launch.markers import MarkerFile
 from tf_grpc_bench.profiler.launch.plan import PLAN_VERSION, JobPlan, TaskSpec
 
-_PLAN = flags.DEFINE_string("plan", None, "the job's plan.json")
-_JOB = flags.DEFINE_enum("job", None, ["chief", "ps", "worker"], "this task's job")
-_INDEX = flags.DEFINE_integer("index", None, "this task's index in its job", lower_bound=0)
-flags.mark_flags_as_required(["plan", "job", "index"])
+_PLAN = flags.DEFINE_string("plan", None, "the job's plan.json", required=True)
+_JOB = flags.DEFINE_enum("job", None, ["chief", "ps", "worker"], "this task's job", required=True)
+_INDEX = flags.DEFINE_integer(
+    "index", None, "this task's index in its job", lower_bound=0, required=True
+)
 flags.register_validator(
-    _PLAN, lambda path: path is None or Path(path).is_file(), "--plan must name an existing file"
+    _PLAN, lambda path: Path(path).is_file(), "--plan must name an existing file"
 )
 
 #: Objects that must outlive a driving task's training loop, because the task
