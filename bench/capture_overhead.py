@@ -55,8 +55,11 @@ from pathlib import Path
 from common import README, command_line, load_average, machine_line, table_head, write_section
 
 from tf_grpc_bench.errors import BenchError
-from tf_grpc_bench.profiler.capture import Progress, capture_training
-from tf_grpc_bench.profiler.launcher import TrainingConfig, TrainingJob, plan_tasks
+from tf_grpc_bench.profiler.capture import capture_training
+from tf_grpc_bench.profiler.launch.config import TrainingConfig
+from tf_grpc_bench.profiler.launch.job import TrainingJob
+from tf_grpc_bench.profiler.launch.plan import plan_tasks
+from tf_grpc_bench.profiler.progress import Progress
 
 SECTION = "## Capture overhead"
 OFF = "off"

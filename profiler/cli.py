@@ -1,7 +1,8 @@
 """``tf-grpc-bench capture`` and ``capture-job``: record a training job's traffic as a trace.
 
-Thin entry points: parse flags, build the config, call ``capture.capture_training``
-or ``userjob.capture_user_job``, show progress and print where the trace went.
+Thin entry points: the flag tables, and flags -> a config and one call of
+``capture.capture_training`` or ``userjob.capture_user_job`` (with the
+``progress.terminal_display``); then the result lines (where the trace went).
 A capture that ends early still writes its partial trace, then fails with the
 reason on one line (and its exit code).
 """
@@ -10,22 +11,17 @@ from __future__ import annotations
 
 import argparse
 import signal
-import sys
-from collections.abc import Callable
 
 from tf_grpc_bench import trace_summary
 from tf_grpc_bench.errors import UsageError
 from tf_grpc_bench.models.registry import available_models
-from tf_grpc_bench.profiler.capture import (
-    DEFAULT_RECORDER,
-    RECORDERS,
-    CaptureResult,
-    Progress,
-    capture_training,
-    command_line,
-)
-from tf_grpc_bench.profiler.launcher import SETUPS, TrainingConfig
-from tf_grpc_bench.profiler.userjob import UserJob, capture_user_job, parse_cluster
+from tf_grpc_bench.profiler import logs
+from tf_grpc_bench.profiler.capture import CaptureResult, capture_training, command_line
+from tf_grpc_bench.profiler.launch.config import SETUPS, TrainingConfig
+from tf_grpc_bench.profiler.launch.user_job import UserJob, parse_cluster
+from tf_grpc_bench.profiler.progress import terminal_display
+from tf_grpc_bench.profiler.recorders.recorder import DEFAULT_RECORDER, RECORDERS
+from tf_grpc_bench.profiler.userjob import capture_user_job
 
 _DEFAULT_OUTPUT = "capture.tfgbtrace"
 
@@ -142,42 +138,6 @@ def configure_capture(parser: argparse.ArgumentParser) -> None:
     _add_common(parser)
 
 
-def _progress_printer(
-    quiet: bool, label: str
-) -> tuple[Callable[[Progress], None] | None, Callable[[], None]]:
-    """A progress callback for the capture and a function that closes the display."""
-    if quiet:
-        return None, lambda: None
-    if sys.stderr.isatty():
-        from tqdm import tqdm
-
-        bar = tqdm(desc=label, unit="step", file=sys.stderr, leave=False)
-
-        def update(progress: Progress) -> None:
-            steps_done = progress.steps_done
-            expected = progress.steps_expected
-            if expected and bar.total != expected:
-                bar.total = expected
-            bar.n = steps_done
-            last_ns = progress.last_step_ns
-            if last_ns:
-                bar.set_postfix_str(f"last step {last_ns / 1e6:.0f} ms", refresh=False)
-            bar.refresh()
-
-        return update, bar.close
-
-    def line(progress: Progress) -> None:
-        steps_done = progress.steps_done
-        expected = progress.steps_expected
-        last_ns = progress.last_step_ns
-        total = f"/{expected}" if expected else ""
-        timing = f" (last {last_ns / 1e6:.0f} ms)" if last_ns else ""
-        sys.stderr.write(f"{label}: {steps_done}{total} steps{timing}\n")
-        sys.stderr.flush()
-
-    return line, lambda: None
-
-
 def _report(result: CaptureResult, quiet: bool) -> int:
     trace = result.trace
     rpcs = sum(len(s.rpcs) for s in trace.steps)
@@ -216,7 +176,8 @@ def run_capture(args: argparse.Namespace) -> int:
         keras_flavour=args.keras,
         step_timeout_s=args.step_timeout,
     )
-    progress, close = _progress_printer(args.quiet, f"capture {args.model}")
+    logs.configure()
+    progress, close = terminal_display(args.quiet, f"capture {args.model}")
     _interrupt_on_sigterm()
     try:
         result = capture_training(
@@ -300,7 +261,8 @@ def run_capture_job(args: argparse.Namespace) -> int:
         batch_size=args.batch_size,
         synchronous=args.synchronous,
     )
-    progress, close = _progress_printer(args.quiet, "capture-job")
+    logs.configure()
+    progress, close = terminal_display(args.quiet, "capture-job")
     _interrupt_on_sigterm()
     try:
         result = capture_user_job(

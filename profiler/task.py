@@ -2,39 +2,47 @@
 
     python -m tf_grpc_bench.profiler.task --plan WORKDIR/plan.json --job worker --index 0
 
-Started by ``launcher.TrainingJob``; reads the job plan, starts this task's gRPC
+Started by ``launch.job.TrainingJob``; reads the job plan, starts this task's gRPC
 server on its bind port with every peer at its advertised address, then serves
 (ps and TF2 workers, until stopped) or drives training steps (the tf2-ps chief,
 tf1-ps and mwms workers), appending a step marker per step.
 
-On failure the last line on stderr starts with ``launcher.FAILURE_PREFIX``.  A
+Flags are absl's (``--helpfull``); the task logs through ``absl.logging``
+(``logs``: ``TF_CPP_MIN_LOG_LEVEL`` sets the verbosity unless ``-v`` is
+given).  On failure the last line on stderr starts with ``launch.job.FAILURE_PREFIX``.  A
 task that finished its steps leaves with ``os._exit`` after flushing its files:
 TensorFlow's teardown can block on peers that the launcher is about to stop.
 """
 
 from __future__ import annotations
 
-import argparse
 import copy
 import json
 import os
 import sys
 import threading
 import time
-import traceback
 from collections.abc import Sequence
 from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+from absl import app, flags, logging
+
 from tf_grpc_bench.models.registry import build_model, import_keras, variable_infos
-from tf_grpc_bench.profiler.launcher import (
-    FAILURE_PREFIX,
-    PLAN_VERSION,
-    JobPlan,
-    StepMarker,
-    TaskSpec,
-    TrainingConfig,
+from tf_grpc_bench.profiler import logs
+from tf_grpc_bench.profiler.launch.config import TrainingConfig
+from tf_grpc_bench.profiler.launch.job import FAILURE_PREFIX
+from tf_grpc_bench.profiler.launch.markers import MarkerFile
+from tf_grpc_bench.profiler.launch.plan import PLAN_VERSION, JobPlan, TaskSpec
+
+_PLAN = flags.DEFINE_string("plan", None, "the job's plan.json", required=True)
+_JOB = flags.DEFINE_enum("job", None, ["chief", "ps", "worker"], "this task's job", required=True)
+_INDEX = flags.DEFINE_integer(
+    "index", None, "this task's index in its job", lower_bound=0, required=True
+)
+flags.register_validator(
+    _PLAN, lambda path: Path(path).is_file(), "--plan must name an existing file"
 )
 
 #: Objects that must outlive a driving task's training loop, because the task
@@ -44,27 +52,6 @@ _KEEP_ALIVE: list[Any] = []
 #: How long a non-chief tf1-ps worker sleeps between checks that the chief has
 #: initialised the variables (TensorFlow's default, 30 s, outlasts short runs).
 TF1_RECOVERY_WAIT_S = 0.5
-
-
-class MarkerFile:
-    """Appends step markers of one task to the job's step-marker file.
-
-    Each marker is one ``write`` on an ``O_APPEND`` descriptor, so lines from
-    several processes never interleave.  Thread-safe.
-    """
-
-    def __init__(self, path: Path, task: str) -> None:
-        self._fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-        self._task = task
-
-    def write(self, *, step: int, phase: str, start_ns: int, end_ns: int) -> None:
-        marker = StepMarker(
-            task=self._task, step=step, phase=phase, start_ns=start_ns, end_ns=end_ns
-        )
-        os.write(self._fd, marker.to_line().encode("utf-8"))
-
-    def close(self) -> None:
-        os.close(self._fd)
 
 
 def _write_json_atomically(path: Path, data: Any) -> None:
@@ -105,6 +92,12 @@ def _write_job_info(plan: JobPlan, me: TaskSpec, model: Any, tf: ModuleType, ker
         "written_by": me.name,
     }
     _write_json_atomically(plan.job_info_path, info)
+    logging.info(
+        "task %s built %s: %d trainable parameters",
+        me.name,
+        config.model,
+        info["trainable_parameters"],
+    )
 
 
 def _itemsize(dtype: str) -> int:
@@ -135,6 +128,7 @@ def _server_def(tf: ModuleType, plan: JobPlan, me: TaskSpec, session_config: Any
 def _serve(tf: ModuleType, plan: JobPlan, me: TaskSpec) -> None:
     """A ps task, or a TF2 worker: run the gRPC server until stopped."""
     server = tf.distribute.Server(_server_def(tf, plan, me), start=True)
+    logging.info("task %s serves on port %d until stopped", me.name, me.bind_port)
     server.join()
 
 
@@ -485,24 +479,23 @@ def run_task(plan: JobPlan, me: TaskSpec) -> None:
     else:
         written = _run_mwms_worker(plan, me)
     _finish(plan, me, written)
+    logging.info("task %s wrote %d step markers; idles until stopped", me.name, written)
     threading.Event().wait()
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m tf_grpc_bench.profiler.task", description=__doc__.split("\n")[0]
-    )
-    parser.add_argument("--plan", required=True, type=Path, help="the job's plan.json")
-    parser.add_argument("--job", required=True, choices=("chief", "ps", "worker"))
-    parser.add_argument("--index", required=True, type=int)
-    args = parser.parse_args(argv)
-    name = f"{args.job}:{args.index}"
+def run(plan_path: Path, job: str, index: int) -> int:
+    """Run task ``job:index`` of the plan at ``plan_path``; the process's exit status.
+
+    Whatever fails ends in one findable line for the launcher on stderr,
+    starting with ``FAILURE_PREFIX``, after the traceback.
+    """
+    name = f"{job}:{index}"
     try:
-        plan = JobPlan.read(args.plan)
-        me = plan.task(args.job, args.index)
+        plan = JobPlan.read(plan_path)
+        me = plan.task(job, index)
         run_task(plan, me)
     except BaseException as error:  # one findable line for the launcher, whatever failed
-        traceback.print_exc()
+        logging.exception("task %s failed", name)
         lines = str(error).strip().splitlines()
         summary = lines[0] if lines else ""
         sys.stderr.write(f"{FAILURE_PREFIX} {name}: {type(error).__name__}: {summary}\n")
@@ -510,8 +503,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 0
 
 
-if __name__ == "__main__":
-    status = main()
+def main(argv: Sequence[str]) -> None:
+    if len(argv) > 1:
+        raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
+    if not flags.FLAGS["verbosity"].present:
+        logging.set_verbosity(logs.verbosity_from_environment())
+    status = run(Path(_PLAN.value), _JOB.value, _INDEX.value)
     sys.stdout.flush()
     sys.stderr.flush()
+    # TensorFlow's teardown can block on peers that the launcher is about to stop.
     os._exit(status)
+
+
+if __name__ == "__main__":
+    app.run(main)

@@ -9,7 +9,7 @@ import pytest
 
 from tf_grpc_bench import trace as trace_model
 from tf_grpc_bench import trace_files
-from tf_grpc_bench.profiler.calls import RecordedCall
+from tf_grpc_bench.profiler.recorders.calls import RecordedCall
 from tf_grpc_bench.replay.core.workload import Workload
 from tf_grpc_bench.trace import RECV_TENSOR, Rpc, RunMetadata, Step, Task, TensorInfo, Trace
 

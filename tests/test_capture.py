@@ -25,21 +25,20 @@ import pytest
 from tf_grpc_bench import trace as trace_model
 from tf_grpc_bench import trace_files
 from tf_grpc_bench.errors import ServeError
-from tf_grpc_bench.profiler.capture import (
-    STATUS_CANCELLED,
-    STATUS_UNKNOWN,
+from tf_grpc_bench.profiler.assembly.phases import assemble_trace, split_into_steps
+from tf_grpc_bench.profiler.assembly.rpcs import STATUS_CANCELLED, STATUS_UNKNOWN, calls_to_rpcs
+from tf_grpc_bench.profiler.assembly.steps import (
     StepWindow,
-    assemble_trace,
-    calls_to_rpcs,
-    capture_training,
     collective_windows,
     repeating_tail,
-    split_into_steps,
     step_windows,
 )
-from tf_grpc_bench.profiler.launcher import StepMarker, TrainingConfig, plan_tasks
+from tf_grpc_bench.profiler.capture import capture_training
+from tf_grpc_bench.profiler.launch.config import TrainingConfig
+from tf_grpc_bench.profiler.launch.markers import StepMarker
+from tf_grpc_bench.profiler.launch.plan import plan_tasks
 from tf_grpc_bench.profiler.physics import VARIABLES_EXTRA, check_physics, encode_variables
-from tf_grpc_bench.profiler.proxy import RecordedCall, RecordingProxy
+from tf_grpc_bench.profiler.recorders.proxy import RecordedCall, RecordingProxy
 from tf_grpc_bench.replay.core.measurement import Benchmark
 from tf_grpc_bench.replay.core.workload import Mode, trace_workload
 from tf_grpc_bench.replay.transport.server import ReplayServer

@@ -28,7 +28,7 @@ from hyperframe.frame import (
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tf_grpc_bench.profiler.http2 import (
+from tf_grpc_bench.profiler.recorders.http2 import (
     PREFACE,
     FramingError,
     GoAway,

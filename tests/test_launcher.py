@@ -15,15 +15,11 @@ from pathlib import Path
 import pytest
 
 from tf_grpc_bench.errors import CaptureError, ConfigError, ServeError
-from tf_grpc_bench.profiler.launcher import (
-    StepMarker,
-    TaskSpec,
-    TrainingConfig,
-    TrainingJob,
-    plan_tasks,
-    read_step_markers,
-)
-from tf_grpc_bench.profiler.ports import free_ports, port_is_free
+from tf_grpc_bench.profiler.launch.config import TrainingConfig
+from tf_grpc_bench.profiler.launch.job import TrainingJob
+from tf_grpc_bench.profiler.launch.markers import StepMarker, read_step_markers
+from tf_grpc_bench.profiler.launch.plan import TaskSpec, plan_tasks
+from tf_grpc_bench.profiler.launch.ports import free_ports, port_is_free
 
 
 class ByteRelay:

@@ -15,7 +15,7 @@ import grpc
 import pytest
 
 from tf_grpc_bench.errors import ServeError
-from tf_grpc_bench.profiler.proxy import RecordedCall, RecordingProxy
+from tf_grpc_bench.profiler.recorders.proxy import RecordedCall, RecordingProxy
 
 SERVICE = "test.Bench"
 UNLIMITED = [("grpc.max_send_message_length", -1), ("grpc.max_receive_message_length", -1)]

@@ -12,8 +12,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tf_grpc_bench.profiler import tf_messages
-from tf_grpc_bench.profiler.tf_messages import (
+from tf_grpc_bench.profiler.assembly import tf_messages
+from tf_grpc_bench.profiler.assembly.tf_messages import (
     MessageDecodeError,
     decode_recv_buf_request,
     decode_recv_buf_response,
@@ -219,7 +219,7 @@ def test_a_recv_tensor_exchange_framed_like_grpc_decodes_from_the_kept_head(tf) 
     import hpack
     from hyperframe.frame import DataFrame, HeadersFrame
 
-    from tf_grpc_bench.profiler.http2 import Http2Follower, MessageSeen
+    from tf_grpc_bench.profiler.recorders.http2 import Http2Follower, MessageSeen
 
     array = np.arange(64 * 1024, dtype=np.float32).reshape(256, 256)
     response = _field(1, tf.make_tensor_proto(array).SerializeToString()) + _field(3, 12345)

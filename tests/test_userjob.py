@@ -13,11 +13,11 @@ import pytest
 
 from tf_grpc_bench import trace_files
 from tf_grpc_bench.errors import ConfigError
-from tf_grpc_bench.profiler.capture import step_id_windows
+from tf_grpc_bench.profiler.assembly.steps import step_id_windows
+from tf_grpc_bench.profiler.launch.ports import free_ports
+from tf_grpc_bench.profiler.launch.user_job import UserJob, parse_cluster, task_tf_config
 from tf_grpc_bench.profiler.physics import check_physics
-from tf_grpc_bench.profiler.ports import free_ports
-from tf_grpc_bench.profiler.proxy import RecordedCall
-from tf_grpc_bench.profiler.userjob import UserJob, parse_cluster, task_tf_config
+from tf_grpc_bench.profiler.recorders.proxy import RecordedCall
 from tf_grpc_bench.trace import RECV_BUF, RECV_TENSOR
 
 CLI = str(Path(sys.executable).parent / "tf-grpc-bench")

@@ -34,10 +34,10 @@ from hyperframe.frame import (
 
 from tf_grpc_bench import trace_files
 from tf_grpc_bench.errors import CaptureError
-from tf_grpc_bench.profiler.calls import CallTable, Direction, RecordedCall
-from tf_grpc_bench.profiler.http2 import PREFACE
-from tf_grpc_bench.profiler.ports import free_ports
-from tf_grpc_bench.profiler.wiretap import (
+from tf_grpc_bench.profiler.launch.ports import free_ports
+from tf_grpc_bench.profiler.recorders.calls import CallTable, Direction, RecordedCall
+from tf_grpc_bench.profiler.recorders.http2 import PREFACE
+from tf_grpc_bench.profiler.recorders.wiretap import (
     FILE_HEADER_BYTES,
     TapRecorder,
     build_library,

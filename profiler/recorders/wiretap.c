@@ -1,6 +1,6 @@
 /*
  * In-process recorder of gRPC traffic: an LD_PRELOAD library for the tasks
- * of a training job (profiler/wiretap.py builds and reads it).
+ * of a training job (profiler/recorders/wiretap.py builds and reads it).
  *
  * Every process of the job sends its own bytes, so recording what each
  * process sends on its cluster connections records every byte between tasks
@@ -14,7 +14,7 @@
  * headers, non-DATA payloads, DATA pad lengths, 5-byte gRPC message prefixes
  * and the first $TFGB_WIRETAP_HEAD bytes of each message are kept ("feed");
  * the rest of each message, the bulk of a tensor, is only counted ("skip").
- * This is exactly what profiler/http2.py's Http2Follower reports as
+ * This is exactly what profiler/recorders/http2.py's Http2Follower reports as
  * skippable, so the reader replays the records through that follower, which
  * does all of the actual parsing.  Nothing is parsed or decoded here.
  *

@@ -35,13 +35,14 @@ import os
 import socket
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from tf_grpc_bench.errors import ServeError
-from tf_grpc_bench.profiler.calls import CallTable, Direction, RecordedCall
-from tf_grpc_bench.profiler.http2 import MESSAGE_HEAD_BYTES, FramingError
+from tf_grpc_bench.profiler.recorders.calls import CallTable, Direction, RecordedCall
+from tf_grpc_bench.profiler.recorders.http2 import MESSAGE_HEAD_BYTES, FramingError
 
 #: Largest read into Python at once (frame headers, header blocks, small messages).
 RECV_BYTES = 1 << 16
@@ -416,6 +417,69 @@ class RecordingProxy:
         for direction in (connection.requests, connection.responses):
             connection.table.fold(direction)
         return connection.table.take(caller_pid=connection.caller_pid, final=final)
+
+
+class ProxySet:
+    """One RecordingProxy per task, started and stopped together.
+
+    ``owner_pids`` tells every proxy which processes may dial it; ``options``
+    are more RecordingProxy arguments (``use_splice``, ``follow``...).
+    """
+
+    def __init__(
+        self,
+        targets: Mapping[str, tuple[str, int]],
+        *,
+        listen_host: str = "127.0.0.1",
+        owner_pids: Callable[[], list[int]] | None = None,
+        options: Mapping[str, Any] | None = None,
+    ) -> None:
+        self.proxies: dict[str, RecordingProxy] = {}
+        try:
+            for name, target in targets.items():
+                self.proxies[name] = RecordingProxy(
+                    target=target,
+                    callee=name,
+                    listen_host=listen_host,
+                    owner_pids=owner_pids,
+                    **dict(options or {}),
+                )
+        except BaseException:
+            self.stop()
+            raise
+        self.started_ns = 0
+
+    def environment(self, base: Mapping[str, str]) -> dict[str, str]:
+        """The tasks need nothing of the proxies: ``base`` unchanged."""
+        return dict(base)
+
+    def peer_address(self, task: str, address: str) -> str:
+        """Where peers dial ``task`` (whose server is at ``address``): its proxy."""
+        del address
+        return self.proxies[task].address
+
+    def expect_process(self, pid: int, task: str) -> None:
+        """Nothing: every proxy asks ``owner_pids`` who may dial it."""
+
+    def start(self) -> None:
+        for proxy in self.proxies.values():
+            proxy.start()
+        self.started_ns = min(p.started_ns for p in self.proxies.values())
+
+    def stop(self) -> None:
+        for proxy in self.proxies.values():
+            proxy.stop()
+
+    def collect(self, *, final: bool = False) -> list[RecordedCall]:
+        calls = [c for p in self.proxies.values() for c in p.collect(final=final)]
+        return sorted(calls, key=lambda c: c.start_ns)
+
+    def errors(self) -> tuple[str, ...]:
+        return tuple(e for p in self.proxies.values() for e in p.follower_errors())
+
+    def forwarded_bytes(self) -> tuple[int, int]:
+        totals = [p.forwarded_bytes() for p in self.proxies.values()]
+        return sum(t for t, _ in totals), sum(s for _, s in totals)
 
 
 def tune_socket(sock: socket.socket, *, congestion_control: str | None = None) -> None:

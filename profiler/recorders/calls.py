@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from tf_grpc_bench.profiler.http2 import (
+from tf_grpc_bench.profiler.recorders.http2 import (
     Event,
     FramingError,
     GoAway,

@@ -38,9 +38,11 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from absl import logging
+
 from tf_grpc_bench.errors import CaptureError
-from tf_grpc_bench.profiler.calls import CallTable, Direction, RecordedCall
-from tf_grpc_bench.profiler.http2 import MESSAGE_HEAD_BYTES, FramingError, Http2Follower
+from tf_grpc_bench.profiler.recorders.calls import CallTable, Direction, RecordedCall
+from tf_grpc_bench.profiler.recorders.http2 import MESSAGE_HEAD_BYTES, FramingError, Http2Follower
 
 LIBRARY_SOURCE = Path(__file__).with_name("wiretap.c")
 #: Environment variables the library reads (see wiretap.c).
@@ -127,6 +129,7 @@ def build_library(cache_directory: Path | None = None) -> Path:
             "(--recorder proxy needs no compiler)"
         )
     os.replace(temporary, library)
+    logging.info("built the in-process recorder's library %s", library)
     return library
 
 
@@ -353,11 +356,11 @@ class TapRecorder:
 
     ``task_ports`` maps each task's name (``job:index``) to the port it listens
     on.  Record files go to ``directory``.  ``library`` defaults to
-    ``build_library()`` (CaptureError if it cannot be built).  Same face as
-    the proxies' ``ProxySet``: ``start``, ``stop``, ``collect``, ``errors``,
-    ``forwarded_bytes``, ``started_ns``.  ``expected_pids`` (set before
-    ``collect``) are processes that must have left a file: a task in which the
-    library did not load is reported in ``errors``.  Not thread-safe.
+    ``build_library()`` (CaptureError if it cannot be built).  A
+    ``recorder.Recorder``, as the proxies' ``ProxySet`` is.  ``expected_pids``
+    (``expect_process``, before ``collect``) are processes that must have
+    left a file: a task in which the library did not load is reported in
+    ``errors``.  Not thread-safe.
     """
 
     def __init__(
@@ -393,6 +396,15 @@ class TapRecorder:
             head_bytes=self.head_bytes,
             capacity_bytes=self.capacity_bytes,
         )
+
+    def peer_address(self, task: str, address: str) -> str:
+        """Where peers dial ``task``, whose server is at ``address``: there (no proxy)."""
+        del task
+        return address
+
+    def expect_process(self, pid: int, task: str) -> None:
+        """Process ``pid`` runs ``task``: it must leave a record file (see ``errors``)."""
+        self.expected_pids[pid] = task
 
     def start(self) -> None:
         """Prepare the record directory (emptied of earlier files); note the start time."""

@@ -1,0 +1,13 @@
+"""Assembly: recorded calls -> a validated ``Trace``, pure (no IO, no TensorFlow, no clocks).
+
+* ``tf_messages`` - decode the few fields of TensorFlow's worker-service
+  messages a trace needs, from truncated message heads;
+* ``rpcs`` - calls -> trace RPCs (caller, callee, tensor, status);
+* ``steps`` - where the steady-state steps are: from step markers, step ids
+  or collective instance keys (``StepWindow``);
+* ``phases`` - start-up, steps and teardown, and the trace (``assemble_trace``).
+
+May import the trace model (``tf_grpc_bench.trace``), errors,
+``recorders.calls`` (the ``RecordedCall`` record) and ``launch.markers`` (the
+``StepMarker`` record); nothing that runs processes or sockets.
+"""

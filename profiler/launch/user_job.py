@@ -1,0 +1,334 @@
+"""A training job this tool did not write: the user's own script, one process per task.
+
+The user gives the cluster layout (the addresses the tasks will listen on, as
+in ``TF_CONFIG``) and the command that runs one task (the same command for
+every task, as TensorFlow's multi-worker tutorials do).  ``UserTasks`` starts
+one process per task running the command, with a ``TF_CONFIG`` written for
+that task (``task_tf_config``: its own real address, its peers where a
+recorder says they must be dialled).
+
+A user script writes no step markers unless it wants to: it may append lines
+(``launch.markers`` format) to the file named by ``$TF_GRPC_BENCH_STEP_MARKERS``.
+
+The run ends when every *driver* task (the chief if there is one, else every
+worker) has exited with status 0; the other tasks (servers that never return)
+are then stopped.  A task that fails, or a run past ``timeout_s``, ends the
+run early.
+
+This module imports no TensorFlow.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import socket
+import subprocess
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, Any
+
+from absl import logging
+
+from tf_grpc_bench.errors import BenchError, CaptureError, ConfigError, ServeError
+from tf_grpc_bench.profiler.launch.markers import read_step_markers
+from tf_grpc_bench.profiler.launch.processes import stop_groups, tail_lines
+from tf_grpc_bench.profiler.progress import Progress, ProgressCallback
+
+#: Environment variable naming the step-marker file a user script may write.
+MARKERS_VARIABLE = "TF_GRPC_BENCH_STEP_MARKERS"
+#: Job names TensorFlow's cluster resolvers know.
+KNOWN_JOBS = ("chief", "ps", "worker", "evaluator")
+_MAX_TASKS = 32
+_FAILURE_LINES = 3
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class UserJob:
+    """A user's job: the cluster (job -> listen addresses) and the command of every task.
+
+    ``drivers`` are the jobs whose tasks end the run by exiting (default: the
+    chief if any, else the workers).  ``model``/``strategy``/``batch_size``/
+    ``input_shape`` only label the trace.
+    """
+
+    cluster: Mapping[str, tuple[str, ...]]
+    command: tuple[str, ...]
+    warmup_steps: int = 1
+    timeout_s: float | None = None
+    drivers: tuple[str, ...] = ()
+    model: str = ""
+    strategy: str = ""
+    batch_size: int = 0
+    input_shape: tuple[int, ...] = ()
+    synchronous: bool = True
+
+    def __post_init__(self) -> None:
+        if not self.command:
+            raise ConfigError("no command to run: give it after '--'")
+        if not self.cluster:
+            raise ConfigError("the cluster has no jobs")
+        count = 0
+        seen: set[tuple[str, int]] = set()
+        for job, addresses in self.cluster.items():
+            if not job or not job.replace("_", "").isalnum():
+                raise ConfigError(f"cluster: {job!r} is not a job name")
+            if not addresses:
+                raise ConfigError(f"cluster: job {job!r} has no tasks")
+            for address in addresses:
+                host, port = split_address(address, where=f"cluster job {job!r}")
+                if (host, port) in seen:
+                    raise ConfigError(f"cluster: address {address} is listed twice")
+                seen.add((host, port))
+                count += 1
+        if count > _MAX_TASKS:
+            raise ConfigError(f"{count} tasks is too many for one machine (at most {_MAX_TASKS})")
+        for job in self.drivers:
+            if job not in self.cluster:
+                raise ConfigError(f"driver job {job!r} is not in the cluster")
+        if self.warmup_steps < 0:
+            raise ConfigError(f"warmup steps must be >= 0, got {self.warmup_steps}")
+        if self.timeout_s is not None and not self.timeout_s > 0:
+            raise ConfigError(f"timeout must be > 0 s, got {self.timeout_s}")
+
+    @property
+    def driver_jobs(self) -> tuple[str, ...]:
+        if self.drivers:
+            return self.drivers
+        return ("chief",) if "chief" in self.cluster else ("worker",)
+
+    @property
+    def tasks(self) -> list[tuple[str, int, str]]:
+        """(job, index, address) of every task, servers (ps) first, drivers last."""
+        order = sorted(self.cluster, key=lambda j: (j in self.driver_jobs, j != "ps", j))
+        return [(job, i, a) for job in order for i, a in enumerate(self.cluster[job])]
+
+
+def split_address(address: str, *, where: str) -> tuple[str, int]:
+    """(host, port) of ``host:port`` (``[v6]:port`` too); ConfigError naming ``where``."""
+    host, _, port = address.rpartition(":")
+    host = host.strip("[]")
+    if not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ConfigError(f"{where}: {address!r} is not host:port")
+    return host, int(port)
+
+
+def parse_cluster(text: str) -> dict[str, tuple[str, ...]]:
+    """A cluster from JSON (``{"ps": ["h:p", ...], ...}``), a TF_CONFIG document
+    (its ``cluster`` is used) or ``@file`` holding either.  ConfigError if not."""
+    source = "--cluster"
+    if text.startswith("@"):
+        source = text[1:]
+        try:
+            text = Path(source).read_text(encoding="utf-8")
+        except OSError as error:
+            raise ConfigError(f"{source}: cannot read the cluster ({error.strerror})") from None
+    try:
+        document = json.loads(text)
+    except ValueError as error:
+        raise ConfigError(f"{source}: not JSON ({error})") from None
+    if isinstance(document, dict) and isinstance(document.get("cluster"), dict):
+        document = document["cluster"]
+    if not isinstance(document, dict) or not all(
+        isinstance(v, list) and all(isinstance(a, str) for a in v) for v in document.values()
+    ):
+        raise ConfigError(
+            f'{source}: expected a cluster like {{"ps": ["localhost:2222"], '
+            '"worker": ["localhost:2223"]}'
+        )
+    return {job: tuple(addresses) for job, addresses in document.items()}
+
+
+def task_tf_config(
+    cluster: Mapping[str, Sequence[str]],
+    peers: Mapping[tuple[str, int], str],
+    job: str,
+    index: int,
+) -> dict[str, Any]:
+    """TF_CONFIG for one task: its own real address, every peer's address from ``peers``
+    (the proxies', or the real ones)."""
+    rewritten = {
+        name: [
+            address if (name, i) == (job, index) else peers[(name, i)]
+            for i, address in enumerate(addresses)
+        ]
+        for name, addresses in cluster.items()
+    }
+    # gRPC is the only RPC layer of open-source TensorFlow, and what the proxies follow.
+    return {"cluster": rewritten, "task": {"type": job, "index": index}, "rpc_layer": "grpc"}
+
+
+# --------------------------------------------------------------------------
+# Processes.
+
+
+@dataclass
+class _TaskProcess:
+    job: str
+    index: int
+    process: subprocess.Popen[bytes]
+    stdout: IO[bytes]
+    stderr: IO[bytes]
+    log_prefix: Path
+
+    @property
+    def name(self) -> str:
+        return f"{self.job}:{self.index}"
+
+
+def _stderr_tail(path: Path) -> str:
+    lines = tail_lines(path, tail_bytes=8192)
+    if lines is None:
+        return "(no stderr)"
+    return " | ".join(lines[-_FAILURE_LINES:]) if lines else "(stderr empty)"
+
+
+def check_local(host: str, task: str) -> None:
+    """ConfigError unless ``host`` is an address of this machine (every task runs here)."""
+    try:
+        infos = socket.getaddrinfo(host, 0, type=socket.SOCK_STREAM)
+    except socket.gaierror:
+        raise ConfigError(f"cluster: cannot resolve host {host!r} of task {task}") from None
+    for family, kind, protocol, _, address in infos:
+        probe = socket.socket(family, kind, protocol)
+        try:
+            probe.bind(address)
+            return
+        except OSError:
+            continue
+        finally:
+            probe.close()
+    raise ConfigError(
+        f"cluster: {host} (task {task}) is not an address of this machine; capture-job runs "
+        "every task here (use localhost)"
+    )
+
+
+def _check_port_free(host: str, port: int, task: str) -> None:
+    probe = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
+    try:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        probe.bind(("::" if ":" in host else "0.0.0.0", port))
+    except OSError:
+        raise ServeError(
+            f"port {port} (for {task}) is already in use; stop whatever listens there "
+            "or choose other ports in --cluster"
+        ) from None
+    finally:
+        probe.close()
+
+
+class UserTasks:
+    """The processes of one run of a ``UserJob``; ``stop()`` however the run ends.
+
+    Task logs go to ``<work>/<job>-<index>.stdout|.stderr``; the step-marker
+    file is ``markers_path``.  Not thread-safe: drive it from one thread.
+    """
+
+    def __init__(self, job: UserJob, work: Path, markers_path: Path) -> None:
+        self.job = job
+        self.work = work
+        self.markers_path = markers_path
+        self.processes: list[_TaskProcess] = []
+
+    def pids(self) -> dict[tuple[str, int], int]:
+        """Process id (also its process group id) of every started task."""
+        return {(t.job, t.index): t.process.pid for t in self.processes}
+
+    def start(
+        self,
+        environment: Mapping[str, str],
+        peers: Mapping[tuple[str, int], str],
+        *,
+        started: Callable[[int, str], None] = lambda pid, task: None,
+    ) -> None:
+        """Start every task (servers first) with ``environment`` and its TF_CONFIG.
+
+        ``peers`` are the addresses at which tasks dial each other; ``started``
+        hears every process's pid and task name.  ServeError if a task's port
+        is taken, CaptureError if the command cannot be run.
+        """
+        tasks = self.job.tasks
+        for name, index, address in tasks:
+            _check_port_free(*split_address(address, where="cluster"), f"{name}:{index}")
+        for name, index, _ in tasks:
+            variables = dict(environment)
+            variables["TF_CONFIG"] = json.dumps(
+                task_tf_config(self.job.cluster, peers, name, index)
+            )
+            variables[MARKERS_VARIABLE] = str(self.markers_path)
+            variables["PYTHONUNBUFFERED"] = "1"
+            process = self._spawn(name, index, variables)
+            started(process.pid, f"{name}:{index}")
+
+    def _spawn(self, name: str, index: int, variables: dict[str, str]) -> subprocess.Popen[bytes]:
+        prefix = self.work / f"{name}-{index}"
+        stdout = prefix.with_suffix(".stdout").open("wb")
+        stderr = prefix.with_suffix(".stderr").open("wb")
+        try:
+            process = subprocess.Popen(
+                list(self.job.command),
+                stdin=subprocess.DEVNULL,
+                stdout=stdout,
+                stderr=stderr,
+                env=variables,
+                start_new_session=True,
+            )
+        except OSError as failure:
+            stdout.close()
+            stderr.close()
+            raise CaptureError(
+                f"cannot run {self.job.command[0]!r} for task {name}:{index}: {failure.strerror}"
+            ) from None
+        self.processes.append(_TaskProcess(name, index, process, stdout, stderr, prefix))
+        logging.info("started task %s:%d (pid %d)", name, index, process.pid)
+        return process
+
+    def wait(self, progress: ProgressCallback | None) -> None:
+        """Block until every driver exited 0; CaptureError on a failure or the timeout."""
+        job, processes = self.job, self.processes
+        started = time.monotonic()
+        drivers = [t for t in processes if t.job in job.driver_jobs]
+        seen_markers = -1
+        while True:
+            for task in processes:
+                code = task.process.poll()
+                if code is not None and code != 0:
+                    status = f"was killed by signal {-code}" if code < 0 else f"exited with {code}"
+                    tail = _stderr_tail(task.log_prefix.with_suffix(".stderr"))
+                    raise CaptureError(f"task {task.name} {status}: {tail}")
+            if all(t.process.poll() == 0 for t in drivers):
+                return
+            if job.timeout_s is not None and time.monotonic() - started > job.timeout_s:
+                raise CaptureError(
+                    f"the job did not finish within {job.timeout_s:g} s "
+                    f"(drivers: {', '.join(t.name for t in drivers)})"
+                )
+            if progress is not None:
+                seen_markers = self._report(progress, seen_markers)
+            time.sleep(0.2)
+
+    def _report(self, progress: ProgressCallback, seen: int) -> int:
+        """Tell ``progress`` about new step markers; the count seen now."""
+        with contextlib.suppress(BenchError, OSError):
+            markers = read_step_markers(self.markers_path)
+            if len(markers) != seen:
+                seen = len(markers)
+                progress(
+                    Progress(
+                        steps_done=seen,
+                        steps_expected=0,
+                        last_step_ns=markers[-1].duration_ns if markers else 0,
+                    )
+                )
+        return seen
+
+    def stop(self, grace_s: float = 5.0) -> None:
+        """SIGTERM every task's process group, SIGKILL after ``grace_s``, reap all."""
+        stop_groups(
+            [t.process for t in self.processes],
+            [s for t in self.processes for s in (t.stdout, t.stderr)],
+            grace_s=grace_s,
+        )
