@@ -16,6 +16,7 @@ import contextlib
 import multiprocessing
 import multiprocessing.connection
 import signal
+import threading
 import time
 import traceback
 from collections.abc import Mapping, Sequence
@@ -74,7 +75,31 @@ class WorkerSpec:
     settings: ChannelSettings
 
 
-def _worker_main(connection: multiprocessing.connection.Connection, spec: WorkerSpec) -> None:
+class RoundBarrier:
+    """A ``StepBarrier`` over a ``multiprocessing.Barrier`` shared by the worker processes.
+
+    Broken (aborted) by the first worker that stops, so none waits for a round
+    the others will not finish; the parent resets it before each phase.
+    """
+
+    def __init__(self, barrier: Any, timeout_s: float) -> None:
+        self._barrier = barrier
+        self._timeout_s = timeout_s
+
+    def wait(self) -> bool:
+        try:
+            self._barrier.wait(self._timeout_s)
+        except threading.BrokenBarrierError:
+            return False
+        return True
+
+    def leave(self) -> None:
+        self._barrier.abort()
+
+
+def _worker_main(
+    connection: multiprocessing.connection.Connection, spec: WorkerSpec, barrier: Any = None
+) -> None:
     """A worker process: build channels and requests, then obey the parent's commands.
 
     Commands: ("warmup", ns) -> ("warm",); ("run", start_monotonic_ns, duration_ns,
@@ -94,7 +119,11 @@ def _worker_main(connection: multiprocessing.connection.Connection, spec: Worker
         driver.prepare(spec.workload.steps)
         for client in clients.values():
             client.wait_ready(spec.plan.connect_timeout_s)
-        loop = WorkerLoop(spec.workload, driver)
+        loop = WorkerLoop(
+            spec.workload,
+            driver,
+            step_barrier=None if barrier is None else RoundBarrier(barrier, spec.plan.deadline_s),
+        )
         connection.send(("ready",))
         while True:
             command = connection.recv()
@@ -138,15 +167,17 @@ def _worker_main(connection: multiprocessing.connection.Connection, spec: Worker
 class _WorkerProcesses:
     """The parent's handles on its worker processes."""
 
-    def __init__(self, specs: Sequence[WorkerSpec]) -> None:
+    def __init__(self, specs: Sequence[WorkerSpec], *, round_barrier: bool = False) -> None:
         context = multiprocessing.get_context("spawn")
+        #: Shared by the workers when the trace's steps are rounds (``Workload.round_barrier``).
+        self.barrier = context.Barrier(len(specs)) if round_barrier and len(specs) > 1 else None
         self.processes: list[Any] = []
         self.connections: list[multiprocessing.connection.Connection] = []
         for spec in specs:
             parent_end, child_end = context.Pipe()
             process = context.Process(
                 target=_worker_main,
-                args=(child_end, spec),
+                args=(child_end, spec, self.barrier),
                 name=f"tf-grpc-bench-worker-{spec.worker_index}",
                 daemon=True,
             )
@@ -156,6 +187,9 @@ class _WorkerProcesses:
             self.connections.append(parent_end)
 
     def send_all(self, message: tuple[object, ...]) -> None:
+        if self.barrier is not None:
+            # A phase that ended left it broken; nobody waits on it between phases.
+            self.barrier.reset()
         for connection in self.connections:
             connection.send(message)
 
@@ -221,7 +255,7 @@ def measure_throughput(
         for worker in range(workload.worker_count)
         if workload.for_worker(worker).calls
     ]
-    workers = _WorkerProcesses(specs)
+    workers = _WorkerProcesses(specs, round_barrier=workload.round_barrier)
     runs: list[RunMeasurement] = []
     try:
         _measure_runs(workers, len(specs), workload, clients, plan, runs, notify)

@@ -356,3 +356,60 @@ def test_replay_does_not_import_tensorflow() -> None:
         [sys.executable, "-c", code], capture_output=True, text=True, check=True, env=os.environ
     )
     assert completed.stdout.strip() == "False"
+
+
+def test_a_trace_throughput_replay_paces_by_dependencies_and_predicts_the_step(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "toy.tfgbtrace"
+    trace_files.write_trace(make_trace(steps=2, workers=2, ps=2), path)
+    completed = _run(
+        "replay",
+        str(path),
+        "--benchmark",
+        "ps-throughput",
+        "--passes",
+        "2",
+        "--warmup",
+        "0",
+        "--runs",
+        "1",
+        "--compute",
+        "0.5",
+        "--quiet",
+        "--output-dir",
+        "out",
+        cwd=tmp_path,
+    )
+    assert completed.returncode == 0, completed.stderr
+    (throughput,) = _document_from(completed.stdout, tmp_path).benchmarks
+    assert throughput.parameters["pacing"] == "dependencies"
+    assert throughput.parameters["compute_scale"] == 0.5
+    # Two passes of two steps on each of two workers: a step time and a critical
+    # path for each, every call of the trace sent once per pass.
+    assert len(throughput.step_times_ns) == len(throughput.step_compute_ns) == 2 * 2 * 2
+    pairs = zip(throughput.step_compute_ns, throughput.step_times_ns, strict=True)
+    assert all(0 <= compute <= step for compute, step in pairs)
+    assert throughput.rpc_count == 2 * 2 * 2 * 2 * 3
+
+
+@pytest.mark.parametrize(
+    ("arguments", "message"),
+    [
+        (["--compute", "fast"], "--compute 'fast': expected 'recorded', 'none' or a scale"),
+        (["--compute", "-1"], "--compute '-1': a scale must be in [0, 100]"),
+        (["--pacing", "asap", "--compute", "none"], "--compute applies only to --pacing dep"),
+        (["--synthetic", "--pacing", "dependencies"], "--pacing dependencies needs a trace"),
+    ],
+)
+def test_compute_and_dependency_pacing_misuse_is_one_line(
+    tmp_path: Path, arguments: list[str], message: str
+) -> None:
+    path = tmp_path / "toy.tfgbtrace"
+    trace_files.write_trace(make_trace(steps=2, workers=2, ps=2), path)
+    trace = [] if "--synthetic" in arguments else [str(path), "--benchmark", "ps-throughput"]
+    completed = _run("replay", *trace, *arguments, "--quiet", cwd=tmp_path)
+    assert completed.returncode == 2, completed.stderr
+    assert message in completed.stderr
+    assert "Traceback" not in completed.stderr
+    assert len(completed.stderr.strip().splitlines()) == 1

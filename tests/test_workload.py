@@ -28,6 +28,7 @@ from tf_grpc_bench.replay.core.workload import (
     parse_pair,
     pull_call,
     pull_response_content_bytes,
+    steps_are_rounds,
     synthetic_workload,
     trace_roles,
     trace_workload,
@@ -365,3 +366,51 @@ def test_nonsense_pacing_is_refused_naming_the_flag(
 ) -> None:
     with pytest.raises(ConfigError, match=flag):
         Pacing(**arguments)  # type: ignore[arg-type]
+
+
+# --------------------------------------------------------------------------
+# Dependencies and rounds.
+
+
+def test_trace_calls_carry_their_dependencies_per_worker() -> None:
+    workload = trace_workload(_ps_trace(), Benchmark.PS_THROUGHPUT, mode=Mode.NON_SERIALIZED)
+    step = workload.steps[0]
+    worker0 = [c for c in step.calls if c.worker_index == 0]
+    # worker:0's two pulls end at +1000 and +1100 ns, before its gradient (start +3000)
+    # left: the gradient waits for both; the pulls wait for nothing.
+    gradient = next(c for c in worker0 if c.reversed_direction)
+    assert gradient.dependencies is not None
+    assert gradient.dependencies.after_worker_arrivals == 2
+    assert gradient.dependencies.ready_offset_ns == 3_000
+    pulls = [c for c in worker0 if not c.reversed_direction]
+    assert [c.dependencies.after_worker_arrivals for c in pulls if c.dependencies] == [0, 0]
+    # worker:1's pull is ranked among worker:1's arrivals only.
+    (pull1,) = [c for c in step.calls if c.worker_index == 1]
+    assert pull1.dependencies is not None and pull1.dependencies.arrival_rank == 0
+
+
+def test_steps_whose_transfers_do_not_overlap_are_rounds_with_a_barrier() -> None:
+    trace = _ps_trace()
+    assert steps_are_rounds(trace)
+    workload = trace_workload(trace, Benchmark.PS_THROUGHPUT, mode=Mode.NON_SERIALIZED)
+    assert workload.round_barrier and workload.parameters()["round_barrier"] is True
+    # Point-to-point replays have one worker: no barrier.
+    assert not trace_workload(
+        trace, Benchmark.P2P_BANDWIDTH, mode=Mode.NON_SERIALIZED
+    ).round_barrier
+
+
+def test_steps_that_overlap_are_not_rounds() -> None:
+    trace = _ps_trace()
+    first, second = trace.steps
+    late = _rpc(RECV_TENSOR, 2, 0, 120, 100, second.start_ns - 10)  # ends after step 1 began
+    overlapping = Trace(
+        metadata=trace.metadata,
+        tasks=trace.tasks,
+        steps=(
+            Step(index=0, start_ns=first.start_ns, end_ns=first.end_ns, rpcs=(*first.rpcs, late)),
+            second,
+        ),
+    )
+    assert not steps_are_rounds(overlapping)
+    assert not steps_are_rounds(Trace(metadata=trace.metadata, tasks=trace.tasks, steps=(first,)))

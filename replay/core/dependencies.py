@@ -69,6 +69,7 @@ after everything of the step has arrived and the recorded tail of the step.
 from __future__ import annotations
 
 import bisect
+import heapq
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
@@ -205,6 +206,11 @@ class _ArrivalList:
                 self._argmax.append(self._argmax[-1])
             self._complete += 1
 
+    @property
+    def complete_count(self) -> int:
+        """How many arrivals, from the first in trace order, have all completed."""
+        return self._complete
+
     def lag(self, count: int) -> tuple[int, int] | None:
         """(largest lag, its rank) over the first ``count`` arrivals; None while incomplete."""
         if count > self._complete:
@@ -275,6 +281,41 @@ class DependencyTracker:
             for i, (d, s) in enumerate(zip(self._deps, self._servers, strict=True))
             if d.is_arrival
         }
+        # Calls whose waited-for arrivals are not all in: first by how many of the
+        # worker's arrivals they wait for, then by how many at their server.
+        self._waiting_for_worker = [(d.after_worker_arrivals, i) for i, d in enumerate(self._deps)]
+        heapq.heapify(self._waiting_for_worker)
+        self._waiting_for_server: dict[int, list[tuple[int, int]]] = {
+            server: [] for server in self._by_server
+        }
+        self._releasable: list[int] = []
+        self._advance()
+
+    @property
+    def step_begin_ns(self) -> int:
+        return self._begin
+
+    def _advance(self) -> None:
+        """Move calls whose waited-for prefixes are complete on, towards ``releasable``."""
+        worker_done = self._worker.complete_count
+        while self._waiting_for_worker and self._waiting_for_worker[0][0] <= worker_done:
+            _, index = heapq.heappop(self._waiting_for_worker)
+            heapq.heappush(
+                self._waiting_for_server[self._servers[index]],
+                (self._deps[index].after_server_arrivals, index),
+            )
+        for server, waiting in self._waiting_for_server.items():
+            server_done = self._by_server[server].complete_count
+            while waiting and waiting[0][0] <= server_done:
+                self._releasable.append(heapq.heappop(waiting)[1])
+
+    def take_releasable(self) -> list[int]:
+        """Calls that became releasable (all they wait for has arrived) since the last take.
+
+        Each call is returned once; ask ``release_ns`` for its time.
+        """
+        taken, self._releasable = self._releasable, []
+        return taken
 
     def _scaled(self, offset_ns: int) -> int:
         return round(self._scale * offset_ns)
@@ -321,6 +362,7 @@ class DependencyTracker:
         if deps.is_arrival:
             lag = done_ns - self._begin - self._scaled(deps.arrival_offset_ns)
             self._list_of(index).record(deps.arrival_rank, lag)
+            self._advance()
 
     def _end_lag(self) -> tuple[int, int]:
         best, owner = _NO_LAG, -1

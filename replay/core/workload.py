@@ -61,6 +61,7 @@ earlier calls of the pair were still open when this one started);
 from __future__ import annotations
 
 import enum
+import itertools
 from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
@@ -309,6 +310,10 @@ class Workload:
     worker_count: int
     #: Facts about how the workload was built, for the result's parameters.
     description: tuple[tuple[str, ParameterValue], ...] = ()
+    #: The trace's steps are rounds: every worker's calls of a step ended before
+    #: any call of the next began (a synchronous coordinator's join); the
+    #: replay's workers then meet between steps.
+    round_barrier: bool = False
 
     def __post_init__(self) -> None:
         if self.source not in ("synthetic", "trace"):
@@ -714,6 +719,26 @@ def _pair_only(
     return pair, steps, dropped
 
 
+def steps_are_rounds(trace: Trace) -> bool:
+    """Whether every tensor transfer of each step ended before any of the next began.
+
+    Control calls (the coordinator's ``Enqueue`` of the next round) are left
+    out: they announce the round, they are not its traffic.  Such steps are
+    rounds separated by a barrier (a synchronous coordinator joins every
+    worker's step before scheduling the next round), so a replay
+    must not let one worker start a round before the others finished theirs.
+    Needs at least two steps to tell.
+    """
+    if len(trace.steps) < 2:
+        return False
+    for step, following in itertools.pairwise(trace.steps):
+        ends = [r.end_ns for r in step.rpcs if r.method in TENSOR_METHODS]
+        starts = [r.start_ns for r in following.rpcs if r.method in TENSOR_METHODS]
+        if not ends or not starts or max(ends) > min(starts):
+            return False
+    return True
+
+
 def trace_workload(
     trace: Trace,
     benchmark: Benchmark,
@@ -770,6 +795,7 @@ def trace_workload(
         "workers": 1 if point_to_point else len(roles.client_tasks),
         "server_tasks": ",".join(trace.task_name(t) for t in roles.server_tasks),
         "shape": Shape.PULL.value,
+        "round_barrier": not point_to_point and steps_are_rounds(trace),
     }
     if point_to_point and pair is not None:
         description["pair"] = f"{trace.task_name(pair[0])}->{trace.task_name(pair[1])}"
@@ -783,4 +809,5 @@ def trace_workload(
         server_count=len(roles.server_tasks),
         worker_count=1 if point_to_point else len(roles.client_tasks),
         description=tuple(description.items()),
+        round_barrier=bool(description["round_barrier"]),
     )

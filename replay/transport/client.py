@@ -12,6 +12,7 @@ gRPC failures surface as ``TransportError`` only (translated in ``wire``).
 from __future__ import annotations
 
 import collections
+import heapq
 import queue
 import re
 import threading
@@ -529,28 +530,13 @@ class Driver:
         self.clock = clock
         self.sleep = sleep
         self._issued_in_run = 0
-        #: Per step (by identity): its calls' indices in the order their data became ready.
-        self._ready_orders: dict[int, tuple[int, ...]] = {}
 
     def prepare(self, steps: Iterable[WorkloadStep]) -> None:
         for step in steps:
             for call in step.calls:
                 self.clients[call.server_index].prepare([call])
             if self.pacing.timing is Timing.DEPENDENCIES:
-                self._ready_order(step)
-
-    def _ready_order(self, step: WorkloadStep) -> tuple[int, ...]:
-        order = self._ready_orders.get(id(step))
-        if order is None:
-            dependencies = _dependencies_of(step)
-            order = tuple(
-                sorted(
-                    range(len(step.calls)),
-                    key=lambda i: (dependencies[i].ready_offset_ns, i),
-                )
-            )
-            self._ready_orders[id(step)] = order
-        return order
+                _dependencies_of(step)  # refuses calls without dependencies up front
 
     def begin_run(self) -> None:
         """Start counting calls afresh (rate pacing counts from a run's begin)."""
@@ -687,76 +673,120 @@ class Driver:
         step_begin_ns: int,
         samples: list[CallSample] | None,
     ) -> StepOutcome:
-        """Issue the step's calls in ready order, each once what it waits for has arrived."""
-        clock = self.clock
-        calls = step.calls
+        """Issue the step's calls in release order, each once what it waits for has arrived."""
         tracker = DependencyTracker(
             _dependencies_of(step),
-            servers=[call.server_index for call in calls],
+            servers=[call.server_index for call in step.calls],
             step_begin_ns=step_begin_ns,
             period_ns=step.period_ns,
             compute_scale=self.pacing.compute_scale,
         )
-        condition = threading.Condition()
-        in_flight_to: dict[int, int] = dict.fromkeys(self.clients, 0)
-        state = {"in_flight": 0, "last_end": step_begin_ns}
-        errors: list[TransportError] = []
-
-        def completed(index: int, start: int, release: int, future: grpc.Future) -> None:
-            end = clock()
-            call = calls[index]
-            error = self.clients[call.server_index].outcome(call, future)
-            if error is None and samples is not None:
-                samples.append(_sample(call, start - run_begin_ns, end - start, start, release))
-            with condition:
-                if error is not None:
-                    errors.append(error)
-                else:
-                    tracker.complete(index, end)
-                state["in_flight"] -= 1
-                in_flight_to[call.server_index] -= 1
-                state["last_end"] = max(state["last_end"], end)
-                condition.notify_all()
-
-        for index in self._ready_order(step):
-            call = calls[index]
-            with condition:
-                release = tracker.release_ns(index)
-                while not errors and release is None:
-                    condition.wait()
-                    release = tracker.release_ns(index)
-                if errors or release is None:
-                    break
-            self._wait_until(release)
-            with condition:
-                while not errors and not may_issue(
-                    self.pacing,
-                    call,
-                    in_flight=state["in_flight"],
-                    in_flight_to_server=in_flight_to[call.server_index],
-                ):
-                    condition.wait()
-                if errors:
-                    break
-                state["in_flight"] += 1
-                in_flight_to[call.server_index] += 1
-            start = clock()
-            future = self.clients[call.server_index].start(call, self.timeout_s)
-            future.add_done_callback(
-                lambda f, index=index, start=start, release=release: completed(  # type: ignore[misc]
-                    index, start, release, f
-                )
-            )
-        with condition:
-            while state["in_flight"] > 0:
-                condition.wait()
-        if errors:
-            raise errors[0]
+        replay = _DependentStep(self, step, tracker, run_begin_ns, samples)
+        replay.run()
         return StepOutcome(
-            last_end_ns=state["last_end"],
+            last_end_ns=replay.last_end_ns,
             next_begin_ns=tracker.next_step_begin_ns(),
             path=tracker.critical_path(),
         )
+
+
+class _DependentStep:
+    """One step under dependencies pacing: completions (on gRPC's threads) feed the
+    tracker; calls whose waited-for arrivals are all in join a heap by release
+    time, and the driver's thread issues the earliest as soon as its time comes,
+    so a call waiting long for its inputs never holds back one that could go."""
+
+    def __init__(
+        self,
+        driver: Driver,
+        step: WorkloadStep,
+        tracker: DependencyTracker,
+        run_begin_ns: int,
+        samples: list[CallSample] | None,
+    ) -> None:
+        self.driver = driver
+        self.calls = step.calls
+        self.tracker = tracker
+        self.run_begin_ns = run_begin_ns
+        self.samples = samples
+        self.condition = threading.Condition()
+        self.in_flight = 0
+        self.in_flight_to: dict[int, int] = dict.fromkeys(driver.clients, 0)
+        self.last_end_ns = tracker.step_begin_ns
+        self.errors: list[TransportError] = []
+        self.due: list[tuple[int, int]] = []
+
+    def _schedule_releasable(self) -> None:
+        for index in self.tracker.take_releasable():
+            release = self.tracker.release_ns(index)
+            assert release is not None
+            heapq.heappush(self.due, (release, index))
+
+    def _completed(self, index: int, start: int, release: int, future: grpc.Future) -> None:
+        end = self.driver.clock()
+        call = self.calls[index]
+        error = self.driver.clients[call.server_index].outcome(call, future)
+        if error is None and self.samples is not None:
+            self.samples.append(
+                _sample(call, start - self.run_begin_ns, end - start, start, release)
+            )
+        with self.condition:
+            if error is not None:
+                self.errors.append(error)
+            else:
+                self.tracker.complete(index, end)
+                self._schedule_releasable()
+            self.in_flight -= 1
+            self.in_flight_to[call.server_index] -= 1
+            self.last_end_ns = max(self.last_end_ns, end)
+            self.condition.notify_all()
+
+    def _wait_for_next(self) -> tuple[int, int] | None:
+        """Block until a call is due and the window lets it go; (release, index) or None."""
+        clock = self.driver.clock
+        while not self.errors:
+            if self.due and self.due[0][0] <= clock():
+                call = self.calls[self.due[0][1]]
+                if may_issue(
+                    self.driver.pacing,
+                    call,
+                    in_flight=self.in_flight,
+                    in_flight_to_server=self.in_flight_to[call.server_index],
+                ):
+                    self.in_flight += 1
+                    self.in_flight_to[call.server_index] += 1
+                    return heapq.heappop(self.due)
+                self.condition.wait()
+            elif self.due:
+                # A completion may bring an earlier release: wake on it too.
+                self.condition.wait((self.due[0][0] - clock()) / 1e9)
+            else:
+                self.condition.wait()
+        return None
+
+    def run(self) -> None:
+        """Issue every call, wait for all; raise the first ``TransportError``."""
+        with self.condition:
+            self._schedule_releasable()
+        for _ in range(len(self.calls)):
+            with self.condition:
+                chosen = self._wait_for_next()
+            if chosen is None:
+                break
+            release, index = chosen
+            call = self.calls[index]
+            start = self.driver.clock()
+            future = self.driver.clients[call.server_index].start(call, self.driver.timeout_s)
+            future.add_done_callback(
+                lambda f, index=index, start=start, release=release: self._completed(  # type: ignore[misc]
+                    index, start, release, f
+                )
+            )
+        with self.condition:
+            while self.in_flight > 0:
+                self.condition.wait()
+        if self.errors:
+            raise self.errors[0]
 
 
 def _dependencies_of(step: WorkloadStep) -> list[Dependencies]:

@@ -12,6 +12,7 @@ import itertools
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any, Protocol
 
 from tf_grpc_bench.errors import ConfigError, TransportError
 from tf_grpc_bench.replay.core.measurement import Benchmark, CallSample, RunMeasurement
@@ -108,10 +109,23 @@ class WorkerOutcome:
     partial_reason: str = ""
 
 
+class StepBarrier(Protocol):
+    """Where the workers of a synchronous trace meet between rounds (one per process)."""
+
+    def wait(self) -> bool:
+        """Block until every worker has finished the round; False once one has stopped."""
+
+    def leave(self) -> None:
+        """This worker stops: release the others waiting, now or later."""
+
+
 class WorkerLoop:
     """One worker's replay: its calls, cycled under the runner's protocol.
 
-    ``clock`` returns ns.  Blocking; not thread-safe.
+    ``clock`` returns ns.  Blocking; not thread-safe.  With ``step_barrier``,
+    a step begins only once every worker has finished the previous one (the
+    trace's steps are rounds ended by a barrier, as a synchronous
+    ``ClusterCoordinator`` loop's ``join`` makes them).
     """
 
     def __init__(
@@ -121,9 +135,11 @@ class WorkerLoop:
         *,
         clock: Callable[[], int] = time.perf_counter_ns,
         cpu_clock: Callable[[], int] = time.process_time_ns,
+        step_barrier: StepBarrier | None = None,
     ) -> None:
         self.workload = workload
         self.driver = driver
+        self.step_barrier = step_barrier
         self.clock = clock
         self.cpu_clock = cpu_clock
         self._steps = tuple(step for step in workload.steps if step.calls)
@@ -132,7 +148,15 @@ class WorkerLoop:
     def _cycle(self) -> Iterator[WorkloadStep]:
         return itertools.cycle(self._steps)
 
-    def _replay(
+    def _replay(self, **arguments: Any) -> int:
+        """Replay steps (``_replay_steps``); a worker that stops releases the others."""
+        try:
+            return self._replay_steps(**arguments)
+        finally:
+            if self.step_barrier is not None:
+                self.step_barrier.leave()
+
+    def _replay_steps(
         self,
         *,
         begin_ns: int,
@@ -183,6 +207,8 @@ class WorkerLoop:
                     break
                 while self.clock() < next_begin:
                     time.sleep((next_begin - self.clock()) / 1e9)
+            if self.step_barrier is not None and not self.step_barrier.wait():
+                break
             step_begin = max(next_begin, self.clock())
         return last_end
 
