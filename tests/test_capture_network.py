@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import json
 import shutil
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -190,3 +192,34 @@ def test_capture_job_runs_the_users_tasks_on_emulated_hosts(tmp_path: Path) -> N
     variables = [dict(v, trainable=True) for v in json.loads(variables_file.read_text())]
     report = check_physics(trace, {"variables": variables})
     assert report.ok, report.format()
+
+
+@pytest.mark.netns
+@pytest.mark.tensorflow
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+def test_an_interrupted_capture_removes_its_hosts(tmp_path: Path, signum: int) -> None:
+    output = tmp_path / "cut.tfgbtrace"
+    flags = "--model tiny --setup tf2-ps --ps 1 --workers 1 --steps 500 --batch-size 4"
+    capture = subprocess.Popen(
+        [CLI, "capture", *flags.split(), "-q", "-o", str(output), "--network", "1gbit"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    mine = f"{netns.PREFIX}{capture.pid}-"
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            if any(n.startswith(mine) for n in _our_namespaces()):
+                break
+            time.sleep(0.2)
+        time.sleep(8)  # into the training
+        capture.send_signal(signum)
+        _, stderr = capture.communicate(timeout=120)
+    finally:
+        if capture.poll() is None:
+            capture.kill()
+            capture.wait()
+    assert capture.returncode != 0
+    assert not [n for n in _our_namespaces() if n.startswith(mine)], stderr
+    assert "interrupted" in stderr and trace_files.read_trace(output).partial
