@@ -56,14 +56,15 @@ class NetworkRequest:
 
 
 def check_network_allowed(recorder: str, *, euid: int | None = None) -> None:
-    """ConfigError (one line, naming ``--network``) unless tasks can run on emulated hosts.
+    """NetworkError (one line, naming ``--network``; exit 5 as for the ``network``
+    command) without root; ConfigError with a recorder other than ``preload``.
 
     Needs root (namespaces, veth, tc) and the in-process recorder: recording
     proxies listen in this machine's own namespace, where the tasks' host
     addresses do not exist.
     """
     if (os.geteuid() if euid is None else euid) != 0:
-        raise ConfigError(
+        raise NetworkError(
             "--network needs root: emulated hosts are network namespaces with rate-limited "
             "links (run as root, or capture without --network)"
         )
