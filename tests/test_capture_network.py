@@ -8,6 +8,7 @@ network namespaces (root and TensorFlow).
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import signal
 import subprocess
@@ -32,6 +33,7 @@ from tf_grpc_bench.trace import RECV_TENSOR
 
 CLI = shutil.which("tf-grpc-bench") or str(Path(sys.executable).parent / "tf-grpc-bench")
 SCRIPT = Path(__file__).parent / "data" / "user_train_ps.py"
+CLUSTER = '{"ps": ["localhost:2222"], "worker": ["localhost:2223"]}'
 TF2_TASKS = [("ps", 0), ("ps", 1), ("worker", 0), ("worker", 1), ("chief", 0)]
 
 
@@ -223,3 +225,28 @@ def test_an_interrupted_capture_removes_its_hosts(tmp_path: Path, signum: int) -
     assert capture.returncode != 0
     assert not [n for n in _our_namespaces() if n.startswith(mine)], stderr
     assert "interrupted" in stderr and trace_files.read_trace(output).partial
+
+
+@pytest.mark.skipif(
+    shutil.which("setpriv") is None or os.geteuid() != 0, reason="needs root and setpriv"
+)
+@pytest.mark.parametrize(
+    ("flags", "job_command"),
+    [(("capture", "--model", "tiny"), ()), (("capture-job", "--cluster", CLUSTER), ("--", "true"))],
+)
+def test_an_unprivileged_user_gets_one_line_and_nothing_starts(
+    tmp_path: Path, flags: tuple[str, ...], job_command: tuple[str, ...]
+) -> None:
+    output = tmp_path / "never.tfgbtrace"
+    tmp_path.chmod(0o777)
+    nobody = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"]
+    result = subprocess.run(
+        [*nobody, CLI, *flags, "--network", "1gbit", "-q", "-o", str(output), *job_command],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert result.returncode == 5, result.stderr
+    assert result.stderr.count("\n") == 1 and "--network needs root" in result.stderr
+    assert not output.exists()
