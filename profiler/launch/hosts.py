@@ -21,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import threading
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from types import FrameType
@@ -124,8 +125,6 @@ class TaskHosts:
 def _sigterm_interrupts() -> Iterator[None]:
     """SIGTERM raises KeyboardInterrupt, as Ctrl-C does: the capture stops its tasks and
     writes its partial trace, then the network is torn down.  Main thread only."""
-    import threading
-
     if threading.current_thread() is not threading.main_thread():
         yield
         return
