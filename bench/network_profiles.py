@@ -1,7 +1,7 @@
 """Is the link emulation real?  iperf3 and our replay at every profile, as ratios to the rate.
 
 For each link profile (default: 1gbit, 10gbit, 25gbit, 40gbit, unlimited) this
-brings up two emulated hosts (``tf_grpc_bench.replay.network.netns``) and measures,
+brings up two emulated hosts (``tf_grpc_bench.netns``) and measures,
 one after the other on the same link:
 
 1. iperf3, one TCP stream from host 1 to host 0 (``iperf3 -c -J``), as a ratio
@@ -51,10 +51,9 @@ from common import (
     write_section,
 )
 
+from tf_grpc_bench import netns, trace_files
 from tf_grpc_bench import trace as trace_model
-from tf_grpc_bench import trace_files
 from tf_grpc_bench.replay.core.measurement import Benchmark
-from tf_grpc_bench.replay.network import netns
 from tf_grpc_bench.replay.network.netinfo import format_rate
 from tf_grpc_bench.replay.output import document as results
 from tf_grpc_bench.replay.output.machine import describe_machine

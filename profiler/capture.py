@@ -53,6 +53,12 @@ from tf_grpc_bench.errors import BenchError, CaptureError, ConfigError
 from tf_grpc_bench.profiler.assembly.phases import assemble_trace, partial_reason
 from tf_grpc_bench.profiler.assembly.steps import StepWindow, step_id_windows, step_windows
 from tf_grpc_bench.profiler.launch.config import TrainingConfig
+from tf_grpc_bench.profiler.launch.hosts import (
+    NetworkRequest,
+    TaskHosts,
+    check_network_allowed,
+    emulated_hosts,
+)
 from tf_grpc_bench.profiler.launch.job import TrainingJob
 from tf_grpc_bench.profiler.launch.markers import StepMarker
 from tf_grpc_bench.profiler.launch.plan import TaskSpec, check_tasks, plan_tasks
@@ -292,6 +298,7 @@ class _TrainingRun:
         command: Sequence[str],
         timeout_s: float | None,
         progress: ProgressCallback | None,
+        hosts: TaskHosts | None = None,
     ) -> None:
         check_tasks(config, tasks)
         self.config = config
@@ -301,6 +308,8 @@ class _TrainingRun:
         self.command = tuple(command)
         self.timeout_s = timeout_s
         self.progress = progress
+        #: The emulated hosts the tasks run on, None for all on ``host``.
+        self.hosts = hosts
         self.job: TrainingJob | None = None
         self.markers: list[StepMarker] = []
         self.job_info: dict[str, Any] = {}
@@ -308,9 +317,13 @@ class _TrainingRun:
         self._stop_progress = threading.Event()
         self._watcher: threading.Thread | None = None
 
+    def host_of(self, task: TaskSpec) -> str:
+        """The address ``task`` listens on: its emulated host's, or ``host``."""
+        return self.host if self.hosts is None else self.hosts.address(task.key)
+
     @property
     def servers(self) -> dict[str, tuple[str, int]]:
-        return {t.name: (self.host, t.bind_port) for t in self.tasks}
+        return {t.name: (self.host_of(t), t.bind_port) for t in self.tasks}
 
     def pids(self) -> dict[tuple[str, int], int]:
         return self.job.pids() if self.job else {}
@@ -323,8 +336,13 @@ class _TrainingRun:
             for t in self.tasks
         ]
         self.tasks = tasks
+        prefixes = None if self.hosts is None else {t.key: self.hosts.prefix(t.key) for t in tasks}
         self.job = job = TrainingJob(
-            self.config, tasks, work, environment=recorder.environment(os.environ)
+            self.config,
+            tasks,
+            work,
+            environment=recorder.environment(os.environ),
+            prefixes=prefixes,
         )
         job.start()
         self._pids = job.pids()
@@ -364,9 +382,15 @@ class _TrainingRun:
             self._watcher.join(1)
 
     def layout(self, calls: Sequence[RecordedCall]) -> TraceLayout:
-        host, markers = self.host, self.markers
+        markers = self.markers
         task_index = {t.key: i for i, t in enumerate(self.tasks)}
-        metadata = run_metadata(self.config, self.job_info, self.command, recorder=self.recorder)
+        metadata = run_metadata(
+            self.config,
+            self.job_info,
+            self.command,
+            recorder=self.recorder,
+            network=() if self.hosts is None else self.hosts.metadata(),
+        )
         windows: list[StepWindow] | None = None
         startup_ids: frozenset[int] = frozenset()
         steady = step_windows(markers)
@@ -383,7 +407,8 @@ class _TrainingRun:
             metadata = dataclasses.replace(metadata, extra=extra)
         return TraceLayout(
             tasks=tuple(
-                Task(job=t.job, index=t.index, address=f"{host}:{t.bind_port}") for t in self.tasks
+                Task(job=t.job, index=t.index, address=f"{self.host_of(t)}:{t.bind_port}")
+                for t in self.tasks
             ),
             caller_of_pid={
                 pid: task_index[key] for key, pid in self._pids.items() if key in task_index
@@ -408,6 +433,7 @@ def capture_training(
     tasks: Sequence[TaskSpec] | None = None,
     recorder: str = DEFAULT_RECORDER,
     proxy_options: Mapping[str, Any] | None = None,
+    network: NetworkRequest | None = None,
 ) -> CaptureResult:
     """Run ``config`` as a real distributed job under ``recorder``; write the trace.
 
@@ -421,25 +447,44 @@ def capture_training(
     ``plan_tasks`` picks free ones); with the proxy recorder their advertised
     addresses are replaced by the proxies'.  ``proxy_options`` go to every
     ``RecordingProxy`` (the overhead benchmark compares variants).
+
+    ``network`` runs every task inside an emulated host (``launch.hosts``) on
+    links of its profile, listening on its host's address; the network is
+    removed when the capture ends, however it ends.  It needs root and the
+    ``preload`` recorder (ConfigError before anything starts otherwise).
     """
     check_recorder(recorder)
-    run = _TrainingRun(
-        config,
-        list(tasks) if tasks is not None else plan_tasks(config, host=host),
-        host=host,
-        recorder=recorder,
-        command=command,
-        timeout_s=timeout_s,
-        progress=progress,
-    )
-    return capture_job(
-        run,
-        output,
-        recorder=recorder,
-        workdir=workdir,
-        listen_host=host,
-        proxy_options=proxy_options,
-    )
+    planned = list(tasks) if tasks is not None else plan_tasks(config, host=host)
+    options: dict[str, Any] = {
+        "command": command,
+        "timeout_s": timeout_s,
+        "progress": progress,
+        "recorder": recorder,
+    }
+    if network is None:
+        run = _TrainingRun(config, planned, host=host, **options)
+        return capture_job(
+            run,
+            output,
+            recorder=recorder,
+            workdir=workdir,
+            listen_host=host,
+            proxy_options=proxy_options,
+        )
+    check_network_allowed(recorder)
+    with emulated_hosts(network, [t.key for t in planned]) as hosts:
+        placed = [
+            dataclasses.replace(t, advertised_address=f"{hosts.address(t.key)}:{t.bind_port}")
+            for t in planned
+        ]
+        logging.info(
+            "emulated network %s (%s): %s",
+            network.profile.name,
+            network.layout,
+            ", ".join(f"{t.name} on {t.advertised_address}" for t in placed),
+        )
+        run = _TrainingRun(config, placed, host=host, hosts=hosts, **options)
+        return capture_job(run, output, recorder=recorder, workdir=workdir)
 
 
 def _utc_now() -> str:
@@ -452,8 +497,10 @@ def run_metadata(
     command: Sequence[str],
     *,
     recorder: str = DEFAULT_RECORDER,
+    network: Sequence[tuple[str, str]] = (),
 ) -> RunMetadata:
-    """The trace's RunMetadata for a launcher job (job_info may be empty if it failed early)."""
+    """The trace's RunMetadata for a launcher job (job_info may be empty if it failed early);
+    ``network`` are the emulated network's entries of ``extra`` (``TaskHosts.metadata``)."""
     import grpc
 
     extra = {
@@ -471,6 +518,7 @@ def run_metadata(
         extra["trainable_bytes"] = str(job_info["trainable_bytes"])
     if job_info.get("variables"):
         extra[VARIABLES_EXTRA] = encode_variables(job_info["variables"])
+    extra.update(network)
     return RunMetadata(
         model=config.model,
         tensorflow_version=str(job_info.get("tensorflow_version", "")),

@@ -18,6 +18,7 @@ from tf_grpc_bench.models.registry import available_models
 from tf_grpc_bench.profiler import logs
 from tf_grpc_bench.profiler.capture import CaptureResult, capture_training, command_line
 from tf_grpc_bench.profiler.launch.config import SETUPS, TrainingConfig
+from tf_grpc_bench.profiler.launch.hosts import DEFAULT_LAYOUT, LAYOUTS, NetworkRequest
 from tf_grpc_bench.profiler.launch.user_job import UserJob, parse_cluster
 from tf_grpc_bench.profiler.progress import terminal_display
 from tf_grpc_bench.profiler.recorders.recorder import DEFAULT_RECORDER, RECORDERS
@@ -71,6 +72,29 @@ def _add_common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--quiet", "-q", action="store_true", help="no progress display, only the result line"
     )
+    parser.add_argument(
+        "--network",
+        default=None,
+        metavar="PROFILE",
+        help="run every task inside an emulated host on links of PROFILE (1gbit, 10gbit, "
+        "unlimited, ... or a rate like 2.5gbit; see 'tf-grpc-bench network profiles'); needs root",
+    )
+    parser.add_argument(
+        "--layout",
+        choices=LAYOUTS,
+        default=None,
+        help=f"with --network: ps-together (every ps on one host, the other tasks on another; "
+        f"default {DEFAULT_LAYOUT}) or one-per-host (every task on its own host)",
+    )
+
+
+def _network(args: argparse.Namespace) -> NetworkRequest | None:
+    """The emulated network ``--network``/``--layout`` ask for; None without ``--network``."""
+    if args.network is None:
+        if args.layout is not None:
+            raise UsageError("--layout places tasks on emulated hosts: give --network too")
+        return None
+    return NetworkRequest.parse(args.network, args.layout or DEFAULT_LAYOUT)
 
 
 def configure_capture(parser: argparse.ArgumentParser) -> None:
@@ -176,6 +200,7 @@ def run_capture(args: argparse.Namespace) -> int:
         keras_flavour=args.keras,
         step_timeout_s=args.step_timeout,
     )
+    network = _network(args)
     logs.configure()
     progress, close = terminal_display(args.quiet, f"capture {args.model}")
     _interrupt_on_sigterm()
@@ -188,6 +213,7 @@ def run_capture(args: argparse.Namespace) -> int:
             timeout_s=args.timeout,
             progress=progress,
             recorder=args.recorder,
+            network=network,
         )
     finally:
         close()
@@ -261,6 +287,7 @@ def run_capture_job(args: argparse.Namespace) -> int:
         batch_size=args.batch_size,
         synchronous=args.synchronous,
     )
+    network = _network(args)
     logs.configure()
     progress, close = terminal_display(args.quiet, "capture-job")
     _interrupt_on_sigterm()
@@ -272,6 +299,7 @@ def run_capture_job(args: argparse.Namespace) -> int:
             workdir=args.workdir,
             progress=progress,
             recorder=args.recorder,
+            network=network,
         )
     finally:
         close()

@@ -39,6 +39,7 @@ import os
 import platform
 import socket
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from pathlib import Path
 
 from tf_grpc_bench import __version__
@@ -54,8 +55,20 @@ from tf_grpc_bench.profiler.capture import (
     capture_job,
     check_recorder,
 )
+from tf_grpc_bench.profiler.launch.hosts import (
+    NetworkRequest,
+    TaskHosts,
+    check_network_allowed,
+    emulated_hosts,
+)
 from tf_grpc_bench.profiler.launch.markers import StepMarker, read_step_markers
-from tf_grpc_bench.profiler.launch.user_job import UserJob, UserTasks, check_local, split_address
+from tf_grpc_bench.profiler.launch.user_job import (
+    UserJob,
+    UserTasks,
+    check_local,
+    rehost_cluster,
+    split_address,
+)
 from tf_grpc_bench.profiler.progress import ProgressCallback
 from tf_grpc_bench.profiler.recorders.calls import RecordedCall
 from tf_grpc_bench.profiler.recorders.recorder import CAPTURE_METHODS, DEFAULT_RECORDER, Recorder
@@ -100,14 +113,17 @@ class _UserRun:
         command: Sequence[str],
         environment: Mapping[str, str] | None,
         progress: ProgressCallback | None,
+        hosts: TaskHosts | None = None,
     ) -> None:
+        """With ``hosts`` the job's cluster already lists the emulated hosts' addresses."""
         self.job = job
+        self.hosts = hosts
         self.recorder = recorder
         self.command = tuple(command)
         self.environment = dict(os.environ if environment is None else environment)
         self.progress = progress
         self.tasks: UserTasks | None = None
-        for name, index, address in job.tasks:
+        for name, index, address in job.tasks if hosts is None else ():
             host, _ = split_address(address, where=f"cluster job {name!r}")
             check_local(host, f"{name}:{index}")
 
@@ -125,7 +141,10 @@ class _UserRun:
     def run(self, recorder: Recorder, work: Path) -> None:
         markers_path = work / "steps.jsonl"
         markers_path.unlink(missing_ok=True)
-        self.tasks = UserTasks(self.job, work, markers_path)
+        prefixes = None
+        if self.hosts is not None:
+            prefixes = {(n, i): self.hosts.prefix((n, i)) for n, i, _ in self.job.tasks}
+        self.tasks = UserTasks(self.job, work, markers_path, prefixes=prefixes)
         peers = {
             (name, index): recorder.peer_address(f"{name}:{index}", address)
             for name, index, address in self.job.tasks
@@ -179,6 +198,7 @@ class _UserRun:
                 ("python_version", platform.python_version()),
                 ("step_unit", _STEP_UNITS[steps_from]),
                 ("steps_from", steps_from),
+                *(() if self.hosts is None else self.hosts.metadata()),
             ),
         )
         return TraceLayout(
@@ -201,6 +221,7 @@ def capture_user_job(
     environment: Mapping[str, str] | None = None,
     progress: ProgressCallback | None = None,
     recorder: str = DEFAULT_RECORDER,
+    network: NetworkRequest | None = None,
 ) -> CaptureResult:
     """Run the user's job under ``recorder`` and write its trace to ``output``.
 
@@ -213,9 +234,30 @@ def capture_user_job(
     success, if ``workdir`` is None).  On failure the partial trace is written
     and ``CaptureResult.error`` says why.  ``command`` is recorded as the
     trace's command line.
+
+    ``network`` runs each task inside an emulated host (``launch.hosts``): the
+    cluster's hosts become the emulated hosts' addresses (ports kept), and
+    every task's command starts inside its host.  Needs root and ``preload``.
     """
     check_recorder(recorder)
-    run = _UserRun(
-        job, recorder=recorder, command=command, environment=environment, progress=progress
-    )
-    return capture_job(run, output, recorder=recorder, workdir=workdir, work_prefix="tfgb-userjob-")
+
+    def run_on(hosts: TaskHosts | None, placed: UserJob) -> CaptureResult:
+        run = _UserRun(
+            placed,
+            recorder=recorder,
+            command=command,
+            environment=environment,
+            progress=progress,
+            hosts=hosts,
+        )
+        return capture_job(
+            run, output, recorder=recorder, workdir=workdir, work_prefix="tfgb-userjob-"
+        )
+
+    if network is None:
+        return run_on(None, job)
+    check_network_allowed(recorder)
+    rehost_cluster(job.cluster, lambda key: "0.0.0.0")  # ports checked before the network exists
+    keys = [(name, index) for name, index, _ in job.tasks]
+    with emulated_hosts(network, keys) as hosts:
+        return run_on(hosts, replace(job, cluster=rehost_cluster(job.cluster, hosts.address)))

@@ -9,8 +9,9 @@ The package is layered; a module imports only from its own layer or lower ones
    settings, and the measuring loop the runner and the throughput workers share.
 2. ``output``: the result document (the one parse point of result files),
    machine probes, statistics, the text report, TensorBoard logs.
-3. ``network``: emulated networks (namespaces, link profiles), what the
-   network under a run is, comparisons across profiles, and their CLI.
+3. ``network``: emulated networks (the namespaces and link profiles are
+   ``tf_grpc_bench.netns``, shared with the profiler), what the network under
+   a run is, comparisons across profiles, and their CLI.
 4. ``throughput.py``: PS throughput's worker processes.
 5. ``runner.py``: runs a benchmark and executes a replay request (the
    library behind every replay command).

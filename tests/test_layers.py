@@ -33,6 +33,11 @@ CORE_ALLOWED_PROJECT = ("tf_grpc_bench.errors", "tf_grpc_bench.sizes", "tf_grpc_
 CORE_FORBIDDEN = ("grpc", "socket", "time", "os", "threading", "subprocess", "multiprocessing")
 #: Never imported by anything in ``replay``: a replay host has no TensorFlow.
 REPLAY_FORBIDDEN = ("tf_grpc_bench.profiler", "tensorflow")
+#: Never imported by anything in ``profiler``: capture and replay share only the package root.
+PROFILER_FORBIDDEN = ("tf_grpc_bench.replay",)
+#: Shared by capture and replay (emulated hosts), so it imports neither.
+SHARED_FORBIDDEN = ("tf_grpc_bench.replay", "tf_grpc_bench.profiler", "tensorflow")
+SHARED_MODULES = ("netns.py",)
 #: Folders whose functions must stay short (extend as other folders are cleaned up).
 SHORT_FUNCTION_FOLDERS = ["replay", "src/tf_grpc_bench"]
 MAX_FUNCTION_LINES = 80
@@ -165,6 +170,32 @@ def test_the_checker_sees_upward_impure_and_private_imports_inside_functions() -
     assert any(p.startswith("replay/core/workload.py:5:") and "trace_files" in p for p in problems)
     allowed = "from tf_grpc_bench import errors, trace\nfrom tf_grpc_bench.sizes import classify\n"
     assert list(_violations(module, allowed)) == []
+
+
+def _foreign_imports(path: Path, forbidden: tuple[str, ...]) -> Iterator[str]:
+    """``path:line: module`` for each import of a module under ``forbidden``.
+
+    Relative imports are not resolved: the package uses absolute ones only.
+    """
+    tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            modules = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and not node.level:
+            modules = [node.module or ""] + [f"{node.module}.{a.name}" for a in node.names]
+        else:
+            continue
+        for module in modules:
+            if any(_is(module, f) for f in forbidden):
+                yield f"{path.relative_to(ROOT)}:{node.lineno}: {module}"
+
+
+def test_the_profiler_never_imports_replay_and_shared_modules_import_neither() -> None:
+    profiler = sorted(p for p in (ROOT / "profiler").rglob("*.py") if "__pycache__" not in p.parts)
+    problems = [p for path in profiler for p in _foreign_imports(path, PROFILER_FORBIDDEN)]
+    shared = [ROOT / "src" / "tf_grpc_bench" / name for name in SHARED_MODULES]
+    problems += [p for path in shared for p in _foreign_imports(path, SHARED_FORBIDDEN)]
+    assert not problems, "forbidden imports:\n" + "\n".join(problems)
 
 
 def test_library_functions_are_short() -> None:

@@ -10,8 +10,9 @@ import textwrap
 
 import pytest
 
+from tf_grpc_bench import netns
 from tf_grpc_bench.errors import NetworkError
-from tf_grpc_bench.replay.network import netinfo, netns
+from tf_grpc_bench.replay.network import netinfo
 
 # A receiver that counts the bytes of one TCP connection and reports the rate
 # between its first and last byte; a sender that pushes a fixed number of bytes.
@@ -128,7 +129,7 @@ def test_sigterm_removes_the_network_and_what_runs_in_it() -> None:
     script = textwrap.dedent(
         """
         import sys, time
-        from tf_grpc_bench.replay.network import netns
+        from tf_grpc_bench import netns
         with netns.EmulatedNetwork(hosts=2, profile=netns.parse_profile("1gbit")) as net:
             net.spawn(0, ["sleep", "600"])
             print(net.run_id, flush=True)
@@ -148,7 +149,7 @@ def test_ctrl_c_removes_the_network() -> None:
     script = textwrap.dedent(
         """
         import time
-        from tf_grpc_bench.replay.network import netns
+        from tf_grpc_bench import netns
         with netns.EmulatedNetwork(hosts=3, profile=netns.parse_profile("1gbit")) as net:
             print(net.run_id, flush=True)
             time.sleep(600)
@@ -198,7 +199,7 @@ def test_non_root_gets_a_one_line_network_error() -> None:
         """
         import os
         from tf_grpc_bench.errors import NetworkError
-        from tf_grpc_bench.replay.network import netns
+        from tf_grpc_bench import netns
         os.setuid(65534)  # nobody: the checks must run as a user without root
         try:
             netns.EmulatedNetwork(hosts=2).up()

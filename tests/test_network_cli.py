@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tf_grpc_bench.replay.network import netns
+from tf_grpc_bench import netns
 from tf_grpc_bench.replay.output import document as results
 
 pytestmark = pytest.mark.netns

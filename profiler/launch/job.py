@@ -86,7 +86,10 @@ class TrainingJob:
         environment: Mapping[str, str] | None = None,
         poll_interval_s: float = 0.1,
         stop_grace_s: float = 5.0,
+        prefixes: Mapping[tuple[str, int], Sequence[str]] | None = None,
     ) -> None:
+        """``prefixes`` go before a task's command (``ip netns exec NS`` to run it
+        inside an emulated host); none by default."""
         check_tasks(config, tasks)
         self.config = config
         self.plan = JobPlan(
@@ -96,6 +99,7 @@ class TrainingJob:
         self._environment = dict(os.environ if environment is None else environment)
         self._poll_interval_s = poll_interval_s
         self._stop_grace_s = stop_grace_s
+        self._prefixes = {key: tuple(prefix) for key, prefix in (prefixes or {}).items()}
         self._running: dict[tuple[str, int], _Running] = {}
         self._started_ns = 0
         self._stopped = False
@@ -147,6 +151,7 @@ class TrainingJob:
         stdout = open(self.plan.log_path(spec.job, spec.index, "stdout"), "wb")  # noqa: SIM115
         stderr = open(self.plan.log_path(spec.job, spec.index, "stderr"), "wb")  # noqa: SIM115
         command = [
+            *self._prefixes.get(spec.key, ()),
             self._python,
             "-m",
             "tf_grpc_bench.profiler.task",

@@ -141,6 +141,29 @@ def parse_cluster(text: str) -> dict[str, tuple[str, ...]]:
     return {job: tuple(addresses) for job, addresses in document.items()}
 
 
+def rehost_cluster(
+    cluster: Mapping[str, Sequence[str]], address_of: Callable[[tuple[str, int]], str]
+) -> dict[str, tuple[str, ...]]:
+    """``cluster`` with every task's host replaced by ``address_of((job, index))``, its
+    port kept.  ConfigError if two tasks share a port: the in-process recorder tells
+    the tasks apart by their ports."""
+    rehosted: dict[str, tuple[str, ...]] = {}
+    owner: dict[int, str] = {}
+    for job, addresses in cluster.items():
+        moved = []
+        for index, address in enumerate(addresses):
+            _, port = split_address(address, where=f"cluster job {job!r}")
+            if port in owner:
+                raise ConfigError(
+                    f"cluster: {owner[port]} and {job}:{index} both use port {port}; "
+                    "with --network every task needs its own port"
+                )
+            owner[port] = f"{job}:{index}"
+            moved.append(f"{address_of((job, index))}:{port}")
+        rehosted[job] = tuple(moved)
+    return rehosted
+
+
 def task_tf_config(
     cluster: Mapping[str, Sequence[str]],
     peers: Mapping[tuple[str, int], str],
@@ -227,10 +250,20 @@ class UserTasks:
     file is ``markers_path``.  Not thread-safe: drive it from one thread.
     """
 
-    def __init__(self, job: UserJob, work: Path, markers_path: Path) -> None:
+    def __init__(
+        self,
+        job: UserJob,
+        work: Path,
+        markers_path: Path,
+        *,
+        prefixes: Mapping[tuple[str, int], Sequence[str]] | None = None,
+    ) -> None:
+        """``prefixes`` go before a task's command (``ip netns exec NS``: inside an
+        emulated host); none by default."""
         self.job = job
         self.work = work
         self.markers_path = markers_path
+        self.prefixes = {key: tuple(prefix) for key, prefix in (prefixes or {}).items()}
         self.processes: list[_TaskProcess] = []
 
     def pids(self) -> dict[tuple[str, int], int]:
@@ -269,7 +302,7 @@ class UserTasks:
         stderr = prefix.with_suffix(".stderr").open("wb")
         try:
             process = subprocess.Popen(
-                list(self.job.command),
+                [*self.prefixes.get((name, index), ()), *self.job.command],
                 stdin=subprocess.DEVNULL,
                 stdout=stdout,
                 stderr=stderr,

@@ -22,10 +22,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Protocol
 
+from tf_grpc_bench import netns
 from tf_grpc_bench.errors import NetworkError, UsageError
 from tf_grpc_bench.replay.core.workload import Workload
 from tf_grpc_bench.replay.network import compare as network_compare
-from tf_grpc_bench.replay.network import netns
 from tf_grpc_bench.replay.network.netinfo import format_rate
 from tf_grpc_bench.replay.output import document as results
 

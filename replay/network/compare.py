@@ -26,8 +26,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from tf_grpc_bench import netns
 from tf_grpc_bench.errors import NetworkError, ResultError
-from tf_grpc_bench.replay.network import netns
 from tf_grpc_bench.replay.output import document as results
 from tf_grpc_bench.replay.output import report
 

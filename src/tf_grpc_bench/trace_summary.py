@@ -51,6 +51,31 @@ def format_bytes(count: float) -> str:
     raise AssertionError("unreachable")
 
 
+def format_rate(bits_per_s: str) -> str:
+    """``1000000000`` -> ``1 Gbit/s``; anything not a number is returned as it is."""
+    if not bits_per_s.isdigit():
+        return bits_per_s
+    value = int(bits_per_s)
+    for unit, scale in (("Gbit/s", 10**9), ("Mbit/s", 10**6), ("kbit/s", 10**3)):
+        if value >= scale:
+            return f"{value / scale:g} {unit}"
+    return f"{value} bit/s"
+
+
+def network_line(trace: Trace) -> str | None:
+    """The emulated network the trace was captured on (``capture --network``), if any."""
+    extra = dict(trace.metadata.extra)
+    if "network" not in extra:
+        return None
+    addresses = ", ".join(f"{t.job}:{t.index} {t.address}" for t in trace.tasks)
+    return (
+        f"network: emulated {extra['network']} "
+        f"({format_rate(extra.get('network_rate_bits_per_s', '?'))} per link), "
+        f"layout {extra.get('network_layout', '?')}, {extra.get('network_hosts', '?')} hosts; "
+        f"tasks at {addresses}"
+    )
+
+
 def format_summary(trace: Trace, *, source: str = "") -> str:
     """The text ``tf-grpc-bench inspect`` prints: metadata, then one line per step."""
     meta = trace.metadata
@@ -69,6 +94,9 @@ def format_summary(trace: Trace, *, source: str = "") -> str:
         lines.append("command: " + " ".join(meta.command))
     if meta.capture_method:
         lines.append(f"captured by: {meta.capture_method}")
+    network = network_line(trace)
+    if network:
+        lines.append(network)
     lines.append("tasks: " + ", ".join(f"{t.job}:{t.index}" for t in trace.tasks))
     if trace.partial:
         lines.append(f"PARTIAL trace: {trace.partial_reason or 'capture ended early'}")

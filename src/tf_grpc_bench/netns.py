@@ -1,5 +1,8 @@
 """Emulated networks on one machine: Linux network namespaces joined by veth pairs.
 
+Shared by replay (``tf-grpc-bench network``) and capture (``capture --network``,
+which runs each training task inside an emulated host), so it imports neither.
+
 Each emulated host is a network namespace named ``tfgb-<run id>-h<i>``.  Two
 hosts are joined by one veth pair (a point-to-point link); three or more each
 get a veth pair to a bridge ``br0`` inside a switch namespace
