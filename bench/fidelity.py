@@ -1,0 +1,234 @@
+"""Does a replay predict training's step on a link?  Training and replay side by side, in one run.
+
+DESIGN.md section 7: "the replayed step predicts training's step on every
+emulated link where training is link-bound, within 10%, and says so when the
+replay itself is the bound".  For each model and each link profile, this
+script (root: it builds network namespaces):
+
+1. captures real distributed training on that emulated link
+   (``tf-grpc-bench capture --network PROFILE``: 2 ps on one host, chief and 2
+   workers on another, tf2-ps, synchronous) and takes training's step: the
+   median of its steady rounds (the capture's own steps);
+2. captures the same job once on loopback (no ``--network``);
+3. replays both traces' PS throughput across the same link
+   (``tf-grpc-bench network compare TRACE --profiles PROFILE``, dependencies
+   pacing, compute kept) and takes each replay's predicted step
+   (``statistics.prediction.step_ns``);
+4. writes the ratios, the link's physical bound (the heavier direction's
+   bytes of a round over the link rate) and the replay's CPU into the
+   ``## Fidelity`` section of ``bench/README.md``.
+
+Usage: ``sudo .venv/bin/python bench/fidelity.py [--models resnet50,vgg16]
+[--profiles 1gbit,2.5gbit,5gbit,10gbit,unlimited] [--steps 8] [--no-readme]``
+(needs the profiler extra).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from common import (
+    README,
+    command_line,
+    load_average,
+    machine_line,
+    table_head,
+    table_row,
+    tf_grpc_bench_command,
+    write_section,
+)
+
+from tf_grpc_bench import trace_files
+from tf_grpc_bench.netns import parse_profile
+from tf_grpc_bench.trace import Trace
+
+SECTION = "## Fidelity"
+#: Warm-up and measured seconds of each replay (one run: the prediction is a median of steps).
+REPLAY_WARMUP_S = "4"
+REPLAY_DURATION_S = "20"
+#: Replay CPU (client plus server cores) above which the replay is taken as its own bound.
+CPU_BOUND_CORES = 1.4
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Prediction:
+    step_s: float
+    compute_s: float
+    cpu_cores: float
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Row:
+    model: str
+    profile: str
+    training_s: float
+    link_bound_s: float | None
+    from_loopback: Prediction | None
+    from_link: Prediction | None
+
+
+def run(command: list[str]) -> None:
+    print("+", " ".join(command), file=sys.stderr, flush=True)
+    completed = subprocess.run(command, capture_output=True, text=True, check=False)
+    if completed.returncode != 0:
+        raise SystemExit(f"failed ({completed.returncode}): {completed.stderr.strip()[-2000:]}")
+
+
+def capture(model: str, steps: int, output: Path, profile: str | None) -> Trace:
+    command = tf_grpc_bench_command(
+        "capture", "--model", model, "--setup", "tf2-ps", "--ps", "2", "--workers", "2",
+        "--steps", str(steps), "--warmup-steps", "2", "--batch-size", "4",
+        "--input-size", "32", "--output", str(output), "--quiet",
+    )  # fmt: skip
+    if profile is not None:
+        command += ["--network", profile]
+    run(command)
+    return trace_files.read_trace(output)
+
+
+def round_seconds(trace: Trace) -> float:
+    return statistics.median(step.duration_ns for step in trace.steps) / 1e9
+
+
+def link_bound_seconds(trace: Trace, profile: str) -> float | None:
+    """The heavier direction's tensor bytes of a round (ps host <-> worker host) over the rate."""
+    rate = parse_profile(profile).rate_bits_per_s
+    if rate is None:
+        return None
+    ps = set(trace.tasks_of_job("ps"))
+    down, up = [], []
+    for step in trace.steps:
+        to_workers = to_ps = 0
+        for rpc in step.rpcs:
+            caller_on_ps, callee_on_ps = rpc.caller_task in ps, rpc.callee_task in ps
+            if caller_on_ps == callee_on_ps:
+                continue  # same host
+            # The response travels from the callee's host to the caller's, the request back.
+            if callee_on_ps:
+                to_workers += rpc.response_bytes
+                to_ps += rpc.request_bytes
+            else:
+                to_ps += rpc.response_bytes
+                to_workers += rpc.request_bytes
+        down.append(to_workers)
+        up.append(to_ps)
+    return max(statistics.median(down), statistics.median(up)) * 8 / rate
+
+
+def predict(trace_path: Path, profile: str, output_dir: Path) -> Prediction | None:
+    compare = tf_grpc_bench_command(
+        "network", "compare", str(trace_path), "--profiles", profile,
+        "--benchmark", "ps-throughput", "--warmup", REPLAY_WARMUP_S,
+        "--duration", REPLAY_DURATION_S, "--runs", "1", "--output-dir", str(output_dir),
+    )  # fmt: skip
+    run(compare)
+    documents = sorted(output_dir.rglob("results.json"))
+    if not documents:
+        return None
+    document = json.loads(documents[-1].read_text())
+    statistics_block = document["benchmarks"][0]["statistics"]
+    prediction = statistics_block.get("prediction")
+    if not prediction or prediction.get("step_ns") is None:
+        return None
+    cores = (statistics_block.get("client_cpu_utilization") or 0.0) + (
+        statistics_block.get("server_cpu_utilization") or 0.0
+    )
+    return Prediction(
+        step_s=prediction["step_ns"] / 1e9,
+        compute_s=(prediction.get("compute_ns") or 0.0) / 1e9,
+        cpu_cores=cores,
+    )
+
+
+def measure(model: str, profiles: list[str], steps: int, scratch: Path) -> list[Row]:
+    loopback_trace = scratch / f"{model}-loopback.tfgbtrace"
+    capture(model, steps, loopback_trace, None)
+    rows = []
+    for profile in profiles:
+        link_trace = scratch / f"{model}-{profile}.tfgbtrace"
+        trained = capture(model, steps, link_trace, profile)
+        rows.append(
+            Row(
+                model=model,
+                profile=profile,
+                training_s=round_seconds(trained),
+                link_bound_s=link_bound_seconds(trained, profile),
+                from_loopback=predict(loopback_trace, profile, scratch / f"{model}-{profile}-lo"),
+                from_link=predict(link_trace, profile, scratch / f"{model}-{profile}-link"),
+            )
+        )
+        print(rows[-1], file=sys.stderr, flush=True)
+    return rows
+
+
+def _prediction_cells(prediction: Prediction | None, training_s: float) -> list[str]:
+    if prediction is None:
+        return ["failed", "-"]
+    ratio = prediction.step_s / training_s
+    bound = " (replay CPU-bound)" if prediction.cpu_cores >= CPU_BOUND_CORES else ""
+    return [f"{prediction.step_s:.2f} s", f"{ratio:.2f}{bound}"]
+
+
+def report(rows: list[Row], command: str, before: str, after: str) -> str:
+    lines = [
+        SECTION,
+        "",
+        f"`{command}`",
+        "",
+        machine_line(before, after),
+        "",
+        "Training: median steady round (a step on each of 2 workers, synchronous tf2-ps, 2 ps on",
+        "one emulated host, chief and workers on another) captured on the link. Replay: the",
+        "predicted step (dependencies pacing, compute kept) of the PS-throughput replay across",
+        "the same link, of a trace captured on loopback and of the one captured on the link.",
+        f"'replay CPU-bound': replay client and server used >= {CPU_BOUND_CORES} of 2 cores.",
+        "",
+        *table_head(
+            "model", "link", "training round", "link bound", "replay (loopback trace)",
+            "ratio", "replay (link trace)", "ratio",
+        ),
+    ]  # fmt: skip
+    for row in rows:
+        bound = "-" if row.link_bound_s is None else f"{row.link_bound_s:.2f} s"
+        lines.append(
+            table_row(
+                row.model,
+                row.profile,
+                f"{row.training_s:.2f} s",
+                bound,
+                *_prediction_cells(row.from_loopback, row.training_s),
+                *_prediction_cells(row.from_link, row.training_s),
+            )
+        )
+    return "\n".join(lines)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--models", default="resnet50,vgg16")
+    parser.add_argument("--profiles", default="1gbit,2.5gbit,5gbit,10gbit,unlimited")
+    parser.add_argument("--steps", type=int, default=8, help="steady rounds per capture")
+    parser.add_argument("--no-readme", action="store_true")
+    args = parser.parse_args()
+    before = load_average()
+    rows: list[Row] = []
+    with tempfile.TemporaryDirectory(prefix="tfgb-fidelity-") as scratch:
+        for model in args.models.split(","):
+            rows += measure(model, args.profiles.split(","), args.steps, Path(scratch))
+    arguments = sys.argv[1:]
+    body = report(rows, command_line("bench/fidelity.py", arguments), before, load_average())
+    print(body)
+    if not args.no_readme:
+        write_section(README, SECTION, body)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
