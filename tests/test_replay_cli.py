@@ -413,3 +413,18 @@ def test_compute_and_dependency_pacing_misuse_is_one_line(
     assert message in completed.stderr
     assert "Traceback" not in completed.stderr
     assert len(completed.stderr.strip().splitlines()) == 1
+
+
+def test_inspect_prints_each_worker_steps_critical_path(tmp_path: Path) -> None:
+    completed = _run("inspect", "resnet50-tf2ps", cwd=tmp_path)
+    assert completed.returncode == 0, completed.stderr
+    lines = completed.stdout.splitlines()
+    start = lines.index(
+        "critical path per step and worker (the dependency model, docs/fidelity.md):"
+    )
+    rows = [line.split() for line in lines[start + 2 :]]
+    # Five steady steps, two workers each; step = compute + communication (to 0.1 ms).
+    assert len(rows) == 5 * 2
+    for _, task, step, compute, communication in rows:
+        assert task.startswith("/job:worker/task:")
+        assert abs(float(step) - float(compute) - float(communication)) <= 0.2

@@ -24,6 +24,7 @@ from tf_grpc_bench.replay.core.workload import (
     Mode,
     Shape,
     ack_message_bytes,
+    captured_critical_paths,
     choose_pair,
     parse_pair,
     pull_call,
@@ -414,3 +415,21 @@ def test_steps_that_overlap_are_not_rounds() -> None:
     )
     assert not steps_are_rounds(overlapping)
     assert not steps_are_rounds(Trace(metadata=trace.metadata, tasks=trace.tasks, steps=(first,)))
+
+
+def test_captured_critical_paths_split_every_worker_step_into_compute_and_communication() -> None:
+    trace = _ps_trace()
+    paths = captured_critical_paths(trace)
+    assert [(index, task) for index, task, _ in paths] == [
+        (0, "/job:worker/task:0"),
+        (0, "/job:worker/task:1"),
+        (1, "/job:worker/task:0"),
+        (1, "/job:worker/task:1"),
+    ]
+    # worker:0, step 0 (offsets from the step start): the pulls are ready at 0 and 100
+    # and arrive at 1000 and 1100; the gradient, ready at 3000 (1900 after the last
+    # pull arrived), arrives at 4000; the step's period is 1,000,000 (to the next step).
+    _, _, path = paths[0]
+    assert path.step_ns == 1_000_000
+    assert path.communication_ns == 1_000 + 1_000
+    assert path.compute_ns == 100 + 1_900 + (1_000_000 - 4_000)

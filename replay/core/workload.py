@@ -67,7 +67,13 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 
 from tf_grpc_bench.errors import ConfigError, TraceError
-from tf_grpc_bench.replay.core.dependencies import Dependencies, TimedCall, infer_dependencies
+from tf_grpc_bench.replay.core.dependencies import (
+    Dependencies,
+    StepPath,
+    TimedCall,
+    captured_critical_path,
+    infer_dependencies,
+)
 from tf_grpc_bench.replay.core.generators import GeneratorConfig, PayloadSpec, generate_payloads
 from tf_grpc_bench.replay.core.measurement import Benchmark
 from tf_grpc_bench.trace import TENSOR_METHODS, Rpc, Trace
@@ -681,6 +687,29 @@ def _step_dependencies(
         for position, dependencies in zip(positions, infer_dependencies(timed), strict=True):
             result[position] = dependencies
     return [d for d in result if d is not None]
+
+
+def captured_critical_paths(trace: Trace) -> list[tuple[int, str, StepPath]]:
+    """Each worker's critical path in each captured step: (step index, task name, path).
+
+    The trace replayed onto itself under the dependency model (``dependencies``):
+    the compute gaps and transfers along the chain of binding waits.
+    """
+    roles = trace_roles(trace)
+    mapped_steps, _ = _mapped_steps(trace, roles)
+    periods = _step_periods(trace)
+    paths = []
+    for step, period, mapped in zip(trace.steps, periods, mapped_steps, strict=True):
+        for client in roles.client_tasks:
+            timed = [
+                _timed_call(m, roles.server_index(m.server_task), step.start_ns)
+                for m in mapped
+                if m.client_task == client
+            ]
+            if timed:
+                path = captured_critical_path(timed, period_ns=period)
+                paths.append((step.index, trace.task_name(client), path))
+    return paths
 
 
 def _step_periods(trace: Trace) -> list[int]:

@@ -40,6 +40,26 @@ def resolve_trace_argument(text: str) -> Path:
         ) from None
 
 
+def _critical_paths(trace: trace_model.Trace) -> str:
+    """Per step and worker: the captured critical path, compute against communication."""
+    from tf_grpc_bench.replay.core.workload import captured_critical_paths
+
+    try:
+        paths = captured_critical_paths(trace)
+    except TraceError:
+        return ""
+    lines = [
+        "critical path per step and worker (the dependency model, docs/fidelity.md):",
+        f"{'step':>8} {'task':<18} {'step ms':>9} {'compute ms':>11} {'comm ms':>9}",
+    ]
+    for index, task, path in paths:
+        lines.append(
+            f"{index:>8} {task:<18} {path.step_ns / 1e6:>9.1f} "
+            f"{path.compute_ns / 1e6:>11.1f} {path.communication_ns / 1e6:>9.1f}"
+        )
+    return "\n".join(lines)
+
+
 def run_inspect(args: argparse.Namespace) -> int:
     path = resolve_trace_argument(args.trace)
     trace = trace_files.read_trace(path)
@@ -47,6 +67,9 @@ def run_inspect(args: argparse.Namespace) -> int:
         trace_files.export_json(trace, sys.stdout)
         return 0
     print(trace_summary.format_summary(trace, source=str(path)))
+    paths = _critical_paths(trace)
+    if paths:
+        print(paths)
     if args.json:
         try:
             with open(args.json, "w", encoding="utf-8") as stream:
