@@ -292,3 +292,29 @@ def test_statistics_of_an_empty_run_are_not_a_number_but_the_document_still_writ
     back = read_document(write_document(document, tmp_path / "r.json"))
     assert math.isnan(back.benchmarks[0].latency_all.p50_ns)
     assert back.benchmarks[0].runs == empty.runs
+
+
+@pytest.mark.parametrize(("cpu_share", "bound"), [(0.69, False), (0.71, True)])
+def test_a_prediction_is_flagged_replay_bound_when_the_replay_kept_the_cores_busy(
+    cpu_share: float, bound: bool
+) -> None:
+    document = golden_document()
+    throughput = document.benchmarks[2]
+    cores = GOLDEN_MACHINE.cpu_count
+    runs = tuple(
+        dataclasses.replace(
+            run,
+            client_cpu_ns=round(run.duration_ns * cores * cpu_share / 2),
+            server_cpu_ns=round(run.duration_ns * cores * cpu_share / 2),
+        )
+        for run in throughput.runs
+    )
+    changed = dataclasses.replace(
+        document,
+        benchmarks=(*document.benchmarks[:2], dataclasses.replace(throughput, runs=runs)),
+    )
+    prediction = json.loads(dumps_document(changed))["benchmarks"][2]["statistics"]["prediction"]
+    assert prediction["replay_bound"] is bound
+    assert f"used {cores * cpu_share:.2f} of {cores} cores" in prediction["replay_bound_evidence"]
+    # Without dependencies pacing there is no prediction at all.
+    assert json.loads(dumps_document(changed))["benchmarks"][0]["statistics"]["prediction"] is None

@@ -257,7 +257,7 @@ def _latency_json(summary: LatencySummary) -> dict[str, Any]:
     }
 
 
-def _statistics_json(result: BenchmarkResult) -> dict[str, Any]:
+def _statistics_json(result: BenchmarkResult, cpu_count: int) -> dict[str, Any]:
     latency = {"all": _latency_json(result.latency_all)}
     for category, summary in result.latency_by_category:
         latency[category.value] = _latency_json(summary)
@@ -270,7 +270,7 @@ def _statistics_json(result: BenchmarkResult) -> dict[str, Any]:
         "bandwidth_mb_per_s": _finite_or_none(result.bandwidth_mb_per_s),
         "latency_ns": latency,
         "step_time_ns": _latency_json(result.step_time),
-        "prediction": _prediction_json(result),
+        "prediction": _prediction_json(result, cpu_count),
         "release_lag_ns": _latency_json(result.release_lag),
         "client_cpu_ns": result.client_cpu_ns,
         "server_cpu_ns": result.server_cpu_ns,
@@ -283,19 +283,40 @@ def _median_or_none(values: Sequence[int]) -> float | None:
     return float(np.median(values)) if values else None
 
 
-def _prediction_json(result: BenchmarkResult) -> dict[str, Any] | None:
+#: Share of the machine's cores the replay's own processes may use before its
+#: prediction is flagged as bound by the replay rather than by the link.
+REPLAY_BOUND_CPU_SHARE = 0.7
+
+
+def replay_cpu_cores(result: BenchmarkResult) -> float:
+    """Cores the replay's client and (local or reporting) server processes kept busy."""
+    total = cpu_utilization(result.client_cpu_ns + result.server_cpu_ns, result)
+    return 0.0 if math.isnan(total) else total
+
+
+def _prediction_json(result: BenchmarkResult, cpu_count: int) -> dict[str, Any] | None:
     """What the replay predicts of a training step (dependencies pacing), else None.
 
     ``step_ns``: median replayed worker-step, compute kept; ``compute_ns`` and
     ``communication_ns``: medians of the critical path's two parts.
+    ``replay_bound``: the replay's own processes kept at least
+    ``REPLAY_BOUND_CPU_SHARE`` of the machine's cores busy, so the step may be
+    the replay's CPU rather than the network; ``replay_bound_evidence`` says so.
     """
     if not result.step_compute_ns:
         return None
+    cores = replay_cpu_cores(result)
+    bound = cpu_count > 0 and cores >= REPLAY_BOUND_CPU_SHARE * cpu_count
     return {
         "step_ns": _median_or_none(result.step_times_ns),
         "compute_ns": _median_or_none(result.step_compute_ns),
         "communication_ns": _median_or_none(result.step_communication_ns),
         "steps": len(result.step_compute_ns),
+        "replay_bound": bound,
+        "replay_bound_evidence": (
+            f"replay client and server processes used {cores:.2f} of {cpu_count} cores"
+            + (" (the step may be the replay's CPU, not the link)" if bound else "")
+        ),
     }
 
 
@@ -338,14 +359,14 @@ def _run_json(run: RunMeasurement) -> dict[str, Any]:
     }
 
 
-def _benchmark_json(result: BenchmarkResult) -> dict[str, Any]:
+def _benchmark_json(result: BenchmarkResult, cpu_count: int) -> dict[str, Any]:
     return {
         "benchmark": result.benchmark.value,
         "workload": result.workload,
         "partial": result.partial,
         "partial_reason": result.partial_reason,
         "parameters": dict(result.parameters),
-        "statistics": _statistics_json(result),
+        "statistics": _statistics_json(result, cpu_count),
         "runs": [_run_json(run) for run in result.runs],
     }
 
@@ -404,7 +425,9 @@ def document_to_json_dict(document: ResultDocument) -> dict[str, Any]:
             "emulation": network.emulation,
         },
         "config": dict(document.config),
-        "benchmarks": [_benchmark_json(result) for result in document.benchmarks],
+        "benchmarks": [
+            _benchmark_json(result, document.machine.cpu_count) for result in document.benchmarks
+        ],
     }
 
 
