@@ -225,6 +225,9 @@ def measure_profile(
                 str(trace_path),
                 "--benchmark",
                 "ps-throughput",
+                # Communication only, as fast as possible: compared with the link's bound.
+                "--pacing",
+                "asap",
                 "--warmup",
                 "1",
                 "--passes",
@@ -293,7 +296,8 @@ def render(figures: list[ProfileFigures], command: str, seconds: float, trace_na
         "before and after the replays, the better of the two. "
         "Replay P2P bandwidth: `replay --synthetic --benchmark p2p-bandwidth --categories large "
         f"--buffers 1` (1 MiB messages, raw bytes, one in flight), 1 s warm-up, {seconds:g} s. "
-        f"Step time: `replay {trace_name} --benchmark ps-throughput --passes 3`, mean replayed "
+        f"Step time: `replay {trace_name} --benchmark ps-throughput --pacing asap --passes 3`, "
+        "mean replayed "
         "step time; the bound is the step's bytes on the busier direction x 8 / rate.",
         "",
         *table_head(

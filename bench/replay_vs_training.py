@@ -99,6 +99,9 @@ def main() -> int:
             str(trace_path),
             "--benchmark",
             "ps-throughput",
+            # As fast as possible, communication only: what the section compares.
+            "--pacing",
+            "asap",
             "--duration",
             str(args.duration),
             "--runs",

@@ -1,0 +1,137 @@
+"""Pacing's pure rules, as properties: no call released before its time, windows respected."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from tf_grpc_bench.errors import ConfigError
+from tf_grpc_bench.replay.core.pacing import (
+    OPEN_LOOP_MAX_IN_FLIGHT,
+    Pacing,
+    Timing,
+    may_issue,
+    next_step_begin_ns,
+    release_time_ns,
+)
+from tf_grpc_bench.replay.core.workload import Call, Shape
+
+_times = st.integers(min_value=0, max_value=10**12)
+
+
+def _call(offset_ns: int = 0, outstanding: int = 0) -> Call:
+    return Call(
+        shape=Shape.PULL,
+        method="/tensorflow.WorkerService/RecvTensor",
+        request_bytes=100,
+        response_bytes=1000,
+        offset_ns=offset_ns,
+        outstanding_at_start=outstanding,
+    )
+
+
+@settings(max_examples=200)
+@given(offset=_times, begin=_times, speedup=st.sampled_from([0.5, 1.0, 2.0, 7.5]))
+def test_recorded_pacing_never_releases_a_call_before_its_scaled_offset(
+    offset: int, begin: int, speedup: float
+) -> None:
+    pacing = Pacing(timing=Timing.RECORDED, window=None, speedup=speedup)
+    release = release_time_ns(
+        pacing, _call(offset_ns=offset), call_number=0, step_begin_ns=begin, run_begin_ns=0
+    )
+    assert release == begin + round(offset / speedup)
+    assert release is not None and release >= begin
+
+
+@settings(max_examples=200)
+@given(numbers=st.lists(st.integers(min_value=0, max_value=10**6), min_size=2, max_size=20))
+def test_rate_pacing_releases_in_call_order_at_the_rate(numbers: list[int]) -> None:
+    pacing = Pacing(timing=Timing.RATE, window=None, rate_per_s=250.0)
+    releases = [
+        release_time_ns(pacing, _call(), call_number=n, step_begin_ns=0, run_begin_ns=1_000)
+        for n in sorted(numbers)
+    ]
+    assert all(r is not None for r in releases)
+    assert releases == sorted(releases)  # type: ignore[type-var]
+    for number, release in zip(sorted(numbers), releases, strict=True):
+        assert release == 1_000 + round(number * 4_000_000)
+
+
+@pytest.mark.parametrize("timing", [Timing.ASAP, Timing.DEPENDENCIES])
+def test_closed_loop_and_dependency_pacing_plan_no_release_time(timing: Timing) -> None:
+    assert (
+        release_time_ns(
+            Pacing(timing=timing), _call(), call_number=3, step_begin_ns=5, run_begin_ns=0
+        )
+        is None
+    )
+
+
+@settings(max_examples=300)
+@given(
+    window=st.integers(min_value=1, max_value=64),
+    in_flight=st.integers(min_value=0, max_value=128),
+    timing=st.sampled_from(list(Timing)),
+)
+def test_an_explicit_window_caps_calls_in_flight_under_every_timing(
+    window: int, in_flight: int, timing: Timing
+) -> None:
+    rate = 10.0 if timing is Timing.RATE else 0.0
+    pacing = Pacing(timing=timing, window=window, rate_per_s=rate)
+    assert may_issue(pacing, _call(), in_flight=in_flight, in_flight_to_server=0) == (
+        in_flight < window
+    )
+
+
+@settings(max_examples=300)
+@given(
+    outstanding=st.integers(min_value=0, max_value=50),
+    to_server=st.integers(min_value=0, max_value=60),
+)
+def test_the_recorded_window_keeps_each_pairs_recorded_concurrency(
+    outstanding: int, to_server: int
+) -> None:
+    for timing in (Timing.ASAP, Timing.RECORDED):
+        pacing = Pacing(timing=timing, window=None)
+        assert may_issue(
+            pacing, _call(outstanding=outstanding), in_flight=10**6, in_flight_to_server=to_server
+        ) == (to_server <= outstanding)
+
+
+@pytest.mark.parametrize("timing", [Timing.RATE, Timing.DEPENDENCIES])
+def test_open_loop_timings_without_a_window_stop_at_the_in_flight_cap(timing: Timing) -> None:
+    pacing = Pacing(timing=timing, window=None, rate_per_s=10.0 if timing is Timing.RATE else 0.0)
+    call = _call()
+    assert may_issue(pacing, call, in_flight=OPEN_LOOP_MAX_IN_FLIGHT - 1, in_flight_to_server=0)
+    assert not may_issue(pacing, call, in_flight=OPEN_LOOP_MAX_IN_FLIGHT, in_flight_to_server=0)
+
+
+@settings(max_examples=200)
+@given(begin=_times, length=_times, period=_times, speedup=st.sampled_from([0.5, 1.0, 3.0]))
+def test_a_recorded_step_begins_no_sooner_than_its_period_nor_before_the_last_ended(
+    begin: int, length: int, period: int, speedup: float
+) -> None:
+    pacing = Pacing(timing=Timing.RECORDED, window=None, speedup=speedup)
+    following = next_step_begin_ns(
+        pacing, previous_begin_ns=begin, previous_end_ns=begin + length, recorded_period_ns=period
+    )
+    assert following == max(begin + round(period / speedup), begin + length)
+    asap = next_step_begin_ns(
+        Pacing(), previous_begin_ns=begin, previous_end_ns=begin + length, recorded_period_ns=period
+    )
+    assert asap == begin + length
+
+
+@pytest.mark.parametrize(
+    ("arguments", "message"),
+    [
+        ({"timing": Timing.ASAP, "compute_scale": 0.5}, "--compute applies only to --pacing dep"),
+        ({"timing": Timing.DEPENDENCIES, "compute_scale": -0.1}, "--compute must be"),
+        ({"timing": Timing.DEPENDENCIES, "compute_scale": 101.0}, "--compute must be"),
+        ({"window": 0}, "--outstanding must be >= 1, got 0"),
+    ],
+)
+def test_out_of_range_pacing_is_refused(arguments: dict[str, object], message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        Pacing(**arguments)  # type: ignore[arg-type]
