@@ -127,6 +127,8 @@ def predict(trace_path: Path, profile: str, output_dir: Path) -> Prediction | No
         "network", "compare", str(trace_path), "--profiles", profile,
         "--benchmark", "ps-throughput", "--warmup", REPLAY_WARMUP_S,
         "--duration", REPLAY_DURATION_S, "--runs", "1", "--output-dir", str(output_dir),
+        # VGG-16's largest tensor (411 MB) is over the 256 MiB default.
+        "--max-message-size", "1GB",
     )  # fmt: skip
     run(compare)
     documents = sorted(output_dir.rglob("results.json"))

@@ -33,6 +33,7 @@ from tf_grpc_bench.replay.transport.wire import (
     RpcKind,
     ServerSettings,
     translate_rpc_error,
+    with_defaults,
 )
 from tf_grpc_bench.trace import RECV_TENSOR
 
@@ -343,3 +344,17 @@ def test_a_stopped_server_fails_streamed_calls_as_transport_errors(mode: Mode) -
     finally:
         replay_client.close()
         running.stop(None)
+
+
+def test_a_users_message_size_option_replaces_the_default_instead_of_losing_to_it() -> None:
+    # grpcio keeps the first of two equal keys: the default must not come first.
+    settings = ChannelSettings(options=(("grpc.max_send_message_length", 1 << 30),))
+    options = settings.all_options()
+    sends = [value for key, value in options if key == "grpc.max_send_message_length"]
+    assert sends == [1 << 30]
+    assert ("grpc.max_receive_message_length", 256 * 1024 * 1024) in options
+    assert with_defaults((("a", 1), ("b", 2)), (("b", 3), ("c", 4))) == [
+        ("a", 1),
+        ("b", 3),
+        ("c", 4),
+    ]

@@ -83,6 +83,18 @@ _SIZE_OPTIONS: tuple[tuple[str, int], ...] = (
 )
 
 
+def with_defaults(
+    defaults: tuple[tuple[str, str | int], ...], options: tuple[tuple[str, str | int], ...]
+) -> list[tuple[str, str | int]]:
+    """``options`` after those ``defaults`` they do not set themselves.
+
+    grpcio keeps the *first* of two options with the same key, so a default
+    listed before a user's setting would silently win over it.
+    """
+    given = {key for key, _ in options}
+    return [*(option for option in defaults if option[0] not in given), *options]
+
+
 def identity(data: bytes) -> bytes:
     """Serializer and deserializer of the non-serialized mode: the bytes themselves."""
     return data
@@ -93,7 +105,7 @@ class ChannelSettings:
     """How clients open channels: gRPC options and optional TLS.  Picklable, so
     worker processes receive it as is.
 
-    ``options`` are added after the size limits (a later option wins in gRPC).
+    ``options`` replace the default size limits they set (``with_defaults``).
     With ``root_certificates`` set the channel uses TLS; ``private_key`` and
     ``certificate_chain`` add a client certificate.
     """
@@ -114,7 +126,7 @@ class ChannelSettings:
             raise ValueError(f"rpc must be an RpcKind, got {self.rpc!r}")
 
     def all_options(self) -> list[tuple[str, str | int]]:
-        return [*_SIZE_OPTIONS, *self.options]
+        return with_defaults(_SIZE_OPTIONS, self.options)
 
     def credentials(self) -> grpc.ChannelCredentials | None:
         if self.root_certificates is None:
@@ -159,7 +171,7 @@ class ServerSettings:
     def all_options(self) -> list[tuple[str, str | int]]:
         # gRPC sets SO_REUSEPORT by default, which lets a second server bind a
         # port already in use and silently share it: refuse that.
-        return [*_SIZE_OPTIONS, ("grpc.so_reuseport", 0), *self.options]
+        return with_defaults((*_SIZE_OPTIONS, ("grpc.so_reuseport", 0)), self.options)
 
     def credentials(self) -> grpc.ServerCredentials | None:
         if self.private_key is None or self.certificate_chain is None:
