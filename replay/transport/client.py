@@ -617,54 +617,19 @@ class Driver:
         stop_at_ns: int | None,
         samples: list[CallSample] | None,
     ) -> int:
-        clock = self.clock
-        condition = threading.Condition()
-        in_flight_to: dict[int, int] = dict.fromkeys(self.clients, 0)
-        state = {"in_flight": 0, "last_end": clock()}
-        errors: list[TransportError] = []
-
-        def completed(call: Call, start: int, release: int | None, future: grpc.Future) -> None:
-            end = clock()
-            error = self.clients[call.server_index].outcome(call, future)
-            if error is None and samples is not None:
-                samples.append(_sample(call, start - run_begin_ns, end - start, start, release))
-            with condition:
-                if error is not None:
-                    errors.append(error)
-                state["in_flight"] -= 1
-                in_flight_to[call.server_index] -= 1
-                state["last_end"] = max(state["last_end"], end)
-                condition.notify_all()
-
+        flight = _CallsInFlight(self, run_begin_ns, samples, self.clock())
         for call in step.calls:
-            if errors or (stop_at_ns is not None and clock() >= stop_at_ns):
+            if flight.errors or (stop_at_ns is not None and self.clock() >= stop_at_ns):
                 break
             release = self._release(call, run_begin_ns, step_begin_ns)
-            with condition:
-                while not errors and not may_issue(
-                    self.pacing,
-                    call,
-                    in_flight=state["in_flight"],
-                    in_flight_to_server=in_flight_to[call.server_index],
-                ):
-                    condition.wait()
-                if errors:
+            with flight.condition:
+                while not flight.errors and not flight.window_allows(call):
+                    flight.condition.wait()
+                if flight.errors:
                     break
-                state["in_flight"] += 1
-                in_flight_to[call.server_index] += 1
-            start = clock()
-            future = self.clients[call.server_index].start(call, self.timeout_s)
-            future.add_done_callback(
-                lambda f, call=call, start=start, release=release: completed(  # type: ignore[misc]
-                    call, start, release, f
-                )
-            )
-        with condition:
-            while state["in_flight"] > 0:
-                condition.wait()
-        if errors:
-            raise errors[0]
-        return state["last_end"]
+            flight.start(call, release)
+        flight.drain()
+        return flight.last_end_ns
 
     def _run_dependencies(
         self,
@@ -690,11 +655,84 @@ class Driver:
         )
 
 
+class _CallsInFlight:
+    """The calls a driver has started and not yet seen complete, with the samples and
+    errors of those that did.  Completions run on gRPC's threads; everything here
+    is guarded by ``condition``, which is notified on every completion."""
+
+    def __init__(
+        self,
+        driver: Driver,
+        run_begin_ns: int,
+        samples: list[CallSample] | None,
+        last_end_ns: int,
+        on_success: Callable[[int, int], None] | None = None,
+    ) -> None:
+        self.driver = driver
+        self.run_begin_ns = run_begin_ns
+        self.samples = samples
+        self.last_end_ns = last_end_ns
+        #: Called as ``on_success(key, end_ns)``, under ``condition``, for each call
+        #: that completed without error.
+        self.on_success = on_success
+        self.condition = threading.Condition()
+        self.count = 0
+        self.to_server: dict[int, int] = dict.fromkeys(driver.clients, 0)
+        self.errors: list[TransportError] = []
+
+    def window_allows(self, call: Call) -> bool:
+        """Whether the pacing's window lets ``call`` go now (hold ``condition``)."""
+        return may_issue(
+            self.driver.pacing,
+            call,
+            in_flight=self.count,
+            in_flight_to_server=self.to_server[call.server_index],
+        )
+
+    def start(self, call: Call, release: int | None, key: int = -1) -> None:
+        """Start ``call`` (planned for ``release``, if any); ``key`` is passed to ``on_success``."""
+        with self.condition:
+            self.count += 1
+            self.to_server[call.server_index] += 1
+        start = self.driver.clock()
+        future = self.driver.clients[call.server_index].start(call, self.driver.timeout_s)
+        future.add_done_callback(
+            lambda f: self._completed(call, key, start, release, f)  # type: ignore[misc]
+        )
+
+    def _completed(
+        self, call: Call, key: int, start: int, release: int | None, future: grpc.Future
+    ) -> None:
+        end = self.driver.clock()
+        error = self.driver.clients[call.server_index].outcome(call, future)
+        if error is None and self.samples is not None:
+            self.samples.append(
+                _sample(call, start - self.run_begin_ns, end - start, start, release)
+            )
+        with self.condition:
+            if error is not None:
+                self.errors.append(error)
+            elif self.on_success is not None:
+                self.on_success(key, end)
+            self.count -= 1
+            self.to_server[call.server_index] -= 1
+            self.last_end_ns = max(self.last_end_ns, end)
+            self.condition.notify_all()
+
+    def drain(self) -> None:
+        """Wait for every call started; raise the first ``TransportError`` any of them had."""
+        with self.condition:
+            while self.count > 0:
+                self.condition.wait()
+        if self.errors:
+            raise self.errors[0]
+
+
 class _DependentStep:
-    """One step under dependencies pacing: completions (on gRPC's threads) feed the
-    tracker; calls whose waited-for arrivals are all in join a heap by release
-    time, and the driver's thread issues the earliest as soon as its time comes,
-    so a call waiting long for its inputs never holds back one that could go."""
+    """One step under dependencies pacing: completions feed the tracker; calls whose
+    waited-for arrivals are all in join a heap by release time, and the driver's
+    thread issues the earliest as soon as its time comes, so a call waiting long
+    for its inputs never holds back one that could go."""
 
     def __init__(
         self,
@@ -707,14 +745,14 @@ class _DependentStep:
         self.driver = driver
         self.calls = step.calls
         self.tracker = tracker
-        self.run_begin_ns = run_begin_ns
-        self.samples = samples
-        self.condition = threading.Condition()
-        self.in_flight = 0
-        self.in_flight_to: dict[int, int] = dict.fromkeys(driver.clients, 0)
-        self.last_end_ns = tracker.step_begin_ns
-        self.errors: list[TransportError] = []
         self.due: list[tuple[int, int]] = []
+        self.flight = _CallsInFlight(
+            driver, run_begin_ns, samples, tracker.step_begin_ns, on_success=self._arrived
+        )
+
+    @property
+    def last_end_ns(self) -> int:
+        return self.flight.last_end_ns
 
     def _schedule_releasable(self) -> None:
         for index in self.tracker.take_releasable():
@@ -722,71 +760,38 @@ class _DependentStep:
             assert release is not None
             heapq.heappush(self.due, (release, index))
 
-    def _completed(self, index: int, start: int, release: int, future: grpc.Future) -> None:
-        end = self.driver.clock()
-        call = self.calls[index]
-        error = self.driver.clients[call.server_index].outcome(call, future)
-        if error is None and self.samples is not None:
-            self.samples.append(
-                _sample(call, start - self.run_begin_ns, end - start, start, release)
-            )
-        with self.condition:
-            if error is not None:
-                self.errors.append(error)
-            else:
-                self.tracker.complete(index, end)
-                self._schedule_releasable()
-            self.in_flight -= 1
-            self.in_flight_to[call.server_index] -= 1
-            self.last_end_ns = max(self.last_end_ns, end)
-            self.condition.notify_all()
+    def _arrived(self, index: int, end_ns: int) -> None:
+        self.tracker.complete(index, end_ns)
+        self._schedule_releasable()
 
     def _wait_for_next(self) -> tuple[int, int] | None:
         """Block until a call is due and the window lets it go; (release, index) or None."""
         clock = self.driver.clock
-        while not self.errors:
+        flight = self.flight
+        while not flight.errors:
             if self.due and self.due[0][0] <= clock():
-                call = self.calls[self.due[0][1]]
-                if may_issue(
-                    self.driver.pacing,
-                    call,
-                    in_flight=self.in_flight,
-                    in_flight_to_server=self.in_flight_to[call.server_index],
-                ):
-                    self.in_flight += 1
-                    self.in_flight_to[call.server_index] += 1
+                if flight.window_allows(self.calls[self.due[0][1]]):
                     return heapq.heappop(self.due)
-                self.condition.wait()
+                flight.condition.wait()
             elif self.due:
                 # A completion may bring an earlier release: wake on it too.
-                self.condition.wait((self.due[0][0] - clock()) / 1e9)
+                flight.condition.wait((self.due[0][0] - clock()) / 1e9)
             else:
-                self.condition.wait()
+                flight.condition.wait()
         return None
 
     def run(self) -> None:
         """Issue every call, wait for all; raise the first ``TransportError``."""
-        with self.condition:
+        with self.flight.condition:
             self._schedule_releasable()
         for _ in range(len(self.calls)):
-            with self.condition:
+            with self.flight.condition:
                 chosen = self._wait_for_next()
             if chosen is None:
                 break
             release, index = chosen
-            call = self.calls[index]
-            start = self.driver.clock()
-            future = self.driver.clients[call.server_index].start(call, self.driver.timeout_s)
-            future.add_done_callback(
-                lambda f, index=index, start=start, release=release: self._completed(  # type: ignore[misc]
-                    index, start, release, f
-                )
-            )
-        with self.condition:
-            while self.in_flight > 0:
-                self.condition.wait()
-        if self.errors:
-            raise self.errors[0]
+            self.flight.start(self.calls[index], release, key=index)
+        self.flight.drain()
 
 
 def _dependencies_of(step: WorkloadStep) -> list[Dependencies]:
