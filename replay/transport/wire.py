@@ -82,6 +82,30 @@ _SIZE_OPTIONS: tuple[tuple[str, int], ...] = (
     ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
 )
 
+#: Calls a server's gRPC core keeps waiting for the Python server to accept them.
+#:
+#: grpcio's server accepts one call at a time, from one thread, so a burst of
+#: calls (a trace step's hundreds of RecvTensor calls released together, from
+#: every worker of every client sharing the server) waits in gRPC core first.
+#: Past gRPC's default of 1000 waiting calls core starts cancelling new ones
+#: at random, all of them past 3000: the client sees CANCELLED.  A waiting call
+#: costs the server about 16 KB (measured), so this bound is about 256 MiB.
+MAX_PENDING_CALLS = 16384
+#: How long a call may wait to be accepted before gRPC core cancels it (its
+#: default is 30 s; TensorFlow's own servers raise it to an hour for the same
+#: reason).  A client's deadline ends a call that waits too long, visibly.
+MAX_PENDING_CALL_WAIT_S = 3600
+
+_SERVER_DEFAULTS: tuple[tuple[str, int], ...] = (
+    *_SIZE_OPTIONS,
+    # gRPC sets SO_REUSEPORT by default, which lets a second server bind a
+    # port already in use and silently share it: refuse that.
+    ("grpc.so_reuseport", 0),
+    ("grpc.server.max_pending_requests", MAX_PENDING_CALLS),
+    ("grpc.server.max_pending_requests_hard_limit", MAX_PENDING_CALLS),
+    ("grpc.server_max_unrequested_time_in_server", MAX_PENDING_CALL_WAIT_S),
+)
+
 
 def with_defaults(
     defaults: tuple[tuple[str, str | int], ...], options: tuple[tuple[str, str | int], ...]
@@ -169,9 +193,7 @@ class ServerSettings:
             raise ValueError("TLS needs both private_key and certificate_chain")
 
     def all_options(self) -> list[tuple[str, str | int]]:
-        # gRPC sets SO_REUSEPORT by default, which lets a second server bind a
-        # port already in use and silently share it: refuse that.
-        return with_defaults((*_SIZE_OPTIONS, ("grpc.so_reuseport", 0)), self.options)
+        return with_defaults(_SERVER_DEFAULTS, self.options)
 
     def credentials(self) -> grpc.ServerCredentials | None:
         if self.private_key is None or self.certificate_chain is None:
@@ -304,6 +326,11 @@ def translate_rpc_error(error: grpc.RpcError, *, target: str, method: str) -> Tr
         what = "message too large or server overloaded"
     elif code is grpc.StatusCode.UNIMPLEMENTED:
         what = "the server does not answer this method (is it a tf-grpc-bench server?)"
+    elif code is grpc.StatusCode.CANCELLED:
+        # This client cancels nothing it still waits for: the server did (an
+        # older tf-grpc-bench server cancels calls beyond ~1000 waiting to be
+        # accepted) or the connection went.
+        what = "call cancelled by the server (more calls waiting than it accepts?)"
     else:
         what = "call failed"
     suffix = f": {detail}" if detail else ""
