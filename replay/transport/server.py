@@ -66,6 +66,7 @@ from tf_grpc_bench.replay.transport.wire import (
     PUSH_STREAM_METHOD,
     RESET_METHOD,
     RESPONSE_LENGTH_METADATA,
+    SESSION_ID,
     SESSION_METADATA,
     STATS_METHOD,
     TOKEN_METADATA,
@@ -192,6 +193,8 @@ class _Sessions:
         self._dropped = (0, 0)
 
     def get(self, session_id: str) -> _Session | None:
+        """The session named ``session_id`` (a valid name: ``SESSION_ID``), made if
+        new and there is room; None if there is none."""
         session = self._by_id.get(session_id)
         if session is not None:
             return session
@@ -212,6 +215,10 @@ class _Sessions:
                 self._dropped = (self._dropped[0] + received[0], self._dropped[1] + received[1])
                 del self._by_id[session_id]
         return len(self._by_id) < self.limit + 1
+
+    def known(self, session_id: str) -> _Session | None:
+        """The session named ``session_id`` if the server has it (per call: a lookup only)."""
+        return self._by_id.get(session_id)
 
     def active_since(self, since_ns: int, *, besides: _Session) -> int:
         """How many other sessions made calls at or after ``since_ns``."""
@@ -395,6 +402,7 @@ class _Handlers(_GenericHandler):
 
     def __init__(self, state: _State) -> None:
         self._state = state
+        self._sessions = state.sessions
         self._control: dict[str, grpc.RpcMethodHandler[Any, Any]] = {
             method: grpc.unary_unary_rpc_method_handler(
                 behaviour, request_deserializer=identity, response_serializer=identity
@@ -417,21 +425,29 @@ class _Handlers(_GenericHandler):
     def service(
         self, handler_call_details: grpc.HandlerCallDetails
     ) -> grpc.RpcMethodHandler[Any, Any] | None:
-        method = handler_call_details.method
+        # Per call: a scan of the metadata and two lookups; the rest when a
+        # session or a method is new to the server.
+        session_id = session_of(handler_call_details.invocation_metadata)
+        session = self._sessions.known(session_id)
+        if session is not None:
+            handler = session.handlers.get(handler_call_details.method)
+            if handler is not None:
+                return handler
+        return self._first_service(handler_call_details.method, session_id)
+
+    def _first_service(
+        self, method: str, session_id: str
+    ) -> grpc.RpcMethodHandler[Any, Any] | None:
+        """The handler of a method or a session the server has not cached yet."""
         control = self._control.get(method)
         if control is not None:
-            return control
-        session_id = session_of(handler_call_details.invocation_metadata)
-        if session_id is None:
-            return self._refusals[self._bad_session]
-        session = self._state.sessions.get(session_id)
-        if session is None:
-            return self._refusals[self._no_room]
-        handler = session.handlers.get(method)
-        if handler is None:
-            handler = self._make(method, session)
-            if handler is not None and len(session.handlers) < MAX_CACHED_HANDLERS:
-                session.handlers[method] = handler
+            return control  # it finds the session (and checks the token) itself
+        session = self._admit(session_id)
+        if isinstance(session, tuple):
+            return self._refusals[session]
+        handler = self._make(method, session)
+        if handler is not None and len(session.handlers) < MAX_CACHED_HANDLERS:
+            session.handlers[method] = handler
         return handler
 
     def _make(self, method: str, session: _Session) -> grpc.RpcMethodHandler[Any, Any] | None:
@@ -443,6 +459,12 @@ class _Handlers(_GenericHandler):
             return _raw_handler(self._state, session.counters, method)
         return _serialized_handler(self._state, session, method)
 
+    def _admit(self, session_id: str) -> _Session | tuple[grpc.StatusCode, str]:
+        """A session met for the first time, or why it is refused."""
+        if session_id and not SESSION_ID.fullmatch(session_id):
+            return self._bad_session
+        return self._state.sessions.get(session_id) or self._no_room
+
     def _control_session(self, context: grpc.ServicerContext) -> _Session:
         """The session a control call names, once its token is checked (aborts otherwise)."""
         metadata = context.invocation_metadata()
@@ -452,14 +474,11 @@ class _Handlers(_GenericHandler):
             if not isinstance(given, str) or not hmac.compare_digest(given, token):
                 context.abort(
                     grpc.StatusCode.UNAUTHENTICATED,
-                    f"control calls need this server's token ({TOKEN_METADATA}), missing or wrong",
+                    f"missing or wrong token ({TOKEN_METADATA})",
                 )
-        session_id = session_of(metadata)
-        if session_id is None:
-            context.abort(*self._bad_session)
-        session = self._state.sessions.get(session_id or "")
-        if session is None:
-            context.abort(*self._no_room)
+        session = self._admit(session_of(metadata))
+        if isinstance(session, tuple):
+            context.abort(*session)
             raise AssertionError("abort returned")  # grpc's abort always raises
         session.control_ns = time.monotonic_ns()
         return session

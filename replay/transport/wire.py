@@ -148,11 +148,15 @@ def new_session_id() -> str:
     return secrets.token_hex(16)
 
 
-def session_of(metadata: Any) -> str | None:
-    """The session a call's metadata names: "" when it names none, None when the name is bad."""
+def session_of(metadata: Any) -> str:
+    """The session a call's metadata names, unchecked ("" when it names none).
+
+    Per call, so no more than a scan: a name is checked (``SESSION_ID``) once,
+    when a server first meets it.
+    """
     for key, value in metadata or ():
         if key == SESSION_METADATA:
-            return value if isinstance(value, str) and SESSION_ID.fullmatch(value) else None
+            return str(value)
     return ""
 
 
