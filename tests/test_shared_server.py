@@ -27,6 +27,9 @@ from tf_grpc_bench.replay.core.workload import ECHO_METHOD, Mode, echo_call, pul
 from tf_grpc_bench.replay.transport.client import ReplayClient
 from tf_grpc_bench.replay.transport.server import ReplayServer
 from tf_grpc_bench.replay.transport.wire import (
+    MAX_COUNTED_METHODS,
+    MAX_METHOD_CHARS,
+    OTHER_METHODS,
     RESPONSE_LENGTH_METADATA,
     SESSION_METADATA,
     STATS_METHOD,
@@ -276,6 +279,22 @@ def test_bad_session_names_and_sessions_beyond_the_limit_are_refused() -> None:
         assert _raw_outcome(server.address, RECV_TENSOR, pull_request, None) == ("OK", "")
         assert server.session_count == 2
         assert server.stats("one").received_messages == 2
+
+
+def test_made_up_method_paths_are_counted_within_bounds() -> None:
+    session = ((SESSION_METADATA, "paths"),)
+    request = struct.pack("<Q", 1)
+    paths = [f"/made.Up/Method{n}" for n in range(MAX_COUNTED_METHODS + 30)]
+    paths.append("/made.Up/" + "x" * (MAX_METHOD_CHARS + 1))
+    with ReplayServer() as server:
+        with grpc.insecure_channel(server.address) as channel:
+            for path in paths:
+                channel.unary_unary(path, None, None)(request, timeout=10, metadata=session)
+        stats = server.stats("paths")
+    assert stats.received_messages == len(paths)
+    assert len(stats.per_method) == MAX_COUNTED_METHODS + 1
+    assert stats.per_method[OTHER_METHODS][0] == len(paths) - MAX_COUNTED_METHODS
+    assert all(len(path) <= MAX_METHOD_CHARS for path in stats.per_method)
 
 
 # --------------------------------------------------------------------------

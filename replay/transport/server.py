@@ -63,6 +63,7 @@ from tf_grpc_bench.replay.core.workload import (
 from tf_grpc_bench.replay.transport.wire import (
     CONTROL_SERVICE,
     ECHO_STREAM_METHOD,
+    MAX_METHOD_CHARS,
     PUSH_STREAM_METHOD,
     RESET_METHOD,
     RESPONSE_LENGTH_METADATA,
@@ -446,7 +447,11 @@ class _Handlers(_GenericHandler):
         if isinstance(session, tuple):
             return self._refusals[session]
         handler = self._make(method, session)
-        if handler is not None and len(session.handlers) < MAX_CACHED_HANDLERS:
+        if (
+            handler is not None
+            and len(session.handlers) < MAX_CACHED_HANDLERS
+            and len(method) <= MAX_METHOD_CHARS
+        ):
             session.handlers[method] = handler
         return handler
 

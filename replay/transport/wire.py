@@ -448,9 +448,11 @@ def translate_rpc_error(error: grpc.RpcError, *, target: str, method: str) -> Tr
     return TransportError(f"{target}{method}: {what} [{name}]{suffix}")
 
 
-#: Method paths counted apart per session; calls on more paths than this
-#: (only a client making up paths makes them) are counted under ``OTHER_METHODS``.
+#: Method paths counted apart per session; calls on more paths than this, or on
+#: paths longer than ``MAX_METHOD_CHARS`` (only a client making up paths makes
+#: them), are counted under ``OTHER_METHODS``.
 MAX_COUNTED_METHODS = 64
+MAX_METHOD_CHARS = 256
 OTHER_METHODS = "(other methods)"
 
 
@@ -477,7 +479,7 @@ class Counters:
             self.sent_messages += 1
             entry = self.per_method.get(method)
             if entry is None:
-                if len(self.per_method) >= MAX_COUNTED_METHODS:
+                if len(self.per_method) >= MAX_COUNTED_METHODS or len(method) > MAX_METHOD_CHARS:
                     method = OTHER_METHODS
                 entry = self.per_method.setdefault(method, [0, 0])
             entry[0] += 1
