@@ -140,6 +140,8 @@ MAX_CACHED_HANDLERS = 64
 #: Responses at least this large that are not already made are checked against
 #: the memory the machine has available before they are made.
 MEMORY_CHECKED_BYTES = 64 * 1024 * 1024
+#: Most bytes of responses a server makes once and keeps (``PayloadBytes``).
+PAYLOAD_CACHE_BYTES = 2 * 1024**3
 
 
 class _Session:
@@ -243,7 +245,13 @@ class _State:
 
     def __init__(self, mode: Mode, settings: ServerSettings) -> None:
         self.mode = mode
-        self.payloads = PayloadBytes()
+        available = _available_memory_bytes()
+        # Responses made once and kept: at most a quarter of the memory available
+        # at start, so that clients asking for many sizes cannot hold the machine's.
+        self.payloads = PayloadBytes(
+            PAYLOAD_CACHE_BYTES if available is None else min(PAYLOAD_CACHE_BYTES, available // 4)
+        )
+        self._large_responses = threading.Lock()
         self.address = ""
         self.sessions = _Sessions(settings.max_sessions)
         self.control_token = settings.control_token
@@ -269,24 +277,31 @@ class _State:
             other_sessions=self.sessions.active_since(session.reset_wall_ns, besides=session),
         )
 
-    def response_refusal(self, content_bytes: int, message_bytes: int) -> str | None:
-        """Why a pull asking for ``content_bytes`` (a ``message_bytes`` response) is
-        refused, before anything is allocated; None if it is answered."""
+    def response(
+        self, content_bytes: int, message_bytes: int, context: grpc.ServicerContext
+    ) -> bytes:
+        """The ``content_bytes`` a pull asks for (a ``message_bytes`` response), or an
+        abort with RESOURCE_EXHAUSTED saying why not, before anything is allocated."""
         if content_bytes > self.max_response or message_bytes > self.send_limit:
-            return (
+            context.abort(
+                grpc.StatusCode.RESOURCE_EXHAUSTED,
                 f"a response of {content_bytes} bytes was asked for; this server answers "
                 f"at most {min(self.max_response, self.send_limit)} (serve --max-response, "
-                "--max-message-size)"
+                "--max-message-size)",
             )
-        if content_bytes >= MEMORY_CHECKED_BYTES and not self.payloads.holds(content_bytes):
+        if content_bytes < MEMORY_CHECKED_BYTES or self.payloads.holds(content_bytes):
+            return self.payloads.get(content_bytes)
+        # One large response made at a time, each against what the ones before left.
+        with self._large_responses:
             available = _available_memory_bytes()
             # The response's bytes and gRPC's copy of them.
             if available is not None and 2 * content_bytes > available:
-                return (
+                context.abort(
+                    grpc.StatusCode.RESOURCE_EXHAUSTED,
                     f"a response of {content_bytes} bytes was asked for; this server's "
-                    f"machine has {available} bytes of memory available"
+                    f"machine has {available} bytes of memory available",
                 )
-        return None
+            return self.payloads.get(content_bytes)
 
 
 def _available_memory_bytes() -> int | None:
@@ -349,10 +364,8 @@ def _serialized_pull(
     context: grpc.ServicerContext,
 ) -> bench_pb2.PullResponse:
     size = request.response_bytes
-    refusal = state.response_refusal(size, _serialized_response_bytes(size))
-    if refusal is not None:
-        context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, refusal)
-    response = bench_pb2.PullResponse(content=state.payloads.get(size))
+    content = state.response(size, _serialized_response_bytes(size), context)
+    response = bench_pb2.PullResponse(content=content)
     counters.add(method, request.ByteSize(), response.ByteSize())
     return response
 
@@ -371,10 +384,7 @@ def _raw_pull(
                 grpc.StatusCode.INVALID_ARGUMENT,
                 f"{RESPONSE_LENGTH_METADATA}: expected a response length in bytes",
             )
-        refusal = state.response_refusal(size, size)
-        if refusal is not None:
-            context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, refusal)
-        response = state.payloads.get(size)
+        response = state.response(size, size, context)
         counters.add(method, len(request), len(response))
         return response
 
