@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import re
 import zlib
 from pathlib import Path
 
@@ -136,7 +137,7 @@ def test_flipped_byte_is_detected(small_trace_file: Path) -> None:
     data = bytearray(small_trace_file.read_bytes())
     data[len(data) // 2] ^= 0xFF
     small_trace_file.write_bytes(bytes(data))
-    with pytest.raises(TraceError):
+    with pytest.raises(TraceError, match=r"small\.tfgbtrace: trace is (corrupt|truncated)"):
         trace_files.read_trace(small_trace_file)
 
 
@@ -149,11 +150,64 @@ def _raw(message: trace_pb2.Trace) -> io.BytesIO:
     return io.BytesIO(trace_model.MAGIC + zlib.compress(message.SerializeToString()))
 
 
-def test_unknown_format_version_is_refused(small_trace: Trace) -> None:
+# Version 0 is what a message without the field reads as; 2 is the next, not yet defined.
+@pytest.mark.parametrize("version", [0, 2, 99, 2**32 - 1])
+def test_a_binary_trace_of_any_other_version_than_1_is_refused(
+    small_trace: Trace, version: int
+) -> None:
     message = trace_model.trace_to_proto(small_trace)
-    message.format_version = 99
-    with pytest.raises(UnsupportedVersionError, match="format_version 99"):
+    message.format_version = version
+    with pytest.raises(
+        UnsupportedVersionError,
+        match=rf"^t\.tfgbtrace: format_version {version} is not supported "
+        r"\(this tool reads versions \[1\]\); upgrade tf-grpc-bench or re-capture the trace$",
+    ):
+        trace_model.load_trace(_raw(message), source="t.tfgbtrace")
+
+
+def test_a_binary_trace_without_a_format_version_is_refused(small_trace: Trace) -> None:
+    message = trace_model.trace_to_proto(small_trace)
+    message.ClearField("format_version")
+    with pytest.raises(UnsupportedVersionError, match=r"^trace: format_version 0 is not supported"):
         trace_model.load_trace(_raw(message))
+
+
+def test_version_1_is_the_one_written_and_read() -> None:
+    assert trace_model.FORMAT_VERSION == 1
+    assert frozenset({1}) == trace_model.READABLE_VERSIONS
+    message = trace_model.trace_to_proto(make_trace(steps=1))
+    assert message.format_version == 1
+    assert trace_model.load_trace(_raw(message)).format_version == 1
+
+
+@pytest.mark.parametrize("version", [0, 2, -1, 99, None, "1", 1.5])
+def test_a_json_trace_of_any_other_version_than_1_is_refused(
+    small_trace: Trace, version: object
+) -> None:
+    document = trace_model.trace_to_json_dict(small_trace)
+    document["format_version"] = version
+    with pytest.raises(
+        UnsupportedVersionError,
+        match=rf"^t\.json: format_version {re.escape(repr(version))} is not supported "
+        r"\(this tool reads versions \[1\]\)$",
+    ):
+        trace_model.trace_from_json_dict(document, source="t.json")
+
+
+def test_a_json_trace_without_a_format_version_is_refused(small_trace: Trace) -> None:
+    document = trace_model.trace_to_json_dict(small_trace)
+    del document["format_version"]
+    with pytest.raises(UnsupportedVersionError, match=r"^trace JSON: format_version None is not"):
+        trace_model.trace_from_json_dict(document)
+
+
+@pytest.mark.parametrize("version", [0, 2, -1])
+def test_a_trace_built_in_memory_with_another_version_is_refused(version: int) -> None:
+    with pytest.raises(
+        UnsupportedVersionError,
+        match=rf"^format_version {version} is not supported \(this tool reads versions \[1\]\)$",
+    ):
+        Trace(metadata=RunMetadata(), tasks=(), steps=(), format_version=version)
 
 
 def test_rpc_naming_a_missing_task_is_refused(small_trace: Trace) -> None:
@@ -212,9 +266,13 @@ def test_summary_counts_categories_bytes_and_methods() -> None:
 
 
 @given(st.integers(0, 20 * MIB))
-def test_every_size_has_one_category_inside_its_range(size: int) -> None:
+def test_every_size_has_exactly_one_category(size: int) -> None:
     category = classify(size)
-    if 1 <= size <= 10 * MIB:
+    if size == 0:
+        assert category is SizeCategory.SMALL
+    elif size > 10 * MIB:
+        assert category is SizeCategory.LARGE
+    else:
         assert category.minimum_bytes <= size <= category.maximum_bytes
 
 
