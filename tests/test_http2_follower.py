@@ -326,3 +326,62 @@ def test_the_same_reference_block_after_a_table_change_is_decoded_afresh() -> No
         seen_blocks.add(reference)
         assert list(decoder.decode(reference)) == [(b"x-%d" % (number % 7), str(number).encode())]
     assert len(seen_blocks) == 1  # one block, fifty meanings
+
+
+def _padded_data_frame(stream_id: int, pad_length: int, data: bytes, padding: int) -> bytes:
+    """A PADDED DATA frame written byte by byte, so that its pad length may lie."""
+    body = bytes([pad_length]) + data + bytes(padding)
+    return (
+        len(body).to_bytes(3, "big") + bytes([0x0, 0x8 | 0x1]) + stream_id.to_bytes(4, "big") + body
+    )
+
+
+@pytest.mark.parametrize(
+    ("data", "padding"),
+    [
+        (grpc_message(b"xyz"), 0),  # pad length 0: only the pad-length byte
+        (grpc_message(b"xyz"), 9),
+        (b"", 0),  # a frame of one byte: the pad length, no data, no padding
+        (b"", 12),  # pad length = frame length - 1: padding and no data
+    ],
+)
+def test_a_padded_data_frame_at_the_edges_of_its_pad_length_is_followed(
+    data: bytes, padding: int
+) -> None:
+    frame = _padded_data_frame(1, padding, data, padding)
+    events, follower = follow(frame, client_side=False)
+    messages = [(e.stream_id, e.length, e.head) for e in events if isinstance(e, MessageSeen)]
+    assert messages == ([(1, 3, b"xyz")] if data else [])
+    assert [e.stream_id for e in events if isinstance(e, StreamEnded)] == [1]
+    assert follower.bytes_seen == len(frame) == 9 + 1 + len(data) + padding
+
+
+@pytest.mark.parametrize(("data", "claimed"), [(b"", 1), (b"", 5), (grpc_message(b"ab"), 8)])
+def test_a_pad_length_past_the_end_of_the_frame_is_refused(data: bytes, claimed: int) -> None:
+    # The frame holds len(data) bytes after its pad-length byte, and claims more as padding.
+    frame = _padded_data_frame(3, claimed, data, 0)
+    carried = len(data)
+    assert claimed == carried + 1 or claimed > carried
+    with pytest.raises(
+        FramingError,
+        match=rf"^stream 3: DATA frame pads {claimed} bytes but carries only {carried}$",
+    ):
+        follow(frame, client_side=False)
+
+
+def test_a_pad_length_of_exactly_the_frame_length_is_refused() -> None:
+    # Frame length 8: the pad-length byte and 7 more; a pad length of 8 is one too many.
+    frame = _padded_data_frame(1, 8, b"", 7)
+    with pytest.raises(
+        FramingError, match=r"^stream 1: DATA frame pads 8 bytes but carries only 7$"
+    ):
+        follow(frame, client_side=False)
+    # One less is all padding, and fine.
+    events, _ = follow(_padded_data_frame(1, 7, b"", 7), client_side=False)
+    assert [type(e) for e in events] == [StreamEnded]
+
+
+def test_an_empty_padded_data_frame_is_refused() -> None:
+    frame = (0).to_bytes(3, "big") + bytes([0x0, 0x8]) + (5).to_bytes(4, "big")
+    with pytest.raises(FramingError, match=r"^stream 5: PADDED DATA frame is empty$"):
+        follow(frame, client_side=False)
