@@ -112,7 +112,8 @@ def _lay_out(name: str, target: Target, python: str) -> Path:
         'source_paths = ["src/tf_grpc_bench"]\n'
         f"only_mutate = [{json.dumps(mutated)}]\n"
         f"pytest_add_cli_args_test_selection = [{tests}]\n"
-        'pytest_add_cli_args = ["-p", "no:cacheprovider", "-x", "-q"]\n'
+        'pytest_add_cli_args = ["-p", "no:cacheprovider", "-x", "-q", '
+        '"-m", "not tensorflow and not netns"]\n'
         "\n"
         "[tool.pytest.ini_options]\n"
         'addopts = "--strict-markers"\n'

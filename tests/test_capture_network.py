@@ -51,7 +51,7 @@ def test_one_per_host_gives_every_task_its_own_host_ps_first() -> None:
 
 
 def test_without_root_network_is_a_one_line_error_naming_the_flag() -> None:
-    with pytest.raises(NetworkError) as refused:
+    with pytest.raises(NetworkError, match=r"--network.*root") as refused:
         check_network_allowed("preload", euid=1000)
     message = str(refused.value)
     assert "--network" in message and "root" in message and "\n" not in message
