@@ -16,6 +16,8 @@ import pytest
 from tf_grpc_bench import netns
 from tf_grpc_bench.replay.output import document as results
 
+from .conftest import environment_without_coverage
+
 
 def tool(*arguments: str, timeout_s: float = 120) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
@@ -143,7 +145,11 @@ def test_without_root_the_command_says_so_in_one_line() -> None:
         """
     )
     result = subprocess.run(
-        [sys.executable, "-c", script], capture_output=True, text=True, check=False
+        [sys.executable, "-c", script],
+        env=environment_without_coverage(),
+        capture_output=True,
+        text=True,
+        check=False,
     )
     assert result.returncode == 5
     assert result.stderr == (

@@ -14,6 +14,8 @@ from tf_grpc_bench import netns
 from tf_grpc_bench.errors import NetworkError
 from tf_grpc_bench.replay.network import netinfo
 
+from .conftest import environment_without_coverage
+
 
 def test_non_root_gets_a_one_line_network_error() -> None:
     drop = "os.setuid(65534)  # nobody" if os.geteuid() == 0 else ""
@@ -30,7 +32,11 @@ def test_non_root_gets_a_one_line_network_error() -> None:
         """
     )
     result = subprocess.run(
-        [sys.executable, "-c", script], capture_output=True, text=True, check=False
+        [sys.executable, "-c", script],
+        env=environment_without_coverage(),
+        capture_output=True,
+        text=True,
+        check=False,
     )
     assert result.returncode == 0, result.stderr
     assert result.stdout == (
