@@ -11,6 +11,7 @@ follower and hyperframe), not only that a call succeeded.
 
 from __future__ import annotations
 
+import contextlib
 import socket
 import threading
 import time
@@ -79,10 +80,8 @@ class Relay:
             except OSError:
                 data = b""
             if not data:
-                try:
+                with contextlib.suppress(OSError):
                     sink.shutdown(socket.SHUT_WR)
-                except OSError:
-                    pass
                 return
             with self.lock:
                 kept += data
@@ -96,17 +95,13 @@ class Relay:
             return b"".join(bytes(b) for b in self.upstream)
 
     def close(self) -> None:
-        try:
-            self.listener.shutdown(socket.SHUT_RDWR)  # wakes the thread blocked in accept
-        except OSError:
-            pass
+        with contextlib.suppress(OSError):  # shutdown wakes the thread blocked in accept
+            self.listener.shutdown(socket.SHUT_RDWR)
         self.listener.close()
         with self.lock:
             for sock in self.sockets:
-                try:
+                with contextlib.suppress(OSError):
                     sock.shutdown(socket.SHUT_RDWR)
-                except OSError:
-                    pass
                 sock.close()
         for thread in self.threads:
             thread.join(timeout=10)
