@@ -29,6 +29,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -105,6 +106,7 @@ def _lay_out(name: str, target: Target, python: str) -> Path:
     for subpackage in SUBPACKAGES:
         shutil.copytree(ROOT / subpackage, package / subpackage, ignore=ignore)
     shutil.copytree(ROOT / "tests", folder / "tests", ignore=ignore)
+    _fewer_examples(folder / "tests")
     mutated = "src/" + str(_installed_path(target.path))
     tests = ", ".join(json.dumps(t) for t in target.tests)
     (folder / "pyproject.toml").write_text(
@@ -121,6 +123,28 @@ def _lay_out(name: str, target: Target, python: str) -> Path:
     )
     del python
     return folder
+
+
+#: Examples per property test while mutants are tested: a mutant a property catches is
+#: usually caught by its first examples; the full counts run in the test suite.
+MUTATION_EXAMPLES = 8
+
+
+def _fewer_examples(tests: Path) -> None:
+    """Property tests of the copied suite draw ``MUTATION_EXAMPLES`` examples each."""
+    for path in tests.glob("*.py"):
+        text = path.read_text()
+        fewer = re.sub(r"max_examples=\d+", f"max_examples={MUTATION_EXAMPLES}", text)
+        if fewer != text:
+            path.write_text(fewer)
+    with (tests / "conftest.py").open("a") as conftest:
+        conftest.write(
+            "\n\nimport hypothesis as _hypothesis\n\n"
+            "_hypothesis.settings.register_profile(\n"
+            f'    "mutation", max_examples={MUTATION_EXAMPLES}, deadline=None, database=None\n'
+            ")\n"
+            '_hypothesis.settings.load_profile("mutation")\n'
+        )
 
 
 def _score(folder: Path, target: Target) -> dict[str, object]:

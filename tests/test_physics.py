@@ -227,6 +227,32 @@ def test_other_tensors_are_counted_apart_and_empty_ones_ignored() -> None:
     )
     assert report.steps[0].tensor_bytes == 208 + 8 + 40
     assert report.tolerance == 0.5
+    assert report.format().splitlines()[1] == (
+        "step 1: 256 B moved, expected 208 B (+23.077%); variables pulled 2x, pushed 2x; "
+        "2 other tensors"
+    )
+
+
+def test_variables_of_the_same_shape_count_once_each() -> None:
+    extra = ((VARIABLES_EXTRA, "float32:10;float32:10"),)
+    weight = _tensor("float32", (10,), 40)
+    rpcs = [_between(weight, 1, 0), _between(weight, 1, 0), _between(weight, 0, 1)]
+    rpcs.append(_between(weight, 0, 1))
+    report = check_physics(_trace([rpcs], synchronous=False, extra=extra))
+    assert report.steps[0].crossings[0] == WorkerCrossings(
+        worker="/job:worker/task:0", pulled=1, pushed=1
+    )
+    assert report.ok, report.problems
+
+
+def test_with_no_trainable_variable_every_tensor_is_another_tensor() -> None:
+    job = {"variables": [{"dtype": "float32", "shape": [10], "trainable": False}]}
+    rpcs = [_between(_tensor("float32", (10,), 40), 1, 0)]
+    report = check_physics(_trace([rpcs], synchronous=False), job, tolerance=10.0)
+    assert report.steps[0].crossings[0] == WorkerCrossings(
+        worker="/job:worker/task:0", pulled=0, pushed=0, extra_pulls=1
+    )
+    assert (report.trainable_bytes, report.variables) == (0, 0)
 
 
 def test_only_tensor_methods_count_as_tensor_bytes() -> None:
@@ -290,6 +316,20 @@ def test_mirrored_training_expects_the_ring_all_reduce_and_no_crossings() -> Non
     assert (step.expected_bytes, step.tensor_bytes, step.crossings) == (104, 104, ())
     assert report.ok
     assert report.format().splitlines()[1] == "step 1: 104 B moved, expected 104 B (+0.000%)"
+
+
+def test_mirrored_training_with_one_worker_expects_no_traffic() -> None:
+    tasks = (Task(job="worker", index=0),)
+    trace = Trace(
+        metadata=RunMetadata(
+            strategy="multi-worker-mirrored", extra=((VARIABLES_EXTRA, VARIABLES),)
+        ),
+        tasks=tasks,
+        steps=(Step(index=0, start_ns=0, end_ns=1, rpcs=()),),
+    )
+    report = check_physics(trace)
+    assert report.steps[0].expected_bytes == 0
+    assert report.ok
 
 
 def test_the_job_files_variables_win_over_the_traces() -> None:
