@@ -56,9 +56,7 @@ class Target:
 #: module's test list to files that run in seconds without TensorFlow or root.
 TARGETS: dict[str, Target] = {
     "trace": Target(path="src/tf_grpc_bench/trace.py", tests=("tests/test_trace.py",)),
-    "sizes": Target(
-        path="src/tf_grpc_bench/sizes.py", tests=("tests/test_sizes.py", "tests/test_trace.py")
-    ),
+    "sizes": Target(path="src/tf_grpc_bench/sizes.py", tests=("tests/test_sizes.py",)),
     "generators": Target(path="replay/core/generators.py", tests=("tests/test_generators.py",)),
     "workload": Target(
         path="replay/core/workload.py", tests=("tests/test_workload.py", "tests/test_chunking.py")
@@ -74,12 +72,125 @@ TARGETS: dict[str, Target] = {
     "physics": Target(path="profiler/physics.py", tests=("tests/test_physics.py",)),
     "http2": Target(path="profiler/recorders/http2.py", tests=("tests/test_http2_follower.py",)),
     "calls": Target(path="profiler/recorders/calls.py", tests=("tests/test_calls.py",)),
-    "rpcs": Target(path="profiler/assembly/rpcs.py", tests=("tests/test_assembly.py",)),
-    "steps": Target(path="profiler/assembly/steps.py", tests=("tests/test_assembly.py",)),
+    "rpcs": Target(path="profiler/assembly/rpcs.py", tests=("tests/test_capture.py",)),
+    "steps": Target(path="profiler/assembly/steps.py", tests=("tests/test_capture.py",)),
     "tf_messages": Target(
         path="profiler/assembly/tf_messages.py", tests=("tests/test_tf_messages.py",)
     ),
 }
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class HandMutant:
+    """A small bug put in by hand (issue 15), and the test file that must catch it."""
+
+    name: str
+    path: str
+    original: str
+    mutated: str
+    tests: str
+
+
+#: The bugs that once survived the suite; ``--named`` checks that each is now caught.
+HAND_MUTANTS = (
+    HandMutant(
+        name="trace: a binary trace's version checked with > max instead of not in",
+        path="src/tf_grpc_bench/trace.py",
+        original="    if message.format_version not in READABLE_VERSIONS:",
+        mutated="    if message.format_version > max(READABLE_VERSIONS):",
+        tests="tests/test_trace.py",
+    ),
+    HandMutant(
+        name="trace: a JSON trace's version checked with > max instead of not in",
+        path="src/tf_grpc_bench/trace.py",
+        original="    if version not in READABLE_VERSIONS:",
+        mutated="    if version > max(READABLE_VERSIONS):",
+        tests="tests/test_trace.py",
+    ),
+    HandMutant(
+        name="generators: two-category skew 3:1 instead of 2:1",
+        path="replay/core/generators.py",
+        original="        return tuple(zip(ordered, SKEW_SHARES, strict=False))",
+        mutated="        return tuple(zip(ordered, SKEW_SHARES if len(ordered) != 2 else (6, 2), "
+        "strict=False))",
+        tests="tests/test_generators.py",
+    ),
+    HandMutant(
+        name="generators: the deal order reversed",
+        path="replay/core/generators.py",
+        original="key=lambda i: (deficits[i], -i))",
+        mutated="key=lambda i: (deficits[i], i))",
+        tests="tests/test_generators.py",
+    ),
+    HandMutant(
+        name="physics: extra bytes never flagged (-err > tol)",
+        path="profiler/physics.py",
+        original="        if abs(self.relative_error) > tolerance:",
+        mutated="        if -self.relative_error > tolerance:",
+        tests="tests/test_physics.py",
+    ),
+    HandMutant(
+        name="physics: tolerance widened from 0.01 to 0.2",
+        path="profiler/physics.py",
+        original="DEFAULT_TOLERANCE = 0.01",
+        mutated="DEFAULT_TOLERANCE = 0.2",
+        tests="tests/test_physics.py",
+    ),
+    HandMutant(
+        name="run measurement: lost server statistics with `and partial`",
+        path="replay/transport/loop.py",
+        original="    if stats is None and not partial:",
+        mutated="    if stats is None and partial:",
+        tests="tests/test_run_measurement.py",
+    ),
+    HandMutant(
+        name="http2: padding checked with > left instead of > left - 1",
+        path="profiler/recorders/http2.py",
+        original="                if padding > self._left - 1:",
+        mutated="                if padding > self._left:",
+        tests="tests/test_http2_follower.py",
+    ),
+)
+
+
+def run_hand_mutants() -> int:
+    """Apply each hand mutant to a copy of the package and run its test file: 0 if all fail."""
+    folder = _lay_out("named", Target(path="src/tf_grpc_bench/trace.py", tests=()), sys.executable)
+    survivors = 0
+    for mutant in HAND_MUTANTS:
+        source = folder / "src" / _installed_path(mutant.path)
+        original = source.read_text()
+        if original.count(mutant.original) != 1:
+            raise SystemExit(f"{mutant.path}: the text to mutate is gone: {mutant.original!r}")
+        source.write_text(original.replace(mutant.original, mutant.mutated))
+        try:
+            finished = subprocess.run(
+                [
+                    sys.executable,
+                    "-m",
+                    "pytest",
+                    "-q",
+                    "-x",
+                    "-p",
+                    "no:cacheprovider",
+                    mutant.tests,
+                ],
+                cwd=folder,
+                env={**os.environ, "PYTHONPATH": str(folder / "src")},
+                capture_output=True,
+                text=True,
+                check=False,
+            )
+        finally:
+            source.write_text(original)
+        failed = [line for line in finished.stdout.splitlines() if line.startswith("FAILED")]
+        caught = finished.returncode == 1 and bool(failed)
+        survivors += not caught
+        print(f"{'caught' if caught else 'SURVIVED'}: {mutant.name}", flush=True)
+        if failed:
+            print(f"    {failed[0][:150]}", flush=True)
+    return 1 if survivors else 0
+
 
 #: mutmut's exit codes per mutant, by what they mean for the score.
 _KILLED = {1, 3, 36, 37, -24, 24, 152, 255}
@@ -230,12 +341,19 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--floor", type=float, default=DEFAULT_FLOOR, help="score to reach (%%)")
     parser.add_argument("--survivors", action="store_true", help="print every survivor's diff")
+    parser.add_argument(
+        "--named",
+        action="store_true",
+        help="instead: check that each of issue 15's hand-made mutants is caught",
+    )
     arguments = parser.parse_args(argv)
     unknown = [m for m in arguments.modules if m not in TARGETS]
     if unknown:
         parser.error(f"unknown module {unknown[0]!r} (expected one of: {', '.join(TARGETS)})")
     if arguments.jobs < 1:
         parser.error(f"--jobs must be >= 1, got {arguments.jobs}")
+    if arguments.named:
+        return run_hand_mutants()
     names = arguments.modules or list(TARGETS)
     if arguments.list:
         for name in names:
