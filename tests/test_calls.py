@@ -214,3 +214,34 @@ def test_a_direction_makes_a_follower_that_appends_to_its_events() -> None:
     assert direction.events == []
     follower.feed(b"\x00\x00\x00\x00\x01\x00\x00\x00\x01", 6)  # empty DATA, END_STREAM
     assert direction.events == [StreamEnded(1, 6)]
+
+
+def test_a_client_direction_follows_from_the_preface_with_its_head_size() -> None:
+    direction = Direction(client_side=True)
+    follower = direction.new_follower(head_bytes=3)
+    message = b"\x00\x00\x00\x00\x05hello"
+    frame = len(message).to_bytes(3, "big") + b"\x00\x01" + (1).to_bytes(4, "big") + message
+    follower.feed(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + frame, 8)
+    assert direction.events == [MessageSeen(1, 5, False, b"hel", 8), StreamEnded(1, 8)]
+
+
+def test_a_streamed_request_adds_up_its_messages_and_keeps_the_first_head() -> None:
+    c = Connection()
+    c.request_headers(1, 10)
+    for number, length in enumerate((100, 20, 3)):
+        c.requests.events.append(MessageSeen(1, length, False, b"m%d" % number, 11 + number))
+    c.requests.events.append(StreamEnded(1, 20))
+    c.responses.events.append(StreamEnded(1, 30))
+    c.fold()
+    (call,) = c.table.take(caller_pid=1, final=False)
+    assert (call.request_bytes, call.request_messages, call.request_head) == (123, 3, b"m0")
+
+
+def test_a_path_that_is_not_utf8_is_kept_with_replacement_characters() -> None:
+    c = Connection()
+    block = hpack.Encoder().encode([(b":path", b"/bad\xffpath")])
+    c.requests.events.append(HeaderBlock(1, block, False, 10))
+    c.responses.events.append(StreamEnded(1, 30))
+    c.fold()
+    (call,) = c.table.take(caller_pid=1, final=False)
+    assert call.method == "/bad\ufffdpath"
