@@ -233,6 +233,11 @@ def test_throughput_replays_every_worker_ps_rpc_with_sizes_order_and_fan_out() -
     assert step.period_ns == 1_000_000
     parameters = workload.parameters()
     assert parameters["dropped_rpcs_per_pass"] == 4  # chief->worker and ps->ps, twice
+    # Both directions' bytes: chief->worker 2 x (500 + 60), ps->ps 2 x (90 + 7).
+    assert parameters["dropped_bytes_per_pass"] == 1_120 + 194
+    assert parameters["dropped_rpcs"] == (
+        "chief->worker RunGraph: 2 RPCs, 1120 B; ps->ps RecvTensor: 2 RPCs, 194 B"
+    )
     assert parameters["reversed_calls_per_pass"] == 2
 
 
