@@ -230,6 +230,37 @@ def test_random_sizes_of_seed_3_are_pinned() -> None:
     assert generate_payloads(config) == RANDOM_SIZES_SEED_3
 
 
+def test_random_categories_of_seed_0_are_pinned() -> None:
+    config = GeneratorConfig(kind=GeneratorKind.RANDOM, seed=0)
+    assert category_sequence(config, 12) == [L, M, M, S, S, S, S, S, S, L, M, L]
+
+
+def test_random_categories_and_random_sizes_come_from_one_seeded_generator() -> None:
+    # Categories are drawn first, then sizes, from the same generator: pinned for seed 11.
+    config = GeneratorConfig(
+        kind=GeneratorKind.RANDOM,
+        random_sizes=True,
+        buffers_per_payload=4,
+        seed=11,
+        payload_count=1,
+    )
+    assert generate_payloads(config) == ((604, 616, 7_769_477, 31_077),)
+
+
+@pytest.mark.parametrize(
+    "sizes",
+    [
+        BufferSizes(small_bytes=1, medium_bytes=KIB, large_bytes=MIB),
+        BufferSizes(small_bytes=KIB - 1, medium_bytes=MIB - 1, large_bytes=10 * MIB),
+    ],
+)
+def test_configured_sizes_at_the_edges_of_their_category_are_accepted(sizes: BufferSizes) -> None:
+    config = GeneratorConfig(sizes=sizes, buffers_per_payload=3, payload_count=1)
+    assert generate_payloads(config) == (
+        (sizes.small_bytes, sizes.medium_bytes, sizes.large_bytes),
+    )
+
+
 def test_category_sequence_uses_the_generator_it_is_given() -> None:
     config = GeneratorConfig(kind=GeneratorKind.RANDOM, seed=0)
     rng = np.random.default_rng(5)
@@ -299,12 +330,12 @@ def test_random_sizes_spread_over_the_whole_category_range() -> None:
     [
         ({"buffers_per_payload": 0}, "--buffers"),
         ({"payload_count": 0}, "--payloads"),
-        ({"categories": ()}, "--categories"),
+        ({"categories": ()}, r"^--categories: choose at least one of small, medium, large$"),
         ({"seed": -1}, "--seed"),
         ({"skew_bias": SMALL}, "--skew-bias applies only to --generator skew$"),
         (
             {"kind": GeneratorKind.SKEW, "categories": (MEDIUM, LARGE), "skew_bias": SMALL},
-            "--skew-bias",
+            r"^--skew-bias small is not one of the chosen --categories \(medium,large\)$",
         ),
     ],
 )
