@@ -278,6 +278,32 @@ def _score(folder: Path, target: Target) -> dict[str, object]:
     }
 
 
+#: Prints the diff of each mutant named on the command line, in one process.
+_SHOW = """
+import sys
+from mutmut.__main__ import find_mutant, get_diff_for_mutant
+from mutmut.stats import status_by_exit_code
+for name in sys.argv[1:]:
+    data = find_mutant(name)
+    print(f"# {name}: {status_by_exit_code[data.exit_code_by_key[name]]}")
+    print(get_diff_for_mutant(name, path=data.path))
+    print()
+"""
+
+
+def _write_survivors(folder: Path, survivors: list[str]) -> None:
+    """``survivors.txt``: every surviving mutant's diff (what ``mutmut show`` prints)."""
+    with (folder / "survivors.txt").open("w") as report:
+        if survivors:
+            subprocess.run(
+                [sys.executable, "-c", _SHOW, *survivors],
+                cwd=folder,
+                stdout=report,
+                stderr=subprocess.STDOUT,
+                check=False,
+            )
+
+
 def run_module(name: str, target: Target, *, jobs: int, show: bool) -> dict[str, object]:
     """Mutate one module and run its tests against every mutant; return its figures."""
     python = sys.executable
@@ -301,17 +327,7 @@ def run_module(name: str, target: Target, *, jobs: int, show: bool) -> dict[str,
     result["seconds"] = round(time.monotonic() - started)
     result["tests"] = list(target.tests)
     (folder / "score.json").write_text(json.dumps(result, indent=1) + "\n")
-    with (folder / "survivors.txt").open("w") as report:
-        for mutant in result["survivors"]:  # type: ignore[attr-defined]
-            shown = subprocess.run(
-                [*mutmut, "show", mutant],
-                cwd=folder,
-                env=environment,
-                capture_output=True,
-                text=True,
-                check=False,
-            )
-            report.write(shown.stdout + "\n")
+    _write_survivors(folder, result["survivors"])  # type: ignore[arg-type]
     if show:
         print((folder / "survivors.txt").read_text())
     return result
