@@ -531,3 +531,16 @@ def test_every_field_survives_the_binary_and_the_json_round_trip() -> None:
     message = trace_model.trace_to_proto(trace)
     assert (message.teardown.start_ns, message.teardown.end_ns) == (70, 80)
     assert dict(message.metadata.extra) == {"k1": "v1", "k2": "v2"}
+
+
+def test_a_call_ending_as_the_next_starts_is_not_outstanding() -> None:
+    def call(start: int, end: int) -> Rpc:
+        return _rpc(caller_task=1, callee_task=0, start_ns=start, end_ns=end)
+
+    result = trace_model.with_outstanding([call(10, 20), call(0, 10), call(10, 11), call(19, 30)])
+    assert [(r.start_ns, r.outstanding_at_start) for r in result] == [
+        (0, 0),
+        (10, 0),
+        (10, 1),
+        (19, 1),
+    ]
