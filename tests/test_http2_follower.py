@@ -600,3 +600,70 @@ def test_the_header_decoder_counts_what_it_decodes_and_serves_repeats_from_its_c
         decoder.decode(b"\xff\xff\xff\xff\xff")
     assert header_value(((b"a", b"1"), (b"b", b"2"), (b"a", b"3")), b"a") == b"1"
     assert header_value(((b"a", b"1"),), b"c") is None
+
+
+def test_a_length_of_16_mib_and_more_uses_all_four_length_bytes() -> None:
+    prefix = bytes([0, 0x01, 0x00, 0x00, 0x01])  # 16,777,217
+    events, _ = follow(DataFrame(1, prefix + b"ab").serialize(), client_side=False, head=2)
+    assert events == [MessageSeen(1, 16_777_217, False, b"ab", 1)]
+
+
+@pytest.mark.parametrize("head", [0, 1])
+def test_empty_and_one_byte_messages_back_to_back(head: int) -> None:
+    body = grpc_message(b"") + grpc_message(b"") + grpc_message(b"x") + grpc_message(b"yz")
+    frames = DataFrame(1, body[:7]).serialize() + DataFrame(1, body[7:]).serialize()
+    events, _ = follow(
+        frames + DataFrame(1, grpc_message(b"w")).serialize(), client_side=False, head=head
+    )
+    assert [(e.length, e.head) for e in events if isinstance(e, MessageSeen)] == [
+        (0, b""),
+        (0, b""),
+        (1, b"x"[:head]),
+        (2, b"yz"[:head]),
+        (1, b"w"[:head]),
+    ]
+
+
+def test_after_skipping_a_message_the_next_one_is_followed() -> None:
+    events: list[object] = []
+    follower = Http2Follower(events.append, client_side=False, head_bytes=1)
+    first = DataFrame(1, grpc_message(b"a" * 50)).serialize()
+    follower.feed(first[:15], 1)  # header, prefix and the one head byte
+    follower.skip(0, 1)  # nothing skipped is fine
+    follower.skip(follower.skippable, 2)
+    follower.feed(DataFrame(1, grpc_message(b"bc")).serialize(), 3)
+    assert events == [MessageSeen(1, 50, False, b"a", 1), MessageSeen(1, 2, False, b"b", 3)]
+    assert (follower.bytes_seen, follower.bytes_skipped) == (15 + 16, 49)
+
+
+def test_a_padded_frame_of_padding_only_ends_its_stream_at_its_time() -> None:
+    events: list[object] = []
+    follower = Http2Follower(events.append, client_side=False)
+    follower.feed(_padded_data_frame(7, 4, b"", 4), 42)
+    assert events == [StreamEnded(7, 42)]
+
+
+def test_a_headers_frame_with_priority_and_padding_is_no_push_promise() -> None:
+    encoder = hpack.Encoder()
+    data = headers_frames(encoder, 1, [("grpc-status", "0")], end_stream=True, padded=True)
+    events, _ = follow(data, client_side=False)
+    assert [type(e) for e in events] == [HeaderBlock, StreamEnded]
+    assert events[0].push_promise is False  # type: ignore[union-attr]
+
+
+def test_the_header_decoder_cache_is_emptied_when_it_holds_4096_blocks() -> None:
+    decoder = HeaderDecoder()
+    # Blocks of three static-table references: decoding them never changes the table.
+    blocks = [
+        bytes([0x80 | a, 0x80 | b, 0x80 | c])
+        for a in (1, 2)
+        for b in range(1, 62)
+        for c in range(1, 62)
+    ][:4097]
+    for block in blocks:
+        decoder.decode(block)
+    assert decoder.blocks_decoded == 4097
+    decoder.decode(blocks[-1])  # cached: the cache was emptied before it went in
+    assert decoder.blocks_decoded == 4097
+    decoder.decode(blocks[0])  # emptied away: decoded again
+    assert decoder.blocks_decoded == 4098
