@@ -72,8 +72,12 @@ TARGETS: dict[str, Target] = {
     "physics": Target(path="profiler/physics.py", tests=("tests/test_physics.py",)),
     "http2": Target(path="profiler/recorders/http2.py", tests=("tests/test_http2_follower.py",)),
     "calls": Target(path="profiler/recorders/calls.py", tests=("tests/test_calls.py",)),
-    "rpcs": Target(path="profiler/assembly/rpcs.py", tests=("tests/test_capture.py",)),
-    "steps": Target(path="profiler/assembly/steps.py", tests=("tests/test_capture.py",)),
+    "rpcs": Target(
+        path="profiler/assembly/rpcs.py", tests=("tests/test_assembly.py", "tests/test_capture.py")
+    ),
+    "steps": Target(
+        path="profiler/assembly/steps.py", tests=("tests/test_assembly.py", "tests/test_capture.py")
+    ),
     "tf_messages": Target(
         path="profiler/assembly/tf_messages.py", tests=("tests/test_tf_messages.py",)
     ),
