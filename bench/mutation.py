@@ -76,7 +76,8 @@ TARGETS: dict[str, Target] = {
         path="profiler/assembly/rpcs.py", tests=("tests/test_assembly.py", "tests/test_capture.py")
     ),
     "steps": Target(
-        path="profiler/assembly/steps.py", tests=("tests/test_assembly.py", "tests/test_capture.py")
+        path="profiler/assembly/steps.py",
+        tests=("tests/test_assembly.py", "tests/test_capture.py", "tests/test_userjob.py"),
     ),
     "tf_messages": Target(
         path="profiler/assembly/tf_messages.py", tests=("tests/test_tf_messages.py",)

@@ -5,6 +5,8 @@ out."""
 
 from __future__ import annotations
 
+import dataclasses
+
 from tf_grpc_bench.profiler.assembly.rpcs import (
     STATUS_CANCELLED,
     STATUS_UNKNOWN,
@@ -12,6 +14,15 @@ from tf_grpc_bench.profiler.assembly.rpcs import (
     calls_to_rpcs,
     tensor_info,
 )
+from tf_grpc_bench.profiler.assembly.steps import (
+    StepWindow,
+    collective_instance_of,
+    repeating_tail,
+    step_id_of,
+    step_id_windows,
+    step_windows,
+)
+from tf_grpc_bench.profiler.launch.markers import StepMarker
 from tf_grpc_bench.profiler.recorders.calls import RecordedCall
 from tf_grpc_bench.trace import RECV_BUF, RECV_TENSOR, Rpc, Task, TensorInfo
 
@@ -200,3 +211,121 @@ def test_tensor_info_of_each_method() -> None:
     assert tensor_info(
         _call(method=RECV_BUF, request_head=key, response_head=carried)
     ) == TensorInfo(rendezvous_key="3:9", content_bytes=42)
+
+
+# --------------------------------------------------------------------------
+# Step windows (``profiler.assembly.steps``).
+
+
+def _marker(step: int, start: int, end: int, *, task: str = "chief:0", phase: str = "steady"):  # type: ignore[no-untyped-def]
+    return StepMarker(task=task, step=step, phase=phase, start_ns=start, end_ns=end)
+
+
+def test_markers_make_one_window_per_step_number_in_start_order() -> None:
+    windows = step_windows(
+        [
+            _marker(3, 900, 950),
+            _marker(2, 500, 640, task="worker:1"),
+            _marker(2, 480, 600, task="worker:0"),
+            _marker(1, 100, 200, phase="warmup"),
+            _marker(4, 900, 910),
+        ]
+    )
+    assert windows == [
+        StepWindow(number=2, start_ns=480, end_ns=640),
+        StepWindow(number=3, start_ns=900, end_ns=950),
+        StepWindow(number=4, start_ns=900, end_ns=910),
+    ]
+    assert step_windows([]) == []
+
+
+def _step_call(
+    step_id: int, start: int, *, ps: bool = True, method: str = RECV_TENSOR
+) -> RecordedCall:
+    source = "/job:ps/replica:0/task:0" if ps else "/job:chief/replica:0/task:0"
+    key = f"{source}/device:CPU:0;1;/job:worker/replica:0/task:0/device:CPU:0;edge_1_w;0:0"
+    head = _field(1, step_id) + _field(2, key.encode())
+    if method == RECV_BUF:
+        head = _field(1, step_id) + _field(2, b"1:2:0")
+    return RecordedCall(
+        callee="ps:0",
+        connection=1,
+        stream_id=1,
+        caller_pid=1,
+        method=method,
+        start_ns=start,
+        response_start_ns=start,
+        end_ns=start + 10,
+        request_bytes=len(head),
+        response_bytes=0,
+        request_messages=1,
+        response_messages=1,
+        status_code=0,
+        reset=False,
+        complete=True,
+        request_head=head,
+    )
+
+
+def test_the_step_id_of_a_call_comes_from_its_request() -> None:
+    assert step_id_of(_step_call(41, 0)) == 41
+    assert step_id_of(_step_call(42, 0, method=RECV_BUF)) == 42
+    assert step_id_of(_step_call(43, 0, method="/tensorflow.WorkerService/RunGraph")) == 0
+    bad = dataclasses.replace(_step_call(44, 0), request_head=b"\x0f")
+    assert step_id_of(bad) == 0
+
+
+def test_only_transfers_with_a_ps_delimit_steps_when_there_are_some() -> None:
+    calls = [
+        _step_call(9, 0, ps=False),  # the chief fetching a loss: a step id of its own
+        _step_call(5, 100),
+        _step_call(5, 150),
+        _step_call(6, 200),
+        _step_call(7, 260, method=RECV_BUF),  # not a RecvTensor with a ps
+    ]
+    windows, startup = step_id_windows(calls)
+    assert windows == [
+        StepWindow(number=0, start_ns=100, end_ns=160, step_id=5),
+        StepWindow(number=1, start_ns=200, end_ns=210, step_id=6),
+    ]
+    assert startup == frozenset()
+    # Without any ps, every call with a step id counts.
+    alone, _ = step_id_windows([calls[0], calls[4]])
+    assert [(w.step_id, w.start_ns, w.end_ns) for w in alone] == [(9, 0, 10), (7, 260, 270)]
+
+
+def test_start_end_and_count_bound_the_steps_at_their_edges() -> None:
+    calls = [_step_call(n, 100 * n) for n in range(1, 6)]  # ids 1..5 at 100..500
+    windows, startup = step_id_windows(calls, start_ns=200, end_ns=400)
+    assert [w.step_id for w in windows] == [2, 3, 4]  # a step starting at either edge counts
+    assert startup == {1}
+    windows, startup = step_id_windows(calls, warmup_steps=2, count=2)
+    assert [w.step_id for w in windows] == [4, 5]
+    assert startup == {1, 2, 3}
+    windows, startup = step_id_windows(calls, count=5)
+    assert len(windows) == 5 and startup == frozenset()
+
+
+def test_collective_instances_come_from_buffer_keys_of_digits() -> None:
+    def buf(key: bytes, method: str = RECV_BUF) -> RecordedCall:
+        return dataclasses.replace(
+            _step_call(0, 0, method=RECV_BUF), method=method, request_head=_field(2, key)
+        )
+
+    assert collective_instance_of(buf(b"1:639:0:0:1:0:1")) == (1, 639)
+    assert collective_instance_of(buf(b"12:7")) == (12, 7)
+    assert collective_instance_of(buf(b"12")) is None
+    assert collective_instance_of(buf(b"a:7")) is None
+    assert collective_instance_of(buf(b"7:b:1")) is None
+    assert collective_instance_of(buf(b"1:2", method=RECV_TENSOR)) is None
+    bad = dataclasses.replace(buf(b"1:2"), request_head=b"\x0f")
+    assert collective_instance_of(bad) is None
+
+
+def test_the_longest_periodic_tail_prefers_the_shorter_period_and_needs_two_repeats() -> None:
+    assert repeating_tail([]) == (0, 0)
+    assert repeating_tail(["a"]) == (0, 1)
+    assert repeating_tail(["a", "a"]) == (1, 0)
+    assert repeating_tail(["x", "a", "b", "a", "b"]) == (2, 1)
+    assert repeating_tail(list("abab"), longest_period=1) == (0, 4)
+    assert repeating_tail(list("zzabcabc")) == (3, 2)
