@@ -17,6 +17,8 @@ from tf_grpc_bench.replay.core.workload import (
     Call,
     Mode,
     Shape,
+    Workload,
+    WorkloadStep,
     ack_call,
     echo_call,
     pull_call,
@@ -214,3 +216,35 @@ def test_a_workload_is_cut_step_by_step_and_says_so() -> None:
     ] * 2
     assert chunked.description == (*workload.description, ("chunk_bytes", 20_000))
     assert chunked.mode is workload.mode
+
+
+def test_a_pull_in_two_chunks_and_a_last_chunk_protobuf_cannot_encode() -> None:
+    # 2002 B in 1000 B chunks: the last is 2 B, which a serialized PullResponse cannot be
+    # (sent as an empty message); raw bytes can.
+    raw = chunk_call(_pull(Mode.NON_SERIALIZED, 2002), Limit(1000), Mode.NON_SERIALIZED)
+    assert [c.response_bytes for c in raw] == [1000, 1000, 2]
+    serialized = chunk_call(_pull(Mode.SERIALIZED, 2002), Limit(1000), Mode.SERIALIZED)
+    assert [c.response_bytes for c in serialized] == [1000, 1000, 0]
+    two = chunk_call(_pull(Mode.NON_SERIALIZED, 1500), Limit(1000), Mode.NON_SERIALIZED)
+    assert [c.response_bytes for c in two] == [1000, 500]
+
+
+def test_a_workload_is_cut_in_its_own_mode() -> None:
+    call = _pull(Mode.NON_SERIALIZED, 2002)
+    workload = Workload(
+        benchmark=Benchmark.P2P_LATENCY,
+        source="trace",
+        mode=Mode.NON_SERIALIZED,
+        steps=(WorkloadStep(index=0, calls=(call,)),),
+        server_count=3,
+        worker_count=4,
+    )
+    chunked = chunk_workload(workload, Limit(1000))
+    assert [c.response_bytes for c in chunked.calls] == [1000, 1000, 2]
+
+
+def test_a_chunk_one_byte_short_takes_it_from_the_next_buffer() -> None:
+    call = replace(ack_call((399, 2), Mode.NON_SERIALIZED), method="/tensorflow.WorkerService/X")
+    chunks = chunk_call(call, Limit(400), Mode.NON_SERIALIZED)
+    assert [c.buffers for c in chunks] == [(399, 1), (1,)]
+    assert [c.method for c in chunks] == ["/tensorflow.WorkerService/X"] * 2
