@@ -13,11 +13,9 @@ import pytest
 
 from tf_grpc_bench import trace_files
 from tf_grpc_bench.errors import ConfigError
-from tf_grpc_bench.profiler.assembly.steps import step_id_windows
 from tf_grpc_bench.profiler.launch.ports import free_ports
 from tf_grpc_bench.profiler.launch.user_job import UserJob, parse_cluster, task_tf_config
 from tf_grpc_bench.profiler.physics import check_physics
-from tf_grpc_bench.profiler.recorders.proxy import RecordedCall
 from tf_grpc_bench.trace import RECV_BUF, RECV_TENSOR
 
 CLI = str(Path(sys.executable).parent / "tf-grpc-bench")
@@ -67,42 +65,6 @@ def test_clusters_are_read_from_json_tf_config_or_a_file(tmp_path: Path) -> None
 def test_impossible_clusters_are_refused(cluster: dict, message: str) -> None:
     with pytest.raises(ConfigError, match=message):
         UserJob(cluster=cluster, command=("python", "train.py"))
-
-
-def _request(step_id: int) -> bytes:
-    return bytes([0x08]) + step_id.to_bytes(1, "little")  # field 1 varint, one byte
-
-
-def test_calls_sharing_a_step_id_are_one_worker_step() -> None:
-    def call(start: int, step_id: int) -> RecordedCall:
-        return RecordedCall(
-            callee="ps:0",
-            connection=0,
-            stream_id=1,
-            caller_pid=1,
-            method=RECV_TENSOR,
-            start_ns=start,
-            response_start_ns=start,
-            end_ns=start + 10,
-            request_bytes=2,
-            response_bytes=0,
-            request_messages=1,
-            response_messages=1,
-            status_code=0,
-            reset=False,
-            complete=True,
-            request_head=_request(step_id),
-        )
-
-    calls = [call(0, 5), call(5, 5), call(100, 7), call(105, 9), call(130, 7), call(140, 0)]
-    windows, warmup = step_id_windows(calls, warmup_steps=1)
-    assert [(w.step_id, w.start_ns, w.end_ns) for w in windows] == [(7, 100, 140), (9, 105, 115)]
-    assert warmup == {5}
-    # Within a span (asynchronous captures): earlier ids are start-up, later ones left out.
-    windows, startup = step_id_windows(calls, start_ns=50, end_ns=100)
-    assert [w.step_id for w in windows] == [7] and startup == {5}
-    windows, startup = step_id_windows(calls, count=1)
-    assert [w.step_id for w in windows] == [9] and startup == {5, 7}
 
 
 def test_a_busy_port_is_a_one_line_error(tmp_path: Path) -> None:
