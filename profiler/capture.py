@@ -24,9 +24,9 @@ One sequence for both commands: ``capture`` (a job of the launcher,
    the steps the job says where to find (``TraceLayout``).
 
 Faults: whatever stops the job early (a task crashes or hangs, a port is
-taken, the user interrupts) stops every process the job started and writes the
-trace captured so far, marked partial, before the error goes on (in
-``CaptureResult.error``).
+taken, the user interrupts: ``RunInterrupted``) stops every process the job
+started and writes the trace captured so far, marked partial, before the error
+goes on (in ``CaptureResult.error``).
 """
 
 from __future__ import annotations
@@ -49,7 +49,7 @@ from typing import Any, Protocol
 from absl import logging
 
 from tf_grpc_bench import __version__, trace_files
-from tf_grpc_bench.errors import BenchError, CaptureError, ConfigError
+from tf_grpc_bench.errors import BenchError, ConfigError, RunInterrupted
 from tf_grpc_bench.profiler.assembly.phases import assemble_trace, partial_reason
 from tf_grpc_bench.profiler.launch.config import TrainingConfig
 from tf_grpc_bench.profiler.launch.hosts import (
@@ -207,7 +207,7 @@ def run_and_write(
         except BenchError as failure:
             error = failure
         except KeyboardInterrupt:
-            error = CaptureError("interrupted by the user")
+            error = RunInterrupted("interrupted by the user (Ctrl-C or SIGTERM)")
         finally:
             job.stop()
     finally:

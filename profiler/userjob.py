@@ -142,7 +142,7 @@ class _UserRun:
         self.tasks.start(
             recorder.environment(self.environment), peers, started=recorder.expect_process
         )
-        self.tasks.wait(self.progress)
+        self.tasks.wait(self.progress, recorder.activity)
 
     def stop(self) -> None:
         if self.tasks is not None:

@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 import json
+import os
+import re
+import signal
 import socket
 import subprocess
 import sys
+import time
 from collections import Counter
 from pathlib import Path
 
@@ -14,7 +18,13 @@ import pytest
 from tf_grpc_bench import trace_files
 from tf_grpc_bench.errors import ConfigError
 from tf_grpc_bench.profiler.launch.ports import free_ports
-from tf_grpc_bench.profiler.launch.user_job import UserJob, parse_cluster, task_tf_config
+from tf_grpc_bench.profiler.launch.user_job import (
+    DEFAULT_STEP_TIMEOUT_S,
+    DEFAULT_TIMEOUT_S,
+    UserJob,
+    parse_cluster,
+    task_tf_config,
+)
 from tf_grpc_bench.profiler.physics import check_physics
 from tf_grpc_bench.trace import RECV_BUF, RECV_TENSOR
 
@@ -141,6 +151,111 @@ def test_a_failing_task_stops_the_job_and_leaves_a_partial_trace(tmp_path: Path)
     assert "\n" not in line and "worker:0 exited with 3" in line and "worker gives up" in line
     trace = trace_files.read_trace(output)
     assert trace.partial and "worker:0" in trace.partial_reason
+
+
+#: A job of two plain Python tasks: the ps listens on its cluster port; the worker
+#: connects and, with TALK=1, sends a few bytes every 0.1 s forever, else nothing.
+_QUIET_OR_TALKING_JOB = """
+import json, os, socket, time
+config = json.loads(os.environ["TF_CONFIG"])
+me = config["task"]
+ps_host, ps_port = config["cluster"]["ps"][0].rsplit(":", 1)
+if me["type"] == "ps":
+    server = socket.create_server(("127.0.0.1", int(ps_port)))
+    peer, _ = server.accept()
+    while peer.recv(65536):
+        pass
+    time.sleep(600)
+else:
+    time.sleep(0.5)
+    connection = socket.create_connection(("127.0.0.1", int(ps_port)))
+    while os.environ.get("TALK") == "1":
+        connection.sendall(b"x" * 100)
+        time.sleep(0.1)
+    time.sleep(600)
+"""
+
+
+def _run_job(
+    tmp_path: Path, *flags: str, talk: bool = False, quiet: bool = True
+) -> tuple[subprocess.CompletedProcess[str], Path]:
+    ports = free_ports(2)
+    cluster = {"ps": [f"localhost:{ports[0]}"], "worker": [f"localhost:{ports[1]}"]}
+    output = tmp_path / "t.tfgbtrace"
+    command = [CLI, "capture-job", "--cluster", json.dumps(cluster), "-o", str(output), *flags]
+    result = subprocess.run(
+        [*command, *(["-q"] if quiet else []), "--", sys.executable, "-c", _QUIET_OR_TALKING_JOB],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+        env={**os.environ, "TALK": "1" if talk else "0"},
+    )
+    return result, output
+
+
+def test_a_job_whose_tasks_exchange_nothing_counts_as_hung(tmp_path: Path) -> None:
+    """No step markers and no traffic for --step-timeout: the job is stopped, exit 4;
+    the progress lines never claim steps the job did not mark."""
+    result, output = _run_job(tmp_path, "--step-timeout", "3", quiet=False)
+    assert result.returncode == 4, result.stderr
+    progress, _, error = result.stderr.strip().rpartition("\n")
+    assert "looks hung" in error and "--step-timeout" in error and "worker:0" in error
+    assert "partial trace written" in error
+    assert progress and all("no step markers" in line for line in progress.splitlines())
+    assert re.search(r"\d+(/\d+)? steps", progress) is None  # no step count it cannot know
+    assert "0 steady steps (worker-steps, from step-id)" in result.stdout
+    trace = trace_files.read_trace(output)
+    assert trace.partial and "looks hung" in trace.partial_reason
+
+
+def test_a_job_whose_tasks_keep_talking_ends_at_its_timeout(tmp_path: Path) -> None:
+    """Traffic between the tasks keeps a job alive past --step-timeout (the recorder
+    sees it), and --timeout still ends it."""
+    result, output = _run_job(tmp_path, "--step-timeout", "2", "--timeout", "6", talk=True)
+    assert result.returncode == 4, result.stderr
+    assert "did not finish within 6 s" in result.stderr and "hung" not in result.stderr
+    assert trace_files.read_trace(output).partial
+
+
+def test_capture_job_has_a_finite_default_timeout() -> None:
+    job = UserJob(cluster={"ps": ("localhost:1",)}, command=("true",))
+    assert job.timeout_s == DEFAULT_TIMEOUT_S and job.step_timeout_s == DEFAULT_STEP_TIMEOUT_S
+    help_text = subprocess.run(
+        [CLI, "capture-job", "--help"], capture_output=True, text=True, check=True
+    ).stdout
+    assert f"(default {DEFAULT_TIMEOUT_S:g})" in help_text and "--step-timeout" in help_text
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+def test_an_interrupted_capture_job_exits_130_with_a_partial_trace(
+    tmp_path: Path, signum: int
+) -> None:
+    ports = free_ports(2)
+    cluster = {"ps": [f"localhost:{ports[0]}"], "worker": [f"localhost:{ports[1]}"]}
+    output = tmp_path / "t.tfgbtrace"
+    capture = subprocess.Popen(
+        [CLI, "capture-job", "--cluster", json.dumps(cluster), "-o", str(output), "-q",
+         "--workdir", str(tmp_path / "work"), "--", sys.executable, "-c", _QUIET_OR_TALKING_JOB],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={**os.environ, "TALK": "1"},
+    )  # fmt: skip
+    try:
+        logs = [tmp_path / "work" / f"{name}.stderr" for name in ("ps-0", "worker-0")]
+        deadline = time.monotonic() + 120
+        while not all(log.exists() for log in logs) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        time.sleep(1)  # the tasks run
+        capture.send_signal(signum)
+        _, stderr = capture.communicate(timeout=120)
+    finally:
+        if capture.poll() is None:
+            capture.kill()
+            capture.wait()
+    assert capture.returncode == 130, stderr
+    line = stderr.strip()
+    assert "\n" not in line and "interrupted" in line and "partial trace written" in line
+    trace = trace_files.read_trace(output)
+    assert trace.partial and "interrupted" in trace.partial_reason
 
 
 @pytest.mark.tensorflow
