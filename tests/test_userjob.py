@@ -1,4 +1,4 @@
-"""Capturing a training script this tool did not write (tests/data/user_train_ps.py)."""
+"""Capturing training scripts this tool did not write (tests/data/user_train_*.py)."""
 
 from __future__ import annotations
 
@@ -17,6 +17,7 @@ import pytest
 
 from tf_grpc_bench import trace_files
 from tf_grpc_bench.errors import ConfigError
+from tf_grpc_bench.profiler.assembly.steps import MOVED_NO_VARIABLES, WARMUP_STEP
 from tf_grpc_bench.profiler.launch.ports import free_ports
 from tf_grpc_bench.profiler.launch.user_job import (
     DEFAULT_STEP_TIMEOUT_S,
@@ -26,7 +27,8 @@ from tf_grpc_bench.profiler.launch.user_job import (
     task_tf_config,
 )
 from tf_grpc_bench.profiler.physics import check_physics
-from tf_grpc_bench.trace import RECV_BUF, RECV_TENSOR
+from tf_grpc_bench.replay.output import document as results
+from tf_grpc_bench.trace import RECV_BUF, RECV_TENSOR, ROUND, WORKER_STEP, Trace
 
 CLI = str(Path(sys.executable).parent / "tf-grpc-bench")
 SCRIPT = Path(__file__).parent / "data" / "user_train_ps.py"
@@ -300,7 +302,7 @@ def test_a_users_own_parameter_server_script_is_captured(tmp_path: Path, recorde
     trace = trace_files.read_trace(output)
     assert not trace.partial
     extra = dict(trace.metadata.extra)
-    assert (extra["steps_from"], extra["step_unit"]) == ("step-id", "worker-step")
+    assert (trace.step_detection.source, trace.step_unit) == ("step-id", WORKER_STEP)
     assert extra["unattributed_calls"] == "0"
     assert trace.metadata.model == "user-mlp" and trace.metadata.command[1] == "capture-job"
     assert (
@@ -340,8 +342,7 @@ def test_a_users_own_multi_worker_mirrored_script_gets_its_steps_from_collective
     assert result.returncode == 0, result.stderr
     trace = trace_files.read_trace(output)
     assert not trace.partial
-    extra = dict(trace.metadata.extra)
-    assert (extra["steps_from"], extra["step_unit"]) == ("collective-instance", "step")
+    assert (trace.step_detection.source, trace.step_unit) == ("collective-instance", ROUND)
     assert len(trace.steps) == 5  # 6 steps, the first kept as start-up
     per_step = [
         Counter(
@@ -356,3 +357,103 @@ def test_a_users_own_multi_worker_mirrored_script_gets_its_steps_from_collective
     assert {caller for caller, _, _ in per_step[0]} == {0, 1}
     # The initial broadcasts of the variables are start-up.
     assert any(r.method == RECV_BUF for r in trace.startup.rpcs)
+
+
+TF1_SCRIPT = Path(__file__).parent / "data" / "user_train_tf1.py"
+
+
+def _capture_tf1(
+    tmp_path: Path, *script_flags: str
+) -> tuple[subprocess.CompletedProcess[str], Trace, list[dict]]:
+    """capture-job of the TF1 MonitoredTrainingSession script, 1 ps and 2 workers, no
+    markers; the trace and each worker's report (training runs, variables)."""
+    ports = free_ports(3)
+    cluster = {"ps": [f"localhost:{ports[0]}"], "worker": [f"localhost:{p}" for p in ports[1:]]}
+    output, reports = tmp_path / "tf1.tfgbtrace", tmp_path / "reports"
+    reports.mkdir()
+    result = subprocess.run(
+        [CLI, "capture-job", "--cluster", json.dumps(cluster), "--output", str(output),
+         "--timeout", "300", "--", sys.executable, str(TF1_SCRIPT), "--report", str(reports),
+         *script_flags],
+        capture_output=True, text=True, timeout=400, check=False,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    found = [json.loads(path.read_text()) for path in sorted(reports.glob("worker-*.json"))]
+    return result, trace_files.read_trace(output), found
+
+
+def _variable_bytes(report: dict, *, trainable: bool) -> int:
+    total = 0
+    for variable in report["variables"]:
+        if variable["trainable"] == trainable:
+            count = 1
+            for dim in variable["shape"]:
+                count *= dim
+            total += 4 * count
+    return total
+
+
+@pytest.mark.tensorflow
+@pytest.mark.parametrize("sync", [False, True], ids=["async", "sync"])
+def test_a_tf1_monitored_session_script_without_markers_gives_only_training_steps(
+    tmp_path: Path, sync: bool
+) -> None:
+    """However many session-start runs the workers make, the steps are the training
+    runs: each one worker's, each 2 x parameters x 4 B plus the statistics' updates."""
+    result, trace, reports = _capture_tf1(tmp_path, "--steps", "10", *(["--sync"] if sync else []))
+    assert not trace.partial
+    runs = sum(report["train_runs"] for report in reports)
+    assert len(trace.steps) == runs - 1  # the first training run is warm-up
+    detection = trace.step_detection
+    assert (detection.source, detection.unit) == ("step-id", WORKER_STEP)
+    aside = {(item.phase, item.reason): item for item in detection.set_aside}
+    assert aside[("startup", MOVED_NO_VARIABLES)].runs >= 2  # readiness checks, at least
+    assert aside[("startup", WARMUP_STEP)].runs == 1
+    expected = 2 * _variable_bytes(reports[0], trainable=True)
+    expected += _variable_bytes(reports[0], trainable=False)  # moving statistics, pushed
+    workers = set(trace.tasks_of_job("worker"))
+    for step in trace.steps:
+        moved = sum(r.tensor.content_bytes for r in step.rpcs if r.tensor is not None)
+        assert abs(moved - expected) <= 0.005 * expected, (step.index, moved, expected)
+        owners = {r.caller_task for r in step.rpcs if r.caller_task in workers}
+        assert len(owners) == 1  # one worker-step
+        graphs = [r for r in step.rpcs if r.short_method == "RunGraph"]
+        assert len(graphs) == 1 and graphs[0].caller_task in owners  # found by its step id
+        assert not any(r.short_method == "RegisterGraph" for r in step.rpcs)
+    assert f"{len(trace.steps)} steady steps (worker-steps, from step-id)" in result.stdout
+    assert re.search(r"\d+(/\d+)? steps", result.stderr) is None  # no marker counts
+
+
+@pytest.mark.tensorflow
+def test_an_asynchronous_tf1_trace_replays_one_pass_exactly(tmp_path: Path) -> None:
+    """Both workers train 4 runs each; ps-throughput --passes 1 moves the trace's RPCs and
+    bytes, every worker its own steps once."""
+    _, trace, _ = _capture_tf1(tmp_path, "--local-steps", "4")
+    owners = [
+        {r.caller_task for r in s.rpcs if r.caller_task in trace.tasks_of_job("worker")}
+        for s in trace.steps
+    ]
+    assert len(trace.steps) == 7 and {w for o in owners for w in o} == {1, 2}
+    result = subprocess.run(
+        [CLI, "replay", str(tmp_path / "tf1.tfgbtrace"), "--benchmark", "ps-throughput",
+         "--passes", "1", "--runs", "1", "--warmup", "0", "--output-dir", str(tmp_path / "out"),
+         "--quiet"],
+        capture_output=True, text=True, timeout=300, check=False,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    (path,) = (tmp_path / "out").glob("*/results.json")
+    (benchmark,) = results.read_document(path).benchmarks
+    (run,) = benchmark.runs
+    rpcs = [r for step in trace.steps for r in step.rpcs]
+    assert run.rpc_count == len(rpcs) == run.server_received_messages
+    assert sum(s.request_bytes + s.response_bytes for s in run.samples) == sum(
+        r.request_bytes + r.response_bytes for r in rpcs
+    )
+    ps = set(trace.tasks_of_job("ps"))
+    # What the workers sent: their own requests, and the tensors the ps pulled from them.
+    sent = sum(r.response_bytes if r.caller_task in ps else r.request_bytes for r in rpcs)
+    assert run.server_received_bytes == sent
+    worker_of = {task: n for n, task in enumerate(sorted({w for o in owners for w in o}))}
+    assert {(s.worker_index, s.step) for s in run.samples} == {
+        (worker_of[w], index) for index, o in enumerate(owners) for w in o
+    }

@@ -5,8 +5,9 @@ distributed guide does it: ps tasks serve until they are stopped; every
 worker builds the model with ``replica_device_setter`` (variables on the ps
 tasks), and trains it with ``MonitoredTrainingSession`` until the global step
 reaches ``--steps`` (worker 0 is the chief: it initialises the variables, the
-others wait for it).  Asynchronous by default; ``--sync`` aggregates one
-gradient of every worker per update with ``SyncReplicasOptimizer``.
+others wait for it), or, with ``--local-steps N``, for N runs of its own.
+Asynchronous by default; ``--sync`` aggregates one gradient of every worker per
+update with ``SyncReplicasOptimizer``.
 
 ``--model small`` (default) is a small dense network with batch
 normalisation (its moving statistics are state that is not trainable);
@@ -58,6 +59,7 @@ def shorten_recovery_wait(seconds: float) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--steps", type=int, default=8, help="global steps to train")
+    parser.add_argument("--local-steps", type=int, default=0, help="training runs per worker")
     parser.add_argument("--sync", action="store_true")
     parser.add_argument("--model", choices=("small", "resnet50"), default="small")
     parser.add_argument("--batch-size", type=int, default=4)
@@ -83,7 +85,7 @@ def main() -> None:
     setter = tf.compat.v1.train.replica_device_setter(
         worker_device=f"/job:worker/task:{index}", cluster=cluster
     )
-    hooks = [tf.compat.v1.train.StopAtStepHook(last_step=args.steps)]
+    hooks = [] if args.local_steps else [tf.compat.v1.train.StopAtStepHook(last_step=args.steps)]
     with tf.compat.v1.device(setter):
         global_step = tf.compat.v1.train.get_or_create_global_step()
         model = build_model(args.model, input_size)
@@ -112,7 +114,7 @@ def main() -> None:
         save_checkpoint_secs=None, save_summaries_steps=None, log_step_count_steps=None,
         stop_grace_period_secs=5,
     ) as session:  # fmt: skip
-        while not session.should_stop():
+        while not session.should_stop() and not (args.local_steps and runs >= args.local_steps):
             session.run(train_op)
             runs += 1
 
