@@ -242,7 +242,7 @@ def configure_capture_job(parser: argparse.ArgumentParser) -> None:
         "--warmup-steps",
         type=_positive_int,
         default=1,
-        help="worker-steps found in the traffic to keep as start-up (default 1)",
+        help="training runs found in the traffic (worker-steps) to keep as start-up (default 1)",
     )
     parser.add_argument(
         "--driver",
