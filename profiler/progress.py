@@ -36,7 +36,7 @@ class Progress:
         if self.markers:
             total = f"/{self.steps_expected}" if self.steps_expected else ""
             timing = f" (last {self.last_step_ns / 1e6:.0f} ms)" if self.last_step_ns else ""
-            return f"{self.steps_done}{total} steps{timing}"
+            return f"{self.steps_done}{total} step markers{timing}"
         quiet = f", no traffic for {self.quiet_ns / 1e9:.0f} s" if self.quiet_ns >= 5e9 else ""
         return (
             f"running {self.elapsed_ns / 1e9:.0f} s{quiet}; no step markers: the steps are "
@@ -58,7 +58,7 @@ def terminal_display(quiet: bool, label: str) -> tuple[ProgressCallback | None, 
     if sys.stderr.isatty():
         from tqdm import tqdm
 
-        bar = tqdm(desc=label, unit="step", file=sys.stderr, leave=False)
+        bar = tqdm(desc=label, unit="marker", file=sys.stderr, leave=False)
 
         def update(progress: Progress) -> None:
             if not progress.markers:
