@@ -52,6 +52,11 @@ of a steady-state step is mapped as follows:
 * client -> client (the chief's control calls to workers): no server exists for
   the callee; dropped and counted likewise.
 
+What is dropped is said in the workload's parameters: ``dropped_rpcs_per_pass``,
+``dropped_bytes_per_pass`` (both directions) and ``dropped_rpcs``, the kinds
+(caller job -> callee job, method) with their RPCs and bytes.  A point-to-point
+replay also counts the other pairs' RPCs in ``dropped_rpcs_per_pass``.
+
 Within each (client, server) pair calls keep the trace's order (by start time);
 ``outstanding_at_start`` is recomputed per pair after the mapping (how many
 earlier calls of the pair were still open when this one started);
@@ -598,20 +603,51 @@ def trace_roles(trace: Trace, *, source: str = "trace") -> TraceRoles:
 
 
 def _mapped_steps(trace: Trace, roles: TraceRoles) -> tuple[list[list[_Mapped]], int]:
+    steps, unreplayed = _mapped_and_unreplayed(trace, roles)
+    return steps, len(unreplayed)
+
+
+def _mapped_and_unreplayed(
+    trace: Trace, roles: TraceRoles
+) -> tuple[list[list[_Mapped]], list[Rpc]]:
+    """Each step's RPCs as the replay maps them, and the RPCs no replay task can make."""
     servers = frozenset(roles.server_tasks)
     steps: list[list[_Mapped]] = []
-    dropped = 0
+    unreplayed: list[Rpc] = []
     for step in trace.steps:
         mapped_step = []
         for rpc in step.rpcs:
             mapped = _map_rpc(rpc, servers, roles.ps_job)
             if mapped is None:
-                dropped += 1
+                unreplayed.append(rpc)
             else:
                 mapped_step.append(mapped)
         mapped_step.sort(key=lambda m: (m.rpc.start_ns, m.rpc.end_ns))
         steps.append(mapped_step)
-    return steps, dropped
+    return steps, unreplayed
+
+
+def unreplayed_summary(trace: Trace, roles: TraceRoles | None = None) -> tuple[int, str]:
+    """Bytes per pass of the RPCs a replay cannot make, and what they are.
+
+    The text lists each kind as ``caller job->callee job method: RPCs, bytes``
+    (both directions' bytes), most bytes first; empty when nothing is dropped.
+    """
+    if roles is None:
+        roles = trace_roles(trace)
+    _, unreplayed = _mapped_and_unreplayed(trace, roles)
+    kinds: dict[str, list[int]] = {}
+    for rpc in unreplayed:
+        caller = trace.tasks[rpc.caller_task].job
+        callee = trace.tasks[rpc.callee_task].job
+        method = rpc.method.rsplit("/", 1)[-1]
+        entry = kinds.setdefault(f"{caller}->{callee} {method}", [0, 0])
+        entry[0] += 1
+        entry[1] += rpc.request_bytes + rpc.response_bytes
+    total = sum(size for _, size in kinds.values())
+    ranked = sorted(kinds.items(), key=lambda item: (-item[1][1], item[0]))
+    text = "; ".join(f"{kind}: {count} RPCs, {size} B" for kind, (count, size) in ranked)
+    return total, text
 
 
 def pair_bytes(trace: Trace, roles: TraceRoles | None = None) -> dict[tuple[int, int], int]:
@@ -792,6 +828,7 @@ def trace_workload(
     """
     roles = trace_roles(trace, source=source)
     steps, dropped = _mapped_steps(trace, roles)
+    dropped_bytes, dropped_kinds = unreplayed_summary(trace, roles)
     point_to_point = benchmark is not Benchmark.PS_THROUGHPUT
     if point_to_point:
         pair, steps, dropped = _pair_only(trace, roles, steps, dropped, pair)
@@ -830,6 +867,8 @@ def trace_workload(
             1 for s in workload_steps for c in s.calls if c.reversed_direction
         ),
         "dropped_rpcs_per_pass": dropped,
+        "dropped_bytes_per_pass": dropped_bytes,
+        "dropped_rpcs": dropped_kinds,
         "ps": len(roles.server_tasks),
         "workers": 1 if point_to_point else len(roles.client_tasks),
         "server_tasks": ",".join(trace.task_name(t) for t in roles.server_tasks),
