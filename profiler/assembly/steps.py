@@ -314,12 +314,15 @@ def find_steps(
             candidates=0,
         )
     if steady and not per_run:
-        rule = "a step is what the job's step markers of one step number span; " + _RUN_RULE
         return FoundSteps(
             windows=tuple(steady),
             set_aside_runs=aside,
             source="markers",
-            rule=rule + " (other runs are set aside)",
+            rule=(
+                "a step is what the job's step markers of one step number span, less the "
+                "TensorFlow runs that move no variables (weights pulled, gradients of the same "
+                "dtypes and shapes pushed back)"
+            ),
             candidates=len(steady),
         )
     if steady:
