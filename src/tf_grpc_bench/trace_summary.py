@@ -87,7 +87,7 @@ def detection_lines(trace: Trace) -> list[str]:
         f"({detection.candidates} candidates): {detection.rule}"
     ]
     for item in detection.set_aside:
-        runs = f"{item.runs} runs, " if item.runs else ""
+        runs = f"{item.runs} run{'' if item.runs == 1 else 's'}, " if item.runs else ""
         lines.append(
             f"  set aside to {item.phase}: {item.reason}: {runs}{item.rpcs} RPCs, "
             f"{format_bytes(item.bytes)}"
