@@ -339,22 +339,9 @@ def find_steps(
             rule=_RUN_RULE + ", within the steady step markers, as many as they are",
             candidates=len(runs),
         )
-    if not training:
-        periods = collective_windows(calls)
-        if periods:
-            return FoundSteps(
-                windows=tuple(
-                    dataclasses.replace(w, number=n) for n, w in enumerate(periods[warmup_steps:])
-                ),
-                set_aside_runs=aside,
-                source="collective-instance",
-                rule=(
-                    "a step is one period of the collectives' instance keys, which repeat with "
-                    f"the training's steps; what comes before and the first {warmup_steps} "
-                    "periods are start-up"
-                ),
-                candidates=len(periods),
-            )
+    collective = None if training else _collective_steps(calls, aside, warmup_steps)
+    if collective is not None:
+        return collective
     aside.update((r.step_id, WARMUP_STEP) for r in training[:warmup_steps])
     return FoundSteps(
         windows=tuple(run_windows(training[warmup_steps:])),
@@ -362,6 +349,29 @@ def find_steps(
         source="step-id",
         rule=_RUN_RULE + f"; the first {warmup_steps} training runs are warm-up",
         candidates=len(runs),
+    )
+
+
+def _collective_steps(
+    calls: Sequence[RecordedCall], aside: Mapping[int, str], warmup_steps: int
+) -> FoundSteps | None:
+    """The steps of a collective job (``collective_windows``), the first ``warmup_steps``
+    periods left to start-up; None if its collectives do not repeat."""
+    periods = collective_windows(calls)
+    if not periods:
+        return None
+    return FoundSteps(
+        windows=tuple(
+            dataclasses.replace(w, number=n) for n, w in enumerate(periods[warmup_steps:])
+        ),
+        set_aside_runs=aside,
+        source="collective-instance",
+        rule=(
+            "a step is one period of the collectives' instance keys, which repeat with the "
+            f"training's steps; what comes before and the first {warmup_steps} periods are "
+            "start-up"
+        ),
+        candidates=len(periods),
     )
 
 
