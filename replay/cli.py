@@ -9,13 +9,15 @@ document and TensorBoard logs into a new run directory.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import shutil
 import signal
 import sys
 import threading
 from pathlib import Path
 from typing import Any
 
-from tf_grpc_bench import trace_files
+from tf_grpc_bench import lifetime, trace_files
 from tf_grpc_bench.errors import ConfigError, RunInterrupted, TransportError, UsageError
 from tf_grpc_bench.replay import runner
 from tf_grpc_bench.replay.core.chunking import chunk_workload
@@ -34,7 +36,12 @@ from tf_grpc_bench.replay.placement import role
 from tf_grpc_bench.replay.runner import ReplayRequest, default_rpc, default_window
 from tf_grpc_bench.replay.transport import grpc_settings
 from tf_grpc_bench.replay.transport.client import parse_target
-from tf_grpc_bench.replay.transport.loop import INTERRUPTED_REASON, NS_PER_S, ProgressEvent, RunPlan
+from tf_grpc_bench.replay.transport.loop import (
+    INTERRUPTED_PREFIX,
+    NS_PER_S,
+    ProgressEvent,
+    RunPlan,
+)
 from tf_grpc_bench.replay.transport.server import DEFAULT_PORT, serve_until
 from tf_grpc_bench.replay.transport.wire import RpcKind, ServerSettings
 from tf_grpc_bench.sizes import SizeCategory, parse_size
@@ -127,9 +134,15 @@ def run_serve(args: argparse.Namespace) -> int:
     if ports[-1] > 65535:
         raise ConfigError(f"--port {args.port} + --servers {args.servers} goes past port 65535")
     stop = threading.Event()
-    # Ctrl-C and SIGTERM both stop gracefully (a background job may ignore SIGINT).
-    for number in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(number, lambda *_: stop.set())
+    stopped_by: list[int] = []
+
+    def stop_serving(signum: int, _frame: object) -> None:
+        stopped_by.append(signum)
+        stop.set()
+
+    # Ctrl-C, SIGTERM and SIGHUP all stop gracefully (a background job may ignore SIGINT).
+    for number in lifetime.STOP_SIGNALS:
+        signal.signal(number, stop_serving)
     summary = serve_until(
         stop,
         mode=Mode(args.mode),
@@ -139,6 +152,9 @@ def run_serve(args: argparse.Namespace) -> int:
         announce=lambda line: print(line, flush=True),
     )
     print(summary, flush=True)
+    if stopped_by:
+        name = lifetime.signal_name(stopped_by[0])
+        raise RunInterrupted(f"interrupted ({name}); servers stopped", signum=stopped_by[0])
     return 0
 
 
@@ -658,35 +674,45 @@ def run_replay(args: argparse.Namespace) -> int:
     from tf_grpc_bench.replay.output import report
 
     request = build_request(args)
-    run_directory: Path | None = None
+    # Made (and so checked writable) before anything is measured.
+    run_directory = results.new_run_directory(args.output_dir, runner.run_label(request))
     tls_dir: Path | None = None
     if request.grpc.tls:
-        run_directory = results.new_run_directory(args.output_dir, runner.run_label(request))
         tls_dir = Path(args.tls_dir) if args.tls_dir else run_directory / "tls"
     progress = _Progress(
         len(request.workloads) * request.plan.runs,
         enabled=not args.quiet and sys.stderr.isatty(),
     )
     try:
-        measured, targets, _local = runner.execute(request, tls_dir=tls_dir, on_progress=progress)
-    finally:
-        progress.close()
-    if run_directory is None:
-        run_directory = results.new_run_directory(args.output_dir, runner.run_label(request))
-    document = runner.record(
-        request, measured, targets, run_directory, network_name=args.network_name
-    )
+        with contextlib.closing(progress):
+            executed = runner.execute(request, tls_dir=tls_dir, on_progress=progress)
+    except BaseException:
+        # Nothing was measured: leave no empty run directory behind.
+        shutil.rmtree(run_directory, ignore_errors=True)
+        raise
+    document = runner.record(request, executed, run_directory, network_name=args.network_name)
     if not args.quiet:
         print(report.format_table(document))
     print(f"results: {run_directory / results.RESULTS_FILE_NAME}")
     print(f"view:    tensorboard --logdir {run_directory / 'tensorboard'}")
-    if document.partial and INTERRUPTED_REASON in document.partial_reason:
-        raise RunInterrupted(f"interrupted; partial results written to {run_directory}")
-    if document.partial:
-        raise TransportError(
-            f"stopped early, partial results written to {run_directory}: {document.partial_reason}"
-        )
+    _raise_if_partial(document.partial, document.partial_reason, run_directory)
     return 0
+
+
+def _raise_if_partial(partial: bool, reason: str, run_directory: Path) -> None:
+    """RunInterrupted (exit 128 + signal) or TransportError for a partial replay."""
+    if not partial:
+        return
+    signum = lifetime.stop_signal()
+    if signum is None and INTERRUPTED_PREFIX in reason:
+        signum = signal.SIGINT
+    if signum is not None:
+        raise RunInterrupted(
+            f"interrupted ({lifetime.signal_name(signum)}); partial results written to "
+            f"{run_directory}",
+            signum=signum,
+        )
+    raise TransportError(f"stopped early, partial results written to {run_directory}: {reason}")
 
 
 # --------------------------------------------------------------------------
