@@ -48,8 +48,8 @@ from typing import Any, Protocol
 
 from absl import logging
 
-from tf_grpc_bench import __version__, trace_files
-from tf_grpc_bench.errors import BenchError, CaptureError, ConfigError
+from tf_grpc_bench import __version__, lifetime, trace_files
+from tf_grpc_bench.errors import BenchError, ConfigError, RunInterrupted
 from tf_grpc_bench.profiler.assembly.phases import assemble_trace, partial_reason
 from tf_grpc_bench.profiler.assembly.steps import StepWindow, step_id_windows, step_windows
 from tf_grpc_bench.profiler.launch.config import TrainingConfig
@@ -203,8 +203,10 @@ def run_and_write(
             job.run(recorder, work)
         except BenchError as failure:
             error = failure
-        except KeyboardInterrupt:
-            error = CaptureError("interrupted by the user")
+        except KeyboardInterrupt as interrupt:
+            # Ctrl-C, SIGTERM or SIGHUP (lifetime): the trace so far is kept.
+            signum = lifetime.signal_of(interrupt)
+            error = RunInterrupted(f"interrupted ({lifetime.signal_name(signum)})", signum=signum)
         finally:
             job.stop()
     finally:

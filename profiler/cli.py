@@ -10,10 +10,9 @@ reason on one line (and its exit code).
 from __future__ import annotations
 
 import argparse
-import signal
 
 from tf_grpc_bench import trace_summary
-from tf_grpc_bench.errors import UsageError
+from tf_grpc_bench.errors import RunInterrupted, UsageError
 from tf_grpc_bench.models.registry import available_models
 from tf_grpc_bench.profiler import logs
 from tf_grpc_bench.profiler.capture import CaptureResult, capture_training, command_line
@@ -171,19 +170,16 @@ def _report(result: CaptureResult, quiet: bool) -> int:
         f"wrote {result.path}: {len(trace.steps)} steady steps, {rpcs} RPCs in them, "
         f"{len(trace.startup.rpcs)} at start-up" + (" (PARTIAL)" if trace.partial else "")
     )
-    if result.error is not None:
-        error = result.error
+    error = result.error
+    if isinstance(error, RunInterrupted):
+        # Ctrl-C, SIGTERM and SIGHUP (the command line's handlers) stop a capture
+        # alike: tasks stopped, partial trace written, exit 128 + signal.
+        raise RunInterrupted(
+            f"{error}; partial trace written to {result.path}", signum=error.signum
+        )
+    if error is not None:
         raise type(error)(f"{error} (partial trace written to {result.path})")
     return 0
-
-
-def _interrupt_on_sigterm() -> None:
-    """SIGTERM stops a capture like Ctrl-C does: tasks stopped, partial trace written."""
-
-    def interrupt(signum: int, frame: object) -> None:
-        raise KeyboardInterrupt
-
-    signal.signal(signal.SIGTERM, interrupt)
 
 
 def run_capture(args: argparse.Namespace) -> int:
@@ -203,7 +199,6 @@ def run_capture(args: argparse.Namespace) -> int:
     network = _network(args)
     logs.configure()
     progress, close = terminal_display(args.quiet, f"capture {args.model}")
-    _interrupt_on_sigterm()
     try:
         result = capture_training(
             config,
@@ -290,7 +285,6 @@ def run_capture_job(args: argparse.Namespace) -> int:
     network = _network(args)
     logs.configure()
     progress, close = terminal_display(args.quiet, "capture-job")
-    _interrupt_on_sigterm()
     try:
         result = capture_user_job(
             job,

@@ -24,6 +24,7 @@ from typing import Any
 
 from absl import logging
 
+from tf_grpc_bench import lifetime
 from tf_grpc_bench.errors import CaptureError, ServeError
 from tf_grpc_bench.profiler.launch.config import TrainingConfig
 from tf_grpc_bench.profiler.launch.markers import MARKERS_FILE, StepMarker, read_step_markers
@@ -171,6 +172,8 @@ class TrainingJob:
                 env=environment,
                 cwd=self.plan.workdir,
                 start_new_session=True,  # own process group: stop() reaches its children
+                # Dies with this process, even one killed by SIGKILL.
+                preexec_fn=lifetime.die_with_parent_preexec(),
             )
         except OSError:
             stdout.close()

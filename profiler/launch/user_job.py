@@ -32,6 +32,7 @@ from typing import IO, Any
 
 from absl import logging
 
+from tf_grpc_bench import lifetime
 from tf_grpc_bench.errors import BenchError, CaptureError, ConfigError, ServeError
 from tf_grpc_bench.profiler.launch.markers import read_step_markers
 from tf_grpc_bench.profiler.launch.processes import stop_groups, tail_lines
@@ -308,6 +309,8 @@ class UserTasks:
                 stderr=stderr,
                 env=variables,
                 start_new_session=True,
+                # Dies with this process, even one killed by SIGKILL.
+                preexec_fn=lifetime.die_with_parent_preexec(),
             )
         except OSError as failure:
             stdout.close()

@@ -102,10 +102,11 @@ def _handle(signum: int, _frame: FrameType | None) -> None:
 def interrupt_on_signals() -> Iterator[None]:
     """While the block runs, SIGINT, SIGTERM and SIGHUP raise ``Interrupted``.
 
-    Handlers can be set only from the main thread; elsewhere this does
-    nothing.  The previous handlers come back when the block ends.
+    Handlers can be set only from the main thread; elsewhere, or inside
+    another such block, this does nothing.  The previous handlers come back
+    when the block ends.
     """
-    if threading.current_thread() is not threading.main_thread():
+    if threading.current_thread() is not threading.main_thread() or handlers_installed():
         yield
         return
     with _received.lock:

@@ -46,6 +46,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
+from tf_grpc_bench import lifetime
 from tf_grpc_bench.errors import NetworkError
 
 #: Every namespace this tool makes starts with this; nothing else is touched.
@@ -510,9 +511,11 @@ def _teardown_on_signals() -> Iterator[None]:
     """Turn SIGTERM and SIGHUP into exceptions while the network exists.
 
     SIGINT already raises KeyboardInterrupt.  Signal handlers can only be set
-    from the main thread; elsewhere this does nothing.
+    from the main thread; elsewhere this does nothing, and so it does under
+    ``lifetime.interrupt_on_signals`` (the command line's), whose exception
+    unwinds the network as well.
     """
-    if threading.current_thread() is not threading.main_thread():
+    if threading.current_thread() is not threading.main_thread() or lifetime.handlers_installed():
         yield
         return
 
@@ -649,11 +652,18 @@ class EmulatedNetwork:
             text=True,
             timeout=timeout_s,
             check=False,
+            preexec_fn=lifetime.die_with_parent_preexec(),
         )
 
     def spawn(self, host: Host | int, argv: Sequence[str], **popen: Any) -> subprocess.Popen[Any]:
-        """Start ``argv`` inside ``host`` in its own process group; stopped by ``down``."""
-        process = subprocess.Popen(self.command(host, argv), start_new_session=True, **popen)
+        """Start ``argv`` inside ``host`` in its own process group; stopped by ``down``,
+        and killed if this process dies (``lifetime.die_with_parent_preexec``)."""
+        process = subprocess.Popen(
+            self.command(host, argv),
+            start_new_session=True,
+            preexec_fn=lifetime.die_with_parent_preexec(),
+            **popen,
+        )
         self._processes.append(process)
         return process
 
