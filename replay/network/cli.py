@@ -22,8 +22,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Protocol
 
-from tf_grpc_bench import netns
-from tf_grpc_bench.errors import NetworkError, UsageError
+from tf_grpc_bench import lifetime, netns
+from tf_grpc_bench.errors import NetworkError, RunInterrupted, UsageError
 from tf_grpc_bench.replay.core.workload import Workload
 from tf_grpc_bench.replay.network import compare as network_compare
 from tf_grpc_bench.replay.network.netinfo import format_rate
@@ -227,6 +227,12 @@ def _compare(
     print(comparison.markdown)
     print(f"comparison: {output_dir / network_compare.COMPARISON_FILE}")
     print(f"view:       tensorboard --logdir {output_dir}")
+    if comparison.interrupted is not None:
+        name = lifetime.signal_name(comparison.interrupted)
+        raise RunInterrupted(
+            f"interrupted ({name}); the profiles replayed so far are in {output_dir}",
+            signum=comparison.interrupted,
+        )
     if comparison.failed:
         names = ", ".join(o.profile.name for o in comparison.failed)
         raise NetworkError(f"replay failed on {names}; see {output_dir}")
