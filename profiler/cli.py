@@ -10,9 +10,12 @@ reason on one line (and its exit code).
 from __future__ import annotations
 
 import argparse
+import math
+from pathlib import Path
 
 from tf_grpc_bench import trace_summary
-from tf_grpc_bench.errors import RunInterrupted, UsageError
+from tf_grpc_bench.errors import CaptureError, RunInterrupted, TraceError, UsageError
+from tf_grpc_bench.files import check_writable
 from tf_grpc_bench.models.registry import available_models
 from tf_grpc_bench.profiler import logs
 from tf_grpc_bench.profiler.capture import CaptureResult, capture_training, command_line
@@ -26,13 +29,19 @@ from tf_grpc_bench.profiler.userjob import capture_user_job
 _DEFAULT_OUTPUT = "capture.tfgbtrace"
 
 
+#: Largest count flag (steps, batch size, image side): far past what one machine trains.
+MAX_COUNT = 1_000_000
+#: Longest timeout: a week.
+MAX_SECONDS = 7 * 86_400.0
+
+
 def _positive_int(text: str) -> int:
     try:
         value = int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
+    if not 0 <= value <= MAX_COUNT:
+        raise argparse.ArgumentTypeError(f"must be in 0..{MAX_COUNT}, got {value}")
     return value
 
 
@@ -41,9 +50,20 @@ def _seconds(text: str) -> float:
         value = float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected seconds, got {text!r}") from None
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"must be > 0 s, got {text}")
+    if not (math.isfinite(value) and 0 < value <= MAX_SECONDS):
+        raise argparse.ArgumentTypeError(f"must be in (0, {MAX_SECONDS:g}] s, got {text}")
     return value
+
+
+def _check_outputs(args: argparse.Namespace) -> None:
+    """TraceError/CaptureError now, before training, if the trace or the logs could not
+    be written where asked (the trace would be lost after minutes of training)."""
+    check_writable(args.output, error=TraceError, what="trace")
+    if args.workdir is not None:
+        workdir = Path(args.workdir)
+        if workdir.exists() and not workdir.is_dir():
+            raise CaptureError(f"--workdir {workdir}: not a directory")
+        check_writable(workdir / "probe", error=CaptureError, what="task logs")
 
 
 def _add_common(parser: argparse.ArgumentParser) -> None:
@@ -197,6 +217,7 @@ def run_capture(args: argparse.Namespace) -> int:
         step_timeout_s=args.step_timeout,
     )
     network = _network(args)
+    _check_outputs(args)
     logs.configure()
     progress, close = terminal_display(args.quiet, f"capture {args.model}")
     try:
@@ -283,6 +304,7 @@ def run_capture_job(args: argparse.Namespace) -> int:
         synchronous=args.synchronous,
     )
     network = _network(args)
+    _check_outputs(args)
     logs.configure()
     progress, close = terminal_display(args.quiet, "capture-job")
     try:

@@ -56,6 +56,9 @@ from tf_grpc_bench.replay.transport.wire import ChannelSettings, RpcKind, Server
 #: Messages in flight on a stream for synthetic P2P bandwidth (measured in
 #: ``docs/performance.md``).
 STREAMING_BANDWIDTH_WINDOW = 1
+#: Most processes a replay starts on this host for one benchmark: ps servers (one
+#: each) and PS-throughput workers (one each).  Beyond, a typo or a hostile trace.
+MAX_LOCAL_PROCESSES = 64
 
 
 def default_window(workload: Workload, rpc: RpcKind = RpcKind.UNARY) -> int | None:

@@ -242,9 +242,9 @@ def compare_networks(
         on_line(f"{profile.name}: network up, replaying")
         try:
             outcome = _run_profile(config, profile, on_line)
-        except ProfileInterrupted as stopped:
-            outcomes.append(stopped.outcome)
-            interrupted = stopped.signum
+        except ProfileInterrupted as cut_short:
+            outcomes.append(cut_short.outcome)
+            interrupted = cut_short.signum
             break
         except KeyboardInterrupt as interrupt:
             interrupted = lifetime.signal_of(interrupt)

@@ -31,6 +31,7 @@ from __future__ import annotations
 import contextlib
 import gzip
 import ipaddress
+import itertools
 import math
 import os
 import re
@@ -55,6 +56,11 @@ PREFIX = "tfgb-"
 HOST_INTERFACE = "eth0"
 BRIDGE = "br0"
 DEFAULT_SUBNET = "10.233.0.0/24"
+#: Most emulated hosts one network has.
+MAX_HOSTS = 200
+#: Subnets a network may use: private, from a /8 (room for any host count) to a /30.
+MIN_SUBNET_PREFIX = 8
+MAX_SUBNET_PREFIX = 30
 #: tbf's queue bound, as the time a packet may wait (tc's ``latency``).
 DEFAULT_TBF_LATENCY_US = 20_000
 #: A veth sends TSO/GSO packets of up to 64 KiB.  A bucket smaller than one such
@@ -259,11 +265,17 @@ def _plan_hosts(hosts: int, run_id: str, subnet: str) -> tuple[Host, ...]:
         network = ipaddress.IPv4Network(subnet)
     except ValueError as error:
         raise NetworkError(f"--subnet {subnet}: {error}") from None
-    usable = list(network.hosts())
+    if not (network.is_private and MIN_SUBNET_PREFIX <= network.prefixlen <= MAX_SUBNET_PREFIX):
+        raise NetworkError(
+            f"--subnet {subnet}: expected a private IPv4 subnet (in 10/8, 172.16/12 or "
+            f"192.168/16) of /{MIN_SUBNET_PREFIX} to /{MAX_SUBNET_PREFIX}, e.g. {DEFAULT_SUBNET}"
+        )
+    if hosts > MAX_HOSTS:
+        raise NetworkError(f"--hosts {hosts}: at most {MAX_HOSTS} emulated hosts")
+    usable = list(itertools.islice(network.hosts(), hosts))
     if hosts > len(usable):
-        raise NetworkError(f"--subnet {subnet} has room for {len(usable)} hosts, not {hosts}")
-    if hosts > 200:
-        raise NetworkError(f"--hosts {hosts}: at most 200 emulated hosts")
+        room = network.num_addresses - 2
+        raise NetworkError(f"--subnet {subnet} has room for {room} hosts, not {hosts}")
     return tuple(
         Host(
             index=i,
