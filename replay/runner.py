@@ -216,6 +216,7 @@ def run_benchmark(
         runs=runs,
         partial=bool(partial_runs),
         partial_reason=partial_runs[0].partial_reason if partial_runs else "",
+        inexact_sizes=workload.inexact_sizes,
     )
 
 

@@ -429,6 +429,7 @@ def merge_worker_documents(
                 partial=bool(partial_runs) or bool(reasons),
                 partial_reason=(partial_runs[0].partial_reason if partial_runs else "")
                 or "; ".join(reasons),
+                inexact_sizes=base.inexact_sizes,
             )
         )
     return merged, "; ".join(reasons)
