@@ -191,14 +191,15 @@ def _report(result: CaptureResult, quiet: bool) -> int:
         f"{len(trace.startup.rpcs)} at start-up" + (" (PARTIAL)" if trace.partial else "")
     )
     error = result.error
+    logs = f"; task logs in {result.logs}" if result.logs is not None else ""
     if isinstance(error, RunInterrupted):
         # Ctrl-C, SIGTERM and SIGHUP (the command line's handlers) stop a capture
         # alike: tasks stopped, partial trace written, exit 128 + signal.
         raise RunInterrupted(
-            f"{error}; partial trace written to {result.path}", signum=error.signum
+            f"{error}; partial trace written to {result.path}{logs}", signum=error.signum
         )
     if error is not None:
-        raise type(error)(f"{error} (partial trace written to {result.path})")
+        raise type(error)(f"{error} (partial trace written to {result.path}{logs})")
     return 0
 
 

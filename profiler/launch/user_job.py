@@ -35,7 +35,7 @@ from absl import logging
 from tf_grpc_bench import lifetime
 from tf_grpc_bench.errors import BenchError, CaptureError, ConfigError, ServeError
 from tf_grpc_bench.profiler.launch.markers import read_step_markers
-from tf_grpc_bench.profiler.launch.processes import stop_groups, tail_lines
+from tf_grpc_bench.profiler.launch.processes import meaningful_line, stop_groups, tail_lines
 from tf_grpc_bench.profiler.progress import Progress, ProgressCallback
 
 #: Environment variable naming the step-marker file a user script may write.
@@ -43,7 +43,6 @@ MARKERS_VARIABLE = "TF_GRPC_BENCH_STEP_MARKERS"
 #: Job names TensorFlow's cluster resolvers know.
 KNOWN_JOBS = ("chief", "ps", "worker", "evaluator")
 _MAX_TASKS = 32
-_FAILURE_LINES = 3
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -203,10 +202,9 @@ class _TaskProcess:
 
 
 def _stderr_tail(path: Path) -> str:
-    lines = tail_lines(path, tail_bytes=8192)
-    if lines is None:
-        return "(no stderr)"
-    return " | ".join(lines[-_FAILURE_LINES:]) if lines else "(stderr empty)"
+    """What the task's stderr says went wrong, in one line: ": <line>", or ""."""
+    line = meaningful_line(tail_lines(path, tail_bytes=16384) or [])
+    return f": {line}" if line else ""
 
 
 def check_local(host: str, task: str) -> None:
@@ -334,7 +332,7 @@ class UserTasks:
                 if code is not None and code != 0:
                     status = f"was killed by signal {-code}" if code < 0 else f"exited with {code}"
                     tail = _stderr_tail(task.log_prefix.with_suffix(".stderr"))
-                    raise CaptureError(f"task {task.name} {status}: {tail}")
+                    raise CaptureError(f"task {task.name} {status}{tail}")
             if all(t.process.poll() == 0 for t in drivers):
                 return
             if job.timeout_s is not None and time.monotonic() - started > job.timeout_s:
