@@ -11,7 +11,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import math
-import shutil
 import signal
 import sys
 import threading
@@ -729,8 +728,8 @@ def _check_memory(
                 f"the {workload.benchmark.value} workload can have {in_flight / 1e9:.2f} GB of "
                 f"messages in flight at once{where}; with the copies sender, gRPC and receiver "
                 f"hold that needs about {needed / 1e9:.1f} GB, more than the "
-                f"{available_bytes / 1e9:.1f} GB this machine has available (smaller messages, "
-                "fewer workers or a smaller --outstanding)"
+                f"{available_bytes / 1e9:.1f} GB of memory this machine has available "
+                "(smaller messages, fewer workers or a smaller --outstanding)"
             )
 
 
@@ -790,6 +789,7 @@ def run_replay(args: argparse.Namespace) -> int:
 
     request = build_request(args)
     # Made (and so checked writable) before anything is measured.
+    base_existed = Path(args.output_dir).exists()
     run_directory = results.new_run_directory(args.output_dir, runner.run_label(request))
     tls_dir: Path | None = None
     if request.grpc.tls:
@@ -803,7 +803,7 @@ def run_replay(args: argparse.Namespace) -> int:
             executed = runner.execute(request, tls_dir=tls_dir, on_progress=progress)
     except BaseException:
         # Nothing was measured: leave no empty run directory behind.
-        shutil.rmtree(run_directory, ignore_errors=True)
+        results.discard_run_directory(run_directory, base_existed=base_existed)
         raise
     document = runner.record(request, executed, run_directory, network_name=args.network_name)
     if not args.quiet:

@@ -68,7 +68,7 @@ def tail_lines(path: Path, *, tail_bytes: int) -> list[str] | None:
 #: chatter: devices, oneDNN, cuda absent, servers started), and their banners.
 _NOISE = re.compile(
     r"^(?:\d{4}-\d\d-\d\d \d\d:\d\d:\d\d(?:\.\d+)?: [IW] "  # TF:   "2026-12-01 ...: I tens..."
-    r"|[IW]\d{4} \d\d:\d\d:\d\d\.\d+ +\d+ \S+:\d+\] "  # absl: "I0000 00:00:17.1 12 a.cc:3] "
+    r"|[IW]\d{4} \d\d:\d\d:\d+\.\d+ +\d+ \S+:\d+\] "  # absl: "I0000 00:00:17.1 12 a.cc:3] "
     r"|WARNING: All log messages before absl::InitializeLog\(\)"
     r"|To enable the following instructions: |.*rebuild TensorFlow with the appropriate"
     r"|\s*warnings\.warn\(|.*(?:Warning|warning): )"

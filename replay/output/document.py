@@ -22,10 +22,12 @@ system, and ``build_document`` calls ``describe_machine`` unless given one.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
 import re
+import shutil
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -775,6 +777,15 @@ def read_document(path: str | os.PathLike[str]) -> ResultDocument:
 
 # --------------------------------------------------------------------------
 # Run directories.
+
+
+def discard_run_directory(run_directory: Path, *, base_existed: bool) -> None:
+    """Remove a run directory that holds no results (nothing was measured), and its
+    base directory too when ``new_run_directory`` made it and it is now empty."""
+    shutil.rmtree(run_directory, ignore_errors=True)
+    if not base_existed:
+        with contextlib.suppress(OSError):
+            run_directory.parent.rmdir()
 
 
 def new_run_directory(

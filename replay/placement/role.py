@@ -26,7 +26,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import shutil
 import signal
 import threading
 from collections.abc import Callable, Mapping, Sequence
@@ -440,6 +439,7 @@ def _gather(placement: Placement, args: argparse.Namespace, build_request: Reque
     server_credentials, _ = _gather_credentials(files)
     workers = [f"worker:{i}" for i in range(placement.worker_count)]
     # Made (and so checked writable) before anything is measured.
+    base_existed = Path(args.output_dir).exists()
     run_directory = results.new_run_directory(args.output_dir, "cluster")
     errors: list[BaseException] = []
     try:
@@ -458,7 +458,7 @@ def _gather(placement: Placement, args: argparse.Namespace, build_request: Reque
                     errors.append(error)
             texts, failures = _wait_for_workers(server, args.job_timeout)
     except BaseException:
-        shutil.rmtree(run_directory, ignore_errors=True)
+        results.discard_run_directory(run_directory, base_existed=base_existed)
         raise
     document = _gathered_document(placement, workers, texts, failures)
     _write_gathered(document, run_directory)
