@@ -61,6 +61,14 @@ Within each (client, server) pair calls keep the trace's order (by start time);
 ``outstanding_at_start`` is recomputed per pair after the mapping (how many
 earlier calls of the pair were still open when this one started);
 ``offset_ns`` is the call's start relative to its step's start.
+
+Steps.  A PS-throughput workload has one step per trace step, in order, even
+a step without calls: in a trace of worker-steps (asynchronous training) each
+step is one worker's, and every other worker has nothing to do in it, yet a
+pass over the trace is every step once for every worker, and the Nth step is
+the same trace step on every worker (``Workload.for_worker`` keeps the steps,
+with that worker's calls).  A P2P workload keeps the steps in which its pair
+talks.
 """
 
 from __future__ import annotations
@@ -891,7 +899,9 @@ def trace_workload(
     sizes: list[tuple[tuple[int, int], tuple[int, int]]] = []
     for trace_step, period, mapped in zip(trace.steps, periods, steps, strict=True):
         calls = _step_calls(trace_step, mapped, roles, mode, point_to_point=point_to_point)
-        if calls:
+        # PS throughput keeps every trace step, even one without calls (a pass is
+        # every step once, for every worker); a pair keeps the steps it talks in.
+        if calls or not point_to_point:
             workload_steps.append(
                 WorkloadStep(index=trace_step.index, calls=calls, period_ns=period)
             )
