@@ -241,6 +241,24 @@ def test_golden_v1_document_is_still_readable() -> None:
         assert statistics["bandwidth_mb_per_s"] == pytest.approx(result.bandwidth_mb_per_s)
 
 
+def test_golden_v2_document_is_still_readable_without_inexact_sizes() -> None:
+    document = read_document(DATA / "results-v2.json")
+    assert document.format_version == 2
+    assert all(result.inexact_sizes is None for result in document.benchmarks)
+    assert document.benchmarks[2].step_compute_ns  # a version 2 field, kept
+
+
+def test_inexact_sizes_round_trip_and_are_said_in_the_table() -> None:
+    from tf_grpc_bench.replay.output.report import format_table
+
+    document = read_document(DATA / f"results-v{FORMAT_VERSION}.json")
+    assert document.benchmarks[0].inexact_sizes == golden_document().benchmarks[0].inexact_sizes
+    assert (
+        "sizes not exact: p2p-latency: 5 traced message sizes per pass cannot be encoded "
+        "exactly in serialized mode (2 B -> 0 B x5): 120 B replayed for 130 B traced"
+    ) in format_table(document).splitlines()
+
+
 def test_current_writer_reproduces_the_newest_golden_document_exactly() -> None:
     golden = DATA / f"results-v{FORMAT_VERSION}.json"
     assert dumps_document(golden_document()) == golden.read_text()
