@@ -19,8 +19,10 @@ script (root: it builds network namespaces):
    ``## Fidelity`` section of ``bench/README.md``.
 
 Usage: ``sudo .venv/bin/python bench/fidelity.py [--models resnet50,vgg16]
-[--profiles 1gbit,2.5gbit,5gbit,10gbit,unlimited] [--steps 8] [--no-readme]``
-(needs the profiler extra).
+[--setup tf2-ps|tf1-ps] [--profiles 1gbit,2.5gbit,5gbit,10gbit,unlimited] [--steps 8]
+[--no-readme]`` (needs the profiler extra).  Each model and setup gets its own
+section, ``## Fidelity: MODEL, SETUP``, so runs of different models do not
+overwrite each other.
 """
 
 from __future__ import annotations
@@ -49,7 +51,7 @@ from tf_grpc_bench import trace_files
 from tf_grpc_bench.netns import parse_profile
 from tf_grpc_bench.trace import Trace
 
-SECTION = "## Fidelity"
+SECTION = "## Fidelity: {model}, {setup}"
 #: Warm-up and measured seconds of each replay (one run: the prediction is a median of steps).
 REPLAY_WARMUP_S = "4"
 REPLAY_DURATION_S = "20"
@@ -81,9 +83,9 @@ def run(command: list[str]) -> None:
         raise SystemExit(f"failed ({completed.returncode}): {completed.stderr.strip()[-2000:]}")
 
 
-def capture(model: str, steps: int, output: Path, profile: str | None) -> Trace:
+def capture(model: str, setup: str, steps: int, output: Path, profile: str | None) -> Trace:
     command = tf_grpc_bench_command(
-        "capture", "--model", model, "--setup", "tf2-ps", "--ps", "2", "--workers", "2",
+        "capture", "--model", model, "--setup", setup, "--ps", "2", "--workers", "2",
         "--steps", str(steps), "--warmup-steps", "2", "--batch-size", "4",
         "--input-size", "32", "--output", str(output), "--quiet",
     )  # fmt: skip
@@ -149,13 +151,13 @@ def predict(trace_path: Path, profile: str, output_dir: Path) -> Prediction | No
     )
 
 
-def measure(model: str, profiles: list[str], steps: int, scratch: Path) -> list[Row]:
+def measure(model: str, setup: str, profiles: list[str], steps: int, scratch: Path) -> list[Row]:
     loopback_trace = scratch / f"{model}-loopback.tfgbtrace"
-    capture(model, steps, loopback_trace, None)
+    capture(model, setup, steps, loopback_trace, None)
     rows = []
     for profile in profiles:
         link_trace = scratch / f"{model}-{profile}.tfgbtrace"
-        trained = capture(model, steps, link_trace, profile)
+        trained = capture(model, setup, steps, link_trace, profile)
         rows.append(
             Row(
                 model=model,
@@ -178,15 +180,15 @@ def _prediction_cells(prediction: Prediction | None, training_s: float) -> list[
     return [f"{prediction.step_s:.2f} s", f"{ratio:.2f}{bound}"]
 
 
-def report(rows: list[Row], command: str, before: str, after: str) -> str:
+def report(rows: list[Row], setup: str, command: str, before: str, after: str) -> str:
     lines = [
-        SECTION,
+        SECTION.format(model=rows[0].model if rows else "?", setup=setup),
         "",
         f"`{command}`",
         "",
         machine_line(before, after),
         "",
-        "Training: median steady round (a step on each of 2 workers, synchronous tf2-ps, 2 ps on",
+        f"Training: median steady round (a step on each of 2 workers, synchronous {setup}, 2 ps on",
         "one emulated host, chief and workers on another) captured on the link. Replay: the",
         "predicted step (dependencies pacing, compute kept) of the PS-throughput replay across",
         "the same link, of a trace captured on loopback and of the one captured on the link.",
@@ -215,20 +217,20 @@ def report(rows: list[Row], command: str, before: str, after: str) -> str:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--models", default="resnet50,vgg16")
+    parser.add_argument("--setup", default="tf2-ps", choices=("tf2-ps", "tf1-ps"))
     parser.add_argument("--profiles", default="1gbit,2.5gbit,5gbit,10gbit,unlimited")
     parser.add_argument("--steps", type=int, default=8, help="steady rounds per capture")
     parser.add_argument("--no-readme", action="store_true")
     args = parser.parse_args()
-    before = load_average()
-    rows: list[Row] = []
+    command = command_line("bench/fidelity.py", sys.argv[1:])
     with tempfile.TemporaryDirectory(prefix="tfgb-fidelity-") as scratch:
         for model in args.models.split(","):
-            rows += measure(model, args.profiles.split(","), args.steps, Path(scratch))
-    arguments = sys.argv[1:]
-    body = report(rows, command_line("bench/fidelity.py", arguments), before, load_average())
-    print(body)
-    if not args.no_readme:
-        write_section(README, SECTION, body)
+            before = load_average()
+            rows = measure(model, args.setup, args.profiles.split(","), args.steps, Path(scratch))
+            body = report(rows, args.setup, command, before, load_average())
+            print(body)
+            if not args.no_readme:
+                write_section(README, SECTION.format(model=model, setup=args.setup), body)
     return 0
 
 

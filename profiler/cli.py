@@ -10,16 +10,23 @@ reason on one line (and its exit code).
 from __future__ import annotations
 
 import argparse
-import signal
+import math
+from pathlib import Path
 
 from tf_grpc_bench import trace_summary
-from tf_grpc_bench.errors import UsageError
+from tf_grpc_bench.errors import CaptureError, RunInterrupted, TraceError, UsageError
+from tf_grpc_bench.files import check_writable
 from tf_grpc_bench.models.registry import available_models
 from tf_grpc_bench.profiler import logs
 from tf_grpc_bench.profiler.capture import CaptureResult, capture_training, command_line
 from tf_grpc_bench.profiler.launch.config import SETUPS, TrainingConfig
 from tf_grpc_bench.profiler.launch.hosts import DEFAULT_LAYOUT, LAYOUTS, NetworkRequest
-from tf_grpc_bench.profiler.launch.user_job import UserJob, parse_cluster
+from tf_grpc_bench.profiler.launch.user_job import (
+    DEFAULT_STEP_TIMEOUT_S,
+    DEFAULT_TIMEOUT_S,
+    UserJob,
+    parse_cluster,
+)
 from tf_grpc_bench.profiler.progress import terminal_display
 from tf_grpc_bench.profiler.recorders.recorder import DEFAULT_RECORDER, RECORDERS
 from tf_grpc_bench.profiler.userjob import capture_user_job
@@ -27,13 +34,19 @@ from tf_grpc_bench.profiler.userjob import capture_user_job
 _DEFAULT_OUTPUT = "capture.tfgbtrace"
 
 
+#: Largest count flag (steps, batch size, image side): far past what one machine trains.
+MAX_COUNT = 1_000_000
+#: Longest timeout: a week.
+MAX_SECONDS = 7 * 86_400.0
+
+
 def _positive_int(text: str) -> int:
     try:
         value = int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
+    if not 0 <= value <= MAX_COUNT:
+        raise argparse.ArgumentTypeError(f"must be in 0..{MAX_COUNT}, got {value}")
     return value
 
 
@@ -42,9 +55,20 @@ def _seconds(text: str) -> float:
         value = float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected seconds, got {text!r}") from None
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"must be > 0 s, got {text}")
+    if not (math.isfinite(value) and 0 < value <= MAX_SECONDS):
+        raise argparse.ArgumentTypeError(f"must be in (0, {MAX_SECONDS:g}] s, got {text}")
     return value
+
+
+def _check_outputs(args: argparse.Namespace) -> None:
+    """TraceError/CaptureError now, before training, if the trace or the logs could not
+    be written where asked (the trace would be lost after minutes of training)."""
+    check_writable(args.output, error=TraceError, what="trace")
+    if args.workdir is not None:
+        workdir = Path(args.workdir)
+        if workdir.exists() and not workdir.is_dir():
+            raise CaptureError(f"--workdir {workdir}: not a directory")
+        check_writable(workdir / "probe", error=CaptureError, what="task logs")
 
 
 def _add_common(parser: argparse.ArgumentParser) -> None:
@@ -167,23 +191,23 @@ def _report(result: CaptureResult, quiet: bool) -> int:
     rpcs = sum(len(s.rpcs) for s in trace.steps)
     if not quiet:
         print(trace_summary.format_summary(trace, source=str(result.path)))
+    detection = trace.step_detection
+    found = f" ({detection.unit}s, from {detection.source})" if detection.unit else ""
     print(
-        f"wrote {result.path}: {len(trace.steps)} steady steps, {rpcs} RPCs in them, "
+        f"wrote {result.path}: {len(trace.steps)} steady steps{found}, {rpcs} RPCs in them, "
         f"{len(trace.startup.rpcs)} at start-up" + (" (PARTIAL)" if trace.partial else "")
     )
-    if result.error is not None:
-        error = result.error
-        raise type(error)(f"{error} (partial trace written to {result.path})")
+    error = result.error
+    logs = f"; task logs in {result.logs}" if result.logs is not None else ""
+    if isinstance(error, RunInterrupted):
+        # Ctrl-C, SIGTERM and SIGHUP (the command line's handlers) stop a capture
+        # alike: tasks stopped, partial trace written, exit 128 + signal.
+        raise RunInterrupted(
+            f"{error}; partial trace written to {result.path}{logs}", signum=error.signum
+        )
+    if error is not None:
+        raise type(error)(f"{error} (partial trace written to {result.path}{logs})")
     return 0
-
-
-def _interrupt_on_sigterm() -> None:
-    """SIGTERM stops a capture like Ctrl-C does: tasks stopped, partial trace written."""
-
-    def interrupt(signum: int, frame: object) -> None:
-        raise KeyboardInterrupt
-
-    signal.signal(signal.SIGTERM, interrupt)
 
 
 def run_capture(args: argparse.Namespace) -> int:
@@ -201,9 +225,9 @@ def run_capture(args: argparse.Namespace) -> int:
         step_timeout_s=args.step_timeout,
     )
     network = _network(args)
+    _check_outputs(args)
     logs.configure()
     progress, close = terminal_display(args.quiet, f"capture {args.model}")
-    _interrupt_on_sigterm()
     try:
         result = capture_training(
             config,
@@ -234,7 +258,7 @@ def configure_capture_job(parser: argparse.ArgumentParser) -> None:
         "--warmup-steps",
         type=_positive_int,
         default=1,
-        help="worker-steps found in the traffic to keep as start-up (default 1)",
+        help="training runs found in the traffic (worker-steps) to keep as start-up (default 1)",
     )
     parser.add_argument(
         "--driver",
@@ -246,9 +270,17 @@ def configure_capture_job(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--timeout",
         type=_seconds,
-        default=None,
+        default=DEFAULT_TIMEOUT_S,
         metavar="S",
-        help="give up (partial trace) after S seconds",
+        help=f"give up (partial trace) after S seconds in all (default {DEFAULT_TIMEOUT_S:g})",
+    )
+    parser.add_argument(
+        "--step-timeout",
+        type=_seconds,
+        default=DEFAULT_STEP_TIMEOUT_S,
+        metavar="S",
+        help="a job whose tasks exchange nothing (and write no step marker) for S seconds "
+        f"counts as hung (default {DEFAULT_STEP_TIMEOUT_S:g})",
     )
     parser.add_argument("--model", default="", help="model name to record in the trace")
     parser.add_argument("--strategy", default="", help="strategy name to record in the trace")
@@ -281,6 +313,7 @@ def run_capture_job(args: argparse.Namespace) -> int:
         command=tuple(command),
         warmup_steps=args.warmup_steps,
         timeout_s=args.timeout,
+        step_timeout_s=args.step_timeout,
         drivers=tuple(args.driver or ()),
         model=args.model,
         strategy=args.strategy,
@@ -288,9 +321,9 @@ def run_capture_job(args: argparse.Namespace) -> int:
         synchronous=args.synchronous,
     )
     network = _network(args)
+    _check_outputs(args)
     logs.configure()
     progress, close = terminal_display(args.quiet, "capture-job")
-    _interrupt_on_sigterm()
     try:
         result = capture_user_job(
             job,

@@ -322,9 +322,14 @@ def test_physics_finds_a_missing_tensor() -> None:
     assert any("step 1" in p and "-" in p for p in report.problems)  # bytes short
 
 
-def test_physics_needs_the_variables() -> None:
-    with pytest.raises(ValueError, match="trainable variables"):
-        check_physics(make_trace())
+def test_physics_without_the_variables_says_it_cannot_check() -> None:
+    # A capture-job trace records no variables: a clear answer, not a raw ValueError.
+    report = check_physics(make_trace())
+    assert not report.ok
+    (problem,) = report.problems
+    assert problem.startswith("cannot check: the trace does not record the model's trainable")
+    assert 'check_physics(trace, {"variables"' in problem
+    assert "cannot check" in report.format()
 
 
 # --------------------------------------------------------------------------
@@ -566,10 +571,13 @@ def test_the_other_setups_are_captured_and_obey_their_physics(
     assert extra["unattributed_calls"] == "0"
     report = check_physics(result.trace)
     assert report.ok, report.format()
+    detection = result.trace.step_detection
     if not synchronous:
         # Asynchronous steps are worker-steps: every worker's, one by one.
-        assert extra["step_unit"] == "worker-step"
+        assert (detection.source, detection.unit) == ("step-id", trace_model.WORKER_STEP)
         assert len(result.trace.steps) == config.steps * config.workers
+    else:
+        assert (detection.source, detection.unit) == ("markers", trace_model.ROUND)
     methods = Counter(r.short_method for s in result.trace.steps for r in s.rpcs)
     # Parameter servers move tensors with RecvTensor, all-reduce with RecvBuf.
     assert methods["RecvBuf" if setup == "mwms" else "RecvTensor"] > 0

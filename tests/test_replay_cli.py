@@ -171,8 +171,10 @@ def test_serve_answers_a_replay_from_another_process_then_stops_on_sigterm(
     assert run.server_received_messages == run.rpc_count > 0
     process.send_signal(signal.SIGTERM)
     out, err = process.communicate(timeout=30)
-    assert process.returncode == 0, err
+    # Stopped like Ctrl-C: one line, the shell's 128 + signal.
+    assert process.returncode == 128 + signal.SIGTERM, err
     assert "stopped; received" in out
+    assert err == "tf-grpc-bench serve: interrupted (SIGTERM); servers stopped\n"
 
 
 def test_a_server_that_dies_mid_replay_leaves_partial_results_and_one_error_line(

@@ -52,10 +52,23 @@ of a steady-state step is mapped as follows:
 * client -> client (the chief's control calls to workers): no server exists for
   the callee; dropped and counted likewise.
 
+What is dropped is said in the workload's parameters: ``dropped_rpcs_per_pass``,
+``dropped_bytes_per_pass`` (both directions) and ``dropped_rpcs``, the kinds
+(caller job -> callee job, method) with their RPCs and bytes.  A point-to-point
+replay also counts the other pairs' RPCs in ``dropped_rpcs_per_pass``.
+
 Within each (client, server) pair calls keep the trace's order (by start time);
 ``outstanding_at_start`` is recomputed per pair after the mapping (how many
 earlier calls of the pair were still open when this one started);
 ``offset_ns`` is the call's start relative to its step's start.
+
+Steps.  A PS-throughput workload has one step per trace step, in order, even
+a step without calls: in a trace of worker-steps (asynchronous training) each
+step is one worker's, and every other worker has nothing to do in it, yet a
+pass over the trace is every step once for every worker, and the Nth step is
+the same trace step on every worker (``Workload.for_worker`` keeps the steps,
+with that worker's calls).  A P2P workload keeps the steps in which its pair
+talks.
 """
 
 from __future__ import annotations
@@ -75,8 +88,8 @@ from tf_grpc_bench.replay.core.dependencies import (
     infer_dependencies,
 )
 from tf_grpc_bench.replay.core.generators import GeneratorConfig, PayloadSpec, generate_payloads
-from tf_grpc_bench.replay.core.measurement import Benchmark
-from tf_grpc_bench.trace import TENSOR_METHODS, Rpc, Trace
+from tf_grpc_bench.replay.core.measurement import Benchmark, InexactSizes
+from tf_grpc_bench.trace import TENSOR_METHODS, Rpc, Step, Trace
 
 #: Method paths of the replay service (``protos/bench.proto``); the raw mode uses the same paths.
 ECHO_METHOD = "/tf_grpc_bench.Replay/Echo"
@@ -320,6 +333,9 @@ class Workload:
     #: any call of the next began (a synchronous coordinator's join); the
     #: replay's workers then meet between steps.
     round_barrier: bool = False
+    #: Trace workloads: the traced sizes the calls could not reproduce (serialized
+    #: mode); None when every call has its traced sizes.
+    inexact_sizes: InexactSizes | None = None
 
     def __post_init__(self) -> None:
         if self.source not in ("synthetic", "trace"):
@@ -590,20 +606,51 @@ def trace_roles(trace: Trace, *, source: str = "trace") -> TraceRoles:
 
 
 def _mapped_steps(trace: Trace, roles: TraceRoles) -> tuple[list[list[_Mapped]], int]:
+    steps, unreplayed = _mapped_and_unreplayed(trace, roles)
+    return steps, len(unreplayed)
+
+
+def _mapped_and_unreplayed(
+    trace: Trace, roles: TraceRoles
+) -> tuple[list[list[_Mapped]], list[Rpc]]:
+    """Each step's RPCs as the replay maps them, and the RPCs no replay task can make."""
     servers = frozenset(roles.server_tasks)
     steps: list[list[_Mapped]] = []
-    dropped = 0
+    unreplayed: list[Rpc] = []
     for step in trace.steps:
         mapped_step = []
         for rpc in step.rpcs:
             mapped = _map_rpc(rpc, servers, roles.ps_job)
             if mapped is None:
-                dropped += 1
+                unreplayed.append(rpc)
             else:
                 mapped_step.append(mapped)
         mapped_step.sort(key=lambda m: (m.rpc.start_ns, m.rpc.end_ns))
         steps.append(mapped_step)
-    return steps, dropped
+    return steps, unreplayed
+
+
+def unreplayed_summary(trace: Trace, roles: TraceRoles | None = None) -> tuple[int, str]:
+    """Bytes per pass of the RPCs a replay cannot make, and what they are.
+
+    The text lists each kind as ``caller job->callee job method: RPCs, bytes``
+    (both directions' bytes), most bytes first; empty when nothing is dropped.
+    """
+    if roles is None:
+        roles = trace_roles(trace)
+    _, unreplayed = _mapped_and_unreplayed(trace, roles)
+    kinds: dict[str, list[int]] = {}
+    for rpc in unreplayed:
+        caller = trace.tasks[rpc.caller_task].job
+        callee = trace.tasks[rpc.callee_task].job
+        method = rpc.method.rsplit("/", 1)[-1]
+        entry = kinds.setdefault(f"{caller}->{callee} {method}", [0, 0])
+        entry[0] += 1
+        entry[1] += rpc.request_bytes + rpc.response_bytes
+    total = sum(size for _, size in kinds.values())
+    ranked = sorted(kinds.items(), key=lambda item: (-item[1][1], item[0]))
+    text = "; ".join(f"{kind}: {count} RPCs, {size} B" for kind, (count, size) in ranked)
+    return total, text
 
 
 def pair_bytes(trace: Trace, roles: TraceRoles | None = None) -> dict[tuple[int, int], int]:
@@ -768,6 +815,64 @@ def steps_are_rounds(trace: Trace) -> bool:
     return True
 
 
+def inexact_sizes(pairs: Iterable[tuple[tuple[int, int], tuple[int, int]]]) -> InexactSizes | None:
+    """What differs between traced and replayed (request, response) sizes, or None."""
+    changes: Counter[tuple[int, int]] = Counter()
+    calls = traced = replayed = 0
+    for (traced_request, traced_response), (request, response) in pairs:
+        if (traced_request, traced_response) == (request, response):
+            continue
+        calls += 1
+        traced += traced_request + traced_response
+        replayed += request + response
+        for before, after in ((traced_request, request), (traced_response, response)):
+            if before != after:
+                changes[(before, after)] += 1
+    if not calls:
+        return None
+    ranked = sorted(changes.items(), key=lambda item: (-item[1], item[0]))
+    examples = ", ".join(f"{b} B -> {a} B x{n}" for (b, a), n in ranked[:_INEXACT_EXAMPLES])
+    if len(ranked) > _INEXACT_EXAMPLES:
+        examples += ", ..."
+    return InexactSizes(
+        calls_per_pass=calls, traced_bytes=traced, replayed_bytes=replayed, examples=examples
+    )
+
+
+#: How many kinds of size change ``inexact_sizes`` names.
+_INEXACT_EXAMPLES = 3
+
+
+def _step_calls(
+    trace_step: Step,
+    mapped: Sequence[_Mapped],
+    roles: TraceRoles,
+    mode: Mode,
+    *,
+    point_to_point: bool,
+) -> tuple[Call, ...]:
+    """One trace step's mapped RPCs as calls (one worker's when ``point_to_point``)."""
+    outstanding = _with_pair_outstanding(mapped)
+    dependencies = _step_dependencies(mapped, roles, trace_step.start_ns)
+    return tuple(
+        pull_call(
+            method=m.rpc.method,
+            request_bytes=m.request_bytes,
+            response_bytes=m.response_bytes,
+            mode=mode,
+            tensor_name=m.rpc.tensor.edge_name if m.rpc.tensor else "",
+            server_index=roles.server_index(m.server_task),
+            worker_index=0 if point_to_point else roles.client_index(m.client_task),
+            step=trace_step.index,
+            offset_ns=max(m.rpc.start_ns - trace_step.start_ns, 0),
+            outstanding_at_start=count,
+            reversed_direction=m.reversed_direction,
+            dependencies=deps,
+        )
+        for m, count, deps in zip(mapped, outstanding, dependencies, strict=True)
+    )
+
+
 def trace_workload(
     trace: Trace,
     benchmark: Benchmark,
@@ -784,35 +889,26 @@ def trace_workload(
     """
     roles = trace_roles(trace, source=source)
     steps, dropped = _mapped_steps(trace, roles)
+    dropped_bytes, dropped_kinds = unreplayed_summary(trace, roles)
     point_to_point = benchmark is not Benchmark.PS_THROUGHPUT
     if point_to_point:
         pair, steps, dropped = _pair_only(trace, roles, steps, dropped, pair)
     periods = _step_periods(trace)
     workload_steps = []
+    #: (traced, replayed) (request, response) sizes of every call, to find inexact ones.
+    sizes: list[tuple[tuple[int, int], tuple[int, int]]] = []
     for trace_step, period, mapped in zip(trace.steps, periods, steps, strict=True):
-        outstanding = _with_pair_outstanding(mapped)
-        dependencies = _step_dependencies(mapped, roles, trace_step.start_ns)
-        calls = tuple(
-            pull_call(
-                method=m.rpc.method,
-                request_bytes=m.request_bytes,
-                response_bytes=m.response_bytes,
-                mode=mode,
-                tensor_name=m.rpc.tensor.edge_name if m.rpc.tensor else "",
-                server_index=roles.server_index(m.server_task),
-                worker_index=0 if point_to_point else roles.client_index(m.client_task),
-                step=trace_step.index,
-                offset_ns=max(m.rpc.start_ns - trace_step.start_ns, 0),
-                outstanding_at_start=count,
-                reversed_direction=m.reversed_direction,
-                dependencies=deps,
-            )
-            for m, count, deps in zip(mapped, outstanding, dependencies, strict=True)
-        )
-        if calls:
+        calls = _step_calls(trace_step, mapped, roles, mode, point_to_point=point_to_point)
+        # PS throughput keeps every trace step, even one without calls (a pass is
+        # every step once, for every worker); a pair keeps the steps it talks in.
+        if calls or not point_to_point:
             workload_steps.append(
                 WorkloadStep(index=trace_step.index, calls=calls, period_ns=period)
             )
+        sizes += [
+            ((m.request_bytes, m.response_bytes), (c.request_bytes, c.response_bytes))
+            for m, c in zip(mapped, calls, strict=True)
+        ]
     description: dict[str, ParameterValue] = {
         "trace_steps": len(trace.steps),
         "calls_per_pass": sum(len(s.calls) for s in workload_steps),
@@ -820,6 +916,8 @@ def trace_workload(
             1 for s in workload_steps for c in s.calls if c.reversed_direction
         ),
         "dropped_rpcs_per_pass": dropped,
+        "dropped_bytes_per_pass": dropped_bytes,
+        "dropped_rpcs": dropped_kinds,
         "ps": len(roles.server_tasks),
         "workers": 1 if point_to_point else len(roles.client_tasks),
         "server_tasks": ",".join(trace.task_name(t) for t in roles.server_tasks),
@@ -839,4 +937,5 @@ def trace_workload(
         worker_count=1 if point_to_point else len(roles.client_tasks),
         description=tuple(description.items()),
         round_barrier=bool(description["round_barrier"]),
+        inexact_sizes=inexact_sizes(sizes),
     )

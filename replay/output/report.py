@@ -117,7 +117,30 @@ def format_table(document: ResultDocument) -> str:
     if document.partial and not notes:
         notes.append(document.partial_reason or "stopped early")
     lines += [f"{PARTIAL_MARK} partial: {note}" for note in notes]
+    lines += _dropped_notes(document)
+    lines += _inexact_notes(document)
     return "\n".join(lines)
+
+
+def _inexact_notes(document: ResultDocument) -> list[str]:
+    """What sizes a (serialized) trace replay could not reproduce, per benchmark."""
+    return [
+        f"sizes not exact: {label}: {result.inexact_sizes.describe()}"
+        for result, label in zip(document.benchmarks, document.labels, strict=True)
+        if result.inexact_sizes is not None
+    ]
+
+
+def _dropped_notes(document: ResultDocument) -> list[str]:
+    """What a trace replay could not send (once per distinct kind list)."""
+    seen: set[str] = set()
+    lines = []
+    for result in document.benchmarks:
+        kinds = result.parameters.get("dropped_rpcs")
+        if isinstance(kinds, str) and kinds and kinds not in seen:
+            seen.add(kinds)
+            lines.append(f"not replayed (no replay task makes these calls), per pass: {kinds}")
+    return lines
 
 
 def _escape(cell: str) -> str:

@@ -52,6 +52,10 @@ from tf_grpc_bench.replay.transport.wire import (
 
 Metadata = tuple[tuple[str, str], ...] | None
 
+#: Most bytes of requests a client keeps built for reuse; requests past it are built
+#: for each call (a trace may declare many distinct large messages).
+REQUEST_CACHE_BYTES = 1024**3
+
 _SERIALIZED_TYPES: dict[Shape, tuple[Any, Any]] = {
     Shape.ECHO: (bench_pb2.Payload, bench_pb2.Payload),
     Shape.ACK: (bench_pb2.Payload, bench_pb2.Ack),
@@ -289,7 +293,9 @@ class ReplayClient:
         mode: Mode,
         settings: ChannelSettings | None = None,
         channels: Iterable[grpc.Channel] | None = None,
+        request_cache_bytes: int = REQUEST_CACHE_BYTES,
     ) -> None:
+        """``request_cache_bytes`` bounds the requests kept for reuse (``prepare``)."""
         self.target = target
         self.mode = mode
         self.settings = settings or ChannelSettings()
@@ -312,7 +318,11 @@ class ReplayClient:
         self._streams: dict[tuple[int, str], MessageStream] = {}
         self._streams_lock = threading.Lock()
         self._requests: dict[Any, tuple[Any, Metadata]] = {}
-        self._bytes = PayloadBytes()
+        self._requests_lock = threading.Lock()
+        self._request_cache_bytes = request_cache_bytes
+        #: Bytes of the requests kept in ``_requests``.
+        self.cached_request_bytes = 0
+        self._bytes = PayloadBytes(request_cache_bytes)
         self._control = {
             method: self._channels[0].unary_unary(method, None, None)
             for method in (STATS_METHOD, RESET_METHOD)
@@ -353,15 +363,30 @@ class ReplayClient:
         return request, (*(metadata or ()), *self._call_metadata) or None
 
     def _request(self, call: Call) -> tuple[Any, Metadata]:
+        """The request of ``call``: kept from before, or built now (and kept while the
+        cache has room; past that, built for each call, so memory stays bounded)."""
         key = self._request_key(call)
         request = self._requests.get(key)
         if request is None:
-            request = self._requests.setdefault(key, self._build_request(call))
+            request = self._build_request(call)
+            size = message_length(request[0], self.mode)
+            with self._requests_lock:
+                if key not in self._requests and self._has_room(size):
+                    self._requests[key] = request
+                    self.cached_request_bytes += size
         return request
 
+    def _has_room(self, size: int) -> bool:
+        return self.cached_request_bytes + size <= self._request_cache_bytes
+
     def prepare(self, calls: Iterable[Call]) -> None:
-        """Build every request these calls need now, so none is built while measuring."""
+        """Build the requests these calls need now, so none is built while measuring;
+        those past ``request_cache_bytes`` are left to be built call by call."""
         for call in calls:
+            if self._request_key(call) in self._requests:
+                continue
+            if not self._has_room(call.request_bytes):
+                continue
             request, _ = self._request(call)
             sent = message_length(request, self.mode)
             if sent != call.request_bytes:

@@ -9,21 +9,33 @@ whoever drives the calls.  Blocking; the clock is injected.
 from __future__ import annotations
 
 import itertools
+import signal
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from tf_grpc_bench import lifetime
 from tf_grpc_bench.errors import ConfigError, TransportError
 from tf_grpc_bench.replay.core.measurement import Benchmark, CallSample, RunMeasurement
 from tf_grpc_bench.replay.core.pacing import next_step_begin_ns
 from tf_grpc_bench.replay.core.workload import Workload, WorkloadStep
-from tf_grpc_bench.replay.transport.client import Driver, ReplayClient
+from tf_grpc_bench.replay.transport.client import Driver, ReplayClient, StepOutcome
 from tf_grpc_bench.replay.transport.wire import ChannelSettings, ServerStats
 
 NS_PER_S = 1_000_000_000
+#: How the partial reason of a run stopped by a stop signal begins.
+INTERRUPTED_PREFIX = "interrupted by "
+
+
+def interrupted_reason(signum: int) -> str:
+    """Partial reason of a run stopped by ``signum`` (Ctrl-C, SIGTERM, SIGHUP)."""
+    who = "the user (Ctrl-C)" if signum == signal.SIGINT else lifetime.signal_name(signum)
+    return f"{INTERRUPTED_PREFIX}{who}"
+
+
 #: Partial reason of a run stopped by Ctrl-C.
-INTERRUPTED_REASON = "interrupted by the user (Ctrl-C)"
+INTERRUPTED_REASON = interrupted_reason(signal.SIGINT)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -119,6 +131,27 @@ class StepBarrier(Protocol):
         """This worker stops: release the others waiting, now or later."""
 
 
+def _record_dependent_step(
+    own: bool,
+    duration_ns: int,
+    outcome: StepOutcome,
+    step_times: list[int] | None,
+    step_compute: list[int] | None,
+) -> None:
+    """Record a dependency-paced step: its time and critical-path compute, or, for a
+    step without calls of this worker, add its time to the step before as compute."""
+    if own:
+        if step_times is not None:
+            step_times.append(duration_ns)
+        if step_compute is not None and outcome.path is not None:
+            step_compute.append(outcome.path.compute_ns)
+        return
+    if step_times:
+        step_times[-1] += duration_ns
+        if step_compute and len(step_compute) == len(step_times):
+            step_compute[-1] += duration_ns
+
+
 class WorkerLoop:
     """One worker's replay: its calls, cycled under the runner's protocol.
 
@@ -126,6 +159,15 @@ class WorkerLoop:
     a step begins only once every worker has finished the previous one (the
     trace's steps are rounds ended by a barrier, as a synchronous
     ``ClusterCoordinator`` loop's ``join`` makes them).
+
+    A trace workload's steps are cycled whole, including those in which this
+    worker makes no call (another worker's step of an asynchronous trace), so
+    that a pass is every trace step once and the Nth step is the same trace
+    step on every worker.  Such a step takes the time its pacing gives it
+    (none as fast as possible, its recorded period otherwise) and records no
+    step time of its own: its time belongs to the worker's step before it
+    (under dependencies pacing, as that step's compute: the worker computed
+    its next step while the others made theirs).
     """
 
     def __init__(
@@ -142,8 +184,11 @@ class WorkerLoop:
         self.step_barrier = step_barrier
         self.clock = clock
         self.cpu_clock = cpu_clock
-        self._steps = tuple(step for step in workload.steps if step.calls)
         self._synthetic = workload.source == "synthetic"
+        steps = workload.steps
+        if self._synthetic or not any(step.calls for step in steps):
+            steps = tuple(step for step in steps if step.calls)
+        self._steps = steps
 
     def _cycle(self) -> Iterator[WorkloadStep]:
         return itertools.cycle(self._steps)
@@ -184,21 +229,22 @@ class WorkerLoop:
                 stop_at_ns=stop_at if self._synthetic and step_count is None else None,
                 samples=samples,
             )
-            last_end = outcome.last_end_ns
+            own = bool(step.calls)
+            if own:
+                last_end = outcome.last_end_ns
             if outcome.next_begin_ns is not None:
                 # Dependencies pacing: the step lasts until the next may begin.
                 next_begin = outcome.next_begin_ns
-                if step_times is not None:
-                    step_times.append(next_begin - step_begin)
-                if step_compute is not None and outcome.path is not None:
-                    step_compute.append(outcome.path.compute_ns)
+                _record_dependent_step(
+                    own, next_begin - step_begin, outcome, step_times, step_compute
+                )
             else:
-                if step_times is not None and not self._synthetic:
+                if step_times is not None and not self._synthetic and own:
                     step_times.append(last_end - step_begin)
                 next_begin = next_step_begin_ns(
                     self.driver.pacing,
                     previous_begin_ns=step_begin,
-                    previous_end_ns=last_end,
+                    previous_end_ns=last_end if own else step_begin,
                     recorded_period_ns=step.period_ns,
                 )
             now = self.clock()
@@ -227,18 +273,17 @@ class WorkerLoop:
     def measure(
         self, *, begin_ns: int | None = None, duration_ns: int, step_count: int | None
     ) -> WorkerOutcome:
-        """One measured run.  A ``TransportError`` ends it early, marked partial."""
-        if begin_ns is not None:
-            while self.clock() < begin_ns:
-                time.sleep(max(begin_ns - self.clock(), 0) / 1e9)
-        else:
-            begin_ns = self.clock()
+        """One measured run.  A ``TransportError`` or a stop signal (``KeyboardInterrupt``)
+        ends it early, marked partial, with the calls completed so far."""
+        begin_ns = self.clock() if begin_ns is None else begin_ns
         samples: list[CallSample] = []
         step_times: list[int] = []
         step_compute: list[int] = []
         cpu_before = self.cpu_clock()
         partial, reason = False, ""
         try:
+            while self.clock() < begin_ns:
+                time.sleep(max(begin_ns - self.clock(), 0) / 1e9)
             last_end = self._replay(
                 begin_ns=begin_ns,
                 duration_ns=None if step_count is not None else duration_ns,
@@ -250,6 +295,9 @@ class WorkerLoop:
         except TransportError as error:
             partial, reason = True, str(error)
             last_end = self.clock()
+        except KeyboardInterrupt as interrupt:
+            partial, reason = True, interrupted_reason(lifetime.signal_of(interrupt))
+            last_end = max(self.clock(), begin_ns)
         return WorkerOutcome(
             samples=tuple(sorted(samples, key=lambda s: s.start_ns)),
             step_times_ns=tuple(step_times),
@@ -363,6 +411,13 @@ def run_each(
 
 
 def failed_run(run_index: int, reason: str) -> RunMeasurement:
+    """A run that measured nothing: no samples, partial, ``reason`` saying why."""
     return RunMeasurement(
         run_index=run_index, duration_ns=0, samples=(), partial=True, partial_reason=reason
     )
+
+
+def interrupted_run(run_index: int, interrupt: KeyboardInterrupt) -> RunMeasurement:
+    """The run a stop signal ended before any of its calls was measured."""
+    reason = interrupted_reason(lifetime.signal_of(interrupt))
+    return failed_run(run_index, f"{reason} before run {run_index + 1} measured any call")

@@ -51,6 +51,7 @@ from typing import TYPE_CHECKING, Any
 
 import grpc
 
+from tf_grpc_bench import lifetime
 from tf_grpc_bench.errors import ServeError
 from tf_grpc_bench.protos import bench_pb2, bench_pb2_grpc
 from tf_grpc_bench.replay.core.workload import (
@@ -710,14 +711,21 @@ def _serve_in_process(
     host: str,
     port: int,
     settings: ServerSettings,
+    parent_pid: int = 0,
 ) -> None:
-    """Entry point of a server process: report the port, serve until SIGTERM/SIGINT."""
+    """Entry point of a server process: report the port, serve until SIGTERM.
+
+    Dies with its parent (``parent_pid``), even one killed by SIGKILL.
+    """
+    lifetime.die_with_parent(parent_pid)
     if settings.keep_freed_memory:
         keep_freed_memory()
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    # Ctrl-C reaches the whole process group: the parent decides when servers stop.
+    # Ctrl-C and a hang-up reach the whole process group: the parent decides when
+    # servers stop.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)
     server = ReplayServer(mode=Mode(mode_value), host=host, port=port, settings=settings)
     try:
         server.start()
@@ -735,7 +743,9 @@ class LocalServers:
     """``count`` replay servers, each in its own process (spawned, so nothing is inherited).
 
     ``targets`` lists their addresses, in order.  ``stop`` terminates exactly
-    the processes this object started.  A context manager.
+    the processes this object started; each also dies with this process
+    (``lifetime.die_with_parent``), so start them from a thread that outlives
+    them.  A context manager.
     """
 
     def __init__(
@@ -769,7 +779,14 @@ class LocalServers:
                 parent_end, child_end = context.Pipe(duplex=False)
                 process = context.Process(
                     target=_serve_in_process,
-                    args=(child_end, self.mode.value, self.host, port, self.settings),
+                    args=(
+                        child_end,
+                        self.mode.value,
+                        self.host,
+                        port,
+                        self.settings,
+                        os.getpid(),
+                    ),
                     name=f"tf-grpc-bench-server-{len(self.processes)}",
                     daemon=True,
                 )
