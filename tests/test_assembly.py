@@ -19,7 +19,6 @@ from tf_grpc_bench.profiler.assembly.steps import (
     collective_instance_of,
     repeating_tail,
     step_id_of,
-    step_id_windows,
     step_windows,
 )
 from tf_grpc_bench.profiler.launch.markers import StepMarker
@@ -273,37 +272,6 @@ def test_the_step_id_of_a_call_comes_from_its_request() -> None:
     assert step_id_of(_step_call(43, 0, method="/tensorflow.WorkerService/RunGraph")) == 0
     bad = dataclasses.replace(_step_call(44, 0), request_head=b"\x0f")
     assert step_id_of(bad) == 0
-
-
-def test_only_transfers_with_a_ps_delimit_steps_when_there_are_some() -> None:
-    calls = [
-        _step_call(9, 0, ps=False),  # the chief fetching a loss: a step id of its own
-        _step_call(5, 100),
-        _step_call(5, 150),
-        _step_call(6, 200),
-        _step_call(7, 260, method=RECV_BUF),  # not a RecvTensor with a ps
-    ]
-    windows, startup = step_id_windows(calls)
-    assert windows == [
-        StepWindow(number=0, start_ns=100, end_ns=160, step_id=5),
-        StepWindow(number=1, start_ns=200, end_ns=210, step_id=6),
-    ]
-    assert startup == frozenset()
-    # Without any ps, every call with a step id counts.
-    alone, _ = step_id_windows([calls[0], calls[4]])
-    assert [(w.step_id, w.start_ns, w.end_ns) for w in alone] == [(9, 0, 10), (7, 260, 270)]
-
-
-def test_start_end_and_count_bound_the_steps_at_their_edges() -> None:
-    calls = [_step_call(n, 100 * n) for n in range(1, 6)]  # ids 1..5 at 100..500
-    windows, startup = step_id_windows(calls, start_ns=200, end_ns=400)
-    assert [w.step_id for w in windows] == [2, 3, 4]  # a step starting at either edge counts
-    assert startup == {1}
-    windows, startup = step_id_windows(calls, warmup_steps=2, count=2)
-    assert [w.step_id for w in windows] == [4, 5]
-    assert startup == {1, 2, 3}
-    windows, startup = step_id_windows(calls, count=5)
-    assert len(windows) == 5 and startup == frozenset()
 
 
 def test_collective_instances_come_from_buffer_keys_of_digits() -> None:

@@ -150,9 +150,9 @@ def _raw(message: trace_pb2.Trace) -> io.BytesIO:
     return io.BytesIO(trace_model.MAGIC + zlib.compress(message.SerializeToString()))
 
 
-# Version 0 is what a message without the field reads as; 2 is the next, not yet defined.
-@pytest.mark.parametrize("version", [0, 2, 99, 2**32 - 1])
-def test_a_binary_trace_of_any_other_version_than_1_is_refused(
+# Version 0 is what a message without the field reads as; 3 is the next, not yet defined.
+@pytest.mark.parametrize("version", [0, 3, 99, 2**32 - 1])
+def test_a_binary_trace_of_a_version_this_tool_does_not_read_is_refused(
     small_trace: Trace, version: int
 ) -> None:
     message = trace_model.trace_to_proto(small_trace)
@@ -160,7 +160,7 @@ def test_a_binary_trace_of_any_other_version_than_1_is_refused(
     with pytest.raises(
         UnsupportedVersionError,
         match=rf"^t\.tfgbtrace: format_version {version} is not supported "
-        r"\(this tool reads versions \[1\]\); upgrade tf-grpc-bench or re-capture the trace$",
+        r"\(this tool reads versions \[1, 2\]\); upgrade tf-grpc-bench or re-capture the trace$",
     ):
         trace_model.load_trace(_raw(message), source="t.tfgbtrace")
 
@@ -172,16 +172,18 @@ def test_a_binary_trace_without_a_format_version_is_refused(small_trace: Trace) 
         trace_model.load_trace(_raw(message))
 
 
-def test_version_1_is_the_one_written_and_read() -> None:
-    assert trace_model.FORMAT_VERSION == 1
-    assert frozenset({1}) == trace_model.READABLE_VERSIONS
+def test_version_2_is_written_and_versions_1_and_2_are_read() -> None:
+    assert trace_model.FORMAT_VERSION == 2
+    assert frozenset({1, 2}) == trace_model.READABLE_VERSIONS
     message = trace_model.trace_to_proto(make_trace(steps=1))
-    assert message.format_version == 1
+    assert message.format_version == 2
+    assert trace_model.load_trace(_raw(message)).format_version == 2
+    message.format_version = 1
     assert trace_model.load_trace(_raw(message)).format_version == 1
 
 
-@pytest.mark.parametrize("version", [0, 2, -1, 99, None, "1", 1.5])
-def test_a_json_trace_of_any_other_version_than_1_is_refused(
+@pytest.mark.parametrize("version", [0, 3, -1, 99, None, "1", 1.5])
+def test_a_json_trace_of_a_version_this_tool_does_not_read_is_refused(
     small_trace: Trace, version: object
 ) -> None:
     document = trace_model.trace_to_json_dict(small_trace)
@@ -189,7 +191,7 @@ def test_a_json_trace_of_any_other_version_than_1_is_refused(
     with pytest.raises(
         UnsupportedVersionError,
         match=rf"^t\.json: format_version {re.escape(repr(version))} is not supported "
-        r"\(this tool reads versions \[1\]\)$",
+        r"\(this tool reads versions \[1, 2\]\)$",
     ):
         trace_model.trace_from_json_dict(document, source="t.json")
 
@@ -201,11 +203,12 @@ def test_a_json_trace_without_a_format_version_is_refused(small_trace: Trace) ->
         trace_model.trace_from_json_dict(document)
 
 
-@pytest.mark.parametrize("version", [0, 2, -1])
+@pytest.mark.parametrize("version", [0, 3, -1])
 def test_a_trace_built_in_memory_with_another_version_is_refused(version: int) -> None:
     with pytest.raises(
         UnsupportedVersionError,
-        match=rf"^format_version {version} is not supported \(this tool reads versions \[1\]\)$",
+        match=rf"^format_version {version} is not supported "
+        r"\(this tool reads versions \[1, 2\]\)$",
     ):
         Trace(metadata=RunMetadata(), tasks=(), steps=(), format_version=version)
 
@@ -388,7 +391,7 @@ def test_a_trace_finds_its_tasks_by_job_in_index_order() -> None:
     assert trace.tasks_of_job("ps") == [1]
     assert trace.tasks_of_job("chief") == []
     assert trace.task_name(2) == "/job:worker/task:0"
-    assert (trace.partial, trace.partial_reason, trace.format_version) == (False, "", 1)
+    assert (trace.partial, trace.partial_reason, trace.format_version) == (False, "", 2)
 
 
 def test_a_trace_refuses_a_task_twice_a_missing_task_and_steps_out_of_order() -> None:
