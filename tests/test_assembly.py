@@ -147,9 +147,9 @@ def test_calls_without_a_status_are_cancelled_when_reset_and_unknown_otherwise()
 
 def test_a_connection_without_a_known_process_is_attributed_by_its_rendezvous_keys() -> None:
     calls = [
-        _call(caller_pid=None, connection=4, request_head=recv_tensor_request(1)),
-        _call(caller_pid=None, connection=4, request_head=recv_tensor_request(1)),
         _call(caller_pid=None, connection=4, request_head=recv_tensor_request(0)),
+        _call(caller_pid=None, connection=4, request_head=recv_tensor_request(1)),
+        _call(caller_pid=None, connection=4, request_head=recv_tensor_request(1)),
         _call(caller_pid=None, connection=4, method="/tensorflow.WorkerService/RunGraph"),
         _call(caller_pid=999, connection=4, method="/tensorflow.WorkerService/RunGraph"),
         # A connection whose requests name no task.
@@ -182,10 +182,16 @@ def test_a_recv_buf_names_its_destination_device() -> None:
 
 def test_an_undecodable_head_leaves_the_tensor_out_and_is_counted() -> None:
     bad = b"\x0f\x01"  # field 1 with wire type 7: not protobuf
-    calls = [_call(request_head=bad), _call(method=RECV_TENSOR, caller_pid=None, request_head=bad)]
+    calls = [
+        _call(request_head=bad, complete=False),
+        _call(request_head=bad, complete=False),
+        _call(method=RECV_TENSOR, caller_pid=None, request_head=bad),
+        # A request naming a task the trace does not have: no vote, and no error.
+        _call(request_head=recv_tensor_request(5)),
+    ]
     rpcs, _, notes = calls_to_rpcs(calls, tasks=TASKS, caller_of_pid={100: 1}, origin_ns=0)
-    assert [r.tensor for r in rpcs] == [None]
-    assert notes == AssemblyNotes(unattributed_calls=1, undecodable_messages=1)
+    assert [r.tensor is None for r in rpcs] == [True, True, False]
+    assert notes == AssemblyNotes(unattributed_calls=1, undecodable_messages=2, incomplete_calls=2)
 
 
 def test_tensor_info_of_each_method() -> None:
