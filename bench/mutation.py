@@ -368,6 +368,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--floor", type=float, default=DEFAULT_FLOOR, help="score to reach (%%)")
     parser.add_argument("--survivors", action="store_true", help="print every survivor's diff")
     parser.add_argument(
+        "--table",
+        action="store_true",
+        help="instead: the table of each module's last run (build/mutation/*/score.json)",
+    )
+    parser.add_argument(
         "--named",
         action="store_true",
         help="instead: check that each of issue 15's hand-made mutants is caught",
@@ -381,6 +386,10 @@ def main(argv: list[str] | None = None) -> int:
     if arguments.named:
         return run_hand_mutants()
     names = arguments.modules or list(TARGETS)
+    if arguments.table:
+        stored = [WORK / name / "score.json" for name in names]
+        print(_table([json.loads(path.read_text()) for path in stored if path.exists()]))
+        return 0
     if arguments.list:
         for name in names:
             print(f"{name}: {TARGETS[name].path} <- {' '.join(TARGETS[name].tests)}")
