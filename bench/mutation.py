@@ -78,7 +78,8 @@ TARGETS: dict[str, Target] = {
         path="profiler/assembly/rpcs.py", tests=("tests/test_assembly.py", "tests/test_capture.py")
     ),
     "steps": Target(
-        path="profiler/assembly/steps.py", tests=("tests/test_assembly.py", "tests/test_capture.py")
+        path="profiler/assembly/steps.py",
+        tests=("tests/test_steps.py", "tests/test_assembly.py", "tests/test_capture.py"),
     ),
     # Its tests decode messages that TensorFlow's own protobuf modules wrote (imported,
     # nothing trained): they run too.
