@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import json
 import os
@@ -547,3 +548,84 @@ def test_a_call_ending_as_the_next_starts_is_not_outstanding() -> None:
         (10, 1),
         (19, 1),
     ]
+
+
+# --------------------------------------------------------------------------
+# Format version 2: how the steps were found.
+
+DETECTION = trace_model.StepDetection(
+    source="step-id",
+    unit="WORKER_STEP",
+    rule="runs that move every variable both ways",
+    candidates=9,
+    set_aside=(
+        trace_model.SetAside(reason="warm-up", phase="startup", runs=2, rpcs=40, bytes=5000),
+        trace_model.SetAside(reason="cut short", phase="teardown", runs=1, rpcs=3, bytes=60),
+    ),
+)
+
+
+def test_step_detection_survives_the_binary_and_the_json_round_trip() -> None:
+    trace = dataclasses.replace(make_trace(steps=1), step_detection=DETECTION)
+    buffer = io.BytesIO()
+    trace_model.dump_trace(trace, buffer)
+    again = trace_model.load_trace(io.BytesIO(buffer.getvalue()))
+    assert again.step_detection == DETECTION
+    message = trace_model.trace_to_proto(trace)
+    assert [
+        (s.reason, s.phase, s.runs, s.rpcs, s.bytes) for s in message.step_detection.set_aside
+    ] == [
+        ("warm-up", "startup", 2, 40, 5000),
+        ("cut short", "teardown", 1, 3, 60),
+    ]
+    assert (message.step_detection.source, message.step_detection.unit) == (
+        "step-id",
+        "WORKER_STEP",
+    )
+    assert message.step_detection.candidates == 9
+    assert message.step_detection.rule == "runs that move every variable both ways"
+    document = json.loads(json.dumps(trace_model.trace_to_json_dict(trace)))
+    assert trace_model.trace_from_json_dict(document).step_detection == DETECTION
+    del document["step_detection"]
+    assert trace_model.trace_from_json_dict(document).step_detection.empty
+
+
+def test_an_empty_step_detection_is_not_written() -> None:
+    message = trace_model.trace_to_proto(make_trace(steps=1))
+    assert not message.HasField("step_detection")
+    assert trace_model.StepDetection().empty and not DETECTION.empty
+
+
+def test_a_version_1_trace_cannot_carry_a_step_detection() -> None:
+    with pytest.raises(
+        TraceError,
+        match=r"^step_detection needs format version 2 or later \(this trace says 1\)$",
+    ):
+        dataclasses.replace(make_trace(steps=1), format_version=1, step_detection=DETECTION)
+
+
+def test_set_aside_records_refuse_nonsense() -> None:
+    with pytest.raises(
+        ValueError, match=r"^set-aside phase must be startup or teardown, got 'steady'$"
+    ):
+        trace_model.SetAside(reason="r", phase="steady")
+    for name in ("runs", "rpcs", "bytes"):
+        with pytest.raises(ValueError, match=rf"^set-aside {name} must be >= 0, got -1$"):
+            trace_model.SetAside(reason="r", phase="startup", **{name: -1})
+        assert getattr(trace_model.SetAside(reason="r", phase="teardown", **{name: 0}), name) == 0
+    with pytest.raises(ValueError, match=r"^candidates must be >= 0, got -1$"):
+        trace_model.StepDetection(candidates=-1)
+
+
+def test_the_step_unit_comes_from_the_detection_or_from_a_version_1_extra() -> None:
+    assert dataclasses.replace(make_trace(steps=1), step_detection=DETECTION).step_unit == (
+        "WORKER_STEP"
+    )
+    old = make_trace(steps=1)
+    old = dataclasses.replace(
+        old,
+        format_version=1,
+        metadata=dataclasses.replace(old.metadata, extra=(("step_unit", "worker-step"),)),
+    )
+    assert old.step_unit == "worker-step"
+    assert make_trace(steps=1).step_unit == ""
