@@ -28,6 +28,7 @@ from tf_grpc_bench.errors import TransportError
 from tf_grpc_bench.replay.core.workload import Mode
 from tf_grpc_bench.replay.output import document as results
 from tf_grpc_bench.replay.transport.client import ReplayClient
+from tf_grpc_bench.replay.transport.wire import ChannelSettings, new_session_id
 
 COMMAND = str(Path(sys.executable).with_name("tf-grpc-bench"))
 IDLE_TASK = Path(__file__).parent / "data" / "idle_task.py"
@@ -147,12 +148,15 @@ def _assert_nothing_left(pids: set[int], ports: set[int]) -> None:
 
 
 def _wait_for_calls(target: str) -> None:
-    """Until the replay server at ``target`` has answered calls (it may not be up yet)."""
-    observer = ReplayClient(target, mode=Mode.NON_SERIALIZED)
+    """Until the replay server at ``target`` has answered another client's calls (it
+    may not be up yet): the observer's own session sees other sessions' calls."""
+    observer = ReplayClient(
+        target, mode=Mode.NON_SERIALIZED, settings=ChannelSettings(session=new_session_id())
+    )
 
     def answered() -> bool:
         try:
-            return observer.stats(timeout_s=2).received_messages > 0
+            return observer.stats(timeout_s=2).other_sessions > 0
         except TransportError:
             return False
 
@@ -197,9 +201,12 @@ def test_a_stop_signal_keeps_the_interrupted_runs_calls_and_leaves_no_process(
         cwd=tmp_path,
     )  # fmt: skip
     _wait_for(lambda: len(_descendants(replay.pid)) >= processes, "the replay's processes")
+    _wait_for(lambda: bool(_listening_ports(_descendants(replay.pid))), "the replay's servers")
     children = _descendants(replay.pid)
     ports = _listening_ports(children)
-    time.sleep(4)  # into the first measured run
+    # Into the first measured run (no warm-up), and on long enough for calls to complete.
+    _wait_for_calls(f"127.0.0.1:{min(ports)}")
+    time.sleep(2)
     replay.send_signal(signum)
     out, err = replay.communicate(timeout=120)
     name = "Ctrl-C" if signum == signal.SIGINT else signal.Signals(signum).name
