@@ -20,7 +20,12 @@ from tf_grpc_bench.models.registry import available_models
 from tf_grpc_bench.profiler import logs
 from tf_grpc_bench.profiler.capture import CaptureResult, capture_training, command_line
 from tf_grpc_bench.profiler.launch.config import SETUPS, TrainingConfig
-from tf_grpc_bench.profiler.launch.hosts import DEFAULT_LAYOUT, LAYOUTS, NetworkRequest
+from tf_grpc_bench.profiler.launch.hosts import (
+    DEFAULT_LAYOUT,
+    LAYOUTS,
+    NetworkRequest,
+    check_network_allowed,
+)
 from tf_grpc_bench.profiler.launch.user_job import (
     DEFAULT_STEP_TIMEOUT_S,
     DEFAULT_TIMEOUT_S,
@@ -113,12 +118,18 @@ def _add_common(parser: argparse.ArgumentParser) -> None:
 
 
 def _network(args: argparse.Namespace) -> NetworkRequest | None:
-    """The emulated network ``--network``/``--layout`` ask for; None without ``--network``."""
+    """The emulated network ``--network``/``--layout`` ask for; None without ``--network``.
+
+    NetworkError at once without root (before any other check that could fail for
+    an unprivileged user first).
+    """
     if args.network is None:
         if args.layout is not None:
             raise UsageError("--layout places tasks on emulated hosts: give --network too")
         return None
-    return NetworkRequest.parse(args.network, args.layout or DEFAULT_LAYOUT)
+    request = NetworkRequest.parse(args.network, args.layout or DEFAULT_LAYOUT)
+    check_network_allowed(args.recorder)
+    return request
 
 
 def configure_capture(parser: argparse.ArgumentParser) -> None:
