@@ -459,12 +459,12 @@ def test_network_compare_stopped_keeps_the_profiles_done_and_the_partial_one(
 ) -> None:
     compare = _start(
         started, "network", "compare", "--profiles", "unlimited,1gbit", *REPLAY,
-        "--benchmark", "p2p-latency", "--duration", "3", cwd=tmp_path,
+        "--benchmark", "p2p-latency", "--runs", "1", "--duration", "10", cwd=tmp_path,
     )  # fmt: skip
     _wait_for(
         lambda: any(tmp_path.glob("out/*-compare/1gbit/*")), "the second profile's replay", 180
     )
-    time.sleep(4)  # into its measured run
+    time.sleep(5)  # into its measured run (connected within a second or two, 10 s long)
     processes = _descendants(compare.pid)
     compare.send_signal(signal.SIGTERM)
     out, err = compare.communicate(timeout=180)
