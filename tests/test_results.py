@@ -148,7 +148,7 @@ def test_unknown_format_version_is_refused_naming_the_file(tmp_path: Path) -> No
     data["format_version"] = 99
     path = tmp_path / "future.json"
     path.write_text(json.dumps(data))
-    with pytest.raises(UnsupportedResultVersionError) as error:
+    with pytest.raises(UnsupportedResultVersionError, match="format_version 99") as error:
         read_document(path)
     message = _single_line_error(error)
     assert str(path) in message and "99" in message
