@@ -128,6 +128,7 @@ def _network(args: argparse.Namespace) -> NetworkRequest | None:
             raise UsageError("--layout places tasks on emulated hosts: give --network too")
         return None
     request = NetworkRequest.parse(args.network, args.layout or DEFAULT_LAYOUT)
+    # Before anything else is checked or started: without root nothing else matters.
     check_network_allowed(args.recorder)
     return request
 

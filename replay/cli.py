@@ -14,6 +14,7 @@ import math
 import signal
 import sys
 import threading
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -56,7 +57,7 @@ from tf_grpc_bench.replay.transport.loop import (
     RunPlan,
 )
 from tf_grpc_bench.replay.transport.server import DEFAULT_PORT, serve_until
-from tf_grpc_bench.replay.transport.wire import RpcKind, ServerSettings
+from tf_grpc_bench.replay.transport.wire import RpcKind, ServerSettings, read_token_file
 from tf_grpc_bench.sizes import SizeCategory, parse_size
 
 #: Server threads left for control calls when streams hold the others.
@@ -104,6 +105,11 @@ def _size(flag: str, text: str) -> int:
         raise ConfigError(f"{flag}: {error}") from None
 
 
+def _token(args: argparse.Namespace) -> str | None:
+    """The control-call token of ``--token-file``, if given (never printed)."""
+    return None if args.token_file is None else read_token_file(args.token_file)
+
+
 # --------------------------------------------------------------------------
 # serve
 
@@ -133,6 +139,20 @@ def configure_serve(parser: argparse.ArgumentParser) -> None:
         metavar="N",
         help="run N ps servers, each its own process, on ports PORT..PORT+N-1 (default 1)",
     )
+    parser.add_argument(
+        "--max-response",
+        default=None,
+        metavar="SIZE",
+        help="largest response a client may ask for, e.g. 512MB; larger requests are refused "
+        "before anything is allocated (default: --max-message-size)",
+    )
+    parser.add_argument(
+        "--token-file",
+        default=None,
+        metavar="FILE",
+        help="refuse statistics and reset calls that do not carry the token in FILE "
+        "(give clients the same file: replay --token-file); payload calls need none",
+    )
     grpc_settings.add_grpc_flags(parser)
 
 
@@ -157,7 +177,13 @@ def run_serve(args: argparse.Namespace) -> int:
 
         directory = Path(args.tls_dir) if args.tls_dir else None
         tls_material = tls.ensure_material(directory, hosts=_serving_hosts(args.host))
-    server_settings = grpc_settings.server_settings(settings, tls_material)
+    server_settings = replace(
+        grpc_settings.server_settings(settings, tls_material),
+        max_response_bytes=(
+            None if args.max_response is None else _size("--max-response", args.max_response)
+        ),
+        control_token=_token(args),
+    )
     ports = [args.port + i for i in range(args.servers)]
     if ports[-1] > 65535:
         raise ConfigError(f"--port {args.port} + --servers {args.servers} goes past port 65535")
@@ -348,6 +374,12 @@ def _add_where_flags(parser: argparse.ArgumentParser) -> None:
         metavar="HOST:PORT[,...]",
         help="ps servers already running (tf-grpc-bench serve), in ps order "
         "(default: start servers on loopback)",
+    )
+    where.add_argument(
+        "--token-file",
+        default=None,
+        metavar="FILE",
+        help="the token the servers' statistics and reset calls need (serve --token-file FILE)",
     )
     where.add_argument(
         "--network-name",
@@ -571,6 +603,7 @@ def build_request(args: argparse.Namespace) -> ReplayRequest:
         grpc=settings,
         config=config,
         grpc_parameters=dict(grpc_parameters),
+        control_token=_token(args),
     )
 
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from tf_grpc_bench import lifetime
@@ -47,7 +47,12 @@ from tf_grpc_bench.replay.transport.loop import (
     run_each,
 )
 from tf_grpc_bench.replay.transport.server import LocalServers
-from tf_grpc_bench.replay.transport.wire import ChannelSettings, RpcKind, ServerSettings
+from tf_grpc_bench.replay.transport.wire import (
+    ChannelSettings,
+    RpcKind,
+    ServerSettings,
+    new_session_id,
+)
 
 # --------------------------------------------------------------------------
 # Benchmarks.
@@ -162,10 +167,15 @@ def run_benchmark(
 
     Checks every server first (reachable, same mode): ``TransportError`` or
     ``ConfigError`` if not.  A failure after that yields a partial result.
+    The benchmark's calls form one client session of their own on the servers
+    (``settings.session``, made here when empty), so servers shared with other
+    clients count this benchmark's calls apart.
     """
     plan = plan or RunPlan()
     pacing = pacing or default_pacing(workload)
     settings = settings or ChannelSettings()
+    if not settings.session:
+        settings = replace(settings, session=new_session_id())
     if workload.source == "synthetic" and (plan.steps is not None or plan.passes is not None):
         raise ConfigError("--steps/--passes apply to trace replays, not to --synthetic workloads")
     if workload.source == "synthetic" and pacing.timing is Timing.RECORDED:
@@ -191,6 +201,7 @@ def run_benchmark(
     finally:
         for client in clients.values():
             client.close()
+    shared_with = max(client.other_sessions_seen for client in clients.values())
     partial_runs = [run for run in runs if run.partial]
     all_parameters: dict[str, str | int | float | bool] = {
         "mode": workload.mode.value,
@@ -201,6 +212,8 @@ def run_benchmark(
         "rpc": rpc_used(workload, settings.rpc).value,
         **workload.parameters(),
         **plan.parameters(),
+        # Other clients' sessions the servers served meanwhile: their CPU time is shared.
+        "server_other_sessions": shared_with,
     }
     if pacing.timing is Timing.RATE:
         all_parameters["rate_per_s"] = pacing.rate_per_s
@@ -241,6 +254,8 @@ class ReplayRequest:
     config: dict[str, str | int | float | bool]
     #: The gRPC settings as result parameters.
     grpc_parameters: dict[str, str | int | float | bool]
+    #: The servers' control-call token (``--token-file``); never recorded.
+    control_token: str | None = field(default=None, repr=False)
 
 
 def run_label(request: ReplayRequest) -> str:
@@ -295,8 +310,14 @@ def execute(
         from tf_grpc_bench.replay.transport import tls
 
         material = tls.ensure_material(tls_dir)
-    channel_settings = grpc_settings.channel_settings(request.grpc, material)
-    server_settings = grpc_settings.server_settings(request.grpc, material)
+    channel_settings = replace(
+        grpc_settings.channel_settings(request.grpc, material),
+        control_token=request.control_token,
+    )
+    server_settings = replace(
+        grpc_settings.server_settings(request.grpc, material),
+        control_token=request.control_token,
+    )
     measured: list[BenchmarkResult] = []
     targets: tuple[str, ...] = ()
     local = False

@@ -19,7 +19,6 @@ from tf_grpc_bench.profiler.assembly.steps import (
     collective_instance_of,
     repeating_tail,
     step_id_of,
-    step_id_windows,
     step_windows,
 )
 from tf_grpc_bench.profiler.launch.markers import StepMarker
@@ -148,9 +147,9 @@ def test_calls_without_a_status_are_cancelled_when_reset_and_unknown_otherwise()
 
 def test_a_connection_without_a_known_process_is_attributed_by_its_rendezvous_keys() -> None:
     calls = [
-        _call(caller_pid=None, connection=4, request_head=recv_tensor_request(1)),
-        _call(caller_pid=None, connection=4, request_head=recv_tensor_request(1)),
         _call(caller_pid=None, connection=4, request_head=recv_tensor_request(0)),
+        _call(caller_pid=None, connection=4, request_head=recv_tensor_request(1)),
+        _call(caller_pid=None, connection=4, request_head=recv_tensor_request(1)),
         _call(caller_pid=None, connection=4, method="/tensorflow.WorkerService/RunGraph"),
         _call(caller_pid=999, connection=4, method="/tensorflow.WorkerService/RunGraph"),
         # A connection whose requests name no task.
@@ -183,10 +182,16 @@ def test_a_recv_buf_names_its_destination_device() -> None:
 
 def test_an_undecodable_head_leaves_the_tensor_out_and_is_counted() -> None:
     bad = b"\x0f\x01"  # field 1 with wire type 7: not protobuf
-    calls = [_call(request_head=bad), _call(method=RECV_TENSOR, caller_pid=None, request_head=bad)]
+    calls = [
+        _call(request_head=bad, complete=False),
+        _call(request_head=bad, complete=False),
+        _call(method=RECV_TENSOR, caller_pid=None, request_head=bad),
+        # A request naming a task the trace does not have: no vote, and no error.
+        _call(request_head=recv_tensor_request(5)),
+    ]
     rpcs, _, notes = calls_to_rpcs(calls, tasks=TASKS, caller_of_pid={100: 1}, origin_ns=0)
-    assert [r.tensor for r in rpcs] == [None]
-    assert notes == AssemblyNotes(unattributed_calls=1, undecodable_messages=1)
+    assert [r.tensor is None for r in rpcs] == [True, True, False]
+    assert notes == AssemblyNotes(unattributed_calls=1, undecodable_messages=2, incomplete_calls=2)
 
 
 def test_tensor_info_of_each_method() -> None:
@@ -273,37 +278,6 @@ def test_the_step_id_of_a_call_comes_from_its_request() -> None:
     assert step_id_of(_step_call(43, 0, method="/tensorflow.WorkerService/RunGraph")) == 0
     bad = dataclasses.replace(_step_call(44, 0), request_head=b"\x0f")
     assert step_id_of(bad) == 0
-
-
-def test_only_transfers_with_a_ps_delimit_steps_when_there_are_some() -> None:
-    calls = [
-        _step_call(9, 0, ps=False),  # the chief fetching a loss: a step id of its own
-        _step_call(5, 100),
-        _step_call(5, 150),
-        _step_call(6, 200),
-        _step_call(7, 260, method=RECV_BUF),  # not a RecvTensor with a ps
-    ]
-    windows, startup = step_id_windows(calls)
-    assert windows == [
-        StepWindow(number=0, start_ns=100, end_ns=160, step_id=5),
-        StepWindow(number=1, start_ns=200, end_ns=210, step_id=6),
-    ]
-    assert startup == frozenset()
-    # Without any ps, every call with a step id counts.
-    alone, _ = step_id_windows([calls[0], calls[4]])
-    assert [(w.step_id, w.start_ns, w.end_ns) for w in alone] == [(9, 0, 10), (7, 260, 270)]
-
-
-def test_start_end_and_count_bound_the_steps_at_their_edges() -> None:
-    calls = [_step_call(n, 100 * n) for n in range(1, 6)]  # ids 1..5 at 100..500
-    windows, startup = step_id_windows(calls, start_ns=200, end_ns=400)
-    assert [w.step_id for w in windows] == [2, 3, 4]  # a step starting at either edge counts
-    assert startup == {1}
-    windows, startup = step_id_windows(calls, warmup_steps=2, count=2)
-    assert [w.step_id for w in windows] == [4, 5]
-    assert startup == {1, 2, 3}
-    windows, startup = step_id_windows(calls, count=5)
-    assert len(windows) == 5 and startup == frozenset()
 
 
 def test_collective_instances_come_from_buffer_keys_of_digits() -> None:

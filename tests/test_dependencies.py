@@ -401,3 +401,23 @@ def test_a_pull_waits_for_its_workers_arrival_at_its_own_server_only() -> None:
     tracker.complete(1, 1022)  # ps 1's gradient, 2 late
     assert tracker.take_releasable() == [2]
     assert tracker.release_ns(2) == 1000 + 30 + 2
+
+
+def test_a_one_call_step_keeps_its_tail_as_compute() -> None:
+    deps = [Dependencies(ready_offset_ns=10, arrival_offset_ns=20, lands_on_worker=True)]
+    tracker = _tracker(deps, [0])
+    assert tracker.take_releasable() == [0]
+    assert tracker.release_ns(0) == 1010
+    tracker.complete(0, 1030)  # lag 1030 - 1000 - 20 = 10
+    assert tracker.next_step_begin_ns() == 1510
+    # The wait before the first call (10) and the tail after it (1510 - 1030).
+    assert tracker.critical_path() == StepPath(
+        step_ns=510, compute_ns=10 + 480, communication_ns=20
+    )
+
+
+def test_the_captured_path_takes_the_servers_it_is_given() -> None:
+    calls = (_pull(0, 1, 5, server=0), _push(1, 8, 9, server=0))
+    own = captured_critical_path(calls, period_ns=20 * MS)
+    assert captured_critical_path(calls, servers=[0, 0], period_ns=20 * MS) == own
+    assert own == StepPath(step_ns=20 * MS, compute_ns=15 * MS, communication_ns=5 * MS)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import json
 import os
@@ -150,9 +151,9 @@ def _raw(message: trace_pb2.Trace) -> io.BytesIO:
     return io.BytesIO(trace_model.MAGIC + zlib.compress(message.SerializeToString()))
 
 
-# Version 0 is what a message without the field reads as; 2 is the next, not yet defined.
-@pytest.mark.parametrize("version", [0, 2, 99, 2**32 - 1])
-def test_a_binary_trace_of_any_other_version_than_1_is_refused(
+# Version 0 is what a message without the field reads as; 3 is the next, not yet defined.
+@pytest.mark.parametrize("version", [0, 3, 99, 2**32 - 1])
+def test_a_binary_trace_of_a_version_this_tool_does_not_read_is_refused(
     small_trace: Trace, version: int
 ) -> None:
     message = trace_model.trace_to_proto(small_trace)
@@ -160,7 +161,7 @@ def test_a_binary_trace_of_any_other_version_than_1_is_refused(
     with pytest.raises(
         UnsupportedVersionError,
         match=rf"^t\.tfgbtrace: format_version {version} is not supported "
-        r"\(this tool reads versions \[1\]\); upgrade tf-grpc-bench or re-capture the trace$",
+        r"\(this tool reads versions \[1, 2\]\); upgrade tf-grpc-bench or re-capture the trace$",
     ):
         trace_model.load_trace(_raw(message), source="t.tfgbtrace")
 
@@ -172,16 +173,18 @@ def test_a_binary_trace_without_a_format_version_is_refused(small_trace: Trace) 
         trace_model.load_trace(_raw(message))
 
 
-def test_version_1_is_the_one_written_and_read() -> None:
-    assert trace_model.FORMAT_VERSION == 1
-    assert frozenset({1}) == trace_model.READABLE_VERSIONS
+def test_version_2_is_written_and_versions_1_and_2_are_read() -> None:
+    assert trace_model.FORMAT_VERSION == 2
+    assert frozenset({1, 2}) == trace_model.READABLE_VERSIONS
     message = trace_model.trace_to_proto(make_trace(steps=1))
-    assert message.format_version == 1
+    assert message.format_version == 2
+    assert trace_model.load_trace(_raw(message)).format_version == 2
+    message.format_version = 1
     assert trace_model.load_trace(_raw(message)).format_version == 1
 
 
-@pytest.mark.parametrize("version", [0, 2, -1, 99, None, "1", 1.5])
-def test_a_json_trace_of_any_other_version_than_1_is_refused(
+@pytest.mark.parametrize("version", [0, 3, -1, 99, None, "1", 1.5])
+def test_a_json_trace_of_a_version_this_tool_does_not_read_is_refused(
     small_trace: Trace, version: object
 ) -> None:
     document = trace_model.trace_to_json_dict(small_trace)
@@ -189,7 +192,7 @@ def test_a_json_trace_of_any_other_version_than_1_is_refused(
     with pytest.raises(
         UnsupportedVersionError,
         match=rf"^t\.json: format_version {re.escape(repr(version))} is not supported "
-        r"\(this tool reads versions \[1\]\)$",
+        r"\(this tool reads versions \[1, 2\]\)$",
     ):
         trace_model.trace_from_json_dict(document, source="t.json")
 
@@ -201,11 +204,12 @@ def test_a_json_trace_without_a_format_version_is_refused(small_trace: Trace) ->
         trace_model.trace_from_json_dict(document)
 
 
-@pytest.mark.parametrize("version", [0, 2, -1])
+@pytest.mark.parametrize("version", [0, 3, -1])
 def test_a_trace_built_in_memory_with_another_version_is_refused(version: int) -> None:
     with pytest.raises(
         UnsupportedVersionError,
-        match=rf"^format_version {version} is not supported \(this tool reads versions \[1\]\)$",
+        match=rf"^format_version {version} is not supported "
+        r"\(this tool reads versions \[1, 2\]\)$",
     ):
         Trace(metadata=RunMetadata(), tasks=(), steps=(), format_version=version)
 
@@ -388,7 +392,7 @@ def test_a_trace_finds_its_tasks_by_job_in_index_order() -> None:
     assert trace.tasks_of_job("ps") == [1]
     assert trace.tasks_of_job("chief") == []
     assert trace.task_name(2) == "/job:worker/task:0"
-    assert (trace.partial, trace.partial_reason, trace.format_version) == (False, "", 1)
+    assert (trace.partial, trace.partial_reason, trace.format_version) == (False, "", 2)
 
 
 def test_a_trace_refuses_a_task_twice_a_missing_task_and_steps_out_of_order() -> None:
@@ -544,3 +548,84 @@ def test_a_call_ending_as_the_next_starts_is_not_outstanding() -> None:
         (10, 1),
         (19, 1),
     ]
+
+
+# --------------------------------------------------------------------------
+# Format version 2: how the steps were found.
+
+DETECTION = trace_model.StepDetection(
+    source="step-id",
+    unit="WORKER_STEP",
+    rule="runs that move every variable both ways",
+    candidates=9,
+    set_aside=(
+        trace_model.SetAside(reason="warm-up", phase="startup", runs=2, rpcs=40, bytes=5000),
+        trace_model.SetAside(reason="cut short", phase="teardown", runs=1, rpcs=3, bytes=60),
+    ),
+)
+
+
+def test_step_detection_survives_the_binary_and_the_json_round_trip() -> None:
+    trace = dataclasses.replace(make_trace(steps=1), step_detection=DETECTION)
+    buffer = io.BytesIO()
+    trace_model.dump_trace(trace, buffer)
+    again = trace_model.load_trace(io.BytesIO(buffer.getvalue()))
+    assert again.step_detection == DETECTION
+    message = trace_model.trace_to_proto(trace)
+    assert [
+        (s.reason, s.phase, s.runs, s.rpcs, s.bytes) for s in message.step_detection.set_aside
+    ] == [
+        ("warm-up", "startup", 2, 40, 5000),
+        ("cut short", "teardown", 1, 3, 60),
+    ]
+    assert (message.step_detection.source, message.step_detection.unit) == (
+        "step-id",
+        "WORKER_STEP",
+    )
+    assert message.step_detection.candidates == 9
+    assert message.step_detection.rule == "runs that move every variable both ways"
+    document = json.loads(json.dumps(trace_model.trace_to_json_dict(trace)))
+    assert trace_model.trace_from_json_dict(document).step_detection == DETECTION
+    del document["step_detection"]
+    assert trace_model.trace_from_json_dict(document).step_detection.empty
+
+
+def test_an_empty_step_detection_is_not_written() -> None:
+    message = trace_model.trace_to_proto(make_trace(steps=1))
+    assert not message.HasField("step_detection")
+    assert trace_model.StepDetection().empty and not DETECTION.empty
+
+
+def test_a_version_1_trace_cannot_carry_a_step_detection() -> None:
+    with pytest.raises(
+        TraceError,
+        match=r"^step_detection needs format version 2 or later \(this trace says 1\)$",
+    ):
+        dataclasses.replace(make_trace(steps=1), format_version=1, step_detection=DETECTION)
+
+
+def test_set_aside_records_refuse_nonsense() -> None:
+    with pytest.raises(
+        ValueError, match=r"^set-aside phase must be startup or teardown, got 'steady'$"
+    ):
+        trace_model.SetAside(reason="r", phase="steady")
+    for name in ("runs", "rpcs", "bytes"):
+        with pytest.raises(ValueError, match=rf"^set-aside {name} must be >= 0, got -1$"):
+            trace_model.SetAside(reason="r", phase="startup", **{name: -1})
+        assert getattr(trace_model.SetAside(reason="r", phase="teardown", **{name: 0}), name) == 0
+    with pytest.raises(ValueError, match=r"^candidates must be >= 0, got -1$"):
+        trace_model.StepDetection(candidates=-1)
+
+
+def test_the_step_unit_comes_from_the_detection_or_from_a_version_1_extra() -> None:
+    assert dataclasses.replace(make_trace(steps=1), step_detection=DETECTION).step_unit == (
+        "WORKER_STEP"
+    )
+    old = make_trace(steps=1)
+    old = dataclasses.replace(
+        old,
+        format_version=1,
+        metadata=dataclasses.replace(old.metadata, extra=(("step_unit", "worker-step"),)),
+    )
+    assert old.step_unit == "worker-step"
+    assert make_trace(steps=1).step_unit == ""

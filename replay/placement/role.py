@@ -47,6 +47,7 @@ from tf_grpc_bench.replay.transport import grpc_settings, tls
 from tf_grpc_bench.replay.transport.client import split_address
 from tf_grpc_bench.replay.transport.loop import interrupted_reason
 from tf_grpc_bench.replay.transport.server import ReplayServer
+from tf_grpc_bench.replay.transport.wire import read_token_file
 
 #: Seconds a task waits for the others (barriers, submissions, job end).
 DEFAULT_JOB_TIMEOUT_S = 3600.0
@@ -185,11 +186,12 @@ def _serve(placement: Placement, args: argparse.Namespace) -> int:
     settings = grpc_settings.settings_from_args(args)
     files = _tls(placement, args)
     material = None if files is None else tls.material(files)
+    token = None if args.token_file is None else read_token_file(args.token_file)
     server = ReplayServer(
         mode=Mode(args.mode),
         host="0.0.0.0",
         port=_port_of(placement.address),
-        settings=grpc_settings.server_settings(settings, material),
+        settings=replace(grpc_settings.server_settings(settings, material), control_token=token),
     )
     server.start()
     print(f"{placement.task}: serving on {server.bind_address}", flush=True)
@@ -209,11 +211,10 @@ def _serve(placement: Placement, args: argparse.Namespace) -> int:
         try:
             stop.event.wait()
         finally:
-            stats = server.stats()
+            received_bytes, received_messages = server.received()
             server.stop(1.0)
     print(
-        f"{placement.task}: stopped; received {stats.received_messages} messages, "
-        f"{stats.received_bytes} bytes",
+        f"{placement.task}: stopped; received {received_messages} messages, {received_bytes} bytes",
         flush=True,
     )
     _raise_if_interrupted(placement.task, "server stopped", stop.signum)
@@ -268,7 +269,10 @@ def _measure(
     request = _worker_request(placement, args, build_request)
     index = placement.task.index
     material = None if files is None else tls.material(files)
-    channel_settings = grpc_settings.channel_settings(request.grpc, material)
+    channel_settings = replace(
+        grpc_settings.channel_settings(request.grpc, material),
+        control_token=request.control_token,
+    )
     _, channel_credentials = _gather_credentials(files)
     measured: list[BenchmarkResult] = []
     assert request.targets is not None

@@ -170,7 +170,12 @@ class MessageStream:
     """
 
     def __init__(
-        self, multi_callable: grpc.StreamStreamMultiCallable[Any, Any], *, target: str, method: str
+        self,
+        multi_callable: grpc.StreamStreamMultiCallable[Any, Any],
+        *,
+        target: str,
+        method: str,
+        metadata: Metadata = None,
     ) -> None:
         self.target = target
         self.method = method
@@ -182,7 +187,7 @@ class MessageStream:
         self._timed_out = False
         self._broken: TransportError | None = None
         self._reader: threading.Thread | None = None
-        self._responses: Any = multi_callable(self._requests())
+        self._responses: Any = multi_callable(self._requests(), metadata=metadata)
         self._watchdog = threading.Thread(
             target=self._watch, name="replay-stream-watchdog", daemon=True
         )
@@ -322,6 +327,11 @@ class ReplayClient:
             method: self._channels[0].unary_unary(method, None, None)
             for method in (STATS_METHOD, RESET_METHOD)
         }
+        #: Every call names the client's session; control calls add the token.
+        self._call_metadata = self.settings.call_metadata()
+        self._control_metadata = self.settings.control_metadata() or None
+        #: Most other sessions the server reported active beside this one's.
+        self.other_sessions_seen = 0
 
     # -- requests -------------------------------------------------------------
 
@@ -336,18 +346,21 @@ class ReplayClient:
         return ("payload", call.buffers)
 
     def _build_request(self, call: Call) -> tuple[Any, Metadata]:
+        """The request of ``call`` and its metadata (the session's, and any the shape needs)."""
+        request: Any
+        metadata: Metadata = None
         if self.mode is Mode.NON_SERIALIZED:
             if call.shape is Shape.PULL:
-                return raw_pull_request(call.request_bytes, call.response_bytes)
-            return self._bytes.get(call.request_bytes), None
-        if call.shape is Shape.PULL:
-            return (
-                serialized_pull_request(
-                    call.request_bytes, call.response_bytes, call.tensor_name, self._bytes
-                ),
-                None,
+                request, metadata = raw_pull_request(call.request_bytes, call.response_bytes)
+            else:
+                request = self._bytes.get(call.request_bytes)
+        elif call.shape is Shape.PULL:
+            request = serialized_pull_request(
+                call.request_bytes, call.response_bytes, call.tensor_name, self._bytes
             )
-        return serialized_payload(call.buffers, self._bytes), None
+        else:
+            request = serialized_payload(call.buffers, self._bytes)
+        return request, (*(metadata or ()), *self._call_metadata) or None
 
     def _request(self, call: Call) -> tuple[Any, Metadata]:
         """The request of ``call``: kept from before, or built now (and kept while the
@@ -431,7 +444,12 @@ class ReplayClient:
                 request_serializer=request_type.SerializeToString,
                 response_deserializer=response_type.FromString,
             )
-        return MessageStream(multi_callable, target=self.target, method=path)
+        return MessageStream(
+            multi_callable,
+            target=self.target,
+            method=path,
+            metadata=self._call_metadata or None,
+        )
 
     # -- calls ----------------------------------------------------------------
 
@@ -493,15 +511,21 @@ class ReplayClient:
             ) from None
 
     def stats(self, timeout_s: float = 10.0) -> ServerStats:
+        """What the server counted of this client's session since its reset."""
         try:
-            data = self._control[STATS_METHOD](b"", timeout=timeout_s)
+            data = self._control[STATS_METHOD](
+                b"", timeout=timeout_s, metadata=self._control_metadata
+            )
         except grpc.RpcError as error:
             raise translate_rpc_error(error, target=self.target, method=STATS_METHOD) from None
-        return ServerStats.from_json(data, source=self.target)
+        stats = ServerStats.from_json(data, source=self.target)
+        self.other_sessions_seen = max(self.other_sessions_seen, stats.other_sessions)
+        return stats
 
     def reset_stats(self, timeout_s: float = 10.0) -> None:
+        """Reset the server's counts of this client's session (only those)."""
         try:
-            self._control[RESET_METHOD](b"", timeout=timeout_s)
+            self._control[RESET_METHOD](b"", timeout=timeout_s, metadata=self._control_metadata)
         except grpc.RpcError as error:
             raise translate_rpc_error(error, target=self.target, method=RESET_METHOD) from None
 
