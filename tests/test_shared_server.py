@@ -476,12 +476,16 @@ def test_two_replays_sharing_a_serve_each_count_their_own_calls(
 #: Waves of four concurrent clients before the server's memory is read as the
 #: baseline, and after it.
 WARM_WAVES, MEASURED_WAVES = 1, 3
+#: Passes of the load trace each trace client replays per run: an exact number
+#: of calls, whatever the machine's speed.
+TRACE_PASSES = 40
 #: How much the server's resident memory may grow over the measured waves.
-#: Measured here: 78.7 -> 80.5 MiB over 6 such waves (57,000 calls, 72 sessions):
-#: allocator and gRPC drift, not growth per call.  8 MiB leaves 4x that room
-#: and still catches anything kept per call: ~28,000 calls in 3 waves, so
-#: anything over ~300 bytes a call (a request, a response, a call's state).
-#: Sessions are bounded by design (``max_sessions``, ~2 KB each).
+#: Measured here: 78.7 -> 80.5 MiB over 6 such waves (57,000 calls, 72 sessions),
+#: and +0.85 MiB over 3 (26,659 calls): allocator and gRPC drift, not growth per
+#: call.  8 MiB leaves 4x the larger room and still catches anything kept per
+#: call: the trace clients alone make 17,280 calls in 3 waves, so anything over
+#: ~490 bytes a call (a request, a response, a call's state).  Sessions are
+#: bounded by design (``max_sessions``, ~2 KB each).
 RSS_MARGIN_BYTES = 8 * MIB
 
 
@@ -494,13 +498,16 @@ def _rss_bytes(pid: int) -> int:
 
 def _wave(tmp_path: Path, target: str, trace: Path, wave: int) -> int:
     """Four clients at once, each its own session: two trace replays (pulls of
-    21 B to 1 MiB, two workers), two synthetic (echo, streamed acks, pushes
-    from two workers).  Returns the calls the server counted for them."""
-    common = ["--warmup", "0.2", "--duration", "1", "--runs", "2", "--quiet", "--target", target]
+    21 B to 1 MiB from two workers, ``TRACE_PASSES`` passes a run), two synthetic
+    (echo, streamed acks, pushes from two workers, for a duration).  Returns the
+    calls the trace clients made, each counted by the server as sent."""
+    common = ["--warmup", "0.2", "--runs", "2", "--quiet", "--target", target]
     commands = [
-        [CLI, "replay", str(trace), "--benchmark", "p2p-latency,ps-throughput", *common],
-        [CLI, "replay", "--synthetic", "--workers", "2", "--categories", "small,medium", *common],
-    ]
+        [CLI, "replay", str(trace), "--benchmark", "p2p-latency,ps-throughput",
+         "--passes", str(TRACE_PASSES), *common],
+        [CLI, "replay", "--synthetic", "--workers", "2", "--categories", "small,medium",
+         "--duration", "1", *common],
+    ]  # fmt: skip
     clients = [
         subprocess.Popen(
             [*commands[n % 2], "--output-dir", str(tmp_path / f"wave-{wave}-{n}")],
@@ -513,13 +520,15 @@ def _wave(tmp_path: Path, target: str, trace: Path, wave: int) -> int:
     for client in clients:
         _, err = client.communicate(timeout=600)
         assert client.returncode == 0, err
-    calls = 0
+    trace_calls = 0
     for path in tmp_path.glob(f"wave-{wave}-*/*/results.json"):
-        for benchmark in json.loads(path.read_text())["benchmarks"]:
+        document = json.loads(path.read_text())
+        for benchmark in document["benchmarks"]:
             for run in benchmark["runs"]:
                 assert run["server_received_messages"] == len(run["samples"]["latency_ns"])
-                calls += run["server_received_messages"]
-    return calls
+                if document["config"]["workload"] == "trace":
+                    trace_calls += run["server_received_messages"]
+    return trace_calls
 
 
 def test_one_serve_under_four_clients_keeps_flat_memory_after_warm_up(
@@ -532,13 +541,15 @@ def test_one_serve_under_four_clients_keeps_flat_memory_after_warm_up(
     for wave in range(WARM_WAVES):
         _wave(tmp_path, target, trace, wave)
     baseline = _rss_bytes(process.pid)
-    calls = sum(
+    trace_calls = sum(
         _wave(tmp_path, target, trace, wave)
         for wave in range(WARM_WAVES, WARM_WAVES + MEASURED_WAVES)
     )
     grown = _rss_bytes(process.pid) - baseline
-    assert calls > 10_000
+    # Per run and trace client: a pass is 12 calls of the pair, 24 of both workers.
+    runs = 2 * 2 * MEASURED_WAVES
+    assert trace_calls == runs * TRACE_PASSES * (12 + 24)
     assert grown <= RSS_MARGIN_BYTES, (
-        f"serve grew {grown / MIB:.1f} MiB over {calls} calls after warm-up "
-        f"(from {baseline / MIB:.1f} MiB)"
+        f"serve grew {grown / MIB:.1f} MiB over {trace_calls} trace calls and the synthetic "
+        f"clients' after warm-up (from {baseline / MIB:.1f} MiB)"
     )
