@@ -6,6 +6,7 @@ import os
 from collections.abc import Sequence
 from pathlib import Path
 
+import hypothesis
 import pytest
 
 from tf_grpc_bench import trace as trace_model
@@ -15,6 +16,12 @@ from tf_grpc_bench.replay.core.workload import Workload
 from tf_grpc_bench.trace import RECV_TENSOR, Rpc, RunMetadata, Step, Task, TensorInfo, Trace
 
 TESTS = Path(__file__).resolve().parent
+
+# No property test has a time limit: Hypothesis's default deadline (200 ms an example) is a
+# wall-clock bound that a loaded machine breaks.  Tests that set their own settings keep
+# this unless they name a deadline.
+hypothesis.settings.register_profile("suite", deadline=None)
+hypothesis.settings.load_profile("suite")
 
 
 def _runs_the_whole_suite(config: pytest.Config) -> bool:

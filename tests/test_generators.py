@@ -248,17 +248,14 @@ def test_random_categories_and_random_sizes_come_from_one_seeded_generator() -> 
 
 
 @pytest.mark.parametrize(
-    "sizes",
-    [
-        BufferSizes(small_bytes=1, medium_bytes=KIB, large_bytes=MIB),
-        BufferSizes(small_bytes=KIB - 1, medium_bytes=MIB - 1, large_bytes=10 * MIB),
-    ],
+    ("small", "medium", "large"), [(1, KIB, MIB), (KIB - 1, MIB - 1, 10 * MIB)]
 )
-def test_configured_sizes_at_the_edges_of_their_category_are_accepted(sizes: BufferSizes) -> None:
+def test_configured_sizes_at_the_edges_of_their_category_are_accepted(
+    small: int, medium: int, large: int
+) -> None:
+    sizes = BufferSizes(small_bytes=small, medium_bytes=medium, large_bytes=large)
     config = GeneratorConfig(sizes=sizes, buffers_per_payload=3, payload_count=1)
-    assert generate_payloads(config) == (
-        (sizes.small_bytes, sizes.medium_bytes, sizes.large_bytes),
-    )
+    assert generate_payloads(config) == ((small, medium, large),)
 
 
 def test_category_sequence_uses_the_generator_it_is_given() -> None:

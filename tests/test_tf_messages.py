@@ -454,3 +454,41 @@ def test_rendezvous_keys_and_device_names_by_their_parts() -> None:
     assert dtype_name(119) == "float16_ref"
     assert dtype_name(133) == "float4_e2m1fn_ref"
     assert dtype_name(134) == "dtype_134"
+
+
+def test_graph_requests_name_their_step_id_in_their_own_field() -> None:
+    run_graph, cleanup = tf_messages.RUN_GRAPH, tf_messages.CLEANUP_GRAPH
+    assert run_graph == "/tensorflow.WorkerService/RunGraph"
+    assert cleanup == "/tensorflow.WorkerService/CleanupGraph"
+    data = _field(1, 11) + _field(2, -5) + _field(3, 7)
+    assert tf_messages.decode_graph_step_id(run_graph, data) == -5
+    assert tf_messages.decode_graph_step_id(cleanup, data) == 11
+    assert (
+        tf_messages.decode_graph_step_id(RECV := "/tensorflow.WorkerService/RecvTensor", data) == 0
+    )
+    assert RECV.endswith("RecvTensor")
+    assert tf_messages.decode_graph_step_id(run_graph, _field(1, 4)) == 0
+    assert tf_messages.decode_graph_step_id(run_graph, b"") == 0
+    with pytest.raises(
+        MessageDecodeError,
+        match=r"^RunGraphRequest\.step_id: expected an integer, got a length-delimited field$",
+    ):
+        tf_messages.decode_graph_step_id(run_graph, _field(2, b"x"))
+    with pytest.raises(MessageDecodeError, match=r"^CleanupGraphRequest\.step_id: expected an"):
+        tf_messages.decode_graph_step_id(cleanup, _field(1, b"x"))
+
+
+def test_a_dimension_size_of_the_wrong_type_is_named() -> None:
+    shape = _field(2, _field(1, b"x"))
+    with pytest.raises(
+        MessageDecodeError,
+        match=r"^TensorShapeProto\.dim\.size: expected an integer, got a length-delimited field$",
+    ):
+        decode_tensor_header(_field(1, 1) + _field(2, shape))
+    with pytest.raises(MessageDecodeError, match=r"^TensorProto\.dtype: expected an integer"):
+        decode_tensor_header(_field(1, b"x"))
+    # A non-message field 2 inside a shape is skipped, not a dimension.
+    assert decode_tensor_header(_field(1, 1) + _field(2, _field(2, 5))).shape == ()
+    # int64 fields: the largest positive value, and the first that reads as negative.
+    assert decode_recv_tensor_request(_field(1, 2**63 - 1)).step_id == 2**63 - 1
+    assert decode_recv_tensor_request(_field(1, 2**63)).step_id == -(2**63)

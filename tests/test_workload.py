@@ -529,3 +529,124 @@ def test_every_rpc_is_replayed_or_counted_as_dropped_and_each_ps_moves_its_bytes
         for key in {(c.worker_index, c.server_index) for c in step.calls}:
             offsets = [c.offset_ns for c in step.calls if (c.worker_index, c.server_index) == key]
             assert offsets == sorted(offsets)
+
+
+# --------------------------------------------------------------------------
+# One pair of a trace, and what a replay cannot send (worked out by hand on make_trace:
+# tasks 0 = ps:0, 1 = ps:1, 2 = worker:0, 3 = worker:1; each worker pulls 21 B, 4 KiB and
+# 1 MiB from each ps, 120 B requests).
+
+
+def test_a_pair_is_named_by_job_and_index() -> None:
+    from tf_grpc_bench.replay.core.workload import parse_pair
+
+    trace = make_trace(workers=2, ps=2)
+    assert parse_pair("worker:1,ps:0", trace) == (3, 0)
+    assert parse_pair(" worker:0 , ps:1 ", trace) == (2, 1)
+    with pytest.raises(
+        ConfigError,
+        match=r"^--pair 'worker:1': expected WORKER_JOB:INDEX,PS_JOB:INDEX, e\.g\. worker:0,ps:0$",
+    ):
+        parse_pair("worker:1", trace)
+    for text, part in (
+        ("worker:9,ps:0", "worker:9"),
+        ("worker:x,ps:0", "worker:x"),
+        ("worker:1,ps", "ps"),
+    ):
+        with pytest.raises(
+            ConfigError,
+            match=rf"^--pair {text!r}: no task {part!r} in the trace "
+            r"\(tasks: ps:0, ps:1, worker:0, worker:1\)$",
+        ):
+            parse_pair(text, trace)
+
+
+def test_a_p2p_workload_of_one_pair_drops_the_others() -> None:
+    trace = make_trace(steps=2, workers=2, ps=2)
+    workload = trace_workload(trace, Benchmark.P2P_LATENCY, mode=Mode.NON_SERIALIZED, pair=(3, 1))
+    description = dict(workload.description)
+    assert description["pair"] == "/job:worker/task:1->/job:ps/task:1"
+    assert description["calls_per_pass"] == 6
+    assert description["dropped_rpcs_per_pass"] == 18  # 3 other pairs x 3 RPCs x 2 steps
+    assert [c.response_bytes for c in workload.calls] == [21, 4096, 1 << 20] * 2
+    assert {(c.server_index, c.worker_index) for c in workload.calls} == {(1, 0)}
+    default = trace_workload(trace, Benchmark.P2P_LATENCY, mode=Mode.NON_SERIALIZED)
+    assert dict(default.description)["pair"] == "/job:worker/task:0->/job:ps/task:0"
+
+
+def test_a_pair_that_is_not_worker_to_ps_or_exchanges_nothing_is_refused() -> None:
+    trace = make_trace(workers=2, ps=2)
+    for pair in ((0, 1), (2, 3), (1, 2)):
+        names = f"{trace.task_name(pair[0])} -> {trace.task_name(pair[1])}"
+        with pytest.raises(
+            ConfigError, match=rf"^--pair: {names} is not a \(worker, ps\) pair of this trace$"
+        ):
+            trace_workload(trace, Benchmark.P2P_LATENCY, mode=Mode.NON_SERIALIZED, pair=pair)
+    lonely = make_trace(workers=2, ps=2)
+    rpcs = tuple(r for r in lonely.steps[0].rpcs if (r.caller_task, r.callee_task) != (3, 1))
+    lonely = Trace(
+        metadata=lonely.metadata,
+        tasks=lonely.tasks,
+        steps=(Step(index=0, start_ns=0, end_ns=10**9, rpcs=rpcs),),
+    )
+    with pytest.raises(
+        ConfigError,
+        match=r"^--pair: /job:worker/task:1 and /job:ps/task:1 exchange no RPCs in the "
+        r"trace's steps$",
+    ):
+        trace_workload(lonely, Benchmark.P2P_BANDWIDTH, mode=Mode.NON_SERIALIZED, pair=(3, 1))
+
+
+def test_one_workers_part_of_a_workload() -> None:
+    workload = trace_workload(
+        make_trace(workers=2, ps=2), Benchmark.PS_THROUGHPUT, mode=Mode.NON_SERIALIZED
+    )
+    second = workload.for_worker(1)
+    assert {c.worker_index for c in second.calls} == {1}
+    assert len(second.calls) == len(workload.calls) // 2
+    assert len(workload.for_worker(0).calls) == len(workload.calls) // 2
+    for index in (-1, 2):
+        with pytest.raises(ValueError, match=rf"^worker {index} of 2$"):
+            workload.for_worker(index)
+
+
+def test_what_a_replay_cannot_send_is_summed_up_by_kind() -> None:
+    from tf_grpc_bench.replay.core.workload import unreplayed_summary
+
+    base = make_trace(steps=1, workers=1, ps=2)
+    extra = (
+        Rpc(
+            method="/tensorflow.WorkerService/RecvTensor",
+            caller_task=0,
+            callee_task=1,
+            request_bytes=100,
+            response_bytes=900,
+        ),  # ps -> ps
+        Rpc(
+            method="/tensorflow.WorkerService/RecvTensor",
+            caller_task=1,
+            callee_task=0,
+            request_bytes=50,
+            response_bytes=50,
+        ),
+        Rpc(
+            method="/tensorflow.eager.EagerService/Enqueue",
+            caller_task=3,
+            callee_task=2,
+            request_bytes=5000,
+            response_bytes=0,
+        ),  # chief -> worker
+    )
+    tasks = (*base.tasks, Task(job="chief", index=0))
+    step = base.steps[0]
+    trace = Trace(
+        metadata=base.metadata,
+        tasks=tasks,
+        steps=(
+            Step(index=0, start_ns=step.start_ns, end_ns=step.end_ns, rpcs=(*step.rpcs, *extra)),
+        ),
+    )
+    total, text = unreplayed_summary(trace)
+    assert total == 1100 + 5000
+    assert text == "chief->worker Enqueue: 1 RPCs, 5000 B; ps->ps RecvTensor: 2 RPCs, 1100 B"
+    assert unreplayed_summary(make_trace()) == (0, "")
