@@ -711,7 +711,7 @@ def run_replay(args: argparse.Namespace) -> int:
     if not args.quiet:
         print(report.format_table(document))
     print(f"results: {run_directory / results.RESULTS_FILE_NAME}")
-    print(f"view:    tensorboard --logdir {run_directory / 'tensorboard'}")
+    print(f"view:    tensorboard --logdir {args.output_dir}")
     if document.partial and INTERRUPTED_REASON in document.partial_reason:
         raise RunInterrupted(f"interrupted; partial results written to {run_directory}")
     if document.partial:

@@ -311,5 +311,5 @@ def record(
         measured, config=request.config, trace_path=request.trace_path, network=network
     )
     results.write_document(document, run_directory / results.RESULTS_FILE_NAME)
-    tensorboard.write_run(document, run_directory / "tensorboard")
+    tensorboard.write_run(document, run_directory)
     return document

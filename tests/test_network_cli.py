@@ -144,7 +144,7 @@ def test_compare_replays_across_rate_limited_links_under_their_rates(tmp_path: P
         assert document.network.emulated_rate_bits_per_s == rate
         (interface,) = document.network.interfaces
         assert interface.name == "eth0" and interface.namespace.startswith(netns.PREFIX)
-        assert list(path.parent.glob("tensorboard/p2p-bandwidth/events.out.tfevents.*"))
+        assert list(path.parent.glob("p2p-bandwidth/events.out.tfevents.*"))
         (bandwidth,) = document.benchmarks
         ratio = bandwidth.bytes_per_s * 8 / rate
         assert 0.3 <= ratio <= 1.1, f"{name}: {bandwidth.bytes_per_s * 8 / 1e6:.1f} Mbit/s"

@@ -270,7 +270,7 @@ def _statistics_json(result: BenchmarkResult, cpu_count: int) -> dict[str, Any]:
         "bandwidth_mb_per_s": _finite_or_none(result.bandwidth_mb_per_s),
         "latency_ns": latency,
         "step_time_ns": _latency_json(result.step_time),
-        "prediction": _prediction_json(result, cpu_count),
+        "prediction": prediction_json(result, cpu_count),
         "release_lag_ns": _latency_json(result.release_lag),
         "client_cpu_ns": result.client_cpu_ns,
         "server_cpu_ns": result.server_cpu_ns,
@@ -294,7 +294,7 @@ def replay_cpu_cores(result: BenchmarkResult) -> float:
     return 0.0 if math.isnan(total) else total
 
 
-def _prediction_json(result: BenchmarkResult, cpu_count: int) -> dict[str, Any] | None:
+def prediction_json(result: BenchmarkResult, cpu_count: int) -> dict[str, Any] | None:
     """What the replay predicts of a training step (dependencies pacing), else None.
 
     ``step_ns``: median replayed worker-step, compute kept; ``compute_ns`` and

@@ -438,9 +438,9 @@ def _gather(placement: Placement, args: argparse.Namespace, build_request: Reque
     )
     run_directory = results.new_run_directory(args.output_dir, "cluster")
     path = results.write_document(document, run_directory / results.RESULTS_FILE_NAME)
-    tensorboard_output.write_run(document, run_directory / "tensorboard")
+    tensorboard_output.write_run(document, run_directory)
     print(f"results: {path}")
-    print(f"view:    tensorboard --logdir {run_directory / 'tensorboard'}")
+    print(f"view:    tensorboard --logdir {args.output_dir}")
     if errors:
         raise errors[0]
     if document.partial:
