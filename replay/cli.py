@@ -711,6 +711,9 @@ def run_replay(args: argparse.Namespace) -> int:
     if not args.quiet:
         print(report.format_table(document))
     print(f"results: {run_directory / results.RESULTS_FILE_NAME}")
+    timelines = run_directory / "timeline"
+    if timelines.is_dir():
+        print(f"timeline: {timelines}/ (Perfetto, chrome://tracing; TensorBoard's Profile tab)")
     print(f"view:    tensorboard --logdir {args.output_dir}")
     if document.partial and INTERRUPTED_REASON in document.partial_reason:
         raise RunInterrupted(f"interrupted; partial results written to {run_directory}")

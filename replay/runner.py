@@ -22,6 +22,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from tf_grpc_bench import trace_files
 from tf_grpc_bench.errors import ConfigError, TransportError
 from tf_grpc_bench.replay.core.measurement import (
     Benchmark,
@@ -302,9 +303,14 @@ def record(
     *,
     network_name: str = "",
 ) -> results.ResultDocument:
-    """Write the result document and TensorBoard logs of a replay into ``run_directory``."""
+    """Write the result document, TensorBoard logs and timelines of a replay into ``run_directory``.
+
+    The timelines (``output.timeline``): each benchmark's first measured steps
+    next to the trace's, as trace-event JSON in ``<run>/timeline/`` and for
+    TensorBoard's Profile tab.
+    """
     # The TensorBoard writer is imported only when there is something to write.
-    from tf_grpc_bench.replay.output import tensorboard
+    from tf_grpc_bench.replay.output import tensorboard, timeline
 
     network = netinfo.describe_network(targets, name=network_name)
     document = results.build_document(
@@ -312,4 +318,6 @@ def record(
     )
     results.write_document(document, run_directory / results.RESULTS_FILE_NAME)
     tensorboard.write_run(document, run_directory)
+    trace = None if request.trace_path is None else trace_files.read_trace(request.trace_path)
+    timeline.write_run_timelines(document, run_directory, trace)
     return document

@@ -9,6 +9,7 @@ dashboards would show through TensorBoard's HTTP API.
 from __future__ import annotations
 
 import contextlib
+import gzip
 import json
 import re
 import subprocess
@@ -35,14 +36,16 @@ class TensorBoard:
 
     def get(self, route: str, **query: str) -> Any:
         """GET ``data/...`` with ``query``, decoded from JSON."""
-        address = self.url + route + ("?" + urllib.parse.urlencode(query) if query else "")
-        with urllib.request.urlopen(address, timeout=60) as response:
-            return json.loads(response.read())
+        return json.loads(self.get_bytes(route, **query))
 
     def get_bytes(self, route: str, **query: str) -> bytes:
+        """GET ``data/...``; gzip-encoded answers (the Profile plugin's) are unpacked."""
         address = self.url + route + ("?" + urllib.parse.urlencode(query) if query else "")
         with urllib.request.urlopen(address, timeout=120) as response:
-            return bytes(response.read())
+            body = bytes(response.read())
+            if response.headers.get("Content-Encoding") == "gzip":
+                body = gzip.decompress(body)
+            return body
 
     def post(self, route: str, body: dict[str, Any]) -> Any:
         request = urllib.request.Request(self.url + route, data=json.dumps(body).encode())

@@ -241,6 +241,14 @@ def test_golden_v1_document_is_still_readable() -> None:
         assert statistics["bandwidth_mb_per_s"] == pytest.approx(result.bandwidth_mb_per_s)
 
 
+@pytest.mark.parametrize("version", [1, 2])
+def test_documents_before_version_3_read_with_unknown_trace_rpcs(version: int) -> None:
+    document = read_document(DATA / f"results-v{version}.json")
+    assert document.format_version == version
+    samples = [s for result in document.benchmarks for run in result.runs for s in run.samples]
+    assert samples and all(sample.rpc_index == -1 for sample in samples)
+
+
 def test_current_writer_reproduces_the_newest_golden_document_exactly() -> None:
     golden = DATA / f"results-v{FORMAT_VERSION}.json"
     assert dumps_document(golden_document()) == golden.read_text()

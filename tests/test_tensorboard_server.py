@@ -10,8 +10,10 @@ with the ``results.json`` files the replays wrote.
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -21,7 +23,9 @@ import pytest
 
 from tf_grpc_bench.replay.output import document as results
 from tf_grpc_bench.replay.output.hparams import COMPARISON_HPARAMS, METRICS
+from tf_grpc_bench.replay.output.timeline import PROFILE_SESSION
 
+from .browser import browser_page, colored_share, serving
 from .tensorboard_server import FAST_LOADER_NOTE, TensorBoard, running_tensorboard
 
 COMMAND = str(Path(sys.executable).with_name("tf-grpc-bench"))
@@ -220,3 +224,139 @@ def test_text_shows_the_results_table_and_each_benchmark(
         for label in document.labels:
             (summary,) = board.get("data/plugin/text/text", run=f"{name}/{label}", tag="summary")
             assert "<th>class</th>" in summary["text"]
+
+
+# --------------------------------------------------------------------------
+# The step timeline: TensorBoard's Profile tab, and the trace-event JSON.
+
+
+def _profile_session(name: str, label: str) -> str:
+    return f"{name}/{label}/{PROFILE_SESSION}"
+
+
+def test_profile_tab_lists_each_benchmarks_timeline_with_captured_and_replayed_tasks(
+    board: TensorBoard, documents: dict[str, Any]
+) -> None:
+    sessions = board.get("data/plugin/profile/runs")
+    for name, (_, document) in documents.items():
+        for label in document.labels:
+            session = _profile_session(name, label)
+            assert session in sessions
+            assert "trace_viewer@" in board.get("data/plugin/profile/run_tools", run=session)
+            data = json.loads(
+                board.get_bytes(
+                    "data/plugin/profile/data", run=session, tag="trace_viewer@", host=label
+                )
+            )
+            processes = [
+                e["args"]["name"] for e in data["traceEvents"] if e.get("name") == "process_name"
+            ]
+            assert any(p.endswith("captured /job:worker/task:0") for p in processes), processes
+            assert any(p.endswith("replayed /job:worker/task:0") for p in processes), processes
+            assert any(e.get("ph") == "X" for e in data["traceEvents"])
+
+
+def _texts(locator: Any) -> list[str]:
+    """The elements' texts, one by one (the viewer's web-component polyfill defeats
+    Playwright's all-at-once queries)."""
+    return [locator.nth(i).text_content() or "" for i in range(locator.count())]
+
+
+def _open_trace_viewer(page: Any, board: TensorBoard, session: str) -> Any:
+    """The Profile tab as a user clicks it: the session, then the Trace Viewer tool."""
+    page.goto(board.url + "#profile")
+    plugin = page.frame_locator("iframe").first
+    plugin.get_by_text("Sessions").first.wait_for(timeout=120_000)
+    # Each choice makes the plugin load (and hide its selectors) for a while: long timeouts.
+    plugin.locator("mat-select").nth(0).click(timeout=180_000)
+    plugin.locator("mat-option", has_text=session).first.click(timeout=180_000)
+    # The chosen session's overview first, then the tool selector (showing the overview).
+    plugin.get_by_text("Performance Summary").first.wait_for(timeout=180_000)
+    for _ in range(3):
+        tools = plugin.get_by_text("Overview Page").or_(plugin.get_by_text("Trace Viewer")).first
+        tools.wait_for(state="attached", timeout=180_000)
+        time.sleep(2)
+        if not tools.is_visible():
+            # Choosing another session folds the side panel away: open it, as a user would.
+            plugin.get_by_text("menu", exact=True).first.click()
+        tools.click(timeout=180_000)
+        plugin.locator("mat-option", has_text="Trace Viewer").first.click(timeout=180_000)
+        viewer = _drawn_viewer(page, limit_s=90)
+        if viewer is not None:
+            return viewer
+    raise AssertionError("the trace viewer never drew a task")
+
+
+def _drawn_viewer(page: Any, limit_s: float) -> Any:
+    """The trace viewer's frame once it has drawn a task, or None after ``limit_s``."""
+    deadline = time.monotonic() + limit_s
+    while time.monotonic() < deadline:
+        for frame in page.frames:
+            viewer = "trace_viewer_index" in frame.url and not frame.is_detached()
+            if viewer and frame.locator("span.process-track-name").count() > 0:
+                return frame
+        time.sleep(0.5)
+    return None
+
+
+def test_headless_chromium_shows_the_timeline_in_the_profile_tab(
+    board: TensorBoard, documents: dict[str, Any], tmp_path: Path
+) -> None:
+    name = next(iter(documents))
+    with browser_page() as page:
+        try:
+            viewer = _open_trace_viewer(page, board, _profile_session(name, "ps-throughput"))
+        except Exception:
+            page.screenshot(path=str(tmp_path / "profile-tab-failure.png"))
+            print(f"screenshot of the failure: {tmp_path / 'profile-tab-failure.png'}")
+            raise
+        headers = _texts(viewer.locator("span.process-track-name"))
+        for task in ("captured /job:worker/task:0", "captured /job:ps/task:1",
+                     "replayed /job:worker/task:0", "replayed /job:worker/task:1"):  # fmt: skip
+            assert any(task in header for header in headers), headers
+        collapsed = tmp_path / "profile-tab-collapsed.png"
+        page.screenshot(path=str(collapsed))
+        # Expand the replayed worker: its rows (steps, gaps, calls) and coloured slices.
+        header = viewer.locator("span.process-track-name", has_text="replayed /job:worker/task:0")
+        box = header.bounding_box()
+        page.mouse.click(box["x"] - 20, box["y"] + box["height"] / 2)
+        viewer.get_by_text("no call in flight").first.wait_for(timeout=60_000)
+        for row in ("steps", "calls 1", "calls 2"):
+            assert viewer.get_by_text(row, exact=True).count() > 0, row
+        expanded = tmp_path / "profile-tab-replayed-worker.png"
+        page.screenshot(path=str(expanded))
+        below = (300, int(box["y"] + box["height"]), 1580, 990)
+        share = colored_share(expanded, below)
+        assert share > 0.01, f"{share:.3f} of {expanded} in colour: slices not drawn"
+        assert colored_share(collapsed, below) < share
+
+
+def test_headless_chromium_draws_the_trace_event_json_in_a_trace_viewer(
+    documents: dict[str, Any], logdir: Path, tmp_path: Path
+) -> None:
+    """The JSON in the Trace Event Format viewer that chrome://tracing is (Catapult's, as
+    tensorboard-plugin-profile ships it), served from a folder on loopback."""
+    import importlib.resources
+
+    name = next(iter(documents))
+    static = Path(str(importlib.resources.files("xprof") / "static"))
+    site = tmp_path / "site"
+    site.mkdir()
+    for part in ("trace_viewer_index.html", "trace_viewer_index.js"):
+        shutil.copy(static / part, site / part)
+    shutil.copy(logdir / name / "timeline" / "ps-throughput.trace.json", site / "t.json")
+    with serving(site) as url, browser_page() as page:
+        page.goto(
+            url + "trace_viewer_index.html?is_streaming=false&is_oss=true&trace_data_url=%2Ft.json"
+        )
+        tracks = page.locator("span.process-track-name")
+        tracks.first.wait_for(timeout=120_000)
+        headers = _texts(tracks)
+        assert any(h.startswith("captured /job:worker/task:0") for h in headers), headers
+        assert any(h.startswith("replayed /job:worker/task:1") for h in headers), headers
+        for row in ("steps", "critical path", "calls 1"):
+            assert page.get_by_text(row, exact=True).count() > 0, row
+        shot = tmp_path / "trace-event-json.png"
+        page.screenshot(path=str(shot))
+        share = colored_share(shot, (300, 120, 1580, 990))
+        assert share > 0.01, f"{share:.3f} of {shot} in colour: slices not drawn"

@@ -62,11 +62,18 @@ FORMAT = "tf-grpc-bench-results"
 #:       ``step_compute_ns`` (compute on each step's critical path), statistics
 #:       gain ``prediction`` and ``release_lag_ns``.  Version 1 documents read
 #:       with those empty (lags 0).
-FORMAT_VERSION = 2
+#:   3 (2026-12): samples gain ``rpc_index`` (which RPC of the trace step a
+#:       call replayed, for timelines and exports).  Versions 1 and 2 read
+#:       with -1 (unknown).
+FORMAT_VERSION = 3
 #: Versions ``read_document`` can read.
-READABLE_VERSIONS = frozenset({1, 2})
-#: The sample columns of version 1 documents.
-_SAMPLE_COLUMNS_V1 = tuple(c for c in SAMPLE_COLUMNS if c != "release_lag_ns")
+READABLE_VERSIONS = frozenset({1, 2, 3})
+#: The sample columns each version stores.
+_SAMPLE_COLUMNS_BY_VERSION = {
+    1: tuple(c for c in SAMPLE_COLUMNS if c not in ("release_lag_ns", "rpc_index")),
+    2: tuple(c for c in SAMPLE_COLUMNS if c != "rpc_index"),
+    3: SAMPLE_COLUMNS,
+}
 #: Conventional name of the result document inside a run directory.
 RESULTS_FILE_NAME = "results.json"
 
@@ -593,7 +600,7 @@ def _run_from_json(obj: dict[str, Any], where: str, version: int) -> RunMeasurem
     samples_obj = _object(obj, "samples", where)
     at = f"{where}.samples"
     count = _int(samples_obj, "count", at)
-    names = SAMPLE_COLUMNS if version >= 2 else _SAMPLE_COLUMNS_V1
+    names = _SAMPLE_COLUMNS_BY_VERSION[version]
     columns = [_int_list(samples_obj, column, at) for column in names]
     for column, values in zip(names, columns, strict=True):
         if len(values) != count:
