@@ -201,8 +201,9 @@ def _captured_paths(trace: Trace, drawn: int, origin: int) -> dict[int, list[Sli
             continue
         step = trace.steps[number]
         for segment in segments:
+            args: tuple[tuple[str, ArgValue], ...] = (("step", step.index),)
             if segment.rpc_index < 0:
-                name, category, args = "compute", "compute", (("step", step.index),)
+                name, category = "compute", "compute"
             else:
                 rpc = step.rpcs[segment.rpc_index]
                 name, category = rpc_name(rpc), "rpc"
@@ -332,6 +333,7 @@ class _Replayed:
             ("latency_ms", sample.latency_ns / 1e6),
             ("release_lag_us", sample.release_lag_ns / 1e3),
             ("step", sample.step),
+            ("rpc_index", sample.rpc_index),
         ]
         if rpc is not None and self.trace is not None:
             pushed = self.trace.task_name(rpc.caller_task) in self.servers
