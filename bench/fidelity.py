@@ -18,14 +18,16 @@ script (root: it builds network namespaces):
    bytes of a round over the link rate) and the replay's CPU into the
    ``## Fidelity`` section of ``bench/README.md``;
 5. keeps every replay's run directory under ``--logdir`` (default
-   ``runs/fidelity``), one folder per model, with a ``comparison``
+   ``runs/fidelity``), one folder per model and setup, with a ``comparison``
    TensorBoard run per model: step time against link rate for the replay
    (from the loopback trace), training and the link's bound, and latency per
    size class per link (``tensorboard --logdir runs/fidelity``).
 
 Usage: ``sudo .venv/bin/python bench/fidelity.py [--models resnet50,vgg16]
-[--profiles 1gbit,2.5gbit,5gbit,10gbit,unlimited] [--steps 8] [--no-readme]
-[--logdir runs/fidelity]`` (needs the profiler extra).
+[--setup tf2-ps|tf1-ps] [--profiles 1gbit,2.5gbit,5gbit,10gbit,unlimited] [--steps 8]
+[--no-readme] [--logdir runs/fidelity]`` (needs the profiler extra).  Each model
+and setup gets its own section, ``## Fidelity: MODEL, SETUP``, so runs of
+different models do not overwrite each other.
 """
 
 from __future__ import annotations
@@ -56,7 +58,7 @@ from tf_grpc_bench.replay.network.compare import write_tensorboard_comparison
 from tf_grpc_bench.replay.output import document as results
 from tf_grpc_bench.trace import Trace
 
-SECTION = "## Fidelity"
+SECTION = "## Fidelity: {model}, {setup}"
 #: Warm-up and measured seconds of each replay (one run: the prediction is a median of steps).
 REPLAY_WARMUP_S = "4"
 REPLAY_DURATION_S = "20"
@@ -90,9 +92,9 @@ def run(command: list[str]) -> None:
         raise SystemExit(f"failed ({completed.returncode}): {completed.stderr.strip()[-2000:]}")
 
 
-def capture(model: str, steps: int, output: Path, profile: str | None) -> Trace:
+def capture(model: str, setup: str, steps: int, output: Path, profile: str | None) -> Trace:
     command = tf_grpc_bench_command(
-        "capture", "--model", model, "--setup", "tf2-ps", "--ps", "2", "--workers", "2",
+        "capture", "--model", model, "--setup", setup, "--ps", "2", "--workers", "2",
         "--steps", str(steps), "--warmup-steps", "2", "--batch-size", "4",
         "--input-size", "32", "--output", str(output), "--quiet",
     )  # fmt: skip
@@ -159,26 +161,29 @@ def predict(trace_path: Path, profile: str, output_dir: Path) -> Prediction | No
     )
 
 
-def measure(model: str, profiles: list[str], steps: int, scratch: Path, logdir: Path) -> list[Row]:
-    loopback_trace = logdir / model / f"{model}-loopback.tfgbtrace"
-    loopback_trace.parent.mkdir(parents=True, exist_ok=True)
-    capture(model, steps, loopback_trace, None)
+def measure(
+    model: str, setup: str, profiles: list[str], steps: int, scratch: Path, logdir: Path
+) -> list[Row]:
+    folder = logdir / f"{model}-{setup}"
+    loopback_trace = folder / f"{model}-loopback.tfgbtrace"
+    folder.mkdir(parents=True, exist_ok=True)
+    capture(model, setup, steps, loopback_trace, None)
     rows = []
     for profile in profiles:
         link_trace = scratch / f"{model}-{profile}.tfgbtrace"
-        trained = capture(model, steps, link_trace, profile)
+        trained = capture(model, setup, steps, link_trace, profile)
         rows.append(
             Row(
                 model=model,
                 profile=profile,
                 training_s=round_seconds(trained),
                 link_bound_s=link_bound_seconds(trained, profile),
-                from_loopback=predict(loopback_trace, profile, logdir / model / f"{profile}-lo"),
+                from_loopback=predict(loopback_trace, profile, folder / f"{profile}-lo"),
                 from_link=predict(link_trace, profile, scratch / f"{model}-{profile}-link"),
             )
         )
         print(rows[-1], file=sys.stderr, flush=True)
-    write_comparison(logdir / model, rows)
+    write_comparison(folder, rows)
     return rows
 
 
@@ -202,15 +207,15 @@ def _prediction_cells(prediction: Prediction | None, training_s: float) -> list[
     return [f"{prediction.step_s:.2f} s", f"{ratio:.2f}{bound}"]
 
 
-def report(rows: list[Row], command: str, before: str, after: str) -> str:
+def report(rows: list[Row], setup: str, command: str, before: str, after: str) -> str:
     lines = [
-        SECTION,
+        SECTION.format(model=rows[0].model if rows else "?", setup=setup),
         "",
         f"`{command}`",
         "",
         machine_line(before, after),
         "",
-        "Training: median steady round (a step on each of 2 workers, synchronous tf2-ps, 2 ps on",
+        f"Training: median steady round (a step on each of 2 workers, synchronous {setup}, 2 ps on",
         "one emulated host, chief and workers on another) captured on the link. Replay: the",
         "predicted step (dependencies pacing, compute kept) of the PS-throughput replay across",
         "the same link, of a trace captured on loopback and of the one captured on the link.",
@@ -239,6 +244,7 @@ def report(rows: list[Row], command: str, before: str, after: str) -> str:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--models", default="resnet50,vgg16")
+    parser.add_argument("--setup", default="tf2-ps", choices=("tf2-ps", "tf1-ps"))
     parser.add_argument("--profiles", default="1gbit,2.5gbit,5gbit,10gbit,unlimited")
     parser.add_argument("--steps", type=int, default=8, help="steady rounds per capture")
     parser.add_argument("--no-readme", action="store_true")
@@ -246,18 +252,18 @@ def main() -> int:
         "--logdir", default="runs/fidelity", help="where the replays' runs and comparisons go"
     )
     args = parser.parse_args()
-    before = load_average()
-    rows: list[Row] = []
+    command = command_line("bench/fidelity.py", sys.argv[1:])
     with tempfile.TemporaryDirectory(prefix="tfgb-fidelity-") as scratch:
         for model in args.models.split(","):
-            rows += measure(
-                model, args.profiles.split(","), args.steps, Path(scratch), Path(args.logdir)
-            )
-    arguments = sys.argv[1:]
-    body = report(rows, command_line("bench/fidelity.py", arguments), before, load_average())
-    print(body)
-    if not args.no_readme:
-        write_section(README, SECTION, body)
+            before = load_average()
+            rows = measure(
+                model, args.setup, args.profiles.split(","), args.steps, Path(scratch),
+                Path(args.logdir),
+            )  # fmt: skip
+            body = report(rows, args.setup, command, before, load_average())
+            print(body)
+            if not args.no_readme:
+                write_section(README, SECTION.format(model=model, setup=args.setup), body)
     return 0
 
 

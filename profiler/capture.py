@@ -24,9 +24,9 @@ One sequence for both commands: ``capture`` (a job of the launcher,
    the steps the job says where to find (``TraceLayout``).
 
 Faults: whatever stops the job early (a task crashes or hangs, a port is
-taken, the user interrupts) stops every process the job started and writes the
-trace captured so far, marked partial, before the error goes on (in
-``CaptureResult.error``).
+taken, the user interrupts: ``RunInterrupted``) stops every process the job
+started and writes the trace captured so far, marked partial, before the error
+goes on (in ``CaptureResult.error``).
 """
 
 from __future__ import annotations
@@ -49,9 +49,8 @@ from typing import Any, Protocol
 from absl import logging
 
 from tf_grpc_bench import __version__, trace_files
-from tf_grpc_bench.errors import BenchError, CaptureError, ConfigError
+from tf_grpc_bench.errors import BenchError, ConfigError, RunInterrupted
 from tf_grpc_bench.profiler.assembly.phases import assemble_trace, partial_reason
-from tf_grpc_bench.profiler.assembly.steps import StepWindow, step_id_windows, step_windows
 from tf_grpc_bench.profiler.launch.config import TrainingConfig
 from tf_grpc_bench.profiler.launch.hosts import (
     NetworkRequest,
@@ -64,7 +63,6 @@ from tf_grpc_bench.profiler.launch.markers import StepMarker
 from tf_grpc_bench.profiler.launch.plan import TaskSpec, check_tasks, plan_tasks
 from tf_grpc_bench.profiler.physics import VARIABLES_EXTRA, encode_variables
 from tf_grpc_bench.profiler.progress import Progress, ProgressCallback
-from tf_grpc_bench.profiler.recorders.calls import RecordedCall
 from tf_grpc_bench.profiler.recorders.proxy import ProxySet
 from tf_grpc_bench.profiler.recorders.recorder import (
     CAPTURE_METHODS,
@@ -73,7 +71,7 @@ from tf_grpc_bench.profiler.recorders.recorder import (
     Recorder,
 )
 from tf_grpc_bench.profiler.recorders.wiretap import TapRecorder, build_library
-from tf_grpc_bench.trace import RunMetadata, Task, Trace
+from tf_grpc_bench.trace import ROUND, WORKER_STEP, RunMetadata, Task, Trace
 
 #: Launcher setup -> the trace's strategy name (see protos/trace.proto).
 STRATEGY_NAMES = {
@@ -105,19 +103,24 @@ class CaptureResult:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class TraceLayout:
-    """How a finished job's calls become its trace (see ``assembly.phases.assemble_trace``).
-
-    Steps come from ``windows`` if given (``startup_step_ids`` are warm-up
-    step ids), else from ``markers``.  ``job_info`` goes to the result.
+    """How a finished job's calls become its trace (see ``assembly.phases.assemble_trace``
+    and ``assembly.steps.find_steps``, which take ``markers``, ``warmup_steps``,
+    ``per_run``, ``need_markers`` and ``unit``).  ``job_info`` goes to the result.
     """
 
     tasks: tuple[Task, ...]
     caller_of_pid: Mapping[int, int]
     markers: tuple[StepMarker, ...]
-    windows: tuple[StepWindow, ...] | None
-    startup_step_ids: frozenset[int]
     metadata: RunMetadata
     job_info: Mapping[str, Any]
+    #: Training steps found in the traffic to keep as start-up (jobs without markers).
+    warmup_steps: int = 0
+    #: A step is one training run (asynchronous steps overlap), not a marker's span.
+    per_run: bool = False
+    #: No steps without steady markers (the launcher's jobs always write them).
+    need_markers: bool = False
+    #: What one step is (``trace.ROUND``, ``WORKER_STEP``, ``MARKER``); "" for the default.
+    unit: str = ""
 
 
 class CapturedJob(Protocol):
@@ -141,7 +144,7 @@ class CapturedJob(Protocol):
         """Stop every process the job started, however ``run`` ended; idempotent."""
         ...
 
-    def layout(self, calls: Sequence[RecordedCall]) -> TraceLayout:
+    def layout(self) -> TraceLayout:
         """The trace's tasks, callers, steps and labels, once the job is stopped."""
         ...
 
@@ -204,13 +207,13 @@ def run_and_write(
         except BenchError as failure:
             error = failure
         except KeyboardInterrupt:
-            error = CaptureError("interrupted by the user")
+            error = RunInterrupted("interrupted by the user (Ctrl-C or SIGTERM)")
         finally:
             job.stop()
     finally:
         recorder.stop()
     calls = recorder.collect(final=True)
-    layout = job.layout(calls)
+    layout = job.layout()
     recorder_errors = recorder.errors()
     logging.info(
         "job %s; %d calls recorded", "done" if error is None else f"failed: {error}", len(calls)
@@ -222,8 +225,10 @@ def run_and_write(
         tasks=layout.tasks,
         caller_of_pid=layout.caller_of_pid,
         markers=layout.markers,
-        windows=layout.windows,
-        startup_step_ids=layout.startup_step_ids,
+        warmup_steps=layout.warmup_steps,
+        per_run=layout.per_run,
+        need_markers=layout.need_markers,
+        unit=layout.unit,
         origin_ns=recorder.started_ns,
         metadata=layout.metadata,
         partial_reason=partial_reason(error, recorder_errors),
@@ -381,7 +386,7 @@ class _TrainingRun:
         if self._watcher is not None:
             self._watcher.join(1)
 
-    def layout(self, calls: Sequence[RecordedCall]) -> TraceLayout:
+    def layout(self) -> TraceLayout:
         markers = self.markers
         task_index = {t.key: i for i, t in enumerate(self.tasks)}
         metadata = run_metadata(
@@ -391,20 +396,10 @@ class _TrainingRun:
             recorder=self.recorder,
             network=() if self.hosts is None else self.hosts.metadata(),
         )
-        windows: list[StepWindow] | None = None
-        startup_ids: frozenset[int] = frozenset()
-        steady = step_windows(markers)
-        if not self.config.synchronous and steady:
-            # Asynchronous steps overlap in time: a step is one worker-step, the
-            # calls of one TensorFlow step id, within the steady markers' span.
-            windows, startup_ids = step_id_windows(
-                calls,
-                start_ns=steady[0].start_ns,
-                end_ns=max(w.end_ns for w in steady),
-                count=sum(1 for m in markers if m.phase == "steady"),
-            )
-            extra = (*metadata.extra, ("step_unit", "worker-step"), ("steps_from", "step-id"))
-            metadata = dataclasses.replace(metadata, extra=extra)
+        # Asynchronous steps overlap in time: a step is one worker-step, one
+        # training run, within the steady markers' span.  Synchronous steps are
+        # rounds: the markers of one step number (tf2-ps: one per round).
+        asynchronous = not self.config.synchronous
         return TraceLayout(
             tasks=tuple(
                 Task(job=t.job, index=t.index, address=f"{self.host_of(t)}:{t.bind_port}")
@@ -414,10 +409,11 @@ class _TrainingRun:
                 pid: task_index[key] for key, pid in self._pids.items() if key in task_index
             },
             markers=tuple(markers),
-            windows=None if windows is None else tuple(windows),
-            startup_step_ids=startup_ids,
             metadata=metadata,
             job_info=self.job_info,
+            per_run=asynchronous,
+            need_markers=True,
+            unit=WORKER_STEP if asynchronous else ROUND,
         )
 
 

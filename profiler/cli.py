@@ -19,7 +19,12 @@ from tf_grpc_bench.profiler import logs
 from tf_grpc_bench.profiler.capture import CaptureResult, capture_training, command_line
 from tf_grpc_bench.profiler.launch.config import SETUPS, TrainingConfig
 from tf_grpc_bench.profiler.launch.hosts import DEFAULT_LAYOUT, LAYOUTS, NetworkRequest
-from tf_grpc_bench.profiler.launch.user_job import UserJob, parse_cluster
+from tf_grpc_bench.profiler.launch.user_job import (
+    DEFAULT_STEP_TIMEOUT_S,
+    DEFAULT_TIMEOUT_S,
+    UserJob,
+    parse_cluster,
+)
 from tf_grpc_bench.profiler.progress import terminal_display
 from tf_grpc_bench.profiler.recorders.recorder import DEFAULT_RECORDER, RECORDERS
 from tf_grpc_bench.profiler.userjob import capture_user_job
@@ -167,8 +172,10 @@ def _report(result: CaptureResult, quiet: bool) -> int:
     rpcs = sum(len(s.rpcs) for s in trace.steps)
     if not quiet:
         print(trace_summary.format_summary(trace, source=str(result.path)))
+    detection = trace.step_detection
+    found = f" ({detection.unit}s, from {detection.source})" if detection.unit else ""
     print(
-        f"wrote {result.path}: {len(trace.steps)} steady steps, {rpcs} RPCs in them, "
+        f"wrote {result.path}: {len(trace.steps)} steady steps{found}, {rpcs} RPCs in them, "
         f"{len(trace.startup.rpcs)} at start-up" + (" (PARTIAL)" if trace.partial else "")
     )
     if result.error is not None:
@@ -178,7 +185,8 @@ def _report(result: CaptureResult, quiet: bool) -> int:
 
 
 def _interrupt_on_sigterm() -> None:
-    """SIGTERM stops a capture like Ctrl-C does: tasks stopped, partial trace written."""
+    """SIGTERM stops a capture like Ctrl-C does: tasks stopped, partial trace written,
+    exit status 130 (``errors.RunInterrupted``)."""
 
     def interrupt(signum: int, frame: object) -> None:
         raise KeyboardInterrupt
@@ -234,7 +242,7 @@ def configure_capture_job(parser: argparse.ArgumentParser) -> None:
         "--warmup-steps",
         type=_positive_int,
         default=1,
-        help="worker-steps found in the traffic to keep as start-up (default 1)",
+        help="training runs found in the traffic (worker-steps) to keep as start-up (default 1)",
     )
     parser.add_argument(
         "--driver",
@@ -246,9 +254,17 @@ def configure_capture_job(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--timeout",
         type=_seconds,
-        default=None,
+        default=DEFAULT_TIMEOUT_S,
         metavar="S",
-        help="give up (partial trace) after S seconds",
+        help=f"give up (partial trace) after S seconds in all (default {DEFAULT_TIMEOUT_S:g})",
+    )
+    parser.add_argument(
+        "--step-timeout",
+        type=_seconds,
+        default=DEFAULT_STEP_TIMEOUT_S,
+        metavar="S",
+        help="a job whose tasks exchange nothing (and write no step marker) for S seconds "
+        f"counts as hung (default {DEFAULT_STEP_TIMEOUT_S:g})",
     )
     parser.add_argument("--model", default="", help="model name to record in the trace")
     parser.add_argument("--strategy", default="", help="strategy name to record in the trace")
@@ -281,6 +297,7 @@ def run_capture_job(args: argparse.Namespace) -> int:
         command=tuple(command),
         warmup_steps=args.warmup_steps,
         timeout_s=args.timeout,
+        step_timeout_s=args.step_timeout,
         drivers=tuple(args.driver or ()),
         model=args.model,
         strategy=args.strategy,

@@ -8,9 +8,10 @@ worker-steps moves ``2 x trainable bytes x W`` bytes of tensor content
 pulled from the ps tasks, and those the ps tasks pulled from it, are the
 trainable variables, by dtype and shape, a whole number of times.
 
-A step's *worker-steps* are ``W`` in synchronous training (tf2-ps rounds,
-tf1-ps and MultiWorkerMirrored steps counted per step number), 1 for a tf2-ps
-asynchronous step marker.  MultiWorkerMirrored moves gradients by all-reduce
+A step's *worker-steps* are ``W`` when it is a round (synchronous training:
+tf2-ps rounds, tf1-ps and MultiWorkerMirrored steps counted per step number),
+1 when it is a worker-step (``trace.step_unit``: asynchronous training, a
+user job's training runs).  MultiWorkerMirrored moves gradients by all-reduce
 instead (``RecvBuf``); its expected bytes use the ring all-reduce law
 ``2 x (W - 1) x trainable bytes`` and no per-variable check applies.
 
@@ -26,7 +27,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from tf_grpc_bench.trace import RECV_BUF, RECV_TENSOR, Rpc, Step, Trace
+from tf_grpc_bench.trace import RECV_BUF, RECV_TENSOR, WORKER_STEP, Rpc, Step, Trace
 from tf_grpc_bench.trace_summary import format_bytes
 
 #: Allowed relative difference between measured and expected bytes per step.
@@ -248,9 +249,10 @@ def check_physics(
     trainable_bytes = sum(_variable_bytes(k) for k in keys)
     workers = len(trace.tasks_of_job("worker"))
     mirrored = meta.strategy == "multi-worker-mirrored"
-    # A step is a round of every worker, except a tf2-ps asynchronous step
-    # marker and a user job's step found by step id: one worker-step each.
-    one_worker = extra.get("step_unit") == "worker-step" or (
+    # A step is a round of every worker, except a worker-step (asynchronous
+    # training, a user job's training run): one worker's step.  Version 1
+    # traces of the launcher's asynchronous tf2-ps said so by their strategy.
+    one_worker = trace.step_unit == WORKER_STEP or (
         meta.strategy == "tf2-parameter-server" and not meta.synchronous
     )
     per_step_workers = 1 if one_worker else workers

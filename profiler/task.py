@@ -41,7 +41,7 @@ _JOB = flags.DEFINE_enum("job", None, ["chief", "ps", "worker"], "this task's jo
 _INDEX = flags.DEFINE_integer(
     "index", None, "this task's index in its job", lower_bound=0, required=True
 )
-flags.register_validator(
+flags.register_validator(  # type: ignore[no-untyped-call]
     _PLAN, lambda path: Path(path).is_file(), "--plan must name an existing file"
 )
 
@@ -165,7 +165,7 @@ def _tf2_train_step(
     config: TrainingConfig,
     global_batch: int,
 ) -> Any:
-    @tf.function
+    @tf.function  # type: ignore[untyped-decorator]
     def train_step() -> Any:
         def replica_step() -> Any:
             with tf.GradientTape() as tape:
@@ -292,7 +292,7 @@ def _run_mwms_worker(plan: JobPlan, me: TaskSpec) -> int:
     keras = import_keras(config.keras)
     keras.utils.set_random_seed(config.seed)
 
-    class BoundClusterResolver(tf.distribute.cluster_resolver.SimpleClusterResolver):  # type: ignore[misc,name-defined]
+    class BoundClusterResolver(tf.distribute.cluster_resolver.SimpleClusterResolver):  # type: ignore[misc]
         """MultiWorkerMirroredStrategy binds its server to a resolver's ``port``."""
 
         def __init__(self, *args: Any, port: int, **kwargs: Any) -> None:

@@ -19,15 +19,18 @@ Steps.  If the script appends step markers to the file named by
 ``$TF_GRPC_BENCH_STEP_MARKERS`` (JSON: ``task``, ``step``, ``phase`` =
 ``warmup``/``steady``, ``start_ns``/``end_ns`` from ``time.monotonic_ns()``),
 those delimit the steps as for ``capture``.  Otherwise steps are found in the
-traffic: every RecvTensor (and RecvBuf) request carries the ``step_id`` of the
-function or graph run that needs the tensor, so the calls sharing a step id
-are one *worker-step*; its window runs from its first call to its last, and
-the first ``warmup_steps`` of them go to start-up.  MultiWorkerMirrored's
+traffic (``assembly.steps.find_steps``): the calls sharing a TensorFlow step
+id are one run, and a run that moves the model's variables (weights pulled,
+gradients of the same shapes pushed back) is one *worker-step*; set-up runs,
+readiness checks and the like are set aside however many there are, and the
+first ``warmup_steps`` training runs go to start-up.  MultiWorkerMirrored's
 RecvBuf calls all carry step id 0: there the steps are the periods of the
 collectives' instance keys (``assembly.steps.collective_windows``).
 
-A task that fails, or a run past ``timeout_s``, ends the run early: every
-process is stopped and the trace captured so far is written, marked partial.
+A task that fails, a run past ``timeout_s``, or a job whose tasks exchange
+nothing (and write no step marker) for ``step_timeout_s`` ends the run early:
+every process is stopped and the trace captured so far is written, marked
+partial.
 """
 
 from __future__ import annotations
@@ -44,11 +47,6 @@ from pathlib import Path
 
 from tf_grpc_bench import __version__
 from tf_grpc_bench.errors import BenchError
-from tf_grpc_bench.profiler.assembly.steps import (
-    StepWindow,
-    collective_windows,
-    step_id_windows,
-)
 from tf_grpc_bench.profiler.capture import (
     CaptureResult,
     TraceLayout,
@@ -70,16 +68,8 @@ from tf_grpc_bench.profiler.launch.user_job import (
     split_address,
 )
 from tf_grpc_bench.profiler.progress import ProgressCallback
-from tf_grpc_bench.profiler.recorders.calls import RecordedCall
 from tf_grpc_bench.profiler.recorders.recorder import CAPTURE_METHODS, DEFAULT_RECORDER, Recorder
 from tf_grpc_bench.trace import RunMetadata, Task
-
-#: How the trace's steps were found -> what one step is.
-_STEP_UNITS = {
-    "markers": "marker",
-    "step-id": "worker-step",
-    "collective-instance": "step",
-}
 
 
 def markers_as_windows(markers: Sequence[StepMarker]) -> list[StepMarker]:
@@ -152,34 +142,18 @@ class _UserRun:
         self.tasks.start(
             recorder.environment(self.environment), peers, started=recorder.expect_process
         )
-        self.tasks.wait(self.progress)
+        self.tasks.wait(self.progress, recorder.activity)
 
     def stop(self) -> None:
         if self.tasks is not None:
             self.tasks.stop()
 
-    def _steps(
-        self, calls: Sequence[RecordedCall]
-    ) -> tuple[list[StepMarker], list[StepWindow] | None, frozenset[int], str]:
-        """(steady markers, windows, warm-up step ids, how the steps were found)."""
+    def layout(self) -> TraceLayout:
+        job, tasks = self.job, self.job.tasks
         markers: list[StepMarker] = []
         if self.tasks is not None:
             with contextlib.suppress(BenchError):
                 markers = markers_as_windows(read_step_markers(self.tasks.markers_path))
-        if markers:
-            return markers, None, frozenset(), "markers"
-        warmup = self.job.warmup_steps
-        windows, warmup_ids = step_id_windows(calls, warmup_steps=warmup)
-        if not windows:
-            # Collectives carry step id 0: find the steps in their instance keys.
-            found = collective_windows(calls, warmup_steps=warmup)
-            if found:
-                return markers, found, warmup_ids, "collective-instance"
-        return markers, windows, warmup_ids, "step-id"
-
-    def layout(self, calls: Sequence[RecordedCall]) -> TraceLayout:
-        job, tasks = self.job, self.job.tasks
-        markers, windows, warmup_ids, steps_from = self._steps(calls)
         task_index = {(name, index): i for i, (name, index, _) in enumerate(tasks)}
         metadata = RunMetadata(
             model=job.model or _script_name(job.command),
@@ -196,8 +170,6 @@ class _UserRun:
             extra=(
                 ("job_command", " ".join(job.command)),
                 ("python_version", platform.python_version()),
-                ("step_unit", _STEP_UNITS[steps_from]),
-                ("steps_from", steps_from),
                 *(() if self.hosts is None else self.hosts.metadata()),
             ),
         )
@@ -205,10 +177,9 @@ class _UserRun:
             tasks=tuple(Task(job=name, index=index, address=a) for name, index, a in tasks),
             caller_of_pid={pid: task_index[key] for key, pid in self.pids().items()},
             markers=tuple(markers),
-            windows=None if windows is None else tuple(windows),
-            startup_step_ids=warmup_ids,
             metadata=metadata,
             job_info={},
+            warmup_steps=job.warmup_steps,
         )
 
 

@@ -7,7 +7,7 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class Trace(_message.Message):
-    __slots__ = ("format_version", "metadata", "tasks", "startup", "steps", "teardown", "partial", "partial_reason")
+    __slots__ = ("format_version", "metadata", "tasks", "startup", "steps", "teardown", "partial", "partial_reason", "step_detection")
     FORMAT_VERSION_FIELD_NUMBER: _ClassVar[int]
     METADATA_FIELD_NUMBER: _ClassVar[int]
     TASKS_FIELD_NUMBER: _ClassVar[int]
@@ -16,6 +16,7 @@ class Trace(_message.Message):
     TEARDOWN_FIELD_NUMBER: _ClassVar[int]
     PARTIAL_FIELD_NUMBER: _ClassVar[int]
     PARTIAL_REASON_FIELD_NUMBER: _ClassVar[int]
+    STEP_DETECTION_FIELD_NUMBER: _ClassVar[int]
     format_version: int
     metadata: RunMetadata
     tasks: _containers.RepeatedCompositeFieldContainer[Task]
@@ -24,7 +25,36 @@ class Trace(_message.Message):
     teardown: Phase
     partial: bool
     partial_reason: str
-    def __init__(self, format_version: _Optional[int] = ..., metadata: _Optional[_Union[RunMetadata, _Mapping]] = ..., tasks: _Optional[_Iterable[_Union[Task, _Mapping]]] = ..., startup: _Optional[_Union[Phase, _Mapping]] = ..., steps: _Optional[_Iterable[_Union[Step, _Mapping]]] = ..., teardown: _Optional[_Union[Phase, _Mapping]] = ..., partial: _Optional[bool] = ..., partial_reason: _Optional[str] = ...) -> None: ...
+    step_detection: StepDetection
+    def __init__(self, format_version: _Optional[int] = ..., metadata: _Optional[_Union[RunMetadata, _Mapping]] = ..., tasks: _Optional[_Iterable[_Union[Task, _Mapping]]] = ..., startup: _Optional[_Union[Phase, _Mapping]] = ..., steps: _Optional[_Iterable[_Union[Step, _Mapping]]] = ..., teardown: _Optional[_Union[Phase, _Mapping]] = ..., partial: _Optional[bool] = ..., partial_reason: _Optional[str] = ..., step_detection: _Optional[_Union[StepDetection, _Mapping]] = ...) -> None: ...
+
+class StepDetection(_message.Message):
+    __slots__ = ("source", "unit", "rule", "candidates", "set_aside")
+    SOURCE_FIELD_NUMBER: _ClassVar[int]
+    UNIT_FIELD_NUMBER: _ClassVar[int]
+    RULE_FIELD_NUMBER: _ClassVar[int]
+    CANDIDATES_FIELD_NUMBER: _ClassVar[int]
+    SET_ASIDE_FIELD_NUMBER: _ClassVar[int]
+    source: str
+    unit: str
+    rule: str
+    candidates: int
+    set_aside: _containers.RepeatedCompositeFieldContainer[SetAside]
+    def __init__(self, source: _Optional[str] = ..., unit: _Optional[str] = ..., rule: _Optional[str] = ..., candidates: _Optional[int] = ..., set_aside: _Optional[_Iterable[_Union[SetAside, _Mapping]]] = ...) -> None: ...
+
+class SetAside(_message.Message):
+    __slots__ = ("reason", "phase", "runs", "rpcs", "bytes")
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    PHASE_FIELD_NUMBER: _ClassVar[int]
+    RUNS_FIELD_NUMBER: _ClassVar[int]
+    RPCS_FIELD_NUMBER: _ClassVar[int]
+    BYTES_FIELD_NUMBER: _ClassVar[int]
+    reason: str
+    phase: str
+    runs: int
+    rpcs: int
+    bytes: int
+    def __init__(self, reason: _Optional[str] = ..., phase: _Optional[str] = ..., runs: _Optional[int] = ..., rpcs: _Optional[int] = ..., bytes: _Optional[int] = ...) -> None: ...
 
 class RunMetadata(_message.Message):
     __slots__ = ("model", "tensorflow_version", "strategy", "synchronous", "batch_size", "input_shape", "trainable_parameters", "capture_method", "host", "command", "tool_version", "created_utc", "extra")

@@ -9,7 +9,6 @@ document and TensorBoard logs into a new run directory.
 from __future__ import annotations
 
 import argparse
-import os
 import signal
 import sys
 import threading
@@ -36,12 +35,8 @@ from tf_grpc_bench.replay.runner import ReplayRequest, default_rpc, default_wind
 from tf_grpc_bench.replay.transport import grpc_settings
 from tf_grpc_bench.replay.transport.client import parse_target
 from tf_grpc_bench.replay.transport.loop import INTERRUPTED_REASON, NS_PER_S, ProgressEvent, RunPlan
-from tf_grpc_bench.replay.transport.server import DEFAULT_PORT, LocalServers, ReplayServer
-from tf_grpc_bench.replay.transport.wire import (
-    RpcKind,
-    ServerSettings,
-    keep_freed_memory,
-)
+from tf_grpc_bench.replay.transport.server import DEFAULT_PORT, serve_until
+from tf_grpc_bench.replay.transport.wire import RpcKind, ServerSettings
 from tf_grpc_bench.sizes import SizeCategory, parse_size
 
 #: Server threads left for control calls when streams hold the others.
@@ -128,49 +123,22 @@ def run_serve(args: argparse.Namespace) -> int:
         directory = Path(args.tls_dir) if args.tls_dir else None
         tls_material = tls.ensure_material(directory, hosts=_serving_hosts(args.host))
     server_settings = grpc_settings.server_settings(settings, tls_material)
-    mode = Mode(args.mode)
+    ports = [args.port + i for i in range(args.servers)]
+    if ports[-1] > 65535:
+        raise ConfigError(f"--port {args.port} + --servers {args.servers} goes past port 65535")
     stop = threading.Event()
     # Ctrl-C and SIGTERM both stop gracefully (a background job may ignore SIGINT).
     for number in (signal.SIGINT, signal.SIGTERM):
         signal.signal(number, lambda *_: stop.set())
-    if args.servers == 1:
-        if server_settings.keep_freed_memory:
-            keep_freed_memory()
-        server = ReplayServer(mode=mode, host=args.host, port=args.port, settings=server_settings)
-        server.start()
-        print(
-            f"serving {mode.value} on {server.address} (pid {os.getpid()}); Ctrl-C to stop",
-            flush=True,
-        )
-        try:
-            while not stop.wait(1.0):
-                pass
-        finally:
-            stats = server.stats()
-            server.stop(1.0)
-        print(
-            f"stopped; received {stats.received_messages} messages, {stats.received_bytes} bytes",
-            flush=True,
-        )
-        return 0
-    ports = [args.port + i for i in range(args.servers)]
-    if ports[-1] > 65535:
-        raise ConfigError(f"--port {args.port} + --servers {args.servers} goes past port 65535")
-    servers = LocalServers(
-        args.servers, mode=mode, host=args.host, ports=ports, settings=server_settings
+    summary = serve_until(
+        stop,
+        mode=Mode(args.mode),
+        host=args.host,
+        ports=ports,
+        settings=server_settings,
+        announce=lambda line: print(line, flush=True),
     )
-    servers.start()
-    try:
-        print(
-            f"serving {mode.value} on {','.join(servers.targets)} "
-            f"(pids {' '.join(map(str, servers.pids))}); Ctrl-C to stop",
-            flush=True,
-        )
-        while not stop.wait(1.0):
-            pass
-    finally:
-        servers.stop()
-    print("stopped", flush=True)
+    print(summary, flush=True)
     return 0
 
 

@@ -312,13 +312,15 @@ def _measure_runs(
                 continue
             _, packed, step_times, step_compute, elapsed, cpu, reason = message
             assert isinstance(packed, np.ndarray)
+            assert isinstance(step_times, tuple) and isinstance(step_compute, tuple)
+            assert isinstance(elapsed, int) and isinstance(cpu, int)
             outcomes.append(
                 WorkerOutcome(
                     samples=unpack_samples(packed),
-                    step_times_ns=tuple(step_times),  # type: ignore[call-overload,arg-type]
-                    step_compute_ns=tuple(step_compute),  # type: ignore[call-overload,arg-type]
-                    elapsed_ns=int(elapsed),  # type: ignore[call-overload]
-                    cpu_ns=int(cpu),  # type: ignore[call-overload]
+                    step_times_ns=step_times,
+                    step_compute_ns=step_compute,
+                    elapsed_ns=elapsed,
+                    cpu_ns=cpu,
                     partial=reason is not None,
                     partial_reason=str(reason or ""),
                 )

@@ -566,10 +566,13 @@ def test_the_other_setups_are_captured_and_obey_their_physics(
     assert extra["unattributed_calls"] == "0"
     report = check_physics(result.trace)
     assert report.ok, report.format()
+    detection = result.trace.step_detection
     if not synchronous:
         # Asynchronous steps are worker-steps: every worker's, one by one.
-        assert extra["step_unit"] == "worker-step"
+        assert (detection.source, detection.unit) == ("step-id", trace_model.WORKER_STEP)
         assert len(result.trace.steps) == config.steps * config.workers
+    else:
+        assert (detection.source, detection.unit) == ("markers", trace_model.ROUND)
     methods = Counter(r.short_method for s in result.trace.steps for r in s.rpcs)
     # Parameter servers move tensors with RecvTensor, all-reduce with RecvBuf.
     assert methods["RecvBuf" if setup == "mwms" else "RecvTensor"] > 0

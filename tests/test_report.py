@@ -71,6 +71,19 @@ def test_partial_benchmark_is_marked_and_its_reason_given() -> None:
     assert "p2p-latency*" not in text
 
 
+def test_what_a_trace_replay_could_not_send_is_said_once_below_the_table() -> None:
+    kinds = "chief->worker Enqueue: 20 RPCs, 281850 B; ps->ps RecvTensor: 1070 RPCs, 189327 B"
+    found = [
+        dataclasses.replace(r, parameters={**r.parameters, "dropped_rpcs": kinds})
+        for r in make_results(runs=2, calls=6)
+    ]
+    document = build_document(found, config={}, trace_path=None, created=CREATED)
+    lines = format_table(document).splitlines()
+    assert lines[-1] == f"not replayed (no replay task makes these calls), per pass: {kinds}"
+    assert sum("not replayed" in line for line in lines) == 1
+    assert "not replayed" not in format_table(_document())
+
+
 def test_markdown_comparison_has_a_row_per_network_and_benchmark() -> None:
     documents = [_document("loopback"), _document("veth-100mbit", seed=9)]
     lines = format_markdown_table(documents).splitlines()

@@ -1,11 +1,15 @@
-"""Capturing a training script this tool did not write (tests/data/user_train_ps.py)."""
+"""Capturing training scripts this tool did not write (tests/data/user_train_*.py)."""
 
 from __future__ import annotations
 
 import json
+import os
+import re
+import signal
 import socket
 import subprocess
 import sys
+import time
 from collections import Counter
 from pathlib import Path
 
@@ -13,12 +17,18 @@ import pytest
 
 from tf_grpc_bench import trace_files
 from tf_grpc_bench.errors import ConfigError
-from tf_grpc_bench.profiler.assembly.steps import step_id_windows
+from tf_grpc_bench.profiler.assembly.steps import MOVED_NO_VARIABLES, WARMUP_STEP
 from tf_grpc_bench.profiler.launch.ports import free_ports
-from tf_grpc_bench.profiler.launch.user_job import UserJob, parse_cluster, task_tf_config
+from tf_grpc_bench.profiler.launch.user_job import (
+    DEFAULT_STEP_TIMEOUT_S,
+    DEFAULT_TIMEOUT_S,
+    UserJob,
+    parse_cluster,
+    task_tf_config,
+)
 from tf_grpc_bench.profiler.physics import check_physics
-from tf_grpc_bench.profiler.recorders.proxy import RecordedCall
-from tf_grpc_bench.trace import RECV_BUF, RECV_TENSOR
+from tf_grpc_bench.replay.output import document as results
+from tf_grpc_bench.trace import RECV_BUF, RECV_TENSOR, ROUND, WORKER_STEP, Trace
 
 CLI = str(Path(sys.executable).parent / "tf-grpc-bench")
 SCRIPT = Path(__file__).parent / "data" / "user_train_ps.py"
@@ -67,42 +77,6 @@ def test_clusters_are_read_from_json_tf_config_or_a_file(tmp_path: Path) -> None
 def test_impossible_clusters_are_refused(cluster: dict, message: str) -> None:
     with pytest.raises(ConfigError, match=message):
         UserJob(cluster=cluster, command=("python", "train.py"))
-
-
-def _request(step_id: int) -> bytes:
-    return bytes([0x08]) + step_id.to_bytes(1, "little")  # field 1 varint, one byte
-
-
-def test_calls_sharing_a_step_id_are_one_worker_step() -> None:
-    def call(start: int, step_id: int) -> RecordedCall:
-        return RecordedCall(
-            callee="ps:0",
-            connection=0,
-            stream_id=1,
-            caller_pid=1,
-            method=RECV_TENSOR,
-            start_ns=start,
-            response_start_ns=start,
-            end_ns=start + 10,
-            request_bytes=2,
-            response_bytes=0,
-            request_messages=1,
-            response_messages=1,
-            status_code=0,
-            reset=False,
-            complete=True,
-            request_head=_request(step_id),
-        )
-
-    calls = [call(0, 5), call(5, 5), call(100, 7), call(105, 9), call(130, 7), call(140, 0)]
-    windows, warmup = step_id_windows(calls, warmup_steps=1)
-    assert [(w.step_id, w.start_ns, w.end_ns) for w in windows] == [(7, 100, 140), (9, 105, 115)]
-    assert warmup == {5}
-    # Within a span (asynchronous captures): earlier ids are start-up, later ones left out.
-    windows, startup = step_id_windows(calls, start_ns=50, end_ns=100)
-    assert [w.step_id for w in windows] == [7] and startup == {5}
-    windows, startup = step_id_windows(calls, count=1)
-    assert [w.step_id for w in windows] == [9] and startup == {5, 7}
 
 
 def test_a_busy_port_is_a_one_line_error(tmp_path: Path) -> None:
@@ -181,6 +155,111 @@ def test_a_failing_task_stops_the_job_and_leaves_a_partial_trace(tmp_path: Path)
     assert trace.partial and "worker:0" in trace.partial_reason
 
 
+#: A job of two plain Python tasks: the ps listens on its cluster port; the worker
+#: connects and, with TALK=1, sends a few bytes every 0.1 s forever, else nothing.
+_QUIET_OR_TALKING_JOB = """
+import json, os, socket, time
+config = json.loads(os.environ["TF_CONFIG"])
+me = config["task"]
+ps_host, ps_port = config["cluster"]["ps"][0].rsplit(":", 1)
+if me["type"] == "ps":
+    server = socket.create_server(("127.0.0.1", int(ps_port)))
+    peer, _ = server.accept()
+    while peer.recv(65536):
+        pass
+    time.sleep(600)
+else:
+    time.sleep(0.5)
+    connection = socket.create_connection(("127.0.0.1", int(ps_port)))
+    while os.environ.get("TALK") == "1":
+        connection.sendall(b"x" * 100)
+        time.sleep(0.1)
+    time.sleep(600)
+"""
+
+
+def _run_job(
+    tmp_path: Path, *flags: str, talk: bool = False, quiet: bool = True
+) -> tuple[subprocess.CompletedProcess[str], Path]:
+    ports = free_ports(2)
+    cluster = {"ps": [f"localhost:{ports[0]}"], "worker": [f"localhost:{ports[1]}"]}
+    output = tmp_path / "t.tfgbtrace"
+    command = [CLI, "capture-job", "--cluster", json.dumps(cluster), "-o", str(output), *flags]
+    result = subprocess.run(
+        [*command, *(["-q"] if quiet else []), "--", sys.executable, "-c", _QUIET_OR_TALKING_JOB],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+        env={**os.environ, "TALK": "1" if talk else "0"},
+    )
+    return result, output
+
+
+def test_a_job_whose_tasks_exchange_nothing_counts_as_hung(tmp_path: Path) -> None:
+    """No step markers and no traffic for --step-timeout: the job is stopped, exit 4;
+    the progress lines never claim steps the job did not mark."""
+    result, output = _run_job(tmp_path, "--step-timeout", "3", quiet=False)
+    assert result.returncode == 4, result.stderr
+    progress, _, error = result.stderr.strip().rpartition("\n")
+    assert "looks hung" in error and "--step-timeout" in error and "worker:0" in error
+    assert "partial trace written" in error
+    assert progress and all("no step markers" in line for line in progress.splitlines())
+    assert re.search(r"\d+(/\d+)? steps", progress) is None  # no step count it cannot know
+    assert "0 steady steps (worker-steps, from step-id)" in result.stdout
+    trace = trace_files.read_trace(output)
+    assert trace.partial and "looks hung" in trace.partial_reason
+
+
+def test_a_job_whose_tasks_keep_talking_ends_at_its_timeout(tmp_path: Path) -> None:
+    """Traffic between the tasks keeps a job alive past --step-timeout (the recorder
+    sees it), and --timeout still ends it."""
+    result, output = _run_job(tmp_path, "--step-timeout", "2", "--timeout", "6", talk=True)
+    assert result.returncode == 4, result.stderr
+    assert "did not finish within 6 s" in result.stderr and "hung" not in result.stderr
+    assert trace_files.read_trace(output).partial
+
+
+def test_capture_job_has_a_finite_default_timeout() -> None:
+    job = UserJob(cluster={"ps": ("localhost:1",)}, command=("true",))
+    assert job.timeout_s == DEFAULT_TIMEOUT_S and job.step_timeout_s == DEFAULT_STEP_TIMEOUT_S
+    help_text = subprocess.run(
+        [CLI, "capture-job", "--help"], capture_output=True, text=True, check=True
+    ).stdout
+    assert f"(default {DEFAULT_TIMEOUT_S:g})" in help_text and "--step-timeout" in help_text
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+def test_an_interrupted_capture_job_exits_130_with_a_partial_trace(
+    tmp_path: Path, signum: int
+) -> None:
+    ports = free_ports(2)
+    cluster = {"ps": [f"localhost:{ports[0]}"], "worker": [f"localhost:{ports[1]}"]}
+    output = tmp_path / "t.tfgbtrace"
+    capture = subprocess.Popen(
+        [CLI, "capture-job", "--cluster", json.dumps(cluster), "-o", str(output), "-q",
+         "--workdir", str(tmp_path / "work"), "--", sys.executable, "-c", _QUIET_OR_TALKING_JOB],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={**os.environ, "TALK": "1"},
+    )  # fmt: skip
+    try:
+        logs = [tmp_path / "work" / f"{name}.stderr" for name in ("ps-0", "worker-0")]
+        deadline = time.monotonic() + 120
+        while not all(log.exists() for log in logs) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        time.sleep(1)  # the tasks run
+        capture.send_signal(signum)
+        _, stderr = capture.communicate(timeout=120)
+    finally:
+        if capture.poll() is None:
+            capture.kill()
+            capture.wait()
+    assert capture.returncode == 130, stderr
+    line = stderr.strip()
+    assert "\n" not in line and "interrupted" in line and "partial trace written" in line
+    trace = trace_files.read_trace(output)
+    assert trace.partial and "interrupted" in trace.partial_reason
+
+
 @pytest.mark.tensorflow
 @pytest.mark.parametrize("recorder", ["preload", "proxy"])
 def test_a_users_own_parameter_server_script_is_captured(tmp_path: Path, recorder: str) -> None:
@@ -223,7 +302,7 @@ def test_a_users_own_parameter_server_script_is_captured(tmp_path: Path, recorde
     trace = trace_files.read_trace(output)
     assert not trace.partial
     extra = dict(trace.metadata.extra)
-    assert (extra["steps_from"], extra["step_unit"]) == ("step-id", "worker-step")
+    assert (trace.step_detection.source, trace.step_unit) == ("step-id", WORKER_STEP)
     assert extra["unattributed_calls"] == "0"
     assert trace.metadata.model == "user-mlp" and trace.metadata.command[1] == "capture-job"
     assert (
@@ -263,8 +342,7 @@ def test_a_users_own_multi_worker_mirrored_script_gets_its_steps_from_collective
     assert result.returncode == 0, result.stderr
     trace = trace_files.read_trace(output)
     assert not trace.partial
-    extra = dict(trace.metadata.extra)
-    assert (extra["steps_from"], extra["step_unit"]) == ("collective-instance", "step")
+    assert (trace.step_detection.source, trace.step_unit) == ("collective-instance", ROUND)
     assert len(trace.steps) == 5  # 6 steps, the first kept as start-up
     per_step = [
         Counter(
@@ -279,3 +357,103 @@ def test_a_users_own_multi_worker_mirrored_script_gets_its_steps_from_collective
     assert {caller for caller, _, _ in per_step[0]} == {0, 1}
     # The initial broadcasts of the variables are start-up.
     assert any(r.method == RECV_BUF for r in trace.startup.rpcs)
+
+
+TF1_SCRIPT = Path(__file__).parent / "data" / "user_train_tf1.py"
+
+
+def _capture_tf1(
+    tmp_path: Path, *script_flags: str
+) -> tuple[subprocess.CompletedProcess[str], Trace, list[dict]]:
+    """capture-job of the TF1 MonitoredTrainingSession script, 1 ps and 2 workers, no
+    markers; the trace and each worker's report (training runs, variables)."""
+    ports = free_ports(3)
+    cluster = {"ps": [f"localhost:{ports[0]}"], "worker": [f"localhost:{p}" for p in ports[1:]]}
+    output, reports = tmp_path / "tf1.tfgbtrace", tmp_path / "reports"
+    reports.mkdir()
+    result = subprocess.run(
+        [CLI, "capture-job", "--cluster", json.dumps(cluster), "--output", str(output),
+         "--timeout", "300", "--", sys.executable, str(TF1_SCRIPT), "--report", str(reports),
+         *script_flags],
+        capture_output=True, text=True, timeout=400, check=False,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    found = [json.loads(path.read_text()) for path in sorted(reports.glob("worker-*.json"))]
+    return result, trace_files.read_trace(output), found
+
+
+def _variable_bytes(report: dict, *, trainable: bool) -> int:
+    total = 0
+    for variable in report["variables"]:
+        if variable["trainable"] == trainable:
+            count = 1
+            for dim in variable["shape"]:
+                count *= dim
+            total += 4 * count
+    return total
+
+
+@pytest.mark.tensorflow
+@pytest.mark.parametrize("sync", [False, True], ids=["async", "sync"])
+def test_a_tf1_monitored_session_script_without_markers_gives_only_training_steps(
+    tmp_path: Path, sync: bool
+) -> None:
+    """However many session-start runs the workers make, the steps are the training
+    runs: each one worker's, each 2 x parameters x 4 B plus the statistics' updates."""
+    result, trace, reports = _capture_tf1(tmp_path, "--steps", "10", *(["--sync"] if sync else []))
+    assert not trace.partial
+    runs = sum(report["train_runs"] for report in reports)
+    assert len(trace.steps) == runs - 1  # the first training run is warm-up
+    detection = trace.step_detection
+    assert (detection.source, detection.unit) == ("step-id", WORKER_STEP)
+    aside = {(item.phase, item.reason): item for item in detection.set_aside}
+    assert aside[("startup", MOVED_NO_VARIABLES)].runs >= 2  # readiness checks, at least
+    assert aside[("startup", WARMUP_STEP)].runs == 1
+    expected = 2 * _variable_bytes(reports[0], trainable=True)
+    expected += _variable_bytes(reports[0], trainable=False)  # moving statistics, pushed
+    workers = set(trace.tasks_of_job("worker"))
+    for step in trace.steps:
+        moved = sum(r.tensor.content_bytes for r in step.rpcs if r.tensor is not None)
+        assert abs(moved - expected) <= 0.005 * expected, (step.index, moved, expected)
+        owners = {r.caller_task for r in step.rpcs if r.caller_task in workers}
+        assert len(owners) == 1  # one worker-step
+        graphs = [r for r in step.rpcs if r.short_method == "RunGraph"]
+        assert len(graphs) == 1 and graphs[0].caller_task in owners  # found by its step id
+        assert not any(r.short_method == "RegisterGraph" for r in step.rpcs)
+    assert f"{len(trace.steps)} steady steps (worker-steps, from step-id)" in result.stdout
+    assert re.search(r"\d+(/\d+)? steps", result.stderr) is None  # no marker counts
+
+
+@pytest.mark.tensorflow
+def test_an_asynchronous_tf1_trace_replays_one_pass_exactly(tmp_path: Path) -> None:
+    """Both workers train 4 runs each; ps-throughput --passes 1 moves the trace's RPCs and
+    bytes, every worker its own steps once."""
+    _, trace, _ = _capture_tf1(tmp_path, "--local-steps", "4")
+    owners = [
+        {r.caller_task for r in s.rpcs if r.caller_task in trace.tasks_of_job("worker")}
+        for s in trace.steps
+    ]
+    assert len(trace.steps) == 7 and {w for o in owners for w in o} == {1, 2}
+    result = subprocess.run(
+        [CLI, "replay", str(tmp_path / "tf1.tfgbtrace"), "--benchmark", "ps-throughput",
+         "--passes", "1", "--runs", "1", "--warmup", "0", "--output-dir", str(tmp_path / "out"),
+         "--quiet"],
+        capture_output=True, text=True, timeout=300, check=False,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    (path,) = (tmp_path / "out").glob("*/results.json")
+    (benchmark,) = results.read_document(path).benchmarks
+    (run,) = benchmark.runs
+    rpcs = [r for step in trace.steps for r in step.rpcs]
+    assert run.rpc_count == len(rpcs) == run.server_received_messages
+    assert sum(s.request_bytes + s.response_bytes for s in run.samples) == sum(
+        r.request_bytes + r.response_bytes for r in rpcs
+    )
+    ps = set(trace.tasks_of_job("ps"))
+    # What the workers sent: their own requests, and the tensors the ps pulled from them.
+    sent = sum(r.response_bytes if r.caller_task in ps else r.request_bytes for r in rpcs)
+    assert run.server_received_bytes == sent
+    worker_of = {task: n for n, task in enumerate(sorted({w for o in owners for w in o}))}
+    assert {(s.worker_index, s.step) for s in run.samples} == {
+        (worker_of[w], index) for index, o in enumerate(owners) for w in o
+    }

@@ -233,6 +233,11 @@ def test_throughput_replays_every_worker_ps_rpc_with_sizes_order_and_fan_out() -
     assert step.period_ns == 1_000_000
     parameters = workload.parameters()
     assert parameters["dropped_rpcs_per_pass"] == 4  # chief->worker and ps->ps, twice
+    # Both directions' bytes: chief->worker 2 x (500 + 60), ps->ps 2 x (90 + 7).
+    assert parameters["dropped_bytes_per_pass"] == 1_120 + 194
+    assert parameters["dropped_rpcs"] == (
+        "chief->worker RunGraph: 2 RPCs, 1120 B; ps->ps RecvTensor: 2 RPCs, 194 B"
+    )
     assert parameters["reversed_calls_per_pass"] == 2
 
 
@@ -451,3 +456,94 @@ def test_captured_critical_paths_split_every_worker_step_into_compute_and_commun
     assert path.step_ns == 1_000_000
     assert path.communication_ns == 1_000 + 1_000
     assert path.compute_ns == 100 + 1_900 + (1_000_000 - 4_000)
+
+
+# --------------------------------------------------------------------------
+# The trace -> workload mapping, for any parameter-server trace.
+
+_JOBS = ("ps", "ps", "worker", "worker", "worker", "chief")
+
+
+@st.composite
+def _any_ps_trace(draw: st.DrawFn) -> Trace:
+    """ps:0, ps:1, worker:0..2, chief:0 and random RPCs between any two different tasks."""
+    tasks = tuple(
+        Task(job=job, index=_JOBS[:i].count(job), address=f"127.0.0.1:{20_000 + i}")
+        for i, job in enumerate(_JOBS)
+    )
+    steps = []
+    start = 1_000_000
+    for number in range(draw(st.integers(1, 3))):
+        drawn = draw(
+            st.lists(
+                st.tuples(
+                    st.sampled_from(range(len(tasks))),
+                    st.sampled_from(range(len(tasks))),
+                    st.integers(0, 5_000_000),
+                    st.integers(0, 5_000_000),
+                    st.integers(0, 50_000),
+                ),
+                min_size=1,
+                max_size=12,
+            )
+        )
+        rpcs = tuple(
+            _rpc(RECV_TENSOR, caller, callee, request, response, start + offset)
+            for caller, callee, request, response, offset in drawn
+            if caller != callee
+        )
+        # Every step has one worker -> ps pull, so the trace always has something to replay.
+        rpcs += (_rpc(RECV_TENSOR, 2 + number % 3, number % 2, 100, 1_000, start),)
+        steps.append(Step(index=number, start_ns=start, end_ns=start + 100_000, rpcs=rpcs))
+        start += 200_000
+    return Trace(metadata=RunMetadata(model="any"), tasks=tasks, steps=tuple(steps))
+
+
+def _arriving_at_each_ps(trace: Trace) -> dict[int, tuple[int, int]]:
+    """Bytes each ps receives and sends with its workers (not ps, not the chief), by hand."""
+    totals = {0: [0, 0], 1: [0, 0]}
+    for step in trace.steps:
+        for rpc in step.rpcs:
+            caller, callee = trace.tasks[rpc.caller_task], trace.tasks[rpc.callee_task]
+            if callee.job == "ps" and caller.job != "ps":
+                totals[rpc.callee_task][0] += rpc.request_bytes
+                totals[rpc.callee_task][1] += rpc.response_bytes
+            elif caller.job == "ps" and callee.job != "ps":
+                totals[rpc.caller_task][0] += rpc.response_bytes
+                totals[rpc.caller_task][1] += rpc.request_bytes
+    return {ps: (received, sent) for ps, (received, sent) in totals.items()}
+
+
+@settings(max_examples=150, deadline=None)
+@given(trace=_any_ps_trace())
+def test_every_rpc_is_replayed_or_counted_as_dropped_and_each_ps_moves_its_bytes(
+    trace: Trace,
+) -> None:
+    workload = trace_workload(trace, Benchmark.PS_THROUGHPUT, mode=Mode.NON_SERIALIZED)
+    parameters = workload.parameters()
+    rpcs = [rpc for step in trace.steps for rpc in step.rpcs]
+    assert parameters["calls_per_pass"] + parameters["dropped_rpcs_per_pass"] == len(rpcs)
+    replayed_bytes = sum(c.request_bytes + c.response_bytes for c in workload.calls)
+    all_bytes = sum(r.request_bytes + r.response_bytes for r in rpcs)
+    assert replayed_bytes + parameters["dropped_bytes_per_pass"] == all_bytes
+    # Dropped: exactly the ps -> ps RPCs and the calls between non-ps tasks (chief -> worker,
+    # worker -> worker); the chief's calls to a ps are replayed by a client of its own.
+    jobs = [(trace.tasks[r.caller_task].job, trace.tasks[r.callee_task].job) for r in rpcs]
+    unreplayable = sum(1 for caller, callee in jobs if (caller == "ps") == (callee == "ps"))
+    assert parameters["dropped_rpcs_per_pass"] == unreplayable
+    # Each ps server receives, in requests, what its ps task received from non-ps tasks, and
+    # sends in responses what the ps task sent them; a reversed call is a ps's own pull.
+    expected = _arriving_at_each_ps(trace)
+    roles = trace_roles(trace)
+    for server_index, task in enumerate(roles.server_tasks):
+        calls = [c for c in workload.calls if c.server_index == server_index]
+        received = sum(c.request_bytes for c in calls)
+        sent = sum(c.response_bytes for c in calls)
+        assert (received, sent) == expected[task]
+    reversed_count = sum(1 for caller, callee in jobs if caller == "ps" and callee != "ps")
+    assert parameters["reversed_calls_per_pass"] == reversed_count
+    # Within each (client, server) pair of a step, calls keep the trace's order.
+    for step in workload.steps:
+        for key in {(c.worker_index, c.server_index) for c in step.calls}:
+            offsets = [c.offset_ns for c in step.calls if (c.worker_index, c.server_index) == key]
+            assert offsets == sorted(offsets)

@@ -1,10 +1,18 @@
-"""A trace from recorded calls and step windows (pure): start-up, steps, teardown.
+"""A trace from recorded calls and found steps (pure): start-up, steps, teardown.
 
-* an RPC belongs to the step whose window contains its start (the latest such
-  window when asynchronous windows overlap; an RPC between two windows belongs
-  to the next one); RPCs before the first steady window are start-up (graph
-  registration, variable initialisation, warm-up steps), after the last one
-  teardown; with step-id windows, an RPC goes to the window of its step id;
+* an RPC of a run that is a step (its step id names the step's run) belongs
+  to that step, whatever its time;
+* an RPC of a run set aside (``steps.FoundSteps.set_aside_runs``: runs that
+  moved no variables, warm-up steps) and every session or graph set-up call
+  (``steps.SESSION_METHODS``) belongs to no step: to teardown if it started
+  after the last step of its worker (the non-ps task at either end), else to
+  start-up;
+* any other RPC goes by time: to the step whose window contains its start
+  (the latest such window when asynchronous windows overlap; an RPC between
+  two windows belongs to the next one); before the first window it is
+  start-up, after the last teardown;
+* what did not go into a step is counted by reason and phase
+  (``trace.SetAside``), for the trace's ``StepDetection``;
 * times are ns from the start of the capture (the recorder's start).
 
 No TensorFlow, no IO: records in, trace out, tested without TensorFlow.
@@ -14,50 +22,90 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 
 from tf_grpc_bench import trace as trace_model
 from tf_grpc_bench.errors import BenchError
 from tf_grpc_bench.profiler.assembly.rpcs import calls_to_rpcs
-from tf_grpc_bench.profiler.assembly.steps import StepWindow, step_id_of, step_windows
+from tf_grpc_bench.profiler.assembly.steps import (
+    AFTER_LAST_STEP,
+    BEFORE_FIRST_STEP,
+    SESSION_METHODS,
+    SESSION_SETUP,
+    FoundSteps,
+    StepWindow,
+    find_steps,
+    step_id_of,
+)
 from tf_grpc_bench.profiler.launch.markers import StepMarker
 from tf_grpc_bench.profiler.recorders.calls import RecordedCall
-from tf_grpc_bench.trace import Phase, Rpc, RunMetadata, Step, Task, Trace
+from tf_grpc_bench.trace import (
+    MARKER,
+    ROUND,
+    WORKER_STEP,
+    Phase,
+    Rpc,
+    RunMetadata,
+    SetAside,
+    Step,
+    StepDetection,
+    Task,
+    Trace,
+)
+
+#: What one step is, by how the steps were found, unless the job says.
+DEFAULT_UNITS = {"markers": MARKER, "step-id": WORKER_STEP, "collective-instance": ROUND}
 
 
-def split_into_steps(
-    rpcs: Sequence[Rpc],
-    windows: Sequence[StepWindow],
-    *,
-    origin_ns: int,
-    step_ids: Sequence[int] | None = None,
-    startup_step_ids: frozenset[int] = frozenset(),
-) -> tuple[Phase, tuple[Step, ...], Phase]:
-    """(start-up, steps, teardown) from RPCs and step windows (see the module docstring).
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SplitTraffic:
+    """RPCs split into start-up, steps and teardown, with what was set aside and why."""
 
-    ``step_ids`` (parallel to ``rpcs``, 0 for none) puts an RPC in the window
-    of its step id, or in start-up if its id is in ``startup_step_ids`` (a
-    warm-up step), whatever its time; the others go by time.
-    """
-    relative = [(w.start_ns - origin_ns, w.end_ns - origin_ns) for w in windows]
-    by_step_id = {w.step_id: number for number, w in enumerate(windows) if w.step_id}
-    startup: list[Rpc] = []
-    teardown: list[Rpc] = []
-    per_step: list[list[Rpc]] = [[] for _ in windows]
-    for position, rpc in enumerate(rpcs):
-        t = rpc.start_ns
-        step_id = step_ids[position] if step_ids is not None else 0
-        if step_id and step_id in by_step_id:
-            per_step[by_step_id[step_id]].append(rpc)
-            continue
-        if step_id and step_id in startup_step_ids:
-            startup.append(rpc)
-            continue
+    startup: Phase
+    steps: tuple[Step, ...]
+    teardown: Phase
+    set_aside: tuple[SetAside, ...] = ()
+
+
+@dataclass
+class _Tally:
+    runs: set[int] = field(default_factory=set)
+    rpcs: int = 0
+    bytes: int = 0
+
+
+class _Placer:
+    """Decides, RPC by RPC, the step or the phase (and reason) it goes to."""
+
+    def __init__(
+        self, windows: Sequence[StepWindow], origin_ns: int, tasks: Sequence[Task]
+    ) -> None:
+        self.relative = [(w.start_ns - origin_ns, w.end_ns - origin_ns) for w in windows]
+        self.by_step_id = {w.step_id: n for n, w in enumerate(windows) if w.step_id}
+        self.ps_tasks = {i for i, t in enumerate(tasks) if t.job == "ps"}
+        index_of = {f"{t.job}:{t.index}": i for i, t in enumerate(tasks)}
+        #: Per task index: end of its last step (relative ns).
+        self.last_end: dict[int, int] = {}
+        for (_, end), window in zip(self.relative, windows, strict=True):
+            if window.task in index_of:
+                task = index_of[window.task]
+                self.last_end[task] = max(self.last_end.get(task, end), end)
+
+    def aside_phase(self, rpc: Rpc) -> str:
+        """Teardown if ``rpc`` started after its worker's last step (or, for a task
+        without steps, after the last step of all), else start-up."""
+        task = rpc.caller_task if rpc.caller_task not in self.ps_tasks else rpc.callee_task
+        last = self.last_end.get(task, max((end for _, end in self.relative), default=None))
+        return "teardown" if last is not None and rpc.start_ns > last else "startup"
+
+    def by_time(self, t: int) -> int | str:
+        """The step (number) containing ``t``, the next one if ``t`` falls in a gap,
+        else "startup" or "teardown"."""
+        relative = self.relative
         if not relative or t < relative[0][0]:
-            startup.append(rpc)
-            continue
+            return "startup"
         if t > relative[-1][1]:
-            teardown.append(rpc)
-            continue
+            return "teardown"
         chosen = None
         for number, (start, end) in enumerate(relative):
             if start > t:
@@ -66,11 +114,60 @@ def split_into_steps(
                 break
             if t <= end:
                 chosen = number  # the latest window that contains t
-        if chosen is None:
-            # After the end of every window that started before t, and no later window.
-            teardown.append(rpc)
+        # None: after the end of every window that started before t, and no later one.
+        return "teardown" if chosen is None else chosen
+
+
+def split_traffic(
+    rpcs: Sequence[Rpc],
+    windows: Sequence[StepWindow],
+    *,
+    origin_ns: int,
+    tasks: Sequence[Task] = (),
+    step_ids: Sequence[int] | None = None,
+    set_aside_runs: Mapping[int, str] | None = None,
+) -> SplitTraffic:
+    """Start-up, steps and teardown from RPCs and step windows (see the module docstring).
+
+    ``step_ids`` is parallel to ``rpcs`` (0 for none); ``tasks`` are the
+    trace's (RPCs name them by index; windows by ``job:index``).
+    """
+    placer = _Placer(windows, origin_ns, tasks)
+    aside_runs = set_aside_runs or {}
+    phases: dict[str, list[Rpc]] = {"startup": [], "teardown": []}
+    per_step: list[list[Rpc]] = [[] for _ in windows]
+    tallies: dict[tuple[str, str], _Tally] = {}
+    for position, rpc in enumerate(rpcs):
+        step_id = step_ids[position] if step_ids is not None else 0
+        if step_id and step_id in placer.by_step_id:
+            per_step[placer.by_step_id[step_id]].append(rpc)
+            continue
+        reason = aside_runs.get(step_id) if step_id else None
+        if reason is None and rpc.method in SESSION_METHODS:
+            reason = SESSION_SETUP
+        if reason is not None:
+            place: int | str = placer.aside_phase(rpc)
         else:
-            per_step[chosen].append(rpc)
+            place = placer.by_time(rpc.start_ns)
+            reason = BEFORE_FIRST_STEP if place == "startup" else AFTER_LAST_STEP
+        if isinstance(place, int):
+            per_step[place].append(rpc)
+            continue
+        phases[place].append(rpc)
+        tally = tallies.setdefault((place, reason), _Tally())
+        tally.rpcs += 1
+        tally.bytes += rpc.request_bytes + rpc.response_bytes
+        if step_id:
+            tally.runs.add(step_id)
+    return _phases(placer.relative, per_step, phases, tallies)
+
+
+def _phases(
+    relative: Sequence[tuple[int, int]],
+    per_step: Sequence[Sequence[Rpc]],
+    phases: Mapping[str, Sequence[Rpc]],
+    tallies: Mapping[tuple[str, str], _Tally],
+) -> SplitTraffic:
     steps = tuple(
         Step(
             index=number,
@@ -80,17 +177,36 @@ def split_into_steps(
         )
         for number, ((start, end), step_rpcs) in enumerate(zip(relative, per_step, strict=True))
     )
+    startup, teardown = phases["startup"], phases["teardown"]
     first_start = steps[0].start_ns if steps else max((r.end_ns for r in startup), default=0)
     last_end = steps[-1].end_ns if steps else first_start
-    startup_phase = Phase(
-        start_ns=0, end_ns=first_start, rpcs=trace_model.with_outstanding(startup)
+    return SplitTraffic(
+        startup=Phase(start_ns=0, end_ns=first_start, rpcs=trace_model.with_outstanding(startup)),
+        steps=steps,
+        teardown=Phase(
+            start_ns=last_end,
+            end_ns=max([last_end, *(r.end_ns for r in teardown)]),
+            rpcs=trace_model.with_outstanding(teardown),
+        ),
+        set_aside=tuple(
+            SetAside(reason=reason, phase=phase, runs=len(t.runs), rpcs=t.rpcs, bytes=t.bytes)
+            for (phase, reason), t in sorted(
+                tallies.items(), key=lambda item: (item[0][0] != "startup", item[0][1])
+            )
+        ),
     )
-    teardown_phase = Phase(
-        start_ns=last_end,
-        end_ns=max([last_end, *(r.end_ns for r in teardown)]),
-        rpcs=trace_model.with_outstanding(teardown),
-    )
-    return startup_phase, steps, teardown_phase
+
+
+def split_into_steps(
+    rpcs: Sequence[Rpc],
+    windows: Sequence[StepWindow],
+    *,
+    origin_ns: int,
+    step_ids: Sequence[int] | None = None,
+) -> tuple[Phase, tuple[Step, ...], Phase]:
+    """(start-up, steps, teardown) of ``split_traffic`` with nothing set aside by run."""
+    split = split_traffic(rpcs, windows, origin_ns=origin_ns, step_ids=step_ids)
+    return split.startup, split.steps, split.teardown
 
 
 def assemble_trace(
@@ -99,45 +215,63 @@ def assemble_trace(
     tasks: Sequence[Task],
     caller_of_pid: Mapping[int, int],
     markers: Sequence[StepMarker] = (),
-    windows: Sequence[StepWindow] | None = None,
-    startup_step_ids: frozenset[int] = frozenset(),
+    warmup_steps: int = 0,
+    per_run: bool = False,
+    need_markers: bool = False,
+    unit: str = "",
     origin_ns: int,
     metadata: RunMetadata,
     partial_reason: str = "",
 ) -> Trace:
-    """A validated Trace from proxy records and step markers (pure).
+    """A validated Trace from recorded calls and step markers (pure).
 
-    Steps come from ``windows`` if given (then RPCs with a step id go to the
-    window of that id, or to start-up if it is in ``startup_step_ids``), else
-    from ``markers``.  ``metadata.extra`` gains the
-    assembly notes (calls left out, callers found by rendezvous key,
-    undecodable messages, calls still open at the end).
+    The steps are found by ``steps.find_steps(calls, markers=, warmup_steps=,
+    per_run=, need_markers=)``; the trace's ``step_detection`` records how, what one step is
+    (``unit``, default by how they were found: ``DEFAULT_UNITS``) and what was
+    set aside.  ``metadata.extra`` gains the assembly notes (calls left out,
+    callers found by rendezvous key, undecodable messages, calls still open at
+    the end).
     """
     rpcs, kept, notes = calls_to_rpcs(
         calls, tasks=tasks, caller_of_pid=caller_of_pid, origin_ns=origin_ns
     )
-    if windows is None:
-        startup, steps, teardown = split_into_steps(
-            rpcs, step_windows(markers), origin_ns=origin_ns
-        )
-    else:
-        startup, steps, teardown = split_into_steps(
-            rpcs,
-            windows,
-            origin_ns=origin_ns,
-            step_ids=[step_id_of(call) for call in kept],
-            startup_step_ids=startup_step_ids,
-        )
+    found = find_steps(
+        calls,
+        markers=markers,
+        warmup_steps=warmup_steps,
+        per_run=per_run,
+        need_markers=need_markers,
+    )
+    split = split_traffic(
+        rpcs,
+        found.windows,
+        origin_ns=origin_ns,
+        tasks=tasks,
+        step_ids=[step_id_of(call) for call in kept],
+        set_aside_runs=found.set_aside_runs,
+    )
     extra = dict(metadata.extra)
     extra.update(notes.as_extra())
     return Trace(
         metadata=dataclasses.replace(metadata, extra=tuple(sorted(extra.items()))),
         tasks=tuple(tasks),
-        startup=startup,
-        steps=steps,
-        teardown=teardown,
+        startup=split.startup,
+        steps=split.steps,
+        teardown=split.teardown,
         partial=bool(partial_reason),
         partial_reason=partial_reason,
+        step_detection=detection(found, split, unit=unit),
+    )
+
+
+def detection(found: FoundSteps, split: SplitTraffic, *, unit: str = "") -> StepDetection:
+    """The trace's record of how its steps were found and what was set aside."""
+    return StepDetection(
+        source=found.source,
+        unit=unit or DEFAULT_UNITS[found.source],
+        rule=found.rule,
+        candidates=found.candidates,
+        set_aside=split.set_aside,
     )
 
 

@@ -22,6 +22,9 @@ Which fields matter:
   ``num_bytes`` (3), ``src_device`` (8), ``dst_device`` (9), ``request_id`` (10).
 * ``RecvBufResponse``: ``num_bytes`` (2), ``is_dead`` (3), ``transport_options``
   (4, an ``Any`` whose value holds the data chunks as repeated bytes field 1).
+* ``RunGraphRequest``: ``step_id`` (2); ``CleanupGraphRequest``: ``step_id`` (1):
+  the run a graph execution, and its clean-up, belong to (checked against the
+  RecvTensor step ids of real TF1 traffic in ``tests/test_tf_messages.py``).
 
 Pure: no TensorFlow, no IO.  Malformed input raises ``MessageDecodeError``.
 """
@@ -369,6 +372,24 @@ def decode_recv_buf_response(data: bytes) -> RecvBufResponse:
                         if chunk.number == 1:
                             transport += chunk.length
     return RecvBufResponse(num_bytes=num_bytes, is_dead=is_dead, transport_bytes=transport)
+
+
+#: Worker-service methods whose request names a step id, and its field number.
+RUN_GRAPH = "/tensorflow.WorkerService/RunGraph"
+CLEANUP_GRAPH = "/tensorflow.WorkerService/CleanupGraph"
+_STEP_ID_FIELDS = {RUN_GRAPH: 2, CLEANUP_GRAPH: 1}
+
+
+def decode_graph_step_id(method: str, data: bytes) -> int:
+    """The step id a ``RunGraph`` or ``CleanupGraph`` request names (0: none, or another
+    method)."""
+    number = _STEP_ID_FIELDS.get(method)
+    if number is None:
+        return 0
+    for field in iter_fields(data):
+        if field.number == number:
+            return _signed64(_integer(field, f"{method.rsplit('/', 1)[-1]}Request.step_id"))
+    return 0
 
 
 # --------------------------------------------------------------------------

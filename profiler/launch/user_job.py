@@ -12,8 +12,11 @@ A user script writes no step markers unless it wants to: it may append lines
 
 The run ends when every *driver* task (the chief if there is one, else every
 worker) has exited with status 0; the other tasks (servers that never return)
-are then stopped.  A task that fails, or a run past ``timeout_s``, ends the
-run early.
+are then stopped.  A task that fails, a run past ``timeout_s`` (default
+``DEFAULT_TIMEOUT_S``: a capture never waits forever), or a job that looks
+hung, its tasks exchanging nothing and writing no step marker for
+``step_timeout_s`` (a synchronous job whose workers finish at different
+times may wait for each other forever), ends the run early.
 
 This module imports no TensorFlow.
 """
@@ -33,7 +36,7 @@ from typing import IO, Any
 from absl import logging
 
 from tf_grpc_bench.errors import BenchError, CaptureError, ConfigError, ServeError
-from tf_grpc_bench.profiler.launch.markers import read_step_markers
+from tf_grpc_bench.profiler.launch.markers import StepMarker, read_step_markers
 from tf_grpc_bench.profiler.launch.processes import stop_groups, tail_lines
 from tf_grpc_bench.profiler.progress import Progress, ProgressCallback
 
@@ -43,6 +46,13 @@ MARKERS_VARIABLE = "TF_GRPC_BENCH_STEP_MARKERS"
 KNOWN_JOBS = ("chief", "ps", "worker", "evaluator")
 _MAX_TASKS = 32
 _FAILURE_LINES = 3
+#: How long a user's job may run in all, unless told otherwise (seconds).
+DEFAULT_TIMEOUT_S = 1800.0
+#: How long the tasks may exchange nothing (and write no step marker) before the
+#: job counts as hung, unless told otherwise (seconds; ``capture``'s default).
+DEFAULT_STEP_TIMEOUT_S = 120.0
+#: Least time between two progress reports of a job without step markers.
+_PROGRESS_EVERY_NS = 5_000_000_000
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -57,7 +67,8 @@ class UserJob:
     cluster: Mapping[str, tuple[str, ...]]
     command: tuple[str, ...]
     warmup_steps: int = 1
-    timeout_s: float | None = None
+    timeout_s: float = DEFAULT_TIMEOUT_S
+    step_timeout_s: float = DEFAULT_STEP_TIMEOUT_S
     drivers: tuple[str, ...] = ()
     model: str = ""
     strategy: str = ""
@@ -90,8 +101,10 @@ class UserJob:
                 raise ConfigError(f"driver job {job!r} is not in the cluster")
         if self.warmup_steps < 0:
             raise ConfigError(f"warmup steps must be >= 0, got {self.warmup_steps}")
-        if self.timeout_s is not None and not self.timeout_s > 0:
+        if not self.timeout_s > 0:
             raise ConfigError(f"timeout must be > 0 s, got {self.timeout_s}")
+        if not self.step_timeout_s > 0:
+            raise ConfigError(f"step timeout must be > 0 s, got {self.step_timeout_s}")
 
     @property
     def driver_jobs(self) -> tuple[str, ...]:
@@ -185,6 +198,44 @@ def task_tf_config(
 
 # --------------------------------------------------------------------------
 # Processes.
+
+
+@dataclass
+class _Watch:
+    """When a running job last showed life (traffic or a new step marker), and what
+    the progress display was last told."""
+
+    started_ns: int
+    activity: int
+    changed_ns: int = 0
+    markers: int = 0
+    reported_ns: int = 0
+    reported_markers: int = -1
+
+    def __post_init__(self) -> None:
+        self.changed_ns = self.started_ns
+
+    def update(self, now_ns: int, activity: int, markers: int) -> None:
+        if activity != self.activity or markers != self.markers:
+            self.activity, self.markers, self.changed_ns = activity, markers, now_ns
+
+    def report(self, progress: ProgressCallback, now_ns: int, markers: list[StepMarker]) -> None:
+        """Tell ``progress`` about new step markers, or, without any, how the job runs
+        (at most every few seconds)."""
+        if markers:
+            if len(markers) != self.reported_markers:
+                self.reported_markers = len(markers)
+                progress(Progress(steps_done=len(markers), last_step_ns=markers[-1].duration_ns))
+            return
+        if now_ns - self.reported_ns >= _PROGRESS_EVERY_NS:
+            self.reported_ns = now_ns
+            progress(
+                Progress(
+                    markers=False,
+                    elapsed_ns=now_ns - self.started_ns,
+                    quiet_ns=now_ns - self.changed_ns,
+                )
+            )
 
 
 @dataclass
@@ -319,12 +370,19 @@ class UserTasks:
         logging.info("started task %s:%d (pid %d)", name, index, process.pid)
         return process
 
-    def wait(self, progress: ProgressCallback | None) -> None:
-        """Block until every driver exited 0; CaptureError on a failure or the timeout."""
+    def wait(
+        self, progress: ProgressCallback | None, activity: Callable[[], int] = lambda: 0
+    ) -> None:
+        """Block until every driver exited 0.
+
+        CaptureError if a task fails, if the job runs past its ``timeout_s``,
+        or if it looks hung: ``activity`` (a count that grows while the tasks
+        talk, ``Recorder.activity``) and the step markers stay still for
+        ``step_timeout_s``.
+        """
         job, processes = self.job, self.processes
-        started = time.monotonic()
+        watch = _Watch(time.monotonic_ns(), activity())
         drivers = [t for t in processes if t.job in job.driver_jobs]
-        seen_markers = -1
         while True:
             for task in processes:
                 code = task.process.poll()
@@ -334,29 +392,29 @@ class UserTasks:
                     raise CaptureError(f"task {task.name} {status}: {tail}")
             if all(t.process.poll() == 0 for t in drivers):
                 return
-            if job.timeout_s is not None and time.monotonic() - started > job.timeout_s:
+            now = time.monotonic_ns()
+            markers = self._markers()
+            watch.update(now, activity(), len(markers))
+            running = ", ".join(t.name for t in drivers if t.process.poll() is None)
+            if now - watch.started_ns > job.timeout_s * 1e9:
                 raise CaptureError(
-                    f"the job did not finish within {job.timeout_s:g} s "
-                    f"(drivers: {', '.join(t.name for t in drivers)})"
+                    f"the job did not finish within {job.timeout_s:g} s (--timeout; "
+                    f"drivers still running: {running})"
+                )
+            if now - watch.changed_ns > job.step_timeout_s * 1e9:
+                raise CaptureError(
+                    f"the job looks hung: its tasks exchanged nothing and wrote no step "
+                    f"marker for {job.step_timeout_s:g} s (--step-timeout; drivers still "
+                    f"running: {running})"
                 )
             if progress is not None:
-                seen_markers = self._report(progress, seen_markers)
+                watch.report(progress, now, markers)
             time.sleep(0.2)
 
-    def _report(self, progress: ProgressCallback, seen: int) -> int:
-        """Tell ``progress`` about new step markers; the count seen now."""
+    def _markers(self) -> list[StepMarker]:
         with contextlib.suppress(BenchError, OSError):
-            markers = read_step_markers(self.markers_path)
-            if len(markers) != seen:
-                seen = len(markers)
-                progress(
-                    Progress(
-                        steps_done=seen,
-                        steps_expected=0,
-                        last_step_ns=markers[-1].duration_ns if markers else 0,
-                    )
-                )
-        return seen
+            return read_step_markers(self.markers_path)
+        return []
 
     def stop(self, grace_s: float = 5.0) -> None:
         """SIGTERM every task's process group, SIGKILL after ``grace_s``, reap all."""

@@ -481,6 +481,10 @@ class ProxySet:
         totals = [p.forwarded_bytes() for p in self.proxies.values()]
         return sum(t for t, _ in totals), sum(s for _, s in totals)
 
+    def activity(self) -> int:
+        """Bytes forwarded so far by every proxy."""
+        return self.forwarded_bytes()[0]
+
 
 def tune_socket(sock: socket.socket, *, congestion_control: str | None = None) -> None:
     """Socket options of both ends of a proxied connection.

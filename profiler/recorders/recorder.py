@@ -50,3 +50,9 @@ class Recorder(Protocol):
     def errors(self) -> tuple[str, ...]: ...
 
     def forwarded_bytes(self) -> tuple[int, int]: ...
+
+    def activity(self) -> int:
+        """A count that grows whenever the tasks send each other anything; cheap enough
+        to read every fraction of a second while the job runs (a hang shows as a count
+        that stops growing)."""
+        ...

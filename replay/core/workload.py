@@ -52,10 +52,23 @@ of a steady-state step is mapped as follows:
 * client -> client (the chief's control calls to workers): no server exists for
   the callee; dropped and counted likewise.
 
+What is dropped is said in the workload's parameters: ``dropped_rpcs_per_pass``,
+``dropped_bytes_per_pass`` (both directions) and ``dropped_rpcs``, the kinds
+(caller job -> callee job, method) with their RPCs and bytes.  A point-to-point
+replay also counts the other pairs' RPCs in ``dropped_rpcs_per_pass``.
+
 Within each (client, server) pair calls keep the trace's order (by start time);
 ``outstanding_at_start`` is recomputed per pair after the mapping (how many
 earlier calls of the pair were still open when this one started);
 ``offset_ns`` is the call's start relative to its step's start.
+
+Steps.  A PS-throughput workload has one step per trace step, in order, even
+a step without calls: in a trace of worker-steps (asynchronous training) each
+step is one worker's, and every other worker has nothing to do in it, yet a
+pass over the trace is every step once for every worker, and the Nth step is
+the same trace step on every worker (``Workload.for_worker`` keeps the steps,
+with that worker's calls).  A P2P workload keeps the steps in which its pair
+talks.
 """
 
 from __future__ import annotations
@@ -597,20 +610,51 @@ def trace_roles(trace: Trace, *, source: str = "trace") -> TraceRoles:
 
 
 def _mapped_steps(trace: Trace, roles: TraceRoles) -> tuple[list[list[_Mapped]], int]:
+    steps, unreplayed = _mapped_and_unreplayed(trace, roles)
+    return steps, len(unreplayed)
+
+
+def _mapped_and_unreplayed(
+    trace: Trace, roles: TraceRoles
+) -> tuple[list[list[_Mapped]], list[Rpc]]:
+    """Each step's RPCs as the replay maps them, and the RPCs no replay task can make."""
     servers = frozenset(roles.server_tasks)
     steps: list[list[_Mapped]] = []
-    dropped = 0
+    unreplayed: list[Rpc] = []
     for step in trace.steps:
         mapped_step = []
         for index, rpc in enumerate(step.rpcs):
             mapped = _map_rpc(rpc, servers, roles.ps_job)
             if mapped is None:
-                dropped += 1
+                unreplayed.append(rpc)
             else:
                 mapped_step.append(replace(mapped, rpc_index=index))
         mapped_step.sort(key=lambda m: (m.rpc.start_ns, m.rpc.end_ns))
         steps.append(mapped_step)
-    return steps, dropped
+    return steps, unreplayed
+
+
+def unreplayed_summary(trace: Trace, roles: TraceRoles | None = None) -> tuple[int, str]:
+    """Bytes per pass of the RPCs a replay cannot make, and what they are.
+
+    The text lists each kind as ``caller job->callee job method: RPCs, bytes``
+    (both directions' bytes), most bytes first; empty when nothing is dropped.
+    """
+    if roles is None:
+        roles = trace_roles(trace)
+    _, unreplayed = _mapped_and_unreplayed(trace, roles)
+    kinds: dict[str, list[int]] = {}
+    for rpc in unreplayed:
+        caller = trace.tasks[rpc.caller_task].job
+        callee = trace.tasks[rpc.callee_task].job
+        method = rpc.method.rsplit("/", 1)[-1]
+        entry = kinds.setdefault(f"{caller}->{callee} {method}", [0, 0])
+        entry[0] += 1
+        entry[1] += rpc.request_bytes + rpc.response_bytes
+    total = sum(size for _, size in kinds.values())
+    ranked = sorted(kinds.items(), key=lambda item: (-item[1][1], item[0]))
+    text = "; ".join(f"{kind}: {count} RPCs, {size} B" for kind, (count, size) in ranked)
+    return total, text
 
 
 def pair_bytes(trace: Trace, roles: TraceRoles | None = None) -> dict[tuple[int, int], int]:
@@ -832,6 +876,7 @@ def trace_workload(
     """
     roles = trace_roles(trace, source=source)
     steps, dropped = _mapped_steps(trace, roles)
+    dropped_bytes, dropped_kinds = unreplayed_summary(trace, roles)
     point_to_point = benchmark is not Benchmark.PS_THROUGHPUT
     if point_to_point:
         pair, steps, dropped = _pair_only(trace, roles, steps, dropped, pair)
@@ -858,7 +903,9 @@ def trace_workload(
             )
             for m, count, deps in zip(mapped, outstanding, dependencies, strict=True)
         )
-        if calls:
+        # PS throughput keeps every trace step, even one without calls (a pass is
+        # every step once, for every worker); a pair keeps the steps it talks in.
+        if calls or not point_to_point:
             workload_steps.append(
                 WorkloadStep(index=trace_step.index, calls=calls, period_ns=period)
             )
@@ -869,6 +916,8 @@ def trace_workload(
             1 for s in workload_steps for c in s.calls if c.reversed_direction
         ),
         "dropped_rpcs_per_pass": dropped,
+        "dropped_bytes_per_pass": dropped_bytes,
+        "dropped_rpcs": dropped_kinds,
         "ps": len(roles.server_tasks),
         "workers": 1 if point_to_point else len(roles.client_tasks),
         "server_tasks": ",".join(trace.task_name(t) for t in roles.server_tasks),

@@ -103,7 +103,7 @@ def interface_with_address(
     """The local interface holding ``address`` in this namespace, or None."""
     parsed = ipaddress.ip_address(address)
     if parsed.version == 6:
-        mapped = parsed.ipv4_mapped  # type: ignore[union-attr]
+        mapped = parsed.ipv4_mapped
         if mapped is None:
             return _ipv6_interfaces(proc_if_inet6).get(str(parsed))
         parsed = mapped

@@ -117,7 +117,20 @@ def format_table(document: ResultDocument) -> str:
     if document.partial and not notes:
         notes.append(document.partial_reason or "stopped early")
     lines += [f"{PARTIAL_MARK} partial: {note}" for note in notes]
+    lines += _dropped_notes(document)
     return "\n".join(lines)
+
+
+def _dropped_notes(document: ResultDocument) -> list[str]:
+    """What a trace replay could not send (once per distinct kind list)."""
+    seen: set[str] = set()
+    lines = []
+    for result in document.benchmarks:
+        kinds = result.parameters.get("dropped_rpcs")
+        if isinstance(kinds, str) and kinds and kinds not in seen:
+            seen.add(kinds)
+            lines.append(f"not replayed (no replay task makes these calls), per pass: {kinds}")
+    return lines
 
 
 def _escape(cell: str) -> str:

@@ -43,6 +43,7 @@ from tf_grpc_bench.replay.placement import cluster, gather
 from tf_grpc_bench.replay.placement.cluster import Placement, Role
 from tf_grpc_bench.replay.runner import ReplayRequest, run_benchmark
 from tf_grpc_bench.replay.transport import grpc_settings, tls
+from tf_grpc_bench.replay.transport.client import split_address
 from tf_grpc_bench.replay.transport.server import ReplayServer
 
 #: Seconds a task waits for the others (barriers, submissions, job end).
@@ -102,13 +103,13 @@ def run_role(args: argparse.Namespace, *, build_request: RequestBuilder) -> int:
 
 
 def _port_of(address: str) -> int:
-    return cluster.split_address(address, where="cluster address")[1]
+    return split_address(address, where="cluster address")[1]
 
 
 def _hosts(placement: Placement) -> list[str]:
     return sorted(
         {
-            cluster.split_address(a, where="cluster")[0]
+            split_address(a, where="cluster")[0]
             for _, addresses in placement.cluster.jobs
             for a in addresses
         }

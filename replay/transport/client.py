@@ -19,7 +19,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import grpc
 
@@ -82,8 +82,14 @@ def parse_target(text: str) -> str:
     return target
 
 
-class StreamFuture(grpc.Future):
-    """The answer to one message on a ``MessageStream``, as a ``grpc.Future``.
+if TYPE_CHECKING:
+    _Future = grpc.Future[Any]
+else:
+    _Future = grpc.Future
+
+
+class StreamFuture(_Future):
+    """The answer to one message on a ``MessageStream``, as a ``grpc.Future[Any]``.
 
     Resolved once, from the stream's reader thread (or at close); callbacks
     run on that thread.  Its error is a ``TransportError``.
@@ -94,7 +100,7 @@ class StreamFuture(grpc.Future):
         self._lock = threading.Lock()
         self._response: Any = None
         self._error: TransportError | None = None
-        self._callbacks: list[Callable[[grpc.Future], None]] = []
+        self._callbacks: list[Callable[[grpc.Future[Any]], None]] = []
 
     def resolve(self, response: Any, error: TransportError | None) -> None:
         with self._lock:
@@ -133,7 +139,7 @@ class StreamFuture(grpc.Future):
     def traceback(self, timeout: float | None = None) -> Any:
         return None
 
-    def add_done_callback(self, fn: Callable[[grpc.Future], None]) -> None:
+    def add_done_callback(self, fn: Callable[[grpc.Future[Any]], None]) -> None:
         with self._lock:
             if not self._resolved.is_set():
                 self._callbacks.append(fn)
@@ -160,7 +166,7 @@ class MessageStream:
     """
 
     def __init__(
-        self, multi_callable: grpc.StreamStreamMultiCallable, *, target: str, method: str
+        self, multi_callable: grpc.StreamStreamMultiCallable[Any, Any], *, target: str, method: str
     ) -> None:
         self.target = target
         self.method = method
@@ -296,7 +302,7 @@ class ReplayClient:
         if not self._channels:
             raise ValueError("a client needs at least one channel")
         self._next_channel = 0
-        self._callables: dict[tuple[int, str, Shape], grpc.UnaryUnaryMultiCallable] = {}
+        self._callables: dict[tuple[int, str, Shape], grpc.UnaryUnaryMultiCallable[Any, Any]] = {}
         self._streaming = self.settings.rpc is RpcKind.STREAMING
         self._streams: dict[tuple[int, str], MessageStream] = {}
         self._streams_lock = threading.Lock()
@@ -351,7 +357,7 @@ class ReplayClient:
                     f"{call.request_bytes} B"
                 )
 
-    def _callable(self, call: Call) -> grpc.UnaryUnaryMultiCallable:
+    def _callable(self, call: Call) -> grpc.UnaryUnaryMultiCallable[Any, Any]:
         index = self._next_channel
         # Unlocked: a race between threads only skews which channel is next.
         if len(self._channels) > 1:
@@ -426,7 +432,7 @@ class ReplayClient:
                 raise translate_rpc_error(error, target=self.target, method=call.method) from None
         self.check_response(call, response)
 
-    def start(self, call: Call, timeout_s: float) -> grpc.Future:
+    def start(self, call: Call, timeout_s: float) -> grpc.Future[Any]:
         """Issue ``call`` without waiting; the future's result is the response."""
         request, metadata = self._request(call)
         stream = self._stream(call) if self._streaming else None
@@ -434,7 +440,7 @@ class ReplayClient:
             return stream.submit(request, timeout_s)
         return self._callable(call).future(request, timeout=timeout_s, metadata=metadata)
 
-    def outcome(self, call: Call, future: grpc.Future) -> TransportError | None:
+    def outcome(self, call: Call, future: grpc.Future[Any]) -> TransportError | None:
         """The error of a finished future, as ``TransportError``, or None if it succeeded."""
         try:
             response = future.result()
@@ -696,12 +702,10 @@ class _CallsInFlight:
             self.to_server[call.server_index] += 1
         start = self.driver.clock()
         future = self.driver.clients[call.server_index].start(call, self.driver.timeout_s)
-        future.add_done_callback(
-            lambda f: self._completed(call, key, start, release, f)  # type: ignore[misc]
-        )
+        future.add_done_callback(lambda f: self._completed(call, key, start, release, f))
 
     def _completed(
-        self, call: Call, key: int, start: int, release: int | None, future: grpc.Future
+        self, call: Call, key: int, start: int, release: int | None, future: grpc.Future[Any]
     ) -> None:
         end = self.driver.clock()
         error = self.driver.clients[call.server_index].outcome(call, future)

@@ -225,7 +225,8 @@ class GrpcSettings:
 
 
 def _plain(value: Any) -> int | str | bool:
-    return value.value if isinstance(value, enum.Enum) else value
+    plain: int | str | bool = value.value if isinstance(value, enum.Enum) else value
+    return plain
 
 
 # -- command-line flags ----------------------------------------------------------

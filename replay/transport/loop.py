@@ -18,7 +18,7 @@ from tf_grpc_bench.errors import ConfigError, TransportError
 from tf_grpc_bench.replay.core.measurement import Benchmark, CallSample, RunMeasurement
 from tf_grpc_bench.replay.core.pacing import next_step_begin_ns
 from tf_grpc_bench.replay.core.workload import Workload, WorkloadStep
-from tf_grpc_bench.replay.transport.client import Driver, ReplayClient
+from tf_grpc_bench.replay.transport.client import Driver, ReplayClient, StepOutcome
 from tf_grpc_bench.replay.transport.wire import ChannelSettings, ServerStats
 
 NS_PER_S = 1_000_000_000
@@ -119,6 +119,27 @@ class StepBarrier(Protocol):
         """This worker stops: release the others waiting, now or later."""
 
 
+def _record_dependent_step(
+    own: bool,
+    duration_ns: int,
+    outcome: StepOutcome,
+    step_times: list[int] | None,
+    step_compute: list[int] | None,
+) -> None:
+    """Record a dependency-paced step: its time and critical-path compute, or, for a
+    step without calls of this worker, add its time to the step before as compute."""
+    if own:
+        if step_times is not None:
+            step_times.append(duration_ns)
+        if step_compute is not None and outcome.path is not None:
+            step_compute.append(outcome.path.compute_ns)
+        return
+    if step_times:
+        step_times[-1] += duration_ns
+        if step_compute and len(step_compute) == len(step_times):
+            step_compute[-1] += duration_ns
+
+
 class WorkerLoop:
     """One worker's replay: its calls, cycled under the runner's protocol.
 
@@ -126,6 +147,15 @@ class WorkerLoop:
     a step begins only once every worker has finished the previous one (the
     trace's steps are rounds ended by a barrier, as a synchronous
     ``ClusterCoordinator`` loop's ``join`` makes them).
+
+    A trace workload's steps are cycled whole, including those in which this
+    worker makes no call (another worker's step of an asynchronous trace), so
+    that a pass is every trace step once and the Nth step is the same trace
+    step on every worker.  Such a step takes the time its pacing gives it
+    (none as fast as possible, its recorded period otherwise) and records no
+    step time of its own: its time belongs to the worker's step before it
+    (under dependencies pacing, as that step's compute: the worker computed
+    its next step while the others made theirs).
     """
 
     def __init__(
@@ -142,8 +172,11 @@ class WorkerLoop:
         self.step_barrier = step_barrier
         self.clock = clock
         self.cpu_clock = cpu_clock
-        self._steps = tuple(step for step in workload.steps if step.calls)
         self._synthetic = workload.source == "synthetic"
+        steps = workload.steps
+        if self._synthetic or not any(step.calls for step in steps):
+            steps = tuple(step for step in steps if step.calls)
+        self._steps = steps
 
     def _cycle(self) -> Iterator[WorkloadStep]:
         return itertools.cycle(self._steps)
@@ -184,21 +217,22 @@ class WorkerLoop:
                 stop_at_ns=stop_at if self._synthetic and step_count is None else None,
                 samples=samples,
             )
-            last_end = outcome.last_end_ns
+            own = bool(step.calls)
+            if own:
+                last_end = outcome.last_end_ns
             if outcome.next_begin_ns is not None:
                 # Dependencies pacing: the step lasts until the next may begin.
                 next_begin = outcome.next_begin_ns
-                if step_times is not None:
-                    step_times.append(next_begin - step_begin)
-                if step_compute is not None and outcome.path is not None:
-                    step_compute.append(outcome.path.compute_ns)
+                _record_dependent_step(
+                    own, next_begin - step_begin, outcome, step_times, step_compute
+                )
             else:
-                if step_times is not None and not self._synthetic:
+                if step_times is not None and not self._synthetic and own:
                     step_times.append(last_end - step_begin)
                 next_begin = next_step_begin_ns(
                     self.driver.pacing,
                     previous_begin_ns=step_begin,
-                    previous_end_ns=last_end,
+                    previous_end_ns=last_end if own else step_begin,
                     recorded_period_ns=step.period_ns,
                 )
             now = self.clock()

@@ -30,7 +30,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from concurrent import futures
 from types import TracebackType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import grpc
 
@@ -166,12 +166,18 @@ def _serialized_pull(
     return response
 
 
-class _Handlers(grpc.GenericRpcHandler):
+if TYPE_CHECKING:
+    _GenericHandler = grpc.GenericRpcHandler[Any, Any]
+else:
+    _GenericHandler = grpc.GenericRpcHandler
+
+
+class _Handlers(_GenericHandler):
     """Raw payload paths, any other method path as a pull, and the control service."""
 
     def __init__(self, state: _State) -> None:
         self._state = state
-        self._cache: dict[str, grpc.RpcMethodHandler] = {}
+        self._cache: dict[str, grpc.RpcMethodHandler[Any, Any]] = {}
         self._raw_fixed: dict[str, Callable[[bytes, grpc.ServicerContext], bytes]] = {
             ECHO_METHOD: self._raw_echo,
             PUSH_METHOD: self._raw_push,
@@ -183,7 +189,7 @@ class _Handlers(grpc.GenericRpcHandler):
 
     def service(
         self, handler_call_details: grpc.HandlerCallDetails
-    ) -> grpc.RpcMethodHandler | None:
+    ) -> grpc.RpcMethodHandler[Any, Any] | None:
         method = handler_call_details.method
         handler = self._cache.get(method)
         if handler is None:
@@ -192,7 +198,7 @@ class _Handlers(grpc.GenericRpcHandler):
                 self._cache[method] = handler
         return handler
 
-    def _make(self, method: str) -> grpc.RpcMethodHandler | None:
+    def _make(self, method: str) -> grpc.RpcMethodHandler[Any, Any] | None:
         if method in self._control:
             return grpc.unary_unary_rpc_method_handler(
                 self._control[method], request_deserializer=identity, response_serializer=identity
@@ -219,7 +225,7 @@ class _Handlers(grpc.GenericRpcHandler):
             response_serializer=bench_pb2.PullResponse.SerializeToString,
         )
 
-    def _stream_handler(self, method: str) -> grpc.RpcMethodHandler:
+    def _stream_handler(self, method: str) -> grpc.RpcMethodHandler[Any, Any]:
         """A bidirectional stream answering each message as its unary path answers a call."""
         counters = self._state.counters
         echo = method == ECHO_STREAM_METHOD
@@ -323,7 +329,9 @@ class ReplayServer:
             options=self.settings.all_options(),
         )
         if self.mode is Mode.SERIALIZED:
-            bench_pb2_grpc.add_ReplayServicer_to_server(_SerializedReplay(self._state), server)
+            bench_pb2_grpc.add_ReplayServicer_to_server(  # type: ignore[no-untyped-call]
+                _SerializedReplay(self._state), server
+            )
         server.add_generic_rpc_handlers((_Handlers(self._state),))
         credentials = self.settings.credentials()
         try:
@@ -506,3 +514,47 @@ class LocalServers:
         traceback: TracebackType | None,
     ) -> None:
         self.stop()
+
+
+def serve_until(
+    stop: threading.Event,
+    *,
+    mode: Mode,
+    host: str,
+    ports: Sequence[int],
+    settings: ServerSettings,
+    announce: Callable[[str], None],
+) -> str:
+    """``tf-grpc-bench serve``: ps servers on ``ports`` until ``stop`` is set.
+
+    One port is served in this process, several by one process each.
+    ``announce`` gets the line saying where they listen; the return value is
+    the line saying what they did.
+    """
+    if len(ports) == 1:
+        if settings.keep_freed_memory:
+            keep_freed_memory()
+        server = ReplayServer(mode=mode, host=host, port=ports[0], settings=settings)
+        server.start()
+        try:
+            announce(
+                f"serving {mode.value} on {server.address} (pid {os.getpid()}); Ctrl-C to stop"
+            )
+            while not stop.wait(1.0):
+                pass
+        finally:
+            stats = server.stats()
+            server.stop(1.0)
+        return f"stopped; received {stats.received_messages} messages, {stats.received_bytes} bytes"
+    servers = LocalServers(len(ports), mode=mode, host=host, ports=list(ports), settings=settings)
+    servers.start()
+    try:
+        announce(
+            f"serving {mode.value} on {','.join(servers.targets)} "
+            f"(pids {' '.join(map(str, servers.pids))}); Ctrl-C to stop"
+        )
+        while not stop.wait(1.0):
+            pass
+    finally:
+        servers.stop()
+    return "stopped"

@@ -30,9 +30,11 @@ from tf_grpc_bench.protos import trace_pb2
 
 #: Version of the trace format this module writes.  History:
 #:   1 (2026-11): first version.
-FORMAT_VERSION = 1
+#:   2 (2026-12): ``step_detection``, how the steps were found and what was
+#:      set aside; a version 1 trace reads with an empty one.
+FORMAT_VERSION = 2
 #: Versions this module can read.
-READABLE_VERSIONS = frozenset({1})
+READABLE_VERSIONS = frozenset({1, 2})
 
 MAGIC = b"TFGBTRC\n"
 #: File name suffix of trace files.
@@ -170,6 +172,63 @@ class RunMetadata:
     extra: tuple[tuple[str, str], ...] = ()
 
 
+#: ``StepDetection.unit`` values: one training step of every worker, one
+#: worker's step, or whatever a job's own step markers span.
+ROUND = "round"
+WORKER_STEP = "worker-step"
+MARKER = "marker"
+#: Phases set-aside traffic goes to.
+SET_ASIDE_PHASES = ("startup", "teardown")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SetAside:
+    """RPCs kept out of the steps, all for one reason, in one phase."""
+
+    reason: str
+    #: "startup" or "teardown".
+    phase: str
+    #: TensorFlow runs (step ids) among them; 0 for calls of no run.
+    runs: int = 0
+    rpcs: int = 0
+    #: Request plus response bytes.
+    bytes: int = 0
+
+    def __post_init__(self) -> None:
+        if self.phase not in SET_ASIDE_PHASES:
+            raise ValueError(f"set-aside phase must be startup or teardown, got {self.phase!r}")
+        for name in ("runs", "rpcs", "bytes"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"set-aside {name} must be >= 0, got {getattr(self, name)}")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StepDetection:
+    """How a capture found its steps, and what it kept out of them (format version 2).
+
+    Empty (``source == ""``) for traces that do not say: version 1, or made by
+    hand.
+    """
+
+    #: "markers", "step-id" or "collective-instance".
+    source: str = ""
+    #: ``ROUND``, ``WORKER_STEP`` or ``MARKER``.
+    unit: str = ""
+    #: The rule that made a candidate a step, in words.
+    rule: str = ""
+    #: Candidates examined (runs, collective periods or step markers).
+    candidates: int = 0
+    set_aside: tuple[SetAside, ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.candidates < 0:
+            raise ValueError(f"candidates must be >= 0, got {self.candidates}")
+
+    @property
+    def empty(self) -> bool:
+        return self == StepDetection()
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Trace:
     """A whole trace: validated on construction."""
@@ -181,10 +240,19 @@ class Trace:
     teardown: Phase = field(default_factory=Phase)
     partial: bool = False
     partial_reason: str = ""
+    step_detection: StepDetection = field(default_factory=StepDetection)
     format_version: int = FORMAT_VERSION
 
     def __post_init__(self) -> None:
         _validate(self)
+
+    @property
+    def step_unit(self) -> str:
+        """What one step is (``ROUND``, ``WORKER_STEP``, ``MARKER``), "" if the trace
+        does not say.  Version 1 traces of user jobs said it in ``metadata.extra``."""
+        if self.step_detection.unit:
+            return self.step_detection.unit
+        return dict(self.metadata.extra).get("step_unit", "")
 
     def task_name(self, index: int) -> str:
         return self.tasks[index].name
@@ -201,6 +269,11 @@ def _validate(trace: Trace) -> None:
         raise UnsupportedVersionError(
             f"format_version {trace.format_version} is not supported "
             f"(this tool reads versions {sorted(READABLE_VERSIONS)})"
+        )
+    if trace.format_version < 2 and not trace.step_detection.empty:
+        raise TraceError(
+            f"step_detection needs format version 2 or later (this trace says "
+            f"{trace.format_version})"
         )
     seen: set[tuple[str, int]] = set()
     for task in trace.tasks:
@@ -293,6 +366,30 @@ def _phase_to_proto(phase: Phase, message: trace_pb2.Phase) -> None:
         _rpc_to_proto(rpc, message.rpcs.add())
 
 
+def _detection_from_proto(message: trace_pb2.StepDetection) -> StepDetection:
+    return StepDetection(
+        source=message.source,
+        unit=message.unit,
+        rule=message.rule,
+        candidates=message.candidates,
+        set_aside=tuple(
+            SetAside(reason=s.reason, phase=s.phase, runs=s.runs, rpcs=s.rpcs, bytes=s.bytes)
+            for s in message.set_aside
+        ),
+    )
+
+
+def _detection_to_proto(detection: StepDetection, message: trace_pb2.StepDetection) -> None:
+    message.source = detection.source
+    message.unit = detection.unit
+    message.rule = detection.rule
+    message.candidates = detection.candidates
+    for item in detection.set_aside:
+        message.set_aside.add(
+            reason=item.reason, phase=item.phase, runs=item.runs, rpcs=item.rpcs, bytes=item.bytes
+        )
+
+
 def trace_from_proto(message: trace_pb2.Trace, *, source: str = "trace") -> Trace:
     """Build and validate a ``Trace`` from its protobuf message.
 
@@ -337,6 +434,7 @@ def trace_from_proto(message: trace_pb2.Trace, *, source: str = "trace") -> Trac
             teardown=_phase_from_proto(message.teardown),
             partial=message.partial,
             partial_reason=message.partial_reason,
+            step_detection=_detection_from_proto(message.step_detection),
         )
     except TraceError as error:
         raise type(error)(f"{source}: {error}") from None
@@ -375,6 +473,8 @@ def trace_to_proto(trace: Trace) -> trace_pb2.Trace:
         for rpc in step.rpcs:
             _rpc_to_proto(rpc, step_message.rpcs.add())
     _phase_to_proto(trace.teardown, message.teardown)
+    if not trace.step_detection.empty:
+        _detection_to_proto(trace.step_detection, message.step_detection)
     return message
 
 
@@ -485,6 +585,7 @@ def trace_from_json_dict(document: dict[str, Any], *, source: str = "trace JSON"
             teardown=phase(document.get("teardown")),
             partial=bool(document.get("partial", False)),
             partial_reason=str(document.get("partial_reason", "")),
+            step_detection=_detection_from_json(document.get("step_detection")),
         )
     except TraceError as error:
         raise type(error)(f"{source}: {error}") from None
@@ -492,6 +593,12 @@ def trace_from_json_dict(document: dict[str, Any], *, source: str = "trace JSON"
         raise TraceError(f"{source}: missing field {error}") from None
     except (TypeError, ValueError) as error:
         raise TraceError(f"{source}: invalid trace: {error}") from None
+
+
+def _detection_from_json(item: dict[str, Any] | None) -> StepDetection:
+    item = dict(item or {})
+    item["set_aside"] = tuple(SetAside(**s) for s in item.get("set_aside", ()))
+    return StepDetection(**item)
 
 
 def payload_bytes(rpc: Rpc) -> int:

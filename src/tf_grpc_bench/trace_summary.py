@@ -76,6 +76,25 @@ def network_line(trace: Trace) -> str | None:
     )
 
 
+def detection_lines(trace: Trace) -> list[str]:
+    """How the trace's steps were found and what was set aside; [] if it does not say."""
+    detection = trace.step_detection
+    if detection.empty:
+        return []
+    unit = f"{detection.unit}s" if detection.unit else "steps"
+    lines = [
+        f"steps: {len(trace.steps)} {unit} from {detection.source or '?'} "
+        f"({detection.candidates} candidates): {detection.rule}"
+    ]
+    for item in detection.set_aside:
+        runs = f"{item.runs} run{'' if item.runs == 1 else 's'}, " if item.runs else ""
+        lines.append(
+            f"  set aside to {item.phase}: {item.reason}: {runs}{item.rpcs} RPCs, "
+            f"{format_bytes(item.bytes)}"
+        )
+    return lines
+
+
 def format_summary(trace: Trace, *, source: str = "") -> str:
     """The text ``tf-grpc-bench inspect`` prints: metadata, then one line per step."""
     meta = trace.metadata
@@ -98,6 +117,7 @@ def format_summary(trace: Trace, *, source: str = "") -> str:
     if network:
         lines.append(network)
     lines.append("tasks: " + ", ".join(f"{t.job}:{t.index}" for t in trace.tasks))
+    lines.extend(detection_lines(trace))
     if trace.partial:
         lines.append(f"PARTIAL trace: {trace.partial_reason or 'capture ended early'}")
     header = (
