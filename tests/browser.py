@@ -17,6 +17,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 from PIL import Image
 
@@ -83,7 +84,6 @@ def colored_share(png: Path, box: tuple[int, int, int, int]) -> float:
     and grid lines are grey, so colour means slices were drawn.
     """
     with Image.open(png) as image:
-        region = image.convert("RGB").crop(box)
-        pixels = list(region.getdata())
-    colored = sum(1 for r, g, b in pixels if max(r, g, b) - min(r, g, b) > 60)
-    return colored / max(len(pixels), 1)
+        pixels = np.asarray(image.convert("RGB").crop(box), dtype=np.int16)
+    spread = pixels.max(axis=2) - pixels.min(axis=2)
+    return float((spread > 60).mean()) if spread.size else 0.0

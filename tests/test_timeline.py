@@ -53,13 +53,14 @@ def test_pack_needs_as_many_rows_as_calls_overlap_and_rows_never_overlap(
     for row in rows:
         for before, after in zip(row.slices, row.slices[1:], strict=False):
             assert before.end_ns <= after.start_ns
-    # As many rows as the most slices open at one instant (half-open intervals).
-    events = sorted([(s.start_ns, 1) for s in slices] + [(s.end_ns, -1) for s in slices])
-    most = open_now = 0
-    for _, change in events:
-        open_now += change
-        most = max(most, open_now)
-    assert len(rows) == (max(most, 1) if slices else 0)
+    # As many rows as the most slices that overlap at one instant: slices [start, end), and
+    # zero-length ones at their instant (which overlap what is open there, not each other).
+    most = 0
+    for instant in {s.start_ns for s in slices}:
+        open_there = sum(1 for s in slices if s.start_ns <= instant < s.end_ns)
+        points = any(s.start_ns == s.end_ns == instant for s in slices)
+        most = max(most, open_there + points)
+    assert len(rows) == most
 
 
 def test_gaps_are_what_no_call_covers() -> None:
