@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import http.server
+import os
 import shutil
 import threading
 from collections.abc import Iterator
@@ -75,6 +76,19 @@ def serving(directory: Path) -> Iterator[str]:
 class _QuietHandler(http.server.SimpleHTTPRequestHandler):
     def log_message(self, format: str, *args: Any) -> None:
         pass
+
+
+#: Set to a folder to keep the browser tests' screenshots there (they also go to pytest's tmp_path).
+SCREENSHOT_DIR_VARIABLE = "TFGB_SCREENSHOT_DIR"
+
+
+def keep(png: Path) -> Path:
+    """Copy a screenshot to ``$TFGB_SCREENSHOT_DIR`` when it is set; returns ``png``."""
+    folder = os.environ.get(SCREENSHOT_DIR_VARIABLE)
+    if folder:
+        Path(folder).mkdir(parents=True, exist_ok=True)
+        shutil.copy(png, Path(folder) / png.name)
+    return png
 
 
 def colored_share(png: Path, box: tuple[int, int, int, int]) -> float:

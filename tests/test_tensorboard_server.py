@@ -25,7 +25,7 @@ from tf_grpc_bench.replay.output import document as results
 from tf_grpc_bench.replay.output.hparams import COMPARISON_HPARAMS, METRICS
 from tf_grpc_bench.replay.output.timeline import PROFILE_SESSION
 
-from .browser import browser_page, colored_share, serving
+from .browser import browser_page, colored_share, keep, serving
 from .tensorboard_server import FAST_LOADER_NOTE, TensorBoard, running_tensorboard
 
 COMMAND = str(Path(sys.executable).with_name("tf-grpc-bench"))
@@ -316,6 +316,7 @@ def test_headless_chromium_shows_the_timeline_in_the_profile_tab(
             assert any(task in header for header in headers), headers
         collapsed = tmp_path / "profile-tab-collapsed.png"
         page.screenshot(path=str(collapsed))
+        keep(collapsed)
         # Expand the replayed worker: its rows (steps, gaps, calls) and coloured slices.
         header = viewer.locator("span.process-track-name", has_text="replayed /job:worker/task:0")
         box = header.bounding_box()
@@ -325,6 +326,7 @@ def test_headless_chromium_shows_the_timeline_in_the_profile_tab(
             assert viewer.get_by_text(row, exact=True).count() > 0, row
         expanded = tmp_path / "profile-tab-replayed-worker.png"
         page.screenshot(path=str(expanded))
+        keep(expanded)
         below = (300, int(box["y"] + box["height"]), 1580, 990)
         share = colored_share(expanded, below)
         assert share > 0.01, f"{share:.3f} of {expanded} in colour: slices not drawn"
@@ -358,5 +360,6 @@ def test_headless_chromium_draws_the_trace_event_json_in_a_trace_viewer(
             assert page.get_by_text(row, exact=True).count() > 0, row
         shot = tmp_path / "trace-event-json.png"
         page.screenshot(path=str(shot))
+        keep(shot)
         share = colored_share(shot, (300, 120, 1580, 990))
         assert share > 0.01, f"{share:.3f} of {shot} in colour: slices not drawn"
