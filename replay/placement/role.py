@@ -391,6 +391,7 @@ def merge_worker_documents(
 def _gather(placement: Placement, args: argparse.Namespace, build_request: RequestBuilder) -> int:
     # The TensorBoard writer is imported only by the task that writes the logs.
     from tf_grpc_bench.replay.output import tensorboard as tensorboard_output
+    from tf_grpc_bench.replay.output import timeline
 
     files = _tls(placement, args)
     server_credentials, _ = _gather_credentials(files)
@@ -440,6 +441,12 @@ def _gather(placement: Placement, args: argparse.Namespace, build_request: Reque
     run_directory = results.new_run_directory(args.output_dir, "cluster")
     path = results.write_document(document, run_directory / results.RESULTS_FILE_NAME)
     tensorboard_output.write_run(document, run_directory)
+    trace = None
+    if trace_path is not None and trace_path.is_file():
+        from tf_grpc_bench import trace_files
+
+        trace = trace_files.read_trace(trace_path)
+    timeline.write_run_timelines(document, run_directory, trace)
     print(f"results: {path}")
     print(f"view:    tensorboard --logdir {args.output_dir}")
     if errors:
