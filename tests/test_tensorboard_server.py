@@ -363,3 +363,28 @@ def test_headless_chromium_draws_the_trace_event_json_in_a_trace_viewer(
         keep(shot)
         share = colored_share(shot, (300, 120, 1580, 990))
         assert share > 0.01, f"{share:.3f} of {shot} in colour: slices not drawn"
+
+
+def test_headless_chromium_shows_scalars_and_hparams_in_comparison_order(
+    board: TensorBoard, tmp_path: Path
+) -> None:
+    with browser_page() as page:
+        page.goto(board.url + "#scalars")
+        page.get_by_text("cpu/client_utilization").first.wait_for(timeout=120_000)
+        assert page.get_by_text("No scalar data was found").count() == 0
+        scalars = tmp_path / "scalars.png"
+        page.screenshot(path=str(scalars))
+        keep(scalars)
+
+        page.goto(board.url + "#hparams")
+        page.get_by_text("Show Metrics").first.wait_for(timeout=120_000)
+        # The hyperparameters' pane lists them top to bottom in comparison order.
+        names = [shown for _, shown, _ in COMPARISON_HPARAMS]
+        tops = [page.get_by_text(name, exact=True).first.bounding_box()["y"] for name in names]
+        assert tops == sorted(tops), dict(zip(names, tops, strict=True))
+        assert page.get_by_text("grpc channels", exact=True).first.bounding_box()["y"] > tops[-1]
+        for metric in ("small p50 (us)", "MB/s", "predicted step (ms)"):
+            assert page.get_by_text(metric, exact=True).count() > 0, metric
+        hparams = tmp_path / "hparams.png"
+        page.screenshot(path=str(hparams))
+        keep(hparams)
