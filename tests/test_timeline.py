@@ -53,13 +53,15 @@ def test_pack_needs_as_many_rows_as_calls_overlap_and_rows_never_overlap(
     for row in rows:
         for before, after in zip(row.slices, row.slices[1:], strict=False):
             assert before.end_ns <= after.start_ns
-    # As many rows as the most slices that overlap at one instant: slices [start, end), and
-    # zero-length ones at their instant (which overlap what is open there, not each other).
+    # As many rows as the most slices that overlap at one instant: slices are [start, end);
+    # a zero-length one sits at its instant after what ends there and before what starts
+    # there, so it overlaps only what is open across it, and no other zero-length one.
     most = 0
     for instant in {s.start_ns for s in slices}:
-        open_there = sum(1 for s in slices if s.start_ns <= instant < s.end_ns)
-        points = any(s.start_ns == s.end_ns == instant for s in slices)
-        most = max(most, open_there + points)
+        covering = sum(1 for s in slices if s.start_ns <= instant < s.end_ns)
+        across = sum(1 for s in slices if s.start_ns < instant < s.end_ns)
+        point = any(s.start_ns == s.end_ns == instant for s in slices)
+        most = max(most, covering, across + point)
     assert len(rows) == most
 
 
