@@ -34,6 +34,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import datetime
+import functools
 import os
 import platform
 import shutil
@@ -48,8 +49,8 @@ from typing import Any, Protocol
 
 from absl import logging
 
-from tf_grpc_bench import __version__, trace_files
-from tf_grpc_bench.errors import BenchError, ConfigError, RunInterrupted
+from tf_grpc_bench import __version__, lifetime, trace_files
+from tf_grpc_bench.errors import BenchError, CaptureError, ConfigError, RunInterrupted
 from tf_grpc_bench.profiler.assembly.phases import assemble_trace, partial_reason
 from tf_grpc_bench.profiler.launch.config import TrainingConfig
 from tf_grpc_bench.profiler.launch.hosts import (
@@ -99,6 +100,8 @@ class CaptureResult:
     recorded_bytes: int
     uncopied_bytes: int
     error: BenchError | None = None
+    #: Where the tasks' logs are (the work directory), None if it was removed.
+    logs: Path | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -196,8 +199,9 @@ def run_and_write(
 
     Blocks until the job is done.  The trace is written even when the job
     failed (then marked partial with the reason, which is also
-    ``CaptureResult.error``); the work directory is removed only when
-    ``remove_work`` and the capture succeeded, so a failure keeps the logs.
+    ``CaptureResult.error``); a job that ends without a training step
+    recorded failed too.  With ``remove_work`` the work directory is removed,
+    unless the capture failed and it holds logs to read.
     """
     error: BenchError | None = None
     try:
@@ -206,8 +210,10 @@ def run_and_write(
             job.run(recorder, work)
         except BenchError as failure:
             error = failure
-        except KeyboardInterrupt:
-            error = RunInterrupted("interrupted by the user (Ctrl-C or SIGTERM)")
+        except KeyboardInterrupt as interrupt:
+            # Ctrl-C, SIGTERM or SIGHUP (lifetime): the trace so far is kept.
+            signum = lifetime.signal_of(interrupt)
+            error = RunInterrupted(f"interrupted ({lifetime.signal_name(signum)})", signum=signum)
         finally:
             job.stop()
     finally:
@@ -220,7 +226,8 @@ def run_and_write(
     )
     for line in recorder_errors:
         logging.info("recorder: %s", line)
-    trace = assemble_trace(
+    assemble = functools.partial(
+        assemble_trace,
         calls,
         tasks=layout.tasks,
         caller_of_pid=layout.caller_of_pid,
@@ -231,12 +238,21 @@ def run_and_write(
         unit=layout.unit,
         origin_ns=recorder.started_ns,
         metadata=layout.metadata,
-        partial_reason=partial_reason(error, recorder_errors),
     )
+    trace = assemble(partial_reason=partial_reason(error, recorder_errors))
+    if error is None and not trace.steps:
+        # The job "succeeded" without training (a command that exits at once).
+        error = CaptureError(
+            f"the job ended without a training step recorded ({len(calls)} calls between "
+            "its tasks): does its command train on this cluster?"
+        )
+        trace = assemble(partial_reason=partial_reason(error, recorder_errors))
     trace_files.write_trace(trace, output)
     logging.info("wrote %s", output)
     recorded, uncopied = recorder.forwarded_bytes()
-    if remove_work and error is None:
+    # A failure keeps the tasks' logs, unless there are none to read.
+    keep_logs = error is not None and _holds_logs(work)
+    if remove_work and not keep_logs:
         shutil.rmtree(work, ignore_errors=True)
     return CaptureResult(
         trace=trace,
@@ -246,7 +262,15 @@ def run_and_write(
         recorded_bytes=recorded,
         uncopied_bytes=uncopied,
         error=error,
+        logs=work if keep_logs or not remove_work else None,
     )
+
+
+def _holds_logs(work: Path) -> bool:
+    """Whether the work directory holds anything to read (a non-empty file)."""
+    with contextlib.suppress(OSError):
+        return any(path.is_file() and path.stat().st_size > 0 for path in work.rglob("*"))
+    return False
 
 
 def capture_job(

@@ -10,15 +10,22 @@ reason on one line (and its exit code).
 from __future__ import annotations
 
 import argparse
-import signal
+import math
+from pathlib import Path
 
 from tf_grpc_bench import trace_summary
-from tf_grpc_bench.errors import UsageError
+from tf_grpc_bench.errors import CaptureError, RunInterrupted, TraceError, UsageError
+from tf_grpc_bench.files import check_writable
 from tf_grpc_bench.models.registry import available_models
 from tf_grpc_bench.profiler import logs
 from tf_grpc_bench.profiler.capture import CaptureResult, capture_training, command_line
 from tf_grpc_bench.profiler.launch.config import SETUPS, TrainingConfig
-from tf_grpc_bench.profiler.launch.hosts import DEFAULT_LAYOUT, LAYOUTS, NetworkRequest
+from tf_grpc_bench.profiler.launch.hosts import (
+    DEFAULT_LAYOUT,
+    LAYOUTS,
+    NetworkRequest,
+    check_network_allowed,
+)
 from tf_grpc_bench.profiler.launch.user_job import (
     DEFAULT_STEP_TIMEOUT_S,
     DEFAULT_TIMEOUT_S,
@@ -32,13 +39,19 @@ from tf_grpc_bench.profiler.userjob import capture_user_job
 _DEFAULT_OUTPUT = "capture.tfgbtrace"
 
 
+#: Largest count flag (steps, batch size, image side): far past what one machine trains.
+MAX_COUNT = 1_000_000
+#: Longest timeout: a week.
+MAX_SECONDS = 7 * 86_400.0
+
+
 def _positive_int(text: str) -> int:
     try:
         value = int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
+    if not 0 <= value <= MAX_COUNT:
+        raise argparse.ArgumentTypeError(f"must be in 0..{MAX_COUNT}, got {value}")
     return value
 
 
@@ -47,9 +60,20 @@ def _seconds(text: str) -> float:
         value = float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected seconds, got {text!r}") from None
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"must be > 0 s, got {text}")
+    if not (math.isfinite(value) and 0 < value <= MAX_SECONDS):
+        raise argparse.ArgumentTypeError(f"must be in (0, {MAX_SECONDS:g}] s, got {text}")
     return value
+
+
+def _check_outputs(args: argparse.Namespace) -> None:
+    """TraceError/CaptureError now, before training, if the trace or the logs could not
+    be written where asked (the trace would be lost after minutes of training)."""
+    check_writable(args.output, error=TraceError, what="trace")
+    if args.workdir is not None:
+        workdir = Path(args.workdir)
+        if workdir.exists() and not workdir.is_dir():
+            raise CaptureError(f"--workdir {workdir}: not a directory")
+        check_writable(workdir / "probe", error=CaptureError, what="task logs")
 
 
 def _add_common(parser: argparse.ArgumentParser) -> None:
@@ -99,7 +123,10 @@ def _network(args: argparse.Namespace) -> NetworkRequest | None:
         if args.layout is not None:
             raise UsageError("--layout places tasks on emulated hosts: give --network too")
         return None
-    return NetworkRequest.parse(args.network, args.layout or DEFAULT_LAYOUT)
+    request = NetworkRequest.parse(args.network, args.layout or DEFAULT_LAYOUT)
+    # Before anything else is checked or started: without root nothing else matters.
+    check_network_allowed(args.recorder)
+    return request
 
 
 def configure_capture(parser: argparse.ArgumentParser) -> None:
@@ -178,20 +205,17 @@ def _report(result: CaptureResult, quiet: bool) -> int:
         f"wrote {result.path}: {len(trace.steps)} steady steps{found}, {rpcs} RPCs in them, "
         f"{len(trace.startup.rpcs)} at start-up" + (" (PARTIAL)" if trace.partial else "")
     )
-    if result.error is not None:
-        error = result.error
-        raise type(error)(f"{error} (partial trace written to {result.path})")
+    error = result.error
+    logs = f"; task logs in {result.logs}" if result.logs is not None else ""
+    if isinstance(error, RunInterrupted):
+        # Ctrl-C, SIGTERM and SIGHUP (the command line's handlers) stop a capture
+        # alike: tasks stopped, partial trace written, exit 128 + signal.
+        raise RunInterrupted(
+            f"{error}; partial trace written to {result.path}{logs}", signum=error.signum
+        )
+    if error is not None:
+        raise type(error)(f"{error} (partial trace written to {result.path}{logs})")
     return 0
-
-
-def _interrupt_on_sigterm() -> None:
-    """SIGTERM stops a capture like Ctrl-C does: tasks stopped, partial trace written,
-    exit status 130 (``errors.RunInterrupted``)."""
-
-    def interrupt(signum: int, frame: object) -> None:
-        raise KeyboardInterrupt
-
-    signal.signal(signal.SIGTERM, interrupt)
 
 
 def run_capture(args: argparse.Namespace) -> int:
@@ -209,9 +233,9 @@ def run_capture(args: argparse.Namespace) -> int:
         step_timeout_s=args.step_timeout,
     )
     network = _network(args)
+    _check_outputs(args)
     logs.configure()
     progress, close = terminal_display(args.quiet, f"capture {args.model}")
-    _interrupt_on_sigterm()
     try:
         result = capture_training(
             config,
@@ -305,9 +329,9 @@ def run_capture_job(args: argparse.Namespace) -> int:
         synchronous=args.synchronous,
     )
     network = _network(args)
+    _check_outputs(args)
     logs.configure()
     progress, close = terminal_display(args.quiet, "capture-job")
-    _interrupt_on_sigterm()
     try:
         result = capture_user_job(
             job,

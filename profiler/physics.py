@@ -142,9 +142,13 @@ class PhysicsReport:
     variables: int
     tolerance: float
     steps: tuple[StepPhysics, ...]
+    #: Why nothing could be checked (the trainable variables are unknown); "" if checked.
+    unchecked_reason: str = ""
 
     @property
     def problems(self) -> list[str]:
+        if self.unchecked_reason:
+            return [f"cannot check: {self.unchecked_reason}"]
         found = [p for step in self.steps for p in step.problems(self.tolerance)]
         if not self.steps:
             found.append("the trace has no steady-state steps")
@@ -232,7 +236,9 @@ def check_physics(
     """Check every steady step of ``trace`` (see the module docstring).
 
     The trainable variables come from ``job_info["variables"]`` when given,
-    else from the trace's metadata.  Raises ValueError if neither has them.
+    else from the trace's metadata.  When neither has them (a ``capture-job``
+    trace: the tool cannot know a user script's variables), the report checks
+    nothing, is not ``ok`` and says why (``unchecked_reason``).
     """
     meta = trace.metadata
     extra = dict(meta.extra)
@@ -241,9 +247,20 @@ def check_physics(
     elif extra.get(VARIABLES_EXTRA):
         keys = decode_variables(extra[VARIABLES_EXTRA])
     else:
-        raise ValueError(
-            "no trainable variables to check against: the trace's metadata has no "
-            f"{VARIABLES_EXTRA!r} and no job.json was given"
+        return PhysicsReport(
+            model=meta.model,
+            strategy=meta.strategy,
+            workers=len(trace.tasks_of_job("worker")),
+            trainable_parameters=0,
+            trainable_bytes=0,
+            variables=0,
+            tolerance=tolerance,
+            steps=(),
+            unchecked_reason=(
+                "the trace does not record the model's trainable variables (a capture-job "
+                "trace cannot: the tool does not see the script's model); pass them as "
+                'check_physics(trace, {"variables": [{"dtype": "float32", "shape": [...]}, ...]})'
+            ),
         )
     variables = Counter(keys)
     trainable_bytes = sum(_variable_bytes(k) for k in keys)

@@ -9,20 +9,35 @@ document and TensorBoard logs into a new run directory.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import math
 import signal
 import sys
 import threading
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from tf_grpc_bench import trace_files
+from tf_grpc_bench import lifetime, trace_files
 from tf_grpc_bench.errors import ConfigError, RunInterrupted, TransportError, UsageError
 from tf_grpc_bench.replay import runner
-from tf_grpc_bench.replay.core.chunking import chunk_workload
-from tf_grpc_bench.replay.core.generators import BufferSizes, GeneratorConfig, GeneratorKind
+from tf_grpc_bench.replay.core.chunking import chunk_count, chunk_workload
+from tf_grpc_bench.replay.core.generators import (
+    MAX_BUFFERS_PER_PAYLOAD,
+    MAX_PAYLOADS,
+    BufferSizes,
+    GeneratorConfig,
+    GeneratorKind,
+)
 from tf_grpc_bench.replay.core.measurement import Benchmark
-from tf_grpc_bench.replay.core.pacing import MAX_COMPUTE_SCALE, Pacing, Timing
+from tf_grpc_bench.replay.core.pacing import (
+    MAX_COMPUTE_SCALE,
+    OPEN_LOOP_MAX_IN_FLIGHT,
+    Pacing,
+    Timing,
+)
 from tf_grpc_bench.replay.core.workload import (
+    Call,
     Mode,
     Workload,
     parse_pair,
@@ -30,17 +45,28 @@ from tf_grpc_bench.replay.core.workload import (
     trace_workload,
 )
 from tf_grpc_bench.replay.network import cli as network_cli
+from tf_grpc_bench.replay.output.machine import available_memory_bytes
 from tf_grpc_bench.replay.placement import role
 from tf_grpc_bench.replay.runner import ReplayRequest, default_rpc, default_window
 from tf_grpc_bench.replay.transport import grpc_settings
 from tf_grpc_bench.replay.transport.client import parse_target
-from tf_grpc_bench.replay.transport.loop import INTERRUPTED_REASON, NS_PER_S, ProgressEvent, RunPlan
+from tf_grpc_bench.replay.transport.loop import (
+    INTERRUPTED_PREFIX,
+    NS_PER_S,
+    ProgressEvent,
+    RunPlan,
+)
 from tf_grpc_bench.replay.transport.server import DEFAULT_PORT, serve_until
-from tf_grpc_bench.replay.transport.wire import RpcKind, ServerSettings
+from tf_grpc_bench.replay.transport.wire import RpcKind, ServerSettings, read_token_file
 from tf_grpc_bench.sizes import SizeCategory, parse_size
 
 #: Server threads left for control calls when streams hold the others.
 STREAM_THREADS_KEPT_FREE = 4
+#: Most calls one pass of a chunked workload may become (each call is an object in memory).
+MAX_CALLS_PER_PASS = 1_000_000
+#: Copies of a message one host holds while it travels on loopback: the sender's,
+#: gRPC's and the receiver's.
+MESSAGE_COPIES = 3
 #: Benchmarks in the order ``--benchmark all`` runs them.
 ALL_BENCHMARKS = (Benchmark.P2P_LATENCY, Benchmark.P2P_BANDWIDTH, Benchmark.PS_THROUGHPUT)
 DEFAULT_OUTPUT_DIR = "runs"
@@ -50,15 +76,25 @@ DEFAULT_OUTPUT_DIR = "runs"
 # Shared flag parsing.
 
 
-def _positive_int(flag: str, value: int | None) -> None:
-    if value is not None and value < 1:
-        raise ConfigError(f"{flag} must be >= 1, got {value}")
+#: Longest warm-up or measured run: a week.
+MAX_RUN_S = 7 * 86_400.0
+#: Longest call deadline or wait for servers: a day.
+MAX_WAIT_S = 86_400.0
+#: Most runs, steps or passes a replay is asked for (beyond, a typo).
+MAX_COUNT = 10**9
 
 
-def _seconds(flag: str, value: float, *, allow_zero: bool) -> int:
-    if value != value or value < 0 or (value == 0 and not allow_zero):
-        bound = ">= 0" if allow_zero else "> 0"
-        raise ConfigError(f"{flag} must be {bound} seconds, got {value:g}")
+def _positive_int(flag: str, value: int | None, maximum: int = MAX_COUNT) -> None:
+    if value is not None and not 1 <= value <= maximum:
+        raise ConfigError(f"{flag} must be in 1..{maximum}, got {value}")
+
+
+def _seconds(flag: str, value: float, *, allow_zero: bool, maximum: float = MAX_WAIT_S) -> int:
+    """Seconds as ns; ConfigError unless finite and in [0 or >0, ``maximum``]."""
+    low = value >= 0 if allow_zero else value > 0
+    if not (math.isfinite(value) and low and value <= maximum):
+        bound = "[0" if allow_zero else "(0"
+        raise ConfigError(f"{flag} must be in {bound}, {maximum:g}] seconds, got {value:g}")
     return round(value * NS_PER_S)
 
 
@@ -67,6 +103,11 @@ def _size(flag: str, text: str) -> int:
         return parse_size(text)
     except ValueError as error:
         raise ConfigError(f"{flag}: {error}") from None
+
+
+def _token(args: argparse.Namespace) -> str | None:
+    """The control-call token of ``--token-file``, if given (never printed)."""
+    return None if args.token_file is None else read_token_file(args.token_file)
 
 
 # --------------------------------------------------------------------------
@@ -98,6 +139,20 @@ def configure_serve(parser: argparse.ArgumentParser) -> None:
         metavar="N",
         help="run N ps servers, each its own process, on ports PORT..PORT+N-1 (default 1)",
     )
+    parser.add_argument(
+        "--max-response",
+        default=None,
+        metavar="SIZE",
+        help="largest response a client may ask for, e.g. 512MB; larger requests are refused "
+        "before anything is allocated (default: --max-message-size)",
+    )
+    parser.add_argument(
+        "--token-file",
+        default=None,
+        metavar="FILE",
+        help="refuse statistics and reset calls that do not carry the token in FILE "
+        "(give clients the same file: replay --token-file); payload calls need none",
+    )
     grpc_settings.add_grpc_flags(parser)
 
 
@@ -110,7 +165,7 @@ def _serving_hosts(host: str) -> tuple[str, ...]:
 
 
 def run_serve(args: argparse.Namespace) -> int:
-    _positive_int("--servers", args.servers)
+    _positive_int("--servers", args.servers, runner.MAX_LOCAL_PROCESSES)
     if not 0 <= args.port <= 65535:
         raise ConfigError(f"--port must be in 0..65535, got {args.port}")
     if args.servers > 1 and args.port == 0:
@@ -122,14 +177,26 @@ def run_serve(args: argparse.Namespace) -> int:
 
         directory = Path(args.tls_dir) if args.tls_dir else None
         tls_material = tls.ensure_material(directory, hosts=_serving_hosts(args.host))
-    server_settings = grpc_settings.server_settings(settings, tls_material)
+    server_settings = replace(
+        grpc_settings.server_settings(settings, tls_material),
+        max_response_bytes=(
+            None if args.max_response is None else _size("--max-response", args.max_response)
+        ),
+        control_token=_token(args),
+    )
     ports = [args.port + i for i in range(args.servers)]
     if ports[-1] > 65535:
         raise ConfigError(f"--port {args.port} + --servers {args.servers} goes past port 65535")
     stop = threading.Event()
-    # Ctrl-C and SIGTERM both stop gracefully (a background job may ignore SIGINT).
-    for number in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(number, lambda *_: stop.set())
+    stopped_by: list[int] = []
+
+    def stop_serving(signum: int, _frame: object) -> None:
+        stopped_by.append(signum)
+        stop.set()
+
+    # Ctrl-C, SIGTERM and SIGHUP all stop gracefully (a background job may ignore SIGINT).
+    for number in lifetime.STOP_SIGNALS:
+        signal.signal(number, stop_serving)
     summary = serve_until(
         stop,
         mode=Mode(args.mode),
@@ -139,6 +206,9 @@ def run_serve(args: argparse.Namespace) -> int:
         announce=lambda line: print(line, flush=True),
     )
     print(summary, flush=True)
+    if stopped_by:
+        name = lifetime.signal_name(stopped_by[0])
+        raise RunInterrupted(f"interrupted ({name}); servers stopped", signum=stopped_by[0])
     return 0
 
 
@@ -304,6 +374,12 @@ def _add_where_flags(parser: argparse.ArgumentParser) -> None:
         metavar="HOST:PORT[,...]",
         help="ps servers already running (tf-grpc-bench serve), in ps order "
         "(default: start servers on loopback)",
+    )
+    where.add_argument(
+        "--token-file",
+        default=None,
+        metavar="FILE",
+        help="the token the servers' statistics and reset calls need (serve --token-file FILE)",
     )
     where.add_argument(
         "--network-name",
@@ -472,8 +548,14 @@ def build_request(args: argparse.Namespace) -> ReplayRequest:
     benchmarks = _parse_benchmarks(args.benchmark)
     trace_path = _resolve_trace(args)
     mode = Mode(args.mode)
+    limits = {
+        "buffers": MAX_BUFFERS_PER_PAYLOAD,
+        "payloads": MAX_PAYLOADS,
+        "ps": runner.MAX_LOCAL_PROCESSES,
+        "workers": runner.MAX_LOCAL_PROCESSES,
+    }
     for name in ("buffers", "payloads", "ps", "workers", "runs", "steps", "passes"):
-        _positive_int(f"--{name}", getattr(args, name))
+        _positive_int(f"--{name}", getattr(args, name), limits.get(name, MAX_COUNT))
     if args.outstanding is not None:
         _positive_int("--outstanding", args.outstanding)
     plan = _run_plan(args)
@@ -502,11 +584,13 @@ def build_request(args: argparse.Namespace) -> ReplayRequest:
         workloads = _trace_workloads(args, trace_path, benchmarks, mode)
         config["workload"] = "trace"
         config["trace"] = str(trace_path)
+    _check_processes(workloads, local_servers=targets is None)
     workloads = _fitted_to_messages(workloads, settings)
     rpcs = tuple(_rpc(args, workload) for workload in workloads)
     _check_stream_threads(workloads, rpcs, settings)
     pacings = tuple(_pacing(args, w, rpc) for w, rpc in zip(workloads, rpcs, strict=True))
     _check_target_count(targets, workloads)
+    _check_memory(workloads, pacings, available_memory_bytes())
     return ReplayRequest(
         benchmarks=benchmarks,
         trace_path=trace_path,
@@ -519,13 +603,17 @@ def build_request(args: argparse.Namespace) -> ReplayRequest:
         grpc=settings,
         config=config,
         grpc_parameters=dict(grpc_parameters),
+        control_token=_token(args),
     )
 
 
 def _run_plan(args: argparse.Namespace) -> RunPlan:
-    warmup_ns = _seconds("--warmup", args.warmup, allow_zero=True)
+    warmup_ns = _seconds("--warmup", args.warmup, allow_zero=True, maximum=MAX_RUN_S)
     duration_ns = _seconds(
-        "--duration", args.duration if args.duration is not None else 10.0, allow_zero=False
+        "--duration",
+        args.duration if args.duration is not None else 10.0,
+        allow_zero=False,
+        maximum=MAX_RUN_S,
     )
     deadline = _seconds("--deadline", args.deadline, allow_zero=False) / NS_PER_S
     connect = _seconds("--connect-timeout", args.connect_timeout, allow_zero=False) / NS_PER_S
@@ -592,15 +680,90 @@ def _trace_workloads(
     ]
 
 
+def _check_processes(workloads: list[Workload], *, local_servers: bool) -> None:
+    """ConfigError if a workload needs more processes here than ``MAX_LOCAL_PROCESSES``."""
+    limit = runner.MAX_LOCAL_PROCESSES
+    for workload in workloads:
+        if workload.benchmark is Benchmark.PS_THROUGHPUT and workload.worker_count > limit:
+            raise ConfigError(
+                f"the {workload.source} workload has {workload.worker_count} workers, each a "
+                f"process of its own: at most {limit} on one host"
+            )
+        if local_servers and workload.server_count > limit:
+            raise ConfigError(
+                f"the {workload.source} workload needs {workload.server_count} ps servers, each "
+                f"a process of its own: at most {limit} on one host (or give --target)"
+            )
+
+
 def _fitted_to_messages(
     workloads: list[Workload], settings: grpc_settings.GrpcSettings
 ) -> list[Workload]:
-    """The workloads chunked as ``--chunk-size`` says; ConfigError if a payload cannot be sent."""
+    """The workloads chunked as ``--chunk-size`` says; ConfigError if a payload cannot be
+    sent, or if chunks would be too many to make."""
     if settings.chunk_bytes:
+        for workload in workloads:
+            count = sum(chunk_count(call, settings.chunk_bytes) for call in workload.calls)
+            if count > MAX_CALLS_PER_PASS:
+                raise ConfigError(
+                    f"--chunk-size {settings.chunk_bytes}: the {workload.benchmark.value} "
+                    f"workload would become {count} calls (at most {MAX_CALLS_PER_PASS}); "
+                    "use a larger --chunk-size"
+                )
         workloads = [chunk_workload(workload, settings) for workload in workloads]
     for workload in workloads:
         settings.check_payload(max(call.payload_bytes for call in workload.calls))
     return workloads
+
+
+def in_flight_bytes(workload: Workload, pacing: Pacing) -> tuple[int, int]:
+    """The most message bytes (both ways) ``workload`` can have in flight at once under
+    ``pacing``'s window, over all its workers; and the step where that happens."""
+    worst, worst_step = 0, 0
+    for step in workload.steps:
+        groups: dict[tuple[int, int], list[Call]] = {}
+        for call in step.calls:
+            # The recorded window holds calls per (worker, server); the others per worker.
+            server = call.server_index if _recorded_window(pacing) else 0
+            groups.setdefault((call.worker_index, server), []).append(call)
+        total = 0
+        for calls in groups.values():
+            sizes = sorted((c.request_bytes + c.response_bytes for c in calls), reverse=True)
+            if pacing.window is not None:
+                at_once = pacing.window
+            elif _recorded_window(pacing):
+                at_once = 1 + max(c.outstanding_at_start for c in calls)
+            else:
+                at_once = OPEN_LOOP_MAX_IN_FLIGHT
+            total += sum(sizes[:at_once])
+        if total > worst:
+            worst, worst_step = total, step.index
+    return worst, worst_step
+
+
+def _recorded_window(pacing: Pacing) -> bool:
+    return pacing.window is None and pacing.timing not in (Timing.RATE, Timing.DEPENDENCIES)
+
+
+def _check_memory(
+    workloads: list[Workload], pacings: tuple[Pacing, ...], available_bytes: int
+) -> None:
+    """ConfigError, before anything is allocated, if the messages a workload can have in
+    flight (times the copies a host holds of each) do not fit in the available memory."""
+    if available_bytes <= 0:
+        return
+    for workload, pacing in zip(workloads, pacings, strict=True):
+        in_flight, step = in_flight_bytes(workload, pacing)
+        needed = in_flight * MESSAGE_COPIES
+        if needed > available_bytes:
+            where = "" if workload.source == "synthetic" else f" (trace step {step})"
+            raise ConfigError(
+                f"the {workload.benchmark.value} workload can have {in_flight / 1e9:.2f} GB of "
+                f"messages in flight at once{where}; with the copies sender, gRPC and receiver "
+                f"hold that needs about {needed / 1e9:.1f} GB, more than the "
+                f"{available_bytes / 1e9:.1f} GB of memory this machine has available "
+                "(smaller messages, fewer workers or a smaller --outstanding)"
+            )
 
 
 def _check_stream_threads(
@@ -658,24 +821,24 @@ def run_replay(args: argparse.Namespace) -> int:
     from tf_grpc_bench.replay.output import report
 
     request = build_request(args)
-    run_directory: Path | None = None
+    # Made (and so checked writable) before anything is measured.
+    base_existed = Path(args.output_dir).exists()
+    run_directory = results.new_run_directory(args.output_dir, runner.run_label(request))
     tls_dir: Path | None = None
     if request.grpc.tls:
-        run_directory = results.new_run_directory(args.output_dir, runner.run_label(request))
         tls_dir = Path(args.tls_dir) if args.tls_dir else run_directory / "tls"
     progress = _Progress(
         len(request.workloads) * request.plan.runs,
         enabled=not args.quiet and sys.stderr.isatty(),
     )
     try:
-        measured, targets, _local = runner.execute(request, tls_dir=tls_dir, on_progress=progress)
-    finally:
-        progress.close()
-    if run_directory is None:
-        run_directory = results.new_run_directory(args.output_dir, runner.run_label(request))
-    document = runner.record(
-        request, measured, targets, run_directory, network_name=args.network_name
-    )
+        with contextlib.closing(progress):
+            executed = runner.execute(request, tls_dir=tls_dir, on_progress=progress)
+    except BaseException:
+        # Nothing was measured: leave no empty run directory behind.
+        results.discard_run_directory(run_directory, base_existed=base_existed)
+        raise
+    document = runner.record(request, executed, run_directory, network_name=args.network_name)
     if not args.quiet:
         print(report.format_table(document))
     print(f"results: {run_directory / results.RESULTS_FILE_NAME}")
@@ -683,13 +846,24 @@ def run_replay(args: argparse.Namespace) -> int:
     if timelines.is_dir():
         print(f"timeline: {timelines}/ (Perfetto, chrome://tracing; TensorBoard's Profile tab)")
     print(f"view:    tensorboard --logdir {args.output_dir}")
-    if document.partial and INTERRUPTED_REASON in document.partial_reason:
-        raise RunInterrupted(f"interrupted; partial results written to {run_directory}")
-    if document.partial:
-        raise TransportError(
-            f"stopped early, partial results written to {run_directory}: {document.partial_reason}"
-        )
+    _raise_if_partial(document.partial, document.partial_reason, run_directory)
     return 0
+
+
+def _raise_if_partial(partial: bool, reason: str, run_directory: Path) -> None:
+    """RunInterrupted (exit 128 + signal) or TransportError for a partial replay."""
+    if not partial:
+        return
+    signum = lifetime.stop_signal()
+    if signum is None and INTERRUPTED_PREFIX in reason:
+        signum = signal.SIGINT
+    if signum is not None:
+        raise RunInterrupted(
+            f"interrupted ({lifetime.signal_name(signum)}); partial results written to "
+            f"{run_directory}",
+            signum=signum,
+        )
+    raise TransportError(f"stopped early, partial results written to {run_directory}: {reason}")
 
 
 # --------------------------------------------------------------------------

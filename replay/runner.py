@@ -19,10 +19,10 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from tf_grpc_bench import trace_files
+from tf_grpc_bench import lifetime, trace_files
 from tf_grpc_bench.errors import ConfigError, TransportError
 from tf_grpc_bench.replay.core.measurement import (
     Benchmark,
@@ -36,17 +36,23 @@ from tf_grpc_bench.replay.output import document as results
 from tf_grpc_bench.replay.transport import grpc_settings
 from tf_grpc_bench.replay.transport.client import Driver, ReplayClient
 from tf_grpc_bench.replay.transport.loop import (
-    INTERRUPTED_REASON,
     ProgressCallback,
     ProgressEvent,
     RunPlan,
     WorkerLoop,
     failed_run,
+    interrupted_reason,
+    interrupted_run,
     open_clients,
     run_each,
 )
 from tf_grpc_bench.replay.transport.server import LocalServers
-from tf_grpc_bench.replay.transport.wire import ChannelSettings, RpcKind, ServerSettings
+from tf_grpc_bench.replay.transport.wire import (
+    ChannelSettings,
+    RpcKind,
+    ServerSettings,
+    new_session_id,
+)
 
 # --------------------------------------------------------------------------
 # Benchmarks.
@@ -55,6 +61,9 @@ from tf_grpc_bench.replay.transport.wire import ChannelSettings, RpcKind, Server
 #: Messages in flight on a stream for synthetic P2P bandwidth (measured in
 #: ``docs/performance.md``).
 STREAMING_BANDWIDTH_WINDOW = 1
+#: Most processes a replay starts on this host for one benchmark: ps servers (one
+#: each) and PS-throughput workers (one each).  Beyond, a typo or a hostile trace.
+MAX_LOCAL_PROCESSES = 64
 
 
 def default_window(workload: Workload, rpc: RpcKind = RpcKind.UNARY) -> int | None:
@@ -110,8 +119,9 @@ def measure_point_to_point(
     runs: list[RunMeasurement] = []
     try:
         _measure_runs(workload, clients, loop, plan, runs, on_progress)
-    except KeyboardInterrupt:
-        runs.append(failed_run(len(runs), INTERRUPTED_REASON))
+    except KeyboardInterrupt as interrupt:
+        # Between runs or in the warm-up: a measured run keeps its calls itself.
+        runs.append(interrupted_run(len(runs), interrupt))
     return tuple(runs)
 
 
@@ -157,10 +167,15 @@ def run_benchmark(
 
     Checks every server first (reachable, same mode): ``TransportError`` or
     ``ConfigError`` if not.  A failure after that yields a partial result.
+    The benchmark's calls form one client session of their own on the servers
+    (``settings.session``, made here when empty), so servers shared with other
+    clients count this benchmark's calls apart.
     """
     plan = plan or RunPlan()
     pacing = pacing or default_pacing(workload)
     settings = settings or ChannelSettings()
+    if not settings.session:
+        settings = replace(settings, session=new_session_id())
     if workload.source == "synthetic" and (plan.steps is not None or plan.passes is not None):
         raise ConfigError("--steps/--passes apply to trace replays, not to --synthetic workloads")
     if workload.source == "synthetic" and pacing.timing is Timing.RECORDED:
@@ -186,6 +201,7 @@ def run_benchmark(
     finally:
         for client in clients.values():
             client.close()
+    shared_with = max(client.other_sessions_seen for client in clients.values())
     partial_runs = [run for run in runs if run.partial]
     all_parameters: dict[str, str | int | float | bool] = {
         "mode": workload.mode.value,
@@ -196,6 +212,8 @@ def run_benchmark(
         "rpc": rpc_used(workload, settings.rpc).value,
         **workload.parameters(),
         **plan.parameters(),
+        # Other clients' sessions the servers served meanwhile: their CPU time is shared.
+        "server_other_sessions": shared_with,
     }
     if pacing.timing is Timing.RATE:
         all_parameters["rate_per_s"] = pacing.rate_per_s
@@ -211,6 +229,7 @@ def run_benchmark(
         runs=runs,
         partial=bool(partial_runs),
         partial_reason=partial_runs[0].partial_reason if partial_runs else "",
+        inexact_sizes=workload.inexact_sizes,
     )
 
 
@@ -235,6 +254,8 @@ class ReplayRequest:
     config: dict[str, str | int | float | bool]
     #: The gRPC settings as result parameters.
     grpc_parameters: dict[str, str | int | float | bool]
+    #: The servers' control-call token (``--token-file``); never recorded.
+    control_token: str | None = field(default=None, repr=False)
 
 
 def run_label(request: ReplayRequest) -> str:
@@ -257,15 +278,31 @@ def replay_servers(
         yield tuple(servers.targets), True
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Executed:
+    """What ``execute`` measured, against which targets."""
+
+    results: tuple[BenchmarkResult, ...]
+    targets: tuple[str, ...]
+    #: Whether the targets were servers started here.
+    local: bool
+    #: Why the replay stopped between benchmarks when no result says so itself
+    #: (a stop signal after one benchmark ended); "" otherwise.
+    stopped_reason: str = ""
+
+
 def execute(
     request: ReplayRequest,
     *,
     tls_dir: Path | None = None,
     on_progress: ProgressCallback | None = None,
-) -> tuple[list[BenchmarkResult], tuple[str, ...], bool]:
-    """Run the requested benchmarks; returns the results, the targets and whether they were local.
+) -> Executed:
+    """Run the requested benchmarks against the given targets or servers started here.
 
     Stops after a benchmark that ended partial (its servers are likely gone).
+    A stop signal (``KeyboardInterrupt``) ends the benchmark under way with
+    what it measured; one between benchmarks keeps those done, and one before
+    anything was measured propagates.
     """
     material = None
     if request.grpc.tls:
@@ -273,32 +310,50 @@ def execute(
         from tf_grpc_bench.replay.transport import tls
 
         material = tls.ensure_material(tls_dir)
-    channel_settings = grpc_settings.channel_settings(request.grpc, material)
-    server_settings = grpc_settings.server_settings(request.grpc, material)
+    channel_settings = replace(
+        grpc_settings.channel_settings(request.grpc, material),
+        control_token=request.control_token,
+    )
+    server_settings = replace(
+        grpc_settings.server_settings(request.grpc, material),
+        control_token=request.control_token,
+    )
     measured: list[BenchmarkResult] = []
-    with replay_servers(request, server_settings) as (targets, local):
-        for workload, pacing, rpc in zip(
-            request.workloads, request.pacings, request.rpcs, strict=True
-        ):
-            result = run_benchmark(
-                workload,
-                targets,
-                pacing=pacing,
-                plan=request.plan,
-                settings=replace(channel_settings, rpc=rpc),
-                parameters=request.grpc_parameters,
-                on_progress=on_progress,
-            )
-            measured.append(result)
-            if result.partial:
-                break
-    return measured, targets, local
+    targets: tuple[str, ...] = ()
+    local = False
+    try:
+        with replay_servers(request, server_settings) as (targets, local):
+            for workload, pacing, rpc in zip(
+                request.workloads, request.pacings, request.rpcs, strict=True
+            ):
+                result = run_benchmark(
+                    workload,
+                    targets,
+                    pacing=pacing,
+                    plan=request.plan,
+                    settings=replace(channel_settings, rpc=rpc),
+                    parameters=request.grpc_parameters,
+                    on_progress=on_progress,
+                )
+                measured.append(result)
+                if result.partial:
+                    break
+    except KeyboardInterrupt as interrupt:
+        if not measured:
+            raise
+        reason = interrupted_reason(lifetime.signal_of(interrupt))
+        return Executed(
+            results=tuple(measured),
+            targets=targets,
+            local=local,
+            stopped_reason=f"{reason} after {measured[-1].benchmark.value}",
+        )
+    return Executed(results=tuple(measured), targets=targets, local=local)
 
 
 def record(
     request: ReplayRequest,
-    measured: Sequence[BenchmarkResult],
-    targets: Sequence[str],
+    executed: Executed,
     run_directory: Path,
     *,
     network_name: str = "",
@@ -307,17 +362,24 @@ def record(
 
     The timelines (``output.timeline``): each benchmark's first measured steps
     next to the trace's, as trace-event JSON in ``<run>/timeline/`` and for
-    TensorBoard's Profile tab.
+    TensorBoard's Profile tab.  Stop signals wait until all are written
+    (``lifetime.deferred_signals``).
     """
     # The TensorBoard writer is imported only when there is something to write.
     from tf_grpc_bench.replay.output import tensorboard, timeline
 
-    network = netinfo.describe_network(targets, name=network_name)
-    document = results.build_document(
-        measured, config=request.config, trace_path=request.trace_path, network=network
-    )
-    results.write_document(document, run_directory / results.RESULTS_FILE_NAME)
-    tensorboard.write_run(document, run_directory)
-    trace = None if request.trace_path is None else trace_files.read_trace(request.trace_path)
-    timeline.write_run_timelines(document, run_directory, trace)
+    with lifetime.deferred_signals():
+        network = netinfo.describe_network(executed.targets, name=network_name)
+        document = results.build_document(
+            executed.results, config=request.config, trace_path=request.trace_path, network=network
+        )
+        if executed.stopped_reason:
+            reasons = (document.partial_reason, executed.stopped_reason)
+            document = replace(
+                document, partial=True, partial_reason="; ".join(r for r in reasons if r)
+            )
+        results.write_document(document, run_directory / results.RESULTS_FILE_NAME)
+        tensorboard.write_run(document, run_directory)
+        trace = None if request.trace_path is None else trace_files.read_trace(request.trace_path)
+        timeline.write_run_timelines(document, run_directory, trace)
     return document

@@ -15,29 +15,32 @@ from __future__ import annotations
 import contextlib
 import multiprocessing
 import multiprocessing.connection
+import os
 import signal
 import threading
 import time
 import traceback
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
 
+from tf_grpc_bench import lifetime
 from tf_grpc_bench.errors import TransportError
 from tf_grpc_bench.replay.core.measurement import SAMPLE_COLUMNS, CallSample, RunMeasurement
 from tf_grpc_bench.replay.core.pacing import Pacing
 from tf_grpc_bench.replay.core.workload import Workload
 from tf_grpc_bench.replay.transport.client import Driver, ReplayClient
 from tf_grpc_bench.replay.transport.loop import (
-    INTERRUPTED_REASON,
     ProgressCallback,
     ProgressEvent,
     RunPlan,
     WorkerLoop,
     WorkerOutcome,
     failed_run,
+    interrupted_reason,
+    interrupted_run,
     run_each,
 )
 from tf_grpc_bench.replay.transport.wire import ChannelSettings
@@ -46,6 +49,10 @@ from tf_grpc_bench.replay.transport.wire import ChannelSettings
 START_MARGIN_NS = 300_000_000
 #: How often the parent checks that workers are alive while waiting.
 POLL_S = 0.5
+#: What the parent sends its workers to end a measured run early (on a stop signal).
+INTERRUPT_SIGNAL = signal.SIGUSR1
+#: How long the parent waits for interrupted workers' calls so far, past the call deadline.
+INTERRUPT_GRACE_S = 5.0
 
 
 def pack_samples(samples: Sequence[CallSample]) -> np.ndarray:
@@ -97,16 +104,45 @@ class RoundBarrier:
         self._barrier.abort()
 
 
+class _RunInterrupt:
+    """``INTERRUPT_SIGNAL`` ends a worker's measured run (and only that) early."""
+
+    def __init__(self) -> None:
+        self.measuring = False
+        signal.signal(INTERRUPT_SIGNAL, self._handle)
+
+    def _handle(self, _signum: int, _frame: object) -> None:
+        if self.measuring:
+            raise KeyboardInterrupt
+
+    def measure(self, loop: WorkerLoop, command: tuple[Any, ...]) -> WorkerOutcome:
+        _, start_monotonic_ns, duration_ns, step_count = command
+        begin = time.perf_counter_ns() + (start_monotonic_ns - time.monotonic_ns())
+        self.measuring = True
+        try:
+            return loop.measure(begin_ns=begin, duration_ns=duration_ns, step_count=step_count)
+        finally:
+            self.measuring = False
+
+
 def _worker_main(
-    connection: multiprocessing.connection.Connection, spec: WorkerSpec, barrier: Any = None
+    connection: multiprocessing.connection.Connection,
+    spec: WorkerSpec,
+    barrier: Any = None,
+    parent_pid: int = 0,
 ) -> None:
     """A worker process: build channels and requests, then obey the parent's commands.
 
     Commands: ("warmup", ns) -> ("warm",); ("run", start_monotonic_ns, duration_ns,
     steps) -> ("result", ...); ("stop",) ends.  Setup failures -> ("error", message).
+    ``INTERRUPT_SIGNAL`` ends a measured run early: its result holds the calls so far.
     """
-    # Ctrl-C reaches the whole process group: the parent handles it and stops the workers.
+    lifetime.die_with_parent(parent_pid)
+    # Ctrl-C and a hang-up reach the whole process group: the parent handles them
+    # (and interrupts the workers' run itself).
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    interrupt = _RunInterrupt()
     clients: dict[int, ReplayClient] = {}
     try:
         clients = {
@@ -134,11 +170,7 @@ def _worker_main(
                 except TransportError as error:
                     connection.send(("warm", f"during warm-up: {error}"))
             elif command[0] == "run":
-                _, start_monotonic_ns, duration_ns, step_count = command
-                begin = time.perf_counter_ns() + (start_monotonic_ns - time.monotonic_ns())
-                outcome = loop.measure(
-                    begin_ns=begin, duration_ns=duration_ns, step_count=step_count
-                )
+                outcome = interrupt.measure(loop, command)
                 connection.send(
                     (
                         "result",
@@ -177,7 +209,7 @@ class _WorkerProcesses:
             parent_end, child_end = context.Pipe()
             process = context.Process(
                 target=_worker_main,
-                args=(child_end, spec, self.barrier),
+                args=(child_end, spec, self.barrier, os.getpid()),
                 name=f"tf-grpc-bench-worker-{spec.worker_index}",
                 daemon=True,
             )
@@ -214,6 +246,13 @@ class _WorkerProcesses:
         if message[0] == "error":
             raise TransportError(str(message[1]))
         return message
+
+    def interrupt(self) -> None:
+        """End the workers' measured run now; each still sends what it measured."""
+        for process in self.processes:
+            if process.is_alive() and process.pid is not None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(process.pid, INTERRUPT_SIGNAL)
 
     def stop(self) -> None:
         for connection in self.connections:
@@ -259,8 +298,9 @@ def measure_throughput(
     runs: list[RunMeasurement] = []
     try:
         _measure_runs(workers, len(specs), workload, clients, plan, runs, notify)
-    except KeyboardInterrupt:
-        runs.append(failed_run(len(runs), INTERRUPTED_REASON))
+    except KeyboardInterrupt as interrupt:
+        # Between runs or in the warm-up: a measured run keeps its calls itself.
+        runs.append(interrupted_run(len(runs), interrupt))
     finally:
         workers.stop()
     return tuple(runs)
@@ -294,37 +334,63 @@ def _measure_runs(
     def one_run() -> list[WorkerOutcome]:
         start = time.monotonic_ns() + START_MARGIN_NS
         workers.send_all(("run", start, plan.duration_ns, plan.steps_per_run(workload)))
-        outcomes = []
-        for index in range(worker_count):
-            try:
-                message = workers.receive(index)
-            except TransportError as error:
-                outcomes.append(
-                    WorkerOutcome(
-                        samples=(),
-                        step_times_ns=(),
-                        elapsed_ns=max(time.monotonic_ns() - start, 1),
-                        cpu_ns=0,
-                        partial=True,
-                        partial_reason=str(error),
-                    )
-                )
-                continue
-            _, packed, step_times, step_compute, elapsed, cpu, reason = message
-            assert isinstance(packed, np.ndarray)
-            assert isinstance(step_times, tuple) and isinstance(step_compute, tuple)
-            assert isinstance(elapsed, int) and isinstance(cpu, int)
-            outcomes.append(
-                WorkerOutcome(
-                    samples=unpack_samples(packed),
-                    step_times_ns=step_times,
-                    step_compute_ns=step_compute,
-                    elapsed_ns=elapsed,
-                    cpu_ns=cpu,
-                    partial=reason is not None,
-                    partial_reason=str(reason or ""),
-                )
-            )
-        return outcomes
+        return _run_outcomes(workers, worker_count, start, plan)
 
     run_each(workload, clients, plan, runs, notify, one_run)
+
+
+def _run_outcomes(
+    workers: _WorkerProcesses, worker_count: int, start: int, plan: RunPlan
+) -> list[WorkerOutcome]:
+    """Every worker's outcome of the run begun at ``start`` (monotonic ns).
+
+    A stop signal while waiting interrupts the workers' run: each sends the
+    calls it completed, and the run is kept, marked partial.  A second signal
+    gives up waiting.
+    """
+    outcomes: list[WorkerOutcome] = []
+    interrupted: KeyboardInterrupt | None = None
+    timeout_s: float | None = None
+    while len(outcomes) < worker_count:
+        try:
+            outcomes.append(_receive_outcome(workers, len(outcomes), start, timeout_s))
+        except KeyboardInterrupt as interrupt:
+            if interrupted is not None:
+                raise
+            interrupted = interrupt
+            timeout_s = min(plan.deadline_s, INTERRUPT_GRACE_S) + INTERRUPT_GRACE_S
+            workers.interrupt()
+    if interrupted is None:
+        return outcomes
+    reason = interrupted_reason(lifetime.signal_of(interrupted))
+    return [replace(outcome, partial=True, partial_reason=reason) for outcome in outcomes]
+
+
+def _receive_outcome(
+    workers: _WorkerProcesses, index: int, start: int, timeout_s: float | None
+) -> WorkerOutcome:
+    """Worker ``index``'s outcome of a run; an empty partial one if it failed or died."""
+    try:
+        message = workers.receive(index, timeout_s)
+    except TransportError as error:
+        return WorkerOutcome(
+            samples=(),
+            step_times_ns=(),
+            elapsed_ns=max(time.monotonic_ns() - start, 1),
+            cpu_ns=0,
+            partial=True,
+            partial_reason=str(error),
+        )
+    _, packed, step_times, step_compute, elapsed, cpu, reason = message
+    assert isinstance(packed, np.ndarray)
+    assert isinstance(step_times, tuple) and isinstance(step_compute, tuple)
+    assert isinstance(elapsed, int) and isinstance(cpu, int)
+    return WorkerOutcome(
+        samples=unpack_samples(packed),
+        step_times_ns=step_times,
+        step_compute_ns=step_compute,
+        elapsed_ns=elapsed,
+        cpu_ns=cpu,
+        partial=reason is not None,
+        partial_reason=str(reason or ""),
+    )

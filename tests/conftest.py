@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -12,6 +13,47 @@ from tf_grpc_bench import trace_files
 from tf_grpc_bench.profiler.recorders.calls import RecordedCall
 from tf_grpc_bench.replay.core.workload import Workload
 from tf_grpc_bench.trace import RECV_TENSOR, Rpc, RunMetadata, Step, Task, TensorInfo, Trace
+
+TESTS = Path(__file__).resolve().parent
+
+
+def _runs_the_whole_suite(config: pytest.Config) -> bool:
+    """True for ``python -m pytest`` as CI runs it: every test, no selection."""
+    named = config.args_source is pytest.Config.ArgsSource.ARGS and any(
+        Path(argument).resolve() != TESTS for argument in config.args
+    )
+    option = config.option
+    chosen = any(
+        getattr(option, name, None) for name in ("markexpr", "keyword", "deselect", "lf", "maxfail")
+    )
+    return not named and not chosen
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Coverage's floor (``fail_under`` in pyproject.toml) is for the whole suite: a run of
+    some tests still prints coverage but is not held to it."""
+    plugin = config.pluginmanager.getplugin("_cov")
+    if plugin is not None and not _runs_the_whole_suite(config):
+        plugin.options.cov_fail_under = None
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Tests marked ``netns`` make network namespaces: without root they skip, saying why."""
+    del config
+    if os.geteuid() == 0:
+        return
+    skip = pytest.mark.skip(
+        reason="needs root: makes network namespaces (CI runs as root; run the suite with sudo)"
+    )
+    for item in items:
+        if item.get_closest_marker("netns") is not None:
+            item.add_marker(skip)
+
+
+def environment_without_coverage() -> dict[str, str]:
+    """This environment, less coverage's: for a process that gives up root and so could not
+    write its coverage data (it would say so on stderr, which these tests read)."""
+    return {k: v for k, v in os.environ.items() if not k.startswith("COVERAGE_")}
 
 
 def make_trace(

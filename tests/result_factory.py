@@ -17,6 +17,7 @@ from tf_grpc_bench.replay.core.measurement import (
     Benchmark,
     BenchmarkResult,
     CallSample,
+    InexactSizes,
     RunMeasurement,
 )
 from tf_grpc_bench.replay.output.document import ResultDocument, TraceInfo, build_document
@@ -176,6 +177,13 @@ def golden_document() -> ResultDocument:
         runs=(*throughput.runs[:-1], last),
         partial=True,
         partial_reason="server 1 stopped answering",
+    )
+    # A serialized trace replay that could not encode every traced size (format version 3).
+    results[0] = dataclasses.replace(
+        results[0],
+        inexact_sizes=InexactSizes(
+            calls_per_pass=5, traced_bytes=130, replayed_bytes=120, examples="2 B -> 0 B x5"
+        ),
     )
     document = build_document(
         results,

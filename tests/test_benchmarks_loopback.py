@@ -12,6 +12,7 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator
+from dataclasses import replace
 
 import pytest
 
@@ -164,11 +165,16 @@ def test_too_few_targets_for_the_workloads_ps_count_is_refused(servers: LocalSer
         run_benchmark(workload, servers.targets[:1], plan=SHORT)
 
 
+#: The client session of the benchmarks ``_kill_once_measuring`` watches.
+WATCHED = ChannelSettings(session="watched-benchmark")
+
+
 def _kill_once_measuring(
     running: LocalServers, *, in_flight: int = 1
 ) -> tuple[threading.Event, Callable[[ProgressEvent], None]]:
     """A progress callback that SIGKILLs the server process once the first measured run
-    has delivered calls to it (watched through the server's own statistics).
+    has delivered calls to it (watched through the server's own statistics of the
+    benchmark's session: run it with ``WATCHED``'s session).
 
     The server counts a message before its answer leaves, so with ``in_flight``
     calls allowed at once, only a count above ``in_flight`` proves that at
@@ -176,7 +182,7 @@ def _kill_once_measuring(
     killed = threading.Event()
 
     def kill_when_served() -> None:
-        observer = ReplayClient(running.targets[0], mode=running.mode)
+        observer = ReplayClient(running.targets[0], mode=running.mode, settings=WATCHED)
         try:
             for _ in range(600):
                 if observer.stats().received_messages > in_flight:
@@ -204,7 +210,9 @@ def test_a_server_killed_mid_run_ends_the_benchmark_partial_with_what_was_measur
         workload = synthetic_workload(benchmark, SMALL_PAYLOADS, mode=Mode.NON_SERIALIZED)
         plan = RunPlan(warmup_ns=0, duration_ns=60_000_000_000, runs=3, deadline_s=5)
         killed, on_progress = _kill_once_measuring(running)
-        result = run_benchmark(workload, running.targets, plan=plan, on_progress=on_progress)
+        result = run_benchmark(
+            workload, running.targets, plan=plan, settings=WATCHED, on_progress=on_progress
+        )
     assert killed.is_set()
     assert result.partial
     assert "unavailable" in result.partial_reason
@@ -254,7 +262,7 @@ def test_a_server_killed_mid_stream_ends_the_benchmark_partial() -> None:
             running.targets,
             pacing=Pacing(window=4),
             plan=plan,
-            settings=ChannelSettings(rpc=RpcKind.STREAMING),
+            settings=replace(WATCHED, rpc=RpcKind.STREAMING),
             on_progress=on_progress,
         )
     assert killed.is_set()

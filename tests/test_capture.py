@@ -322,9 +322,14 @@ def test_physics_finds_a_missing_tensor() -> None:
     assert any("step 1" in p and "-" in p for p in report.problems)  # bytes short
 
 
-def test_physics_needs_the_variables() -> None:
-    with pytest.raises(ValueError, match="trainable variables"):
-        check_physics(make_trace())
+def test_physics_without_the_variables_says_it_cannot_check() -> None:
+    # A capture-job trace records no variables: a clear answer, not a raw ValueError.
+    report = check_physics(make_trace())
+    assert not report.ok
+    (problem,) = report.problems
+    assert problem.startswith("cannot check: the trace does not record the model's trainable")
+    assert 'check_physics(trace, {"variables"' in problem
+    assert "cannot check" in report.format()
 
 
 # --------------------------------------------------------------------------

@@ -31,6 +31,8 @@ from tf_grpc_bench.profiler.launch.user_job import rehost_cluster
 from tf_grpc_bench.profiler.physics import check_physics
 from tf_grpc_bench.trace import RECV_TENSOR
 
+from .conftest import environment_without_coverage
+
 CLI = shutil.which("tf-grpc-bench") or str(Path(sys.executable).parent / "tf-grpc-bench")
 SCRIPT = Path(__file__).parent / "data" / "user_train_ps.py"
 CLUSTER = '{"ps": ["localhost:2222"], "worker": ["localhost:2223"]}'
@@ -51,7 +53,7 @@ def test_one_per_host_gives_every_task_its_own_host_ps_first() -> None:
 
 
 def test_without_root_network_is_a_one_line_error_naming_the_flag() -> None:
-    with pytest.raises(NetworkError) as refused:
+    with pytest.raises(NetworkError, match=r"--network.*root") as refused:
         check_network_allowed("preload", euid=1000)
     message = str(refused.value)
     assert "--network" in message and "root" in message and "\n" not in message
@@ -242,6 +244,7 @@ def test_an_unprivileged_user_gets_one_line_and_nothing_starts(
     nobody = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"]
     result = subprocess.run(
         [*nobody, CLI, *flags, "--network", "1gbit", "-q", "-o", str(output), *job_command],
+        env=environment_without_coverage(),
         capture_output=True,
         text=True,
         timeout=60,

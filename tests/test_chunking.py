@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -9,13 +10,25 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tf_grpc_bench import trace_files
-from tf_grpc_bench.replay.core.chunking import chunk_workload
+from tf_grpc_bench.replay.core.chunking import chunk_call, chunk_sizes, chunk_workload
 from tf_grpc_bench.replay.core.generators import GeneratorConfig
 from tf_grpc_bench.replay.core.measurement import Benchmark
-from tf_grpc_bench.replay.core.workload import Mode, Shape, synthetic_workload, trace_workload
+from tf_grpc_bench.replay.core.workload import (
+    Call,
+    Mode,
+    Shape,
+    Workload,
+    WorkloadStep,
+    ack_call,
+    echo_call,
+    pull_call,
+    synthetic_workload,
+    trace_workload,
+)
 from tf_grpc_bench.replay.runner import RunPlan, run_benchmark
 from tf_grpc_bench.replay.transport.grpc_settings import GrpcSettings
 from tf_grpc_bench.replay.transport.server import ReplayServer
+from tf_grpc_bench.sizes import SizeCategory
 
 from .conftest import make_trace
 
@@ -76,3 +89,162 @@ def test_a_chunked_replay_delivers_every_chunk_to_a_real_server(tmp_path: Path) 
     assert len(run.samples) == 4
     assert sum(s.response_bytes for s in run.samples) == 1 << 20
     assert run.server_received_messages == 4
+
+
+# --------------------------------------------------------------------------
+# Exact cuts, worked out by hand.
+
+
+@pytest.mark.parametrize(
+    ("payload", "chunk", "sizes"),
+    [
+        (0, 0, (0,)),
+        (0, 10, (0,)),
+        (10, 0, (10,)),
+        (10, 10, (10,)),
+        (11, 10, (10, 1)),
+        (20, 10, (10, 10)),
+        (25, 10, (10, 10, 5)),
+        (1, 1, (1,)),
+        (3, 1, (1, 1, 1)),
+    ],
+)
+def test_chunk_sizes_are_full_chunks_and_the_rest(
+    payload: int, chunk: int, sizes: tuple[int, ...]
+) -> None:
+    assert chunk_sizes(payload, chunk) == sizes
+
+
+def test_a_negative_payload_is_refused() -> None:
+    with pytest.raises(ValueError, match=r"^payload_bytes must be >= 0, got -1$"):
+        chunk_sizes(-1, 10)
+
+
+class Limit:
+    def __init__(self, chunk_bytes: int) -> None:
+        self.chunk_bytes = chunk_bytes
+
+
+def _pull(mode: Mode, response_bytes: int = 2500) -> Call:
+    return pull_call(
+        method="/tensorflow.WorkerService/RecvTensor",
+        request_bytes=120,
+        response_bytes=response_bytes,
+        mode=mode,
+        tensor_name="w",
+        server_index=2,
+        worker_index=3,
+        step=4,
+        offset_ns=500,
+        outstanding_at_start=1,
+        reversed_direction=True,
+    )
+
+
+@pytest.mark.parametrize("mode", list(Mode))
+def test_a_pull_is_cut_into_pulls_of_the_same_tensor_step_and_pair(mode: Mode) -> None:
+    chunks = chunk_call(_pull(mode), Limit(1000), mode)
+    assert [c.response_bytes for c in chunks] == [1000, 1000, 500]
+    for chunk in chunks:
+        assert (chunk.shape, chunk.method, chunk.request_bytes) == (
+            Shape.PULL,
+            "/tensorflow.WorkerService/RecvTensor",
+            120,
+        )
+        assert (chunk.tensor_name, chunk.server_index, chunk.worker_index, chunk.step) == (
+            "w",
+            2,
+            3,
+            4,
+        )
+        assert (chunk.offset_ns, chunk.outstanding_at_start, chunk.reversed_direction) == (
+            500,
+            1,
+            True,
+        )
+    fits = _pull(mode, response_bytes=1000)
+    assert chunk_call(fits, Limit(1000), mode) == (fits,)
+    assert chunk_call(fits, Limit(0), mode) == (fits,)
+
+
+def test_an_ack_payload_is_cut_across_its_buffers() -> None:
+    call = replace(
+        ack_call((300, 500, 200), Mode.NON_SERIALIZED, server_index=1, worker_index=2),
+        step=5,
+        offset_ns=60,
+        tensor_name="g",
+        outstanding_at_start=2,
+        reversed_direction=True,
+    )
+    chunks = chunk_call(call, Limit(400), Mode.NON_SERIALIZED)
+    assert [c.buffers for c in chunks] == [(300, 100), (400,), (200,)]
+    assert [(c.request_bytes, c.response_bytes) for c in chunks] == [(400, 8), (400, 8), (200, 8)]
+    for chunk in chunks:
+        assert (chunk.shape, chunk.method, chunk.server_index, chunk.worker_index) == (
+            Shape.ACK,
+            call.method,
+            1,
+            2,
+        )
+        assert (chunk.step, chunk.offset_ns, chunk.tensor_name) == (5, 60, "g")
+        assert (chunk.outstanding_at_start, chunk.reversed_direction) == (2, True)
+
+
+def test_an_echo_payload_is_cut_into_echoes() -> None:
+    call = echo_call((1000,), Mode.NON_SERIALIZED)
+    chunks = chunk_call(call, Limit(300), Mode.NON_SERIALIZED)
+    assert [(c.shape, c.buffers, c.request_bytes, c.response_bytes) for c in chunks] == [
+        (Shape.ECHO, (300,), 300, 300),
+        (Shape.ECHO, (300,), 300, 300),
+        (Shape.ECHO, (300,), 300, 300),
+        (Shape.ECHO, (100,), 100, 100),
+    ]
+    assert chunk_call(call, Limit(1000), Mode.NON_SERIALIZED) == (call,)
+
+
+def test_a_workload_is_cut_step_by_step_and_says_so() -> None:
+    workload = synthetic_workload(
+        Benchmark.P2P_BANDWIDTH,
+        GeneratorConfig(categories=(SizeCategory.MEDIUM,), buffers_per_payload=3, payload_count=2),
+        mode=Mode.NON_SERIALIZED,
+    )
+    chunked = chunk_workload(workload, Limit(20_000))
+    # Each payload is 3 x 10 KiB = 30,720 B: 20,000 + 10,720.
+    assert [c.buffers for c in chunked.calls] == [
+        (10_240, 9_760),
+        (480, 10_240),
+    ] * 2
+    assert chunked.description == (*workload.description, ("chunk_bytes", 20_000))
+    assert chunked.mode is workload.mode
+
+
+def test_a_pull_in_two_chunks_and_a_last_chunk_protobuf_cannot_encode() -> None:
+    # 2002 B in 1000 B chunks: the last is 2 B, which a serialized PullResponse cannot be
+    # (sent as an empty message); raw bytes can.
+    raw = chunk_call(_pull(Mode.NON_SERIALIZED, 2002), Limit(1000), Mode.NON_SERIALIZED)
+    assert [c.response_bytes for c in raw] == [1000, 1000, 2]
+    serialized = chunk_call(_pull(Mode.SERIALIZED, 2002), Limit(1000), Mode.SERIALIZED)
+    assert [c.response_bytes for c in serialized] == [1000, 1000, 0]
+    two = chunk_call(_pull(Mode.NON_SERIALIZED, 1500), Limit(1000), Mode.NON_SERIALIZED)
+    assert [c.response_bytes for c in two] == [1000, 500]
+
+
+def test_a_workload_is_cut_in_its_own_mode() -> None:
+    call = _pull(Mode.NON_SERIALIZED, 2002)
+    workload = Workload(
+        benchmark=Benchmark.P2P_LATENCY,
+        source="trace",
+        mode=Mode.NON_SERIALIZED,
+        steps=(WorkloadStep(index=0, calls=(call,)),),
+        server_count=3,
+        worker_count=4,
+    )
+    chunked = chunk_workload(workload, Limit(1000))
+    assert [c.response_bytes for c in chunked.calls] == [1000, 1000, 2]
+
+
+def test_a_chunk_one_byte_short_takes_it_from_the_next_buffer() -> None:
+    call = replace(ack_call((399, 2), Mode.NON_SERIALIZED), method="/tensorflow.WorkerService/X")
+    chunks = chunk_call(call, Limit(400), Mode.NON_SERIALIZED)
+    assert [c.buffers for c in chunks] == [(399, 1), (1,)]
+    assert [c.method for c in chunks] == ["/tensorflow.WorkerService/X"] * 2

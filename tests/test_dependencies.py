@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 from tf_grpc_bench.replay.core.dependencies import (
     Dependencies,
     DependencyTracker,
+    StepPath,
     TimedCall,
     captured_critical_path,
     infer_dependencies,
@@ -267,3 +268,156 @@ def test_no_call_is_released_before_what_it_waits_for_has_arrived(
     path = tracker.critical_path()
     assert 0 <= path.compute_ns <= path.step_ns
     assert path.step_ns >= max(done.values())
+
+
+# --------------------------------------------------------------------------
+# Refusals with their messages, and small steps worked out by hand.
+
+
+@pytest.mark.parametrize("name", ["arrival_rank", "after_worker_arrivals", "after_server_arrivals"])
+def test_dependencies_refuse_negative_counts(name: str) -> None:
+    with pytest.raises(ValueError, match=rf"^{name} must be >= 0, got -2$"):
+        Dependencies(ready_offset_ns=0, arrival_offset_ns=0, lands_on_worker=True, **{name: -2})
+
+
+def test_data_cannot_arrive_before_it_left() -> None:
+    with pytest.raises(ValueError, match=r"^a call's data cannot arrive before it left$"):
+        Dependencies(ready_offset_ns=5, arrival_offset_ns=4, lands_on_worker=True)
+    assert Dependencies(ready_offset_ns=5, arrival_offset_ns=5, lands_on_worker=True)
+
+
+def _tracker(deps: list[Dependencies], servers: list[int], **options: object) -> DependencyTracker:
+    return DependencyTracker(
+        deps,
+        servers=servers,
+        step_begin_ns=1000,
+        period_ns=500,
+        **options,  # type: ignore[arg-type]
+    )
+
+
+def test_the_tracker_refuses_a_negative_scale_and_a_server_list_of_another_length() -> None:
+    deps = [Dependencies(ready_offset_ns=0, arrival_offset_ns=10, lands_on_worker=True)]
+    with pytest.raises(ValueError, match=r"^compute scale must be >= 0, got -0.5$"):
+        _tracker(deps, [0], compute_scale=-0.5)
+    with pytest.raises(ValueError, match=r"^one server per call$"):
+        _tracker(deps, [0, 1])
+    tracker = _tracker(deps, [0])
+    with pytest.raises(ValueError, match=r"^the step still has calls in flight$"):
+        tracker.next_step_begin_ns()
+    assert tracker.take_releasable() == [0]
+    assert tracker.take_releasable() == []
+    assert tracker.release_ns(0) == 1000
+    tracker.complete(0, 1030)
+    with pytest.raises(ValueError, match=r"^arrival 0 recorded twice$"):
+        tracker.complete(0, 1040)
+
+
+def test_a_two_call_step_by_hand() -> None:
+    # Call 0 pulls a variable: leaves at 0, arrives at 10 (ns from the step's start).
+    # Call 1 pushes its gradient, computed from it: leaves at 40 (30 of compute).
+    deps = [
+        Dependencies(ready_offset_ns=0, arrival_offset_ns=10, lands_on_worker=True),
+        Dependencies(
+            ready_offset_ns=40,
+            arrival_offset_ns=45,
+            lands_on_worker=False,
+            after_worker_arrivals=1,
+        ),
+    ]
+    tracker = _tracker(deps, [0, 0])
+    assert tracker.step_begin_ns == 1000
+    assert tracker.take_releasable() == [0]
+    assert tracker.release_ns(0) == 1000
+    assert tracker.release_ns(1) is None  # the variable is not in yet
+    tracker.complete(0, 1025)  # 15 late
+    assert tracker.take_releasable() == [1]
+    assert tracker.release_ns(1) == 1000 + 40 + 15
+    tracker.complete(1, 1100)  # arrives 55 late (1045 in the trace)
+    # Next step: the period (500) plus the latest lag (55), and never before the last done.
+    assert tracker.next_step_begin_ns() == 1555
+    path = tracker.critical_path()
+    # Compute on the path: the tail (1555 - 1100), the gradient's compute (1055 - 1025).
+    assert path == StepPath(step_ns=555, compute_ns=455 + 30, communication_ns=555 - 485)
+
+
+def test_half_the_compute_halves_the_gaps_and_the_period() -> None:
+    deps = [
+        Dependencies(ready_offset_ns=0, arrival_offset_ns=10, lands_on_worker=True),
+        Dependencies(
+            ready_offset_ns=40,
+            arrival_offset_ns=45,
+            lands_on_worker=False,
+            after_worker_arrivals=1,
+        ),
+    ]
+    tracker = _tracker(deps, [0, 0], compute_scale=0.5)
+    tracker.take_releasable()
+    tracker.complete(0, 1010)  # lag 1010 - 1000 - 5 = 5
+    tracker.take_releasable()
+    assert tracker.release_ns(1) == 1000 + 20 + 5
+    tracker.complete(1, 1040)  # lag 1040 - 1000 - round(22.5) = 18
+    assert tracker.next_step_begin_ns() == 1000 + 250 + 18
+
+
+def test_a_step_of_control_calls_only_begins_the_next_after_its_period() -> None:
+    deps = [
+        Dependencies(
+            ready_offset_ns=0, arrival_offset_ns=10, lands_on_worker=True, is_arrival=False
+        )
+    ]
+    tracker = _tracker(deps, [0])
+    tracker.complete(0, 2000)  # later than the period: the next step waits for it
+    assert tracker.next_step_begin_ns() == 2000
+    assert tracker.critical_path() == StepPath(step_ns=1000, compute_ns=0, communication_ns=1000)
+    quick = _tracker(deps, [0])
+    quick.complete(0, 1100)
+    assert quick.next_step_begin_ns() == 1500
+
+
+def test_an_empty_step_lasts_its_period() -> None:
+    tracker = _tracker([], [])
+    assert tracker.take_releasable() == []
+    assert tracker.next_step_begin_ns() == 1500
+    assert tracker.critical_path() == StepPath(step_ns=500, compute_ns=0, communication_ns=500)
+
+
+def test_a_pull_waits_for_its_workers_arrival_at_its_own_server_only() -> None:
+    # Gradients to ps 0 and ps 1 (ranks 0 at each), then a read from ps 1 after its update.
+    deps = [
+        Dependencies(ready_offset_ns=0, arrival_offset_ns=10, lands_on_worker=False),
+        Dependencies(ready_offset_ns=0, arrival_offset_ns=20, lands_on_worker=False),
+        Dependencies(
+            ready_offset_ns=30,
+            arrival_offset_ns=40,
+            lands_on_worker=True,
+            after_server_arrivals=1,
+        ),
+    ]
+    tracker = _tracker(deps, [0, 1, 1])
+    assert sorted(tracker.take_releasable()) == [0, 1]
+    tracker.complete(0, 1500)  # ps 0's gradient, very late: the read does not wait for it
+    assert tracker.take_releasable() == []
+    tracker.complete(1, 1022)  # ps 1's gradient, 2 late
+    assert tracker.take_releasable() == [2]
+    assert tracker.release_ns(2) == 1000 + 30 + 2
+
+
+def test_a_one_call_step_keeps_its_tail_as_compute() -> None:
+    deps = [Dependencies(ready_offset_ns=10, arrival_offset_ns=20, lands_on_worker=True)]
+    tracker = _tracker(deps, [0])
+    assert tracker.take_releasable() == [0]
+    assert tracker.release_ns(0) == 1010
+    tracker.complete(0, 1030)  # lag 1030 - 1000 - 20 = 10
+    assert tracker.next_step_begin_ns() == 1510
+    # The wait before the first call (10) and the tail after it (1510 - 1030).
+    assert tracker.critical_path() == StepPath(
+        step_ns=510, compute_ns=10 + 480, communication_ns=20
+    )
+
+
+def test_the_captured_path_takes_the_servers_it_is_given() -> None:
+    calls = (_pull(0, 1, 5, server=0), _push(1, 8, 9, server=0))
+    own = captured_critical_path(calls, period_ns=20 * MS)
+    assert captured_critical_path(calls, servers=[0, 0], period_ns=20 * MS) == own
+    assert own == StepPath(step_ns=20 * MS, compute_ns=15 * MS, communication_ns=5 * MS)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections import Counter
 
+import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -110,7 +111,162 @@ def test_skew_with_all_categories_gives_every_ten_buffer_payload_60_30_10(
 def test_skew_defaults_to_large_bias() -> None:
     config = GeneratorConfig(kind=GeneratorKind.SKEW)
     assert config.effective_skew_bias is LARGE
-    assert dict(config.skew_shares()) == {LARGE: 6, MEDIUM: 3, SMALL: 1}
+    assert config.skew_shares() == ((LARGE, 6), (MEDIUM, 3), (SMALL, 1))
+
+
+def test_skew_bias_defaults_to_the_largest_chosen_category() -> None:
+    config = GeneratorConfig(kind=GeneratorKind.SKEW, categories=(SMALL, MEDIUM))
+    assert config.effective_skew_bias is MEDIUM
+    assert config.skew_shares() == ((MEDIUM, 6), (SMALL, 3))
+
+
+# Shares in tenths, written out from the documented rule: the bias 6, the category nearest
+# it in size 3 (the larger on a tie), the last 1; with two categories 6:3 (2:1).
+SKEW_TABLE: dict[tuple[tuple[SizeCategory, ...], SizeCategory], dict[SizeCategory, int]] = {
+    ((SMALL, MEDIUM, LARGE), LARGE): {LARGE: 6, MEDIUM: 3, SMALL: 1},
+    ((SMALL, MEDIUM, LARGE), MEDIUM): {MEDIUM: 6, LARGE: 3, SMALL: 1},
+    ((SMALL, MEDIUM, LARGE), SMALL): {SMALL: 6, MEDIUM: 3, LARGE: 1},
+    ((SMALL, MEDIUM), SMALL): {SMALL: 6, MEDIUM: 3},
+    ((SMALL, MEDIUM), MEDIUM): {MEDIUM: 6, SMALL: 3},
+    ((SMALL, LARGE), SMALL): {SMALL: 6, LARGE: 3},
+    ((SMALL, LARGE), LARGE): {LARGE: 6, SMALL: 3},
+    ((MEDIUM, LARGE), MEDIUM): {MEDIUM: 6, LARGE: 3},
+    ((MEDIUM, LARGE), LARGE): {LARGE: 6, MEDIUM: 3},
+    ((SMALL,), SMALL): {SMALL: 6},
+    ((MEDIUM,), MEDIUM): {MEDIUM: 6},
+    ((LARGE,), LARGE): {LARGE: 6},
+}
+
+S, M, L = SMALL, MEDIUM, LARGE
+# The deal, worked out by hand from the rule "each buffer to the category furthest below
+# its share so far, the more favoured on a tie".  Three categories repeat every 10
+# buffers; two (shares 6:3) every 9.
+SKEW_DEALS: dict[tuple[tuple[SizeCategory, ...], SizeCategory], list[SizeCategory]] = {
+    ((S, M, L), L): [L, M, L, L, M, L, S, L, M, L],
+    ((S, M, L), M): [M, L, M, M, L, M, S, M, L, M],
+    ((S, M, L), S): [S, M, S, S, M, S, L, S, M, S],
+    ((S, M), S): [S, M, S, S, M, S, S, M, S] * 2,
+    ((S, M), M): [M, S, M, M, S, M, M, S, M] * 2,
+    ((S, L), S): [S, L, S, S, L, S, S, L, S] * 2,
+    ((S, L), L): [L, S, L, L, S, L, L, S, L] * 2,
+    ((M, L), M): [M, L, M, M, L, M, M, L, M] * 2,
+    ((M, L), L): [L, M, L, L, M, L, L, M, L] * 2,
+    ((S,), S): [S] * 5,
+}
+
+
+@pytest.mark.parametrize(("chosen", "bias"), list(SKEW_TABLE), ids=str)
+def test_skew_shares_for_every_category_set_and_bias(
+    chosen: tuple[SizeCategory, ...], bias: SizeCategory
+) -> None:
+    config = GeneratorConfig(kind=GeneratorKind.SKEW, categories=chosen, skew_bias=bias)
+    assert config.skew_shares() == tuple(SKEW_TABLE[chosen, bias].items())
+
+
+@pytest.mark.parametrize(("chosen", "bias"), list(SKEW_DEALS), ids=str)
+def test_skew_deals_buffers_in_the_documented_order(
+    chosen: tuple[SizeCategory, ...], bias: SizeCategory
+) -> None:
+    expected = SKEW_DEALS[chosen, bias]
+    config = GeneratorConfig(kind=GeneratorKind.SKEW, categories=chosen, skew_bias=bias)
+    assert category_sequence(config, len(expected)) == expected
+    assert category_sequence(config, 0) == []
+
+
+def test_a_ten_buffer_skew_payload_has_its_exact_order_and_sizes() -> None:
+    config = GeneratorConfig(kind=GeneratorKind.SKEW, payload_count=2)
+    large, medium, small = MIB, 10 * KIB, 10
+    payload = (large, medium, large, large, medium, large, small, large, medium, large)
+    assert generate_payloads(config) == (payload, payload)
+
+
+def test_a_two_category_skew_continues_its_deal_across_payloads() -> None:
+    config = GeneratorConfig(
+        kind=GeneratorKind.SKEW,
+        categories=(MEDIUM, LARGE),
+        buffers_per_payload=4,
+        payload_count=3,
+        sizes=BufferSizes(medium_bytes=2000, large_bytes=3 * MIB),
+    )
+    big, mid = 3 * MIB, 2000
+    assert generate_payloads(config) == (
+        (big, mid, big, big),
+        (mid, big, big, mid),
+        (big, big, mid, big),
+    )
+
+
+def test_uniform_deals_the_chosen_categories_in_turn_across_payloads() -> None:
+    config = GeneratorConfig(categories=(SMALL, LARGE), buffers_per_payload=3, payload_count=2)
+    assert generate_payloads(config) == ((10, MIB, 10), (MIB, 10, MIB))
+    three = GeneratorConfig(buffers_per_payload=4, payload_count=2)
+    assert generate_payloads(three) == (
+        (10, 10 * KIB, MIB, 10),
+        (10 * KIB, MIB, 10, 10 * KIB),
+    )
+
+
+RANDOM_SEED_0 = ((MIB, 10 * KIB, 10 * KIB, 10, 10), (10, 10, 10, 10, MIB))
+RANDOM_SIZES_SEED_3 = ((831, 90745, 184, 249095),)
+
+
+def test_random_payloads_of_seed_0_are_pinned() -> None:
+    # Golden values: numpy's seeded PCG64 gives these on every machine; a change here
+    # changes every synthetic random workload ever recorded.
+    config = GeneratorConfig(
+        kind=GeneratorKind.RANDOM, buffers_per_payload=5, payload_count=2, seed=0
+    )
+    assert generate_payloads(config) == RANDOM_SEED_0
+
+
+def test_random_sizes_of_seed_3_are_pinned() -> None:
+    config = GeneratorConfig(
+        categories=(SMALL, MEDIUM),
+        random_sizes=True,
+        buffers_per_payload=4,
+        seed=3,
+        payload_count=1,
+    )
+    assert generate_payloads(config) == RANDOM_SIZES_SEED_3
+
+
+def test_random_categories_of_seed_0_are_pinned() -> None:
+    config = GeneratorConfig(kind=GeneratorKind.RANDOM, seed=0)
+    assert category_sequence(config, 12) == [L, M, M, S, S, S, S, S, S, L, M, L]
+
+
+def test_random_categories_and_random_sizes_come_from_one_seeded_generator() -> None:
+    # Categories are drawn first, then sizes, from the same generator: pinned for seed 11.
+    config = GeneratorConfig(
+        kind=GeneratorKind.RANDOM,
+        random_sizes=True,
+        buffers_per_payload=4,
+        seed=11,
+        payload_count=1,
+    )
+    assert generate_payloads(config) == ((604, 616, 7_769_477, 31_077),)
+
+
+@pytest.mark.parametrize(
+    "sizes",
+    [
+        BufferSizes(small_bytes=1, medium_bytes=KIB, large_bytes=MIB),
+        BufferSizes(small_bytes=KIB - 1, medium_bytes=MIB - 1, large_bytes=10 * MIB),
+    ],
+)
+def test_configured_sizes_at_the_edges_of_their_category_are_accepted(sizes: BufferSizes) -> None:
+    config = GeneratorConfig(sizes=sizes, buffers_per_payload=3, payload_count=1)
+    assert generate_payloads(config) == (
+        (sizes.small_bytes, sizes.medium_bytes, sizes.large_bytes),
+    )
+
+
+def test_category_sequence_uses_the_generator_it_is_given() -> None:
+    config = GeneratorConfig(kind=GeneratorKind.RANDOM, seed=0)
+    rng = np.random.default_rng(5)
+    expected = [config.categories[int(i)] for i in np.random.default_rng(5).integers(0, 3, 12)]
+    assert category_sequence(config, 12, rng) == expected
+    assert category_sequence(config, 12) != expected
 
 
 @settings(max_examples=40, deadline=None)
@@ -131,7 +287,7 @@ def test_skew_proportions_hold_within_one_buffer_over_many_payloads(
         buffers_per_payload=buffers,
         payload_count=payloads,
     )
-    shares = dict(config.skew_shares())
+    shares = SKEW_TABLE[categories, bias]
     total_share = sum(shares.values())
     sizes = [s for p in generate_payloads(config) for s in p]
     counts = Counter(classify(s) for s in sizes)
@@ -174,12 +330,12 @@ def test_random_sizes_spread_over_the_whole_category_range() -> None:
     [
         ({"buffers_per_payload": 0}, "--buffers"),
         ({"payload_count": 0}, "--payloads"),
-        ({"categories": ()}, "--categories"),
+        ({"categories": ()}, r"^--categories: choose at least one of small, medium, large$"),
         ({"seed": -1}, "--seed"),
-        ({"skew_bias": SMALL}, "--skew-bias"),
+        ({"skew_bias": SMALL}, "--skew-bias applies only to --generator skew$"),
         (
             {"kind": GeneratorKind.SKEW, "categories": (MEDIUM, LARGE), "skew_bias": SMALL},
-            "--skew-bias",
+            r"^--skew-bias small is not one of the chosen --categories \(medium,large\)$",
         ),
     ],
 )

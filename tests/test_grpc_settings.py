@@ -98,7 +98,7 @@ def test_the_message_limit_is_enforced_by_grpc(
 ) -> None:
     settings, port, _ = served
     assert _call(settings, port, bytes(60 * 1024)) == str(60 * 1024).encode()
-    with pytest.raises(grpc.RpcError) as caught:
+    with pytest.raises(grpc.RpcError, match="RESOURCE_EXHAUSTED") as caught:
         _call(settings, port, bytes(100 * 1024))
     assert caught.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
 

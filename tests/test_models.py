@@ -1,4 +1,6 @@
-"""The model registry: the paper's four models and the tiny one, built with Keras."""
+"""The model registry: the paper's four models and the tiny one, built with Keras.
+
+The tests that build a model import TensorFlow and are marked ``tensorflow``."""
 
 from __future__ import annotations
 
@@ -33,6 +35,7 @@ def test_unknown_model_is_a_config_error_listing_the_known_ones() -> None:
         model_spec("lenet")
 
 
+@pytest.mark.tensorflow
 def test_input_below_the_models_minimum_is_a_config_error() -> None:
     keras = import_keras("keras")
     with pytest.raises(ConfigError, match=r"inceptionv3.*75x75"):
@@ -52,6 +55,7 @@ def test_importing_the_registry_does_not_import_tensorflow() -> None:
     assert subprocess.run([sys.executable, "-c", code], check=False).returncode == 0
 
 
+@pytest.mark.tensorflow
 @pytest.mark.parametrize(
     ("name", "keras_function", "published_total", "published_trainable"),
     [
@@ -81,6 +85,7 @@ def test_keras_models_at_a_small_input_have_the_full_size_models_variables(
         assert trainable == published_trainable
 
 
+@pytest.mark.tensorflow
 def test_alexnet_has_tf_cnn_benchmarks_layers_at_any_input_size() -> None:
     keras = import_keras("keras")
     convolutions = [(11, 3, 64), (5, 64, 192), (3, 192, 384), (3, 384, 384), (3, 384, 256)]
@@ -93,6 +98,7 @@ def test_alexnet_has_tf_cnn_benchmarks_layers_at_any_input_size() -> None:
     assert tuple(full.output.shape) == (None, 1000)
 
 
+@pytest.mark.tensorflow
 def test_tiny_model_has_variables_in_every_size_category() -> None:
     model = build_model("tiny", keras_module=import_keras("keras"))
     categories = {classify(v.size_bytes) for v in variable_infos(model)}
@@ -101,6 +107,7 @@ def test_tiny_model_has_variables_in_every_size_category() -> None:
     assert tuple(model.output.shape) == (None, model_spec("tiny").default_classes)
 
 
+@pytest.mark.tensorflow
 def test_tf_keras_builds_the_same_variables_as_keras() -> None:
     for name, size in (("tiny", 16), ("resnet50", 32)):
         shapes = {}
@@ -112,6 +119,7 @@ def test_tf_keras_builds_the_same_variables_as_keras() -> None:
         assert shapes["keras"] == shapes["tf_keras"]
 
 
+@pytest.mark.tensorflow
 def test_trainable_parameter_count_follows_the_number_of_classes() -> None:
     ten = trainable_parameter_count("tiny", classes=10)
     eleven = trainable_parameter_count("tiny", classes=11)

@@ -1,4 +1,7 @@
-"""``tf-grpc-bench network``, run as a user runs it (real namespaces; needs root)."""
+"""``tf-grpc-bench network``, run as a user runs it.
+
+The commands that make namespaces are marked ``netns`` (they need root and skip without
+it); listing the profiles and refusing bad input need neither."""
 
 from __future__ import annotations
 
@@ -14,7 +17,7 @@ from tensorboard.backend.event_processing import plugin_event_accumulator
 from tf_grpc_bench import netns
 from tf_grpc_bench.replay.output import document as results
 
-pytestmark = pytest.mark.netns
+from .conftest import environment_without_coverage
 
 
 def tool(*arguments: str, timeout_s: float = 120) -> subprocess.CompletedProcess[str]:
@@ -30,11 +33,34 @@ def tool(*arguments: str, timeout_s: float = 120) -> subprocess.CompletedProcess
 def test_profiles_lists_every_named_profile_with_its_burst() -> None:
     result = tool("network", "profiles")
     assert result.returncode == 0, result.stderr
-    for name in netns.PROFILES:
-        assert name in result.stdout
-    assert "burst 500000 B" in result.stdout or "burst 1250000 B" in result.stdout
+    lines = result.stdout.splitlines()
+    header = re.fullmatch(
+        r"named link profiles \(tbf on both ends of each link; kernel HZ ([0-9]+)\):", lines[0]
+    )
+    assert header, lines[0]
+    hz = int(header.group(1))
+    # tc-tbf(8): the bucket holds one tick of the rate, and never less than two 64 KiB packets.
+    for line, (name, gbit) in zip(
+        lines[1:5], [("1gbit", 1), ("10gbit", 10), ("25gbit", 25), ("40gbit", 40)], strict=True
+    ):
+        burst = max(-(-gbit * 10**9 // (8 * hz)), 131_072)
+        assert line.split() == [
+            name,
+            "tbf",
+            "rate",
+            name,
+            "burst",
+            str(burst),
+            "B",
+            "latency",
+            "20",
+            "ms",
+        ]
+    assert lines[5].split() == ["unlimited", "no", "rate", "limit"]
+    assert len(lines) == 7
 
 
+@pytest.mark.netns
 def test_up_leaves_a_network_that_down_removes() -> None:
     up = tool("network", "up", "--hosts", "3", "--profile", "100mbit")
     assert up.returncode == 0, up.stderr
@@ -60,6 +86,7 @@ def test_up_leaves_a_network_that_down_removes() -> None:
             netns.delete_namespace(name)
 
 
+@pytest.mark.netns
 def test_cleanup_removes_what_a_crashed_run_left() -> None:
     leftover = netns.namespace_name("99999998-dead", "h1")
     subprocess.run(["ip", "netns", "add", leftover], check=True)
@@ -75,18 +102,35 @@ def test_cleanup_removes_what_a_crashed_run_left() -> None:
 @pytest.mark.parametrize(
     ("arguments", "message"),
     [
-        (("network", "up", "--profile", "fast"), "unknown network profile 'fast': expected one of"),
-        (("network", "up", "--hosts", "1"), "--hosts must be >= 2"),
-        (("network", "down", "1-ab"), "RUN_ID 1-ab: no such network"),
-        (("network", "down", "nonsense"), "RUN_ID 'nonsense': expected"),
+        (
+            ("network", "up", "--profile", "fast"),
+            "unknown network profile 'fast': expected one of 1gbit, 10gbit, 25gbit, 40gbit, "
+            "unlimited or a rate such as 100mbit",
+        ),
+        (("network", "up", "--hosts", "1"), "--hosts must be >= 2, got 1"),
     ],
 )
 def test_bad_input_is_one_line_and_a_nonzero_exit(arguments: tuple[str, ...], message: str) -> None:
     result = tool(*arguments)
     assert result.returncode == 5
-    assert message in result.stderr
+    assert result.stderr == f"tf-grpc-bench network: error: {message}\n"
+
+
+@pytest.mark.netns
+@pytest.mark.parametrize(
+    ("arguments", "message"),
+    [
+        (("network", "down", "1-ab"), "RUN_ID 1-ab: no such network"),
+        (("network", "down", "nonsense"), "RUN_ID 'nonsense': expected"),
+    ],
+)
+def test_a_bad_run_id_is_one_line_and_a_nonzero_exit(
+    arguments: tuple[str, ...], message: str
+) -> None:
+    result = tool(*arguments)
+    assert result.returncode == 5
+    assert result.stderr.startswith(f"tf-grpc-bench network: error: {message}")
     assert len(result.stderr.strip().splitlines()) == 1
-    assert "Traceback" not in result.stderr
 
 
 def test_without_root_the_command_says_so_in_one_line() -> None:
@@ -96,18 +140,26 @@ def test_without_root_the_command_says_so_in_one_line() -> None:
         from tf_grpc_bench import cli
         cli.build_parser("network")  # imports done as root: nobody cannot read the venv
         import logging, grpc
-        os.setuid(65534)
+        if os.geteuid() == 0:
+            os.setuid(65534)
         sys.exit(cli.main(["network", "up"]))
         """
     )
     result = subprocess.run(
-        [sys.executable, "-c", script], capture_output=True, text=True, check=False
+        [sys.executable, "-c", script],
+        env=environment_without_coverage(),
+        capture_output=True,
+        text=True,
+        check=False,
     )
     assert result.returncode == 5
-    assert "need root" in result.stderr
-    assert len(result.stderr.strip().splitlines()) == 1
+    assert result.stderr == (
+        "tf-grpc-bench network: error: emulated networks need root (network namespaces, veth, "
+        "tc); run as root, or replay between real hosts with --target\n"
+    )
 
 
+@pytest.mark.netns
 def test_compare_replays_across_rate_limited_links_under_their_rates(tmp_path: Path) -> None:
     before = set(netns.list_namespaces())
     result = tool(
@@ -154,8 +206,10 @@ def test_compare_replays_across_rate_limited_links_under_their_rates(tmp_path: P
         assert interface.name == "eth0" and interface.namespace.startswith(netns.PREFIX)
         assert list(path.parent.glob("p2p-bandwidth/events.out.tfevents.*"))
         (bandwidth,) = document.benchmarks
-        ratio = bandwidth.bytes_per_s * 8 / rate
-        assert 0.3 <= ratio <= 1.1, f"{name}: {bandwidth.bytes_per_s * 8 / 1e6:.1f} Mbit/s"
+        # Never over the link's rate (tbf's first burst allows a little over); how close
+        # it gets depends on the machine's load, which bench/network_profiles.py measures.
+        assert bandwidth.bytes_per_s > 0
+        assert bandwidth.bytes_per_s * 8 / rate <= 1.1, f"{name}: {bandwidth.bytes_per_s} B/s"
 
 
 def test_compare_refuses_an_unknown_profile_before_making_anything() -> None:

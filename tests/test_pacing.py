@@ -11,6 +11,7 @@ from tf_grpc_bench.replay.core.pacing import (
     OPEN_LOOP_MAX_IN_FLIGHT,
     Pacing,
     Timing,
+    blocking_calls_suffice,
     may_issue,
     next_step_begin_ns,
     release_time_ns,
@@ -130,8 +131,117 @@ def test_a_recorded_step_begins_no_sooner_than_its_period_nor_before_the_last_en
         ({"timing": Timing.DEPENDENCIES, "compute_scale": -0.1}, "--compute must be"),
         ({"timing": Timing.DEPENDENCIES, "compute_scale": 101.0}, "--compute must be"),
         ({"window": 0}, "--outstanding must be >= 1, got 0"),
+        ({"timing": Timing.RATE}, r"^--rate must be > 0 calls/s, got 0.0$"),
+        ({"timing": Timing.RATE, "rate_per_s": -1.0}, r"^--rate must be > 0 calls/s, got -1.0$"),
+        ({"rate_per_s": 5.0}, r"^--rate applies only to --pacing rate$"),
+        ({"speedup": 0.0}, r"^--speedup must be > 0, got 0.0$"),
+        (
+            {"timing": Timing.DEPENDENCIES, "compute_scale": 100.001},
+            r"^--compute must be 'recorded', 'none' or a scale in \[0, 100\], got 100.001$",
+        ),
+        ({"timing": Timing.RECORDED, "compute_scale": 0.0}, r"^--compute applies only to"),
     ],
 )
 def test_out_of_range_pacing_is_refused(arguments: dict[str, object], message: str) -> None:
     with pytest.raises(ConfigError, match=message):
         Pacing(**arguments)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    "arguments",
+    [
+        {"window": 1},
+        {"timing": Timing.RATE, "rate_per_s": 0.001},
+        {"speedup": 0.001},
+        {"timing": Timing.DEPENDENCIES, "compute_scale": 0.0},
+        {"timing": Timing.DEPENDENCIES, "compute_scale": 100.0},
+        {"window": None},
+    ],
+)
+def test_pacing_at_the_edges_of_its_ranges_is_accepted(arguments: dict[str, object]) -> None:
+    Pacing(**arguments)  # type: ignore[arg-type]
+
+
+def test_the_defaults_and_the_open_loop_cap() -> None:
+    pacing = Pacing()
+    assert (pacing.timing, pacing.window, pacing.rate_per_s) == (Timing.ASAP, 1, 0.0)
+    assert (pacing.speedup, pacing.compute_scale) == (1.0, 1.0)
+    assert pacing.closed_loop
+    assert not Pacing(timing=Timing.RECORDED).closed_loop
+    assert OPEN_LOOP_MAX_IN_FLIGHT == 1024
+
+
+@pytest.mark.parametrize(
+    ("pacing", "text"),
+    [
+        (Pacing(), "asap, window 1"),
+        (Pacing(window=None), "asap, window recorded"),
+        (Pacing(timing=Timing.RATE, rate_per_s=2500.0, window=8), "rate 2500/s, window 8"),
+        (
+            Pacing(timing=Timing.RECORDED, speedup=1.5, window=None),
+            "recorded x1.5, window recorded",
+        ),
+        (
+            Pacing(timing=Timing.DEPENDENCIES, compute_scale=0.5, window=None),
+            "dependencies, compute x0.5, window recorded",
+        ),
+    ],
+)
+def test_pacing_describes_itself(pacing: Pacing, text: str) -> None:
+    assert pacing.describe() == text
+
+
+def test_release_times_worked_out_by_hand() -> None:
+    recorded = Pacing(timing=Timing.RECORDED, speedup=2.0)
+    call = _call(offset_ns=3001)
+    # 3001 / 2 = 1500.5, rounded to even: 1500.
+    assert release_time_ns(recorded, call, call_number=9, step_begin_ns=100, run_begin_ns=7) == 1600
+    rate = Pacing(timing=Timing.RATE, rate_per_s=4.0)
+    assert release_time_ns(rate, call, call_number=3, step_begin_ns=100, run_begin_ns=7) == (
+        7 + 750_000_000
+    )
+    assert release_time_ns(rate, call, call_number=0, step_begin_ns=100, run_begin_ns=7) == 7
+
+
+def test_windows_at_their_edge() -> None:
+    window = Pacing(window=3)
+    assert may_issue(window, _call(), in_flight=2, in_flight_to_server=99)
+    assert not may_issue(window, _call(), in_flight=3, in_flight_to_server=0)
+    recorded = Pacing(timing=Timing.RECORDED, window=None)
+    assert may_issue(recorded, _call(outstanding=2), in_flight=50, in_flight_to_server=2)
+    assert not may_issue(recorded, _call(outstanding=2), in_flight=0, in_flight_to_server=3)
+    rate = Pacing(timing=Timing.RATE, rate_per_s=1.0, window=None)
+    assert may_issue(rate, _call(), in_flight=1023, in_flight_to_server=1023)
+    assert not may_issue(rate, _call(), in_flight=1024, in_flight_to_server=0)
+    asap = Pacing(window=None)
+    assert not may_issue(asap, _call(outstanding=0), in_flight=1, in_flight_to_server=1)
+
+
+def test_a_recorded_step_begins_at_its_scaled_period_or_when_the_last_ended() -> None:
+    recorded = Pacing(timing=Timing.RECORDED, speedup=2.0)
+    assert (
+        next_step_begin_ns(
+            recorded, previous_begin_ns=100, previous_end_ns=550, recorded_period_ns=1001
+        )
+        == 600
+    )  # 100 + round(500.5) = 100 + 500
+    assert (
+        next_step_begin_ns(
+            recorded, previous_begin_ns=100, previous_end_ns=700, recorded_period_ns=1001
+        )
+        == 700
+    )
+    rate = Pacing(timing=Timing.RATE, rate_per_s=1.0)
+    assert (
+        next_step_begin_ns(
+            rate, previous_begin_ns=100, previous_end_ns=150, recorded_period_ns=1000
+        )
+        == 150
+    )
+
+
+@pytest.mark.parametrize(("window", "blocking"), [(1, True), (2, False), (None, False)])
+def test_only_a_window_of_one_lets_a_driver_block_on_each_call(
+    window: int | None, blocking: bool
+) -> None:
+    assert blocking_calls_suffice(Pacing(window=window)) is blocking

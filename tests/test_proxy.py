@@ -146,7 +146,7 @@ def test_streaming_call_counts_every_message_each_way(
 
 
 def test_error_status_is_recorded(proxy: RecordingProxy, channel: grpc.Channel) -> None:
-    with pytest.raises(grpc.RpcError) as raised:
+    with pytest.raises(grpc.RpcError, match="NOT_FOUND") as raised:
         channel.unary_unary(f"/{SERVICE}/Fail")(b"x")
     assert raised.value.code() == grpc.StatusCode.NOT_FOUND
     (call,) = collect_until(proxy, lambda c: len(c) == 1)
@@ -239,7 +239,7 @@ def test_stop_ends_open_connections_and_returns_open_calls(server_port: int) -> 
     future = channel.unary_unary(f"/{SERVICE}/Slow").future(b"wait")
     assert entered.acquire(timeout=10)  # the call crossed the proxy
     recording.stop()
-    with pytest.raises(grpc.RpcError):
+    with pytest.raises(grpc.RpcError, match="UNAVAILABLE"):
         future.result(timeout=10)
     channel.close()
     (call,) = recording.collect(final=True)

@@ -18,6 +18,7 @@ from tf_grpc_bench.replay.core.measurement import Benchmark
 from tf_grpc_bench.replay.core.workload import Mode
 from tf_grpc_bench.replay.output import document as results
 from tf_grpc_bench.replay.transport.client import ReplayClient
+from tf_grpc_bench.replay.transport.wire import ChannelSettings, new_session_id
 
 from .conftest import make_trace
 
@@ -178,8 +179,10 @@ def test_serve_answers_a_replay_from_another_process_then_stops_on_sigterm(
     assert run.server_received_messages == run.rpc_count > 0
     process.send_signal(signal.SIGTERM)
     out, err = process.communicate(timeout=30)
-    assert process.returncode == 0, err
+    # Stopped like Ctrl-C: one line, the shell's 128 + signal.
+    assert process.returncode == 128 + signal.SIGTERM, err
     assert "stopped; received" in out
+    assert err == "tf-grpc-bench serve: interrupted (SIGTERM); servers stopped\n"
 
 
 def test_a_server_that_dies_mid_replay_leaves_partial_results_and_one_error_line(
@@ -212,11 +215,14 @@ def test_a_server_that_dies_mid_replay_leaves_partial_results_and_one_error_line
         stderr=subprocess.PIPE,
         text=True,
     )
-    # Kill the server once it has answered calls of the measured run.
-    observer = ReplayClient(target, mode=Mode.NON_SERIALIZED)
+    # Kill the server once it has answered calls of the measured run: the
+    # replay's session, another than the observer's, made calls.
+    observer = ReplayClient(
+        target, mode=Mode.NON_SERIALIZED, settings=ChannelSettings(session=new_session_id())
+    )
     try:
         for _ in range(600):
-            if observer.stats().received_messages > 0:
+            if observer.stats().other_sessions > 0:
                 break
             time.sleep(0.1)
     finally:

@@ -108,7 +108,9 @@ def test_markdown_table_of_benchmark_results_without_documents() -> None:
 
 def test_markdown_table_refuses_a_mixture() -> None:
     document = _document()
-    with pytest.raises(TypeError):
+    with pytest.raises(
+        TypeError, match=r"^format_markdown_table takes result documents or benchmark results$"
+    ):
         format_markdown_table([document, document.benchmarks[0]])  # type: ignore[list-item]
 
 

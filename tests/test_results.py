@@ -148,7 +148,7 @@ def test_unknown_format_version_is_refused_naming_the_file(tmp_path: Path) -> No
     data["format_version"] = 99
     path = tmp_path / "future.json"
     path.write_text(json.dumps(data))
-    with pytest.raises(UnsupportedResultVersionError) as error:
+    with pytest.raises(UnsupportedResultVersionError, match="format_version 99") as error:
         read_document(path)
     message = _single_line_error(error)
     assert str(path) in message and "99" in message
@@ -241,12 +241,30 @@ def test_golden_v1_document_is_still_readable() -> None:
         assert statistics["bandwidth_mb_per_s"] == pytest.approx(result.bandwidth_mb_per_s)
 
 
-@pytest.mark.parametrize("version", [1, 2])
-def test_documents_before_version_3_read_with_unknown_trace_rpcs(version: int) -> None:
+@pytest.mark.parametrize("version", [1, 2, 3])
+def test_documents_before_version_4_read_with_unknown_trace_rpcs(version: int) -> None:
     document = read_document(DATA / f"results-v{version}.json")
     assert document.format_version == version
     samples = [s for result in document.benchmarks for run in result.runs for s in run.samples]
     assert samples and all(sample.rpc_index == -1 for sample in samples)
+
+
+def test_golden_v2_document_is_still_readable_without_inexact_sizes() -> None:
+    document = read_document(DATA / "results-v2.json")
+    assert document.format_version == 2
+    assert all(result.inexact_sizes is None for result in document.benchmarks)
+    assert document.benchmarks[2].step_compute_ns  # a version 2 field, kept
+
+
+def test_inexact_sizes_round_trip_and_are_said_in_the_table() -> None:
+    from tf_grpc_bench.replay.output.report import format_table
+
+    document = read_document(DATA / f"results-v{FORMAT_VERSION}.json")
+    assert document.benchmarks[0].inexact_sizes == golden_document().benchmarks[0].inexact_sizes
+    assert (
+        "sizes not exact: p2p-latency: 5 traced message sizes per pass cannot be encoded "
+        "exactly in serialized mode (2 B -> 0 B x5): 120 B replayed for 130 B traced"
+    ) in format_table(document).splitlines()
 
 
 def test_current_writer_reproduces_the_newest_golden_document_exactly() -> None:

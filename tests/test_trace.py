@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import json
 import os
+import re
 import zlib
 from pathlib import Path
 
@@ -136,7 +138,7 @@ def test_flipped_byte_is_detected(small_trace_file: Path) -> None:
     data = bytearray(small_trace_file.read_bytes())
     data[len(data) // 2] ^= 0xFF
     small_trace_file.write_bytes(bytes(data))
-    with pytest.raises(TraceError):
+    with pytest.raises(TraceError, match=r"small\.tfgbtrace: trace is (corrupt|truncated)"):
         trace_files.read_trace(small_trace_file)
 
 
@@ -149,11 +151,67 @@ def _raw(message: trace_pb2.Trace) -> io.BytesIO:
     return io.BytesIO(trace_model.MAGIC + zlib.compress(message.SerializeToString()))
 
 
-def test_unknown_format_version_is_refused(small_trace: Trace) -> None:
+# Version 0 is what a message without the field reads as; 3 is the next, not yet defined.
+@pytest.mark.parametrize("version", [0, 3, 99, 2**32 - 1])
+def test_a_binary_trace_of_a_version_this_tool_does_not_read_is_refused(
+    small_trace: Trace, version: int
+) -> None:
     message = trace_model.trace_to_proto(small_trace)
-    message.format_version = 99
-    with pytest.raises(UnsupportedVersionError, match="format_version 99"):
+    message.format_version = version
+    with pytest.raises(
+        UnsupportedVersionError,
+        match=rf"^t\.tfgbtrace: format_version {version} is not supported "
+        r"\(this tool reads versions \[1, 2\]\); upgrade tf-grpc-bench or re-capture the trace$",
+    ):
+        trace_model.load_trace(_raw(message), source="t.tfgbtrace")
+
+
+def test_a_binary_trace_without_a_format_version_is_refused(small_trace: Trace) -> None:
+    message = trace_model.trace_to_proto(small_trace)
+    message.ClearField("format_version")
+    with pytest.raises(UnsupportedVersionError, match=r"^trace: format_version 0 is not supported"):
         trace_model.load_trace(_raw(message))
+
+
+def test_version_2_is_written_and_versions_1_and_2_are_read() -> None:
+    assert trace_model.FORMAT_VERSION == 2
+    assert frozenset({1, 2}) == trace_model.READABLE_VERSIONS
+    message = trace_model.trace_to_proto(make_trace(steps=1))
+    assert message.format_version == 2
+    assert trace_model.load_trace(_raw(message)).format_version == 2
+    message.format_version = 1
+    assert trace_model.load_trace(_raw(message)).format_version == 1
+
+
+@pytest.mark.parametrize("version", [0, 3, -1, 99, None, "1", 1.5])
+def test_a_json_trace_of_a_version_this_tool_does_not_read_is_refused(
+    small_trace: Trace, version: object
+) -> None:
+    document = trace_model.trace_to_json_dict(small_trace)
+    document["format_version"] = version
+    with pytest.raises(
+        UnsupportedVersionError,
+        match=rf"^t\.json: format_version {re.escape(repr(version))} is not supported "
+        r"\(this tool reads versions \[1, 2\]\)$",
+    ):
+        trace_model.trace_from_json_dict(document, source="t.json")
+
+
+def test_a_json_trace_without_a_format_version_is_refused(small_trace: Trace) -> None:
+    document = trace_model.trace_to_json_dict(small_trace)
+    del document["format_version"]
+    with pytest.raises(UnsupportedVersionError, match=r"^trace JSON: format_version None is not"):
+        trace_model.trace_from_json_dict(document)
+
+
+@pytest.mark.parametrize("version", [0, 3, -1])
+def test_a_trace_built_in_memory_with_another_version_is_refused(version: int) -> None:
+    with pytest.raises(
+        UnsupportedVersionError,
+        match=rf"^format_version {version} is not supported "
+        r"\(this tool reads versions \[1, 2\]\)$",
+    ):
+        Trace(metadata=RunMetadata(), tasks=(), steps=(), format_version=version)
 
 
 def test_rpc_naming_a_missing_task_is_refused(small_trace: Trace) -> None:
@@ -212,9 +270,13 @@ def test_summary_counts_categories_bytes_and_methods() -> None:
 
 
 @given(st.integers(0, 20 * MIB))
-def test_every_size_has_one_category_inside_its_range(size: int) -> None:
+def test_every_size_has_exactly_one_category(size: int) -> None:
     category = classify(size)
-    if 1 <= size <= 10 * MIB:
+    if size == 0:
+        assert category is SizeCategory.SMALL
+    elif size > 10 * MIB:
+        assert category is SizeCategory.LARGE
+    else:
         assert category.minimum_bytes <= size <= category.maximum_bytes
 
 
@@ -245,3 +307,325 @@ def test_shipped_traces_are_valid_and_the_default_is_resnet50() -> None:
         shipped = trace_files.read_trace(trace_files.shipped_trace_path(name))
         assert shipped.steps and not shipped.partial
         assert shipped.metadata.command[:2] == ("tf-grpc-bench", "capture")
+
+
+# --------------------------------------------------------------------------
+# The model's rules and every refusal, with their exact messages.
+
+
+def test_tasks_are_named_as_tensorflow_names_them_and_refuse_nonsense() -> None:
+    assert Task(job="ps", index=3).name == "/job:ps/task:3"
+    with pytest.raises(ValueError, match=r"^task job name must not be empty$"):
+        Task(job="", index=0)
+    with pytest.raises(ValueError, match=r"^task index must be >= 0, got -1$"):
+        Task(job="ps", index=-1)
+    assert Task(job="ps", index=0).address == ""
+
+
+def test_edge_name_is_the_fourth_part_of_a_full_rendezvous_key() -> None:
+    key = "/job:ps/task:0/device:CPU:0;1;/job:worker/task:0/device:CPU:0;edge_7_w;0:0"
+    assert TensorInfo(rendezvous_key=key).edge_name == "edge_7_w"
+    assert TensorInfo(rendezvous_key="a;b;c;d").edge_name == ""
+    assert TensorInfo(rendezvous_key="a;b;c;d;e;f").edge_name == "d"
+    assert TensorInfo().edge_name == ""
+
+
+def _rpc(**fields: object) -> Rpc:
+    values: dict[str, object] = {
+        "method": "/pkg.Service/Name",
+        "caller_task": 0,
+        "callee_task": 1,
+        "request_bytes": 10,
+        "response_bytes": 20,
+        "start_ns": 5,
+        "end_ns": 12,
+    }
+    values.update(fields)
+    return Rpc(**values)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        "caller_task",
+        "callee_task",
+        "request_bytes",
+        "response_bytes",
+        "outstanding_at_start",
+        "status_code",
+    ],
+)
+def test_an_rpc_refuses_a_negative_count(name: str) -> None:
+    with pytest.raises(ValueError, match=rf"^{name} must be >= 0, got -1$"):
+        _rpc(**{name: -1})
+    assert getattr(_rpc(**{name: 0}), name) == 0
+
+
+def test_an_rpc_has_a_full_method_path_and_does_not_end_before_it_starts() -> None:
+    with pytest.raises(
+        ValueError,
+        match=r"^method must be a full gRPC path like /pkg\.Service/Name, got 'RecvTensor'$",
+    ):
+        _rpc(method="RecvTensor")
+    with pytest.raises(ValueError, match=r"^end_ns \(4\) is before start_ns \(5\)$"):
+        _rpc(end_ns=4)
+    rpc = _rpc(end_ns=5)
+    assert (rpc.duration_ns, rpc.short_method) == (0, "Name")
+    assert _rpc().duration_ns == 7
+    assert trace_model.payload_bytes(_rpc()) == 20
+    assert trace_model.payload_bytes(_rpc(request_bytes=30)) == 30
+
+
+def test_a_step_does_not_end_before_it_starts() -> None:
+    with pytest.raises(ValueError, match=r"^step 3: end_ns is before start_ns$"):
+        Step(index=3, start_ns=10, end_ns=9, rpcs=())
+    assert Step(index=3, start_ns=10, end_ns=10, rpcs=()).duration_ns == 0
+    assert Step(index=3, start_ns=10, end_ns=25, rpcs=()).duration_ns == 15
+
+
+TWO_TASKS = (Task(job="worker", index=1), Task(job="ps", index=0), Task(job="worker", index=0))
+
+
+def test_a_trace_finds_its_tasks_by_job_in_index_order() -> None:
+    trace = Trace(metadata=RunMetadata(), tasks=TWO_TASKS, steps=())
+    assert trace.tasks_of_job("worker") == [2, 0]
+    assert trace.tasks_of_job("ps") == [1]
+    assert trace.tasks_of_job("chief") == []
+    assert trace.task_name(2) == "/job:worker/task:0"
+    assert (trace.partial, trace.partial_reason, trace.format_version) == (False, "", 2)
+
+
+def test_a_trace_refuses_a_task_twice_a_missing_task_and_steps_out_of_order() -> None:
+    with pytest.raises(TraceError, match=r"^tasks: /job:ps/task:0 is listed twice$"):
+        Trace(metadata=RunMetadata(), tasks=(*TWO_TASKS, Task(job="ps", index=0)), steps=())
+    late = Step(index=1, start_ns=0, end_ns=1, rpcs=(_rpc(caller_task=3),))
+    with pytest.raises(
+        TraceError,
+        match=r"^steps\[0\]\.rpcs\[0\]\.caller_task: task 3 does not exist "
+        r"\(the trace lists 3 tasks\)$",
+    ):
+        Trace(metadata=RunMetadata(), tasks=TWO_TASKS, steps=(late,))
+    ok = _rpc(caller_task=2, callee_task=2)
+    assert Trace(
+        metadata=RunMetadata(),
+        tasks=TWO_TASKS,
+        steps=(Step(index=0, start_ns=0, end_ns=1, rpcs=(ok,)),),
+    )
+    for phase in ("startup", "teardown"):
+        with pytest.raises(TraceError, match=rf"^{phase}\.rpcs\[0\]\.callee_task: task 3 does"):
+            Trace(
+                metadata=RunMetadata(),
+                tasks=TWO_TASKS,
+                steps=(),
+                **{phase: trace_model.Phase(rpcs=(_rpc(callee_task=3),))},
+            )
+    steps = (
+        Step(index=2, start_ns=0, end_ns=1, rpcs=()),
+        Step(index=2, start_ns=1, end_ns=2, rpcs=()),
+    )
+    with pytest.raises(TraceError, match=r"^steps\[1\]\.index: 2 does not follow 2$"):
+        Trace(metadata=RunMetadata(), tasks=TWO_TASKS, steps=steps)
+
+
+def test_binary_files_that_are_not_whole_traces_are_refused_with_the_reason() -> None:
+    whole = io.BytesIO()
+    trace_model.dump_trace(make_trace(steps=1), whole)
+    data = whole.getvalue()
+    assert data.startswith(b"TFGBTRC\n")
+    assert zlib.decompress(data[8:])  # the rest is one zlib stream
+    cases = [
+        (b"", r"^t: file is empty \(expected a tf-grpc-bench trace\)$"),
+        (b"TFGB", r"^t: file is truncated \(only 4 bytes\)$"),
+        (b"TFGBTRC", r"^t: file is truncated \(only 7 bytes\)$"),
+        (b"XFGBTRC\nabc", r"^t: not a tf-grpc-bench trace \(missing the TFGBTRC header\)$"),
+        (data[:-3], r"^t: trace is truncated \(compressed stream ends early\)$"),
+        (data + b"abc", r"^t: trace is corrupt \(3 unexpected bytes after the end of the trace\)$"),
+        (b"TFGBTRC\n" + b"\x78\x9c" + b"\xff" * 20, r"^t: trace is corrupt \(Error -3 "),
+        (
+            b"TFGBTRC\n" + zlib.compress(b"\xff\xff\xff"),
+            r"^t: trace is corrupt \(protobuf: Error parsing message",
+        ),
+    ]
+    for content, message in cases:
+        with pytest.raises(TraceError, match=message):
+            trace_model.load_trace(io.BytesIO(content), source="t")
+
+
+def test_json_that_is_not_a_trace_is_refused_with_the_reason(small_trace: Trace) -> None:
+    document = trace_model.trace_to_json_dict(small_trace)
+    assert document["format"] == "tf-grpc-bench-trace"
+    assert document["metadata"]["extra"] == {}
+    with pytest.raises(TraceError, match=r"^j: 'format' must be 'tf-grpc-bench-trace'$"):
+        trace_model.trace_from_json_dict({**document, "format": "other"}, source="j")
+    with pytest.raises(TraceError, match=r"^j: missing field 'tasks'$"):
+        trace_model.trace_from_json_dict(
+            {k: v for k, v in document.items() if k != "tasks"}, source="j"
+        )
+    broken = json.loads(json.dumps(document))
+    broken["steps"][0]["rpcs"][0]["colour"] = "blue"
+    with pytest.raises(TraceError, match=r"^j: invalid trace: .*colour"):
+        trace_model.trace_from_json_dict(broken, source="j")
+    twice = json.loads(json.dumps(document))
+    twice["tasks"].append(twice["tasks"][0])
+    with pytest.raises(TraceError, match=r"^j: tasks: /job:ps/task:0 is listed twice$"):
+        trace_model.trace_from_json_dict(twice, source="j")
+
+
+def test_json_phases_and_flags_may_be_left_out(small_trace: Trace) -> None:
+    document = trace_model.trace_to_json_dict(small_trace)
+    for key in ("startup", "teardown", "partial", "partial_reason", "metadata"):
+        document.pop(key)
+    document["steps"][0]["rpcs"][0].pop("tensor")
+    trace = trace_model.trace_from_json_dict(document)
+    assert trace.startup == trace_model.Phase() == trace.teardown
+    assert (trace.partial, trace.partial_reason, trace.metadata) == (False, "", RunMetadata())
+    assert trace.steps[0].rpcs[0].tensor is None
+    phase = {"rpcs": [trace_model.trace_to_json_dict(small_trace)["steps"][0]["rpcs"][0]]}
+    phase["rpcs"][0]["tensor"].pop("shape")
+    document["startup"] = phase
+    assert trace_model.trace_from_json_dict(document).startup.rpcs[0].tensor.shape == ()  # type: ignore[union-attr]
+    assert trace_model.trace_from_json_dict(document).startup.start_ns == 0
+
+
+def test_every_field_survives_the_binary_and_the_json_round_trip() -> None:
+    rpc = _rpc(
+        caller_task=0,
+        callee_task=1,
+        request_bytes=11,
+        response_bytes=22,
+        start_ns=33,
+        response_start_ns=44,
+        end_ns=55,
+        outstanding_at_start=6,
+        status_code=7,
+        tensor=TensorInfo(rendezvous_key="k", dtype="float16", shape=(2, 3), content_bytes=12),
+    )
+    trace = Trace(
+        metadata=RunMetadata(
+            model="m",
+            tensorflow_version="2.21.0",
+            strategy="s",
+            synchronous=True,
+            batch_size=4,
+            input_shape=(8, 8, 3),
+            trainable_parameters=99,
+            capture_method="preload",
+            host="h",
+            command=("a", "b"),
+            tool_version="0.1.0",
+            created_utc="2026-12-01T00:00:00Z",
+            extra=(("k1", "v1"), ("k2", "v2")),
+        ),
+        tasks=(Task(job="ps", index=0, address="a:1"), Task(job="worker", index=0, address="b:2")),
+        startup=trace_model.Phase(start_ns=1, end_ns=2, rpcs=(rpc,)),
+        steps=(Step(index=4, start_ns=30, end_ns=60, rpcs=(rpc,)),),
+        teardown=trace_model.Phase(start_ns=70, end_ns=80, rpcs=(rpc,)),
+        partial=True,
+        partial_reason="stopped",
+    )
+    buffer = io.BytesIO()
+    trace_model.dump_trace(trace, buffer)
+    assert trace_model.load_trace(io.BytesIO(buffer.getvalue())) == trace
+    assert (
+        trace_model.trace_from_json_dict(
+            json.loads(json.dumps(trace_model.trace_to_json_dict(trace)))
+        )
+        == trace
+    )
+    message = trace_model.trace_to_proto(trace)
+    assert (message.teardown.start_ns, message.teardown.end_ns) == (70, 80)
+    assert dict(message.metadata.extra) == {"k1": "v1", "k2": "v2"}
+
+
+def test_a_call_ending_as_the_next_starts_is_not_outstanding() -> None:
+    def call(start: int, end: int) -> Rpc:
+        return _rpc(caller_task=1, callee_task=0, start_ns=start, end_ns=end)
+
+    result = trace_model.with_outstanding([call(10, 20), call(0, 10), call(10, 11), call(19, 30)])
+    assert [(r.start_ns, r.outstanding_at_start) for r in result] == [
+        (0, 0),
+        (10, 0),
+        (10, 1),
+        (19, 1),
+    ]
+
+
+# --------------------------------------------------------------------------
+# Format version 2: how the steps were found.
+
+DETECTION = trace_model.StepDetection(
+    source="step-id",
+    unit="WORKER_STEP",
+    rule="runs that move every variable both ways",
+    candidates=9,
+    set_aside=(
+        trace_model.SetAside(reason="warm-up", phase="startup", runs=2, rpcs=40, bytes=5000),
+        trace_model.SetAside(reason="cut short", phase="teardown", runs=1, rpcs=3, bytes=60),
+    ),
+)
+
+
+def test_step_detection_survives_the_binary_and_the_json_round_trip() -> None:
+    trace = dataclasses.replace(make_trace(steps=1), step_detection=DETECTION)
+    buffer = io.BytesIO()
+    trace_model.dump_trace(trace, buffer)
+    again = trace_model.load_trace(io.BytesIO(buffer.getvalue()))
+    assert again.step_detection == DETECTION
+    message = trace_model.trace_to_proto(trace)
+    assert [
+        (s.reason, s.phase, s.runs, s.rpcs, s.bytes) for s in message.step_detection.set_aside
+    ] == [
+        ("warm-up", "startup", 2, 40, 5000),
+        ("cut short", "teardown", 1, 3, 60),
+    ]
+    assert (message.step_detection.source, message.step_detection.unit) == (
+        "step-id",
+        "WORKER_STEP",
+    )
+    assert message.step_detection.candidates == 9
+    assert message.step_detection.rule == "runs that move every variable both ways"
+    document = json.loads(json.dumps(trace_model.trace_to_json_dict(trace)))
+    assert trace_model.trace_from_json_dict(document).step_detection == DETECTION
+    del document["step_detection"]
+    assert trace_model.trace_from_json_dict(document).step_detection.empty
+
+
+def test_an_empty_step_detection_is_not_written() -> None:
+    message = trace_model.trace_to_proto(make_trace(steps=1))
+    assert not message.HasField("step_detection")
+    assert trace_model.StepDetection().empty and not DETECTION.empty
+
+
+def test_a_version_1_trace_cannot_carry_a_step_detection() -> None:
+    with pytest.raises(
+        TraceError,
+        match=r"^step_detection needs format version 2 or later \(this trace says 1\)$",
+    ):
+        dataclasses.replace(make_trace(steps=1), format_version=1, step_detection=DETECTION)
+
+
+def test_set_aside_records_refuse_nonsense() -> None:
+    with pytest.raises(
+        ValueError, match=r"^set-aside phase must be startup or teardown, got 'steady'$"
+    ):
+        trace_model.SetAside(reason="r", phase="steady")
+    for name in ("runs", "rpcs", "bytes"):
+        with pytest.raises(ValueError, match=rf"^set-aside {name} must be >= 0, got -1$"):
+            trace_model.SetAside(reason="r", phase="startup", **{name: -1})
+        assert getattr(trace_model.SetAside(reason="r", phase="teardown", **{name: 0}), name) == 0
+    with pytest.raises(ValueError, match=r"^candidates must be >= 0, got -1$"):
+        trace_model.StepDetection(candidates=-1)
+
+
+def test_the_step_unit_comes_from_the_detection_or_from_a_version_1_extra() -> None:
+    assert dataclasses.replace(make_trace(steps=1), step_detection=DETECTION).step_unit == (
+        "WORKER_STEP"
+    )
+    old = make_trace(steps=1)
+    old = dataclasses.replace(
+        old,
+        format_version=1,
+        metadata=dataclasses.replace(old.metadata, extra=(("step_unit", "worker-step"),)),
+    )
+    assert old.step_unit == "worker-step"
+    assert make_trace(steps=1).step_unit == ""

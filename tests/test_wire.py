@@ -323,7 +323,7 @@ def test_a_streamed_call_without_an_answer_fails_at_its_deadline(blocking: bool)
             error = replay_client.outcome(call, replay_client.start(call, timeout_s=0.3))
             assert isinstance(error, TransportError) and "--deadline" in str(error)
         # The stream is gone: later calls fail at once instead of hanging.
-        with pytest.raises(TransportError):
+        with pytest.raises(TransportError, match=r"PushStream: no answer within the deadline"):
             replay_client.invoke(call, timeout_s=0.3)
     finally:
         replay_client.close()

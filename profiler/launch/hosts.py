@@ -20,13 +20,10 @@ from __future__ import annotations
 
 import contextlib
 import os
-import signal
-import threading
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from types import FrameType
 
-from tf_grpc_bench import netns
+from tf_grpc_bench import lifetime, netns
 from tf_grpc_bench.errors import ConfigError, NetworkError
 
 LAYOUTS = ("ps-together", "one-per-host")
@@ -122,24 +119,6 @@ class TaskHosts:
 
 
 @contextlib.contextmanager
-def _sigterm_interrupts() -> Iterator[None]:
-    """SIGTERM raises KeyboardInterrupt, as Ctrl-C does: the capture stops its tasks and
-    writes its partial trace, then the network is torn down.  Main thread only."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-
-    def interrupt(_signum: int, _frame: FrameType | None) -> None:
-        raise KeyboardInterrupt
-
-    previous = signal.signal(signal.SIGTERM, interrupt)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
-
-
-@contextlib.contextmanager
 def emulated_hosts(request: NetworkRequest, keys: Sequence[TaskKey]) -> Iterator[TaskHosts]:
     """Build the hosts ``keys`` need under ``request``; remove them when the block ends.
 
@@ -150,7 +129,9 @@ def emulated_hosts(request: NetworkRequest, keys: Sequence[TaskKey]) -> Iterator
     count = max(2, len(set(host_of.values())))
     with netns.EmulatedNetwork(hosts=count, profile=request.profile) as network:
         hosts = network.hosts
-        with _sigterm_interrupts():
+        # Ctrl-C, SIGTERM and SIGHUP interrupt the capture alike: its tasks stop and
+        # its partial trace is written, then the network is torn down.
+        with lifetime.interrupt_on_signals():
             yield TaskHosts(
                 request=request,
                 host_of=host_of,

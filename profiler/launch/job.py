@@ -24,6 +24,7 @@ from typing import Any
 
 from absl import logging
 
+from tf_grpc_bench import lifetime
 from tf_grpc_bench.errors import CaptureError, ServeError
 from tf_grpc_bench.profiler.launch.config import TrainingConfig
 from tf_grpc_bench.profiler.launch.markers import MARKERS_FILE, StepMarker, read_step_markers
@@ -35,7 +36,7 @@ from tf_grpc_bench.profiler.launch.plan import (
     check_tasks,
 )
 from tf_grpc_bench.profiler.launch.ports import check_ports_free
-from tf_grpc_bench.profiler.launch.processes import stop_groups, tail_lines
+from tf_grpc_bench.profiler.launch.processes import meaningful_line, stop_groups, tail_lines
 
 #: First word of the line a task writes on stderr when it fails.
 FAILURE_PREFIX = "TASK FAILED"
@@ -171,6 +172,8 @@ class TrainingJob:
                 env=environment,
                 cwd=self.plan.workdir,
                 start_new_session=True,  # own process group: stop() reaches its children
+                # Dies with this process, even one killed by SIGKILL.
+                preexec_fn=lifetime.die_with_parent_preexec(),
             )
         except OSError:
             stdout.close()
@@ -291,18 +294,23 @@ class TrainingJob:
             if key in driving and self.plan.finished_path(*key).exists():
                 # Done with its steps: how its teardown went does not matter.
                 continue
-            detail = self._stderr_tail(running.spec)
-            if "Could not start gRPC server" in detail or "Address already in use" in detail:
+            path = self.plan.log_path(running.spec.job, running.spec.index, "stderr")
+            tail = "\n".join(tail_lines(path, tail_bytes=16384) or [])
+            if "Could not start gRPC server" in tail or "Address already in use" in tail:
                 raise ServeError(
                     f"task {running.spec.name} could not start its gRPC server on port "
                     f"{running.spec.bind_port}: port in use (taken after the launcher checked it?)"
                 )
             status = f"was killed by signal {-code}" if code < 0 else f"exited with status {code}"
             raise CaptureError(
-                f"task {running.spec.name} {status} before the job finished: {detail}"
+                f"task {running.spec.name} {status} before the job finished: "
+                f"{self._stderr_tail(running.spec)}"
             )
 
-    def _stderr_tail(self, spec: TaskSpec, *, lines: int = 3) -> str:
+    def _stderr_tail(self, spec: TaskSpec) -> str:
+        """One line of the task's stderr saying what went wrong (its own failure line, a
+        traceback's last line, else the last line that is not start-up logging), and
+        where the whole log is."""
         path = self.plan.log_path(spec.job, spec.index, "stderr")
         content = tail_lines(path, tail_bytes=16384)
         if content is None:
@@ -310,9 +318,8 @@ class TrainingJob:
         failure = [line for line in content if line.startswith(FAILURE_PREFIX)]
         if failure:
             return failure[-1]
-        if not content:
-            return f"(stderr empty; see {path})"
-        return " | ".join(content[-lines:]) + f" (see {path})"
+        line = meaningful_line(content)
+        return f"{line} (see {path})" if line else f"(nothing but start-up logs; see {path})"
 
 
 #: Variables that would change what the tasks do or whom they dial.

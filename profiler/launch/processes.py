@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import signal
 import subprocess
 import time
@@ -61,3 +62,30 @@ def tail_lines(path: Path, *, tail_bytes: int) -> list[str] | None:
     except OSError:
         return None
     return [line.strip() for line in text.splitlines() if line.strip()]
+
+
+#: Log lines of TensorFlow's C++ runtime, absl and gRPC below error level (start-up
+#: chatter: devices, oneDNN, cuda absent, servers started), and their banners.
+_NOISE = re.compile(
+    r"^(?:\d{4}-\d\d-\d\d \d\d:\d\d:\d\d(?:\.\d+)?: [IW] "  # TF:   "2026-12-01 ...: I tens..."
+    r"|[IW]\d{4} \d\d:\d\d:\d+\.\d+ +\d+ \S+:\d+\] "  # absl: "I0000 00:00:17.1 12 a.cc:3] "
+    r"|WARNING: All log messages before absl::InitializeLog\(\)"
+    r"|To enable the following instructions: |.*rebuild TensorFlow with the appropriate"
+    r"|\s*warnings\.warn\(|.*(?:Warning|warning): )"
+)
+#: The line a Python traceback ends with: ``SomeError: what happened``.
+_EXCEPTION = re.compile(r"^[A-Za-z_][\w.]*(?:Error|Exception|Exit|Interrupt|Failure)\b")
+#: Longest line quoted from a task's log in an error message.
+MAX_QUOTED_CHARS = 200
+
+
+def meaningful_line(lines: Sequence[str]) -> str:
+    """The line of a task's log tail that says what went wrong: the last exception
+    line of a traceback, else the last line that is not start-up chatter; "" if none.
+    Cut to ``MAX_QUOTED_CHARS``."""
+    kept = [line for line in lines if line.strip() and not _NOISE.match(line)]
+    exceptions = [line for line in kept if _EXCEPTION.match(line)]
+    chosen = (exceptions or kept or [""])[-1].strip()
+    if len(chosen) > MAX_QUOTED_CHARS:
+        chosen = chosen[: MAX_QUOTED_CHARS - 3] + "..."
+    return chosen

@@ -35,9 +35,10 @@ from typing import IO, Any
 
 from absl import logging
 
+from tf_grpc_bench import lifetime
 from tf_grpc_bench.errors import BenchError, CaptureError, ConfigError, ServeError
 from tf_grpc_bench.profiler.launch.markers import StepMarker, read_step_markers
-from tf_grpc_bench.profiler.launch.processes import stop_groups, tail_lines
+from tf_grpc_bench.profiler.launch.processes import meaningful_line, stop_groups, tail_lines
 from tf_grpc_bench.profiler.progress import Progress, ProgressCallback
 
 #: Environment variable naming the step-marker file a user script may write.
@@ -45,7 +46,6 @@ MARKERS_VARIABLE = "TF_GRPC_BENCH_STEP_MARKERS"
 #: Job names TensorFlow's cluster resolvers know.
 KNOWN_JOBS = ("chief", "ps", "worker", "evaluator")
 _MAX_TASKS = 32
-_FAILURE_LINES = 3
 #: How long a user's job may run in all, unless told otherwise (seconds).
 DEFAULT_TIMEOUT_S = 1800.0
 #: How long the tasks may exchange nothing (and write no step marker) before the
@@ -253,10 +253,9 @@ class _TaskProcess:
 
 
 def _stderr_tail(path: Path) -> str:
-    lines = tail_lines(path, tail_bytes=8192)
-    if lines is None:
-        return "(no stderr)"
-    return " | ".join(lines[-_FAILURE_LINES:]) if lines else "(stderr empty)"
+    """What the task's stderr says went wrong, in one line: ": <line>", or ""."""
+    line = meaningful_line(tail_lines(path, tail_bytes=16384) or [])
+    return f": {line}" if line else ""
 
 
 def check_local(host: str, task: str) -> None:
@@ -359,6 +358,8 @@ class UserTasks:
                 stderr=stderr,
                 env=variables,
                 start_new_session=True,
+                # Dies with this process, even one killed by SIGKILL.
+                preexec_fn=lifetime.die_with_parent_preexec(),
             )
         except OSError as failure:
             stdout.close()
@@ -389,7 +390,7 @@ class UserTasks:
                 if code is not None and code != 0:
                     status = f"was killed by signal {-code}" if code < 0 else f"exited with {code}"
                     tail = _stderr_tail(task.log_prefix.with_suffix(".stderr"))
-                    raise CaptureError(f"task {task.name} {status}: {tail}")
+                    raise CaptureError(f"task {task.name} {status}{tail}")
             if all(t.process.poll() == 0 for t in drivers):
                 return
             now = time.monotonic_ns()

@@ -1,13 +1,16 @@
 """Chunking of large tensors: a payload above ``--chunk-size`` sent as several calls.
 
 ``chunk_workload(workload, limit)`` rewrites a workload so that no call
-carries a payload larger than ``limit.chunk_bytes``: a call whose payload is
-larger becomes consecutive calls of the same shape, method, worker, server and
-step, each with one chunk (``chunk_sizes``: all chunks full but the last).
-``limit`` is anything with a ``chunk_bytes`` (``GrpcSettings`` is one).  The
-bytes each way add up to the original's (less per-message overhead in
-serialized mode, where sizes are as close as protobuf allows); order within a
-step is kept, the chunks of one tensor next to each other.
+carries a message larger than ``limit.chunk_bytes`` either way: a call whose
+payload is larger becomes consecutive calls of the same shape, method, worker,
+server and step, each with one chunk (``chunk_sizes``: all chunks full but the
+last).  A pull is cut in whichever direction is too large (a reversed call's
+tensor travels in its request), and its small direction is repeated on each
+chunk's call.  ``limit`` is anything with a ``chunk_bytes`` (``GrpcSettings``
+is one).  The bytes of the cut direction add up to the original's (less
+per-message overhead in serialized mode, where sizes are as close as protobuf
+allows); order within a step is kept, the chunks of one tensor next to each
+other.
 
 This is chunking by several unary calls, the form TensorFlow's own transfers
 take when a tensor is cut (and what gRPC's message limit forces on a client
@@ -72,30 +75,71 @@ def _split_buffers(buffers: tuple[int, ...], sizes: tuple[int, ...]) -> list[tup
     return groups
 
 
+def _pull_chunks(
+    request_bytes: int, response_bytes: int, chunk_bytes: int
+) -> list[tuple[int, int]]:
+    """(request, response) sizes of the calls carrying one pull in chunks.
+
+    Whichever direction is too large is cut (a reversed call carries its
+    tensor in the request); the other, small direction is repeated on every
+    chunk's call, as each call of a cut transfer has its own request.  When
+    both are too large, both are cut and the shorter list ends in empty messages.
+    """
+    requests = list(chunk_sizes(request_bytes, chunk_bytes))
+    responses = list(chunk_sizes(response_bytes, chunk_bytes))
+    count = max(len(requests), len(responses))
+    if len(requests) == 1:
+        requests *= count
+    elif len(responses) == 1:
+        responses *= count
+    requests += [0] * (count - len(requests))
+    responses += [0] * (count - len(responses))
+    return list(zip(requests, responses, strict=True))
+
+
+def _chunk_pull(call: Call, chunk_bytes: int, mode: Mode) -> tuple[Call, ...]:
+    pieces = _pull_chunks(call.request_bytes, call.response_bytes, chunk_bytes)
+    if len(pieces) == 1:
+        return (call,)
+    if mode is Mode.NON_SERIALIZED:
+        return tuple(
+            replace(call, request_bytes=request, response_bytes=response)
+            for request, response in pieces
+        )
+    return tuple(
+        pull_call(
+            method=call.method,
+            request_bytes=request,
+            response_bytes=response,
+            mode=mode,
+            tensor_name=call.tensor_name,
+            server_index=call.server_index,
+            worker_index=call.worker_index,
+            step=call.step,
+            offset_ns=call.offset_ns,
+            outstanding_at_start=call.outstanding_at_start,
+            reversed_direction=call.reversed_direction,
+        )
+        for request, response in pieces
+    )
+
+
+def chunk_count(call: Call, chunk_bytes: int) -> int:
+    """How many calls ``call`` becomes in chunks of ``chunk_bytes`` (without making them)."""
+    if chunk_bytes == 0:
+        return 1
+    sizes = (
+        (call.request_bytes, call.response_bytes)
+        if call.shape is Shape.PULL
+        else (sum(call.buffers),)
+    )
+    return max(1, *(-(-size // chunk_bytes) for size in sizes))
+
+
 def chunk_call(call: Call, limit: ChunkLimit, mode: Mode) -> tuple[Call, ...]:
     """One call as the calls that carry it in chunks (itself when it fits)."""
     if call.shape is Shape.PULL:
-        sizes = chunk_sizes(call.response_bytes, limit.chunk_bytes)
-        if len(sizes) == 1:
-            return (call,)
-        if mode is Mode.NON_SERIALIZED:
-            return tuple(replace(call, response_bytes=size) for size in sizes)
-        return tuple(
-            pull_call(
-                method=call.method,
-                request_bytes=call.request_bytes,
-                response_bytes=size,
-                mode=mode,
-                tensor_name=call.tensor_name,
-                server_index=call.server_index,
-                worker_index=call.worker_index,
-                step=call.step,
-                offset_ns=call.offset_ns,
-                outstanding_at_start=call.outstanding_at_start,
-                reversed_direction=call.reversed_direction,
-            )
-            for size in sizes
-        )
+        return _chunk_pull(call, limit.chunk_bytes, mode)
     payload = sum(call.buffers)
     sizes = chunk_sizes(payload, limit.chunk_bytes)
     if len(sizes) == 1:

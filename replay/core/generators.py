@@ -84,6 +84,13 @@ class BufferSizes:
         }[category]
 
 
+#: Most buffers in one payload (the paper uses 10), and payloads in a cycle; the
+#: generators build every buffer's size up front, so their product is bounded too.
+MAX_BUFFERS_PER_PAYLOAD = 10_000
+MAX_PAYLOADS = 10_000
+MAX_BUFFERS = 1_000_000
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class GeneratorConfig:
     """Everything that decides a synthetic workload's payloads."""
@@ -107,10 +114,17 @@ class GeneratorConfig:
         if not ordered:
             raise ConfigError("--categories: choose at least one of small, medium, large")
         object.__setattr__(self, "categories", ordered)
-        if self.buffers_per_payload < 1:
-            raise ConfigError(f"--buffers must be >= 1, got {self.buffers_per_payload}")
-        if self.payload_count < 1:
-            raise ConfigError(f"--payloads must be >= 1, got {self.payload_count}")
+        if not 1 <= self.buffers_per_payload <= MAX_BUFFERS_PER_PAYLOAD:
+            raise ConfigError(
+                f"--buffers must be in 1..{MAX_BUFFERS_PER_PAYLOAD}, got {self.buffers_per_payload}"
+            )
+        if not 1 <= self.payload_count <= MAX_PAYLOADS:
+            raise ConfigError(f"--payloads must be in 1..{MAX_PAYLOADS}, got {self.payload_count}")
+        if self.buffers_per_payload * self.payload_count > MAX_BUFFERS:
+            raise ConfigError(
+                f"--buffers {self.buffers_per_payload} x --payloads {self.payload_count} is "
+                f"more than {MAX_BUFFERS} buffers to generate"
+            )
         if self.seed < 0:
             raise ConfigError(f"--seed must be >= 0, got {self.seed}")
         if self.skew_bias is not None:

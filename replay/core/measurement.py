@@ -163,6 +163,36 @@ class LatencySummary:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class InexactSizes:
+    """Traced message sizes a replay could not reproduce to the byte, per pass of the trace.
+
+    Serialized mode cannot encode every length: a 1 or 2 B message goes as an
+    empty one, a length just past a varint step one byte short.  Bytes count
+    both directions of the calls concerned.
+    """
+
+    calls_per_pass: int
+    traced_bytes: int
+    replayed_bytes: int
+    #: The commonest changes, ``"<traced> B -> <replayed> B x<calls>"``, most calls first.
+    examples: str
+
+    def __post_init__(self) -> None:
+        if self.calls_per_pass < 1:
+            raise ValueError(f"calls_per_pass must be >= 1, got {self.calls_per_pass}")
+        if self.traced_bytes < 0 or self.replayed_bytes < 0:
+            raise ValueError("traced_bytes and replayed_bytes must be >= 0")
+
+    def describe(self) -> str:
+        """One line for the terminal."""
+        return (
+            f"{self.calls_per_pass} traced message sizes per pass cannot be encoded exactly "
+            f"in serialized mode ({self.examples}): {self.replayed_bytes} B replayed for "
+            f"{self.traced_bytes} B traced"
+        )
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class BenchmarkResult:
     """One benchmark's runs and the statistics over all of them.
 
@@ -181,6 +211,8 @@ class BenchmarkResult:
     runs: tuple[RunMeasurement, ...]
     partial: bool = False
     partial_reason: str = ""
+    #: Trace replays: the traced sizes the replay could not reproduce; None if all were.
+    inexact_sizes: InexactSizes | None = None
     latency_all: LatencySummary = field(init=False)
     #: Per size category present in the samples, in SizeCategory order.
     latency_by_category: tuple[tuple[SizeCategory, LatencySummary], ...] = field(init=False)

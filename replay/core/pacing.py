@@ -39,6 +39,10 @@ from tf_grpc_bench.replay.core.workload import Call
 
 #: Largest compute scale accepted (100x slower compute than recorded).
 MAX_COMPUTE_SCALE = 100.0
+#: Fastest --rate (calls per second per worker) and largest --speedup: far past what a
+#: replay reaches, finite so that schedules stay computable.
+MAX_RATE_PER_S = 1e7
+MAX_SPEEDUP = 1e6
 #: Window value meaning "the concurrency recorded in the trace".
 RECORDED_WINDOW = None
 #: Cap on calls in flight for open-loop timings without an explicit window,
@@ -69,12 +73,14 @@ class Pacing:
         if self.window is not None and self.window < 1:
             raise ConfigError(f"--outstanding must be >= 1, got {self.window}")
         if self.timing is Timing.RATE:
-            if not self.rate_per_s > 0:
-                raise ConfigError(f"--rate must be > 0 calls/s, got {self.rate_per_s}")
+            if not 0 < self.rate_per_s <= MAX_RATE_PER_S:
+                raise ConfigError(
+                    f"--rate must be in (0, {MAX_RATE_PER_S:g}] calls/s, got {self.rate_per_s:g}"
+                )
         elif self.rate_per_s:
             raise ConfigError("--rate applies only to --pacing rate")
-        if not self.speedup > 0:
-            raise ConfigError(f"--speedup must be > 0, got {self.speedup}")
+        if not 0 < self.speedup <= MAX_SPEEDUP:
+            raise ConfigError(f"--speedup must be in (0, {MAX_SPEEDUP:g}], got {self.speedup:g}")
         if not 0 <= self.compute_scale <= MAX_COMPUTE_SCALE:
             raise ConfigError(
                 f"--compute must be 'recorded', 'none' or a scale in [0, {MAX_COMPUTE_SCALE:g}], "

@@ -89,8 +89,8 @@ from tf_grpc_bench.replay.core.dependencies import (
     infer_dependencies,
 )
 from tf_grpc_bench.replay.core.generators import GeneratorConfig, PayloadSpec, generate_payloads
-from tf_grpc_bench.replay.core.measurement import Benchmark
-from tf_grpc_bench.trace import TENSOR_METHODS, Rpc, Trace
+from tf_grpc_bench.replay.core.measurement import Benchmark, InexactSizes
+from tf_grpc_bench.trace import TENSOR_METHODS, Rpc, Step, Trace
 
 #: Method paths of the replay service (``protos/bench.proto``); the raw mode uses the same paths.
 ECHO_METHOD = "/tf_grpc_bench.Replay/Echo"
@@ -336,6 +336,9 @@ class Workload:
     #: any call of the next began (a synchronous coordinator's join); the
     #: replay's workers then meet between steps.
     round_barrier: bool = False
+    #: Trace workloads: the traced sizes the calls could not reproduce (serialized
+    #: mode); None when every call has its traced sizes.
+    inexact_sizes: InexactSizes | None = None
 
     def __post_init__(self) -> None:
         if self.source not in ("synthetic", "trace"):
@@ -860,6 +863,65 @@ def steps_are_rounds(trace: Trace) -> bool:
     return True
 
 
+def inexact_sizes(pairs: Iterable[tuple[tuple[int, int], tuple[int, int]]]) -> InexactSizes | None:
+    """What differs between traced and replayed (request, response) sizes, or None."""
+    changes: Counter[tuple[int, int]] = Counter()
+    calls = traced = replayed = 0
+    for (traced_request, traced_response), (request, response) in pairs:
+        if (traced_request, traced_response) == (request, response):
+            continue
+        calls += 1
+        traced += traced_request + traced_response
+        replayed += request + response
+        for before, after in ((traced_request, request), (traced_response, response)):
+            if before != after:
+                changes[(before, after)] += 1
+    if not calls:
+        return None
+    ranked = sorted(changes.items(), key=lambda item: (-item[1], item[0]))
+    examples = ", ".join(f"{b} B -> {a} B x{n}" for (b, a), n in ranked[:_INEXACT_EXAMPLES])
+    if len(ranked) > _INEXACT_EXAMPLES:
+        examples += ", ..."
+    return InexactSizes(
+        calls_per_pass=calls, traced_bytes=traced, replayed_bytes=replayed, examples=examples
+    )
+
+
+#: How many kinds of size change ``inexact_sizes`` names.
+_INEXACT_EXAMPLES = 3
+
+
+def _step_calls(
+    trace_step: Step,
+    mapped: Sequence[_Mapped],
+    roles: TraceRoles,
+    mode: Mode,
+    *,
+    point_to_point: bool,
+) -> tuple[Call, ...]:
+    """One trace step's mapped RPCs as calls (one worker's when ``point_to_point``)."""
+    outstanding = _with_pair_outstanding(mapped)
+    dependencies = _step_dependencies(mapped, roles, trace_step.start_ns)
+    return tuple(
+        pull_call(
+            method=m.rpc.method,
+            request_bytes=m.request_bytes,
+            response_bytes=m.response_bytes,
+            mode=mode,
+            tensor_name=m.rpc.tensor.edge_name if m.rpc.tensor else "",
+            server_index=roles.server_index(m.server_task),
+            worker_index=0 if point_to_point else roles.client_index(m.client_task),
+            step=trace_step.index,
+            offset_ns=max(m.rpc.start_ns - trace_step.start_ns, 0),
+            outstanding_at_start=count,
+            reversed_direction=m.reversed_direction,
+            dependencies=deps,
+            rpc_index=m.rpc_index,
+        )
+        for m, count, deps in zip(mapped, outstanding, dependencies, strict=True)
+    )
+
+
 def trace_workload(
     trace: Trace,
     benchmark: Benchmark,
@@ -882,33 +944,20 @@ def trace_workload(
         pair, steps, dropped = _pair_only(trace, roles, steps, dropped, pair)
     periods = _step_periods(trace)
     workload_steps = []
+    #: (traced, replayed) (request, response) sizes of every call, to find inexact ones.
+    sizes: list[tuple[tuple[int, int], tuple[int, int]]] = []
     for trace_step, period, mapped in zip(trace.steps, periods, steps, strict=True):
-        outstanding = _with_pair_outstanding(mapped)
-        dependencies = _step_dependencies(mapped, roles, trace_step.start_ns)
-        calls = tuple(
-            pull_call(
-                method=m.rpc.method,
-                request_bytes=m.request_bytes,
-                response_bytes=m.response_bytes,
-                mode=mode,
-                tensor_name=m.rpc.tensor.edge_name if m.rpc.tensor else "",
-                server_index=roles.server_index(m.server_task),
-                worker_index=0 if point_to_point else roles.client_index(m.client_task),
-                step=trace_step.index,
-                offset_ns=max(m.rpc.start_ns - trace_step.start_ns, 0),
-                outstanding_at_start=count,
-                reversed_direction=m.reversed_direction,
-                dependencies=deps,
-                rpc_index=m.rpc_index,
-            )
-            for m, count, deps in zip(mapped, outstanding, dependencies, strict=True)
-        )
+        calls = _step_calls(trace_step, mapped, roles, mode, point_to_point=point_to_point)
         # PS throughput keeps every trace step, even one without calls (a pass is
         # every step once, for every worker); a pair keeps the steps it talks in.
         if calls or not point_to_point:
             workload_steps.append(
                 WorkloadStep(index=trace_step.index, calls=calls, period_ns=period)
             )
+        sizes += [
+            ((m.request_bytes, m.response_bytes), (c.request_bytes, c.response_bytes))
+            for m, c in zip(mapped, calls, strict=True)
+        ]
     description: dict[str, ParameterValue] = {
         "trace_steps": len(trace.steps),
         "calls_per_pass": sum(len(s.calls) for s in workload_steps),
@@ -937,4 +986,5 @@ def trace_workload(
         worker_count=1 if point_to_point else len(roles.client_tasks),
         description=tuple(description.items()),
         round_barrier=bool(description["round_barrier"]),
+        inexact_sizes=inexact_sizes(sizes),
     )

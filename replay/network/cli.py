@@ -22,8 +22,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Protocol
 
-from tf_grpc_bench import netns
-from tf_grpc_bench.errors import NetworkError, UsageError
+from tf_grpc_bench import lifetime, netns
+from tf_grpc_bench.errors import NetworkError, RunInterrupted, UsageError
 from tf_grpc_bench.replay.core.workload import Workload
 from tf_grpc_bench.replay.network import compare as network_compare
 from tf_grpc_bench.replay.network.netinfo import format_rate
@@ -152,9 +152,9 @@ _RUN_ID = re.compile(r"^[0-9]+-[0-9a-f]+$")
 
 
 def _down(run_id: str) -> int:
-    netns.require_root()
     if not _RUN_ID.match(run_id):
         raise NetworkError(f"RUN_ID {run_id!r}: expected <pid>-<hex> as 'network up' printed")
+    netns.require_root()
     names = netns.run_namespaces(run_id)
     if not names:
         raise NetworkError(f"RUN_ID {run_id}: no such network (see 'tf-grpc-bench network list')")
@@ -204,9 +204,9 @@ def _compare(
     if args.target is not None:
         raise UsageError("network compare makes its own targets; drop --target")
     profiles = netns.parse_profiles(args.profiles)
-    netns.require_root()
-    # Validate every replay flag here, before any namespace exists.
+    # Validate every replay flag here, before any namespace exists (and without root).
     request = build_request(args)
+    netns.require_root()
     server_count = max(w.server_count for w in request.workloads)
     output_dir = results.new_run_directory(args.output_dir, "compare")
     config = network_compare.CompareConfig(
@@ -227,6 +227,12 @@ def _compare(
     print(comparison.markdown)
     print(f"comparison: {output_dir / network_compare.COMPARISON_FILE}")
     print(f"view:       tensorboard --logdir {output_dir}")
+    if comparison.interrupted is not None:
+        name = lifetime.signal_name(comparison.interrupted)
+        raise RunInterrupted(
+            f"interrupted ({name}); the profiles replayed so far are in {output_dir}",
+            signum=comparison.interrupted,
+        )
     if comparison.failed:
         names = ", ".join(o.profile.name for o in comparison.failed)
         raise NetworkError(f"replay failed on {names}; see {output_dir}")

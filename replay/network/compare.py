@@ -29,7 +29,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from tf_grpc_bench import netns
+from tf_grpc_bench import lifetime, netns
 from tf_grpc_bench.errors import NetworkError, ResultError
 from tf_grpc_bench.replay.output import comparison, report, timeline
 from tf_grpc_bench.replay.output import document as results
@@ -37,6 +37,8 @@ from tf_grpc_bench.replay.output import document as results
 #: Port the servers listen on inside host 0 (each network is private, so fixed is fine).
 SERVE_PORT = 50001
 COMPARISON_FILE = "comparison.md"
+#: How long an interrupted (or overdue) replay gets to write its partial results.
+_INTERRUPT_GRACE_S = 30.0
 _RESULTS_LINE = re.compile(r"^results:\s+(?P<path>\S.*)$", re.MULTILINE)
 
 
@@ -79,6 +81,8 @@ class Comparison:
     output_dir: Path
     outcomes: tuple[ProfileOutcome, ...]
     markdown: str
+    #: The stop signal that ended the comparison early (the profiles done are kept).
+    interrupted: int | None = None
 
     @property
     def failed(self) -> tuple[ProfileOutcome, ...]:
@@ -148,7 +152,7 @@ def _run_profile(
         targets = ",".join(
             f"{server_host.address}:{SERVE_PORT + i}" for i in range(config.server_count)
         )
-        replay = network.run(
+        replay = network.spawn(
             client_host,
             _tool(
                 "replay",
@@ -162,11 +166,52 @@ def _run_profile(
                 str(profile_dir),
                 "--quiet",
             ),
-            timeout_s=config.replay_timeout_s,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
         )
-    for line in replay.stdout.splitlines():
+        stdout, stderr, interrupted = _finish(replay, config.replay_timeout_s)
+    for line in stdout.splitlines():
         on_line(f"{profile.name}: {line}")
-    match = _RESULTS_LINE.search(replay.stdout)
+    outcome = _outcome(profile, stdout, stderr, replay.returncode)
+    if interrupted is not None:
+        raise ProfileInterrupted(outcome, interrupted)
+    return outcome
+
+
+class ProfileInterrupted(KeyboardInterrupt):
+    """A stop signal ended a profile's replay: what it wrote, and the signal."""
+
+    def __init__(self, outcome: ProfileOutcome, interrupt: KeyboardInterrupt) -> None:
+        super().__init__(str(interrupt))
+        self.outcome = outcome
+        self.signum = lifetime.signal_of(interrupt)
+
+
+def _finish(
+    replay: subprocess.Popen[str], timeout_s: float
+) -> tuple[str, str, KeyboardInterrupt | None]:
+    """The replay's output once it ended.  A stop signal here is passed on to the replay
+    (in its own process group, so it hears nothing of the terminal), which then writes
+    its partial results; a second one stops waiting."""
+    try:
+        stdout, stderr = replay.communicate(timeout=timeout_s)
+        return stdout, stderr, None
+    except subprocess.TimeoutExpired:
+        replay.terminate()
+        stdout, stderr = replay.communicate(timeout=_INTERRUPT_GRACE_S)
+        return stdout, stderr + f"\nreplay did not finish within {timeout_s:g} s\n", None
+    except KeyboardInterrupt as interrupt:
+        with contextlib.suppress(ProcessLookupError):
+            replay.send_signal(lifetime.signal_of(interrupt))
+        stdout, stderr = replay.communicate(timeout=_INTERRUPT_GRACE_S)
+        return stdout, stderr, interrupt
+
+
+def _outcome(
+    profile: netns.LinkProfile, stdout: str, stderr: str, returncode: int | None
+) -> ProfileOutcome:
+    match = _RESULTS_LINE.search(stdout)
     path = Path(match["path"].strip()) if match else None
     document = None
     if path is not None:
@@ -177,9 +222,9 @@ def _run_profile(
                 profile=profile, results_path=path, document=None, error=str(unreadable)
             )
     failure = ""
-    if replay.returncode != 0:
-        lines = replay.stderr.strip().splitlines()
-        failure = lines[-1] if lines else f"replay exited with status {replay.returncode}"
+    if returncode != 0:
+        lines = stderr.strip().splitlines()
+        failure = lines[-1] if lines else f"replay exited with status {returncode}"
     return ProfileOutcome(profile=profile, results_path=path, document=document, error=failure)
 
 
@@ -193,29 +238,48 @@ def compare_networks(
     """
     netns.require_root()
     config.output_dir.mkdir(parents=True, exist_ok=True)
-    outcomes = []
+    outcomes: list[ProfileOutcome] = []
+    interrupted: int | None = None
     for profile in config.profiles:
         on_line(f"{profile.name}: network up, replaying")
-        outcome = _run_profile(config, profile, on_line)
+        try:
+            outcome = _run_profile(config, profile, on_line)
+        except ProfileInterrupted as cut_short:
+            outcomes.append(cut_short.outcome)
+            interrupted = cut_short.signum
+            break
+        except KeyboardInterrupt as interrupt:
+            interrupted = lifetime.signal_of(interrupt)
+            break
         if outcome.error:
             on_line(f"{profile.name}: failed: {outcome.error}")
         outcomes.append(outcome)
     documents = [o.document for o in outcomes if o.document is not None]
     markdown = report.format_markdown_table(documents) if documents else "(no results)"
     failures = [f"- {o.profile.name}: {o.error}" for o in outcomes if o.error]
+    stopped = (
+        [] if interrupted is None else ["", f"Interrupted ({lifetime.signal_name(interrupted)})."]
+    )
     text = "\n".join(
         [
             f"# Network comparison ({', '.join(p.name for p in config.profiles)})",
             "",
             markdown,
             *(["", "Failed:", *failures] if failures else []),
+            *stopped,
             "",
         ]
     )
-    (config.output_dir / COMPARISON_FILE).write_text(text, encoding="utf-8")
-    if documents:
-        write_tensorboard_comparison(config.output_dir, documents)
-    return Comparison(output_dir=config.output_dir, outcomes=tuple(outcomes), markdown=markdown)
+    with lifetime.deferred_signals():
+        (config.output_dir / COMPARISON_FILE).write_text(text, encoding="utf-8")
+        if documents:
+            write_tensorboard_comparison(config.output_dir, documents)
+    return Comparison(
+        output_dir=config.output_dir,
+        outcomes=tuple(outcomes),
+        markdown=markdown,
+        interrupted=interrupted,
+    )
 
 
 def write_tensorboard_comparison(

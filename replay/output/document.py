@@ -22,10 +22,12 @@ system, and ``build_document`` calls ``describe_machine`` unless given one.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
 import re
+import shutil
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -43,6 +45,7 @@ from tf_grpc_bench.replay.core.measurement import (
     Benchmark,
     BenchmarkResult,
     CallSample,
+    InexactSizes,
     LatencySummary,
     RunMeasurement,
 )
@@ -62,17 +65,21 @@ FORMAT = "tf-grpc-bench-results"
 #:       ``step_compute_ns`` (compute on each step's critical path), statistics
 #:       gain ``prediction`` and ``release_lag_ns``.  Version 1 documents read
 #:       with those empty (lags 0).
-#:   3 (2026-12): samples gain ``rpc_index`` (which RPC of the trace step a
-#:       call replayed, for timelines and exports).  Versions 1 and 2 read
-#:       with -1 (unknown).
-FORMAT_VERSION = 3
+#:   3 (2026-12): benchmarks gain ``inexact_sizes``: the traced message sizes a
+#:       (serialized) replay could not reproduce, or null.  Older documents read
+#:       with null.
+#:   4 (2026-12): samples gain ``rpc_index`` (which RPC of the trace step a
+#:       call replayed, for timelines and exports).  Versions 1 to 3 read with
+#:       -1 (unknown).
+FORMAT_VERSION = 4
 #: Versions ``read_document`` can read.
-READABLE_VERSIONS = frozenset({1, 2, 3})
+READABLE_VERSIONS = frozenset({1, 2, 3, 4})
 #: The sample columns each version stores.
 _SAMPLE_COLUMNS_BY_VERSION = {
     1: tuple(c for c in SAMPLE_COLUMNS if c not in ("release_lag_ns", "rpc_index")),
     2: tuple(c for c in SAMPLE_COLUMNS if c != "rpc_index"),
-    3: SAMPLE_COLUMNS,
+    3: tuple(c for c in SAMPLE_COLUMNS if c != "rpc_index"),
+    4: SAMPLE_COLUMNS,
 }
 #: Conventional name of the result document inside a run directory.
 RESULTS_FILE_NAME = "results.json"
@@ -366,12 +373,24 @@ def _run_json(run: RunMeasurement) -> dict[str, Any]:
     }
 
 
+def _inexact_json(inexact: InexactSizes | None) -> dict[str, Any] | None:
+    if inexact is None:
+        return None
+    return {
+        "calls_per_pass": inexact.calls_per_pass,
+        "traced_bytes": inexact.traced_bytes,
+        "replayed_bytes": inexact.replayed_bytes,
+        "examples": inexact.examples,
+    }
+
+
 def _benchmark_json(result: BenchmarkResult, cpu_count: int) -> dict[str, Any]:
     return {
         "benchmark": result.benchmark.value,
         "workload": result.workload,
         "partial": result.partial,
         "partial_reason": result.partial_reason,
+        "inexact_sizes": _inexact_json(result.inexact_sizes),
         "parameters": dict(result.parameters),
         "statistics": _statistics_json(result, cpu_count),
         "runs": [_run_json(run) for run in result.runs],
@@ -645,7 +664,26 @@ def _benchmark_from_json(obj: dict[str, Any], where: str, version: int) -> Bench
         runs=tuple(runs),
         partial=_bool(obj, "partial", where),
         partial_reason=_str(obj, "partial_reason", where),
+        inexact_sizes=_inexact_from_json(obj, where) if version >= 3 else None,
     )
+
+
+def _inexact_from_json(obj: Mapping[str, Any], where: str) -> InexactSizes | None:
+    value = _field(obj, "inexact_sizes", where)
+    if value is None:
+        return None
+    if not isinstance(value, dict):
+        raise _Invalid(f"{where}.inexact_sizes: expected an object or null")
+    at = f"{where}.inexact_sizes"
+    try:
+        return InexactSizes(
+            calls_per_pass=_int(value, "calls_per_pass", at),
+            traced_bytes=_int(value, "traced_bytes", at),
+            replayed_bytes=_int(value, "replayed_bytes", at),
+            examples=_str(value, "examples", at),
+        )
+    except ValueError as error:
+        raise _Invalid(f"{at}: {error}") from None
 
 
 def document_from_json_dict(data: Any, *, source: str = "results") -> ResultDocument:
@@ -747,6 +785,15 @@ def read_document(path: str | os.PathLike[str]) -> ResultDocument:
 
 # --------------------------------------------------------------------------
 # Run directories.
+
+
+def discard_run_directory(run_directory: Path, *, base_existed: bool) -> None:
+    """Remove a run directory that holds no results (nothing was measured), and its
+    base directory too when ``new_run_directory`` made it and it is now empty."""
+    shutil.rmtree(run_directory, ignore_errors=True)
+    if not base_existed:
+        with contextlib.suppress(OSError):
+            run_directory.parent.rmdir()
 
 
 def new_run_directory(

@@ -94,18 +94,23 @@ def _cpu_model(cpuinfo: Path) -> str:
     return platform.processor()
 
 
-def _memory_bytes(meminfo: Path) -> int:
+def _memory_bytes(meminfo: Path, field: str = "MemTotal") -> int:
     try:
         text = meminfo.read_text(errors="replace")
     except OSError:
         return -1
     for line in text.splitlines():
-        if line.startswith("MemTotal:"):
+        if line.startswith(f"{field}:"):
             fields = line.split()
             if len(fields) >= 2 and fields[1].isdigit():
                 unit = 1024 if len(fields) > 2 and fields[2].lower() == "kb" else 1
                 return int(fields[1]) * unit
     return -1
+
+
+def available_memory_bytes(*, proc: Path = Path("/proc")) -> int:
+    """Memory the kernel says new work can have now (``MemAvailable``); -1 if unknown."""
+    return _memory_bytes(proc / "meminfo", "MemAvailable")
 
 
 def describe_machine(*, proc: Path = Path("/proc")) -> MachineInfo:

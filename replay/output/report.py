@@ -118,7 +118,17 @@ def format_table(document: ResultDocument) -> str:
         notes.append(document.partial_reason or "stopped early")
     lines += [f"{PARTIAL_MARK} partial: {note}" for note in notes]
     lines += _dropped_notes(document)
+    lines += _inexact_notes(document)
     return "\n".join(lines)
+
+
+def _inexact_notes(document: ResultDocument) -> list[str]:
+    """What sizes a (serialized) trace replay could not reproduce, per benchmark."""
+    return [
+        f"sizes not exact: {label}: {result.inexact_sizes.describe()}"
+        for result, label in zip(document.benchmarks, document.labels, strict=True)
+        if result.inexact_sizes is not None
+    ]
 
 
 def _dropped_notes(document: ResultDocument) -> list[str]:

@@ -34,17 +34,26 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from tf_grpc_bench.errors import ConfigError, TransportError, UsageError
+from tf_grpc_bench import lifetime
+from tf_grpc_bench.errors import (
+    ConfigError,
+    ResultError,
+    RunInterrupted,
+    TransportError,
+    UsageError,
+)
 from tf_grpc_bench.replay.core.measurement import Benchmark, BenchmarkResult, RunMeasurement
 from tf_grpc_bench.replay.core.workload import Mode
 from tf_grpc_bench.replay.network import netinfo
 from tf_grpc_bench.replay.output import document as results
 from tf_grpc_bench.replay.placement import cluster, gather
-from tf_grpc_bench.replay.placement.cluster import Placement, Role
+from tf_grpc_bench.replay.placement.cluster import Placement, Role, TaskId
 from tf_grpc_bench.replay.runner import ReplayRequest, run_benchmark
 from tf_grpc_bench.replay.transport import grpc_settings, tls
 from tf_grpc_bench.replay.transport.client import split_address
+from tf_grpc_bench.replay.transport.loop import interrupted_reason
 from tf_grpc_bench.replay.transport.server import ReplayServer
+from tf_grpc_bench.replay.transport.wire import read_token_file
 
 #: Seconds a task waits for the others (barriers, submissions, job end).
 DEFAULT_JOB_TIMEOUT_S = 3600.0
@@ -79,15 +88,28 @@ def add_placement_flags(parser: argparse.ArgumentParser) -> None:
 RequestBuilder = Callable[[argparse.Namespace], ReplayRequest]
 
 
+#: Longest --job-timeout: a day.
+MAX_JOB_TIMEOUT_S = 86_400.0
+#: How long an interrupted gatherer still waits for the workers' partial results.
+INTERRUPT_GRACE_S = 10.0
+
+
 def run_role(args: argparse.Namespace, *, build_request: RequestBuilder) -> int:
-    """Do this task's part of the replay job; ``build_request`` validates the replay flags."""
+    """Do this task's part of the replay job; ``build_request`` validates the replay flags.
+
+    Every task checks every flag before it does anything (a ps too, though it
+    replays nothing: the launcher gives all tasks the same command).
+    """
     placement = cluster.resolve_placement(cluster=args.cluster, task=args.task)
     if placement is None:
         raise UsageError("no placement: set TF_CONFIG, or give --cluster and --task")
     if args.target is not None:
         raise UsageError("role takes its targets from the cluster's ps tasks; drop --target")
-    if not args.job_timeout > 0:
-        raise ConfigError(f"--job-timeout must be > 0 s, got {args.job_timeout:g}")
+    if not 0 < args.job_timeout <= MAX_JOB_TIMEOUT_S:
+        raise ConfigError(
+            f"--job-timeout must be in (0, {MAX_JOB_TIMEOUT_S:g}] seconds, got {args.job_timeout:g}"
+        )
+    _worker_request(placement, args, build_request)
     roles = placement.roles
     print(f"{placement.task}: {', '.join(sorted(r.value for r in roles)) or 'nothing to do'}")
     if not roles:
@@ -132,20 +154,35 @@ def _gather_credentials(files: Any) -> tuple[Any, Any]:
 
 
 class _Stop:
-    """SIGTERM (a launcher ending the job) ends a serving task cleanly."""
+    """A stop signal (a launcher ending the job: SIGTERM; Ctrl-C; SIGHUP) ends a serving
+    task cleanly; ``signum`` says which, None while none came."""
 
     def __init__(self) -> None:
         self.event = threading.Event()
+        self.signum: int | None = None
 
     def __enter__(self) -> _Stop:
-        self._old = signal.signal(signal.SIGTERM, self._handle)
+        self._old = {
+            number: signal.signal(number, self._handle) for number in lifetime.STOP_SIGNALS
+        }
         return self
 
-    def _handle(self, _signum: int, _frame: FrameType | None) -> None:
+    def _handle(self, signum: int, _frame: FrameType | None) -> None:
+        self.signum = self.signum or signum
         self.event.set()
 
     def __exit__(self, *_exc: object) -> None:
-        signal.signal(signal.SIGTERM, self._old)
+        for number, handler in self._old.items():
+            signal.signal(number, handler)
+
+
+def _raise_if_interrupted(task: TaskId, what: str, signum: int | None = None) -> None:
+    """RunInterrupted (exit 128 + signal) if a stop signal came (``signum`` or ``lifetime``'s)."""
+    signum = signum or lifetime.stop_signal()
+    if signum is not None:
+        raise RunInterrupted(
+            f"{task}: interrupted ({lifetime.signal_name(signum)}); {what}", signum=signum
+        )
 
 
 # -- ps --------------------------------------------------------------------------
@@ -155,11 +192,12 @@ def _serve(placement: Placement, args: argparse.Namespace) -> int:
     settings = grpc_settings.settings_from_args(args)
     files = _tls(placement, args)
     material = None if files is None else tls.material(files)
+    token = None if args.token_file is None else read_token_file(args.token_file)
     server = ReplayServer(
         mode=Mode(args.mode),
         host="0.0.0.0",
         port=_port_of(placement.address),
-        settings=grpc_settings.server_settings(settings, material),
+        settings=replace(grpc_settings.server_settings(settings, material), control_token=token),
     )
     server.start()
     print(f"{placement.task}: serving on {server.bind_address}", flush=True)
@@ -178,16 +216,14 @@ def _serve(placement: Placement, args: argparse.Namespace) -> int:
         waiter.start()
         try:
             stop.event.wait()
-        except KeyboardInterrupt:
-            pass
         finally:
-            stats = server.stats()
+            received_bytes, received_messages = server.received()
             server.stop(1.0)
     print(
-        f"{placement.task}: stopped; received {stats.received_messages} messages, "
-        f"{stats.received_bytes} bytes",
+        f"{placement.task}: stopped; received {received_messages} messages, {received_bytes} bytes",
         flush=True,
     )
+    _raise_if_interrupted(placement.task, "server stopped", stop.signum)
     return 0
 
 
@@ -197,10 +233,14 @@ def _serve(placement: Placement, args: argparse.Namespace) -> int:
 def _worker_request(
     placement: Placement, args: argparse.Namespace, build_request: RequestBuilder
 ) -> ReplayRequest:
-    """The replay request of this worker: the cluster's ps tasks as targets."""
+    """The replay request of this worker: the cluster's ps tasks as targets.
+
+    ConfigError, naming the cluster (``role`` has no ``--target``), when the
+    workload needs more ps tasks or workers than the cluster has.
+    """
     ps = placement.ps_addresses
     worker_args = argparse.Namespace(**vars(args))
-    worker_args.target = ",".join(ps)
+    worker_args.target = None
     request = build_request(worker_args)
     if request.trace_path is None:
         # The synthetic workload, shaped like the cluster unless told otherwise.
@@ -209,6 +249,12 @@ def _worker_request(
         if args.ps is None:
             worker_args.ps = len(ps)
         request = build_request(worker_args)
+    needed = max(w.server_count for w in request.workloads)
+    if needed > len(ps):
+        raise ConfigError(
+            f"the workload needs {needed} ps task(s), the cluster has {len(ps)} "
+            f"({'--ps' if request.trace_path is None else 'the trace'} decides how many)"
+        )
     for workload in request.workloads:
         if (
             workload.benchmark is Benchmark.PS_THROUGHPUT
@@ -218,7 +264,8 @@ def _worker_request(
                 f"the workload has {workload.worker_count} worker(s), the cluster "
                 f"{placement.worker_count}: each cluster worker replays one of the workload's"
             )
-    return request
+    config = {**request.config, "targets": ",".join(ps)}
+    return replace(request, targets=tuple(ps), config=config)
 
 
 def _measure(
@@ -228,7 +275,10 @@ def _measure(
     request = _worker_request(placement, args, build_request)
     index = placement.task.index
     material = None if files is None else tls.material(files)
-    channel_settings = grpc_settings.channel_settings(request.grpc, material)
+    channel_settings = replace(
+        grpc_settings.channel_settings(request.grpc, material),
+        control_token=request.control_token,
+    )
     _, channel_credentials = _gather_credentials(files)
     measured: list[BenchmarkResult] = []
     assert request.targets is not None
@@ -295,13 +345,17 @@ def _replay(placement: Placement, args: argparse.Namespace, build_request: Reque
     task = str(placement.task)
     try:
         document = _measure(placement, args, files, build_request)
-    except Exception as error:
+    except (Exception, KeyboardInterrupt) as error:
         # Tell the gatherer rather than leave it waiting, then fail as usual.
+        message = str(error) or type(error).__name__
+        if isinstance(error, KeyboardInterrupt):
+            message = f"interrupted ({lifetime.signal_name(lifetime.signal_of(error))})"
         with contextlib.suppress(TransportError):
             gather.submit(
                 placement.gatherer_address,
                 task=task,
-                error=str(error) or type(error).__name__,
+                error=message,
+                timeout_s=min(args.job_timeout, INTERRUPT_GRACE_S),
                 credentials=channel_credentials,
             )
         raise
@@ -313,6 +367,7 @@ def _replay(placement: Placement, args: argparse.Namespace, build_request: Reque
         credentials=channel_credentials,
     )
     print(f"{task}: results sent to {placement.gatherer_address}", flush=True)
+    _raise_if_interrupted(placement.task, "partial results sent to the gatherer")
     return 0
 
 
@@ -383,41 +438,70 @@ def merge_worker_documents(
                 partial=bool(partial_runs) or bool(reasons),
                 partial_reason=(partial_runs[0].partial_reason if partial_runs else "")
                 or "; ".join(reasons),
+                inexact_sizes=base.inexact_sizes,
             )
         )
     return merged, "; ".join(reasons)
 
 
 def _gather(placement: Placement, args: argparse.Namespace, build_request: RequestBuilder) -> int:
-    # The TensorBoard writer is imported only by the task that writes the logs.
-    from tf_grpc_bench.replay.output import tensorboard as tensorboard_output
-    from tf_grpc_bench.replay.output import timeline
-
     files = _tls(placement, args)
     server_credentials, _ = _gather_credentials(files)
     workers = [f"worker:{i}" for i in range(placement.worker_count)]
-    replay_thread: threading.Thread | None = None
+    # Made (and so checked writable) before anything is measured.
+    base_existed = Path(args.output_dir).exists()
+    run_directory = results.new_run_directory(args.output_dir, "cluster")
     errors: list[BaseException] = []
-    with gather.GatherServer(
-        bind=f"0.0.0.0:{_port_of(placement.gatherer_address)}",
-        workers=workers,
-        credentials=server_credentials,
-        barrier_timeout_s=args.job_timeout,
-    ) as server:
-        print(f"{placement.task}: gathering from {len(workers)} workers", flush=True)
-        if Role.REPLAY in placement.roles:
-
-            def replay() -> None:
+    try:
+        with gather.GatherServer(
+            bind=f"0.0.0.0:{_port_of(placement.gatherer_address)}",
+            workers=workers,
+            credentials=server_credentials,
+            barrier_timeout_s=args.job_timeout,
+        ) as server:
+            print(f"{placement.task}: gathering from {len(workers)} workers", flush=True)
+            if Role.REPLAY in placement.roles:
+                # In the main thread, so that a stop signal reaches the measuring loop.
                 try:
                     _replay(placement, args, build_request)
                 except BaseException as error:  # reported after the gather below
                     errors.append(error)
+            texts, failures = _wait_for_workers(server, args.job_timeout)
+    except BaseException:
+        results.discard_run_directory(run_directory, base_existed=base_existed)
+        raise
+    document = _gathered_document(placement, workers, texts, failures)
+    _write_gathered(document, run_directory)
+    _raise_if_interrupted(placement.task, f"partial results written to {run_directory}")
+    if errors:
+        raise errors[0]
+    if document.partial:
+        raise TransportError(
+            f"partial results written to {run_directory}: {document.partial_reason}"
+        )
+    return 0
 
-            replay_thread = threading.Thread(target=replay, name="worker-0")
-            replay_thread.start()
-        texts, failures = server.wait(timeout_s=args.job_timeout)
-        if replay_thread is not None:
-            replay_thread.join()
+
+def _wait_for_workers(
+    server: gather.GatherServer, timeout_s: float
+) -> tuple[dict[str, str], dict[str, str]]:
+    """The workers' documents and failures; not long once a stop signal came (the launcher
+    stops every task at once, and their partial results come within moments)."""
+    if lifetime.stop_signal() is not None:
+        return server.wait(timeout_s=min(timeout_s, INTERRUPT_GRACE_S))
+    try:
+        return server.wait(timeout_s=timeout_s)
+    except KeyboardInterrupt:
+        return server.wait(timeout_s=min(timeout_s, INTERRUPT_GRACE_S))
+
+
+def _gathered_document(
+    placement: Placement,
+    workers: Sequence[str],
+    texts: Mapping[str, str],
+    failures: Mapping[str, str],
+) -> results.ResultDocument:
+    """One result document of the job from what the workers sent."""
     documents = {
         task: results.loads_document(text, source=f"results of {task}")
         for task, text in texts.items()
@@ -425,12 +509,17 @@ def _gather(placement: Placement, args: argparse.Namespace, build_request: Reque
     missing = sorted(set(workers) - set(documents) - set(failures))
     all_failures = {**failures, **{task: "sent no results in time" for task in missing}}
     merged, reason = merge_worker_documents(documents, failures=all_failures)
+    signum = lifetime.stop_signal()
+    if signum is not None:
+        reason = "; ".join(
+            r for r in (reason, f"{placement.task} {interrupted_reason(signum)}") if r
+        )
     first = min(documents.items(), key=lambda item: _index(item[0]))[1] if documents else None
     config = dict(first.config) if first else {}
     config.pop("task", None)
     config["cluster_workers"] = placement.worker_count
     trace_path = Path(str(config["trace"])) if "trace" in config else None
-    document = results.build_document(
+    return results.build_document(
         merged,
         config=config,
         trace_path=trace_path,
@@ -438,19 +527,19 @@ def _gather(placement: Placement, args: argparse.Namespace, build_request: Reque
         partial=bool(reason),
         partial_reason=reason,
     )
-    run_directory = results.new_run_directory(args.output_dir, "cluster")
-    path = results.write_document(document, run_directory / results.RESULTS_FILE_NAME)
-    tensorboard_output.write_run(document, run_directory)
-    trace = None
-    if trace_path is not None and trace_path.is_file():
-        from tf_grpc_bench import trace_files
 
-        trace = trace_files.read_trace(trace_path)
-    timeline.write_run_timelines(document, run_directory, trace)
+
+def _write_gathered(document: results.ResultDocument, run_directory: Path) -> None:
+    # The TensorBoard writer is imported only by the task that writes the logs.
+    from tf_grpc_bench.replay.output import tensorboard as tensorboard_output
+    from tf_grpc_bench.replay.output import timeline
+
+    trace = None
+    with contextlib.suppress(ResultError):
+        trace = timeline.replayed_trace(document)
+    with lifetime.deferred_signals():
+        path = results.write_document(document, run_directory / results.RESULTS_FILE_NAME)
+        tensorboard_output.write_run(document, run_directory)
+        timeline.write_run_timelines(document, run_directory, trace)
     print(f"results: {path}")
-    print(f"view:    tensorboard --logdir {args.output_dir}")
-    if errors:
-        raise errors[0]
-    if document.partial:
-        raise TransportError(f"partial results written to {run_directory}: {reason}")
-    return 0
+    print(f"view:    tensorboard --logdir {run_directory.parent}")

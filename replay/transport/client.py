@@ -52,6 +52,10 @@ from tf_grpc_bench.replay.transport.wire import (
 
 Metadata = tuple[tuple[str, str], ...] | None
 
+#: Most bytes of requests a client keeps built for reuse; requests past it are built
+#: for each call (a trace may declare many distinct large messages).
+REQUEST_CACHE_BYTES = 1024**3
+
 _SERIALIZED_TYPES: dict[Shape, tuple[Any, Any]] = {
     Shape.ECHO: (bench_pb2.Payload, bench_pb2.Payload),
     Shape.ACK: (bench_pb2.Payload, bench_pb2.Ack),
@@ -166,7 +170,12 @@ class MessageStream:
     """
 
     def __init__(
-        self, multi_callable: grpc.StreamStreamMultiCallable[Any, Any], *, target: str, method: str
+        self,
+        multi_callable: grpc.StreamStreamMultiCallable[Any, Any],
+        *,
+        target: str,
+        method: str,
+        metadata: Metadata = None,
     ) -> None:
         self.target = target
         self.method = method
@@ -178,7 +187,7 @@ class MessageStream:
         self._timed_out = False
         self._broken: TransportError | None = None
         self._reader: threading.Thread | None = None
-        self._responses: Any = multi_callable(self._requests())
+        self._responses: Any = multi_callable(self._requests(), metadata=metadata)
         self._watchdog = threading.Thread(
             target=self._watch, name="replay-stream-watchdog", daemon=True
         )
@@ -284,7 +293,9 @@ class ReplayClient:
         mode: Mode,
         settings: ChannelSettings | None = None,
         channels: Iterable[grpc.Channel] | None = None,
+        request_cache_bytes: int = REQUEST_CACHE_BYTES,
     ) -> None:
+        """``request_cache_bytes`` bounds the requests kept for reuse (``prepare``)."""
         self.target = target
         self.mode = mode
         self.settings = settings or ChannelSettings()
@@ -307,11 +318,20 @@ class ReplayClient:
         self._streams: dict[tuple[int, str], MessageStream] = {}
         self._streams_lock = threading.Lock()
         self._requests: dict[Any, tuple[Any, Metadata]] = {}
-        self._bytes = PayloadBytes()
+        self._requests_lock = threading.Lock()
+        self._request_cache_bytes = request_cache_bytes
+        #: Bytes of the requests kept in ``_requests``.
+        self.cached_request_bytes = 0
+        self._bytes = PayloadBytes(request_cache_bytes)
         self._control = {
             method: self._channels[0].unary_unary(method, None, None)
             for method in (STATS_METHOD, RESET_METHOD)
         }
+        #: Every call names the client's session; control calls add the token.
+        self._call_metadata = self.settings.call_metadata()
+        self._control_metadata = self.settings.control_metadata() or None
+        #: Most other sessions the server reported active beside this one's.
+        self.other_sessions_seen = 0
 
     # -- requests -------------------------------------------------------------
 
@@ -326,29 +346,47 @@ class ReplayClient:
         return ("payload", call.buffers)
 
     def _build_request(self, call: Call) -> tuple[Any, Metadata]:
+        """The request of ``call`` and its metadata (the session's, and any the shape needs)."""
+        request: Any
+        metadata: Metadata = None
         if self.mode is Mode.NON_SERIALIZED:
             if call.shape is Shape.PULL:
-                return raw_pull_request(call.request_bytes, call.response_bytes)
-            return self._bytes.get(call.request_bytes), None
-        if call.shape is Shape.PULL:
-            return (
-                serialized_pull_request(
-                    call.request_bytes, call.response_bytes, call.tensor_name, self._bytes
-                ),
-                None,
+                request, metadata = raw_pull_request(call.request_bytes, call.response_bytes)
+            else:
+                request = self._bytes.get(call.request_bytes)
+        elif call.shape is Shape.PULL:
+            request = serialized_pull_request(
+                call.request_bytes, call.response_bytes, call.tensor_name, self._bytes
             )
-        return serialized_payload(call.buffers, self._bytes), None
+        else:
+            request = serialized_payload(call.buffers, self._bytes)
+        return request, (*(metadata or ()), *self._call_metadata) or None
 
     def _request(self, call: Call) -> tuple[Any, Metadata]:
+        """The request of ``call``: kept from before, or built now (and kept while the
+        cache has room; past that, built for each call, so memory stays bounded)."""
         key = self._request_key(call)
         request = self._requests.get(key)
         if request is None:
-            request = self._requests.setdefault(key, self._build_request(call))
+            request = self._build_request(call)
+            size = message_length(request[0], self.mode)
+            with self._requests_lock:
+                if key not in self._requests and self._has_room(size):
+                    self._requests[key] = request
+                    self.cached_request_bytes += size
         return request
 
+    def _has_room(self, size: int) -> bool:
+        return self.cached_request_bytes + size <= self._request_cache_bytes
+
     def prepare(self, calls: Iterable[Call]) -> None:
-        """Build every request these calls need now, so none is built while measuring."""
+        """Build the requests these calls need now, so none is built while measuring;
+        those past ``request_cache_bytes`` are left to be built call by call."""
         for call in calls:
+            if self._request_key(call) in self._requests:
+                continue
+            if not self._has_room(call.request_bytes):
+                continue
             request, _ = self._request(call)
             sent = message_length(request, self.mode)
             if sent != call.request_bytes:
@@ -406,7 +444,12 @@ class ReplayClient:
                 request_serializer=request_type.SerializeToString,
                 response_deserializer=response_type.FromString,
             )
-        return MessageStream(multi_callable, target=self.target, method=path)
+        return MessageStream(
+            multi_callable,
+            target=self.target,
+            method=path,
+            metadata=self._call_metadata or None,
+        )
 
     # -- calls ----------------------------------------------------------------
 
@@ -468,15 +511,21 @@ class ReplayClient:
             ) from None
 
     def stats(self, timeout_s: float = 10.0) -> ServerStats:
+        """What the server counted of this client's session since its reset."""
         try:
-            data = self._control[STATS_METHOD](b"", timeout=timeout_s)
+            data = self._control[STATS_METHOD](
+                b"", timeout=timeout_s, metadata=self._control_metadata
+            )
         except grpc.RpcError as error:
             raise translate_rpc_error(error, target=self.target, method=STATS_METHOD) from None
-        return ServerStats.from_json(data, source=self.target)
+        stats = ServerStats.from_json(data, source=self.target)
+        self.other_sessions_seen = max(self.other_sessions_seen, stats.other_sessions)
+        return stats
 
     def reset_stats(self, timeout_s: float = 10.0) -> None:
+        """Reset the server's counts of this client's session (only those)."""
         try:
-            self._control[RESET_METHOD](b"", timeout=timeout_s)
+            self._control[RESET_METHOD](b"", timeout=timeout_s, metadata=self._control_metadata)
         except grpc.RpcError as error:
             raise translate_rpc_error(error, target=self.target, method=RESET_METHOD) from None
 

@@ -42,6 +42,8 @@ MAX_CHANNELS = 256
 MAX_OUTSTANDING_RPCS = 4096
 #: grpc-core's default keepalive timeout.
 DEFAULT_KEEPALIVE_TIMEOUT_MS = 20_000
+#: gRPC's keepalive settings are C ints.
+MAX_KEEPALIVE_MS = 2**31 - 1
 
 
 class Compression(enum.Enum):
@@ -112,11 +114,14 @@ class GrpcSettings:
                     f"--chunk-size {self.chunk_bytes} does not fit in --max-message-size "
                     f"{self.max_message_bytes} (leave {MESSAGE_OVERHEAD_BYTES} bytes for framing)"
                 )
-        if self.keepalive_time_ms < 0:
-            raise ConfigError(f"--keepalive-ms must be >= 0, got {self.keepalive_time_ms}")
-        if self.keepalive_timeout_ms <= 0:
+        if not 0 <= self.keepalive_time_ms <= MAX_KEEPALIVE_MS:
             raise ConfigError(
-                f"--keepalive-timeout-ms must be > 0, got {self.keepalive_timeout_ms}"
+                f"--keepalive-ms must be in 0..{MAX_KEEPALIVE_MS}, got {self.keepalive_time_ms}"
+            )
+        if not 0 < self.keepalive_timeout_ms <= MAX_KEEPALIVE_MS:
+            raise ConfigError(
+                f"--keepalive-timeout-ms must be in 1..{MAX_KEEPALIVE_MS}, "
+                f"got {self.keepalive_timeout_ms}"
             )
 
     # -- what goes on the wire ------------------------------------------------

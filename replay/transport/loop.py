@@ -9,11 +9,13 @@ whoever drives the calls.  Blocking; the clock is injected.
 from __future__ import annotations
 
 import itertools
+import signal
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from tf_grpc_bench import lifetime
 from tf_grpc_bench.errors import ConfigError, TransportError
 from tf_grpc_bench.replay.core.measurement import Benchmark, CallSample, RunMeasurement
 from tf_grpc_bench.replay.core.pacing import next_step_begin_ns
@@ -22,8 +24,18 @@ from tf_grpc_bench.replay.transport.client import Driver, ReplayClient, StepOutc
 from tf_grpc_bench.replay.transport.wire import ChannelSettings, ServerStats
 
 NS_PER_S = 1_000_000_000
+#: How the partial reason of a run stopped by a stop signal begins.
+INTERRUPTED_PREFIX = "interrupted by "
+
+
+def interrupted_reason(signum: int) -> str:
+    """Partial reason of a run stopped by ``signum`` (Ctrl-C, SIGTERM, SIGHUP)."""
+    who = "the user (Ctrl-C)" if signum == signal.SIGINT else lifetime.signal_name(signum)
+    return f"{INTERRUPTED_PREFIX}{who}"
+
+
 #: Partial reason of a run stopped by Ctrl-C.
-INTERRUPTED_REASON = "interrupted by the user (Ctrl-C)"
+INTERRUPTED_REASON = interrupted_reason(signal.SIGINT)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -261,18 +273,17 @@ class WorkerLoop:
     def measure(
         self, *, begin_ns: int | None = None, duration_ns: int, step_count: int | None
     ) -> WorkerOutcome:
-        """One measured run.  A ``TransportError`` ends it early, marked partial."""
-        if begin_ns is not None:
-            while self.clock() < begin_ns:
-                time.sleep(max(begin_ns - self.clock(), 0) / 1e9)
-        else:
-            begin_ns = self.clock()
+        """One measured run.  A ``TransportError`` or a stop signal (``KeyboardInterrupt``)
+        ends it early, marked partial, with the calls completed so far."""
+        begin_ns = self.clock() if begin_ns is None else begin_ns
         samples: list[CallSample] = []
         step_times: list[int] = []
         step_compute: list[int] = []
         cpu_before = self.cpu_clock()
         partial, reason = False, ""
         try:
+            while self.clock() < begin_ns:
+                time.sleep(max(begin_ns - self.clock(), 0) / 1e9)
             last_end = self._replay(
                 begin_ns=begin_ns,
                 duration_ns=None if step_count is not None else duration_ns,
@@ -284,6 +295,9 @@ class WorkerLoop:
         except TransportError as error:
             partial, reason = True, str(error)
             last_end = self.clock()
+        except KeyboardInterrupt as interrupt:
+            partial, reason = True, interrupted_reason(lifetime.signal_of(interrupt))
+            last_end = max(self.clock(), begin_ns)
         return WorkerOutcome(
             samples=tuple(sorted(samples, key=lambda s: s.start_ns)),
             step_times_ns=tuple(step_times),
@@ -397,6 +411,13 @@ def run_each(
 
 
 def failed_run(run_index: int, reason: str) -> RunMeasurement:
+    """A run that measured nothing: no samples, partial, ``reason`` saying why."""
     return RunMeasurement(
         run_index=run_index, duration_ns=0, samples=(), partial=True, partial_reason=reason
     )
+
+
+def interrupted_run(run_index: int, interrupt: KeyboardInterrupt) -> RunMeasurement:
+    """The run a stop signal ended before any of its calls was measured."""
+    reason = interrupted_reason(lifetime.signal_of(interrupt))
+    return failed_run(run_index, f"{reason} before run {run_index + 1} measured any call")

@@ -12,6 +12,22 @@ client on this host or another.  The streaming kind's bidirectional streams
 (``EchoStream``, ``PushStream``, see ``wire``) answer each message with one
 message, counting every message as the unary paths count every call.
 
+A server may be shared, and its clients may not play fair:
+
+- Counts are kept per client session: every call names its session in its
+  metadata (``wire.SESSION_METADATA``), and ``Stats``/``Reset`` read and reset
+  only the caller's own, so clients sharing a server neither see nor clear
+  each other's figures.  Calls naming none share the default session (what
+  clients before sessions get).  At most ``ServerSettings.max_sessions`` are
+  kept; a new one takes the place of one idle for ``SESSION_IDLE_NS``.
+- A pull asking for more than the server's limit (``--max-response``, else its
+  message size limit) or than the machine's available memory is refused with
+  RESOURCE_EXHAUSTED before anything is allocated; a malformed one with
+  INVALID_ARGUMENT.
+- With ``ServerSettings.control_token``, control calls without that token
+  (``wire.TOKEN_METADATA``) are refused with UNAUTHENTICATED.  The token is
+  never logged or echoed.
+
 ``LocalServers`` runs servers as separate processes (so their CPU time and
 GIL are their own), as the replay command does on loopback.
 """
@@ -20,6 +36,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import hmac
 import multiprocessing
 import multiprocessing.connection
 import os
@@ -34,15 +51,27 @@ from typing import TYPE_CHECKING, Any
 
 import grpc
 
+from tf_grpc_bench import lifetime
 from tf_grpc_bench.errors import ServeError
 from tf_grpc_bench.protos import bench_pb2, bench_pb2_grpc
-from tf_grpc_bench.replay.core.workload import ECHO_METHOD, PULL_METHOD, PUSH_METHOD, Mode
+from tf_grpc_bench.replay.core.workload import (
+    ECHO_METHOD,
+    PULL_METHOD,
+    PUSH_METHOD,
+    RAW_PULL_HEADER_BYTES,
+    Mode,
+)
 from tf_grpc_bench.replay.transport.wire import (
     CONTROL_SERVICE,
     ECHO_STREAM_METHOD,
+    MAX_METHOD_CHARS,
     PUSH_STREAM_METHOD,
     RESET_METHOD,
+    RESPONSE_LENGTH_METADATA,
+    SESSION_ID,
+    SESSION_METADATA,
     STATS_METHOD,
+    TOKEN_METADATA,
     Counters,
     PayloadBytes,
     ServerSettings,
@@ -51,6 +80,7 @@ from tf_grpc_bench.replay.transport.wire import (
     keep_freed_memory,
     raw_ack,
     raw_response_length,
+    session_of,
 )
 
 #: The paper's port.
@@ -103,67 +133,273 @@ def _cpu_ns() -> int:
     return time.process_time_ns()
 
 
-class _State:
-    """What every handler shares: counters, preallocated responses, reset times."""
+#: A session with no call and no control call for this long may be dropped to
+#: make room for a new one when the server holds ``max_sessions``.
+SESSION_IDLE_NS = 600 * 1_000_000_000
+#: Method handlers kept per session (beyond them, handlers are made per call).
+MAX_CACHED_HANDLERS = 64
+#: Responses at least this large that are not already made are checked against
+#: the memory the machine has available before they are made.
+MEMORY_CHECKED_BYTES = 64 * 1024 * 1024
+#: Most bytes of responses a server makes once and keeps (``PayloadBytes``).
+PAYLOAD_CACHE_BYTES = 2 * 1024**3
 
-    def __init__(self, mode: Mode) -> None:
-        self.mode = mode
+
+class _Session:
+    """One client session's counts since its last reset (the default session "" is
+    every call that names none).  ``handlers`` caches its method handlers."""
+
+    def __init__(self, session_id: str) -> None:
+        self.id = session_id
         self.counters = Counters()
-        self.payloads = PayloadBytes()
-        self.address = ""
-        self._reset_wall_ns = time.monotonic_ns()
-        self._reset_cpu_ns = _cpu_ns()
+        self.handlers: dict[str, grpc.RpcMethodHandler[Any, Any]] = {}
+        self.created_ns = time.monotonic_ns()
+        self.control_ns = self.created_ns
+        self.reset_wall_ns = self.created_ns
+        self.reset_cpu_ns = _cpu_ns()
+        #: Received (bytes, messages) counted before the last reset.
+        self.earlier = (0, 0)
+
+    @property
+    def active_ns(self) -> int:
+        """When the session last made a call or a control call (monotonic ns)."""
+        return max(self.counters.last_call_ns, self.control_ns)
+
+    def received(self) -> tuple[int, int]:
+        """Bytes and messages received over the session's life."""
+        counters = self.counters
+        return (
+            self.earlier[0] + counters.received_bytes,
+            self.earlier[1] + counters.received_messages,
+        )
 
     def reset(self) -> None:
+        self.earlier = self.received()
         self.counters.reset()
-        self._reset_wall_ns = time.monotonic_ns()
-        self._reset_cpu_ns = _cpu_ns()
+        self.reset_wall_ns = time.monotonic_ns()
+        self.reset_cpu_ns = _cpu_ns()
 
-    def stats(self) -> ServerStats:
-        received, received_messages, sent, sent_messages, per_method = self.counters.snapshot()
+
+class _Sessions:
+    """The sessions a server counts apart, at most ``limit`` at once.
+
+    Thread-safe.  A new session takes the place of one idle for
+    ``SESSION_IDLE_NS`` when there is no room; with none idle it is refused
+    (``get`` returns None), so clients inventing sessions cannot grow the
+    server or drop the sessions of clients still at work.
+    """
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self._by_id: dict[str, _Session] = {"": _Session("")}
+        self._lock = threading.Lock()
+        #: Received (bytes, messages) of sessions dropped.
+        self._dropped = (0, 0)
+
+    def get(self, session_id: str) -> _Session | None:
+        """The session named ``session_id`` (a valid name: ``SESSION_ID``), made if
+        new and there is room; None if there is none."""
+        session = self._by_id.get(session_id)
+        if session is not None:
+            return session
+        with self._lock:
+            session = self._by_id.get(session_id)
+            if session is None and self._make_room():
+                session = self._by_id[session_id] = _Session(session_id)
+            return session
+
+    def _make_room(self) -> bool:
+        """Drop idle sessions if the table is full; whether there is room now (hold the lock)."""
+        if len(self._by_id) < self.limit + 1:  # the default session is not counted
+            return True
+        idle_before = time.monotonic_ns() - SESSION_IDLE_NS
+        for session_id, session in list(self._by_id.items()):
+            if session_id and session.active_ns < idle_before:
+                received = session.received()
+                self._dropped = (self._dropped[0] + received[0], self._dropped[1] + received[1])
+                del self._by_id[session_id]
+        return len(self._by_id) < self.limit + 1
+
+    def known(self, session_id: str) -> _Session | None:
+        """The session named ``session_id`` if the server has it (per call: a lookup only)."""
+        return self._by_id.get(session_id)
+
+    def active_since(self, since_ns: int, *, besides: _Session) -> int:
+        """How many other sessions made calls at or after ``since_ns``."""
+        sessions = list(self._by_id.values())
+        return sum(1 for s in sessions if s is not besides and s.counters.last_call_ns >= since_ns)
+
+    def received(self) -> tuple[int, int]:
+        """Bytes and messages received by every session, over the server's life."""
+        totals = [session.received() for session in list(self._by_id.values())]
+        return (
+            self._dropped[0] + sum(t[0] for t in totals),
+            self._dropped[1] + sum(t[1] for t in totals),
+        )
+
+    def all(self) -> list[_Session]:
+        return list(self._by_id.values())
+
+
+class _State:
+    """What every handler shares: sessions, preallocated responses, limits."""
+
+    def __init__(self, mode: Mode, settings: ServerSettings) -> None:
+        self.mode = mode
+        available = _available_memory_bytes()
+        # Responses made once and kept: at most a quarter of the memory available
+        # at start, so that clients asking for many sizes cannot hold the machine's.
+        self.payloads = PayloadBytes(
+            PAYLOAD_CACHE_BYTES if available is None else min(PAYLOAD_CACHE_BYTES, available // 4)
+        )
+        self._large_responses = threading.Lock()
+        self.address = ""
+        self.sessions = _Sessions(settings.max_sessions)
+        self.control_token = settings.control_token
+        self.send_limit = settings.send_limit_bytes()
+        self.max_response = (
+            self.send_limit if settings.max_response_bytes is None else settings.max_response_bytes
+        )
+
+    def stats(self, session: _Session) -> ServerStats:
+        received, received_messages, sent, sent_messages, per_method = session.counters.snapshot()
         return ServerStats(
             mode=self.mode.value,
             received_bytes=received,
             received_messages=received_messages,
             sent_bytes=sent,
             sent_messages=sent_messages,
-            cpu_ns=_cpu_ns() - self._reset_cpu_ns,
-            wall_ns=time.monotonic_ns() - self._reset_wall_ns,
+            cpu_ns=_cpu_ns() - session.reset_cpu_ns,
+            wall_ns=time.monotonic_ns() - session.reset_wall_ns,
             pid=os.getpid(),
             address=self.address,
             per_method=per_method,
+            session=session.id,
+            other_sessions=self.sessions.active_since(session.reset_wall_ns, besides=session),
         )
+
+    def response(
+        self, content_bytes: int, message_bytes: int, context: grpc.ServicerContext
+    ) -> bytes:
+        """The ``content_bytes`` a pull asks for (a ``message_bytes`` response), or an
+        abort with RESOURCE_EXHAUSTED saying why not, before anything is allocated."""
+        if content_bytes > self.max_response or message_bytes > self.send_limit:
+            context.abort(
+                grpc.StatusCode.RESOURCE_EXHAUSTED,
+                f"a response of {content_bytes} bytes was asked for; this server answers "
+                f"at most {min(self.max_response, self.send_limit)} (serve --max-response, "
+                "--max-message-size)",
+            )
+        if content_bytes < MEMORY_CHECKED_BYTES or self.payloads.holds(content_bytes):
+            return self.payloads.get(content_bytes)
+        # One large response made at a time, each against what the ones before left.
+        with self._large_responses:
+            available = _available_memory_bytes()
+            # The response's bytes and gRPC's copy of them.
+            if available is not None and 2 * content_bytes > available:
+                context.abort(
+                    grpc.StatusCode.RESOURCE_EXHAUSTED,
+                    f"a response of {content_bytes} bytes was asked for; this server's "
+                    f"machine has {available} bytes of memory available",
+                )
+            return self.payloads.get(content_bytes)
+
+
+def _available_memory_bytes() -> int | None:
+    """``MemAvailable`` of /proc/meminfo, or None where there is none."""
+    try:
+        with open("/proc/meminfo", encoding="ascii") as meminfo:
+            for line in meminfo:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
+def _serialized_response_bytes(content_bytes: int) -> int:
+    """Length of a ``PullResponse`` carrying ``content_bytes`` (field 1, length-delimited)."""
+    if content_bytes == 0:
+        return 0
+    return 1 + len(_varint(content_bytes)) + content_bytes
+
+
+def _varint(value: int) -> bytes:
+    out = bytearray()
+    while True:
+        low, value = value & 0x7F, value >> 7
+        out.append(low | (0x80 if value else 0))
+        if not value:
+            return bytes(out)
 
 
 class _SerializedReplay(bench_pb2_grpc.ReplayServicer):
-    """Serialized mode's payload service, on the generated base."""
+    """Serialized mode's payload service for one session, on the generated base."""
 
-    def __init__(self, state: _State) -> None:
+    def __init__(self, state: _State, session: _Session) -> None:
         self._state = state
+        self._counters = session.counters
 
     def Echo(self, request: bench_pb2.Payload, context: grpc.ServicerContext) -> bench_pb2.Payload:
         size = request.ByteSize()
-        self._state.counters.add(ECHO_METHOD, size, size)
+        self._counters.add(ECHO_METHOD, size, size)
         return request
 
     def Push(self, request: bench_pb2.Payload, context: grpc.ServicerContext) -> bench_pb2.Ack:
         size = request.ByteSize()
         ack = bench_pb2.Ack(received_bytes=size)
-        self._state.counters.add(PUSH_METHOD, size, ack.ByteSize())
+        self._counters.add(PUSH_METHOD, size, ack.ByteSize())
         return ack
 
     def Pull(
         self, request: bench_pb2.PullRequest, context: grpc.ServicerContext
     ) -> bench_pb2.PullResponse:
-        return _serialized_pull(self._state, PULL_METHOD, request)
+        return _serialized_pull(self._state, self._counters, PULL_METHOD, request, context)
 
 
 def _serialized_pull(
-    state: _State, method: str, request: bench_pb2.PullRequest
+    state: _State,
+    counters: Counters,
+    method: str,
+    request: bench_pb2.PullRequest,
+    context: grpc.ServicerContext,
 ) -> bench_pb2.PullResponse:
-    response = bench_pb2.PullResponse(content=state.payloads.get(request.response_bytes))
-    state.counters.add(method, request.ByteSize(), response.ByteSize())
+    size = request.response_bytes
+    content = state.response(size, _serialized_response_bytes(size), context)
+    response = bench_pb2.PullResponse(content=content)
+    counters.add(method, request.ByteSize(), response.ByteSize())
     return response
+
+
+def _raw_pull(
+    state: _State, counters: Counters, method: str
+) -> Callable[[bytes, grpc.ServicerContext], bytes]:
+    def pull(request: bytes, context: grpc.ServicerContext) -> bytes:
+        metadata = context.invocation_metadata() if len(request) < RAW_PULL_HEADER_BYTES else None
+        try:
+            size = raw_response_length(request, metadata)
+        except ValueError:
+            size = -1
+        if size < 0:
+            context.abort(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"{RESPONSE_LENGTH_METADATA}: expected a response length in bytes",
+            )
+        response = state.response(size, size, context)
+        counters.add(method, len(request), len(response))
+        return response
+
+    return pull
+
+
+def _refusal_handler(code: grpc.StatusCode, details: str) -> grpc.RpcMethodHandler[Any, Any]:
+    def refuse(request: bytes, context: grpc.ServicerContext) -> bytes:
+        context.abort(code, details)
+        raise AssertionError("abort returned")  # grpc's abort always raises
+
+    return grpc.unary_unary_rpc_method_handler(
+        refuse, request_deserializer=identity, response_serializer=identity
+    )
 
 
 if TYPE_CHECKING:
@@ -173,116 +409,181 @@ else:
 
 
 class _Handlers(_GenericHandler):
-    """Raw payload paths, any other method path as a pull, and the control service."""
+    """Every path: payload paths, any other method path as a pull, and the control service,
+    each call counted in the session its metadata names."""
 
     def __init__(self, state: _State) -> None:
         self._state = state
-        self._cache: dict[str, grpc.RpcMethodHandler[Any, Any]] = {}
-        self._raw_fixed: dict[str, Callable[[bytes, grpc.ServicerContext], bytes]] = {
-            ECHO_METHOD: self._raw_echo,
-            PUSH_METHOD: self._raw_push,
+        self._sessions = state.sessions
+        self._control: dict[str, grpc.RpcMethodHandler[Any, Any]] = {
+            method: grpc.unary_unary_rpc_method_handler(
+                behaviour, request_deserializer=identity, response_serializer=identity
+            )
+            for method, behaviour in ((STATS_METHOD, self._stats), (RESET_METHOD, self._reset))
         }
-        self._control: dict[str, Callable[[bytes, grpc.ServicerContext], bytes]] = {
-            STATS_METHOD: self._stats,
-            RESET_METHOD: self._reset,
+        self._bad_session = (
+            grpc.StatusCode.INVALID_ARGUMENT,
+            f"{SESSION_METADATA}: expected 1-64 letters, digits, '-' or '_'",
+        )
+        self._no_room = (
+            grpc.StatusCode.RESOURCE_EXHAUSTED,
+            f"this server counts at most {state.sessions.limit} client sessions at once, "
+            "all busy; try again later",
+        )
+        self._refusals = {
+            refusal: _refusal_handler(*refusal) for refusal in (self._bad_session, self._no_room)
         }
 
     def service(
         self, handler_call_details: grpc.HandlerCallDetails
     ) -> grpc.RpcMethodHandler[Any, Any] | None:
-        method = handler_call_details.method
-        handler = self._cache.get(method)
-        if handler is None:
-            handler = self._make(method)
+        # Per call: a scan of the metadata and two lookups; the rest when a
+        # session or a method is new to the server.
+        session_id = session_of(handler_call_details.invocation_metadata)
+        session = self._sessions.known(session_id)
+        if session is not None:
+            handler = session.handlers.get(handler_call_details.method)
             if handler is not None:
-                self._cache[method] = handler
+                return handler
+        return self._first_service(handler_call_details.method, session_id)
+
+    def _first_service(
+        self, method: str, session_id: str
+    ) -> grpc.RpcMethodHandler[Any, Any] | None:
+        """The handler of a method or a session the server has not cached yet."""
+        control = self._control.get(method)
+        if control is not None:
+            return control  # it finds the session (and checks the token) itself
+        session = self._admit(session_id)
+        if isinstance(session, tuple):
+            return self._refusals[session]
+        handler = self._make(method, session)
+        if (
+            handler is not None
+            and len(session.handlers) < MAX_CACHED_HANDLERS
+            and len(method) <= MAX_METHOD_CHARS
+        ):
+            session.handlers[method] = handler
         return handler
 
-    def _make(self, method: str) -> grpc.RpcMethodHandler[Any, Any] | None:
-        if method in self._control:
-            return grpc.unary_unary_rpc_method_handler(
-                self._control[method], request_deserializer=identity, response_serializer=identity
-            )
+    def _make(self, method: str, session: _Session) -> grpc.RpcMethodHandler[Any, Any] | None:
         if method.startswith(f"/{CONTROL_SERVICE}/"):
             return None
         if method in (ECHO_STREAM_METHOD, PUSH_STREAM_METHOD):
-            return self._stream_handler(method)
+            return _stream_handler(method, session.counters, self._state.mode)
         if self._state.mode is Mode.NON_SERIALIZED:
-            behaviour = self._raw_fixed.get(method) or self._raw_pull_for(method)
-            return grpc.unary_unary_rpc_method_handler(
-                behaviour, request_deserializer=identity, response_serializer=identity
-            )
-        # Serialized mode: the Replay service's own paths are served by the
-        # registered servicer; any other path is a pull with PullRequest/PullResponse.
-        state = self._state
+            return _raw_handler(self._state, session.counters, method)
+        return _serialized_handler(self._state, session, method)
 
-        def pull(request: bench_pb2.PullRequest, context: grpc.ServicerContext) -> Any:
-            return _serialized_pull(state, method, request)
+    def _admit(self, session_id: str) -> _Session | tuple[grpc.StatusCode, str]:
+        """A session met for the first time, or why it is refused."""
+        if session_id and not SESSION_ID.fullmatch(session_id):
+            return self._bad_session
+        return self._state.sessions.get(session_id) or self._no_room
 
-        return grpc.unary_unary_rpc_method_handler(
-            pull,
-            request_deserializer=bench_pb2.PullRequest.FromString,
-            response_serializer=bench_pb2.PullResponse.SerializeToString,
-        )
-
-    def _stream_handler(self, method: str) -> grpc.RpcMethodHandler[Any, Any]:
-        """A bidirectional stream answering each message as its unary path answers a call."""
-        counters = self._state.counters
-        echo = method == ECHO_STREAM_METHOD
-        serialized = self._state.mode is Mode.SERIALIZED
-
-        def answer_each(requests: Iterator[Any], context: grpc.ServicerContext) -> Iterator[Any]:
-            # A cancelled stream ends the loop with grpc's own RpcError, which
-            # grpc recognises and does not log.
-            for request in requests:
-                size = request.ByteSize() if serialized else len(request)
-                if echo:
-                    response = request
-                elif serialized:
-                    response = bench_pb2.Ack(received_bytes=size)
-                else:
-                    response = raw_ack(size)
-                sent = size if echo else (response.ByteSize() if serialized else len(response))
-                counters.add(method, size, sent)
-                yield response
-
-        if not serialized:
-            return grpc.stream_stream_rpc_method_handler(
-                answer_each, request_deserializer=identity, response_serializer=identity
-            )
-        response_type = bench_pb2.Payload if echo else bench_pb2.Ack
-        return grpc.stream_stream_rpc_method_handler(
-            answer_each,
-            request_deserializer=bench_pb2.Payload.FromString,
-            response_serializer=response_type.SerializeToString,
-        )
-
-    def _raw_echo(self, request: bytes, context: grpc.ServicerContext) -> bytes:
-        self._state.counters.add(ECHO_METHOD, len(request), len(request))
-        return request
-
-    def _raw_push(self, request: bytes, context: grpc.ServicerContext) -> bytes:
-        ack = raw_ack(len(request))
-        self._state.counters.add(PUSH_METHOD, len(request), len(ack))
-        return ack
-
-    def _raw_pull_for(self, method: str) -> Callable[[bytes, grpc.ServicerContext], bytes]:
-        state = self._state
-
-        def pull(request: bytes, context: grpc.ServicerContext) -> bytes:
-            metadata = context.invocation_metadata() if len(request) < 8 else None
-            response = state.payloads.get(raw_response_length(request, metadata))
-            state.counters.add(method, len(request), len(response))
-            return response
-
-        return pull
+    def _control_session(self, context: grpc.ServicerContext) -> _Session:
+        """The session a control call names, once its token is checked (aborts otherwise)."""
+        metadata = context.invocation_metadata()
+        token = self._state.control_token
+        if token is not None:
+            given = next((v for k, v in metadata if k == TOKEN_METADATA), "")
+            if not isinstance(given, str) or not hmac.compare_digest(given, token):
+                context.abort(
+                    grpc.StatusCode.UNAUTHENTICATED,
+                    f"missing or wrong token ({TOKEN_METADATA})",
+                )
+        session = self._admit(session_of(metadata))
+        if isinstance(session, tuple):
+            context.abort(*session)
+            raise AssertionError("abort returned")  # grpc's abort always raises
+        session.control_ns = time.monotonic_ns()
+        return session
 
     def _stats(self, request: bytes, context: grpc.ServicerContext) -> bytes:
-        return self._state.stats().to_json()
+        return self._state.stats(self._control_session(context)).to_json()
 
     def _reset(self, request: bytes, context: grpc.ServicerContext) -> bytes:
-        self._state.reset()
+        self._control_session(context).reset()
         return b""
+
+
+def _raw_handler(state: _State, counters: Counters, method: str) -> grpc.RpcMethodHandler[Any, Any]:
+    """Non-serialized mode: echo, ack, or (any other path) a pull, on raw bytes."""
+
+    def echo(request: bytes, context: grpc.ServicerContext) -> bytes:
+        counters.add(ECHO_METHOD, len(request), len(request))
+        return request
+
+    def push(request: bytes, context: grpc.ServicerContext) -> bytes:
+        ack = raw_ack(len(request))
+        counters.add(PUSH_METHOD, len(request), len(ack))
+        return ack
+
+    behaviour = {ECHO_METHOD: echo, PUSH_METHOD: push}.get(method) or _raw_pull(
+        state, counters, method
+    )
+    return grpc.unary_unary_rpc_method_handler(
+        behaviour, request_deserializer=identity, response_serializer=identity
+    )
+
+
+def _serialized_handler(
+    state: _State, session: _Session, method: str
+) -> grpc.RpcMethodHandler[Any, Any]:
+    """Serialized mode: the Replay service's own paths from its servicer, any other
+    path a pull with ``PullRequest``/``PullResponse``."""
+    servicer = _SerializedReplay(state, session)
+    own: dict[str, tuple[Callable[..., Any], Any, Any]] = {
+        ECHO_METHOD: (servicer.Echo, bench_pb2.Payload, bench_pb2.Payload),
+        PUSH_METHOD: (servicer.Push, bench_pb2.Payload, bench_pb2.Ack),
+        PULL_METHOD: (servicer.Pull, bench_pb2.PullRequest, bench_pb2.PullResponse),
+    }
+    if method in own:
+        behaviour, request_type, response_type = own[method]
+    else:
+        counters = session.counters
+
+        def behaviour(request: bench_pb2.PullRequest, context: grpc.ServicerContext) -> Any:
+            return _serialized_pull(state, counters, method, request, context)
+
+        request_type, response_type = bench_pb2.PullRequest, bench_pb2.PullResponse
+    return grpc.unary_unary_rpc_method_handler(
+        behaviour,
+        request_deserializer=request_type.FromString,
+        response_serializer=response_type.SerializeToString,
+    )
+
+
+def _stream_handler(method: str, counters: Counters, mode: Mode) -> grpc.RpcMethodHandler[Any, Any]:
+    """A bidirectional stream answering each message as its unary path answers a call."""
+    echo = method == ECHO_STREAM_METHOD
+    serialized = mode is Mode.SERIALIZED
+
+    def answer_each(requests: Iterator[Any], context: grpc.ServicerContext) -> Iterator[Any]:
+        # A cancelled stream ends the loop with grpc's own RpcError, which
+        # grpc recognises and does not log.
+        for request in requests:
+            size = request.ByteSize() if serialized else len(request)
+            if echo:
+                response = request
+            elif serialized:
+                response = bench_pb2.Ack(received_bytes=size)
+            else:
+                response = raw_ack(size)
+            sent = size if echo else (response.ByteSize() if serialized else len(response))
+            counters.add(method, size, sent)
+            yield response
+
+    if not serialized:
+        return grpc.stream_stream_rpc_method_handler(
+            answer_each, request_deserializer=identity, response_serializer=identity
+        )
+    response_type = bench_pb2.Payload if echo else bench_pb2.Ack
+    return grpc.stream_stream_rpc_method_handler(
+        answer_each,
+        request_deserializer=bench_pb2.Payload.FromString,
+        response_serializer=response_type.SerializeToString,
+    )
 
 
 class ReplayServer:
@@ -304,7 +605,7 @@ class ReplayServer:
         self.host = host
         self.requested_port = port
         self.settings = settings or ServerSettings()
-        self._state = _State(mode)
+        self._state = _State(mode, self.settings)
         self._server: grpc.Server | None = None
         self.port = 0
 
@@ -328,10 +629,8 @@ class ReplayServer:
             ),
             options=self.settings.all_options(),
         )
-        if self.mode is Mode.SERIALIZED:
-            bench_pb2_grpc.add_ReplayServicer_to_server(  # type: ignore[no-untyped-call]
-                _SerializedReplay(self._state), server
-            )
+        # Every path, the Replay service's own included, goes through the
+        # generic handler: it sees each call's metadata, hence its session.
         server.add_generic_rpc_handlers((_Handlers(self._state),))
         credentials = self.settings.credentials()
         try:
@@ -352,11 +651,29 @@ class ReplayServer:
         self._server = server
         return self
 
-    def stats(self) -> ServerStats:
-        return self._state.stats()
+    def stats(self, session: str = "") -> ServerStats:
+        """What ``session`` (default: calls naming none) counted since its reset."""
+        found = self._state.sessions.get(session)
+        if found is None:
+            raise ServeError(f"no room for session {session!r}")
+        return self._state.stats(found)
 
-    def reset(self) -> None:
-        self._state.reset()
+    def reset(self, session: str | None = None) -> None:
+        """Reset ``session``'s counts, or every session's (None)."""
+        if session is None:
+            for each in self._state.sessions.all():
+                each.reset()
+        elif (found := self._state.sessions.get(session)) is not None:
+            found.reset()
+
+    def received(self) -> tuple[int, int]:
+        """Bytes and messages received from every client over the server's life."""
+        return self._state.sessions.received()
+
+    @property
+    def session_count(self) -> int:
+        """Client sessions that named themselves, kept now (the default one not counted)."""
+        return len(self._state.sessions.all()) - 1
 
     def stop(self, grace_s: float | None = 1.0) -> None:
         """Stop accepting calls; let calls in flight finish for up to ``grace_s``. Blocks."""
@@ -394,14 +711,21 @@ def _serve_in_process(
     host: str,
     port: int,
     settings: ServerSettings,
+    parent_pid: int = 0,
 ) -> None:
-    """Entry point of a server process: report the port, serve until SIGTERM/SIGINT."""
+    """Entry point of a server process: report the port, serve until SIGTERM.
+
+    Dies with its parent (``parent_pid``), even one killed by SIGKILL.
+    """
+    lifetime.die_with_parent(parent_pid)
     if settings.keep_freed_memory:
         keep_freed_memory()
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    # Ctrl-C reaches the whole process group: the parent decides when servers stop.
+    # Ctrl-C and a hang-up reach the whole process group: the parent decides when
+    # servers stop.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)
     server = ReplayServer(mode=Mode(mode_value), host=host, port=port, settings=settings)
     try:
         server.start()
@@ -419,7 +743,9 @@ class LocalServers:
     """``count`` replay servers, each in its own process (spawned, so nothing is inherited).
 
     ``targets`` lists their addresses, in order.  ``stop`` terminates exactly
-    the processes this object started.  A context manager.
+    the processes this object started; each also dies with this process
+    (``lifetime.die_with_parent``), so start them from a thread that outlives
+    them.  A context manager.
     """
 
     def __init__(
@@ -453,7 +779,14 @@ class LocalServers:
                 parent_end, child_end = context.Pipe(duplex=False)
                 process = context.Process(
                     target=_serve_in_process,
-                    args=(child_end, self.mode.value, self.host, port, self.settings),
+                    args=(
+                        child_end,
+                        self.mode.value,
+                        self.host,
+                        port,
+                        self.settings,
+                        os.getpid(),
+                    ),
                     name=f"tf-grpc-bench-server-{len(self.processes)}",
                     daemon=True,
                 )
@@ -543,9 +876,9 @@ def serve_until(
             while not stop.wait(1.0):
                 pass
         finally:
-            stats = server.stats()
+            received_bytes, received_messages = server.received()
             server.stop(1.0)
-        return f"stopped; received {stats.received_messages} messages, {stats.received_bytes} bytes"
+        return f"stopped; received {received_messages} messages, {received_bytes} bytes"
     servers = LocalServers(len(ports), mode=mode, host=host, ports=list(ports), settings=settings)
     servers.start()
     try:

@@ -24,9 +24,13 @@ import ctypes
 import ctypes.util
 import enum
 import json
+import re
+import secrets
 import struct
 import threading
-from dataclasses import asdict, dataclass, field
+import time
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
 from typing import Any
 
 import grpc
@@ -45,6 +49,8 @@ from tf_grpc_bench.replay.core.workload import (
 #: Largest message either end accepts: TensorFlow tensors reach ~50 MB, and a
 #: payload of 10 Large buffers at their 10 MiB maximum is 100 MiB.
 MAX_MESSAGE_BYTES = 256 * 1024 * 1024
+#: grpcio's own ceiling on a message (an int32), what "no limit" means.
+GRPC_MESSAGE_LIMIT_BYTES = 2**31 - 1
 
 #: Call metadata carrying a raw pull's response length when the request is shorter than 8 bytes.
 RESPONSE_LENGTH_METADATA = "tfgb-response-bytes"
@@ -52,6 +58,19 @@ RESPONSE_LENGTH_METADATA = "tfgb-response-bytes"
 CONTROL_SERVICE = "tf_grpc_bench.Control"
 STATS_METHOD = f"/{CONTROL_SERVICE}/Stats"
 RESET_METHOD = f"/{CONTROL_SERVICE}/Reset"
+
+#: Call metadata naming the client session a call belongs to (every call of a
+#: replay, control calls included).  A call without it belongs to the default
+#: session "", so a client that names none sees the server as one shared count.
+SESSION_METADATA = "tfgb-session"
+#: Call metadata carrying the shared token a server's control calls need.
+TOKEN_METADATA = "tfgb-token"
+#: What a session id may be: letters, digits, '-' and '_', at most 64 of them.
+SESSION_ID = re.compile(r"[A-Za-z0-9_-]{1,64}")
+#: Largest token file read.
+MAX_TOKEN_BYTES = 4096
+
+CallMetadata = tuple[tuple[str, str], ...]
 
 #: Bidirectional streams carrying echo and ack calls in ``RpcKind.STREAMING``.
 ECHO_STREAM_METHOD = "/tf_grpc_bench.Replay/EchoStream"
@@ -82,6 +101,30 @@ _SIZE_OPTIONS: tuple[tuple[str, int], ...] = (
     ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
 )
 
+#: Calls a server's gRPC core keeps waiting for the Python server to accept them.
+#:
+#: grpcio's server accepts one call at a time, from one thread, so a burst of
+#: calls (a trace step's hundreds of RecvTensor calls released together, from
+#: every worker of every client sharing the server) waits in gRPC core first.
+#: Past gRPC's default of 1000 waiting calls core starts cancelling new ones
+#: at random, all of them past 3000: the client sees CANCELLED.  A waiting call
+#: costs the server about 16 KB (measured), so this bound is about 256 MiB.
+MAX_PENDING_CALLS = 16384
+#: How long a call may wait to be accepted before gRPC core cancels it (its
+#: default is 30 s; TensorFlow's own servers raise it to an hour for the same
+#: reason).  A client's deadline ends a call that waits too long, visibly.
+MAX_PENDING_CALL_WAIT_S = 3600
+
+_SERVER_DEFAULTS: tuple[tuple[str, int], ...] = (
+    *_SIZE_OPTIONS,
+    # gRPC sets SO_REUSEPORT by default, which lets a second server bind a
+    # port already in use and silently share it: refuse that.
+    ("grpc.so_reuseport", 0),
+    ("grpc.server.max_pending_requests", MAX_PENDING_CALLS),
+    ("grpc.server.max_pending_requests_hard_limit", MAX_PENDING_CALLS),
+    ("grpc.server_max_unrequested_time_in_server", MAX_PENDING_CALL_WAIT_S),
+)
+
 
 def with_defaults(
     defaults: tuple[tuple[str, str | int], ...], options: tuple[tuple[str, str | int], ...]
@@ -98,6 +141,47 @@ def with_defaults(
 def identity(data: bytes) -> bytes:
     """Serializer and deserializer of the non-serialized mode: the bytes themselves."""
     return data
+
+
+def new_session_id() -> str:
+    """A fresh client session id: 128 random bits, so no other client names it by chance."""
+    return secrets.token_hex(16)
+
+
+def session_of(metadata: Any) -> str:
+    """The session a call's metadata names, unchecked ("" when it names none).
+
+    Per call, so no more than a scan: a name is checked (``SESSION_ID``) once,
+    when a server first meets it.
+    """
+    for key, value in metadata or ():
+        if key == SESSION_METADATA:
+            return str(value)
+    return ""
+
+
+def read_token_file(path: str | Path, *, flag: str = "--token-file") -> str:
+    """The shared token in the file at ``path``, surrounding whitespace dropped.
+
+    A token is 1 to ``MAX_TOKEN_BYTES`` visible ASCII characters (what call
+    metadata can carry).  ``ConfigError`` naming ``flag`` and the file otherwise;
+    the token itself is never put in a message.
+    """
+    try:
+        with open(path, "rb") as stream:
+            data = stream.read(MAX_TOKEN_BYTES + 1)
+    except OSError as error:
+        raise ConfigError(f"{flag} {path}: cannot read ({error.strerror or error})") from None
+    token = data.strip()
+    if len(data) > MAX_TOKEN_BYTES:
+        raise ConfigError(f"{flag} {path}: longer than {MAX_TOKEN_BYTES} bytes")
+    if not token:
+        raise ConfigError(
+            f"{flag} {path}: empty (expected a token, e.g. from 'openssl rand -hex 32')"
+        )
+    if any(not 0x21 <= byte <= 0x7E for byte in token):
+        raise ConfigError(f"{flag} {path}: expected visible ASCII characters only, no spaces")
+    return token.decode("ascii")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -118,15 +202,30 @@ class ChannelSettings:
     channels_per_server: int = 1
     #: Echo and ack calls as unary calls, or as messages on one stream per channel.
     rpc: RpcKind = RpcKind.UNARY
+    #: The client session every call names (``SESSION_METADATA``); "" names none.
+    session: str = ""
+    #: The token of the servers' control calls (``TOKEN_METADATA``), if they need one.
+    control_token: str | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         if self.channels_per_server < 1:
             raise ValueError(f"channels_per_server must be >= 1, got {self.channels_per_server}")
         if not isinstance(self.rpc, RpcKind):
             raise ValueError(f"rpc must be an RpcKind, got {self.rpc!r}")
+        if self.session and not SESSION_ID.fullmatch(self.session):
+            raise ValueError(f"session must match {SESSION_ID.pattern}, got {self.session!r}")
 
     def all_options(self) -> list[tuple[str, str | int]]:
         return with_defaults(_SIZE_OPTIONS, self.options)
+
+    def call_metadata(self) -> CallMetadata:
+        """What every call carries: the session, if any."""
+        return ((SESSION_METADATA, self.session),) if self.session else ()
+
+    def control_metadata(self) -> CallMetadata:
+        """What control calls carry: the session and the token, if any."""
+        token = ((TOKEN_METADATA, self.control_token),) if self.control_token else ()
+        return (*self.call_metadata(), *token)
 
     def credentials(self) -> grpc.ChannelCredentials | None:
         if self.root_certificates is None:
@@ -161,17 +260,31 @@ class ServerSettings:
     max_workers: int = 64
     #: Server processes reuse freed message buffers (``keep_freed_memory``).
     keep_freed_memory: bool = True
+    #: Largest response content a pull may ask for; None: as large as the
+    #: message size limit (``send_limit_bytes``) lets the response be.
+    max_response_bytes: int | None = None
+    #: Control calls (statistics, reset) are refused without this token; None: no token.
+    control_token: str | None = field(default=None, repr=False)
+    #: Client sessions counted apart at once (``SESSION_METADATA``).
+    max_sessions: int = 256
 
     def __post_init__(self) -> None:
         if self.max_workers < 1:
             raise ValueError(f"max_workers must be >= 1, got {self.max_workers}")
         if (self.private_key is None) != (self.certificate_chain is None):
             raise ValueError("TLS needs both private_key and certificate_chain")
+        if self.max_response_bytes is not None and self.max_response_bytes < 0:
+            raise ValueError(f"max_response_bytes must be >= 0, got {self.max_response_bytes}")
+        if self.max_sessions < 1:
+            raise ValueError(f"max_sessions must be >= 1, got {self.max_sessions}")
 
     def all_options(self) -> list[tuple[str, str | int]]:
-        # gRPC sets SO_REUSEPORT by default, which lets a second server bind a
-        # port already in use and silently share it: refuse that.
-        return with_defaults((*_SIZE_OPTIONS, ("grpc.so_reuseport", 0)), self.options)
+        return with_defaults(_SERVER_DEFAULTS, self.options)
+
+    def send_limit_bytes(self) -> int:
+        """The largest message the server sends, as its gRPC options set it."""
+        limit = dict(self.all_options()).get("grpc.max_send_message_length", -1)
+        return GRPC_MESSAGE_LIMIT_BYTES if not isinstance(limit, int) or limit < 0 else limit
 
     def credentials(self) -> grpc.ServerCredentials | None:
         if self.private_key is None or self.certificate_chain is None:
@@ -203,16 +316,27 @@ class ServerStats:
     address: str = ""
     #: Per method path: [messages, bytes] received.
     per_method: dict[str, list[int]] = field(default_factory=dict)
+    #: The client session these counts are of ("": the calls that named none).
+    session: str = ""
+    #: Other sessions that made calls since this one's reset: the server (and
+    #: its ``cpu_ns``, which is the whole process's) was shared with them.
+    other_sessions: int = 0
 
     def to_json(self) -> bytes:
-        return json.dumps(asdict(self), sort_keys=True).encode()
+        document = asdict(self)
+        if not self.session:
+            # What a client that names no session (an older one) knows how to read.
+            del document["session"], document["other_sessions"]
+        return json.dumps(document, sort_keys=True).encode()
 
     @classmethod
     def from_json(cls, data: bytes, *, source: str) -> ServerStats:
         try:
             document: dict[str, Any] = json.loads(data)
-            return cls(**document)
-        except (ValueError, TypeError) as error:
+            known = {f.name for f in fields(cls)}
+            # Fields a newer server adds are left for a newer client.
+            return cls(**{key: value for key, value in document.items() if key in known})
+        except (ValueError, TypeError, AttributeError) as error:
             raise TransportError(f"{source}: unreadable server statistics ({error})") from None
 
 
@@ -237,6 +361,10 @@ class PayloadBytes:
             data = self._by_size.setdefault(size, bytes(size))
             self._held_bytes = sum(self._by_size)
         return data
+
+    def holds(self, size: int) -> bool:
+        """Whether a buffer of ``size`` is already made (asking for it allocates nothing)."""
+        return size in self._by_size
 
     @property
     def held_bytes(self) -> int:
@@ -302,16 +430,37 @@ def translate_rpc_error(error: grpc.RpcError, *, target: str, method: str) -> Tr
         what = "no answer within the deadline (--deadline)"
     elif code is grpc.StatusCode.RESOURCE_EXHAUSTED:
         what = "message too large or server overloaded"
+    elif code is grpc.StatusCode.UNAUTHENTICATED:
+        what = (
+            "the server's control calls need its token: give replay --token-file the file "
+            "given to serve --token-file"
+        )
     elif code is grpc.StatusCode.UNIMPLEMENTED:
         what = "the server does not answer this method (is it a tf-grpc-bench server?)"
+    elif code is grpc.StatusCode.CANCELLED:
+        # This client cancels nothing it still waits for: the server did (an
+        # older tf-grpc-bench server cancels calls beyond ~1000 waiting to be
+        # accepted) or the connection went.
+        what = "call cancelled by the server (more calls waiting than it accepts?)"
     else:
         what = "call failed"
     suffix = f": {detail}" if detail else ""
     return TransportError(f"{target}{method}: {what} [{name}]{suffix}")
 
 
+#: Method paths counted apart per session; calls on more paths than this, or on
+#: paths longer than ``MAX_METHOD_CHARS`` (only a client making up paths makes
+#: them), are counted under ``OTHER_METHODS``.
+MAX_COUNTED_METHODS = 64
+MAX_METHOD_CHARS = 256
+OTHER_METHODS = "(other methods)"
+
+
 class Counters:
-    """Message and byte counts of a server; thread-safe."""
+    """Message and byte counts of a server (or of one client session); thread-safe.
+
+    ``last_call_ns`` is the ``time.monotonic_ns`` of the latest call counted.
+    """
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
@@ -320,6 +469,7 @@ class Counters:
         self.sent_bytes = 0
         self.sent_messages = 0
         self.per_method: dict[str, list[int]] = {}
+        self.last_call_ns = 0
 
     def add(self, method: str, received_bytes: int, sent_bytes: int) -> None:
         with self._lock:
@@ -329,9 +479,12 @@ class Counters:
             self.sent_messages += 1
             entry = self.per_method.get(method)
             if entry is None:
-                entry = self.per_method[method] = [0, 0]
+                if len(self.per_method) >= MAX_COUNTED_METHODS or len(method) > MAX_METHOD_CHARS:
+                    method = OTHER_METHODS
+                entry = self.per_method.setdefault(method, [0, 0])
             entry[0] += 1
             entry[1] += received_bytes
+            self.last_call_ns = time.monotonic_ns()
 
     def reset(self) -> None:
         with self._lock:

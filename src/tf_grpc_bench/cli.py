@@ -7,6 +7,8 @@ are imported only when their subcommand runs (or for ``--help``), so that
 
 Errors: every ``BenchError`` becomes one line on stderr and its exit code; no
 traceback for user mistakes.  Anything else is a bug and keeps its traceback.
+Ctrl-C, SIGTERM and SIGHUP all interrupt a command the same way (``lifetime``):
+one line, exit status 128 + the signal's number.
 """
 
 from __future__ import annotations
@@ -16,8 +18,8 @@ import importlib
 import sys
 from collections.abc import Sequence
 
-from tf_grpc_bench import __version__
-from tf_grpc_bench.errors import BenchError
+from tf_grpc_bench import __version__, lifetime
+from tf_grpc_bench.errors import BenchError, RunInterrupted
 
 PROGRAM = "tf-grpc-bench"
 
@@ -82,12 +84,21 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     run = getattr(importlib.import_module(args._module), f"run_{args._command}")
     try:
-        return int(run(args))
+        # SIGTERM and SIGHUP stop a command as Ctrl-C does: what was measured is kept.
+        with lifetime.interrupt_on_signals():
+            return int(run(args))
+    except RunInterrupted as interrupted:
+        # Not an error: the user (or a launcher) stopped it; what it measured is kept.
+        sys.stderr.write(f"{PROGRAM} {args._command}: {interrupted}\n")
+        return interrupted.exit_code
     except BenchError as error:
         sys.stderr.write(f"{PROGRAM} {args._command}: error: {error}\n")
         return error.exit_code
-    except KeyboardInterrupt:
-        sys.stderr.write(f"{PROGRAM} {args._command}: interrupted\n")
-        return 130
+    except KeyboardInterrupt as interrupt:
+        signum = lifetime.signal_of(interrupt)
+        sys.stderr.write(
+            f"{PROGRAM} {args._command}: interrupted ({lifetime.signal_name(signum)})\n"
+        )
+        return lifetime.exit_status(signum)
     except BrokenPipeError:
         return 0

@@ -8,6 +8,8 @@ boundary each, so callers never need to catch a third-party type.
 
 from __future__ import annotations
 
+import signal
+
 
 class BenchError(Exception):
     """Root of every error tf-grpc-bench raises on purpose.
@@ -69,6 +71,12 @@ class UnsupportedResultVersionError(ResultError):
 
 
 class RunInterrupted(BenchError):
-    """The user interrupted a run (Ctrl-C); what was measured was written, marked partial."""
+    """A stop signal (Ctrl-C, SIGTERM, SIGHUP) ended a run; what was measured was
+    written, marked partial.  Exits with 128 + the signal's number, as shells do."""
 
     exit_code = 130
+
+    def __init__(self, message: str, *, signum: int = signal.SIGINT) -> None:
+        super().__init__(message)
+        self.signum = signum
+        self.exit_code = 128 + signum

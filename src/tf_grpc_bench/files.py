@@ -31,7 +31,11 @@ def check_writable(path: str | os.PathLike[str], *, error: type[BenchError], wha
     lost to an output path that was never writable.  Creates the parent folder.
     """
     path = Path(path)
-    if path.is_dir():
+    try:
+        is_directory = path.is_dir()
+    except OSError as failure:
+        raise error(f"{path}: cannot look at it ({failure.strerror or failure})") from None
+    if is_directory:
         raise error(f"{path}: is a directory, expected a file name for the {what}")
     try:
         path.parent.mkdir(parents=True, exist_ok=True)

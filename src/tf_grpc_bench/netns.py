@@ -31,6 +31,7 @@ from __future__ import annotations
 import contextlib
 import gzip
 import ipaddress
+import itertools
 import math
 import os
 import re
@@ -46,6 +47,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
+from tf_grpc_bench import lifetime
 from tf_grpc_bench.errors import NetworkError
 
 #: Every namespace this tool makes starts with this; nothing else is touched.
@@ -54,6 +56,11 @@ PREFIX = "tfgb-"
 HOST_INTERFACE = "eth0"
 BRIDGE = "br0"
 DEFAULT_SUBNET = "10.233.0.0/24"
+#: Most emulated hosts one network has.
+MAX_HOSTS = 200
+#: Subnets a network may use: private, from a /8 (room for any host count) to a /30.
+MIN_SUBNET_PREFIX = 8
+MAX_SUBNET_PREFIX = 30
 #: tbf's queue bound, as the time a packet may wait (tc's ``latency``).
 DEFAULT_TBF_LATENCY_US = 20_000
 #: A veth sends TSO/GSO packets of up to 64 KiB.  A bucket smaller than one such
@@ -258,11 +265,17 @@ def _plan_hosts(hosts: int, run_id: str, subnet: str) -> tuple[Host, ...]:
         network = ipaddress.IPv4Network(subnet)
     except ValueError as error:
         raise NetworkError(f"--subnet {subnet}: {error}") from None
-    usable = list(network.hosts())
+    if not (network.is_private and MIN_SUBNET_PREFIX <= network.prefixlen <= MAX_SUBNET_PREFIX):
+        raise NetworkError(
+            f"--subnet {subnet}: expected a private IPv4 subnet (in 10/8, 172.16/12 or "
+            f"192.168/16) of /{MIN_SUBNET_PREFIX} to /{MAX_SUBNET_PREFIX}, e.g. {DEFAULT_SUBNET}"
+        )
+    if hosts > MAX_HOSTS:
+        raise NetworkError(f"--hosts {hosts}: at most {MAX_HOSTS} emulated hosts")
+    usable = list(itertools.islice(network.hosts(), hosts))
     if hosts > len(usable):
-        raise NetworkError(f"--subnet {subnet} has room for {len(usable)} hosts, not {hosts}")
-    if hosts > 200:
-        raise NetworkError(f"--hosts {hosts}: at most 200 emulated hosts")
+        room = network.num_addresses - 2
+        raise NetworkError(f"--subnet {subnet} has room for {room} hosts, not {hosts}")
     return tuple(
         Host(
             index=i,
@@ -510,9 +523,11 @@ def _teardown_on_signals() -> Iterator[None]:
     """Turn SIGTERM and SIGHUP into exceptions while the network exists.
 
     SIGINT already raises KeyboardInterrupt.  Signal handlers can only be set
-    from the main thread; elsewhere this does nothing.
+    from the main thread; elsewhere this does nothing, and so it does under
+    ``lifetime.interrupt_on_signals`` (the command line's), whose exception
+    unwinds the network as well.
     """
-    if threading.current_thread() is not threading.main_thread():
+    if threading.current_thread() is not threading.main_thread() or lifetime.handlers_installed():
         yield
         return
 
@@ -649,11 +664,18 @@ class EmulatedNetwork:
             text=True,
             timeout=timeout_s,
             check=False,
+            preexec_fn=lifetime.die_with_parent_preexec(),
         )
 
     def spawn(self, host: Host | int, argv: Sequence[str], **popen: Any) -> subprocess.Popen[Any]:
-        """Start ``argv`` inside ``host`` in its own process group; stopped by ``down``."""
-        process = subprocess.Popen(self.command(host, argv), start_new_session=True, **popen)
+        """Start ``argv`` inside ``host`` in its own process group; stopped by ``down``,
+        and killed if this process dies (``lifetime.die_with_parent_preexec``)."""
+        process = subprocess.Popen(
+            self.command(host, argv),
+            start_new_session=True,
+            preexec_fn=lifetime.die_with_parent_preexec(),
+            **popen,
+        )
         self._processes.append(process)
         return process
 

@@ -15,6 +15,7 @@ exactly one category.
 from __future__ import annotations
 
 import enum
+import math
 
 KIB = 1024
 MIB = 1024 * 1024
@@ -64,10 +65,17 @@ def classify(size_bytes: int) -> SizeCategory:
     return SizeCategory.LARGE
 
 
+#: Largest size ``parse_size`` accepts (1 TiB): far past any message or buffer the
+#: tool can send, small enough that arithmetic on it stays exact.
+MAX_SIZE_BYTES = 1024**4
+
+
 def parse_size(text: str) -> int:
     """Parse ``"10"``, ``"10B"``, ``"10KB"``, ``"1MB"``, ``"1.5MiB"`` into bytes.
 
-    KB/KiB and MB/MiB both mean powers of 1024, as in the paper.
+    KB/KiB and MB/MiB both mean powers of 1024, as in the paper.  ValueError
+    for anything else, a negative or non-finite number, or more than
+    ``MAX_SIZE_BYTES``.
     """
     cleaned = text.strip().upper().replace("IB", "B")
     multipliers = {"GB": 1024**3, "MB": MIB, "KB": KIB, "B": 1, "G": 1024**3, "M": MIB, "K": KIB}
@@ -80,6 +88,10 @@ def parse_size(text: str) -> int:
         value = float(number)
     except ValueError:
         raise ValueError(f"not a size: {text!r} (expected e.g. 10, 10KB, 1MB)") from None
-    if value < 0 or value != value:
+    if not math.isfinite(value):
+        raise ValueError(f"not a finite size: {text!r} (expected e.g. 10, 10KB, 1MB)")
+    if value < 0:
         raise ValueError(f"size must be >= 0: {text!r}")
+    if value * multiplier > MAX_SIZE_BYTES:
+        raise ValueError(f"size {text!r} is more than {MAX_SIZE_BYTES // 1024**4} TiB")
     return round(value * multiplier)

@@ -478,9 +478,20 @@ def trace_to_proto(trace: Trace) -> trace_pb2.Trace:
     return message
 
 
+#: Largest trace accepted, decompressed (and so compressed): the shipped traces are 2-4 MB,
+#: a capture of hundreds of steps of a large model tens of MB.  Past it a file is
+#: refused before more memory is spent on it (a small file can decompress to gigabytes).
+MAX_TRACE_BYTES = 256 * 1024 * 1024
+
+
 def load_trace(stream: IO[bytes], *, source: str = "trace") -> Trace:
-    """Read one trace from a binary file object.  ``source`` names it in errors."""
-    data = stream.read()
+    """Read one trace from a binary file object.  ``source`` names it in errors.
+
+    Neither the file nor what it decompresses to may exceed ``MAX_TRACE_BYTES``.
+    """
+    data = stream.read(MAX_TRACE_BYTES + 1)
+    if len(data) > MAX_TRACE_BYTES:
+        raise TraceError(f"{source}: larger than {MAX_TRACE_BYTES >> 20} MiB, not a trace")
     if not data:
         raise TraceError(f"{source}: file is empty (expected a tf-grpc-bench trace)")
     if not data.startswith(MAGIC):
@@ -491,9 +502,14 @@ def load_trace(stream: IO[bytes], *, source: str = "trace") -> Trace:
         )
     decompressor = zlib.decompressobj()
     try:
-        payload = decompressor.decompress(data[len(MAGIC) :])
+        payload = decompressor.decompress(memoryview(data)[len(MAGIC) :], MAX_TRACE_BYTES + 1)
     except zlib.error as error:
         raise TraceError(f"{source}: trace is corrupt ({error})") from None
+    if len(payload) > MAX_TRACE_BYTES:
+        raise TraceError(
+            f"{source}: decompresses to more than {MAX_TRACE_BYTES >> 20} MiB, "
+            "more than any trace this tool reads"
+        )
     if not decompressor.eof:
         raise TraceError(f"{source}: trace is truncated (compressed stream ends early)")
     if decompressor.unused_data:

@@ -1,0 +1,195 @@
+"""How the tool's processes end: stop signals handled as Ctrl-C is, children that die with us.
+
+Stop signals.  Ctrl-C (SIGINT), SIGTERM (what ``timeout``, Slurm, Kubernetes
+and container runtimes send) and SIGHUP (a closed terminal or SSH session)
+all stop a command the same way: ``interrupt_on_signals`` makes each raise
+``Interrupted`` (a ``KeyboardInterrupt``) in the main thread, so every place
+that keeps what was measured on Ctrl-C keeps it on the other two as well; the
+command then exits with 128 + the signal's number.  ``deferred_signals`` holds
+them while a result is being written, so that a second signal does not cut
+the document short.
+
+Children.  Every process the tool starts (replay servers, PS-throughput
+workers, training tasks, processes in emulated hosts) must die with the
+process that started it, even when that one is killed with SIGKILL and can
+clean nothing up.  Linux's ``PR_SET_PDEATHSIG`` asks the kernel to send the
+child a signal when its parent ends: a child started by ``multiprocessing``
+calls ``die_with_parent(parent_pid)`` first thing; a child started by
+``subprocess`` gets it from ``die_with_parent_preexec()`` before it runs its
+program (the setting survives ``exec``).  Both compare ``getppid()`` with the
+expected parent afterwards, which closes the race of a parent that died
+before the setting was made.  The kernel's "parent" is the *thread* that
+started the child: start children from a thread that outlives them (the main
+thread, or the thread that also stops them).  Elsewhere than Linux these do
+nothing.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import ctypes.util
+import os
+import signal
+import sys
+import threading
+from collections.abc import Callable, Iterator
+from types import FrameType
+
+#: Signals that stop a command the way Ctrl-C does.
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+#: ``prctl`` option (linux/prctl.h): signal to receive when the parent thread ends.
+_PR_SET_PDEATHSIG = 1
+
+
+class Interrupted(KeyboardInterrupt):
+    """A stop signal arrived: raised in the main thread, handled wherever Ctrl-C is."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signal_name(signum))
+        self.signum = signum
+
+
+def signal_name(signum: int) -> str:
+    """``Ctrl-C`` for SIGINT (what users press), else the signal's name (``SIGTERM``)."""
+    if signum == signal.SIGINT:
+        return "Ctrl-C"
+    try:
+        return signal.Signals(signum).name
+    except ValueError:
+        return f"signal {signum}"
+
+
+def signal_of(error: BaseException) -> int:
+    """The signal a ``KeyboardInterrupt`` stands for (SIGINT unless it is ``Interrupted``)."""
+    return error.signum if isinstance(error, Interrupted) else signal.SIGINT
+
+
+def exit_status(signum: int) -> int:
+    """The shell's convention for a command stopped by ``signum``: 128 + its number."""
+    return 128 + signum
+
+
+class _Received:
+    """The stop signals seen since handlers were installed; shared by every thread."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.first: int | None = None
+        self.deferring = 0
+        self.pending: int | None = None
+
+
+_received = _Received()
+
+
+def stop_signal() -> int | None:
+    """The first stop signal received since ``interrupt_on_signals`` began, or None."""
+    return _received.first
+
+
+def _handle(signum: int, _frame: FrameType | None) -> None:
+    with _received.lock:
+        if _received.first is None:
+            _received.first = signum
+        if _received.deferring:
+            _received.pending = signum
+            return
+    raise Interrupted(signum)
+
+
+@contextlib.contextmanager
+def interrupt_on_signals() -> Iterator[None]:
+    """While the block runs, SIGINT, SIGTERM and SIGHUP raise ``Interrupted``.
+
+    Handlers can be set only from the main thread; elsewhere, or inside
+    another such block, this does nothing.  The previous handlers come back
+    when the block ends.
+    """
+    if threading.current_thread() is not threading.main_thread() or handlers_installed():
+        yield
+        return
+    with _received.lock:
+        _received.first = _received.pending = None
+    previous = {number: signal.signal(number, _handle) for number in STOP_SIGNALS}
+    try:
+        yield
+    finally:
+        for number, handler in previous.items():
+            signal.signal(number, handler)
+
+
+def handlers_installed() -> bool:
+    """Whether ``interrupt_on_signals`` handles SIGTERM now (a caller need not add its own)."""
+    return signal.getsignal(signal.SIGTERM) is _handle
+
+
+@contextlib.contextmanager
+def deferred_signals() -> Iterator[None]:
+    """Hold stop signals while the block runs (writing results); raise the last after it.
+
+    Thread-safe; nests.  A signal that arrives meanwhile is remembered, and
+    ``Interrupted`` is raised when the outermost block ends normally.
+    """
+    with _received.lock:
+        _received.deferring += 1
+    try:
+        yield
+    finally:
+        with _received.lock:
+            _received.deferring -= 1
+            pending = _received.pending if _received.deferring == 0 else None
+            if pending is not None:
+                _received.pending = None
+    if pending is not None and sys.exc_info()[0] is None:
+        raise Interrupted(pending)
+
+
+# --------------------------------------------------------------------------
+# Children that die with their parent.
+
+
+def _prctl() -> Callable[..., int] | None:
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
+        function = libc.prctl
+    except (OSError, AttributeError, TypeError):
+        return None
+    function.argtypes = (ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong)
+    function.restype = ctypes.c_int
+    prctl: Callable[..., int] = function
+    return prctl
+
+
+def die_with_parent(parent_pid: int, signum: int = signal.SIGKILL) -> None:
+    """Make the kernel send ``signum`` to this process when ``parent_pid`` (its parent) ends.
+
+    Call it first thing in a child process.  If the parent is already gone
+    (this process was re-parented), the signal is sent now.
+    """
+    prctl = _prctl()
+    if prctl is not None:
+        prctl(_PR_SET_PDEATHSIG, signum, 0, 0)
+    if os.getppid() != parent_pid:
+        os.kill(os.getpid(), signum)
+
+
+def die_with_parent_preexec(signum: int = signal.SIGKILL) -> Callable[[], None]:
+    """A ``preexec_fn`` for ``subprocess.Popen``: the child dies with this process.
+
+    Everything is looked up here, in the parent; the function the child runs
+    between fork and exec only makes two system calls.
+    """
+    prctl = _prctl()
+    parent = os.getpid()
+    getppid, kill = os.getppid, os.kill
+
+    def in_child() -> None:
+        if prctl is not None:
+            prctl(_PR_SET_PDEATHSIG, signum, 0, 0)
+        if getppid() != parent:
+            kill(os.getpid(), signum)
+
+    return in_child

@@ -1,0 +1,264 @@
+"""Flags that do what they say, and resources that stay bounded.
+
+``--max-message-size`` is the limit on both sides and ``--chunk-size`` cuts
+both directions (seen on the wire by a recording proxy); a client keeps
+only a bounded amount of built requests whatever the trace declares; a
+serialized replay says which traced sizes it could not reproduce; and the
+pieces the signal handling stands on (``lifetime``, the line quoted from a
+failed task's log) behave as documented.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from tf_grpc_bench import lifetime, trace_files
+from tf_grpc_bench.errors import TransportError
+from tf_grpc_bench.profiler.launch.processes import MAX_QUOTED_CHARS, meaningful_line
+from tf_grpc_bench.profiler.recorders.proxy import RecordingProxy
+from tf_grpc_bench.replay.core.workload import Mode, pull_call
+from tf_grpc_bench.replay.output import document as results
+from tf_grpc_bench.replay.transport import grpc_settings
+from tf_grpc_bench.replay.transport.client import ReplayClient
+from tf_grpc_bench.replay.transport.grpc_settings import GrpcSettings
+from tf_grpc_bench.replay.transport.server import ReplayServer
+
+from .conftest import make_trace
+
+COMMAND = str(Path(sys.executable).with_name("tf-grpc-bench"))
+MB = 1024 * 1024
+
+
+def _document(out: str, cwd: Path) -> results.ResultDocument:
+    line = next(line for line in out.splitlines() if line.startswith("results: "))
+    return results.read_document(cwd / line.removeprefix("results: ").strip())
+
+
+# --------------------------------------------------------------------------
+# --max-message-size and --chunk-size
+
+
+def test_max_message_size_and_chunk_size_hold_on_the_wire_both_ways(tmp_path: Path) -> None:
+    # The shipped ResNet-50 pair moves tensors of up to 9.4 MB both ways: pulled
+    # weights in responses, gradients (a ps pulling from the worker, replayed
+    # reversed) in requests.  With a 1 MB limit every one must go in 64 KB chunks.
+    settings = GrpcSettings(max_message_bytes=MB, chunk_bytes=64 * 1024)
+    server = ReplayServer(settings=grpc_settings.server_settings(settings, None))
+    with server, RecordingProxy(target=("127.0.0.1", server.port), callee="ps") as proxy:
+        proxy.start()
+        completed = subprocess.run(
+            [
+                COMMAND, "replay", "resnet50-tf2ps", "--benchmark", "p2p-bandwidth",
+                "--steps", "1", "--warmup", "0", "--runs", "1", "--max-message-size", "1MB",
+                "--chunk-size", "64KB", "--target", f"{proxy.address},{proxy.address}",
+                "--output-dir", "out",
+            ],
+            cwd=tmp_path, capture_output=True, text=True, timeout=300, check=False,
+        )  # fmt: skip
+        calls = [c for c in proxy.collect(final=True) if "Control" not in c.method]
+    assert completed.returncode == 0, completed.stderr
+    (run,) = _document(completed.stdout, tmp_path).benchmarks[0].runs
+    assert run.server_received_messages == run.rpc_count == len(calls)
+    assert all(c.complete and c.status_code == 0 for c in calls)
+    assert max(c.request_bytes for c in calls) == 64 * 1024  # requests cut too
+    assert max(c.response_bytes for c in calls) <= 64 * 1024 + 64
+    assert sum(c.request_bytes for c in calls) > 10 * MB  # the gradients went
+
+
+def test_the_message_limit_binds_the_client_too() -> None:
+    settings = GrpcSettings(max_message_bytes=64 * 1024)
+    call = pull_call(
+        method="/x.Y/Pull", request_bytes=16, response_bytes=100_000, mode=Mode.NON_SERIALIZED
+    )
+    with ReplayServer() as server:  # the server's own limit is the default
+        client = ReplayClient(
+            server.address,
+            mode=Mode.NON_SERIALIZED,
+            settings=grpc_settings.channel_settings(settings, None),
+        )
+        try:
+            with pytest.raises(TransportError, match="RESOURCE_EXHAUSTED"):
+                client.invoke(call, 10)
+        finally:
+            client.close()
+
+
+# --------------------------------------------------------------------------
+# Requests built for reuse: bounded.
+
+
+def test_requests_past_the_cache_are_built_call_by_call_and_arrive_whole() -> None:
+    # A trace may declare many distinct large messages (40 x 200 MB in a crafted
+    # 8 KB file): building them all up front would take their sum in memory.
+    calls = [
+        pull_call(
+            method="/tensorflow.WorkerService/RecvTensor",
+            request_bytes=2 * MB + i,
+            response_bytes=8,
+            mode=Mode.NON_SERIALIZED,
+        )
+        for i in range(20)
+    ]
+    with ReplayServer() as server:
+        client = ReplayClient(server.address, mode=Mode.NON_SERIALIZED, request_cache_bytes=8 * MB)
+        try:
+            client.prepare(calls)
+            assert 0 < client.cached_request_bytes <= 8 * MB
+            for call in calls:
+                client.invoke(call, 30)
+            assert client.cached_request_bytes <= 8 * MB
+            stats = client.stats()
+        finally:
+            client.close()
+    assert stats.received_messages == len(calls)
+    assert stats.received_bytes == sum(c.request_bytes for c in calls)
+
+
+# --------------------------------------------------------------------------
+# A serialized replay says which sizes it could not reproduce.
+
+
+@pytest.mark.parametrize("mode", ["serialized", "non-serialized"])
+def test_a_replay_says_which_traced_sizes_it_could_not_reproduce(tmp_path: Path, mode: str) -> None:
+    path = tmp_path / "tiny.tfgbtrace"
+    trace_files.write_trace(make_trace(steps=1, sizes=(1, 2, 130, 4096)), path)
+    completed = subprocess.run(
+        [
+            COMMAND, "replay", str(path), "--benchmark", "p2p-latency", "--steps", "1",
+            "--warmup", "0", "--runs", "1", "--mode", mode, "--output-dir", "out",
+        ],
+        cwd=tmp_path, capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert completed.returncode == 0, completed.stderr
+    (result,) = _document(completed.stdout, tmp_path).benchmarks
+    inexact = result.inexact_sizes
+    if mode == "non-serialized":
+        assert inexact is None and "sizes not exact" not in completed.stdout
+        return
+    assert inexact is not None
+    # 1 and 2 B go empty; 130 B goes one byte short (just past a varint step).
+    assert inexact.calls_per_pass == 3
+    assert "1 B -> 0 B x1" in inexact.examples and "2 B -> 0 B x1" in inexact.examples
+    assert "130 B -> 129 B x1" in inexact.examples
+    assert inexact.traced_bytes - inexact.replayed_bytes == 1 + 2 + 1
+    assert result.rpc_count == 4
+    assert "sizes not exact: p2p-latency: 3 traced message sizes per pass" in completed.stdout
+
+
+# --------------------------------------------------------------------------
+# lifetime: stop signals and children that die with their parent.
+
+
+def test_stop_signals_raise_interrupted_and_a_deferred_one_comes_after_the_block() -> None:
+    before = signal.getsignal(signal.SIGTERM)
+    with lifetime.interrupt_on_signals():
+        with pytest.raises(lifetime.Interrupted) as caught:
+            os.kill(os.getpid(), signal.SIGHUP)
+            time.sleep(5)
+        assert caught.value.signum == signal.SIGHUP
+        assert lifetime.exit_status(lifetime.signal_of(caught.value)) == 129
+        written = []
+        with pytest.raises(lifetime.Interrupted) as caught, lifetime.deferred_signals():
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(0.2)
+            written.append("the whole document")
+        assert written == ["the whole document"] and caught.value.signum == signal.SIGTERM
+        assert lifetime.stop_signal() == signal.SIGHUP  # the first one received
+    assert signal.getsignal(signal.SIGTERM) is before
+    assert lifetime.signal_of(KeyboardInterrupt()) == signal.SIGINT
+
+
+def test_a_subprocess_child_dies_when_its_parent_is_killed(tmp_path: Path) -> None:
+    script = textwrap.dedent(
+        """
+        import subprocess, sys, time
+        from tf_grpc_bench import lifetime
+        child = subprocess.Popen(["sleep", "600"], preexec_fn=lifetime.die_with_parent_preexec())
+        print(child.pid, flush=True)
+        time.sleep(600)
+        """
+    )
+    parent = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    try:
+        assert parent.stdout is not None
+        child = int(parent.stdout.readline())
+        parent.kill()
+        parent.wait(timeout=30)
+        deadline = time.monotonic() + 30
+        while _running(child) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not _running(child)
+    finally:
+        if parent.poll() is None:
+            parent.kill()
+            parent.wait()
+
+
+def _running(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+def test_a_child_whose_parent_is_already_gone_ends_at_once() -> None:
+    # The race die_with_parent closes: the expected parent died before the call.
+    completed = subprocess.run(
+        [sys.executable, "-c", "from tf_grpc_bench import lifetime\n"
+         "lifetime.die_with_parent(1)\nprint('still here')"],
+        capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert completed.returncode == -signal.SIGKILL
+    assert "still here" not in completed.stdout
+
+
+# --------------------------------------------------------------------------
+# The line quoted from a failed task's log.
+
+_START_UP = [
+    "2026-12-01 03:12:45.123456: I tensorflow/core/util/port.cc:153] oneDNN custom ops are on.",
+    "WARNING: All log messages before absl::InitializeLog() is called are written to STDERR",
+    "I0000 00:00:1764559000.123456 4242 grpc_server_lib.cc:467] Started server with target: x",
+    "2026-12-01 03:12:46.000001: W tensorflow/core/framework/cpu_allocator.cc:1] big alloc",
+]
+
+
+@pytest.mark.parametrize(
+    ("tail", "quoted"),
+    [
+        (_START_UP, ""),
+        ([*_START_UP, "worker gives up"], "worker gives up"),
+        (
+            [
+                "Traceback (most recent call last):",
+                '  File "t.py", line 1',
+                "ValueError: bad",
+                *_START_UP,
+            ],
+            "ValueError: bad",
+        ),
+        (
+            ["tensorflow.python.framework.errors_impl.UnavailableError: ps:0 is gone", "done"],
+            "tensorflow.python.framework.errors_impl.UnavailableError: ps:0 is gone",
+        ),
+    ],
+    ids=["only-start-up", "plain-line", "traceback", "tf-error"],
+)
+def test_a_failed_tasks_log_is_quoted_by_the_line_that_says_what_went_wrong(
+    tail: list[str], quoted: str
+) -> None:
+    assert meaningful_line(tail) == quoted
+
+
+def test_a_quoted_line_is_cut_short() -> None:
+    quoted = meaningful_line(["x" * 1000])
+    assert len(quoted) == MAX_QUOTED_CHARS and quoted.endswith("...")
