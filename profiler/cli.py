@@ -118,7 +118,11 @@ def _add_common(parser: argparse.ArgumentParser) -> None:
 
 
 def _network(args: argparse.Namespace) -> NetworkRequest | None:
-    """The emulated network ``--network``/``--layout`` ask for; None without ``--network``."""
+    """The emulated network ``--network``/``--layout`` ask for; None without ``--network``.
+
+    NetworkError at once without root (before any other check that could fail for
+    an unprivileged user first).
+    """
     if args.network is None:
         if args.layout is not None:
             raise UsageError("--layout places tasks on emulated hosts: give --network too")

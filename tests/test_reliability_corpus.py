@@ -70,7 +70,7 @@ _SYNTHETIC = [
     ("chunk-size-inf", "--chunk-size inf", "--chunk-size"),
     ("chunk-size-nan", "--chunk-size nan", "--chunk-size"),
     ("chunk-size-tiny", "--chunk-size 10B", "--chunk-size"),
-    ("chunk-size-2tb", "--chunk-size 2TB", "--chunk-size"),
+    ("chunk-size-2tib", "--chunk-size 2048GB", "--chunk-size"),
     ("chunk-size-over-limit", "--chunk-size 64MB --max-message-size 32MB", "--chunk-size"),
     ("max-message-size-inf", "--max-message-size inf", "--max-message-size"),
     ("max-message-size-tiny", "--max-message-size 1KB", "--max-message-size"),

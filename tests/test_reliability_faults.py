@@ -146,6 +146,13 @@ def _assert_nothing_left(pids: set[int], ports: set[int]) -> None:
     _wait_for(lambda: not _listened(ports), f"ports {sorted(ports)} to close", timeout_s=30)
 
 
+def _wait_for_servers(pids: set[int]) -> set[int]:
+    """The ports ``pids`` listen on, once any does (a server starting takes a moment)."""
+    _wait_for(lambda: bool(_listening_ports(pids)), "a server to listen")
+    time.sleep(0.5)  # its siblings too
+    return _listening_ports(pids)
+
+
 def _wait_for_calls(target: str) -> None:
     """Until the replay server at ``target`` has answered calls (it may not be up yet)."""
     observer = ReplayClient(target, mode=Mode.NON_SERIALIZED)
@@ -198,8 +205,9 @@ def test_a_stop_signal_keeps_the_interrupted_runs_calls_and_leaves_no_process(
     )  # fmt: skip
     _wait_for(lambda: len(_descendants(replay.pid)) >= processes, "the replay's processes")
     children = _descendants(replay.pid)
-    ports = _listening_ports(children)
-    time.sleep(4)  # into the first measured run
+    ports = _wait_for_servers(children)
+    _wait_for_calls(f"127.0.0.1:{min(ports)}")  # no warm-up: the first measured run
+    time.sleep(1)
     replay.send_signal(signum)
     out, err = replay.communicate(timeout=120)
     name = "Ctrl-C" if signum == signal.SIGINT else signal.Signals(signum).name
@@ -222,7 +230,8 @@ def test_a_signal_before_any_call_is_measured_says_so(
         cwd=tmp_path,
     )  # fmt: skip
     _wait_for(lambda: len(_descendants(replay.pid)) >= 1, "the replay's server")
-    time.sleep(3)  # into the warm-up
+    (port,) = _wait_for_servers(_descendants(replay.pid))
+    _wait_for_calls(f"127.0.0.1:{port}")  # the warm-up has begun
     replay.send_signal(signal.SIGTERM)
     out, err = replay.communicate(timeout=120)
     assert replay.returncode == 128 + signal.SIGTERM, err
@@ -256,9 +265,10 @@ def test_kill_9_of_a_local_server_mid_run_ends_the_replay_partial_and_stops_the_
         "--workers", "2", "--duration", "60", "--deadline", "5", cwd=tmp_path,
     )  # fmt: skip
     _wait_for(lambda: len(_descendants(replay.pid)) >= 5, "the replay's processes")
-    time.sleep(4)
     children = _descendants(replay.pid)
-    ports = _listening_ports(children)
+    ports = _wait_for_servers(children)
+    _wait_for_calls(f"127.0.0.1:{min(ports)}")  # the measured run
+    time.sleep(1)
     server = next(pid for pid in children if _listening_ports({pid}))
     os.kill(server, signal.SIGKILL)
     out, err = replay.communicate(timeout=120)
@@ -449,12 +459,12 @@ def test_network_compare_stopped_keeps_the_profiles_done_and_the_partial_one(
 ) -> None:
     compare = _start(
         started, "network", "compare", "--profiles", "unlimited,1gbit", *REPLAY,
-        "--benchmark", "p2p-latency", "--duration", "3", cwd=tmp_path,
+        "--benchmark", "p2p-latency", "--runs", "1", "--duration", "10", cwd=tmp_path,
     )  # fmt: skip
     _wait_for(
         lambda: any(tmp_path.glob("out/*-compare/1gbit/*")), "the second profile's replay", 180
     )
-    time.sleep(4)  # into its measured run
+    time.sleep(5)  # into its measured run (connected within a second or two, 10 s long)
     processes = _descendants(compare.pid)
     compare.send_signal(signal.SIGTERM)
     out, err = compare.communicate(timeout=180)

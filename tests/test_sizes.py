@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from tf_grpc_bench.sizes import KIB, MIB, SizeCategory, classify, parse_size
@@ -73,7 +75,22 @@ def test_text_that_is_not_a_size_is_refused(text: str) -> None:
         parse_size(text)
 
 
-@pytest.mark.parametrize("text", ["-1", "-1KB", "nan", "NaN MB"])
-def test_negative_or_undefined_sizes_are_refused(text: str) -> None:
+@pytest.mark.parametrize("text", ["-1", "-1KB"])
+def test_negative_sizes_are_refused(text: str) -> None:
     with pytest.raises(ValueError, match=rf"^size must be >= 0: {text!r}$"):
+        parse_size(text)
+
+
+@pytest.mark.parametrize("text", ["nan", "NaN MB", "inf", "-inf", "1e999KB"])
+def test_undefined_or_infinite_sizes_are_refused(text: str) -> None:
+    with pytest.raises(
+        ValueError,
+        match=rf"^not a finite size: {re.escape(repr(text))} \(expected e\.g\. 10, 10KB, 1MB\)$",
+    ):
+        parse_size(text)
+
+
+@pytest.mark.parametrize("text", ["2048GB", "1e300", "1025GB"])
+def test_sizes_past_a_tebibyte_are_refused(text: str) -> None:
+    with pytest.raises(ValueError, match=rf"^size {re.escape(repr(text))} is more than 1 TiB$"):
         parse_size(text)

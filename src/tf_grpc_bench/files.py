@@ -32,20 +32,18 @@ def check_writable(path: str | os.PathLike[str], *, error: type[BenchError], wha
     """
     path = Path(path)
     try:
-        is_directory = path.is_dir()
-    except OSError as failure:
-        raise error(f"{path}: cannot look at it ({failure.strerror or failure})") from None
-    if is_directory:
-        raise error(f"{path}: is a directory, expected a file name for the {what}")
-    try:
+        if path.is_dir():
+            raise error(f"{path}: is a directory, expected a file name for the {what}")
         path.parent.mkdir(parents=True, exist_ok=True)
+        exists = path.exists()
     except OSError as failure:
         raise error(
-            f"{path.parent}: cannot create folder ({failure.strerror or failure})"
+            f"{path.parent}: cannot create or enter the folder of the {what} "
+            f"({failure.strerror or failure})"
         ) from None
     if not os.access(path.parent, os.W_OK | os.X_OK):
         raise error(f"{path.parent}: folder not writable, cannot write the {what} there")
-    if path.exists() and not os.access(path, os.W_OK):
+    if exists and not os.access(path, os.W_OK):
         raise error(f"{path}: not writable, cannot replace the {what}")
     return path
 
