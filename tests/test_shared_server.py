@@ -118,7 +118,9 @@ def _stop(process: subprocess.Popen[str]) -> tuple[str, str]:
     """SIGTERM a serve; what it printed (stdout after its first line, stderr)."""
     process.send_signal(signal.SIGTERM)
     out, err = process.communicate(timeout=30)
-    assert process.returncode == 0, err
+    # SIGTERM stops serve as Ctrl-C does: one line, exit 128 + SIGTERM.
+    assert process.returncode == 128 + signal.SIGTERM, err
+    assert err.strip() == "tf-grpc-bench serve: interrupted (SIGTERM); servers stopped", err
     return out, err
 
 
