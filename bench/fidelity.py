@@ -16,13 +16,18 @@ script (root: it builds network namespaces):
    (``statistics.prediction.step_ns``);
 4. writes the ratios, the link's physical bound (the heavier direction's
    bytes of a round over the link rate) and the replay's CPU into the
-   ``## Fidelity`` section of ``bench/README.md``.
+   ``## Fidelity`` section of ``bench/README.md``;
+5. keeps every replay's run directory under ``--logdir`` (default
+   ``runs/fidelity``), one folder per model and setup, with a ``comparison``
+   TensorBoard run per model: step time against link rate for the replay
+   (from the loopback trace), training and the link's bound, and latency per
+   size class per link (``tensorboard --logdir runs/fidelity``).
 
 Usage: ``sudo .venv/bin/python bench/fidelity.py [--models resnet50,vgg16]
 [--setup tf2-ps|tf1-ps] [--profiles 1gbit,2.5gbit,5gbit,10gbit,unlimited] [--steps 8]
-[--no-readme]`` (needs the profiler extra).  Each model and setup gets its own
-section, ``## Fidelity: MODEL, SETUP``, so runs of different models do not
-overwrite each other.
+[--no-readme] [--logdir runs/fidelity]`` (needs the profiler extra).  Each model
+and setup gets its own section, ``## Fidelity: MODEL, SETUP``, so runs of
+different models do not overwrite each other.
 """
 
 from __future__ import annotations
@@ -49,6 +54,8 @@ from common import (
 
 from tf_grpc_bench import trace_files
 from tf_grpc_bench.netns import parse_profile
+from tf_grpc_bench.replay.network.compare import write_tensorboard_comparison
+from tf_grpc_bench.replay.output import document as results
 from tf_grpc_bench.trace import Trace
 
 SECTION = "## Fidelity: {model}, {setup}"
@@ -64,6 +71,8 @@ class Prediction:
     step_s: float
     compute_s: float
     cpu_cores: float
+    #: The replay's result document (for the TensorBoard comparison).
+    document: Path
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -148,11 +157,16 @@ def predict(trace_path: Path, profile: str, output_dir: Path) -> Prediction | No
         step_s=prediction["step_ns"] / 1e9,
         compute_s=(prediction.get("compute_ns") or 0.0) / 1e9,
         cpu_cores=cores,
+        document=documents[-1],
     )
 
 
-def measure(model: str, setup: str, profiles: list[str], steps: int, scratch: Path) -> list[Row]:
-    loopback_trace = scratch / f"{model}-loopback.tfgbtrace"
+def measure(
+    model: str, setup: str, profiles: list[str], steps: int, scratch: Path, logdir: Path
+) -> list[Row]:
+    folder = logdir / f"{model}-{setup}"
+    loopback_trace = folder / f"{model}-loopback.tfgbtrace"
+    folder.mkdir(parents=True, exist_ok=True)
     capture(model, setup, steps, loopback_trace, None)
     rows = []
     for profile in profiles:
@@ -164,12 +178,25 @@ def measure(model: str, setup: str, profiles: list[str], steps: int, scratch: Pa
                 profile=profile,
                 training_s=round_seconds(trained),
                 link_bound_s=link_bound_seconds(trained, profile),
-                from_loopback=predict(loopback_trace, profile, scratch / f"{model}-{profile}-lo"),
+                from_loopback=predict(loopback_trace, profile, folder / f"{profile}-lo"),
                 from_link=predict(link_trace, profile, scratch / f"{model}-{profile}-link"),
             )
         )
         print(rows[-1], file=sys.stderr, flush=True)
+    write_comparison(folder, rows)
     return rows
+
+
+def write_comparison(directory: Path, rows: list[Row]) -> None:
+    """The TensorBoard comparison of one model: replays from the loopback trace, training."""
+    documents = [
+        results.read_document(row.from_loopback.document)
+        for row in rows
+        if row.from_loopback is not None
+    ]
+    if documents:
+        training = {row.profile: row.training_s for row in rows}
+        write_tensorboard_comparison(directory, documents, training_s=training)
 
 
 def _prediction_cells(prediction: Prediction | None, training_s: float) -> list[str]:
@@ -221,12 +248,18 @@ def main() -> int:
     parser.add_argument("--profiles", default="1gbit,2.5gbit,5gbit,10gbit,unlimited")
     parser.add_argument("--steps", type=int, default=8, help="steady rounds per capture")
     parser.add_argument("--no-readme", action="store_true")
+    parser.add_argument(
+        "--logdir", default="runs/fidelity", help="where the replays' runs and comparisons go"
+    )
     args = parser.parse_args()
     command = command_line("bench/fidelity.py", sys.argv[1:])
     with tempfile.TemporaryDirectory(prefix="tfgb-fidelity-") as scratch:
         for model in args.models.split(","):
             before = load_average()
-            rows = measure(model, args.setup, args.profiles.split(","), args.steps, Path(scratch))
+            rows = measure(
+                model, args.setup, args.profiles.split(","), args.steps, Path(scratch),
+                Path(args.logdir),
+            )  # fmt: skip
             body = report(rows, args.setup, command, before, load_average())
             print(body)
             if not args.no_readme:

@@ -8,7 +8,9 @@ The package is layered; a module imports only from its own layer or lower ones
 1. ``transport``: gRPC clients and servers, the wire formats, TLS, gRPC
    settings, and the measuring loop the runner and the throughput workers share.
 2. ``output``: the result document (the one parse point of result files),
-   machine probes, statistics, the text report, TensorBoard logs.
+   machine probes, statistics, the text report, TensorBoard logs, step
+   timelines, comparison plots, CSV tables, and the ``timeline`` and
+   ``export`` commands over result documents.
 3. ``network``: emulated networks (the namespaces and link profiles are
    ``tf_grpc_bench.netns``, shared with the profiler), what the network under
    a run is, comparisons across profiles, and their CLI.

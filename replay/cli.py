@@ -842,7 +842,10 @@ def run_replay(args: argparse.Namespace) -> int:
     if not args.quiet:
         print(report.format_table(document))
     print(f"results: {run_directory / results.RESULTS_FILE_NAME}")
-    print(f"view:    tensorboard --logdir {run_directory / 'tensorboard'}")
+    timelines = run_directory / "timeline"
+    if timelines.is_dir():
+        print(f"timeline: {timelines}/ (Perfetto, chrome://tracing; TensorBoard's Profile tab)")
+    print(f"view:    tensorboard --logdir {args.output_dir}")
     _raise_if_partial(document.partial, document.partial_reason, run_directory)
     return 0
 

@@ -22,7 +22,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from tf_grpc_bench import lifetime
+from tf_grpc_bench import lifetime, trace_files
 from tf_grpc_bench.errors import ConfigError, TransportError
 from tf_grpc_bench.replay.core.measurement import (
     Benchmark,
@@ -358,12 +358,15 @@ def record(
     *,
     network_name: str = "",
 ) -> results.ResultDocument:
-    """Write the result document and TensorBoard logs of a replay into ``run_directory``.
+    """Write the result document, TensorBoard logs and timelines of a replay into ``run_directory``.
 
-    Stop signals wait until both are written (``lifetime.deferred_signals``).
+    The timelines (``output.timeline``): each benchmark's first measured steps
+    next to the trace's, as trace-event JSON in ``<run>/timeline/`` and for
+    TensorBoard's Profile tab.  Stop signals wait until all are written
+    (``lifetime.deferred_signals``).
     """
     # The TensorBoard writer is imported only when there is something to write.
-    from tf_grpc_bench.replay.output import tensorboard
+    from tf_grpc_bench.replay.output import tensorboard, timeline
 
     with lifetime.deferred_signals():
         network = netinfo.describe_network(executed.targets, name=network_name)
@@ -376,5 +379,7 @@ def record(
                 document, partial=True, partial_reason="; ".join(r for r in reasons if r)
             )
         results.write_document(document, run_directory / results.RESULTS_FILE_NAME)
-        tensorboard.write_run(document, run_directory / "tensorboard")
+        tensorboard.write_run(document, run_directory)
+        trace = None if request.trace_path is None else trace_files.read_trace(request.trace_path)
+        timeline.write_run_timelines(document, run_directory, trace)
     return document

@@ -13,6 +13,7 @@ ln -s "$repo/protos" "$view/tf_grpc_bench/protos"
 cd "$view"
 "$python" -m grpc_tools.protoc -I. \
   --python_out=. --pyi_out=. --grpc_python_out=. \
-  tf_grpc_bench/protos/trace.proto tf_grpc_bench/protos/bench.proto
-# The trace format has no service: drop the empty gRPC module protoc writes.
-rm -f "$repo/protos/trace_pb2_grpc.py"
+  tf_grpc_bench/protos/trace.proto tf_grpc_bench/protos/bench.proto \
+  tf_grpc_bench/protos/xplane.proto
+# The trace and profile formats have no service: drop the empty gRPC modules protoc writes.
+rm -f "$repo/protos/trace_pb2_grpc.py" "$repo/protos/xplane_pb2_grpc.py"

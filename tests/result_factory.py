@@ -151,14 +151,16 @@ def golden_document() -> ResultDocument:
     # The last run of the throughput benchmark stopped early, as when a server dies.
     throughput = results[2]
     # Throughput replayed under dependencies pacing: planned releases, step
-    # critical paths (format version 2).
+    # critical paths (format version 2), the trace RPC each call replayed (3).
     throughput = dataclasses.replace(
         throughput,
         runs=tuple(
             dataclasses.replace(
                 run,
                 samples=tuple(
-                    dataclasses.replace(sample, release_lag_ns=1000 * (number + 1))
+                    dataclasses.replace(
+                        sample, release_lag_ns=1000 * (number + 1), rpc_index=number % 4
+                    )
                     for number, sample in enumerate(run.samples)
                 ),
                 step_times_ns=(300_000_000 + run.run_index, 310_000_000),

@@ -12,6 +12,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
+from tensorboard.backend.event_processing import plugin_event_accumulator
 
 from tf_grpc_bench import netns
 from tf_grpc_bench.replay.output import document as results
@@ -188,6 +189,13 @@ def test_compare_replays_across_rate_limited_links_under_their_rates(tmp_path: P
     (compare_dir,) = tmp_path.glob("*-compare")
     assert (compare_dir / "comparison.md").read_text().count("| p2p-bandwidth |") == 2
     assert "| 100mbit |" in result.stdout
+    # The TensorBoard comparison beside the runs: latency per size class over the link rate.
+    accumulator = plugin_event_accumulator.EventAccumulator(str(compare_dir / "comparison"))
+    accumulator.Reload()
+    tags = accumulator.Tags()["tensors"]
+    assert "plots/latency/p2p-bandwidth" in tags
+    steps = [e.step for e in accumulator.Tensors("latency_vs_rate/p2p-bandwidth/large_p50_us")]
+    assert steps == [100, 200]
     for name, rate in (("100mbit", 100e6), ("200mbit", 200e6)):
         (path,) = (compare_dir / name).glob("*/results.json")
         document = results.read_document(path)
@@ -196,7 +204,7 @@ def test_compare_replays_across_rate_limited_links_under_their_rates(tmp_path: P
         assert document.network.emulated_rate_bits_per_s == rate
         (interface,) = document.network.interfaces
         assert interface.name == "eth0" and interface.namespace.startswith(netns.PREFIX)
-        assert list(path.parent.glob("tensorboard/p2p-bandwidth/events.out.tfevents.*"))
+        assert list(path.parent.glob("p2p-bandwidth/events.out.tfevents.*"))
         (bandwidth,) = document.benchmarks
         # Never over the link's rate (tbf's first burst allows a little over); how close
         # it gets depends on the machine's load, which bench/network_profiles.py measures.

@@ -113,6 +113,9 @@ def test_chief_gathers_the_results_of_workers_replaying_against_a_ps(tmp_path: P
     assert document.config["cluster_workers"] == 2
     assert document.network is not None and document.network.addresses == (ps,)
     assert not document.partial
+    # The gatherer draws the step timelines too, both workers' replayed steps in one.
+    drawn = (documents[0].parent / "timeline" / "ps-throughput.trace.json").read_text()
+    assert '"replayed worker 0"' in drawn and '"replayed worker 1"' in drawn
 
 
 def test_without_a_chief_worker_zero_replays_and_gathers(tmp_path: Path) -> None:

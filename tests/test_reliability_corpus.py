@@ -353,6 +353,23 @@ _NETWORK = [
     ("network-compare-duration-inf", "compare --synthetic --duration inf", USAGE, "--duration"),
 ]
 
+_TIMELINE = [
+    ("timeline-missing", "{dir}/missing.tfgbtrace", USAGE, "missing.tfgbtrace"),
+    ("timeline-not-a-trace", "{text}", USAGE, "{text}"),
+    ("timeline-steps-zero", "{trace} --steps 0", USAGE, "--steps"),
+    ("timeline-steps-word", "{trace} --steps many", USAGE, "--steps"),
+    ("timeline-run-of-a-trace", "{trace} --run 1", USAGE, "--run"),
+    ("timeline-folder-without-results", "{dir}", USAGE, "results.json"),
+    ("timeline-results-missing", "{dir}/results.json", USAGE, "no such result file"),
+]
+
+_EXPORT = [
+    ("export-a-trace", "{trace} --csv tables", USAGE, "RUN"),
+    ("export-without-csv", "{dir}", USAGE, "--csv"),
+    ("export-folder-without-results", "{dir} --csv tables", USAGE, "results.json"),
+    ("export-results-missing", "{dir}/results.json --csv tables", USAGE, "no such result file"),
+]
+
 CASES = [
     *(_case(f"replay-{n}", f"replay --synthetic {a}", USAGE, c) for n, a, c in _SYNTHETIC),
     *(_case(f"replay-{n}", f"replay {a}", code, c) for n, a, code, c in _TRACE),
@@ -362,6 +379,8 @@ CASES = [
     *(_case(n, f"capture-job {a}", code, c) for n, a, code, c in _CAPTURE_JOB),
     *(_case(n, f"role {a}", code, c) for n, a, code, c in _ROLE),
     *(_case(n, f"network {a}", code, c) for n, a, code, c in _NETWORK),
+    *(_case(n, f"timeline {a}", code, c) for n, a, code, c in _TIMELINE),
+    *(_case(n, f"export {a}", code, c) for n, a, code, c in _EXPORT),
     _case("unknown-command", "teleport", USAGE, "teleport"),
     _case("unknown-flag", "replay --synthetic --turbo", USAGE, "--turbo"),
 ]
@@ -371,7 +390,10 @@ def test_the_corpus_covers_every_subcommand_with_at_least_100_cases() -> None:
     assert len(CASES) >= 100
     assert len({case.name for case in CASES}) == len(CASES)
     commands = {case.argv[0] for case in CASES}
-    assert commands >= {"replay", "serve", "inspect", "capture", "capture-job", "role", "network"}
+    assert commands >= {
+        "replay", "serve", "inspect", "capture", "capture-job", "role", "network", "timeline",
+        "export",
+    }  # fmt: skip
 
 
 # --------------------------------------------------------------------------

@@ -49,6 +49,11 @@ def _document_from(output: str, cwd: Path) -> results.ResultDocument:
     return results.read_document(cwd / line.removeprefix("results: ").strip())
 
 
+def _results_path(output: str, cwd: Path) -> Path:
+    line = next(line for line in output.splitlines() if line.startswith("results: "))
+    return cwd / line.removeprefix("results: ").strip()
+
+
 def test_synthetic_replay_runs_all_three_benchmarks_and_writes_results_and_tensorboard(
     tmp_path: Path,
 ) -> None:
@@ -62,8 +67,11 @@ def test_synthetic_replay_runs_all_three_benchmarks_and_writes_results_and_tenso
         assert run.server_received_bytes == run.request_bytes > 0
     assert "tensorboard --logdir" in completed.stdout
     logdir = tmp_path / completed.stdout.split("tensorboard --logdir ")[1].split()[0]
-    assert logdir.is_dir() and any(logdir.rglob("events.out.tfevents*"))
-    assert logdir.parent.parent == tmp_path / "out"
+    assert logdir == tmp_path / "out"
+    run_directory = _results_path(completed.stdout, tmp_path).parent
+    assert run_directory.parent == logdir
+    for label in document.labels:
+        assert list((run_directory / label).glob("events.out.tfevents*"))
     assert "p2p-latency" in completed.stdout  # the table
 
 

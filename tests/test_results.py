@@ -241,6 +241,14 @@ def test_golden_v1_document_is_still_readable() -> None:
         assert statistics["bandwidth_mb_per_s"] == pytest.approx(result.bandwidth_mb_per_s)
 
 
+@pytest.mark.parametrize("version", [1, 2, 3])
+def test_documents_before_version_4_read_with_unknown_trace_rpcs(version: int) -> None:
+    document = read_document(DATA / f"results-v{version}.json")
+    assert document.format_version == version
+    samples = [s for result in document.benchmarks for run in result.runs for s in run.samples]
+    assert samples and all(sample.rpc_index == -1 for sample in samples)
+
+
 def test_golden_v2_document_is_still_readable_without_inexact_sizes() -> None:
     document = read_document(DATA / "results-v2.json")
     assert document.format_version == 2

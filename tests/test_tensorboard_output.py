@@ -1,27 +1,25 @@
-"""TensorBoard output: read back by TensorBoard's own loader and by the tensorboard program."""
+"""TensorBoard output as its Python loader reads it (a real server: test_tensorboard_server)."""
 
 from __future__ import annotations
 
-import json
-import re
 import subprocess
 import sys
-import time
-import urllib.request
 from datetime import datetime, timezone
 from pathlib import Path
 
 import numpy as np
-import pytest
 from tensorboard.backend.event_processing import plugin_event_accumulator
+from tensorboard.compat.proto import types_pb2
 from tensorboard.plugins.hparams import metadata as hparams_metadata
 from tensorboard.util import tensor_util
 
 from tests.result_factory import make_results
 from tf_grpc_bench.replay.output import machine
 from tf_grpc_bench.replay.output.document import ResultDocument, build_document
+from tf_grpc_bench.replay.output.events import log_buckets
+from tf_grpc_bench.replay.output.hparams import COMPARISON_HPARAMS
 from tf_grpc_bench.replay.output.machine import NetworkInfo
-from tf_grpc_bench.replay.output.tensorboard import log_buckets, write_run
+from tf_grpc_bench.replay.output.tensorboard import write_run
 from tf_grpc_bench.sizes import SizeCategory
 
 CREATED = datetime(2026, 11, 29, 12, 30, 5, tzinfo=timezone.utc)
@@ -44,11 +42,15 @@ def _load(directory: Path) -> plugin_event_accumulator.EventAccumulator:
 
 
 def _scalar(accumulator: plugin_event_accumulator.EventAccumulator, tag: str) -> dict[int, float]:
+    """The scalar's values by step; each must be a float32 tensor (what the Rust loader reads)."""
     assert accumulator.SummaryMetadata(tag).plugin_data.plugin_name == "scalars", tag
-    return {
-        event.step: float(tensor_util.make_ndarray(event.tensor_proto))
-        for event in accumulator.Tensors(tag)
-    }
+    events = accumulator.Tensors(tag)
+    assert all(event.tensor_proto.dtype == types_pb2.DT_FLOAT for event in events), tag
+    return {event.step: float(tensor_util.make_ndarray(event.tensor_proto)) for event in events}
+
+
+def _f32(value: float) -> float:
+    return float(np.float32(value))
 
 
 def test_tensorboard_loader_reads_back_the_figures_of_the_document(tmp_path: Path) -> None:
@@ -56,19 +58,23 @@ def test_tensorboard_loader_reads_back_the_figures_of_the_document(tmp_path: Pat
     write_run(document, tmp_path)
     for result, label in zip(document.benchmarks, document.labels, strict=True):
         run = _load(tmp_path / label)
-        assert _scalar(run, "latency_us/all/p50") == {0: result.latency_all.p50_ns / 1e3}
-        assert _scalar(run, "latency_us/all/p99.9") == {0: result.latency_all.p999_ns / 1e3}
+        assert _scalar(run, "latency_us/all/p50") == {0: _f32(result.latency_all.p50_ns / 1e3)}
+        assert _scalar(run, "latency_us/all/p99.9") == {0: _f32(result.latency_all.p999_ns / 1e3)}
         for category, summary in result.latency_by_category:
-            assert _scalar(run, f"latency_us/{category.value}/p99") == {0: summary.p99_ns / 1e3}
-            assert _scalar(run, f"latency_us/{category.value}/mean") == {0: summary.mean_ns / 1e3}
-        assert _scalar(run, "throughput/bandwidth_mb_per_s") == {0: result.bandwidth_mb_per_s}
-        assert _scalar(run, "throughput/rpcs_per_s") == {0: result.rpcs_per_s}
+            assert _scalar(run, f"latency_us/{category.value}/p99") == {
+                0: _f32(summary.p99_ns / 1e3)
+            }
+            assert _scalar(run, f"latency_us/{category.value}/mean") == {
+                0: _f32(summary.mean_ns / 1e3)
+            }
+        assert _scalar(run, "throughput/bandwidth_mb_per_s") == {0: _f32(result.bandwidth_mb_per_s)}
+        assert _scalar(run, "throughput/rpcs_per_s") == {0: _f32(result.rpcs_per_s)}
         assert _scalar(run, "rpcs/count") == {0: result.rpc_count}
         per_run = _scalar(run, "per_run/bandwidth_mb_per_s")
         assert sorted(per_run) == [r.run_index for r in result.runs]
         first = result.runs[0]
         moved = first.request_bytes + first.response_bytes
-        assert per_run[0] == pytest.approx(moved / (first.duration_ns / 1e9) / 1e6, rel=1e-12)
+        assert per_run[0] == _f32(moved / (first.duration_ns / 1e9) / 1e6)
 
 
 def test_size_classes_absent_from_a_benchmark_have_no_scalars(tmp_path: Path) -> None:
@@ -86,9 +92,9 @@ def test_trace_replay_step_times_are_scalars_and_histograms(tmp_path: Path) -> N
     write_run(document, tmp_path)
     result = document.benchmarks[2]
     run = _load(tmp_path / "ps-throughput")
-    assert _scalar(run, "step_time_ms/mean") == {0: result.step_time.mean_ns / 1e6}
+    assert _scalar(run, "step_time_ms/mean") == {0: _f32(result.step_time.mean_ns / 1e6)}
     per_step = _scalar(run, "per_step/communication_time_ms")
-    assert list(per_step.values()) == [t / 1e6 for t in result.step_times_ns]
+    assert list(per_step.values()) == [_f32(t / 1e6) for t in result.step_times_ns]
     assert run.SummaryMetadata("histogram/step_time_ms").plugin_data.plugin_name == "histograms"
 
 
@@ -97,7 +103,7 @@ def test_histograms_count_every_sample_of_each_run(tmp_path: Path) -> None:
     write_run(document, tmp_path)
     result = document.benchmarks[0]
     run = _load(tmp_path / "p2p-latency")
-    for tag in ("histogram/message_size_bytes", "histogram/latency_us"):
+    for tag in ("histogram/message_size_log10_bytes", "histogram/latency_ms"):
         assert run.SummaryMetadata(tag).plugin_data.plugin_name == "histograms"
         events = run.Tensors(tag)
         assert [e.step for e in events] == [r.run_index for r in result.runs]
@@ -105,7 +111,7 @@ def test_histograms_count_every_sample_of_each_run(tmp_path: Path) -> None:
             buckets = tensor_util.make_ndarray(event.tensor_proto)
             assert buckets.shape[1] == 3
             assert buckets[:, 2].sum() == measured.rpc_count
-    small = run.Tensors(f"histogram/latency_us/{SizeCategory.SMALL.value}")
+    small = run.Tensors(f"histogram/latency_ms/{SizeCategory.SMALL.value}")
     assert tensor_util.make_ndarray(small[0].tensor_proto)[:, 2].sum() == sum(
         1 for s in result.runs[0].samples if s.payload_bytes < 1024
     )
@@ -127,19 +133,44 @@ def test_hparams_and_text_are_written_for_each_benchmark(tmp_path: Path) -> None
         content = run.SummaryMetadata(hparams_metadata.SESSION_START_INFO_TAG).plugin_data
         assert content.plugin_name == hparams_metadata.PLUGIN_NAME
         start = hparams_metadata.parse_session_start_info_plugin_data(content.content)
-        assert start.hparams["benchmark"].string_value == result.benchmark.value
-        assert start.hparams["network"].string_value == "loopback"
-        assert start.hparams["mode"].string_value == result.parameters["mode"]
+        assert start.group_name == f"{tmp_path.name}/{label}"
+        assert start.hparams["04 benchmark"].string_value == result.benchmark.value
+        assert start.hparams["01 network"].string_value == "loopback"
+        assert start.hparams["02 link rate"].string_value == "unlimited"
+        assert start.hparams["05 mode"].string_value == result.parameters["mode"]
         assert start.hparams["serialized"].bool_value is False
-        # Config values fill in; the benchmark's own parameters win.
+        # Config values fill in; the benchmark's own parameters win; numbers are text.
         assert start.hparams["command"].string_value == "replay"
-        assert start.hparams["warmup_s"].number_value == result.parameters["warmup_s"]
+        assert start.hparams["runs"].string_value == "3"
+        assert start.hparams["09 grpc max_receive_message_length"].string_value == "67108864"
+        assert start.hparams["warmup_s"].string_value == "0"
         assert run.SummaryMetadata("summary").plugin_data.plugin_name == "text"
         text = tensor_util.make_ndarray(run.Tensors("summary")[0].tensor_proto).item().decode()
         assert "| class |" in text and f"| {result.runs[-1].run_index} |" in text
     top = _load(tmp_path)
     table = tensor_util.make_ndarray(top.Tensors("results")[0].tensor_proto).item().decode()
     assert all(f"| {label} |" in table for label in document.labels)
+
+
+def test_the_experiment_lists_comparison_hparams_first_and_the_metrics(tmp_path: Path) -> None:
+    document = _document()
+    write_run(document, tmp_path)
+    top = _load(tmp_path)
+    content = top.SummaryMetadata(hparams_metadata.EXPERIMENT_TAG).plugin_data.content
+    experiment = hparams_metadata.parse_experiment_plugin_data(content)
+    names = [info.name for info in experiment.hparam_infos]
+    # TensorBoard lists hparams sorted by name: the names carry the order.
+    assert sorted(names)[: len(COMPARISON_HPARAMS)] == [n for n, _, _ in COMPARISON_HPARAMS]
+    shown = {info.name: info.display_name for info in experiment.hparam_infos}
+    assert [shown[n] for n, _, _ in COMPARISON_HPARAMS] == [
+        "network", "link rate", "trace", "benchmark", "mode", "rpc", "pacing", "compute"
+    ]  # fmt: skip
+    grpc = sorted(n for n in names if n.startswith("09 grpc "))
+    assert grpc and sorted(names).index(grpc[0]) == len(COMPARISON_HPARAMS)
+    metrics = [info.name.tag for info in experiment.metric_infos]
+    assert {"latency_us/small/p99", "throughput/bandwidth_mb_per_s", "prediction/step_ms"} <= set(
+        metrics
+    )
 
 
 def test_writing_a_document_again_replaces_its_event_files(tmp_path: Path) -> None:
@@ -170,109 +201,3 @@ sys.exit(1 if loaded else 0)
     )
     assert completed.returncode == 0, completed.stdout + completed.stderr
     assert (tmp_path / "p2p-latency").is_dir()
-
-
-def _http_json(url: str, body: dict[str, object] | None = None) -> object:
-    data = None if body is None else json.dumps(body).encode()
-    request = urllib.request.Request(url, data=data)
-    if body is not None:
-        request.add_header("Content-Type", "application/json")
-        request.add_header("X-XSRF-Protected", "1")
-    with urllib.request.urlopen(request, timeout=30) as response:
-        return json.loads(response.read())
-
-
-def test_tensorboard_program_lists_runs_hparams_and_metrics_of_two_networks(
-    tmp_path: Path,
-) -> None:
-    logdir = tmp_path / "logs"
-    write_run(_document(), logdir / "loopback")
-    veth = NetworkInfo(name="veth-1gbit", emulated_rate_bits_per_s=10**9, emulation="tbf")
-    write_run(_document(network=veth, seed=8), logdir / "veth")
-    tensorboard = Path(sys.executable).parent / "tensorboard"
-    stderr_path = tmp_path / "tensorboard.stderr"
-    with stderr_path.open("wb") as stderr:
-        process = subprocess.Popen(
-            [
-                str(tensorboard),
-                "--logdir",
-                str(logdir),
-                "--host",
-                "127.0.0.1",
-                "--port",
-                "0",
-                "--load_fast=false",
-            ],
-            stdout=subprocess.DEVNULL,
-            stderr=stderr,
-        )
-    try:
-        # Deadlines only guard against a hang; nothing here is timed.
-        deadline = time.monotonic() + 180
-        url = None
-        while url is None:
-            assert process.poll() is None, stderr_path.read_text(errors="replace")[-2000:]
-            assert time.monotonic() < deadline, "tensorboard never said where it serves"
-            found = re.search(
-                r"TensorBoard \S+ at (http://127\.0\.0\.1:\d+/)",
-                stderr_path.read_text(errors="replace"),
-            )
-            url = found.group(1) if found else None
-            time.sleep(0.2)
-        expected_runs = {
-            f"{net}/{label}" for net in ("loopback", "veth") for label in _document().labels
-        }
-        while not expected_runs <= set(_http_json(url + "data/runs")):  # type: ignore[arg-type]
-            assert time.monotonic() < deadline, "tensorboard never loaded the runs"
-            time.sleep(0.5)
-
-        tags = _http_json(url + "data/plugin/scalars/tags")
-        assert isinstance(tags, dict)
-        assert "throughput/bandwidth_mb_per_s" in tags["veth/p2p-bandwidth"]
-        assert "latency_us/small/p99" in tags["loopback/p2p-latency"]
-
-        experiment = _http_json(url + "data/plugin/hparams/experiment", {"experimentName": ""})
-        assert isinstance(experiment, dict)
-        hparams = {info["name"]: info for info in experiment["hparamInfos"]}
-        assert set(hparams["network"]["domainDiscrete"]) == {"loopback", "veth-1gbit"}
-        assert set(hparams["benchmark"]["domainDiscrete"]) == {
-            "p2p-latency",
-            "p2p-bandwidth",
-            "ps-throughput",
-        }
-        metrics = {info["name"]["tag"] for info in experiment["metricInfos"]}
-        assert {"throughput/bandwidth_mb_per_s", "latency_us/all/p99"} <= metrics
-
-        groups = _http_json(
-            url + "data/plugin/hparams/session_groups",
-            {
-                "experimentName": "",
-                "allowedStatuses": ["STATUS_UNKNOWN", "STATUS_SUCCESS", "STATUS_RUNNING"],
-                "colParams": [
-                    {"hparam": "network", "includeInResult": True},
-                    {"hparam": "benchmark", "includeInResult": True},
-                    {
-                        "metric": {"tag": "throughput/bandwidth_mb_per_s", "group": ""},
-                        "includeInResult": True,
-                    },
-                ],
-                "startIndex": 0,
-                "sliceSize": 100,
-            },
-        )
-        assert isinstance(groups, dict)
-        rows = {
-            (g["hparams"]["network"], g["hparams"]["benchmark"]): g["metricValues"]
-            for g in groups["sessionGroups"]
-        }
-        assert len(rows) == 6
-        bandwidth = _document().benchmarks[1].bandwidth_mb_per_s
-        values = {m["name"]["tag"]: m["value"] for m in rows[("loopback", "p2p-bandwidth")]}
-        assert values["throughput/bandwidth_mb_per_s"] == pytest.approx(bandwidth)
-    finally:
-        process.terminate()
-        try:
-            process.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()

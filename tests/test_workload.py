@@ -241,6 +241,24 @@ def test_throughput_replays_every_worker_ps_rpc_with_sizes_order_and_fan_out() -
     assert parameters["reversed_calls_per_pass"] == 2
 
 
+def test_each_call_names_the_trace_rpc_it_replays() -> None:
+    trace = _ps_trace()
+    workload = trace_workload(trace, Benchmark.PS_THROUGHPUT, mode=Mode.NON_SERIALIZED)
+    for step in workload.steps:
+        (trace_step,) = [s for s in trace.steps if s.index == step.index]
+        for call in step.calls:
+            rpc = trace_step.rpcs[call.rpc_index]
+            sizes = (rpc.response_bytes, rpc.request_bytes) if call.reversed_direction else (
+                rpc.request_bytes, rpc.response_bytes
+            )  # fmt: skip
+            assert (call.request_bytes, call.response_bytes) == sizes
+            assert rpc.start_ns - trace_step.start_ns == call.offset_ns
+    synthetic = synthetic_workload(
+        Benchmark.P2P_LATENCY, GeneratorConfig(), mode=Mode.NON_SERIALIZED
+    )
+    assert all(call.rpc_index == -1 for call in synthetic.calls)
+
+
 def test_point_to_point_defaults_to_the_pair_that_moved_most_bytes() -> None:
     trace = _ps_trace()
     assert choose_pair(trace) == (2, 0)

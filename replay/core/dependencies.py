@@ -233,6 +233,21 @@ class StepPath:
     communication_ns: int
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PathSegment:
+    """One stretch of a step's critical path: a call's transfer, or compute before it.
+
+    ``call`` is the index of the call (in the order the tracker was given)
+    whose data moved from ``start_ns`` (its release) to ``end_ns`` (its
+    completion), or -1 for compute: the gap from the arrival the path waited
+    for (or the step's begin) to the next release, and the step's tail.
+    """
+
+    start_ns: int
+    end_ns: int
+    call: int
+
+
 class DependencyTracker:
     """Release times of one worker-step's calls under the dependency model.
 
@@ -390,26 +405,52 @@ class DependencyTracker:
     def critical_path(self) -> StepPath:
         """The step's critical path, walked back from its end through the waited-for calls."""
         end = self.next_step_begin_ns()
-        _, index = self._end_lag()
-        compute = 0
-        if index >= 0:
-            compute += end - self._completed[index]
-        while index >= 0:
-            release, waited = self._released.get(index, (self._begin, -1))
-            if waited >= 0:
-                compute += max(release - self._completed[waited], 0)
-            else:
-                compute += max(release - self._begin, 0)
-            index = waited
+        compute = sum(s.end_ns - s.start_ns for s in self.critical_path_segments() if s.call < 0)
         step = end - self._begin
         compute = min(compute, step)
         return StepPath(step_ns=step, compute_ns=compute, communication_ns=step - compute)
+
+    def critical_path_segments(self) -> tuple[PathSegment, ...]:
+        """The critical path as stretches in time order (absolute ns), compute and transfers.
+
+        Call once every call of the step has completed.  Compute stretches of
+        zero length are left out.
+        """
+        end = self.next_step_begin_ns()
+        _, index = self._end_lag()
+        segments: list[PathSegment] = []
+        if index >= 0 and end > self._completed[index]:
+            segments.append(PathSegment(start_ns=self._completed[index], end_ns=end, call=-1))
+        while index >= 0:
+            release, waited = self._released.get(index, (self._begin, -1))
+            segments.append(
+                PathSegment(start_ns=release, end_ns=self._completed[index], call=index)
+            )
+            gap_start = self._completed[waited] if waited >= 0 else self._begin
+            if release > gap_start:
+                segments.append(PathSegment(start_ns=gap_start, end_ns=release, call=-1))
+            index = waited
+        return tuple(reversed(segments))
 
 
 def captured_critical_path(
     calls: Sequence[TimedCall], *, servers: Iterable[int] | None = None, period_ns: int
 ) -> StepPath:
     """The critical path of one worker's step as captured: the trace replayed onto itself."""
+    return _captured(calls, servers, period_ns).critical_path()
+
+
+def captured_critical_path_segments(
+    calls: Sequence[TimedCall], *, period_ns: int
+) -> tuple[PathSegment, ...]:
+    """``captured_critical_path`` as stretches of compute and transfer (ns from the step start)."""
+    return _captured(calls, None, period_ns).critical_path_segments()
+
+
+def _captured(
+    calls: Sequence[TimedCall], servers: Iterable[int] | None, period_ns: int
+) -> DependencyTracker:
+    """A tracker that has replayed one worker's captured step onto itself."""
     dependencies = infer_dependencies(calls)
     tracker = DependencyTracker(
         dependencies,
@@ -430,4 +471,4 @@ def captured_critical_path(
                 raise AssertionError("a waited-for arrival ends before the data leaves")
         else:
             tracker.complete(index, calls[index].end_ns)
-    return tracker.critical_path()
+    return tracker

@@ -56,6 +56,9 @@ class CallSample:
     #: How late the call was issued after its planned release (schedule
     #: fidelity); 0 under closed-loop pacing, which plans no release times.
     release_lag_ns: int = 0
+    #: Trace replays: index of the replayed RPC in its trace step's ``rpcs``
+    #: (which tensor, which tasks, which method); -1 for synthetic workloads.
+    rpc_index: int = -1
 
     def __post_init__(self) -> None:
         if self.latency_ns < 0:
@@ -74,6 +77,7 @@ SAMPLE_COLUMNS = (
     "worker_index",
     "step",
     "release_lag_ns",
+    "rpc_index",
 )
 
 

@@ -76,7 +76,7 @@ from __future__ import annotations
 import enum
 import itertools
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, replace
 
 from tf_grpc_bench.errors import ConfigError, TraceError
@@ -85,6 +85,7 @@ from tf_grpc_bench.replay.core.dependencies import (
     StepPath,
     TimedCall,
     captured_critical_path,
+    captured_critical_path_segments,
     infer_dependencies,
 )
 from tf_grpc_bench.replay.core.generators import GeneratorConfig, PayloadSpec, generate_payloads
@@ -269,6 +270,8 @@ class Call:
     #: Trace calls: what the call waits for and when its data left and arrived in
     #: the trace (``dependencies``); None for synthetic calls.
     dependencies: Dependencies | None = None
+    #: Trace calls: index of the RPC in its trace step's ``rpcs``; -1 for synthetic calls.
+    rpc_index: int = -1
 
     def __post_init__(self) -> None:
         if not self.method.startswith("/"):
@@ -425,6 +428,7 @@ def pull_call(
     outstanding_at_start: int = 0,
     reversed_direction: bool = False,
     dependencies: Dependencies | None = None,
+    rpc_index: int = -1,
 ) -> Call:
     """A pull-shaped call as close as the mode allows to the given wire sizes."""
     if mode is Mode.SERIALIZED:
@@ -445,6 +449,7 @@ def pull_call(
         outstanding_at_start=outstanding_at_start,
         reversed_direction=reversed_direction,
         dependencies=dependencies,
+        rpc_index=rpc_index,
     )
 
 
@@ -523,6 +528,8 @@ class _Mapped:
     client_task: int
     server_task: int
     reversed_direction: bool
+    #: Index of ``rpc`` in its trace step's ``rpcs``.
+    rpc_index: int = -1
 
     @property
     def request_bytes(self) -> int:
@@ -619,12 +626,12 @@ def _mapped_and_unreplayed(
     unreplayed: list[Rpc] = []
     for step in trace.steps:
         mapped_step = []
-        for rpc in step.rpcs:
+        for index, rpc in enumerate(step.rpcs):
             mapped = _map_rpc(rpc, servers, roles.ps_job)
             if mapped is None:
                 unreplayed.append(rpc)
             else:
-                mapped_step.append(mapped)
+                mapped_step.append(replace(mapped, rpc_index=index))
         mapped_step.sort(key=lambda m: (m.rpc.start_ns, m.rpc.end_ns))
         steps.append(mapped_step)
     return steps, unreplayed
@@ -736,27 +743,68 @@ def _step_dependencies(
     return [d for d in result if d is not None]
 
 
+def _worker_steps(
+    trace: Trace,
+) -> Iterator[tuple[int, int, int, list[_Mapped], list[TimedCall]]]:
+    """(step position, client task, period, its mapped calls, their timings) per worker-step."""
+    roles = trace_roles(trace)
+    mapped_steps, _ = _mapped_steps(trace, roles)
+    periods = _step_periods(trace)
+    for number, (step, period, mapped) in enumerate(
+        zip(trace.steps, periods, mapped_steps, strict=True)
+    ):
+        for client in roles.client_tasks:
+            own = [m for m in mapped if m.client_task == client]
+            timed = [_timed_call(m, roles.server_index(m.server_task), step.start_ns) for m in own]
+            if timed:
+                yield number, client, period, own, timed
+
+
 def captured_critical_paths(trace: Trace) -> list[tuple[int, str, StepPath]]:
     """Each worker's critical path in each captured step: (step index, task name, path).
 
     The trace replayed onto itself under the dependency model (``dependencies``):
     the compute gaps and transfers along the chain of binding waits.
     """
-    roles = trace_roles(trace)
-    mapped_steps, _ = _mapped_steps(trace, roles)
-    periods = _step_periods(trace)
-    paths = []
-    for step, period, mapped in zip(trace.steps, periods, mapped_steps, strict=True):
-        for client in roles.client_tasks:
-            timed = [
-                _timed_call(m, roles.server_index(m.server_task), step.start_ns)
-                for m in mapped
-                if m.client_task == client
-            ]
-            if timed:
-                path = captured_critical_path(timed, period_ns=period)
-                paths.append((step.index, trace.task_name(client), path))
-    return paths
+    return [
+        (
+            trace.steps[number].index,
+            trace.task_name(client),
+            captured_critical_path(timed, period_ns=period),
+        )
+        for number, client, period, _, timed in _worker_steps(trace)
+    ]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CapturedSegment:
+    """A stretch of a worker's captured critical path, in trace time (ns from capture start)."""
+
+    start_ns: int
+    end_ns: int
+    #: The transfer's RPC, as an index into its step's ``rpcs``; -1 for compute.
+    rpc_index: int
+
+
+def captured_path_segments(trace: Trace) -> list[tuple[int, int, tuple[CapturedSegment, ...]]]:
+    """Each worker's critical path per captured step, as stretches of compute and transfer.
+
+    Returns (step position in ``trace.steps``, worker task, segments in time
+    order).  ``TraceError`` if the trace has nothing to replay.
+    """
+    result = []
+    for number, client, period, own, timed in _worker_steps(trace):
+        begin = trace.steps[number].start_ns
+        segments = tuple(
+            CapturedSegment(
+                start_ns=begin + segment.start_ns,
+                end_ns=begin + segment.end_ns,
+                rpc_index=own[segment.call].rpc_index if segment.call >= 0 else -1,
+            )
+            for segment in captured_critical_path_segments(timed, period_ns=period)
+        )
+        result.append((number, client, segments))
+    return result
 
 
 def _step_periods(trace: Trace) -> list[int]:
@@ -868,6 +916,7 @@ def _step_calls(
             outstanding_at_start=count,
             reversed_direction=m.reversed_direction,
             dependencies=deps,
+            rpc_index=m.rpc_index,
         )
         for m, count, deps in zip(mapped, outstanding, dependencies, strict=True)
     )

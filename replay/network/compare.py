@@ -6,8 +6,10 @@ For each link profile: build two hosts on a link of that rate
 records its own link: interface, MTU, tbf rate), then tear the network down.
 Every profile's run directory goes under one directory, so
 ``tensorboard --logdir <that directory>`` shows them in one HParams view with
-the network as a hyperparameter; a markdown table of all of them is written
-beside them (``comparison.md``) and returned.
+the network as a hyperparameter, next to a ``comparison`` run that plots step
+time against link rate and latency per network (``output.comparison``); a
+markdown table of all of them is written beside them (``comparison.md``) and
+returned.
 
 Servers and clients run as subprocesses under ``ip netns exec``: a process
 cannot move its gRPC threads between namespaces, a new process starts inside
@@ -23,14 +25,14 @@ import selectors
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from tf_grpc_bench import lifetime, netns
 from tf_grpc_bench.errors import NetworkError, ResultError
+from tf_grpc_bench.replay.output import comparison, report, timeline
 from tf_grpc_bench.replay.output import document as results
-from tf_grpc_bench.replay.output import report
 
 #: Port the servers listen on inside host 0 (each network is private, so fixed is fine).
 SERVE_PORT = 50001
@@ -270,11 +272,31 @@ def compare_networks(
     )
     with lifetime.deferred_signals():
         (config.output_dir / COMPARISON_FILE).write_text(text, encoding="utf-8")
+        if documents:
+            write_tensorboard_comparison(config.output_dir, documents)
     return Comparison(
         output_dir=config.output_dir,
         outcomes=tuple(outcomes),
         markdown=markdown,
         interrupted=interrupted,
+    )
+
+
+def write_tensorboard_comparison(
+    output_dir: Path,
+    documents: Sequence[results.ResultDocument],
+    training_s: Mapping[str, float] | None = None,
+) -> Path:
+    """The ``comparison`` TensorBoard run beside the profiles' runs (``output.comparison``):
+    step time against link rate (replay, ``training_s`` by network name, the link's bound),
+    latency per size class per network."""
+    trace = None
+    # The link's bound needs the trace; the rest does not.
+    with contextlib.suppress(ResultError):
+        trace = timeline.replayed_trace(documents[0])
+    points = comparison.link_points(documents, trace=trace, training_s=training_s)
+    return comparison.write_comparison(
+        output_dir, documents, points=points, wall_time_s=time.time()
     )
 
 

@@ -68,11 +68,19 @@ FORMAT = "tf-grpc-bench-results"
 #:   3 (2026-12): benchmarks gain ``inexact_sizes``: the traced message sizes a
 #:       (serialized) replay could not reproduce, or null.  Older documents read
 #:       with null.
-FORMAT_VERSION = 3
+#:   4 (2026-12): samples gain ``rpc_index`` (which RPC of the trace step a
+#:       call replayed, for timelines and exports).  Versions 1 to 3 read with
+#:       -1 (unknown).
+FORMAT_VERSION = 4
 #: Versions ``read_document`` can read.
-READABLE_VERSIONS = frozenset({1, 2, 3})
-#: The sample columns of version 1 documents.
-_SAMPLE_COLUMNS_V1 = tuple(c for c in SAMPLE_COLUMNS if c != "release_lag_ns")
+READABLE_VERSIONS = frozenset({1, 2, 3, 4})
+#: The sample columns each version stores.
+_SAMPLE_COLUMNS_BY_VERSION = {
+    1: tuple(c for c in SAMPLE_COLUMNS if c not in ("release_lag_ns", "rpc_index")),
+    2: tuple(c for c in SAMPLE_COLUMNS if c != "rpc_index"),
+    3: tuple(c for c in SAMPLE_COLUMNS if c != "rpc_index"),
+    4: SAMPLE_COLUMNS,
+}
 #: Conventional name of the result document inside a run directory.
 RESULTS_FILE_NAME = "results.json"
 
@@ -276,7 +284,7 @@ def _statistics_json(result: BenchmarkResult, cpu_count: int) -> dict[str, Any]:
         "bandwidth_mb_per_s": _finite_or_none(result.bandwidth_mb_per_s),
         "latency_ns": latency,
         "step_time_ns": _latency_json(result.step_time),
-        "prediction": _prediction_json(result, cpu_count),
+        "prediction": prediction_json(result, cpu_count),
         "release_lag_ns": _latency_json(result.release_lag),
         "client_cpu_ns": result.client_cpu_ns,
         "server_cpu_ns": result.server_cpu_ns,
@@ -300,7 +308,7 @@ def replay_cpu_cores(result: BenchmarkResult) -> float:
     return 0.0 if math.isnan(total) else total
 
 
-def _prediction_json(result: BenchmarkResult, cpu_count: int) -> dict[str, Any] | None:
+def prediction_json(result: BenchmarkResult, cpu_count: int) -> dict[str, Any] | None:
     """What the replay predicts of a training step (dependencies pacing), else None.
 
     ``step_ns``: median replayed worker-step, compute kept; ``compute_ns`` and
@@ -611,7 +619,7 @@ def _run_from_json(obj: dict[str, Any], where: str, version: int) -> RunMeasurem
     samples_obj = _object(obj, "samples", where)
     at = f"{where}.samples"
     count = _int(samples_obj, "count", at)
-    names = SAMPLE_COLUMNS if version >= 2 else _SAMPLE_COLUMNS_V1
+    names = _SAMPLE_COLUMNS_BY_VERSION[version]
     columns = [_int_list(samples_obj, column, at) for column in names]
     for column, values in zip(names, columns, strict=True):
         if len(values) != count:

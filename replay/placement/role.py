@@ -35,7 +35,13 @@ from types import FrameType
 from typing import Any
 
 from tf_grpc_bench import lifetime
-from tf_grpc_bench.errors import ConfigError, RunInterrupted, TransportError, UsageError
+from tf_grpc_bench.errors import (
+    ConfigError,
+    ResultError,
+    RunInterrupted,
+    TransportError,
+    UsageError,
+)
 from tf_grpc_bench.replay.core.measurement import Benchmark, BenchmarkResult, RunMeasurement
 from tf_grpc_bench.replay.core.workload import Mode
 from tf_grpc_bench.replay.network import netinfo
@@ -526,9 +532,14 @@ def _gathered_document(
 def _write_gathered(document: results.ResultDocument, run_directory: Path) -> None:
     # The TensorBoard writer is imported only by the task that writes the logs.
     from tf_grpc_bench.replay.output import tensorboard as tensorboard_output
+    from tf_grpc_bench.replay.output import timeline
 
+    trace = None
+    with contextlib.suppress(ResultError):
+        trace = timeline.replayed_trace(document)
     with lifetime.deferred_signals():
         path = results.write_document(document, run_directory / results.RESULTS_FILE_NAME)
-        tensorboard_output.write_run(document, run_directory / "tensorboard")
+        tensorboard_output.write_run(document, run_directory)
+        timeline.write_run_timelines(document, run_directory, trace)
     print(f"results: {path}")
-    print(f"view:    tensorboard --logdir {run_directory / 'tensorboard'}")
+    print(f"view:    tensorboard --logdir {run_directory.parent}")

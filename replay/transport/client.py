@@ -869,4 +869,5 @@ def _sample(
         worker_index=call.worker_index,
         step=call.step,
         release_lag_ns=0 if release_ns is None else max(issued_ns - release_ns, 0),
+        rpc_index=call.rpc_index,
     )

@@ -34,6 +34,12 @@ COMMANDS: tuple[tuple[str, str, str], ...] = (
         "emulated networks: compare links, up/down/cleanup",
     ),
     ("role", "tf_grpc_bench.replay.cli", "run one replay task placed by TF_CONFIG"),
+    (
+        "timeline",
+        "tf_grpc_bench.replay.output.cli",
+        "every RPC of a step on its task's rows, from a trace or a replay run",
+    ),
+    ("export", "tf_grpc_bench.replay.output.cli", "a run's raw samples and summary as CSV tables"),
     ("capture", "tf_grpc_bench.profiler.cli", "train a model across processes, record a trace"),
     ("capture-job", "tf_grpc_bench.profiler.cli", "record a trace of your own training job"),
 )

@@ -1,0 +1,152 @@
+"""``tf-grpc-bench timeline`` and ``export``: flags in, one library call, paths out."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from tf_grpc_bench.errors import ResultError, UsageError
+from tf_grpc_bench.replay.output import document as results
+from tf_grpc_bench.replay.output import export, timeline
+
+DEFAULT_OUTPUT_DIR = "runs"
+
+
+def _steps(text: str) -> int | None:
+    if text == "all":
+        return None
+    if not text.isdigit() or int(text) < 1:
+        raise UsageError(f"--steps {text!r}: expected a number of steps >= 1, or 'all'")
+    return int(text)
+
+
+def _run_document(text: str) -> tuple[Path, results.ResultDocument] | None:
+    """(run directory, document) when ``text`` names a run directory or its results file."""
+    path = Path(text)
+    if path.is_dir():
+        path = path / results.RESULTS_FILE_NAME
+        if not path.is_file():
+            raise ResultError(f"{text}: a directory without {results.RESULTS_FILE_NAME}")
+    elif path.suffix != ".json":
+        return None
+    return path.parent, results.read_document(path)
+
+
+def configure_timeline(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "source",
+        metavar="TRACE|RUN",
+        help="a trace (file or shipped name) or a replay's run directory (or its results.json)",
+    )
+    parser.add_argument(
+        "--steps",
+        default=str(timeline.DEFAULT_STEPS),
+        metavar="N|all",
+        help=f"steps drawn per task, captured and replayed (default {timeline.DEFAULT_STEPS})",
+    )
+    parser.add_argument(
+        "--run", type=int, default=None, metavar="INDEX", help="RUN: the measured run to draw"
+    )
+    parser.add_argument(
+        "--benchmark",
+        default=None,
+        metavar="LABEL[,...]",
+        help="RUN: only these benchmarks (default all), e.g. ps-throughput",
+    )
+    parser.add_argument(
+        "--trace",
+        default=None,
+        metavar="TRACE",
+        help="RUN: the trace it replayed, if no longer where the run recorded it",
+    )
+    parser.add_argument(
+        "--output-dir",
+        default=DEFAULT_OUTPUT_DIR,
+        help=f"TRACE: where the timeline's directory is made (default {DEFAULT_OUTPUT_DIR}/)",
+    )
+
+
+def run_timeline(args: argparse.Namespace) -> int:
+    steps = _steps(args.steps)
+    run = _run_document(args.source)
+    if run is None:
+        for flag, value in (("--run", args.run), ("--benchmark", args.benchmark)):
+            if value is not None:
+                raise UsageError(f"{flag} applies to a run directory, not to a trace")
+        return _trace_timeline(args.source, steps, Path(args.output_dir))
+    run_directory, document = run
+    trace = timeline.replayed_trace(document, Path(args.trace) if args.trace else None)
+    labels = args.benchmark.split(",") if args.benchmark else None
+    written = timeline.write_run_timelines(
+        document, run_directory, trace, steps=steps, run_index=args.run, labels=labels
+    )
+    if not written:
+        raise ResultError(f"{args.source}: no benchmark with measured calls to draw")
+    for path in written:
+        print(f"written: {path}")
+    _print_view(run_directory.parent)
+    return 0
+
+
+def _trace_timeline(source: str, steps: int | None, output_dir: Path) -> int:
+    from tf_grpc_bench import trace_files
+    from tf_grpc_bench.inspect import resolve_trace_argument
+
+    path = resolve_trace_argument(source)
+    trace = trace_files.read_trace(path)
+    stem = path.name.removesuffix(".tfgbtrace")
+    drawn = timeline.trace_timeline(trace, title=f"{stem}: captured steps", steps=steps)
+    if not drawn.groups:
+        raise ResultError(f"{path}: no steady-state steps to draw")
+    directory = results.new_run_directory(output_dir, f"timeline-{stem}")
+    written = timeline.write_timeline(
+        drawn,
+        events_path=directory / f"{stem}{timeline.TRACE_EVENTS_SUFFIX}",
+        tensorboard_run=directory / stem,
+        host=stem,
+    )
+    for item in written:
+        print(f"written: {item}")
+    print(f"{drawn.slice_count} slices on {len(drawn.groups)} tasks")
+    _print_view(output_dir)
+    return 0
+
+
+def _print_view(logdir: Path) -> None:
+    print(
+        "view:    open the .trace.json in Perfetto (ui.perfetto.dev) or chrome://tracing, or\n"
+        f"         tensorboard --logdir {logdir}  (Profile tab, Trace Viewer tool)"
+    )
+
+
+def configure_export(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("run", metavar="RUN", help="a run directory (or its results.json)")
+    parser.add_argument(
+        "--csv",
+        required=True,
+        metavar="DIR",
+        help="write samples.csv, runs.csv, steps.csv, summary.csv, parameters.csv into DIR",
+    )
+    parser.add_argument(
+        "--trace",
+        default=None,
+        metavar="TRACE",
+        help="the trace the run replayed, if moved (adds method and tensor to each sample)",
+    )
+
+
+def run_export(args: argparse.Namespace) -> int:
+    run = _run_document(args.run)
+    if run is None:
+        raise UsageError(f"RUN {args.run!r}: expected a run directory or its results.json")
+    _, document = run
+    trace = None
+    try:
+        trace = timeline.replayed_trace(document, Path(args.trace) if args.trace else None)
+    except ResultError as missing:
+        if args.trace:
+            raise
+        print(f"note: {missing}; samples.csv has no method and tensor columns filled")
+    for path in export.export_csv(document, Path(args.csv), trace):
+        print(f"written: {path}")
+    return 0
