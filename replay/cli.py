@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import math
 import signal
 import sys
@@ -37,8 +38,11 @@ from tf_grpc_bench.replay.core.pacing import (
     Timing,
 )
 from tf_grpc_bench.replay.core.workload import (
+    WHOLE_STEPS,
+    WORKERS_AND_PS_ONLY,
     Call,
     Mode,
+    WholeSteps,
     Workload,
     parse_pair,
     synthetic_workload,
@@ -543,8 +547,15 @@ def _pacing(args: argparse.Namespace, workload: Workload, rpc: RpcKind) -> Pacin
     )
 
 
-def build_request(args: argparse.Namespace) -> ReplayRequest:
-    """Validate every flag and build the workloads.  Raises UsageError/ConfigError/TraceError."""
+def build_request(
+    args: argparse.Namespace, *, whole_steps: WholeSteps = WHOLE_STEPS
+) -> ReplayRequest:
+    """Validate every flag and build the workloads.  Raises UsageError/ConfigError/TraceError.
+
+    ``whole_steps``: which calls beyond worker <-> ps a trace replay makes.  Given
+    ``--target``s too few for the chief-to-worker calls' stand-in servers (the
+    trace's ps tasks only, say), those calls are dropped (and counted) instead.
+    """
     benchmarks = _parse_benchmarks(args.benchmark)
     trace_path = _resolve_trace(args)
     mode = Mode(args.mode)
@@ -581,7 +592,10 @@ def build_request(args: argparse.Namespace) -> ReplayRequest:
         workloads = _synthetic_workloads(args, benchmarks, mode)
         config["workload"] = "synthetic"
     else:
-        workloads = _trace_workloads(args, trace_path, benchmarks, mode)
+        workloads = _trace_workloads(args, trace_path, benchmarks, mode, whole_steps)
+        if targets is not None and len(targets) < max(w.server_count for w in workloads):
+            without_stand_ins = replace(whole_steps, stand_in_servers=False)
+            workloads = _trace_workloads(args, trace_path, benchmarks, mode, without_stand_ins)
         config["workload"] = "trace"
         config["trace"] = str(trace_path)
     _check_processes(workloads, local_servers=targets is None)
@@ -664,7 +678,11 @@ def _synthetic_workloads(
 
 
 def _trace_workloads(
-    args: argparse.Namespace, trace_path: Path, benchmarks: tuple[Benchmark, ...], mode: Mode
+    args: argparse.Namespace,
+    trace_path: Path,
+    benchmarks: tuple[Benchmark, ...],
+    mode: Mode,
+    whole_steps: WholeSteps,
 ) -> list[Workload]:
     for flag_attribute, flag in _SYNTHETIC_FLAGS:
         if getattr(args, flag_attribute) is not None:
@@ -675,7 +693,14 @@ def _trace_workloads(
     trace = trace_files.read_trace(trace_path)
     pair = parse_pair(args.pair, trace) if args.pair is not None else None
     return [
-        trace_workload(trace, benchmark, mode=mode, pair=pair, source=str(trace_path))
+        trace_workload(
+            trace,
+            benchmark,
+            mode=mode,
+            pair=pair,
+            source=str(trace_path),
+            whole_steps=whole_steps,
+        )
         for benchmark in benchmarks
     ]
 
@@ -876,7 +901,11 @@ def configure_role(parser: argparse.ArgumentParser) -> None:
 
 
 def run_role(args: argparse.Namespace) -> int:
-    return role.run_role(args, build_request=build_request)
+    # A cluster replay places training's workers and ps tasks only: no side clients
+    # or stand-in servers (their calls are dropped and counted in the results).
+    return role.run_role(
+        args, build_request=functools.partial(build_request, whole_steps=WORKERS_AND_PS_ONLY)
+    )
 
 
 def configure_network(parser: argparse.ArgumentParser) -> None:

@@ -159,6 +159,7 @@ def _worker_main(
             spec.workload,
             driver,
             step_barrier=None if barrier is None else RoundBarrier(barrier, spec.plan.deadline_s),
+            record_steps=spec.worker_index not in spec.workload.side_workers,
         )
         connection.send(("ready",))
         while True:

@@ -33,10 +33,11 @@ Serialized mode (``protos/bench.proto``):
 
 From a trace to calls (DESIGN.md section 4)
 -------------------------------------------
-Only parameter servers exist in a replay.  *Server tasks* are the trace's
-``ps`` tasks; in a trace without ``ps`` tasks (e.g. MultiWorkerMirrored) every
-task that is called is a server task.  *Client tasks* are the others.  Each RPC
-of a steady-state step is mapped as follows:
+Only gRPC servers of the replay's own exist in a replay.  *Server tasks* are
+the trace's ``ps`` tasks; in a trace without ``ps`` tasks (e.g.
+MultiWorkerMirrored) every task that is called is a server task.  *Client
+tasks* are those that make a replayed call.  Each RPC of a steady-state step is
+mapped as follows (a whole step, ``WholeSteps``; each kind can be turned off):
 
 * client -> server (a worker pulling weights with RecvTensor, control calls):
   replayed as is, by that client against that server, with the trace's method
@@ -47,15 +48,25 @@ of a steady-state step is mapped as follows:
   (``reversed_direction``): the large message now travels in the request, from
   the worker to the ps, which is the same link in the same direction as the
   trace's response.  The method path stays the trace's.
-* server -> server, when servers are ps tasks: ps-to-ps traffic is replayed by
-  no one; such RPCs are dropped and counted (``dropped_rpcs``).
-* client -> client (the chief's control calls to workers): no server exists for
-  the callee; dropped and counted likewise.
+* server -> server, when servers are ps tasks (``WholeSteps.ps_clients``): the
+  calling ps becomes a client too, a *side client*, which calls the other ps's
+  server as in training.
+* non-ps -> non-ps (the chief's control calls to workers,
+  ``WholeSteps.stand_in_servers``): the callee gets a *stand-in server* of its
+  own, after the ps servers in the server list, and the caller (a side client
+  when it calls no ps) calls it as in training.
+* a task calling itself (TF1's ``RunStep`` to a worker's own server) crosses no
+  link and is replayed by no one.
 
-What is dropped is said in the workload's parameters: ``dropped_rpcs_per_pass``,
-``dropped_bytes_per_pass`` (both directions) and ``dropped_rpcs``, the kinds
-(caller job -> callee job, method) with their RPCs and bytes.  A point-to-point
-replay also counts the other pairs' RPCs in ``dropped_rpcs_per_pass``.
+Training's workers are the *step clients*, listed first (so worker ``i`` of a
+workload is the trace's ``i``-th worker whatever else is replayed); side
+clients follow.  Side clients replay their calls with the same dependency
+model, per task, but their steps are not training's steps: they record no step
+time.  What is still dropped is said in the workload's parameters:
+``dropped_rpcs_per_pass``, ``dropped_bytes_per_pass`` (both directions) and
+``dropped_rpcs``, the kinds (caller job -> callee job, method) with their RPCs
+and bytes.  A point-to-point replay also counts the other pairs' RPCs in
+``dropped_rpcs_per_pass``.
 
 Within each (client, server) pair calls keep the trace's order (by start time);
 ``outstanding_at_start`` is recomputed per pair after the mapping (how many
@@ -339,6 +350,9 @@ class Workload:
     #: Trace workloads: the traced sizes the calls could not reproduce (serialized
     #: mode); None when every call has its traced sizes.
     inexact_sizes: InexactSizes | None = None
+    #: Worker (client) indices that are side clients, not training's workers (a ps
+    #: calling a ps, the chief's control calls): their steps record no step time.
+    side_workers: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         if self.source not in ("synthetic", "trace"):
@@ -347,6 +361,10 @@ class Workload:
             raise ValueError("a workload needs at least one call")
         if self.server_count < 1 or self.worker_count < 1:
             raise ValueError("a workload needs at least one server and one worker")
+        if any(not 0 <= w < self.worker_count for w in self.side_workers):
+            raise ValueError(f"side workers {self.side_workers} of {self.worker_count}")
+        if len(self.side_workers) >= self.worker_count:
+            raise ValueError("a workload needs a worker that is not a side client")
         for step in self.steps:
             for call in step.calls:
                 if call.server_index >= self.server_count:
@@ -541,13 +559,35 @@ class _Mapped:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class WholeSteps:
+    """Which of a step's calls beyond worker <-> ps a trace replay makes (module docstring)."""
+
+    #: A ps calling another ps (TF2's ps-to-ps RecvTensor) is replayed by a client of that ps.
+    ps_clients: bool = True
+    #: A non-ps task called by another (the chief's control calls to workers) gets a server.
+    stand_in_servers: bool = True
+
+
+#: Every kind of call a replay can make: the default.
+WHOLE_STEPS = WholeSteps()
+#: Only what training's workers and ps exchange (``role`` places no side clients or stand-ins).
+WORKERS_AND_PS_ONLY = WholeSteps(ps_clients=False, stand_in_servers=False)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class TraceRoles:
-    """Which trace tasks become ps servers and which become worker clients."""
+    """Which trace tasks become servers and which become clients of a replay."""
 
     server_tasks: tuple[int, ...]
     client_tasks: tuple[int, ...]
     #: True when servers are the trace's ps tasks (else: every called task).
     ps_job: bool
+    #: Server tasks that are not ps: stand-ins for a called worker (last in ``server_tasks``).
+    stand_in_servers: tuple[int, ...] = ()
+    #: Client tasks that are not training's workers: a ps calling a ps, a chief calling
+    #: only workers (last in ``client_tasks``); their steps are not training's.
+    side_clients: tuple[int, ...] = ()
+    whole_steps: WholeSteps = WHOLE_STEPS
 
     def server_index(self, task: int) -> int:
         return self.server_tasks.index(task)
@@ -555,39 +595,44 @@ class TraceRoles:
     def client_index(self, task: int) -> int:
         return self.client_tasks.index(task)
 
+    @property
+    def step_clients(self) -> tuple[int, ...]:
+        """The client tasks that are training's workers, in client order."""
+        return tuple(t for t in self.client_tasks if t not in self.side_clients)
+
 
 def _sort_tasks(trace: Trace, tasks: Iterable[int]) -> tuple[int, ...]:
     return tuple(sorted(set(tasks), key=lambda i: (trace.tasks[i].job, trace.tasks[i].index)))
 
 
-def _map_rpc(rpc: Rpc, servers: frozenset[int], ps_job: bool) -> _Mapped | None:
-    caller_serves = rpc.caller_task in servers
-    callee_serves = rpc.callee_task in servers
-    if callee_serves and not caller_serves:
-        return _Mapped(
-            rpc=rpc,
-            client_task=rpc.caller_task,
-            server_task=rpc.callee_task,
-            reversed_direction=False,
-        )
+def _map_rpc(rpc: Rpc, servers: frozenset[int], ps_job: bool, whole: WholeSteps) -> _Mapped | None:
+    caller, callee = rpc.caller_task, rpc.callee_task
+    if caller == callee:
+        return None  # a task calling itself crosses no link
+    caller_serves = caller in servers
+    callee_serves = callee in servers
     if caller_serves and not callee_serves:
-        return _Mapped(
-            rpc=rpc,
-            client_task=rpc.callee_task,
-            server_task=rpc.caller_task,
-            reversed_direction=True,
-        )
-    if caller_serves and callee_serves and not ps_job and rpc.caller_task != rpc.callee_task:
-        return _Mapped(
-            rpc=rpc,
-            client_task=rpc.caller_task,
-            server_task=rpc.callee_task,
-            reversed_direction=False,
-        )
+        return _Mapped(rpc=rpc, client_task=callee, server_task=caller, reversed_direction=True)
+    direct = (
+        (callee_serves and not caller_serves)
+        or (caller_serves and callee_serves and (not ps_job or whole.ps_clients))
+        or (not caller_serves and not callee_serves and ps_job and whole.stand_in_servers)
+    )
+    if direct:
+        return _Mapped(rpc=rpc, client_task=caller, server_task=callee, reversed_direction=False)
     return None
 
 
-def trace_roles(trace: Trace, *, source: str = "trace") -> TraceRoles:
+def _is_step_client(mapped: _Mapped, servers: frozenset[int], ps_job: bool) -> bool:
+    """Whether the call's client is one of training's workers: it calls a ps or a ps calls it."""
+    if not ps_job:
+        return True
+    return mapped.server_task in servers and mapped.client_task not in servers
+
+
+def trace_roles(
+    trace: Trace, *, source: str = "trace", whole_steps: WholeSteps = WHOLE_STEPS
+) -> TraceRoles:
     """Decide servers and clients (see the module docstring)."""
     rpcs = [rpc for step in trace.steps for rpc in step.rpcs]
     if not rpcs:
@@ -595,20 +640,35 @@ def trace_roles(trace: Trace, *, source: str = "trace") -> TraceRoles:
     ps_tasks = frozenset(trace.tasks_of_job("ps"))
     ps_job = bool(ps_tasks)
     servers = ps_tasks or frozenset(r.callee_task for r in rpcs)
+    step_clients: set[int] = set()
     clients: set[int] = set()
     used_servers: set[int] = set()
     for rpc in rpcs:
-        mapped = _map_rpc(rpc, servers, ps_job)
+        mapped = _map_rpc(rpc, servers, ps_job, whole_steps)
         if mapped is not None:
             clients.add(mapped.client_task)
             used_servers.add(mapped.server_task)
-    if not clients:
+            if _is_step_client(mapped, servers, ps_job):
+                step_clients.add(mapped.client_task)
+    if not step_clients:
         raise TraceError(f"{source}: no RPC between a worker and a ps, nothing to replay")
-    # Without a ps job a task may both serve and call; it then appears in both lists.
+    if not ps_job:
+        # Without a ps job a task may both serve and call; it then appears in both lists.
+        return TraceRoles(
+            server_tasks=_sort_tasks(trace, used_servers),
+            client_tasks=_sort_tasks(trace, clients),
+            ps_job=False,
+            whole_steps=whole_steps,
+        )
+    side = _sort_tasks(trace, clients - step_clients)
+    stand_ins = _sort_tasks(trace, used_servers - servers)
     return TraceRoles(
-        server_tasks=_sort_tasks(trace, used_servers if not ps_job else servers),
-        client_tasks=_sort_tasks(trace, clients),
-        ps_job=ps_job,
+        server_tasks=_sort_tasks(trace, servers) + stand_ins,
+        client_tasks=_sort_tasks(trace, step_clients) + side,
+        ps_job=True,
+        stand_in_servers=stand_ins,
+        side_clients=side,
+        whole_steps=whole_steps,
     )
 
 
@@ -621,13 +681,13 @@ def _mapped_and_unreplayed(
     trace: Trace, roles: TraceRoles
 ) -> tuple[list[list[_Mapped]], list[Rpc]]:
     """Each step's RPCs as the replay maps them, and the RPCs no replay task can make."""
-    servers = frozenset(roles.server_tasks)
+    servers = frozenset(t for t in roles.server_tasks if t not in roles.stand_in_servers)
     steps: list[list[_Mapped]] = []
     unreplayed: list[Rpc] = []
     for step in trace.steps:
         mapped_step = []
         for index, rpc in enumerate(step.rpcs):
-            mapped = _map_rpc(rpc, servers, roles.ps_job)
+            mapped = _map_rpc(rpc, servers, roles.ps_job, roles.whole_steps)
             if mapped is None:
                 unreplayed.append(rpc)
             else:
@@ -670,9 +730,19 @@ def pair_bytes(trace: Trace, roles: TraceRoles | None = None) -> dict[tuple[int,
     return dict(totals)
 
 
+def _pair_servers(roles: TraceRoles) -> tuple[int, ...]:
+    return tuple(t for t in roles.server_tasks if t not in roles.stand_in_servers)
+
+
 def choose_pair(trace: Trace, roles: TraceRoles | None = None) -> tuple[int, int]:
     """The (worker task, ps task) pair that moved the most bytes; lowest indices on a tie."""
-    totals = pair_bytes(trace, roles)
+    roles = roles or trace_roles(trace)
+    servers, clients = _pair_servers(roles), roles.step_clients
+    totals = {
+        pair: size
+        for pair, size in pair_bytes(trace, roles).items()
+        if pair[0] in clients and pair[1] in servers
+    }
     return max(sorted(totals), key=lambda pair: totals[pair])
 
 
@@ -753,7 +823,7 @@ def _worker_steps(
     for number, (step, period, mapped) in enumerate(
         zip(trace.steps, periods, mapped_steps, strict=True)
     ):
-        for client in roles.client_tasks:
+        for client in roles.step_clients:
             own = [m for m in mapped if m.client_task == client]
             timed = [_timed_call(m, roles.server_index(m.server_task), step.start_ns) for m in own]
             if timed:
@@ -828,7 +898,7 @@ def _pair_only(
     dropped count grown by the others.  ConfigError for a pair that is not one."""
     if pair is None:
         pair = choose_pair(trace, roles)
-    elif pair[1] not in roles.server_tasks or pair[0] not in roles.client_tasks:
+    elif pair[1] not in _pair_servers(roles) or pair[0] not in roles.step_clients:
         raise ConfigError(
             f"--pair: {trace.task_name(pair[0])} -> {trace.task_name(pair[1])} is not a "
             "(worker, ps) pair of this trace"
@@ -929,14 +999,17 @@ def trace_workload(
     mode: Mode,
     pair: tuple[int, int] | None = None,
     source: str = "trace",
+    whole_steps: WholeSteps = WHOLE_STEPS,
 ) -> Workload:
     """The trace's steady-state steps as one benchmark's calls (DESIGN.md section 4).
 
     P2P benchmarks replay one (worker, ps) pair, ``pair`` as trace task
     indices (default: ``choose_pair``); PS throughput replays every worker
-    against every ps.  Every call is pull-shaped and keeps the trace's method.
+    against every ps, and with ``whole_steps`` the ps-to-ps and chief-to-worker
+    calls too (module docstring).  Every call is pull-shaped and keeps the
+    trace's method.
     """
-    roles = trace_roles(trace, source=source)
+    roles = trace_roles(trace, source=source, whole_steps=whole_steps)
     steps, dropped = _mapped_steps(trace, roles)
     dropped_bytes, dropped_kinds = unreplayed_summary(trace, roles)
     point_to_point = benchmark is not Benchmark.PS_THROUGHPUT
@@ -967,8 +1040,8 @@ def trace_workload(
         "dropped_rpcs_per_pass": dropped,
         "dropped_bytes_per_pass": dropped_bytes,
         "dropped_rpcs": dropped_kinds,
-        "ps": len(roles.server_tasks),
-        "workers": 1 if point_to_point else len(roles.client_tasks),
+        "ps": len(_pair_servers(roles)),
+        "workers": 1 if point_to_point else len(roles.step_clients),
         "server_tasks": ",".join(trace.task_name(t) for t in roles.server_tasks),
         "shape": Shape.PULL.value,
         "round_barrier": not point_to_point and steps_are_rounds(trace),
@@ -977,14 +1050,22 @@ def trace_workload(
         description["pair"] = f"{trace.task_name(pair[0])}->{trace.task_name(pair[1])}"
     else:
         description["client_tasks"] = ",".join(trace.task_name(t) for t in roles.client_tasks)
+        description["side_clients"] = ",".join(trace.task_name(t) for t in roles.side_clients)
+        description["stand_in_servers"] = ",".join(
+            trace.task_name(t) for t in roles.stand_in_servers
+        )
     return Workload(
         benchmark=benchmark,
         source="trace",
         mode=mode,
         steps=tuple(workload_steps),
-        server_count=len(roles.server_tasks),
+        # A pair's server is a ps, and a P2P replay needs no stand-ins.
+        server_count=len(_pair_servers(roles) if point_to_point else roles.server_tasks),
         worker_count=1 if point_to_point else len(roles.client_tasks),
         description=tuple(description.items()),
         round_barrier=bool(description["round_barrier"]),
         inexact_sizes=inexact_sizes(sizes),
+        side_workers=()
+        if point_to_point
+        else tuple(roles.client_index(t) for t in roles.side_clients),
     )

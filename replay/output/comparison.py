@@ -36,7 +36,7 @@ from tensorboard.util import tensor_util
 
 from tf_grpc_bench.errors import ResultError
 from tf_grpc_bench.replay.core.measurement import BenchmarkResult
-from tf_grpc_bench.replay.core.workload import trace_roles
+from tf_grpc_bench.replay.core.workload import WORKERS_AND_PS_ONLY, trace_roles
 from tf_grpc_bench.replay.output import plots, report
 from tf_grpc_bench.replay.output.document import ResultDocument, prediction_json
 from tf_grpc_bench.replay.output.events import EventFile
@@ -75,7 +75,8 @@ def link_bound_s(trace: Trace, rate_bits_per_s: int) -> float | None:
     """The heavier direction's bytes of a median step between the two hosts, over the rate."""
     if rate_bits_per_s <= 0:
         return None
-    servers = set(trace_roles(trace).server_tasks)
+    # The ps tasks on one host, the rest on the other (not the stand-in servers).
+    servers = set(trace_roles(trace, whole_steps=WORKERS_AND_PS_ONLY).server_tasks)
     up, down = [], []
     for step in trace.steps:
         to_servers = to_clients = 0

@@ -178,8 +178,11 @@ class WorkerLoop:
         clock: Callable[[], int] = time.perf_counter_ns,
         cpu_clock: Callable[[], int] = time.process_time_ns,
         step_barrier: StepBarrier | None = None,
+        record_steps: bool = True,
     ) -> None:
         self.workload = workload
+        #: False for a side client (``Workload.side_workers``): its steps are not training's.
+        self.record_steps = record_steps
         self.driver = driver
         self.step_barrier = step_barrier
         self.clock = clock
@@ -289,8 +292,8 @@ class WorkerLoop:
                 duration_ns=None if step_count is not None else duration_ns,
                 step_count=step_count,
                 samples=samples,
-                step_times=step_times,
-                step_compute=step_compute,
+                step_times=step_times if self.record_steps else None,
+                step_compute=step_compute if self.record_steps else None,
             )
         except TransportError as error:
             partial, reason = True, str(error)
