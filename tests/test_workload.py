@@ -20,9 +20,11 @@ from tf_grpc_bench.replay.core.pacing import (
 from tf_grpc_bench.replay.core.workload import (
     ECHO_METHOD,
     PUSH_METHOD,
+    WORKERS_AND_PS_ONLY,
     Call,
     Mode,
     Shape,
+    WholeSteps,
     ack_message_bytes,
     captured_critical_paths,
     choose_pair,
@@ -204,14 +206,60 @@ def test_non_serialized_pulls_keep_the_exact_sizes() -> None:
 
 def test_roles_make_ps_tasks_servers_and_their_peers_clients() -> None:
     trace = _ps_trace()
-    roles = trace_roles(trace)
+    roles = trace_roles(trace, whole_steps=WORKERS_AND_PS_ONLY)
     assert roles.server_tasks == (0, 1)
     assert roles.client_tasks == (2, 3)  # the chief only talks to workers: not a client
+    assert roles.side_clients == roles.stand_in_servers == ()
+
+
+def test_whole_steps_add_side_clients_and_stand_in_servers_after_the_workers_and_ps() -> None:
+    trace = _ps_trace()
+    roles = trace_roles(trace)
+    # worker:0 is called by the chief: a stand-in server of its own after ps:0 and ps:1.
+    assert roles.server_tasks == (0, 1, 2) and roles.stand_in_servers == (2,)
+    # The workers keep indices 0 and 1; the chief (calls workers only) and ps:0 (calls
+    # ps:1) follow as side clients.
+    assert roles.client_tasks == (2, 3, 4, 0) and roles.side_clients == (4, 0)
+    assert roles.step_clients == (2, 3)
+    only_ps_callers = trace_roles(trace, whole_steps=WholeSteps(stand_in_servers=False))
+    assert only_ps_callers.server_tasks == (0, 1)
+    assert only_ps_callers.client_tasks == (2, 3, 0)
+
+
+def test_whole_steps_replay_ps_to_ps_and_chief_to_worker_calls_with_their_sizes() -> None:
+    trace = _ps_trace()
+    workload = trace_workload(trace, Benchmark.PS_THROUGHPUT, mode=Mode.NON_SERIALIZED)
+    assert workload.server_count == 3 and workload.worker_count == 4
+    assert workload.side_workers == (2, 3)
+    described = [
+        (c.method, c.worker_index, c.server_index, c.request_bytes, c.response_bytes)
+        for c in workload.steps[0].calls
+    ]
+    assert described[4:] == [
+        (RUN_GRAPH, 2, 2, 500, 60),  # chief:0 -> worker:0's stand-in server
+        (RECV_TENSOR, 3, 1, 90, 7),  # ps:0's side client -> ps:1
+    ]
+    assert not any(c.reversed_direction for c in workload.steps[0].calls[4:])
+    parameters = workload.parameters()
+    assert parameters["calls_per_pass"] == 12
+    assert parameters["dropped_rpcs_per_pass"] == parameters["dropped_bytes_per_pass"] == 0
+    assert parameters["dropped_rpcs"] == ""
+    assert parameters["ps"] == 2 and parameters["workers"] == 2
+    assert parameters["side_clients"] == "/job:chief/task:0,/job:ps/task:0"
+    assert parameters["stand_in_servers"] == "/job:worker/task:0"
+    # Each side client's calls carry the dependencies inferred over its own calls.
+    chief = [c for c in workload.calls if c.worker_index == 2]
+    assert all(c.dependencies is not None for c in chief)
+    # A P2P replay still needs only the ps servers.
+    p2p = trace_workload(trace, Benchmark.P2P_LATENCY, mode=Mode.NON_SERIALIZED)
+    assert p2p.server_count == 2 and p2p.side_workers == ()
 
 
 def test_throughput_replays_every_worker_ps_rpc_with_sizes_order_and_fan_out() -> None:
     trace = _ps_trace()
-    workload = trace_workload(trace, Benchmark.PS_THROUGHPUT, mode=Mode.NON_SERIALIZED)
+    workload = trace_workload(
+        trace, Benchmark.PS_THROUGHPUT, mode=Mode.NON_SERIALIZED, whole_steps=WORKERS_AND_PS_ONLY
+    )
     assert workload.server_count == 2 and workload.worker_count == 2
     assert len(workload.steps) == 2
     step = workload.steps[0]
@@ -499,48 +547,76 @@ def _any_ps_trace(draw: st.DrawFn) -> Trace:
     return Trace(metadata=RunMetadata(model="any"), tasks=tasks, steps=tuple(steps))
 
 
-def _arriving_at_each_ps(trace: Trace) -> dict[int, tuple[int, int]]:
-    """Bytes each ps receives and sends with its workers (not ps, not the chief), by hand."""
-    totals = {0: [0, 0], 1: [0, 0]}
-    for step in trace.steps:
-        for rpc in step.rpcs:
-            caller, callee = trace.tasks[rpc.caller_task], trace.tasks[rpc.callee_task]
-            if callee.job == "ps" and caller.job != "ps":
-                totals[rpc.callee_task][0] += rpc.request_bytes
-                totals[rpc.callee_task][1] += rpc.response_bytes
-            elif caller.job == "ps" and callee.job != "ps":
-                totals[rpc.caller_task][0] += rpc.response_bytes
-                totals[rpc.caller_task][1] += rpc.request_bytes
-    return {ps: (received, sent) for ps, (received, sent) in totals.items()}
+def _replayed_by_hand(rpc: Rpc, trace: Trace, whole: WholeSteps) -> tuple[int, int, bool] | None:
+    """(client task, server task, reversed) of an RPC by job names, or None if dropped."""
+    caller, callee = trace.tasks[rpc.caller_task].job, trace.tasks[rpc.callee_task].job
+    if caller == "ps" and callee != "ps":
+        return rpc.callee_task, rpc.caller_task, True  # a ps pulled: the other side pushes
+    if callee == "ps" and (caller != "ps" or whole.ps_clients):
+        return rpc.caller_task, rpc.callee_task, False
+    if caller != "ps" and callee != "ps" and whole.stand_in_servers:
+        return rpc.caller_task, rpc.callee_task, False
+    return None
+
+
+_WHOLE_STEPS_CHOICES = st.builds(
+    WholeSteps, ps_clients=st.booleans(), stand_in_servers=st.booleans()
+)
 
 
 @settings(max_examples=150, deadline=None)
-@given(trace=_any_ps_trace())
-def test_every_rpc_is_replayed_or_counted_as_dropped_and_each_ps_moves_its_bytes(
-    trace: Trace,
+@given(trace=_any_ps_trace(), whole=_WHOLE_STEPS_CHOICES)
+def test_every_rpc_is_replayed_or_counted_as_dropped_and_each_server_moves_its_bytes(
+    trace: Trace, whole: WholeSteps
 ) -> None:
-    workload = trace_workload(trace, Benchmark.PS_THROUGHPUT, mode=Mode.NON_SERIALIZED)
+    workload = trace_workload(
+        trace, Benchmark.PS_THROUGHPUT, mode=Mode.NON_SERIALIZED, whole_steps=whole
+    )
     parameters = workload.parameters()
     rpcs = [rpc for step in trace.steps for rpc in step.rpcs]
     assert parameters["calls_per_pass"] + parameters["dropped_rpcs_per_pass"] == len(rpcs)
     replayed_bytes = sum(c.request_bytes + c.response_bytes for c in workload.calls)
     all_bytes = sum(r.request_bytes + r.response_bytes for r in rpcs)
     assert replayed_bytes + parameters["dropped_bytes_per_pass"] == all_bytes
-    # Dropped: exactly the ps -> ps RPCs and the calls between non-ps tasks (chief -> worker,
-    # worker -> worker); the chief's calls to a ps are replayed by a client of its own.
-    jobs = [(trace.tasks[r.caller_task].job, trace.tasks[r.callee_task].job) for r in rpcs]
-    unreplayable = sum(1 for caller, callee in jobs if (caller == "ps") == (callee == "ps"))
-    assert parameters["dropped_rpcs_per_pass"] == unreplayable
-    # Each ps server receives, in requests, what its ps task received from non-ps tasks, and
-    # sends in responses what the ps task sent them; a reversed call is a ps's own pull.
-    expected = _arriving_at_each_ps(trace)
-    roles = trace_roles(trace)
-    for server_index, task in enumerate(roles.server_tasks):
-        calls = [c for c in workload.calls if c.server_index == server_index]
-        received = sum(c.request_bytes for c in calls)
-        sent = sum(c.response_bytes for c in calls)
-        assert (received, sent) == expected[task]
-    reversed_count = sum(1 for caller, callee in jobs if caller == "ps" and callee != "ps")
+    # Dropped: exactly what no replay task can make, by job names: nothing, with whole steps.
+    by_hand = [_replayed_by_hand(r, trace, whole) for r in rpcs]
+    unreplayable = [r for r, mapped in zip(rpcs, by_hand, strict=True) if mapped is None]
+    assert parameters["dropped_rpcs_per_pass"] == len(unreplayable)
+    assert parameters["dropped_bytes_per_pass"] == sum(
+        r.request_bytes + r.response_bytes for r in unreplayable
+    )
+    if whole.ps_clients and whole.stand_in_servers:
+        assert not unreplayable and parameters["dropped_rpcs"] == ""
+    # Each server (a ps, or a stand-in for a called worker or chief) receives in requests
+    # and sends in responses exactly what its task did with the tasks the replay has; each
+    # client makes exactly its task's calls.
+    roles = trace_roles(trace, whole_steps=whole)
+    expected: dict[tuple[int, int], list[int]] = {}
+    for rpc, mapped in zip(rpcs, by_hand, strict=True):
+        if mapped is not None:
+            client, server, reversed_direction = mapped
+            sizes = (rpc.request_bytes, rpc.response_bytes)
+            entry = expected.setdefault((client, server), [0, 0, 0])
+            received, sent = sizes[::-1] if reversed_direction else sizes
+            entry[0], entry[1], entry[2] = entry[0] + received, entry[1] + sent, entry[2] + 1
+    replayed: dict[tuple[int, int], list[int]] = {}
+    for call in workload.calls:
+        key = (roles.client_tasks[call.worker_index], roles.server_tasks[call.server_index])
+        entry = replayed.setdefault(key, [0, 0, 0])
+        entry[0] += call.request_bytes
+        entry[1] += call.response_bytes
+        entry[2] += 1
+    assert replayed == expected
+    ps_tasks = set(trace.tasks_of_job("ps"))
+    assert roles.server_tasks[: len(ps_tasks)] == tuple(sorted(ps_tasks))
+    # Training's workers come first; side clients (ps, or calling no ps) record no steps.
+    side = {roles.client_tasks[w] for w in workload.side_workers}
+    assert side == set(roles.side_clients)
+    assert all(
+        t in ps_tasks or all(key[1] not in ps_tasks for key in expected if key[0] == t)
+        for t in side
+    )
+    reversed_count = sum(1 for mapped in by_hand if mapped is not None and mapped[2])
     assert parameters["reversed_calls_per_pass"] == reversed_count
     # Within each (client, server) pair of a step, calls keep the trace's order.
     for step in workload.steps:
@@ -664,7 +740,8 @@ def test_what_a_replay_cannot_send_is_summed_up_by_kind() -> None:
             Step(index=0, start_ns=step.start_ns, end_ns=step.end_ns, rpcs=(*step.rpcs, *extra)),
         ),
     )
-    total, text = unreplayed_summary(trace)
+    assert unreplayed_summary(trace) == (0, "")  # whole steps: every kind replayed
+    total, text = unreplayed_summary(trace, trace_roles(trace, whole_steps=WORKERS_AND_PS_ONLY))
     assert total == 1100 + 5000
     assert text == "chief->worker Enqueue: 1 RPCs, 5000 B; ps->ps RecvTensor: 2 RPCs, 1100 B"
     assert unreplayed_summary(make_trace()) == (0, "")
