@@ -82,6 +82,16 @@ def test_what_a_trace_replay_could_not_send_is_said_once_below_the_table() -> No
     assert lines[-1] == f"not replayed (no replay task makes these calls), per pass: {kinds}"
     assert sum("not replayed" in line for line in lines) == 1
     assert "not replayed" not in format_table(_document())
+    # A replay that left kinds out on purpose (``role``: workers and ps only) says so.
+    only = [
+        dataclasses.replace(r, parameters={**r.parameters, "whole_steps": "worker <-> ps only"})
+        for r in found
+    ]
+    document = build_document(only, config={}, trace_path=None, created=CREATED)
+    assert format_table(document).splitlines()[-1] == (
+        f"not replayed (no replay task makes these calls), per pass: {kinds} "
+        "(replayed beyond worker <-> ps: worker <-> ps only)"
+    )
 
 
 def test_markdown_comparison_has_a_row_per_network_and_benchmark() -> None:

@@ -247,6 +247,9 @@ def test_whole_steps_replay_ps_to_ps_and_chief_to_worker_calls_with_their_sizes(
     assert parameters["ps"] == 2 and parameters["workers"] == 2
     assert parameters["side_clients"] == "/job:chief/task:0,/job:ps/task:0"
     assert parameters["stand_in_servers"] == "/job:worker/task:0"
+    assert parameters["whole_steps"] == (
+        "ps-to-ps by ps clients, calls to workers by stand-in servers"
+    )
     # Each side client's calls carry the dependencies inferred over its own calls.
     chief = [c for c in workload.calls if c.worker_index == 2]
     assert all(c.dependencies is not None for c in chief)
@@ -280,6 +283,7 @@ def test_throughput_replays_every_worker_ps_rpc_with_sizes_order_and_fan_out() -
     assert all(c.shape is Shape.PULL and c.step == 0 for c in step.calls)
     assert step.period_ns == 1_000_000
     parameters = workload.parameters()
+    assert parameters["whole_steps"] == "worker <-> ps only"
     assert parameters["dropped_rpcs_per_pass"] == 4  # chief->worker and ps->ps, twice
     # Both directions' bytes: chief->worker 2 x (500 + 60), ps->ps 2 x (90 + 7).
     assert parameters["dropped_bytes_per_pass"] == 1_120 + 194

@@ -567,6 +567,18 @@ class WholeSteps:
     #: A non-ps task called by another (the chief's control calls to workers) gets a server.
     stand_in_servers: bool = True
 
+    def describe(self) -> str:
+        """For the result's parameters: what beyond worker <-> ps calls is replayed."""
+        kinds = [
+            text
+            for wanted, text in (
+                (self.ps_clients, "ps-to-ps by ps clients"),
+                (self.stand_in_servers, "calls to workers by stand-in servers"),
+            )
+            if wanted
+        ]
+        return ", ".join(kinds) or "worker <-> ps only"
+
 
 #: Every kind of call a replay can make: the default.
 WHOLE_STEPS = WholeSteps()
@@ -1040,6 +1052,7 @@ def trace_workload(
         "dropped_rpcs_per_pass": dropped,
         "dropped_bytes_per_pass": dropped_bytes,
         "dropped_rpcs": dropped_kinds,
+        "whole_steps": whole_steps.describe(),
         "ps": len(_pair_servers(roles)),
         "workers": 1 if point_to_point else len(roles.step_clients),
         "server_tasks": ",".join(trace.task_name(t) for t in roles.server_tasks),

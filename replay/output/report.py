@@ -139,7 +139,9 @@ def _dropped_notes(document: ResultDocument) -> list[str]:
         kinds = result.parameters.get("dropped_rpcs")
         if isinstance(kinds, str) and kinds and kinds not in seen:
             seen.add(kinds)
-            lines.append(f"not replayed (no replay task makes these calls), per pass: {kinds}")
+            replayed = result.parameters.get("whole_steps")
+            why = f" (replayed beyond worker <-> ps: {replayed})" if replayed else ""
+            lines.append(f"not replayed (no replay task makes these calls), per pass: {kinds}{why}")
     return lines
 
 
