@@ -28,7 +28,12 @@ import numpy as np
 
 from tf_grpc_bench import lifetime
 from tf_grpc_bench.errors import TransportError
-from tf_grpc_bench.replay.core.measurement import SAMPLE_COLUMNS, CallSample, RunMeasurement
+from tf_grpc_bench.replay.core.measurement import (
+    SAMPLE_COLUMNS,
+    CallSample,
+    MachineCpuTimes,
+    RunMeasurement,
+)
 from tf_grpc_bench.replay.core.pacing import Pacing
 from tf_grpc_bench.replay.core.workload import Workload
 from tf_grpc_bench.replay.transport.client import Driver, ReplayClient
@@ -181,6 +186,8 @@ def _worker_main(
                         outcome.elapsed_ns,
                         outcome.cpu_ns,
                         outcome.partial_reason if outcome.partial else None,
+                        outcome.machine_cpu_begin,
+                        outcome.machine_cpu_end,
                     )
                 )
             else:
@@ -382,8 +389,10 @@ def _receive_outcome(
             partial=True,
             partial_reason=str(error),
         )
-    _, packed, step_times, step_compute, elapsed, cpu, reason = message
+    _, packed, step_times, step_compute, elapsed, cpu, reason, machine_begin, machine_end = message
     assert isinstance(packed, np.ndarray)
+    assert machine_begin is None or isinstance(machine_begin, MachineCpuTimes)
+    assert machine_end is None or isinstance(machine_end, MachineCpuTimes)
     assert isinstance(step_times, tuple) and isinstance(step_compute, tuple)
     assert isinstance(elapsed, int) and isinstance(cpu, int)
     return WorkerOutcome(
@@ -394,4 +403,6 @@ def _receive_outcome(
         cpu_ns=cpu,
         partial=reason is not None,
         partial_reason=str(reason or ""),
+        machine_cpu_begin=machine_begin,
+        machine_cpu_end=machine_end,
     )

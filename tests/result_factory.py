@@ -165,6 +165,9 @@ def golden_document() -> ResultDocument:
                 ),
                 step_times_ns=(300_000_000 + run.run_index, 310_000_000),
                 step_compute_ns=(120_000_000, 125_000_000 + run.run_index),
+                # The whole machine's CPU over the run (format version 5).
+                machine_cpu_busy_ticks=93 + run.run_index,
+                machine_cpu_total_ticks=100,
             )
             for run in throughput.runs
         ),

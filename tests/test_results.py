@@ -14,7 +14,11 @@ import pytest
 from tests.result_factory import GOLDEN_MACHINE, golden_document, make_results, make_run
 from tf_grpc_bench import trace_files
 from tf_grpc_bench.errors import ResultError, UnsupportedResultVersionError
-from tf_grpc_bench.replay.core.measurement import Benchmark, BenchmarkResult
+from tf_grpc_bench.replay.core.measurement import (
+    Benchmark,
+    BenchmarkResult,
+    machine_cpu_busy_share,
+)
 from tf_grpc_bench.replay.output import document as results
 from tf_grpc_bench.replay.output import machine
 from tf_grpc_bench.replay.output.document import (
@@ -24,6 +28,7 @@ from tf_grpc_bench.replay.output.document import (
     dumps_document,
     new_run_directory,
     read_document,
+    replay_bound_verdict,
     write_document,
 )
 from tf_grpc_bench.replay.output.machine import NetworkInfo
@@ -241,6 +246,16 @@ def test_golden_v1_document_is_still_readable() -> None:
         assert statistics["bandwidth_mb_per_s"] == pytest.approx(result.bandwidth_mb_per_s)
 
 
+@pytest.mark.parametrize("version", [1, 2, 3, 4])
+def test_documents_before_version_5_read_with_the_machines_cpu_unknown(version: int) -> None:
+    document = read_document(DATA / f"results-v{version}.json")
+    runs = [run for result in document.benchmarks for run in result.runs]
+    assert runs and all(
+        run.machine_cpu_busy_ticks == run.machine_cpu_total_ticks == 0 for run in runs
+    )
+    assert machine_cpu_busy_share(runs) is None
+
+
 @pytest.mark.parametrize("version", [1, 2, 3])
 def test_documents_before_version_4_read_with_unknown_trace_rpcs(version: int) -> None:
     document = read_document(DATA / f"results-v{version}.json")
@@ -265,6 +280,67 @@ def test_inexact_sizes_round_trip_and_are_said_in_the_table() -> None:
         "sizes not exact: p2p-latency: 5 traced message sizes per pass cannot be encoded "
         "exactly in serialized mode (2 B -> 0 B x5): 120 B replayed for 130 B traced"
     ) in format_table(document).splitlines()
+
+
+@pytest.mark.parametrize(
+    ("replay_cores", "machine_share", "bound", "evidence"),
+    [
+        (1.39, None, False, "replay client and server processes used 1.39 of 2 cores"),
+        (
+            1.4,
+            None,
+            True,
+            "replay client and server processes used 1.40 of 2 cores (the step may be the "
+            "replay's CPU, not the link)",
+        ),
+        (
+            0.6,
+            0.89,
+            False,
+            "replay client and server processes used 0.60 of 2 cores; the machine's cores "
+            "were 89% busy (1.78 of 2, every process)",
+        ),
+        (
+            0.6,
+            0.9,
+            True,
+            "replay client and server processes used 0.60 of 2 cores; the machine's cores "
+            "were 90% busy (1.80 of 2, every process) (other processes took the cores the "
+            "replay needed: the step may be the machine's load, not the link)",
+        ),
+        (
+            1.5,
+            0.95,
+            True,
+            "replay client and server processes used 1.50 of 2 cores; the machine's cores "
+            "were 95% busy (1.90 of 2, every process) (the step may be the replay's CPU, "
+            "not the link)",
+        ),
+    ],
+)
+def test_replay_bound_flags_the_replays_own_cpu_or_a_busy_machine_and_says_which(
+    replay_cores: float, machine_share: float | None, bound: bool, evidence: str
+) -> None:
+    assert replay_bound_verdict(replay_cores, 2, machine_share) == (bound, evidence)
+
+
+def test_a_busy_machine_flags_a_prediction_whose_replay_used_little_cpu() -> None:
+    document = golden_document()
+    throughput = document.benchmarks[2]
+    # The golden runs: the replay used 1.40 of 2 cores, the machine 93 and 94 of 100 ticks.
+    assert machine_cpu_busy_share(throughput.runs) == pytest.approx(0.935)
+    quiet = dataclasses.replace(
+        throughput,
+        runs=tuple(
+            dataclasses.replace(run, client_cpu_ns=run.duration_ns // 10, server_cpu_ns=0)
+            for run in throughput.runs
+        ),
+    )
+    changed = dataclasses.replace(document, benchmarks=(*document.benchmarks[:2], quiet))
+    prediction = json.loads(dumps_document(changed))["benchmarks"][2]["statistics"]["prediction"]
+    assert prediction["replay_bound"] is True
+    assert "used 0.10 of 2 cores" in prediction["replay_bound_evidence"]
+    assert "other processes took the cores" in prediction["replay_bound_evidence"]
 
 
 def test_current_writer_reproduces_the_newest_golden_document_exactly() -> None:
@@ -332,6 +408,9 @@ def test_a_prediction_is_flagged_replay_bound_when_the_replay_kept_the_cores_bus
             run,
             client_cpu_ns=round(run.duration_ns * cores * cpu_share / 2),
             server_cpu_ns=round(run.duration_ns * cores * cpu_share / 2),
+            # The machine as busy as the replay made it: nothing else ran.
+            machine_cpu_busy_ticks=round(100 * cpu_share),
+            machine_cpu_total_ticks=100,
         )
         for run in throughput.runs
     )
@@ -342,5 +421,7 @@ def test_a_prediction_is_flagged_replay_bound_when_the_replay_kept_the_cores_bus
     prediction = json.loads(dumps_document(changed))["benchmarks"][2]["statistics"]["prediction"]
     assert prediction["replay_bound"] is bound
     assert f"used {cores * cpu_share:.2f} of {cores} cores" in prediction["replay_bound_evidence"]
+    assert prediction["replay_cpu_cores"] == pytest.approx(cores * cpu_share, abs=0.01)
+    assert prediction["machine_cpu_busy_share"] == round(100 * cpu_share) / 100
     # Without dependencies pacing there is no prediction at all.
     assert json.loads(dumps_document(changed))["benchmarks"][0]["statistics"]["prediction"] is None

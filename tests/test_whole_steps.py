@@ -18,6 +18,7 @@ from tf_grpc_bench.replay.core.pacing import Pacing, Timing
 from tf_grpc_bench.replay.core.workload import Mode, trace_workload
 from tf_grpc_bench.replay.runner import RunPlan, run_benchmark
 from tf_grpc_bench.replay.transport.client import ReplayClient
+from tf_grpc_bench.replay.transport.loop import PROC_STAT
 from tf_grpc_bench.replay.transport.server import LocalServers
 from tf_grpc_bench.replay.transport.wire import ChannelSettings
 from tf_grpc_bench.trace import RECV_TENSOR, Rpc, RunMetadata, Step, Task, Trace
@@ -180,7 +181,13 @@ def test_the_shipped_trace_replays_a_step_of_every_kind_onto_the_servers(
     workers = trace.tasks_of_job("worker")
     expected = [tuple(received[task]) for task in (*ps, *workers)]
     assert _server_counts(servers, 4, session) == expected
-    assert result.runs[0].rpc_count == len(trace.steps[0].rpcs)
+    (run,) = result.runs
+    assert run.rpc_count == len(trace.steps[0].rpcs)
+    # The worker processes read the machine's CPU (/proc/stat) at their run's begin and
+    # end: a step moving 410 MB lasts many of the kernel's ticks.
+    if PROC_STAT.exists():
+        assert 0 <= run.machine_cpu_busy_ticks <= run.machine_cpu_total_ticks
+        assert run.machine_cpu_total_ticks > 0
 
 
 def _replay_args(*arguments: str) -> argparse.Namespace:

@@ -48,6 +48,7 @@ from tf_grpc_bench.replay.core.measurement import (
     InexactSizes,
     LatencySummary,
     RunMeasurement,
+    machine_cpu_busy_share,
 )
 from tf_grpc_bench.replay.output.machine import (
     InterfaceInfo,
@@ -71,15 +72,21 @@ FORMAT = "tf-grpc-bench-results"
 #:   4 (2026-12): samples gain ``rpc_index`` (which RPC of the trace step a
 #:       call replayed, for timelines and exports).  Versions 1 to 3 read with
 #:       -1 (unknown).
-FORMAT_VERSION = 4
+#:   5 (2026-12): runs gain ``machine_cpu_busy_ticks`` and ``machine_cpu_total_ticks``
+#:       (the whole machine's CPU over the run, from ``/proc/stat``); predictions
+#:       gain ``replay_cpu_cores`` and ``machine_cpu_busy_share``, and
+#:       ``replay_bound`` also counts the machine's load.  Versions 1 to 4 read
+#:       with 0 ticks (unknown).
+FORMAT_VERSION = 5
 #: Versions ``read_document`` can read.
-READABLE_VERSIONS = frozenset({1, 2, 3, 4})
+READABLE_VERSIONS = frozenset({1, 2, 3, 4, 5})
 #: The sample columns each version stores.
 _SAMPLE_COLUMNS_BY_VERSION = {
     1: tuple(c for c in SAMPLE_COLUMNS if c not in ("release_lag_ns", "rpc_index")),
     2: tuple(c for c in SAMPLE_COLUMNS if c != "rpc_index"),
     3: tuple(c for c in SAMPLE_COLUMNS if c != "rpc_index"),
     4: SAMPLE_COLUMNS,
+    5: SAMPLE_COLUMNS,
 }
 #: Conventional name of the result document inside a run directory.
 RESULTS_FILE_NAME = "results.json"
@@ -300,6 +307,9 @@ def _median_or_none(values: Sequence[int]) -> float | None:
 #: Share of the machine's cores the replay's own processes may use before its
 #: prediction is flagged as bound by the replay rather than by the link.
 REPLAY_BOUND_CPU_SHARE = 0.7
+#: Share of all the machine's cores busy (any process) from which the prediction
+#: is flagged even when the replay's own processes used less: others took the cores.
+MACHINE_BUSY_CPU_SHARE = 0.9
 
 
 def replay_cpu_cores(result: BenchmarkResult) -> float:
@@ -308,29 +318,57 @@ def replay_cpu_cores(result: BenchmarkResult) -> float:
     return 0.0 if math.isnan(total) else total
 
 
+def replay_bound_verdict(
+    replay_cores: float, cpu_count: int, machine_busy_share: float | None
+) -> tuple[bool, str]:
+    """Whether a prediction is bound by the replay's machine rather than the link, and why.
+
+    Bound when the replay's own processes kept at least ``REPLAY_BOUND_CPU_SHARE``
+    of the ``cpu_count`` cores busy, or when the whole machine was at least
+    ``MACHINE_BUSY_CPU_SHARE`` busy (None: not known) whoever used it.
+    """
+    own = cpu_count > 0 and replay_cores >= REPLAY_BOUND_CPU_SHARE * cpu_count
+    machine = machine_busy_share is not None and machine_busy_share >= MACHINE_BUSY_CPU_SHARE
+    evidence = f"replay client and server processes used {replay_cores:.2f} of {cpu_count} cores"
+    if machine_busy_share is not None:
+        evidence += (
+            f"; the machine's cores were {100 * machine_busy_share:.0f}% busy "
+            f"({machine_busy_share * cpu_count:.2f} of {cpu_count}, every process)"
+        )
+    if own:
+        evidence += " (the step may be the replay's CPU, not the link)"
+    elif machine:
+        evidence += (
+            " (other processes took the cores the replay needed: the step may be the "
+            "machine's load, not the link)"
+        )
+    return own or machine, evidence
+
+
 def prediction_json(result: BenchmarkResult, cpu_count: int) -> dict[str, Any] | None:
     """What the replay predicts of a training step (dependencies pacing), else None.
 
     ``step_ns``: median replayed worker-step, compute kept; ``compute_ns`` and
     ``communication_ns``: medians of the critical path's two parts.
-    ``replay_bound``: the replay's own processes kept at least
-    ``REPLAY_BOUND_CPU_SHARE`` of the machine's cores busy, so the step may be
-    the replay's CPU rather than the network; ``replay_bound_evidence`` says so.
+    ``replay_bound`` (``replay_bound_verdict``): the replay's own processes
+    (``replay_cpu_cores``) or every process together (``machine_cpu_busy_share``,
+    null when unknown) kept the machine's cores busy, so the step may be the
+    replay's machine rather than the network; ``replay_bound_evidence`` says which.
     """
     if not result.step_compute_ns:
         return None
     cores = replay_cpu_cores(result)
-    bound = cpu_count > 0 and cores >= REPLAY_BOUND_CPU_SHARE * cpu_count
+    machine = machine_cpu_busy_share(result.runs)
+    bound, evidence = replay_bound_verdict(cores, cpu_count, machine)
     return {
         "step_ns": _median_or_none(result.step_times_ns),
         "compute_ns": _median_or_none(result.step_compute_ns),
         "communication_ns": _median_or_none(result.step_communication_ns),
         "steps": len(result.step_compute_ns),
         "replay_bound": bound,
-        "replay_bound_evidence": (
-            f"replay client and server processes used {cores:.2f} of {cpu_count} cores"
-            + (" (the step may be the replay's CPU, not the link)" if bound else "")
-        ),
+        "replay_bound_evidence": evidence,
+        "replay_cpu_cores": _finite_or_none(cores),
+        "machine_cpu_busy_share": machine,
     }
 
 
@@ -358,6 +396,8 @@ def _run_json(run: RunMeasurement) -> dict[str, Any]:
         "server_cpu_ns": run.server_cpu_ns,
         "server_received_bytes": run.server_received_bytes,
         "server_received_messages": run.server_received_messages,
+        "machine_cpu_busy_ticks": run.machine_cpu_busy_ticks,
+        "machine_cpu_total_ticks": run.machine_cpu_total_ticks,
         "partial": run.partial,
         "partial_reason": run.partial_reason,
         "statistics": _run_statistics_json(run),
@@ -630,6 +670,13 @@ def _run_from_json(obj: dict[str, Any], where: str, version: int) -> RunMeasurem
             samples.append(CallSample(**dict(zip(names, row, strict=True))))
         except ValueError as error:
             raise _Invalid(f"{at}[{index}]: {error}") from None
+    busy = _int(obj, "machine_cpu_busy_ticks", where) if version >= 5 else 0
+    total = _int(obj, "machine_cpu_total_ticks", where) if version >= 5 else 0
+    if not 0 <= busy <= total:
+        raise _Invalid(
+            f"{where}: machine_cpu_busy_ticks {busy} must be within 0 .. "
+            f"machine_cpu_total_ticks {total}"
+        )
     return RunMeasurement(
         run_index=_int(obj, "run_index", where),
         duration_ns=_int(obj, "duration_ns", where),
@@ -640,6 +687,8 @@ def _run_from_json(obj: dict[str, Any], where: str, version: int) -> RunMeasurem
         server_cpu_ns=_int(obj, "server_cpu_ns", where),
         server_received_bytes=_int(obj, "server_received_bytes", where),
         server_received_messages=_int(obj, "server_received_messages", where),
+        machine_cpu_busy_ticks=busy,
+        machine_cpu_total_ticks=total,
         partial=_bool(obj, "partial", where),
         partial_reason=_str(obj, "partial_reason", where),
     )

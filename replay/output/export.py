@@ -111,6 +111,8 @@ def run_rows(document: ResultDocument) -> Iterable[list[Cell]]:
                 run.server_cpu_ns,
                 run.server_received_bytes,
                 run.server_received_messages,
+                run.machine_cpu_busy_ticks,
+                run.machine_cpu_total_ticks,
                 run.partial,
                 run.partial_reason,
                 stats.rpc_count,
@@ -183,7 +185,8 @@ def export_csv(document: ResultDocument, directory: Path, trace: Trace | None) -
     """Write the five tables into ``directory`` (created); returns their paths."""
     latency = [f"latency_{suffix}" for suffix, _ in SUMMARY_STATISTICS]
     run_header = ["benchmark", "run_index", "duration_ns", "client_cpu_ns", "server_cpu_ns"]
-    run_header += ["server_received_bytes", "server_received_messages", "partial"]
+    run_header += ["server_received_bytes", "server_received_messages"]
+    run_header += ["machine_cpu_busy_ticks", "machine_cpu_total_ticks", "partial"]
     run_header += ["partial_reason", "rpc_count", "rpcs_per_s", "bandwidth_mb_per_s", *latency]
     sample_header = ["benchmark", "run_index", *SAMPLE_COLUMNS, "size_class"]
     sample_header += ["method", "tensor", "trace_caller", "trace_callee"]

@@ -13,11 +13,18 @@ import signal
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Protocol
 
 from tf_grpc_bench import lifetime
 from tf_grpc_bench.errors import ConfigError, TransportError
-from tf_grpc_bench.replay.core.measurement import Benchmark, CallSample, RunMeasurement
+from tf_grpc_bench.replay.core.measurement import (
+    Benchmark,
+    CallSample,
+    MachineCpuTimes,
+    RunMeasurement,
+    parse_proc_stat,
+)
 from tf_grpc_bench.replay.core.pacing import next_step_begin_ns
 from tf_grpc_bench.replay.core.workload import Workload, WorkloadStep
 from tf_grpc_bench.replay.transport.client import Driver, ReplayClient, StepOutcome
@@ -119,6 +126,38 @@ class WorkerOutcome:
     cpu_ns: int
     partial: bool = False
     partial_reason: str = ""
+    #: The whole machine's CPU times when the run began and when it ended (None: unknown).
+    machine_cpu_begin: MachineCpuTimes | None = None
+    machine_cpu_end: MachineCpuTimes | None = None
+
+
+#: Where Linux says how busy the machine's cores have been since boot.
+PROC_STAT = Path("/proc/stat")
+
+
+def read_machine_cpu(path: Path = PROC_STAT) -> MachineCpuTimes | None:
+    """The machine's CPU times now (``parse_proc_stat``); None where there is no such file."""
+    try:
+        return parse_proc_stat(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def machine_cpu_over(outcomes: Sequence[WorkerOutcome]) -> tuple[int, int]:
+    """(busy, total) ticks of the machine from the first worker's begin to the last one's end.
+
+    (0, 0) when a worker could not read them.
+    """
+    begins = [o.machine_cpu_begin for o in outcomes]
+    ends = [o.machine_cpu_end for o in outcomes]
+    if not outcomes or None in begins or None in ends:
+        return 0, 0
+    # The counters only grow: the earliest reading has the smallest total.
+    first = min((b for b in begins if b is not None), key=lambda t: t.total_ticks)
+    last = max((e for e in ends if e is not None), key=lambda t: t.total_ticks)
+    if last.total_ticks <= first.total_ticks:
+        return 0, 0
+    return max(last.busy_ticks - first.busy_ticks, 0), last.total_ticks - first.total_ticks
 
 
 class StepBarrier(Protocol):
@@ -177,6 +216,7 @@ class WorkerLoop:
         *,
         clock: Callable[[], int] = time.perf_counter_ns,
         cpu_clock: Callable[[], int] = time.process_time_ns,
+        machine_cpu: Callable[[], MachineCpuTimes | None] = read_machine_cpu,
         step_barrier: StepBarrier | None = None,
         record_steps: bool = True,
     ) -> None:
@@ -187,6 +227,7 @@ class WorkerLoop:
         self.step_barrier = step_barrier
         self.clock = clock
         self.cpu_clock = cpu_clock
+        self.machine_cpu = machine_cpu
         self._synthetic = workload.source == "synthetic"
         steps = workload.steps
         if self._synthetic or not any(step.calls for step in steps):
@@ -284,9 +325,11 @@ class WorkerLoop:
         step_compute: list[int] = []
         cpu_before = self.cpu_clock()
         partial, reason = False, ""
+        machine_begin = machine_end = None
         try:
             while self.clock() < begin_ns:
                 time.sleep(max(begin_ns - self.clock(), 0) / 1e9)
+            machine_begin = self.machine_cpu()
             last_end = self._replay(
                 begin_ns=begin_ns,
                 duration_ns=None if step_count is not None else duration_ns,
@@ -301,6 +344,8 @@ class WorkerLoop:
         except KeyboardInterrupt as interrupt:
             partial, reason = True, interrupted_reason(lifetime.signal_of(interrupt))
             last_end = max(self.clock(), begin_ns)
+        if machine_begin is not None:
+            machine_end = self.machine_cpu()
         return WorkerOutcome(
             samples=tuple(sorted(samples, key=lambda s: s.start_ns)),
             step_times_ns=tuple(step_times),
@@ -309,6 +354,8 @@ class WorkerLoop:
             cpu_ns=self.cpu_clock() - cpu_before,
             partial=partial,
             partial_reason=reason,
+            machine_cpu_begin=machine_begin,
+            machine_cpu_end=machine_end,
         )
 
 
@@ -342,6 +389,7 @@ def run_measurement(
     reason = reasons[0] if reasons else ""
     if stats is None and not partial:
         partial, reason = True, "server statistics unavailable after the run"
+    machine_busy, machine_total = machine_cpu_over(outcomes)
     return RunMeasurement(
         run_index=run_index,
         duration_ns=max(o.elapsed_ns for o in outcomes),
@@ -352,6 +400,8 @@ def run_measurement(
         server_cpu_ns=sum(s.cpu_ns for s in stats) if stats else 0,
         server_received_bytes=sum(s.received_bytes for s in stats) if stats else -1,
         server_received_messages=sum(s.received_messages for s in stats) if stats else -1,
+        machine_cpu_busy_ticks=machine_busy,
+        machine_cpu_total_ticks=machine_total,
         partial=partial,
         partial_reason=reason,
     )
