@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import functools
 import math
 import signal
 import sys
@@ -901,11 +900,17 @@ def configure_role(parser: argparse.ArgumentParser) -> None:
 
 
 def run_role(args: argparse.Namespace) -> int:
-    # A cluster replay places training's workers and ps tasks only: no side clients
-    # or stand-in servers (their calls are dropped and counted in the results).
-    return role.run_role(
-        args, build_request=functools.partial(build_request, whole_steps=WORKERS_AND_PS_ONLY)
-    )
+    return role.run_role(args, build_request=build_cluster_request)
+
+
+def build_cluster_request(args: argparse.Namespace) -> ReplayRequest:
+    """``build_request`` for ``role``: training's workers and ps tasks only.
+
+    A cluster replay runs one process per task, ps tasks as servers and workers
+    as clients: no side clients or stand-in servers, so ps-to-ps and
+    chief-to-worker calls are dropped, and counted in the results.
+    """
+    return build_request(args, whole_steps=WORKERS_AND_PS_ONLY)
 
 
 def configure_network(parser: argparse.ArgumentParser) -> None:

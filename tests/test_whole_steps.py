@@ -209,3 +209,14 @@ def test_targets_for_the_ps_only_drop_the_chiefs_calls_and_say_so() -> None:
     local = cli.build_request(_replay_args("--benchmark", "ps-throughput"))
     assert local.workloads[0].server_count == 4
     assert local.workloads[0].parameters()["dropped_rpcs_per_pass"] == 0
+
+
+def test_a_cluster_replay_places_workers_and_ps_only_and_counts_the_rest_as_dropped() -> None:
+    request = cli.build_cluster_request(_replay_args("--benchmark", "ps-throughput"))
+    (workload,) = request.workloads
+    parameters = workload.parameters()
+    assert (workload.server_count, workload.worker_count) == (2, 2)
+    assert parameters["whole_steps"] == "worker <-> ps only"
+    assert parameters["dropped_rpcs"] == (
+        "chief->worker Enqueue: 20 RPCs, 281850 B; ps->ps RecvTensor: 1070 RPCs, 189327 B"
+    )
