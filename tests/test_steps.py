@@ -351,7 +351,7 @@ def test_step_detection_round_trips_and_needs_format_version_2(tmp_path: Path) -
     job.readiness_check(0)
     job.training_step(0)
     trace = _assemble(job)
-    assert trace.format_version == 2 and not trace.step_detection.empty
+    assert trace.format_version == 3 and not trace.step_detection.empty
     assert trace_from_proto(trace_to_proto(trace)) == trace
     assert trace_from_json_dict(trace_to_json_dict(trace)) == trace
     path = trace_files.write_trace(trace, tmp_path / "t.tfgbtrace")

@@ -34,7 +34,7 @@ import shutil
 import struct
 import subprocess
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -491,53 +491,106 @@ class TapRecorder:
         return tap.pid
 
     def _assemble(self, files: list[TapFile]) -> list[RecordedCall]:
-        by_endpoints: dict[tuple[tuple[str, int], tuple[str, int]], list[list[_Side]]] = {}
-        for tap in files:
-            for connection in tap.connections:
-                by_endpoints.setdefault(connection.endpoints, [[], []])[
-                    connection.server_side
-                ].append(_Side(tap, connection))
-        calls: list[RecordedCall] = []
-        number = 0
-        for (client_address, server_address), (clients, servers) in sorted(by_endpoints.items()):
-            clients.sort(key=lambda side: side.connection.opened_ns)
-            servers.sort(key=lambda side: side.connection.opened_ns)
-            # The same address pair can come back after TIME_WAIT: pair in order.
-            for index in range(max(len(clients), len(servers))):
-                client = clients[index] if index < len(clients) else None
-                server = servers[index] if index < len(servers) else None
-                callee = self._callee_of_port.get(server_address[1], f"port {server_address[1]}")
-                label = f"connection {client_address[0]}:{client_address[1]} -> {callee}"
-                if client is None:
-                    # The responses are here but not the requests: calls are lost.
-                    self._errors.append(f"{label}: its client side was not recorded")
-                # A server side that never sent (it stopped first) loses nothing:
-                # its calls are kept, incomplete.
-                table = CallTable(callee=callee, connection=number)
-                number += 1
-                for side, client_side in ((client, True), (server, False)):
-                    if side is None:
-                        continue
-                    if side.connection.number in side.file.lost:
-                        self._errors.append(
-                            f"{label}: the recorder ran out of memory in pid {side.file.pid} "
-                            "and stopped recording this connection"
-                        )
-                    direction = Direction(client_side=client_side)
-                    follower = direction.new_follower(side.file.head_bytes)
-                    try:
-                        replay_sends(follower, side.file.sends.get(side.connection.number, ()))
-                    except FramingError as error:
-                        kind = "requests" if client_side else "responses"
-                        self._errors.append(f"{label} {kind}: {error}")
-                    table.fold(direction)
-                    if direction.error:
-                        kind = "requests" if client_side else "responses"
-                        self._errors.append(f"{label} {kind}: {direction.error}")
-                calls.extend(
-                    table.take(
-                        caller_pid=self._caller_pid(client.file) if client else None, final=True
-                    )
-                )
-        calls.sort(key=lambda call: call.start_ns)
-        return calls
+        return calls_of_files(
+            files,
+            callee_of=lambda server, address: self._callee_of_port.get(
+                address[1], f"port {address[1]}"
+            ),
+            caller_pid_of=self._caller_pid,
+            errors=self._errors,
+        )
+
+
+def shift_tap_file(tap: TapFile, offset_ns: int) -> TapFile:
+    """``tap`` with every time moved by ``offset_ns`` (onto another clock)."""
+    return dataclasses.replace(
+        tap,
+        connections=tuple(
+            dataclasses.replace(
+                c,
+                opened_ns=c.opened_ns + offset_ns,
+                closed_ns=c.closed_ns + offset_ns if c.closed_ns else 0,
+            )
+            for c in tap.connections
+        ),
+        sends={
+            number: tuple((time_ns + offset_ns, operations) for time_ns, operations in sends)
+            for number, sends in tap.sends.items()
+        },
+    )
+
+
+def calls_of_files(
+    files: Sequence[TapFile],
+    *,
+    callee_of: Callable[[TapFile | None, tuple[str, int]], str],
+    caller_pid_of: Callable[[TapFile], int],
+    errors: list[str],
+) -> list[RecordedCall]:
+    """Every call recorded in ``files``, oldest first: both sides of each connection
+    paired by their addresses, followed and folded into calls.
+
+    ``callee_of(server_file, server_address)`` names the task serving a connection
+    (``server_file`` is the file holding its server side, None if none does);
+    ``caller_pid_of(file)`` is the caller pid of the connections whose client side
+    ``file`` holds.  What could not be followed is appended to ``errors``.
+    """
+    by_endpoints: dict[tuple[tuple[str, int], tuple[str, int]], list[list[_Side]]] = {}
+    for tap in files:
+        for connection in tap.connections:
+            by_endpoints.setdefault(connection.endpoints, [[], []])[connection.server_side].append(
+                _Side(tap, connection)
+            )
+    calls: list[RecordedCall] = []
+    number = 0
+    for (client_address, server_address), (clients, servers) in sorted(by_endpoints.items()):
+        clients.sort(key=lambda side: side.connection.opened_ns)
+        servers.sort(key=lambda side: side.connection.opened_ns)
+        # The same address pair can come back after TIME_WAIT: pair in order.
+        for index in range(max(len(clients), len(servers))):
+            client = clients[index] if index < len(clients) else None
+            server = servers[index] if index < len(servers) else None
+            callee = callee_of(server.file if server else None, server_address)
+            table = CallTable(callee=callee, connection=number)
+            number += 1
+            _follow_connection(
+                table,
+                client,
+                server,
+                f"connection {client_address[0]}:{client_address[1]} -> {callee}",
+                errors,
+            )
+            calls.extend(
+                table.take(caller_pid=caller_pid_of(client.file) if client else None, final=True)
+            )
+    calls.sort(key=lambda call: call.start_ns)
+    return calls
+
+
+def _follow_connection(
+    table: CallTable, client: _Side | None, server: _Side | None, label: str, errors: list[str]
+) -> None:
+    """Fold both recorded sides of one connection into ``table``."""
+    if client is None:
+        # The responses are here but not the requests: calls are lost.
+        errors.append(f"{label}: its client side was not recorded")
+    # A server side that never sent (it stopped first) loses nothing:
+    # its calls are kept, incomplete.
+    for side, client_side in ((client, True), (server, False)):
+        if side is None:
+            continue
+        kind = "requests" if client_side else "responses"
+        if side.connection.number in side.file.lost:
+            errors.append(
+                f"{label}: the recorder ran out of memory in pid {side.file.pid} "
+                "and stopped recording this connection"
+            )
+        direction = Direction(client_side=client_side)
+        follower = direction.new_follower(side.file.head_bytes)
+        try:
+            replay_sends(follower, side.file.sends.get(side.connection.number, ()))
+        except FramingError as error:
+            errors.append(f"{label} {kind}: {error}")
+        table.fold(direction)
+        if direction.error:
+            errors.append(f"{label} {kind}: {direction.error}")
