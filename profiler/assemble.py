@@ -59,6 +59,7 @@ from tf_grpc_bench.profiler.recorders.wiretap import (
     calls_of_files,
     read_tap_file,
     shift_tap_file,
+    with_client_sends_at_their_start,
 )
 from tf_grpc_bench.trace import ClockAlignment, ClockOffset, RunMetadata, Task, Trace
 
@@ -151,14 +152,19 @@ class _Files:
             for name, index, address in job.tasks
         }
 
-    def calls(self, offsets: Sequence[int], errors: list[str]) -> list[RecordedCall]:
+    def calls(
+        self, offsets: Sequence[int], errors: list[str], *, send_starts: bool = False
+    ) -> list[RecordedCall]:
         """Every call, each file's times moved by its task's offset.  Caller pids are
-        task numbers + 1 (``caller_of_pid``)."""
+        task numbers + 1 (``caller_of_pid``).  ``send_starts``: calls start when their
+        request's send began (``with_client_sends_at_their_start``)."""
         owner: dict[Path, int] = {}
         files = []
         for number, task_files in enumerate(self.by_task):
             for tap in task_files:
                 owner[tap.path] = number
+                if send_starts:
+                    tap = with_client_sends_at_their_start(tap)
                 files.append(shift_tap_file(tap, offsets[number]) if offsets[number] else tap)
         return calls_of_files(
             files,
@@ -180,8 +186,9 @@ class _Files:
 
 
 def wire_precedences(calls: Sequence[RecordedCall], names: Sequence[str]) -> list[Precedence]:
-    """What the wire says about the clocks: each answered call's request was sent
-    (on its caller's clock) before its response started (on its callee's)."""
+    """What the wire says about the clocks: each answered call's request began to be
+    sent (``start_ns`` of calls assembled with ``send_starts``, on its caller's clock)
+    before the send of its response's first bytes returned (on its callee's)."""
     result = []
     for call in calls:
         if call.caller_pid is None or not call.complete or call.status_code is None:
@@ -288,7 +295,7 @@ def assemble_records(
     job, records = read_records(paths)
     names = [record.name for record in records]
     files = _Files(job, records)
-    own = files.calls([0] * len(records), [])
+    own = files.calls([0] * len(records), [], send_starts=True)
     shared = []
     if clocks == "auto":
         by_boot: dict[str, list[str]] = {}

@@ -22,7 +22,10 @@ client side (a child of a task counts as the task, through its recorded parent
 pid); the callee is the task listening on the server side's port.
 
 Record file layout: see ``wiretap.c``; it is read only here
-(``read_tap_file``).  Version history: 1 (2026-11-29) first version.
+(``read_tap_file``).  Version history: 1 (2026-11-29) first version; 2
+(2026-12-01) a SENT record says how long its send call took (``took_ns``, 0 in
+version 1), so a peer on another host's clock can be bounded by when the send
+began (``TapFile.began``); version 1 files are still read.
 """
 
 from __future__ import annotations
@@ -55,10 +58,12 @@ ENV_CAPACITY_BYTES = "TFGB_WIRETAP_BYTES"
 DEFAULT_CAPACITY_BYTES = 1 << 30
 
 FILE_MAGIC = b"TFGBTAP1"
-FILE_VERSION = 1
+FILE_VERSION = 2
+#: Versions ``read_tap_file`` reads.
+READABLE_FILE_VERSIONS = frozenset({1, 2})
 _FILE_HEADER = struct.Struct("<8sIIIIQQQQ")  # magic .. created_ns; the header is 64 B
 FILE_HEADER_BYTES = 64
-_RECORD_HEAD = struct.Struct("<IHHIIQ")  # length, type, 0, connection, 0, time_ns
+_RECORD_HEAD = struct.Struct("<IHHIIQ")  # length, type, 0, connection, took_ns, time_ns
 _CONNECTION = struct.Struct("<HHHH16s16siI")
 _RECORD_CONNECTION = 1
 _RECORD_SENT = 2
@@ -199,6 +204,9 @@ class TapFile:
     connections: tuple[TapConnection, ...]
     sends: Mapping[int, tuple[tuple[int, bytes], ...]] = field(default_factory=dict)
     lost: frozenset[int] = frozenset()
+    #: Connection number -> when each of its send calls began (parallel to
+    #: ``sends``; the same as the returns' times in version 1 files).
+    began: Mapping[int, tuple[int, ...]] = field(default_factory=dict)
     #: Bytes sent on the followed connections (kept and skipped), and of
     #: those, the ones the library counted without copying.
     sent_bytes: int = 0
@@ -225,9 +233,10 @@ def read_tap_file(path: Path) -> TapFile:
             )
             if magic != FILE_MAGIC:
                 raise CaptureError(f"{path}: not an in-process recorder file (bad magic)")
-            if version != FILE_VERSION:
+            if version not in READABLE_FILE_VERSIONS:
                 raise CaptureError(
-                    f"{path}: recorder file version {version}; this tool reads {FILE_VERSION}"
+                    f"{path}: recorder file version {version}; this tool reads "
+                    f"{', '.join(map(str, sorted(READABLE_FILE_VERSIONS)))}"
                 )
             end = min(end, capacity)
             data = handle.read(max(0, end - FILE_HEADER_BYTES))
@@ -235,6 +244,7 @@ def read_tap_file(path: Path) -> TapFile:
         raise CaptureError(f"{path}: {error.strerror}") from None
     connections: dict[int, TapConnection] = {}
     sends: dict[int, list[tuple[int, bytes]]] = {}
+    began: dict[int, list[int]] = {}
     lost: set[int] = set()
     sent_bytes = skipped_bytes = 0
     damage = ""
@@ -244,7 +254,7 @@ def read_tap_file(path: Path) -> TapFile:
         if len(data) - position < _RECORD_HEAD.size:
             damage = f"record at offset {FILE_HEADER_BYTES + position} is cut short"
             break
-        length, kind, _, number, _, time_ns = _RECORD_HEAD.unpack_from(data, position)
+        length, kind, _, number, took_ns, time_ns = _RECORD_HEAD.unpack_from(data, position)
         if length == 0:
             if dropped:
                 break  # the records that did not fit left their room unwritten
@@ -260,6 +270,7 @@ def read_tap_file(path: Path) -> TapFile:
         if kind == _RECORD_SENT:
             operations = bytes(payload)
             sends.setdefault(number, []).append((time_ns, operations))
+            began.setdefault(number, []).append(time_ns - took_ns)
             sent, skipped = _operation_bytes(operations)
             sent_bytes += sent
             skipped_bytes += skipped
@@ -289,6 +300,7 @@ def read_tap_file(path: Path) -> TapFile:
         connections=tuple(connections.values()),
         sends={number: tuple(calls) for number, calls in sends.items()},
         lost=frozenset(lost),
+        began={number: tuple(times) for number, times in began.items()},
         sent_bytes=sent_bytes,
         skipped_bytes=skipped_bytes,
     )
@@ -517,7 +529,28 @@ def shift_tap_file(tap: TapFile, offset_ns: int) -> TapFile:
             number: tuple((time_ns + offset_ns, operations) for time_ns, operations in sends)
             for number, sends in tap.sends.items()
         },
+        began={number: tuple(t + offset_ns for t in times) for number, times in tap.began.items()},
     )
+
+
+def with_client_sends_at_their_start(tap: TapFile) -> TapFile:
+    """``tap`` with the sends of its client-side connections timed when they began.
+
+    A call assembled from such files starts when its request's send began, before
+    the server could have received it, whatever the clocks: what ``assembly.clocks``
+    needs of the callers' side (the servers' sides keep their returns' times).
+    """
+    sends = dict(tap.sends)
+    for connection in tap.connections:
+        number = connection.number
+        if connection.server_side or number not in sends:
+            continue
+        starts = tap.began.get(number, ())
+        sends[number] = tuple(
+            (starts[i] if i < len(starts) else time_ns, operations)
+            for i, (time_ns, operations) in enumerate(sends[number])
+        )
+    return dataclasses.replace(tap, sends=sends)
 
 
 def calls_of_files(
