@@ -79,8 +79,9 @@ class Labels:
 
 
 def task_folders(paths: Sequence[Path]) -> list[Path]:
-    """Every task folder under ``paths``: a folder holding a manifest, or the folders
-    of a ``record --out`` directory.  CaptureError naming a path that holds none."""
+    """Every task folder under ``paths``: a folder holding a manifest, the folders of a
+    ``record --out`` directory, or of directories in it.  CaptureError naming a path
+    that holds none."""
     folders: list[Path] = []
     for path in paths:
         if not path.is_dir():
@@ -88,7 +89,10 @@ def task_folders(paths: Sequence[Path]) -> list[Path]:
         if (path / MANIFEST_NAME).is_file():
             folders.append(path)
             continue
-        found = sorted(p for p in path.iterdir() if (p / MANIFEST_NAME).is_file())
+        # A record --out directory, or a folder holding several (copied from the hosts).
+        found = sorted(
+            p for p in (*path.glob("*"), *path.glob("*/*")) if (p / MANIFEST_NAME).is_file()
+        )
         if not found:
             raise CaptureError(f"{path}: no task records in it (expected record --out folders)")
         folders.extend(found)
