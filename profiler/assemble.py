@@ -267,6 +267,7 @@ def _metadata(records: Sequence[TaskRecord], labels: Labels) -> RunMetadata:
     return RunMetadata(
         model=labels.model or script,
         strategy=labels.strategy or "user job",
+        tensorflow_version=records[0].tensorflow_version,
         synchronous=labels.synchronous,
         batch_size=labels.batch_size,
         capture_method=CAPTURE_METHODS["preload"],

@@ -35,6 +35,9 @@ DEFAULT_TOLERANCE = 0.01
 
 #: Key of the trainable-variable list in RunMetadata.extra.
 VARIABLES_EXTRA = "trainable_variables"
+#: Key saying where that list came from when not from the model (the traffic:
+#: ``assembly.variables``); absent when it came from the model.
+VARIABLES_SOURCE_EXTRA = "trainable_variables_source"
 
 _ITEMSIZE = {
     "float16": 2,
@@ -144,6 +147,8 @@ class PhysicsReport:
     steps: tuple[StepPhysics, ...]
     #: Why nothing could be checked (the trainable variables are unknown); "" if checked.
     unchecked_reason: str = ""
+    #: Where the variables came from when not from the model ("" when they did).
+    variables_source: str = ""
 
     @property
     def problems(self) -> list[str]:
@@ -165,6 +170,8 @@ class PhysicsReport:
             f"{self.trainable_parameters:,} trainable parameters in {self.variables} variables "
             f"({format_bytes(self.trainable_bytes)})"
         ]
+        if self.variables_source:
+            lines.append(f"variables from the {self.variables_source}")
         for step in self.steps:
             crossing = ""
             if step.crossings:
@@ -244,8 +251,10 @@ def check_physics(
     extra = dict(meta.extra)
     if job_info is not None and job_info.get("variables"):
         keys = decode_variables(encode_variables(job_info["variables"]))
+        source = ""
     elif extra.get(VARIABLES_EXTRA):
         keys = decode_variables(extra[VARIABLES_EXTRA])
+        source = extra.get(VARIABLES_SOURCE_EXTRA, "")
     else:
         return PhysicsReport(
             model=meta.model,
@@ -296,4 +305,5 @@ def check_physics(
         variables=len(keys),
         tolerance=tolerance,
         steps=steps,
+        variables_source=source,
     )

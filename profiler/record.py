@@ -29,6 +29,7 @@ when that is killed with SIGKILL.
 from __future__ import annotations
 
 import contextlib
+import importlib.metadata
 import json
 import os
 import signal
@@ -80,6 +81,7 @@ class TaskRecord:
     cluster: Mapping[str, tuple[str, ...]]
     host: str
     boot_id: str
+    tensorflow_version: str
     pid: int
     command: tuple[str, ...]
     start: ClockReading
@@ -104,6 +106,15 @@ def _boot_id() -> str:
         return ""
 
 
+def _tensorflow_version() -> str:
+    """TensorFlow's version in this environment ("" if none): what the command most
+    likely runs with (a label, as ``capture-job`` records it)."""
+    for distribution in ("tensorflow", "tensorflow-cpu"):
+        with contextlib.suppress(importlib.metadata.PackageNotFoundError):
+            return importlib.metadata.version(distribution)
+    return ""
+
+
 def _manifest(
     task: TaskIdentity,
     command: Sequence[str],
@@ -124,6 +135,7 @@ def _manifest(
         "cluster": {job: list(addresses) for job, addresses in task.cluster.items()},
         "host": socket.gethostname(),
         "boot_id": _boot_id(),
+        "tensorflow_version": _tensorflow_version(),
         "pid": pid,
         "command": list(command),
         "clock": {"start": reading(start), "end": reading(end)},
@@ -274,6 +286,7 @@ def read_task_record(folder: Path) -> TaskRecord:
             cluster={str(j): tuple(str(a) for a in v) for j, v in document["cluster"].items()},
             host=str(document.get("host", "")),
             boot_id=str(document.get("boot_id", "")),
+            tensorflow_version=str(document.get("tensorflow_version", "")),
             pid=int(document.get("pid", 0)),
             command=tuple(str(a) for a in document.get("command", ())),
             start=ClockReading(**{k: int(v) for k, v in clock["start"].items()}),

@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
@@ -27,6 +28,7 @@ from tf_grpc_bench.profiler.assembly.clocks import (
     estimate_offsets,
 )
 from tf_grpc_bench.profiler.assembly.phases import assemble_trace
+from tf_grpc_bench.profiler.assembly.variables import derive_variables
 from tf_grpc_bench.profiler.launch.identity import (
     TaskIdentity,
     expand_placeholders,
@@ -34,9 +36,10 @@ from tf_grpc_bench.profiler.launch.identity import (
 )
 from tf_grpc_bench.profiler.launch.ports import free_ports
 from tf_grpc_bench.profiler.launch.user_job import UserJob, split_address
+from tf_grpc_bench.profiler.physics import check_physics, decode_variables
 from tf_grpc_bench.profiler.record import read_task_record
 from tf_grpc_bench.profiler.recorders.wiretap import TapRecorder
-from tf_grpc_bench.trace import Rpc, RunMetadata, Task, Trace
+from tf_grpc_bench.trace import RECV_TENSOR, Rpc, RunMetadata, Step, Task, TensorInfo, Trace
 
 CLI = str(Path(sys.executable).parent / "tf-grpc-bench")
 SCRIPT = Path(__file__).parent / "data" / "user_train_ps.py"
@@ -177,6 +180,44 @@ def test_records_that_contradict_each_other_are_refused() -> None:
     ]
     with pytest.raises(ClockError, match="clocks contradict each other"):
         estimate_offsets(["a", "b"], calls, reference="a")
+
+
+# --------------------------------------------------------------------------
+# What a trace knows without the user's help: the variables.
+
+
+def _pull(caller: int, callee: int, dtype: str, shape: tuple[int, ...], size: int) -> Rpc:
+    tensor = TensorInfo(rendezvous_key="k", dtype=dtype, shape=shape, content_bytes=size)
+    return Rpc(
+        method=RECV_TENSOR, caller_task=caller, callee_task=callee, request_bytes=50,
+        response_bytes=size + 30, tensor=tensor,
+    )  # fmt: skip
+
+
+def test_the_variables_are_what_a_worker_step_pulled_from_ps_and_pushed_back() -> None:
+    tasks = (Task(job="ps", index=0), Task(job="worker", index=0), Task(job="worker", index=1))
+    step = (
+        _pull(1, 0, "float32", (3, 4), 48),  # weights down
+        _pull(1, 0, "float32", (4,), 16),
+        _pull(1, 0, "float32", (4,), 16),  # the same shape twice: two variables
+        _pull(1, 0, "float32", (9,), 36),  # read, never updated: not a variable here
+        _pull(1, 0, "int64", (), 8),  # the optimizer's step counter, both ways: no gradient
+        _pull(0, 1, "int64", (), 8),
+        _pull(0, 1, "float32", (4,), 16),  # gradients up
+        _pull(0, 1, "float32", (3, 4), 48),
+        _pull(0, 1, "float32", (4,), 16),
+        _pull(0, 1, "float32", (0,), 0),  # a control edge
+    )
+    partial = (_pull(2, 0, "float32", (3, 4), 48), _pull(0, 2, "float32", (3, 4), 48))
+    steps = [
+        Step(index=0, start_ns=0, end_ns=1, rpcs=partial),
+        Step(index=1, start_ns=1, end_ns=2, rpcs=step),
+    ]
+    assert derive_variables(steps, tasks) == [
+        ("float32", (3, 4)), ("float32", (4,)), ("float32", (4,)),
+    ]  # fmt: skip
+    assert derive_variables(steps[:1], tasks) == [("float32", (3, 4))]
+    assert derive_variables([], tasks) == []
 
 
 # --------------------------------------------------------------------------
@@ -407,7 +448,9 @@ def test_a_job_recorded_task_by_task_assembles_to_the_single_machine_trace(
 ) -> None:
     cluster = _tf2_ps_cluster()
     out = tmp_path / "records"
-    statuses = _run_recorded_job(out, cluster, [sys.executable, str(SCRIPT), "--rounds", "4"])
+    variables_file = tmp_path / "variables.json"  # the chief writes its model's variables
+    command = [sys.executable, str(SCRIPT), "--rounds", "4", "--variables", str(variables_file)]
+    statuses = _run_recorded_job(out, cluster, command)
     # The chief trains and exits 0; the servers end with the SIGTERM passed on to them.
     assert statuses == {"chief:0": 0, "ps:0": 143, "worker:0": 143, "worker:1": 143}
     folders = sorted(p for p in out.glob("*/*") if (p / "manifest.json").exists())
@@ -429,6 +472,13 @@ def test_a_job_recorded_task_by_task_assembles_to_the_single_machine_trace(
     assert [(c.task, c.offset_ns, c.uncertainty_ns) for c in alignment.tasks] == [
         ("ps:0", 0, 0), ("worker:0", 0, 0), ("worker:1", 0, 0), ("chief:0", 0, 0),
     ]  # fmt: skip
+    # What the trace knows without help: the model's variables, from the traffic.
+    model = [(v["dtype"], tuple(v["shape"])) for v in json.loads(variables_file.read_text())]
+    extra = dict(trace.metadata.extra)
+    assert Counter(decode_variables(extra["trainable_variables"])) == Counter(model)
+    assert trace.metadata.trainable_parameters == 16 * 256 + 256 + 256 * 64 + 64 + 64 * 10 + 10
+    report = check_physics(trace)
+    assert report.ok and report.variables_source.startswith("traffic"), report.format()
     job = UserJob(cluster={k: tuple(v) for k, v in cluster.items()}, command=("x",))
     tasks = tuple(Task(job=n, index=i, address=a) for n, i, a in job.tasks)
     reference = _single_machine_trace(folders, tasks, tmp_path / "one-machine")

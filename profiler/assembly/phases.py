@@ -37,7 +37,14 @@ from tf_grpc_bench.profiler.assembly.steps import (
     find_steps,
     step_id_of,
 )
+from tf_grpc_bench.profiler.assembly.variables import (
+    FROM_TRAFFIC,
+    derive_variables,
+    encode_keys,
+    parameter_count,
+)
 from tf_grpc_bench.profiler.launch.markers import StepMarker
+from tf_grpc_bench.profiler.physics import VARIABLES_EXTRA, VARIABLES_SOURCE_EXTRA
 from tf_grpc_bench.profiler.recorders.calls import RecordedCall
 from tf_grpc_bench.trace import (
     MARKER,
@@ -230,7 +237,9 @@ def assemble_trace(
     (``unit``, default by how they were found: ``DEFAULT_UNITS``) and what was
     set aside.  ``metadata.extra`` gains the assembly notes (calls left out,
     callers found by rendezvous key, undecodable messages, calls still open at
-    the end).
+    the end) and, when ``metadata`` does not give the trainable variables, the
+    variables its steps show (``variables.derive_variables``, and
+    ``trainable_parameters`` from them if that is 0).
     """
     rpcs, kept, notes = calls_to_rpcs(
         calls, tasks=tasks, caller_of_pid=caller_of_pid, origin_ns=origin_ns
@@ -252,8 +261,18 @@ def assemble_trace(
     )
     extra = dict(metadata.extra)
     extra.update(notes.as_extra())
+    parameters = metadata.trainable_parameters
+    if not extra.get(VARIABLES_EXTRA):
+        # A job the tool did not write: its variables as the traffic shows them.
+        keys = derive_variables(split.steps, tasks)
+        if keys:
+            extra[VARIABLES_EXTRA] = encode_keys(keys)
+            extra[VARIABLES_SOURCE_EXTRA] = FROM_TRAFFIC
+            parameters = parameters or parameter_count(keys)
     return Trace(
-        metadata=dataclasses.replace(metadata, extra=tuple(sorted(extra.items()))),
+        metadata=dataclasses.replace(
+            metadata, extra=tuple(sorted(extra.items())), trainable_parameters=parameters
+        ),
         tasks=tuple(tasks),
         startup=split.startup,
         steps=split.steps,
