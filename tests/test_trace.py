@@ -209,7 +209,7 @@ def test_clock_alignment_round_trips_and_needs_format_version_3(tmp_path: Path) 
     assert trace_model.trace_from_proto(trace_model.trace_to_proto(trace)) == trace
     assert trace_model.trace_from_json_dict(trace_model.trace_to_json_dict(trace)) == trace
     assert alignment.tasks[1].uncertainty_ns == 2 and alignment.tasks[2].uncertainty_ns is None
-    with pytest.raises(TraceError, match="^clock_alignment needs format version 3 or later"):
+    with pytest.raises(TraceError, match=r"^clock_alignment needs format version 3 or later"):
         dataclasses.replace(trace, format_version=2)
     with pytest.raises(ValueError, match="lower bound above upper bound"):
         trace_model.ClockOffset(task="x:0", lower_ns=2, upper_ns=1)

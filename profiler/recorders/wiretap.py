@@ -221,8 +221,8 @@ def _address(family: int, raw: bytes, port: int) -> tuple[str, int]:
     return (str(ipaddress.IPv6Address(raw)), port)
 
 
-def read_tap_file(path: Path) -> TapFile:
-    """Parse one record file.  CaptureError if it is not one (magic, version)."""
+def _read_records(path: Path) -> tuple[tuple[int, int, int, int], bytes]:
+    """((pid, parent pid, head bytes, dropped records), the records) of a record file."""
     try:
         with open(path, "rb") as handle:
             header = handle.read(FILE_HEADER_BYTES)
@@ -242,6 +242,12 @@ def read_tap_file(path: Path) -> TapFile:
             data = handle.read(max(0, end - FILE_HEADER_BYTES))
     except OSError as error:
         raise CaptureError(f"{path}: {error.strerror}") from None
+    return (pid, parent, head, dropped), data
+
+
+def read_tap_file(path: Path) -> TapFile:
+    """Parse one record file.  CaptureError if it is not one (magic, version)."""
+    (pid, parent, head, dropped), data = _read_records(path)
     connections: dict[int, TapConnection] = {}
     sends: dict[int, list[tuple[int, bytes]]] = {}
     began: dict[int, list[int]] = {}
