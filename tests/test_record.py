@@ -29,6 +29,7 @@ from tf_grpc_bench.profiler.assembly.clocks import (
 )
 from tf_grpc_bench.profiler.assembly.phases import assemble_trace
 from tf_grpc_bench.profiler.assembly.variables import derive_variables
+from tf_grpc_bench.profiler.launch.hosts import NetworkRequest, emulated_hosts
 from tf_grpc_bench.profiler.launch.identity import (
     TaskIdentity,
     expand_placeholders,
@@ -521,3 +522,43 @@ def test_a_script_taking_its_role_as_flags_runs_under_record_and_capture_job(
     assert result.returncode == 0, result.stderr
     captured = trace_files.read_trace(output)
     assert len(captured.steps) == 5 and not captured.partial
+
+
+@pytest.mark.tensorflow
+@pytest.mark.netns
+def test_a_job_with_every_task_on_its_own_emulated_host_assembles_to_the_single_machine_trace(
+    tmp_path: Path,
+) -> None:
+    """Each task in its own network namespace (its own address, talking over veth links),
+    started there by ``ip netns exec record ...`` as a launcher would on each host."""
+    ports = free_ports(4)
+    keys = [("ps", 0), ("worker", 0), ("worker", 1), ("chief", 0)]
+    request = NetworkRequest.parse("unlimited", "one-per-host")
+    with emulated_hosts(request, keys) as hosts:
+        cluster = {
+            "ps": [f"{hosts.address(('ps', 0))}:{ports[0]}"],
+            "worker": [f"{hosts.address(('worker', i))}:{ports[1 + i]}" for i in range(2)],
+            "chief": [f"{hosts.address(('chief', 0))}:{ports[3]}"],
+        }
+        assert len({a.rpartition(":")[0] for v in cluster.values() for a in v}) == 4
+        out = tmp_path / "records"
+        statuses = _run_recorded_job(
+            out,
+            cluster,
+            [sys.executable, str(SCRIPT), "--rounds", "4"],
+            prefixes={f"{job}:{index}": hosts.prefix((job, index)) for job, index in keys},
+        )
+    assert statuses == {"chief:0": 0, "ps:0": 143, "worker:0": 143, "worker:1": 143}
+    trace = assemble_records([out])
+    assert not trace.partial, trace.partial_reason
+    assert dict(trace.metadata.extra)["unattributed_calls"] == "0" and len(trace.steps) == 7
+    assert check_physics(trace).ok
+    folders = sorted(p for p in out.glob("*/*") if (p / "manifest.json").exists())
+    job = UserJob(cluster={k: tuple(v) for k, v in cluster.items()}, command=("x",))
+    tasks = tuple(Task(job=n, index=i, address=a) for n, i, a in job.tasks)
+    reference = _single_machine_trace(folders, tasks, tmp_path / "one-machine")
+    _assert_same_calls(trace, reference)
+    for offset in assemble_records([out], clocks="wire").clock_alignment.tasks:
+        assert (offset.lower_ns is None or offset.lower_ns <= 0) and (
+            offset.upper_ns is None or offset.upper_ns >= 0
+        )
