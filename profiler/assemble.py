@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import datetime
 import platform
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -55,11 +55,12 @@ from tf_grpc_bench.profiler.record import (
 from tf_grpc_bench.profiler.recorders.calls import RecordedCall
 from tf_grpc_bench.profiler.recorders.recorder import CAPTURE_METHODS
 from tf_grpc_bench.profiler.recorders.wiretap import (
+    ConnectionFrames,
     TapFile,
     calls_of_files,
     read_tap_file,
     shift_tap_file,
-    with_client_sends_at_their_start,
+    with_sends_at_their_start,
 )
 from tf_grpc_bench.trace import ClockAlignment, ClockOffset, RunMetadata, Task, Trace
 
@@ -151,24 +152,30 @@ class _Files:
             if not files:
                 self.errors.append(f"task {record.name} left no record file in {record.folder}")
             self.by_task.append(files)
+        #: Record file -> the number of the task whose folder holds it.
+        self.owner = {tap.path: n for n, files in enumerate(self.by_task) for tap in files}
         self.addresses = {
             split_address(address, where="cluster"): f"{name}:{index}"
             for name, index, address in job.tasks
         }
 
     def calls(
-        self, offsets: Sequence[int], errors: list[str], *, send_starts: bool = False
+        self,
+        offsets: Sequence[int],
+        errors: list[str],
+        *,
+        send_starts: bool = False,
+        frames: list[ConnectionFrames] | None = None,
     ) -> list[RecordedCall]:
         """Every call, each file's times moved by its task's offset.  Caller pids are
-        task numbers + 1 (``caller_of_pid``).  ``send_starts``: calls start when their
-        request's send began (``with_client_sends_at_their_start``)."""
-        owner: dict[Path, int] = {}
+        task numbers + 1 (``caller_of_pid``).  ``send_starts``: every send timed when it
+        began (``with_sends_at_their_start``).  ``frames`` gets the control frames."""
+        owner = self.owner
         files = []
         for number, task_files in enumerate(self.by_task):
             for tap in task_files:
-                owner[tap.path] = number
                 if send_starts:
-                    tap = with_client_sends_at_their_start(tap)
+                    tap = with_sends_at_their_start(tap)
                 files.append(shift_tap_file(tap, offsets[number]) if offsets[number] else tap)
         return calls_of_files(
             files,
@@ -177,6 +184,17 @@ class _Files:
             ),
             caller_pid_of=lambda tap: owner[tap.path] + 1,
             errors=errors,
+            frames=frames,
+        )
+
+    def precedences(self) -> list[Precedence]:
+        """What the wire says about the clocks (see ``wire_precedences``)."""
+        returned: list[ConnectionFrames] = []
+        began: list[ConnectionFrames] = []
+        ends = self.calls([0] * len(self.names), [], frames=returned)
+        starts = self.calls([0] * len(self.names), [], send_starts=True, frames=began)
+        return wire_precedences(starts, ends, self.names) + frame_precedences(
+            began, returned, self.names, self.owner
         )
 
     def _callee_by_address(self, address: tuple[str, int]) -> str:
@@ -189,24 +207,60 @@ class _Files:
         return by_port[0] if len(by_port) == 1 else f"port {port}"
 
 
-def wire_precedences(calls: Sequence[RecordedCall], names: Sequence[str]) -> list[Precedence]:
-    """What the wire says about the clocks: each answered call's request began to be
-    sent (``start_ns`` of calls assembled with ``send_starts``, on its caller's clock)
-    before the send of its response's first bytes returned (on its callee's)."""
+def wire_precedences(
+    starts: Sequence[RecordedCall], ends: Sequence[RecordedCall], names: Sequence[str]
+) -> list[Precedence]:
+    """What calls say about the clocks: each answered call's request began to be sent
+    (``start_ns`` in ``starts``, calls of files timed when sends began, on its caller's
+    clock) before the send of its response's first bytes returned (``response_start_ns``
+    in ``ends``, calls of the files as recorded, on its callee's)."""
+    answered = {
+        (call.callee, call.connection, call.stream_id): call.response_start_ns
+        for call in ends
+        if call.complete and call.status_code is not None
+    }
     result = []
-    for call in calls:
-        if call.caller_pid is None or not call.complete or call.status_code is None:
-            continue
-        if call.callee not in names:
+    for call in starts:
+        response_ns = answered.get((call.callee, call.connection, call.stream_id))
+        if call.caller_pid is None or response_ns is None or call.callee not in names:
             continue
         result.append(
             Precedence(
                 before=names[call.caller_pid - 1],
                 before_ns=call.start_ns,
                 after=call.callee,
-                after_ns=call.response_start_ns,
+                after_ns=response_ns,
             )
         )
+    return result
+
+
+def frame_precedences(
+    began: Sequence[ConnectionFrames],
+    returned: Sequence[ConnectionFrames],
+    names: Sequence[str],
+    owner: Mapping[Path, int],
+) -> list[Precedence]:
+    """What control frames say about the clocks, both ways on every connection: a
+    SETTINGS or PING frame began to be sent (``began``) before the peer's
+    acknowledgement of it was sent (``returned``); acknowledgements come in order."""
+    result = []
+    for early, late in zip(began, returned, strict=True):
+        if early.client_file is None or early.server_file is None:
+            continue
+        client, server = names[owner[early.client_file]], names[owner[early.server_file]]
+        sides = (
+            (client, early.client, server, late.server),
+            (server, early.server, client, late.client),
+        )
+        for sender, sent, acker, acks in sides:
+            for kind in ("SETTINGS", "PING"):
+                asked = [f.time_ns for f in sent if f.kind == kind and not f.ack]
+                answered = [f.time_ns for f in acks if f.kind == kind and f.ack]
+                result.extend(
+                    Precedence(before=sender, before_ns=a, after=acker, after_ns=b)
+                    for a, b in zip(asked, answered, strict=False)
+                )
     return result
 
 
@@ -300,7 +354,6 @@ def assemble_records(
     job, records = read_records(paths)
     names = [record.name for record in records]
     files = _Files(job, records)
-    own = files.calls([0] * len(records), [], send_starts=True)
     shared = []
     if clocks == "auto":
         by_boot: dict[str, list[str]] = {}
@@ -309,7 +362,7 @@ def assemble_records(
                 by_boot.setdefault(record.boot_id, []).append(record.name)
         shared = [group for group in by_boot.values() if len(group) > 1]
     estimates = estimate_offsets(
-        names, wire_precedences(own, names), reference=names[0], shared_clocks=shared
+        names, files.precedences(), reference=names[0], shared_clocks=shared
     )
     offsets = [estimates[name].offset_ns for name in names]
     for name in names:

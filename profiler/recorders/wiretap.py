@@ -45,7 +45,12 @@ from absl import logging
 
 from tf_grpc_bench.errors import CaptureError
 from tf_grpc_bench.profiler.recorders.calls import CallTable, Direction, RecordedCall
-from tf_grpc_bench.profiler.recorders.http2 import MESSAGE_HEAD_BYTES, FramingError, Http2Follower
+from tf_grpc_bench.profiler.recorders.http2 import (
+    MESSAGE_HEAD_BYTES,
+    ControlFrame,
+    FramingError,
+    Http2Follower,
+)
 
 LIBRARY_SOURCE = Path(__file__).with_name("wiretap.c")
 #: Environment variables the library reads (see wiretap.c).
@@ -539,17 +544,28 @@ def shift_tap_file(tap: TapFile, offset_ns: int) -> TapFile:
     )
 
 
-def with_client_sends_at_their_start(tap: TapFile) -> TapFile:
-    """``tap`` with the sends of its client-side connections timed when they began.
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ConnectionFrames:
+    """The SETTINGS and PING frames each side of one connection sent, in order, and
+    the files holding the sides (None: that side was not recorded)."""
 
-    A call assembled from such files starts when its request's send began, before
-    the server could have received it, whatever the clocks: what ``assembly.clocks``
-    needs of the callers' side (the servers' sides keep their returns' times).
+    client_file: Path | None
+    server_file: Path | None
+    client: tuple[ControlFrame, ...]
+    server: tuple[ControlFrame, ...]
+
+
+def with_sends_at_their_start(tap: TapFile) -> TapFile:
+    """``tap`` with every send timed when its call began, not when it returned.
+
+    A frame in such a file was sent no earlier than its time, whatever the other
+    hosts' clocks say: what ``assembly.clocks`` needs of the side that spoke first
+    (a request, a PING, a SETTINGS frame).
     """
     sends = dict(tap.sends)
     for connection in tap.connections:
         number = connection.number
-        if connection.server_side or number not in sends:
+        if number not in sends:
             continue
         starts = tap.began.get(number, ())
         sends[number] = tuple(
@@ -565,6 +581,7 @@ def calls_of_files(
     callee_of: Callable[[TapFile | None, tuple[str, int]], str],
     caller_pid_of: Callable[[TapFile], int],
     errors: list[str],
+    frames: list[ConnectionFrames] | None = None,
 ) -> list[RecordedCall]:
     """Every call recorded in ``files``, oldest first: both sides of each connection
     paired by their addresses, followed and folded into calls.
@@ -572,7 +589,8 @@ def calls_of_files(
     ``callee_of(server_file, server_address)`` names the task serving a connection
     (``server_file`` is the file holding its server side, None if none does);
     ``caller_pid_of(file)`` is the caller pid of the connections whose client side
-    ``file`` holds.  What could not be followed is appended to ``errors``.
+    ``file`` holds.  What could not be followed is appended to ``errors``;
+    ``frames``, if given, gets every connection's SETTINGS and PING frames.
     """
     by_endpoints: dict[tuple[tuple[str, int], tuple[str, int]], list[list[_Side]]] = {}
     for tap in files:
@@ -592,13 +610,22 @@ def calls_of_files(
             callee = callee_of(server.file if server else None, server_address)
             table = CallTable(callee=callee, connection=number)
             number += 1
-            _follow_connection(
+            control = _follow_connection(
                 table,
                 client,
                 server,
                 f"connection {client_address[0]}:{client_address[1]} -> {callee}",
                 errors,
             )
+            if frames is not None:
+                frames.append(
+                    ConnectionFrames(
+                        client_file=client.file.path if client else None,
+                        server_file=server.file.path if server else None,
+                        client=control[0],
+                        server=control[1],
+                    )
+                )
             calls.extend(
                 table.take(caller_pid=caller_pid_of(client.file) if client else None, final=True)
             )
@@ -608,8 +635,10 @@ def calls_of_files(
 
 def _follow_connection(
     table: CallTable, client: _Side | None, server: _Side | None, label: str, errors: list[str]
-) -> None:
-    """Fold both recorded sides of one connection into ``table``."""
+) -> tuple[tuple[ControlFrame, ...], tuple[ControlFrame, ...]]:
+    """Fold both recorded sides of one connection into ``table``; the SETTINGS and
+    PING frames (client's, server's) it saw."""
+    control: tuple[list[ControlFrame], list[ControlFrame]] = ([], [])
     if client is None:
         # The responses are here but not the requests: calls are lost.
         errors.append(f"{label}: its client side was not recorded")
@@ -630,6 +659,8 @@ def _follow_connection(
             replay_sends(follower, side.file.sends.get(side.connection.number, ()))
         except FramingError as error:
             errors.append(f"{label} {kind}: {error}")
+        control[not client_side].extend(e for e in direction.events if isinstance(e, ControlFrame))
         table.fold(direction)
         if direction.error:
             errors.append(f"{label} {kind}: {direction.error}")
+    return tuple(control[0]), tuple(control[1])
