@@ -64,6 +64,11 @@ from tf_grpc_bench.profiler.recorders.wiretap import (
 )
 from tf_grpc_bench.trace import ClockAlignment, ClockOffset, RunMetadata, Task, Trace
 
+#: How the wire places a task's clock, in words (``ClockAlignment.method``).
+WIRE_RULE = (
+    "by the wire: a request is sent before its response, a SETTINGS or PING frame "
+    "before its acknowledgement"
+)
 #: ``clocks`` choices: shared kernel clocks trusted (``auto``), or every task from the wire.
 CLOCK_MODES = ("auto", "wire")
 
@@ -282,10 +287,9 @@ def _alignment(
 ) -> ClockAlignment:
     shared = clocks == "auto"
     method = (
-        "tasks with the same kernel boot id share its clock; the others are placed by the "
-        "wire (a request is sent before its response)"
+        f"tasks with the same kernel boot id share its clock; the others are placed {WIRE_RULE}"
         if shared
-        else "every task placed by the wire (a request is sent before its response)"
+        else f"every task placed {WIRE_RULE}"
     )
     return ClockAlignment(
         reference=records[0].name,

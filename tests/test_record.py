@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -16,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from tf_grpc_bench import trace_files
+from tf_grpc_bench import trace_files, trace_summary
 from tf_grpc_bench.errors import ConfigError
 from tf_grpc_bench.profiler.assemble import assemble_records
 from tf_grpc_bench.profiler.assembly.clocks import (
@@ -496,6 +497,9 @@ def test_a_job_recorded_task_by_task_assembles_to_the_single_machine_trace(
         assert offset.source == WIRE and offset.lower_ns is not None
         assert offset.upper_ns is not None and offset.lower_ns <= 0 <= offset.upper_ns
     _assert_same_calls(wired, trace, times=False)
+    summary = trace_summary.format_summary(wired)
+    assert "clocks: on ps:0's; every task placed by the wire" in summary
+    assert re.search(r"chief:0 on \S+: [-+][\d.]+ us \(within -[\d.]+ us \.\. [\d.]+ us", summary)
 
 
 @pytest.mark.tensorflow
