@@ -249,7 +249,7 @@ def frame_precedences(
     """What control frames say about the clocks, both ways on every connection: a
     SETTINGS or PING frame began to be sent (``began``) before the peer's
     acknowledgement of it was sent (``returned``); acknowledgements come in order."""
-    result = []
+    result: list[Precedence] = []
     for early, late in zip(began, returned, strict=True):
         if early.client_file is None or early.server_file is None:
             continue

@@ -565,3 +565,22 @@ def test_a_job_with_every_task_on_its_own_emulated_host_assembles_to_the_single_
         assert (offset.lower_ns is None or offset.lower_ns <= 0) and (
             offset.upper_ns is None or offset.upper_ns >= 0
         )
+
+
+def test_capture_job_fills_in_each_tasks_placeholders(tmp_path: Path) -> None:
+    ports = free_ports(2)
+    cluster = {"ps": [f"localhost:{ports[0]}"], "worker": [f"localhost:{ports[1]}"]}
+    seen = tmp_path / "seen"
+    result = subprocess.run(
+        [CLI, "capture-job", "--cluster", json.dumps(cluster), "-o", str(tmp_path / "t"),
+         "--driver", "ps", "--driver", "worker", "--",
+         "sh", "-c", f"echo {{job}} {{task}} {{port}} '{{cluster}}' >> {seen}"],
+        capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    # No training: the job fails as any job without a step does, after every task ran.
+    assert result.returncode == 4 and "without a training step" in result.stderr
+    compact = json.dumps(cluster, separators=(",", ":"))
+    assert sorted(seen.read_text().splitlines()) == [
+        f"ps 0 {ports[0]} {compact}",
+        f"worker 0 {ports[1]} {compact}",
+    ]
