@@ -358,15 +358,17 @@ def assemble_records(
     job, records = read_records(paths)
     names = [record.name for record in records]
     files = _Files(job, records)
-    shared = []
+    shared: list[list[str]] = []
     if clocks == "auto":
         by_boot: dict[str, list[str]] = {}
         for record in records:
             if record.boot_id:
                 by_boot.setdefault(record.boot_id, []).append(record.name)
         shared = [group for group in by_boot.values() if len(group) > 1]
+    # One clock for all (one machine, or its namespaces): nothing to learn from the wire.
+    one_clock = len(shared) == 1 and len(shared[0]) == len(names)
     estimates = estimate_offsets(
-        names, files.precedences(), reference=names[0], shared_clocks=shared
+        names, [] if one_clock else files.precedences(), reference=names[0], shared_clocks=shared
     )
     offsets = [estimates[name].offset_ns for name in names]
     for name in names:

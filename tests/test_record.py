@@ -64,6 +64,9 @@ def test_the_task_comes_from_tf_config_first() -> None:
         ConfigError, match=r"^TF_CONFIG names task worker:1 but --job/--task say ps:1$"
     ):
         identify_task({"TF_CONFIG": json.dumps(tf_config)}, job="ps")
+    with pytest.raises(ConfigError, match=r"^TF_CONFIG's cluster differs from --cluster"):
+        identify_task({"TF_CONFIG": json.dumps(tf_config)}, cluster='{"ps": ["h0:2222"]}')
+    assert identify_task({"TF_CONFIG": json.dumps(tf_config)}, cluster=json.dumps(CLUSTER)) == task
 
 
 def test_without_tf_config_the_task_comes_from_the_flags() -> None:

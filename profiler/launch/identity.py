@@ -95,6 +95,8 @@ def identify_task(
                 f"TF_CONFIG names task {found.name} but --job/--task say "
                 f"{job or found.job}:{found.index if index is None else index}"
             )
+        if cluster and dict(parse_cluster(cluster)) != dict(found.cluster):
+            raise ConfigError("TF_CONFIG's cluster differs from --cluster: give one of them")
         return found
     if not job or index is None or not cluster:
         raise ConfigError(
