@@ -587,3 +587,29 @@ def test_capture_job_fills_in_each_tasks_placeholders(tmp_path: Path) -> None:
         f"ps 0 {ports[0]} {compact}",
         f"worker 0 {ports[1]} {compact}",
     ]
+
+
+def test_a_killed_record_takes_its_command_along_and_its_trace_is_partial(tmp_path: Path) -> None:
+    cluster = {"ps": ["localhost:2222"], "worker": ["localhost:2223"]}
+    out = tmp_path / "out"
+    assert _record(out, cluster, "ps", 0, "true").returncode == 0
+    environment = dict(os.environ, TF_CONFIG=_tf_config(cluster, "worker", 0))
+    record = subprocess.Popen(
+        [CLI, "record", "--out", str(out), "--", "sleep", "300"], env=environment
+    )
+    deadline = time.monotonic() + 60
+    while not (
+        (out / "worker-0" / "manifest.json").exists() and read_task_record(out / "worker-0").pid
+    ):
+        assert time.monotonic() < deadline and record.poll() is None
+        time.sleep(0.05)
+    child = read_task_record(out / "worker-0").pid
+    record.kill()
+    assert record.wait(timeout=30) == -signal.SIGKILL
+    deadline = time.monotonic() + 10
+    while _alive(child):  # PR_SET_PDEATHSIG: the command dies with record
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    assert read_task_record(out / "worker-0").exit_status is None
+    trace = assemble_records([out])
+    assert trace.partial and "worker:0 never finished" in trace.partial_reason
