@@ -243,9 +243,11 @@ def check_physics(
     """Check every steady step of ``trace`` (see the module docstring).
 
     The trainable variables come from ``job_info["variables"]`` when given,
-    else from the trace's metadata.  When neither has them (a ``capture-job``
-    trace: the tool cannot know a user script's variables), the report checks
-    nothing, is not ``ok`` and says why (``unchecked_reason``).
+    else from the trace's metadata (the model's, or for a job the tool did not
+    write those its traffic shows: ``assembly.variables``, named in
+    ``variables_source``).  When neither has them (no ps tasks, an older
+    ``capture-job`` trace), the report checks nothing, is not ``ok`` and says
+    why (``unchecked_reason``).
     """
     meta = trace.metadata
     extra = dict(meta.extra)
@@ -266,8 +268,9 @@ def check_physics(
             tolerance=tolerance,
             steps=(),
             unchecked_reason=(
-                "the trace does not record the model's trainable variables (a capture-job "
-                "trace cannot: the tool does not see the script's model); pass them as "
+                "the trace does not record the model's trainable variables (none crossed "
+                "both ways between a worker and a ps task, or the trace predates recording "
+                "them from the traffic); pass them as "
                 'check_physics(trace, {"variables": [{"dtype": "float32", "shape": [...]}, ...]})'
             ),
         )
