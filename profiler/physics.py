@@ -35,6 +35,9 @@ DEFAULT_TOLERANCE = 0.01
 
 #: Key of the trainable-variable list in RunMetadata.extra.
 VARIABLES_EXTRA = "trainable_variables"
+#: Key saying where that list came from when not from the model (the traffic:
+#: ``assembly.variables``); absent when it came from the model.
+VARIABLES_SOURCE_EXTRA = "trainable_variables_source"
 
 _ITEMSIZE = {
     "float16": 2,
@@ -144,6 +147,8 @@ class PhysicsReport:
     steps: tuple[StepPhysics, ...]
     #: Why nothing could be checked (the trainable variables are unknown); "" if checked.
     unchecked_reason: str = ""
+    #: Where the variables came from when not from the model ("" when they did).
+    variables_source: str = ""
 
     @property
     def problems(self) -> list[str]:
@@ -165,6 +170,8 @@ class PhysicsReport:
             f"{self.trainable_parameters:,} trainable parameters in {self.variables} variables "
             f"({format_bytes(self.trainable_bytes)})"
         ]
+        if self.variables_source:
+            lines.append(f"variables from the {self.variables_source}")
         for step in self.steps:
             crossing = ""
             if step.crossings:
@@ -236,16 +243,20 @@ def check_physics(
     """Check every steady step of ``trace`` (see the module docstring).
 
     The trainable variables come from ``job_info["variables"]`` when given,
-    else from the trace's metadata.  When neither has them (a ``capture-job``
-    trace: the tool cannot know a user script's variables), the report checks
-    nothing, is not ``ok`` and says why (``unchecked_reason``).
+    else from the trace's metadata (the model's, or for a job the tool did not
+    write those its traffic shows: ``assembly.variables``, named in
+    ``variables_source``).  When neither has them (no ps tasks, an older
+    ``capture-job`` trace), the report checks nothing, is not ``ok`` and says
+    why (``unchecked_reason``).
     """
     meta = trace.metadata
     extra = dict(meta.extra)
     if job_info is not None and job_info.get("variables"):
         keys = decode_variables(encode_variables(job_info["variables"]))
+        source = ""
     elif extra.get(VARIABLES_EXTRA):
         keys = decode_variables(extra[VARIABLES_EXTRA])
+        source = extra.get(VARIABLES_SOURCE_EXTRA, "")
     else:
         return PhysicsReport(
             model=meta.model,
@@ -257,8 +268,9 @@ def check_physics(
             tolerance=tolerance,
             steps=(),
             unchecked_reason=(
-                "the trace does not record the model's trainable variables (a capture-job "
-                "trace cannot: the tool does not see the script's model); pass them as "
+                "the trace does not record the model's trainable variables (none crossed "
+                "both ways between a worker and a ps task, or the trace predates recording "
+                "them from the traffic); pass them as "
                 'check_physics(trace, {"variables": [{"dtype": "float32", "shape": [...]}, ...]})'
             ),
         )
@@ -296,4 +308,5 @@ def check_physics(
         variables=len(keys),
         tolerance=tolerance,
         steps=steps,
+        variables_source=source,
     )

@@ -7,7 +7,7 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class Trace(_message.Message):
-    __slots__ = ("format_version", "metadata", "tasks", "startup", "steps", "teardown", "partial", "partial_reason", "step_detection")
+    __slots__ = ("format_version", "metadata", "tasks", "startup", "steps", "teardown", "partial", "partial_reason", "step_detection", "clock_alignment")
     FORMAT_VERSION_FIELD_NUMBER: _ClassVar[int]
     METADATA_FIELD_NUMBER: _ClassVar[int]
     TASKS_FIELD_NUMBER: _ClassVar[int]
@@ -17,6 +17,7 @@ class Trace(_message.Message):
     PARTIAL_FIELD_NUMBER: _ClassVar[int]
     PARTIAL_REASON_FIELD_NUMBER: _ClassVar[int]
     STEP_DETECTION_FIELD_NUMBER: _ClassVar[int]
+    CLOCK_ALIGNMENT_FIELD_NUMBER: _ClassVar[int]
     format_version: int
     metadata: RunMetadata
     tasks: _containers.RepeatedCompositeFieldContainer[Task]
@@ -26,7 +27,40 @@ class Trace(_message.Message):
     partial: bool
     partial_reason: str
     step_detection: StepDetection
-    def __init__(self, format_version: _Optional[int] = ..., metadata: _Optional[_Union[RunMetadata, _Mapping]] = ..., tasks: _Optional[_Iterable[_Union[Task, _Mapping]]] = ..., startup: _Optional[_Union[Phase, _Mapping]] = ..., steps: _Optional[_Iterable[_Union[Step, _Mapping]]] = ..., teardown: _Optional[_Union[Phase, _Mapping]] = ..., partial: _Optional[bool] = ..., partial_reason: _Optional[str] = ..., step_detection: _Optional[_Union[StepDetection, _Mapping]] = ...) -> None: ...
+    clock_alignment: ClockAlignment
+    def __init__(self, format_version: _Optional[int] = ..., metadata: _Optional[_Union[RunMetadata, _Mapping]] = ..., tasks: _Optional[_Iterable[_Union[Task, _Mapping]]] = ..., startup: _Optional[_Union[Phase, _Mapping]] = ..., steps: _Optional[_Iterable[_Union[Step, _Mapping]]] = ..., teardown: _Optional[_Union[Phase, _Mapping]] = ..., partial: _Optional[bool] = ..., partial_reason: _Optional[str] = ..., step_detection: _Optional[_Union[StepDetection, _Mapping]] = ..., clock_alignment: _Optional[_Union[ClockAlignment, _Mapping]] = ...) -> None: ...
+
+class ClockAlignment(_message.Message):
+    __slots__ = ("reference", "method", "tasks")
+    REFERENCE_FIELD_NUMBER: _ClassVar[int]
+    METHOD_FIELD_NUMBER: _ClassVar[int]
+    TASKS_FIELD_NUMBER: _ClassVar[int]
+    reference: str
+    method: str
+    tasks: _containers.RepeatedCompositeFieldContainer[ClockOffset]
+    def __init__(self, reference: _Optional[str] = ..., method: _Optional[str] = ..., tasks: _Optional[_Iterable[_Union[ClockOffset, _Mapping]]] = ...) -> None: ...
+
+class ClockOffset(_message.Message):
+    __slots__ = ("task", "host", "offset_ns", "lower_ns", "upper_ns", "has_lower", "has_upper", "source", "constraints")
+    TASK_FIELD_NUMBER: _ClassVar[int]
+    HOST_FIELD_NUMBER: _ClassVar[int]
+    OFFSET_NS_FIELD_NUMBER: _ClassVar[int]
+    LOWER_NS_FIELD_NUMBER: _ClassVar[int]
+    UPPER_NS_FIELD_NUMBER: _ClassVar[int]
+    HAS_LOWER_FIELD_NUMBER: _ClassVar[int]
+    HAS_UPPER_FIELD_NUMBER: _ClassVar[int]
+    SOURCE_FIELD_NUMBER: _ClassVar[int]
+    CONSTRAINTS_FIELD_NUMBER: _ClassVar[int]
+    task: str
+    host: str
+    offset_ns: int
+    lower_ns: int
+    upper_ns: int
+    has_lower: bool
+    has_upper: bool
+    source: str
+    constraints: int
+    def __init__(self, task: _Optional[str] = ..., host: _Optional[str] = ..., offset_ns: _Optional[int] = ..., lower_ns: _Optional[int] = ..., upper_ns: _Optional[int] = ..., has_lower: _Optional[bool] = ..., has_upper: _Optional[bool] = ..., source: _Optional[str] = ..., constraints: _Optional[int] = ...) -> None: ...
 
 class StepDetection(_message.Message):
     __slots__ = ("source", "unit", "rule", "candidates", "set_aside")

@@ -8,6 +8,7 @@ import hpack
 
 from tf_grpc_bench.profiler.recorders.calls import CallTable, Direction, RecordedCall
 from tf_grpc_bench.profiler.recorders.http2 import (
+    ControlFrame,
     GoAway,
     HeaderBlock,
     MessageSeen,
@@ -211,9 +212,13 @@ def test_a_direction_makes_a_follower_that_appends_to_its_events() -> None:
     follower = direction.new_follower(head_bytes=16)
     assert direction.follower is follower
     follower.feed(b"\x00\x00\x00\x04\x00\x00\x00\x00\x00", 5)  # an empty SETTINGS frame
-    assert direction.events == []
+    assert direction.events == [ControlFrame("SETTINGS", False, 5)]
     follower.feed(b"\x00\x00\x00\x00\x01\x00\x00\x00\x01", 6)  # empty DATA, END_STREAM
-    assert direction.events == [StreamEnded(1, 6)]
+    assert direction.events == [ControlFrame("SETTINGS", False, 5), StreamEnded(1, 6)]
+    # Control frames belong to no call: folding them makes none.
+    table = CallTable(callee="ps:0", connection=0)
+    table.fold(direction)
+    assert table.take(caller_pid=None, final=True) == []
 
 
 def test_a_client_direction_follows_from_the_preface_with_its_head_size() -> None:

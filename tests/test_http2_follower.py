@@ -31,6 +31,7 @@ from hypothesis import strategies as st
 
 from tf_grpc_bench.profiler.recorders.http2 import (
     PREFACE,
+    ControlFrame,
     FramingError,
     GoAway,
     HeaderBlock,
@@ -82,13 +83,28 @@ def test_a_unary_call_gives_its_headers_message_and_end() -> None:
     payload = b"request bytes " * 10
     events, _ = follow(client_bytes([payload]), client_side=True)
     kinds = [type(e) for e in events]
-    assert kinds == [HeaderBlock, MessageSeen, StreamEnded]
-    message = events[1]
+    assert kinds == [ControlFrame, HeaderBlock, MessageSeen, StreamEnded, ControlFrame]
+    # SETTINGS and PING, which the peer acknowledges: what puts two hosts' clocks together.
+    assert (events[0], events[-1]) == (
+        ControlFrame("SETTINGS", False, 1),
+        ControlFrame("PING", False, 1),
+    )
+    message = events[2]
     assert isinstance(message, MessageSeen)
     assert (message.stream_id, message.length, message.compressed) == (1, len(payload), False)
     assert message.head == payload
     headers = decoded_blocks(events)[0]
     assert header_value(tuple(headers), b":path") == b"/tensorflow.WorkerService/RecvTensor"
+
+
+def test_acknowledgements_of_settings_and_ping_are_marked() -> None:
+    data = (
+        SettingsFrame(0, flags=["ACK"]).serialize()
+        + PingFrame(0, b"12345678", flags=["ACK"]).serialize()
+    )
+    data += WindowUpdateFrame(0, 5).serialize()
+    events, _ = follow(data, client_side=False)
+    assert events == [ControlFrame("SETTINGS", True, 1), ControlFrame("PING", True, 1)]
 
 
 def test_large_message_over_many_padded_frames_is_one_message_with_its_head() -> None:
@@ -138,6 +154,7 @@ def test_server_side_headers_trailers_rst_and_goaway() -> None:
     assert header_value(tuple(blocks[1]), b"grpc-status") == b"0"
     assert header_value(tuple(blocks[2]), b"grpc-status") == b"5"
     assert [type(e) for e in events] == [
+        ControlFrame,
         HeaderBlock,
         MessageSeen,
         HeaderBlock,

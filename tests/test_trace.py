@@ -152,7 +152,7 @@ def _raw(message: trace_pb2.Trace) -> io.BytesIO:
 
 
 # Version 0 is what a message without the field reads as; 3 is the next, not yet defined.
-@pytest.mark.parametrize("version", [0, 3, 99, 2**32 - 1])
+@pytest.mark.parametrize("version", [0, 4, 99, 2**32 - 1])
 def test_a_binary_trace_of_a_version_this_tool_does_not_read_is_refused(
     small_trace: Trace, version: int
 ) -> None:
@@ -161,7 +161,7 @@ def test_a_binary_trace_of_a_version_this_tool_does_not_read_is_refused(
     with pytest.raises(
         UnsupportedVersionError,
         match=rf"^t\.tfgbtrace: format_version {version} is not supported "
-        r"\(this tool reads versions \[1, 2\]\); upgrade tf-grpc-bench or re-capture the trace$",
+        r"\(this tool reads versions \[1, 2, 3\]\); upgrade tf-grpc-bench or re-capture the trace$",
     ):
         trace_model.load_trace(_raw(message), source="t.tfgbtrace")
 
@@ -173,17 +173,49 @@ def test_a_binary_trace_without_a_format_version_is_refused(small_trace: Trace) 
         trace_model.load_trace(_raw(message))
 
 
-def test_version_2_is_written_and_versions_1_and_2_are_read() -> None:
-    assert trace_model.FORMAT_VERSION == 2
-    assert frozenset({1, 2}) == trace_model.READABLE_VERSIONS
+def test_version_3_is_written_and_versions_1_2_and_3_are_read() -> None:
+    assert trace_model.FORMAT_VERSION == 3
+    assert frozenset({1, 2, 3}) == trace_model.READABLE_VERSIONS
     message = trace_model.trace_to_proto(make_trace(steps=1))
-    assert message.format_version == 2
-    assert trace_model.load_trace(_raw(message)).format_version == 2
-    message.format_version = 1
-    assert trace_model.load_trace(_raw(message)).format_version == 1
+    assert message.format_version == 3
+    assert trace_model.load_trace(_raw(message)).format_version == 3
+    for older in (2, 1):
+        message.format_version = older
+        trace = trace_model.load_trace(_raw(message))
+        assert trace.format_version == older and trace.clock_alignment.empty
 
 
-@pytest.mark.parametrize("version", [0, 3, -1, 99, None, "1", 1.5])
+def test_clock_alignment_round_trips_and_needs_format_version_3(tmp_path: Path) -> None:
+    alignment = trace_model.ClockAlignment(
+        reference="ps:0",
+        method="wire",
+        tasks=(
+            trace_model.ClockOffset(task="ps:0", host="a", source="reference"),
+            trace_model.ClockOffset(
+                task="worker:0",
+                host="b",
+                offset_ns=-7,
+                lower_ns=-9,
+                upper_ns=-5,
+                source="wire",
+                constraints=4,
+            ),
+            trace_model.ClockOffset(
+                task="worker:1", host="c", offset_ns=3, lower_ns=3, source="wire"
+            ),
+        ),
+    )
+    trace = dataclasses.replace(make_trace(steps=1), clock_alignment=alignment)
+    assert trace_model.trace_from_proto(trace_model.trace_to_proto(trace)) == trace
+    assert trace_model.trace_from_json_dict(trace_model.trace_to_json_dict(trace)) == trace
+    assert alignment.tasks[1].uncertainty_ns == 2 and alignment.tasks[2].uncertainty_ns is None
+    with pytest.raises(TraceError, match=r"^clock_alignment needs format version 3 or later"):
+        dataclasses.replace(trace, format_version=2)
+    with pytest.raises(ValueError, match="lower bound above upper bound"):
+        trace_model.ClockOffset(task="x:0", lower_ns=2, upper_ns=1)
+
+
+@pytest.mark.parametrize("version", [0, 4, -1, 99, None, "1", 1.5])
 def test_a_json_trace_of_a_version_this_tool_does_not_read_is_refused(
     small_trace: Trace, version: object
 ) -> None:
@@ -192,7 +224,7 @@ def test_a_json_trace_of_a_version_this_tool_does_not_read_is_refused(
     with pytest.raises(
         UnsupportedVersionError,
         match=rf"^t\.json: format_version {re.escape(repr(version))} is not supported "
-        r"\(this tool reads versions \[1, 2\]\)$",
+        r"\(this tool reads versions \[1, 2, 3\]\)$",
     ):
         trace_model.trace_from_json_dict(document, source="t.json")
 
@@ -204,12 +236,12 @@ def test_a_json_trace_without_a_format_version_is_refused(small_trace: Trace) ->
         trace_model.trace_from_json_dict(document)
 
 
-@pytest.mark.parametrize("version", [0, 3, -1])
+@pytest.mark.parametrize("version", [0, 4, -1])
 def test_a_trace_built_in_memory_with_another_version_is_refused(version: int) -> None:
     with pytest.raises(
         UnsupportedVersionError,
         match=rf"^format_version {version} is not supported "
-        r"\(this tool reads versions \[1, 2\]\)$",
+        r"\(this tool reads versions \[1, 2, 3\]\)$",
     ):
         Trace(metadata=RunMetadata(), tasks=(), steps=(), format_version=version)
 
@@ -392,7 +424,7 @@ def test_a_trace_finds_its_tasks_by_job_in_index_order() -> None:
     assert trace.tasks_of_job("ps") == [1]
     assert trace.tasks_of_job("chief") == []
     assert trace.task_name(2) == "/job:worker/task:0"
-    assert (trace.partial, trace.partial_reason, trace.format_version) == (False, "", 2)
+    assert (trace.partial, trace.partial_reason, trace.format_version) == (False, "", 3)
 
 
 def test_a_trace_refuses_a_task_twice_a_missing_task_and_steps_out_of_order() -> None:

@@ -336,23 +336,31 @@ class UserTasks:
         tasks = self.job.tasks
         for name, index, address in tasks:
             _check_port_free(*split_address(address, where="cluster"), f"{name}:{index}")
+        from tf_grpc_bench.profiler.launch.identity import TaskIdentity, expand_placeholders
+
         for name, index, _ in tasks:
             variables = dict(environment)
-            variables["TF_CONFIG"] = json.dumps(
-                task_tf_config(self.job.cluster, peers, name, index)
-            )
+            tf_config = task_tf_config(self.job.cluster, peers, name, index)
+            variables["TF_CONFIG"] = json.dumps(tf_config)
             variables[MARKERS_VARIABLE] = str(self.markers_path)
             variables["PYTHONUNBUFFERED"] = "1"
-            process = self._spawn(name, index, variables)
+            # {job}, {task}, {cluster}, {port}: a script that takes its role as flags.
+            seen = {job: tuple(addresses) for job, addresses in tf_config["cluster"].items()}
+            command = expand_placeholders(
+                self.job.command, TaskIdentity(job=name, index=index, cluster=seen)
+            )
+            process = self._spawn(name, index, variables, command)
             started(process.pid, f"{name}:{index}")
 
-    def _spawn(self, name: str, index: int, variables: dict[str, str]) -> subprocess.Popen[bytes]:
+    def _spawn(
+        self, name: str, index: int, variables: dict[str, str], command: Sequence[str]
+    ) -> subprocess.Popen[bytes]:
         prefix = self.work / f"{name}-{index}"
         stdout = prefix.with_suffix(".stdout").open("wb")
         stderr = prefix.with_suffix(".stderr").open("wb")
         try:
             process = subprocess.Popen(
-                [*self.prefixes.get((name, index), ()), *self.job.command],
+                [*self.prefixes.get((name, index), ()), *command],
                 stdin=subprocess.DEVNULL,
                 stdout=stdout,
                 stderr=stderr,

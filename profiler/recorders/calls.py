@@ -19,6 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from tf_grpc_bench.profiler.recorders.http2 import (
+    ControlFrame,
     Event,
     FramingError,
     GoAway,
@@ -176,7 +177,7 @@ class CallTable:
 
 def _apply(calls: dict[int, _CallBuilder], direction: Direction, event: Event) -> None:
     """Fold one follower event into the call table of its connection."""
-    if isinstance(event, GoAway):
+    if isinstance(event, GoAway | ControlFrame):
         return
     if isinstance(event, HeaderBlock):
         headers = direction.decoder.decode(event.block)

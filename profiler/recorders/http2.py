@@ -46,8 +46,10 @@ from hyperframe.frame import (
     Frame,
     GoAwayFrame,
     HeadersFrame,
+    PingFrame,
     PushPromiseFrame,
     RstStreamFrame,
+    SettingsFrame,
 )
 
 from tf_grpc_bench.errors import CaptureError
@@ -160,7 +162,21 @@ class GoAway:
     time_ns: int
 
 
-Event = HeaderBlock | MessageSeen | StreamEnded | StreamReset | GoAway
+@dataclass(frozen=True, slots=True)
+class ControlFrame:
+    """A SETTINGS or PING frame (``kind``: ``SETTINGS``/``PING``), ``ack`` if it
+    acknowledges the peer's: the peer's frame had arrived before it was sent."""
+
+    kind: str
+    ack: bool
+    time_ns: int
+
+
+Event = HeaderBlock | MessageSeen | StreamEnded | StreamReset | GoAway | ControlFrame
+#: Connection-level frames that the peer must acknowledge, by type: ``ControlFrame``s.
+_ACKED_TYPES = {SettingsFrame.type: "SETTINGS", PingFrame.type: "PING"}
+#: RFC 9113, 6.5 and 6.7: the same bit for SETTINGS and PING.
+_ACK_FLAG = {flag.name: flag.bit for flag in PingFrame.defined_flags}["ACK"]
 
 
 class _MessageReader:
@@ -384,6 +400,9 @@ class Http2Follower:
                 self._state = _FRAME_HEADER
                 self._parse_body(memoryview(b""), time_ns)
         else:
+            kind = _ACKED_TYPES.get(frame_type)
+            if kind is not None:
+                self._sink(ControlFrame(kind, bool(flags & _ACK_FLAG), time_ns))
             self._state = _IGNORED_BODY if length else _FRAME_HEADER
 
     def _plain_headers(self, fragment: bytes) -> None:

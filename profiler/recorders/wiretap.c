@@ -27,7 +27,9 @@
  *     u32 head_bytes, u64 capacity, u64 next (end of reserved records),
  *     u64 dropped (records that did not fit), u64 created_ns
  *   record: u32 length (whole record, stored last: 0 means not written),
- *     u16 type, u16 zero, u32 connection, u32 zero, u64 time_ns, payload
+ *     u16 type, u16 zero, u32 connection, u32 took_ns, u64 time_ns, payload
+ *     (took_ns, version 2: how long the send call took, saturated at
+ *     2^32 - 1; 0 in version 1 files and in records other than SENT)
  *   CONNECTION (1): u16 family, u16 side (0 client, 1 server),
  *     u16 local port, u16 peer port, u8[16] local address,
  *     u8[16] peer address, i32 fd, u32 zero
@@ -37,7 +39,9 @@
  *   LOST (4): no payload; the library could not record this connection's
  *     later sends (out of memory): its records end here
  *
- * Times are CLOCK_MONOTONIC ns, taken when the send call returned.
+ * Times are CLOCK_MONOTONIC ns, taken when the send call returned; a SENT
+ * record's send call began took_ns earlier (what a peer on another clock may
+ * have answered before the call returned).
  * Thread-safety: records are reserved with an atomic add on "next"; one
  * connection's framing state is guarded by its own mutex.
  */
@@ -60,7 +64,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#define TAP_VERSION 1
+#define TAP_VERSION 2
 #define HEADER_BYTES 64
 #define MAX_FDS 65536
 #define DEFAULT_CAPACITY (1ULL << 30)
@@ -198,8 +202,8 @@ static uint8_t *open_file(void) {
 }
 
 /* Append one record: 24-byte head plus payload; the length is stored last. */
-static void emit(uint16_t type, uint32_t connection, uint64_t time_ns, const uint8_t *payload,
-                 size_t payload_len) {
+static void emit_took(uint16_t type, uint32_t connection, uint64_t time_ns, uint32_t took_ns,
+                      const uint8_t *payload, size_t payload_len) {
     uint8_t *m = open_file();
     if (!m) return;
     uint64_t length = (24 + payload_len + 7) & ~(uint64_t)7;
@@ -216,10 +220,15 @@ static void emit(uint16_t type, uint32_t connection, uint64_t time_ns, const uin
     put16(r + 4, type);
     put16(r + 6, 0);
     put32(r + 8, connection);
-    put32(r + 12, 0);
+    put32(r + 12, took_ns);
     put64(r + 16, time_ns);
     if (payload_len) memcpy(r + 24, payload, payload_len);
     __atomic_store_n((uint32_t *)r, (uint32_t)length, __ATOMIC_RELEASE);
+}
+
+static void emit(uint16_t type, uint32_t connection, uint64_t time_ns, const uint8_t *payload,
+                 size_t payload_len) {
+    emit_took(type, connection, time_ns, 0, payload, payload_len);
 }
 
 /* -- which sockets ---------------------------------------------------------- */
@@ -522,11 +531,20 @@ static void follow(struct connection *c, const uint8_t *p, size_t n) {
     }
 }
 
-static void record_sent(int fd, const struct iovec *iov, int iovcnt, ssize_t sent) {
+/* When a send on fd began, if fd may be followed (0 otherwise: no clock read). */
+static uint64_t began(int fd) {
+    if (!enabled || fd < 0 || fd >= MAX_FDS || fds[fd] == IGNORED) return 0;
+    return now_ns();
+}
+
+static void record_sent(int fd, const struct iovec *iov, int iovcnt, ssize_t sent,
+                        uint64_t began_ns) {
     if (sent <= 0) return;
     struct connection *c = connection_of(fd);
     if (!c || getpid() != owner) return;
     uint64_t t = now_ns();
+    uint64_t took = began_ns && t > began_ns ? t - began_ns : 0;
+    if (took > 0xffffffffULL) took = 0xffffffffULL;
     pthread_mutex_lock(&c->lock);
     if (c->broken) {
         pthread_mutex_unlock(&c->lock);
@@ -550,49 +568,54 @@ static void record_sent(int fd, const struct iovec *iov, int iovcnt, ssize_t sen
     if (c->broken)
         emit(RECORD_LOST, c->number, t, NULL, 0); /* the ops are incomplete: dropped */
     else
-        emit(RECORD_SENT, c->number, t, c->scratch, c->scratch_len);
+        emit_took(RECORD_SENT, c->number, t, (uint32_t)took, c->scratch, c->scratch_len);
     pthread_mutex_unlock(&c->lock);
 }
 
 /* -- the wrapped calls ------------------------------------------------------- */
 
 ssize_t sendmsg(int fd, const struct msghdr *msg, int flags) {
+    uint64_t t0 = began(fd);
     ssize_t r = real_sendmsg(fd, msg, flags);
-    if (r > 0) record_sent(fd, msg->msg_iov, (int)msg->msg_iovlen, r);
+    if (r > 0) record_sent(fd, msg->msg_iov, (int)msg->msg_iovlen, r, t0);
     return r;
 }
 
 ssize_t send(int fd, const void *buf, size_t len, int flags) {
+    uint64_t t0 = began(fd);
     ssize_t r = real_send(fd, buf, len, flags);
     if (r > 0) {
         struct iovec v = {(void *)buf, len};
-        record_sent(fd, &v, 1, r);
+        record_sent(fd, &v, 1, r, t0);
     }
     return r;
 }
 
 ssize_t sendto(int fd, const void *buf, size_t len, int flags, const struct sockaddr *to,
                socklen_t to_len) {
+    uint64_t t0 = began(fd);
     ssize_t r = real_sendto(fd, buf, len, flags, to, to_len);
     if (r > 0) {
         struct iovec v = {(void *)buf, len};
-        record_sent(fd, &v, 1, r);
+        record_sent(fd, &v, 1, r, t0);
     }
     return r;
 }
 
 ssize_t write(int fd, const void *buf, size_t len) {
+    uint64_t t0 = began(fd);
     ssize_t r = real_write(fd, buf, len);
     if (r > 0 && enabled && fd >= 0 && fd < MAX_FDS && fds[fd] != IGNORED) {
         struct iovec v = {(void *)buf, len};
-        record_sent(fd, &v, 1, r);
+        record_sent(fd, &v, 1, r, t0);
     }
     return r;
 }
 
 ssize_t writev(int fd, const struct iovec *iov, int iovcnt) {
+    uint64_t t0 = began(fd);
     ssize_t r = real_writev(fd, iov, iovcnt);
-    if (r > 0) record_sent(fd, iov, iovcnt, r);
+    if (r > 0) record_sent(fd, iov, iovcnt, r, t0);
     return r;
 }
 

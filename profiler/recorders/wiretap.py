@@ -22,7 +22,10 @@ client side (a child of a task counts as the task, through its recorded parent
 pid); the callee is the task listening on the server side's port.
 
 Record file layout: see ``wiretap.c``; it is read only here
-(``read_tap_file``).  Version history: 1 (2026-11-29) first version.
+(``read_tap_file``).  Version history: 1 (2026-11-29) first version; 2
+(2026-12-01) a SENT record says how long its send call took (``took_ns``, 0 in
+version 1), so a peer on another host's clock can be bounded by when the send
+began (``TapFile.began``); version 1 files are still read.
 """
 
 from __future__ import annotations
@@ -34,7 +37,7 @@ import shutil
 import struct
 import subprocess
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -42,7 +45,12 @@ from absl import logging
 
 from tf_grpc_bench.errors import CaptureError
 from tf_grpc_bench.profiler.recorders.calls import CallTable, Direction, RecordedCall
-from tf_grpc_bench.profiler.recorders.http2 import MESSAGE_HEAD_BYTES, FramingError, Http2Follower
+from tf_grpc_bench.profiler.recorders.http2 import (
+    MESSAGE_HEAD_BYTES,
+    ControlFrame,
+    FramingError,
+    Http2Follower,
+)
 
 LIBRARY_SOURCE = Path(__file__).with_name("wiretap.c")
 #: Environment variables the library reads (see wiretap.c).
@@ -55,10 +63,12 @@ ENV_CAPACITY_BYTES = "TFGB_WIRETAP_BYTES"
 DEFAULT_CAPACITY_BYTES = 1 << 30
 
 FILE_MAGIC = b"TFGBTAP1"
-FILE_VERSION = 1
+FILE_VERSION = 2
+#: Versions ``read_tap_file`` reads.
+READABLE_FILE_VERSIONS = frozenset({1, 2})
 _FILE_HEADER = struct.Struct("<8sIIIIQQQQ")  # magic .. created_ns; the header is 64 B
 FILE_HEADER_BYTES = 64
-_RECORD_HEAD = struct.Struct("<IHHIIQ")  # length, type, 0, connection, 0, time_ns
+_RECORD_HEAD = struct.Struct("<IHHIIQ")  # length, type, 0, connection, took_ns, time_ns
 _CONNECTION = struct.Struct("<HHHH16s16siI")
 _RECORD_CONNECTION = 1
 _RECORD_SENT = 2
@@ -199,6 +209,9 @@ class TapFile:
     connections: tuple[TapConnection, ...]
     sends: Mapping[int, tuple[tuple[int, bytes], ...]] = field(default_factory=dict)
     lost: frozenset[int] = frozenset()
+    #: Connection number -> when each of its send calls began (parallel to
+    #: ``sends``; the same as the returns' times in version 1 files).
+    began: Mapping[int, tuple[int, ...]] = field(default_factory=dict)
     #: Bytes sent on the followed connections (kept and skipped), and of
     #: those, the ones the library counted without copying.
     sent_bytes: int = 0
@@ -213,8 +226,8 @@ def _address(family: int, raw: bytes, port: int) -> tuple[str, int]:
     return (str(ipaddress.IPv6Address(raw)), port)
 
 
-def read_tap_file(path: Path) -> TapFile:
-    """Parse one record file.  CaptureError if it is not one (magic, version)."""
+def _read_records(path: Path) -> tuple[tuple[int, int, int, int], bytes]:
+    """((pid, parent pid, head bytes, dropped records), the records) of a record file."""
     try:
         with open(path, "rb") as handle:
             header = handle.read(FILE_HEADER_BYTES)
@@ -225,16 +238,24 @@ def read_tap_file(path: Path) -> TapFile:
             )
             if magic != FILE_MAGIC:
                 raise CaptureError(f"{path}: not an in-process recorder file (bad magic)")
-            if version != FILE_VERSION:
+            if version not in READABLE_FILE_VERSIONS:
                 raise CaptureError(
-                    f"{path}: recorder file version {version}; this tool reads {FILE_VERSION}"
+                    f"{path}: recorder file version {version}; this tool reads "
+                    f"{', '.join(map(str, sorted(READABLE_FILE_VERSIONS)))}"
                 )
             end = min(end, capacity)
             data = handle.read(max(0, end - FILE_HEADER_BYTES))
     except OSError as error:
         raise CaptureError(f"{path}: {error.strerror}") from None
+    return (pid, parent, head, dropped), data
+
+
+def read_tap_file(path: Path) -> TapFile:
+    """Parse one record file.  CaptureError if it is not one (magic, version)."""
+    (pid, parent, head, dropped), data = _read_records(path)
     connections: dict[int, TapConnection] = {}
     sends: dict[int, list[tuple[int, bytes]]] = {}
+    began: dict[int, list[int]] = {}
     lost: set[int] = set()
     sent_bytes = skipped_bytes = 0
     damage = ""
@@ -244,7 +265,7 @@ def read_tap_file(path: Path) -> TapFile:
         if len(data) - position < _RECORD_HEAD.size:
             damage = f"record at offset {FILE_HEADER_BYTES + position} is cut short"
             break
-        length, kind, _, number, _, time_ns = _RECORD_HEAD.unpack_from(data, position)
+        length, kind, _, number, took_ns, time_ns = _RECORD_HEAD.unpack_from(data, position)
         if length == 0:
             if dropped:
                 break  # the records that did not fit left their room unwritten
@@ -260,6 +281,7 @@ def read_tap_file(path: Path) -> TapFile:
         if kind == _RECORD_SENT:
             operations = bytes(payload)
             sends.setdefault(number, []).append((time_ns, operations))
+            began.setdefault(number, []).append(time_ns - took_ns)
             sent, skipped = _operation_bytes(operations)
             sent_bytes += sent
             skipped_bytes += skipped
@@ -289,6 +311,7 @@ def read_tap_file(path: Path) -> TapFile:
         connections=tuple(connections.values()),
         sends={number: tuple(calls) for number, calls in sends.items()},
         lost=frozenset(lost),
+        began={number: tuple(times) for number, times in began.items()},
         sent_bytes=sent_bytes,
         skipped_bytes=skipped_bytes,
     )
@@ -491,53 +514,153 @@ class TapRecorder:
         return tap.pid
 
     def _assemble(self, files: list[TapFile]) -> list[RecordedCall]:
-        by_endpoints: dict[tuple[tuple[str, int], tuple[str, int]], list[list[_Side]]] = {}
-        for tap in files:
-            for connection in tap.connections:
-                by_endpoints.setdefault(connection.endpoints, [[], []])[
-                    connection.server_side
-                ].append(_Side(tap, connection))
-        calls: list[RecordedCall] = []
-        number = 0
-        for (client_address, server_address), (clients, servers) in sorted(by_endpoints.items()):
-            clients.sort(key=lambda side: side.connection.opened_ns)
-            servers.sort(key=lambda side: side.connection.opened_ns)
-            # The same address pair can come back after TIME_WAIT: pair in order.
-            for index in range(max(len(clients), len(servers))):
-                client = clients[index] if index < len(clients) else None
-                server = servers[index] if index < len(servers) else None
-                callee = self._callee_of_port.get(server_address[1], f"port {server_address[1]}")
-                label = f"connection {client_address[0]}:{client_address[1]} -> {callee}"
-                if client is None:
-                    # The responses are here but not the requests: calls are lost.
-                    self._errors.append(f"{label}: its client side was not recorded")
-                # A server side that never sent (it stopped first) loses nothing:
-                # its calls are kept, incomplete.
-                table = CallTable(callee=callee, connection=number)
-                number += 1
-                for side, client_side in ((client, True), (server, False)):
-                    if side is None:
-                        continue
-                    if side.connection.number in side.file.lost:
-                        self._errors.append(
-                            f"{label}: the recorder ran out of memory in pid {side.file.pid} "
-                            "and stopped recording this connection"
-                        )
-                    direction = Direction(client_side=client_side)
-                    follower = direction.new_follower(side.file.head_bytes)
-                    try:
-                        replay_sends(follower, side.file.sends.get(side.connection.number, ()))
-                    except FramingError as error:
-                        kind = "requests" if client_side else "responses"
-                        self._errors.append(f"{label} {kind}: {error}")
-                    table.fold(direction)
-                    if direction.error:
-                        kind = "requests" if client_side else "responses"
-                        self._errors.append(f"{label} {kind}: {direction.error}")
-                calls.extend(
-                    table.take(
-                        caller_pid=self._caller_pid(client.file) if client else None, final=True
+        return calls_of_files(
+            files,
+            callee_of=lambda server, address: self._callee_of_port.get(
+                address[1], f"port {address[1]}"
+            ),
+            caller_pid_of=self._caller_pid,
+            errors=self._errors,
+        )
+
+
+def shift_tap_file(tap: TapFile, offset_ns: int) -> TapFile:
+    """``tap`` with every time moved by ``offset_ns`` (onto another clock)."""
+    return dataclasses.replace(
+        tap,
+        connections=tuple(
+            dataclasses.replace(
+                c,
+                opened_ns=c.opened_ns + offset_ns,
+                closed_ns=c.closed_ns + offset_ns if c.closed_ns else 0,
+            )
+            for c in tap.connections
+        ),
+        sends={
+            number: tuple((time_ns + offset_ns, operations) for time_ns, operations in sends)
+            for number, sends in tap.sends.items()
+        },
+        began={number: tuple(t + offset_ns for t in times) for number, times in tap.began.items()},
+    )
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ConnectionFrames:
+    """The SETTINGS and PING frames each side of one connection sent, in order, and
+    the files holding the sides (None: that side was not recorded)."""
+
+    client_file: Path | None
+    server_file: Path | None
+    client: tuple[ControlFrame, ...]
+    server: tuple[ControlFrame, ...]
+
+
+def with_sends_at_their_start(tap: TapFile) -> TapFile:
+    """``tap`` with every send timed when its call began, not when it returned.
+
+    A frame in such a file was sent no earlier than its time, whatever the other
+    hosts' clocks say: what ``assembly.clocks`` needs of the side that spoke first
+    (a request, a PING, a SETTINGS frame).
+    """
+    sends = dict(tap.sends)
+    for connection in tap.connections:
+        number = connection.number
+        if number not in sends:
+            continue
+        starts = tap.began.get(number, ())
+        sends[number] = tuple(
+            (starts[i] if i < len(starts) else time_ns, operations)
+            for i, (time_ns, operations) in enumerate(sends[number])
+        )
+    return dataclasses.replace(tap, sends=sends)
+
+
+def calls_of_files(
+    files: Sequence[TapFile],
+    *,
+    callee_of: Callable[[TapFile | None, tuple[str, int]], str],
+    caller_pid_of: Callable[[TapFile], int],
+    errors: list[str],
+    frames: list[ConnectionFrames] | None = None,
+) -> list[RecordedCall]:
+    """Every call recorded in ``files``, oldest first: both sides of each connection
+    paired by their addresses, followed and folded into calls.
+
+    ``callee_of(server_file, server_address)`` names the task serving a connection
+    (``server_file`` is the file holding its server side, None if none does);
+    ``caller_pid_of(file)`` is the caller pid of the connections whose client side
+    ``file`` holds.  What could not be followed is appended to ``errors``;
+    ``frames``, if given, gets every connection's SETTINGS and PING frames.
+    """
+    by_endpoints: dict[tuple[tuple[str, int], tuple[str, int]], list[list[_Side]]] = {}
+    for tap in files:
+        for connection in tap.connections:
+            by_endpoints.setdefault(connection.endpoints, [[], []])[connection.server_side].append(
+                _Side(tap, connection)
+            )
+    calls: list[RecordedCall] = []
+    number = 0
+    for (client_address, server_address), (clients, servers) in sorted(by_endpoints.items()):
+        clients.sort(key=lambda side: side.connection.opened_ns)
+        servers.sort(key=lambda side: side.connection.opened_ns)
+        # The same address pair can come back after TIME_WAIT: pair in order.
+        for index in range(max(len(clients), len(servers))):
+            client = clients[index] if index < len(clients) else None
+            server = servers[index] if index < len(servers) else None
+            callee = callee_of(server.file if server else None, server_address)
+            table = CallTable(callee=callee, connection=number)
+            number += 1
+            control = _follow_connection(
+                table,
+                client,
+                server,
+                f"connection {client_address[0]}:{client_address[1]} -> {callee}",
+                errors,
+            )
+            if frames is not None:
+                frames.append(
+                    ConnectionFrames(
+                        client_file=client.file.path if client else None,
+                        server_file=server.file.path if server else None,
+                        client=control[0],
+                        server=control[1],
                     )
                 )
-        calls.sort(key=lambda call: call.start_ns)
-        return calls
+            calls.extend(
+                table.take(caller_pid=caller_pid_of(client.file) if client else None, final=True)
+            )
+    calls.sort(key=lambda call: call.start_ns)
+    return calls
+
+
+def _follow_connection(
+    table: CallTable, client: _Side | None, server: _Side | None, label: str, errors: list[str]
+) -> tuple[tuple[ControlFrame, ...], tuple[ControlFrame, ...]]:
+    """Fold both recorded sides of one connection into ``table``; the SETTINGS and
+    PING frames (client's, server's) it saw."""
+    control: tuple[list[ControlFrame], list[ControlFrame]] = ([], [])
+    if client is None:
+        # The responses are here but not the requests: calls are lost.
+        errors.append(f"{label}: its client side was not recorded")
+    # A server side that never sent (it stopped first) loses nothing:
+    # its calls are kept, incomplete.
+    for side, client_side in ((client, True), (server, False)):
+        if side is None:
+            continue
+        kind = "requests" if client_side else "responses"
+        if side.connection.number in side.file.lost:
+            errors.append(
+                f"{label}: the recorder ran out of memory in pid {side.file.pid} "
+                "and stopped recording this connection"
+            )
+        direction = Direction(client_side=client_side)
+        follower = direction.new_follower(side.file.head_bytes)
+        try:
+            replay_sends(follower, side.file.sends.get(side.connection.number, ()))
+        except FramingError as error:
+            errors.append(f"{label} {kind}: {error}")
+        control[not client_side].extend(e for e in direction.events if isinstance(e, ControlFrame))
+        table.fold(direction)
+        if direction.error:
+            errors.append(f"{label} {kind}: {direction.error}")
+    return tuple(control[0]), tuple(control[1])

@@ -42,6 +42,16 @@ COMMANDS: tuple[tuple[str, str, str], ...] = (
     ("export", "tf_grpc_bench.replay.output.cli", "a run's raw samples and summary as CSV tables"),
     ("capture", "tf_grpc_bench.profiler.cli", "train a model across processes, record a trace"),
     ("capture-job", "tf_grpc_bench.profiler.cli", "record a trace of your own training job"),
+    (
+        "record",
+        "tf_grpc_bench.profiler.record_cli",
+        "run one task of a job launched elsewhere, recording its traffic to a folder",
+    ),
+    (
+        "assemble",
+        "tf_grpc_bench.profiler.record_cli",
+        "one trace from the record folders of every task of a job",
+    ),
 )
 
 

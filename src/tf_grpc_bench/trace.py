@@ -32,9 +32,12 @@ from tf_grpc_bench.protos import trace_pb2
 #:   1 (2026-11): first version.
 #:   2 (2026-12): ``step_detection``, how the steps were found and what was
 #:      set aside; a version 1 trace reads with an empty one.
-FORMAT_VERSION = 2
+#:   3 (2026-12): ``clock_alignment``, the tasks' clock offsets of a trace
+#:      assembled from records of several hosts; versions 1 and 2 read with
+#:      an empty one (one clock).
+FORMAT_VERSION = 3
 #: Versions this module can read.
-READABLE_VERSIONS = frozenset({1, 2})
+READABLE_VERSIONS = frozenset({1, 2, 3})
 
 MAGIC = b"TFGBTRC\n"
 #: File name suffix of trace files.
@@ -230,6 +233,52 @@ class StepDetection:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class ClockOffset:
+    """One task's clock against the reference's: reference time = own time + ``offset_ns``.
+
+    ``lower_ns``/``upper_ns`` bound it as the wire showed (None: no bound on
+    that side).  ``source``: ``reference``, ``shared-clock`` (the reference's
+    own clock: same kernel) or ``wire`` (estimated from the calls).
+    """
+
+    task: str
+    host: str = ""
+    offset_ns: int = 0
+    lower_ns: int | None = None
+    upper_ns: int | None = None
+    source: str = ""
+    constraints: int = 0
+
+    def __post_init__(self) -> None:
+        bounded = self.lower_ns is not None and self.upper_ns is not None
+        if bounded and self.lower_ns > self.upper_ns:  # type: ignore[operator]
+            raise ValueError(f"clock offset of {self.task}: lower bound above upper bound")
+        if self.constraints < 0:
+            raise ValueError(f"constraints must be >= 0, got {self.constraints}")
+
+    @property
+    def uncertainty_ns(self) -> int | None:
+        """Half the width of [lower, upper]; None when a bound is missing."""
+        if self.lower_ns is None or self.upper_ns is None:
+            return None
+        return (self.upper_ns - self.lower_ns + 1) // 2
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ClockAlignment:
+    """How the tasks' clocks were put on one (format version 3); empty: one clock."""
+
+    #: The task (``job:index``) whose clock the trace's times are on.
+    reference: str = ""
+    method: str = ""
+    tasks: tuple[ClockOffset, ...] = ()
+
+    @property
+    def empty(self) -> bool:
+        return self == ClockAlignment()
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Trace:
     """A whole trace: validated on construction."""
 
@@ -241,6 +290,7 @@ class Trace:
     partial: bool = False
     partial_reason: str = ""
     step_detection: StepDetection = field(default_factory=StepDetection)
+    clock_alignment: ClockAlignment = field(default_factory=ClockAlignment)
     format_version: int = FORMAT_VERSION
 
     def __post_init__(self) -> None:
@@ -273,6 +323,11 @@ def _validate(trace: Trace) -> None:
     if trace.format_version < 2 and not trace.step_detection.empty:
         raise TraceError(
             f"step_detection needs format version 2 or later (this trace says "
+            f"{trace.format_version})"
+        )
+    if trace.format_version < 3 and not trace.clock_alignment.empty:
+        raise TraceError(
+            f"clock_alignment needs format version 3 or later (this trace says "
             f"{trace.format_version})"
         )
     seen: set[tuple[str, int]] = set()
@@ -390,6 +445,42 @@ def _detection_to_proto(detection: StepDetection, message: trace_pb2.StepDetecti
         )
 
 
+def _alignment_from_proto(message: trace_pb2.ClockAlignment) -> ClockAlignment:
+    return ClockAlignment(
+        reference=message.reference,
+        method=message.method,
+        tasks=tuple(
+            ClockOffset(
+                task=t.task,
+                host=t.host,
+                offset_ns=t.offset_ns,
+                lower_ns=t.lower_ns if t.has_lower else None,
+                upper_ns=t.upper_ns if t.has_upper else None,
+                source=t.source,
+                constraints=t.constraints,
+            )
+            for t in message.tasks
+        ),
+    )
+
+
+def _alignment_to_proto(alignment: ClockAlignment, message: trace_pb2.ClockAlignment) -> None:
+    message.reference = alignment.reference
+    message.method = alignment.method
+    for item in alignment.tasks:
+        message.tasks.add(
+            task=item.task,
+            host=item.host,
+            offset_ns=item.offset_ns,
+            lower_ns=item.lower_ns or 0,
+            upper_ns=item.upper_ns or 0,
+            has_lower=item.lower_ns is not None,
+            has_upper=item.upper_ns is not None,
+            source=item.source,
+            constraints=item.constraints,
+        )
+
+
 def trace_from_proto(message: trace_pb2.Trace, *, source: str = "trace") -> Trace:
     """Build and validate a ``Trace`` from its protobuf message.
 
@@ -435,6 +526,7 @@ def trace_from_proto(message: trace_pb2.Trace, *, source: str = "trace") -> Trac
             partial=message.partial,
             partial_reason=message.partial_reason,
             step_detection=_detection_from_proto(message.step_detection),
+            clock_alignment=_alignment_from_proto(message.clock_alignment),
         )
     except TraceError as error:
         raise type(error)(f"{source}: {error}") from None
@@ -475,6 +567,8 @@ def trace_to_proto(trace: Trace) -> trace_pb2.Trace:
     _phase_to_proto(trace.teardown, message.teardown)
     if not trace.step_detection.empty:
         _detection_to_proto(trace.step_detection, message.step_detection)
+    if not trace.clock_alignment.empty:
+        _alignment_to_proto(trace.clock_alignment, message.clock_alignment)
     return message
 
 
@@ -602,6 +696,7 @@ def trace_from_json_dict(document: dict[str, Any], *, source: str = "trace JSON"
             partial=bool(document.get("partial", False)),
             partial_reason=str(document.get("partial_reason", "")),
             step_detection=_detection_from_json(document.get("step_detection")),
+            clock_alignment=_alignment_from_json(document.get("clock_alignment")),
         )
     except TraceError as error:
         raise type(error)(f"{source}: {error}") from None
@@ -615,6 +710,12 @@ def _detection_from_json(item: dict[str, Any] | None) -> StepDetection:
     item = dict(item or {})
     item["set_aside"] = tuple(SetAside(**s) for s in item.get("set_aside", ()))
     return StepDetection(**item)
+
+
+def _alignment_from_json(item: dict[str, Any] | None) -> ClockAlignment:
+    item = dict(item or {})
+    item["tasks"] = tuple(ClockOffset(**t) for t in item.get("tasks", ()))
+    return ClockAlignment(**item)
 
 
 def payload_bytes(rpc: Rpc) -> int:

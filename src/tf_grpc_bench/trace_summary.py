@@ -76,6 +76,31 @@ def network_line(trace: Trace) -> str | None:
     )
 
 
+def _microseconds(value: int | None) -> str:
+    return "?" if value is None else f"{value / 1000:g} us"
+
+
+def clock_lines(trace: Trace) -> list[str]:
+    """The tasks' clock offsets of a trace assembled from several hosts; [] for one clock."""
+    alignment = trace.clock_alignment
+    if alignment.empty:
+        return []
+    lines = [f"clocks: on {alignment.reference}'s; {alignment.method}"]
+    for item in alignment.tasks:
+        if item.source == "reference":
+            continue
+        where = f" on {item.host}" if item.host else ""
+        if item.source == "shared-clock":
+            lines.append(f"  {item.task}{where}: the same clock")
+            continue
+        lines.append(
+            f"  {item.task}{where}: {item.offset_ns / 1000:+g} us "
+            f"(within {_microseconds(item.lower_ns)} .. {_microseconds(item.upper_ns)}, "
+            f"from {item.constraints} exchanges)"
+        )
+    return lines
+
+
 def detection_lines(trace: Trace) -> list[str]:
     """How the trace's steps were found and what was set aside; [] if it does not say."""
     detection = trace.step_detection
@@ -117,6 +142,7 @@ def format_summary(trace: Trace, *, source: str = "") -> str:
     if network:
         lines.append(network)
     lines.append("tasks: " + ", ".join(f"{t.job}:{t.index}" for t in trace.tasks))
+    lines.extend(clock_lines(trace))
     lines.extend(detection_lines(trace))
     if trace.partial:
         lines.append(f"PARTIAL trace: {trace.partial_reason or 'capture ended early'}")

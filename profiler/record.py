@@ -1,0 +1,299 @@
+"""``tf-grpc-bench record``: one task of a job launched elsewhere, recorded where it runs.
+
+A launcher (a shell on each host, ``srun``, a Kubernetes pod) runs
+``tf-grpc-bench record --out DIR -- COMMAND`` in place of the training command
+on every host.  ``record_task`` finds which task this is
+(``launch.identity.identify_task``: ``TF_CONFIG``, or ``--job/--task/--cluster``),
+runs the command with the in-process recorder preloaded (``recorders.wiretap``)
+and writes into ``DIR/<job>-<index>/``:
+
+* ``wiretap/tap-<pid>.bin``: the records of the task's process and its children;
+* ``steps.jsonl``: step markers, if the command writes any
+  (``$TF_GRPC_BENCH_STEP_MARKERS``);
+* ``manifest.json`` (``MANIFEST_FORMAT``, version ``MANIFEST_VERSION``): the task,
+  the cluster, the host name and boot id, the pid, the command, its exit
+  status, and the host's monotonic and wall clocks read together at the start
+  and at the end.  Written before the command starts (``exit_status`` null) and
+  again when it has ended.
+
+``tf-grpc-bench assemble`` (``profiler.assemble``) makes one trace of the
+folders of every task, wherever they were written.
+
+The command's exit status is the record's (128 + N when signal N ended it).
+SIGTERM, SIGINT and SIGHUP sent to ``record`` are passed on to the command's
+process group; the records are on disk whatever happens (the library writes
+them into a file mapped shared), and the command dies with ``record`` even
+when that is killed with SIGKILL.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.metadata
+import json
+import os
+import signal
+import socket
+import subprocess
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+from tf_grpc_bench import lifetime
+from tf_grpc_bench.errors import CaptureError, ConfigError
+from tf_grpc_bench.files import write_atomically
+from tf_grpc_bench.profiler.launch.identity import TaskIdentity, expand_placeholders
+from tf_grpc_bench.profiler.launch.user_job import MARKERS_VARIABLE, split_address
+from tf_grpc_bench.profiler.recorders.wiretap import build_library, recorder_environment
+
+#: ``manifest.json``'s ``format`` and version.  History: 1 (2026-12) first version.
+MANIFEST_FORMAT = "tf-grpc-bench-task-record"
+MANIFEST_VERSION = 1
+MANIFEST_NAME = "manifest.json"
+RECORDS_FOLDER = "wiretap"
+MARKERS_NAME = "steps.jsonl"
+#: How long the command has, after a forwarded stop signal, before SIGKILL.
+STOP_GRACE_S = 10.0
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ClockReading:
+    """The host's monotonic and wall clocks, read one right after the other (ns)."""
+
+    monotonic_ns: int
+    wall_ns: int
+
+    @classmethod
+    def now(cls) -> ClockReading:
+        return cls(monotonic_ns=time.monotonic_ns(), wall_ns=time.time_ns())
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TaskRecord:
+    """What ``manifest.json`` says about one recorded task."""
+
+    folder: Path
+    job: str
+    index: int
+    cluster: Mapping[str, tuple[str, ...]]
+    host: str
+    boot_id: str
+    tensorflow_version: str
+    pid: int
+    command: tuple[str, ...]
+    start: ClockReading
+    end: ClockReading | None
+    #: None while the command runs (or if ``record`` was killed first).
+    exit_status: int | None
+
+    @property
+    def name(self) -> str:
+        return f"{self.job}:{self.index}"
+
+
+def task_folder(out: Path, task: TaskIdentity) -> Path:
+    return out / f"{task.job}-{task.index}"
+
+
+def _boot_id() -> str:
+    """The kernel's boot id: tasks with the same one read the same monotonic clock."""
+    try:
+        return Path("/proc/sys/kernel/random/boot_id").read_text(encoding="ascii").strip()
+    except OSError:
+        return ""
+
+
+def _tensorflow_version() -> str:
+    """TensorFlow's version in this environment ("" if none): what the command most
+    likely runs with (a label, as ``capture-job`` records it)."""
+    for distribution in ("tensorflow", "tensorflow-cpu"):
+        with contextlib.suppress(importlib.metadata.PackageNotFoundError):
+            return importlib.metadata.version(distribution)
+    return ""
+
+
+def _manifest(
+    task: TaskIdentity,
+    command: Sequence[str],
+    pid: int,
+    start: ClockReading,
+    end: ClockReading | None,
+    exit_status: int | None,
+) -> dict[str, Any]:
+    def reading(value: ClockReading | None) -> dict[str, int] | None:
+        if value is None:
+            return None
+        return {"monotonic_ns": value.monotonic_ns, "wall_ns": value.wall_ns}
+
+    return {
+        "format": MANIFEST_FORMAT,
+        "version": MANIFEST_VERSION,
+        "task": {"job": task.job, "index": task.index},
+        "cluster": {job: list(addresses) for job, addresses in task.cluster.items()},
+        "host": socket.gethostname(),
+        "boot_id": _boot_id(),
+        "tensorflow_version": _tensorflow_version(),
+        "pid": pid,
+        "command": list(command),
+        "clock": {"start": reading(start), "end": reading(end)},
+        "exit_status": exit_status,
+    }
+
+
+def _write_manifest(folder: Path, document: Mapping[str, Any]) -> None:
+    text = json.dumps(document, indent=1) + "\n"
+    write_atomically(
+        folder / MANIFEST_NAME,
+        lambda stream: stream.write(text.encode("utf-8")),
+        error=CaptureError,
+        what="task manifest",
+    )
+
+
+def prepare_folder(out: Path, task: TaskIdentity) -> Path:
+    """``out/<job>-<index>/``, made now; CaptureError if it already holds a record
+    (two tasks claiming the same identity, or a rerun into the same place)."""
+    folder = task_folder(out, task)
+    if (folder / MANIFEST_NAME).exists():
+        raise CaptureError(
+            f"--out {out}: {folder.name}/ already holds the record of task {task.name} "
+            "(a second task with this identity, or an earlier run: use another --out)"
+        )
+    try:
+        (folder / RECORDS_FOLDER).mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        raise CaptureError(f"--out {out}: cannot make {folder} ({error.strerror})") from None
+    return folder
+
+
+def record_task(
+    out: Path,
+    command: Sequence[str],
+    task: TaskIdentity,
+    *,
+    environment: Mapping[str, str] | None = None,
+    library: Path | None = None,
+) -> int:
+    """Run ``command`` (placeholders expanded) as ``task`` with the recorder preloaded;
+    write its records and manifest under ``out``; return its exit status.
+
+    Blocks until the command ends.  A stop signal (SIGTERM, SIGINT, SIGHUP)
+    is passed on to the command's process group, which gets ``STOP_GRACE_S``
+    before SIGKILL.  CaptureError before anything starts if the library cannot
+    be built, the folder cannot be made, or the command cannot be run.
+    """
+    if not command:
+        raise ConfigError("no command to run: put it after '--', e.g. -- python train.py")
+    library = library or build_library()
+    folder = prepare_folder(out, task)
+    expanded = expand_placeholders(command, task)
+    ports = [
+        split_address(address, where=f"cluster job {job!r}")[1]
+        for job, addresses in task.cluster.items()
+        for address in addresses
+    ]
+    variables = recorder_environment(
+        dict(os.environ if environment is None else environment),
+        library=library,
+        directory=(folder / RECORDS_FOLDER).resolve(),
+        ports=ports,
+    )
+    variables.setdefault(MARKERS_VARIABLE, str((folder / MARKERS_NAME).resolve()))
+    start = ClockReading.now()
+    _write_manifest(folder, _manifest(task, expanded, 0, start, None, None))
+    try:
+        process = subprocess.Popen(
+            list(expanded),
+            env=variables,
+            start_new_session=True,
+            preexec_fn=lifetime.die_with_parent_preexec(),
+        )
+    except OSError as failure:
+        raise CaptureError(f"cannot run {expanded[0]!r}: {failure.strerror}") from None
+    _write_manifest(folder, _manifest(task, expanded, process.pid, start, None, None))
+    status = _wait_forwarding(process)
+    end = ClockReading.now()
+    _write_manifest(folder, _manifest(task, expanded, process.pid, start, end, status))
+    return status
+
+
+def _wait_forwarding(process: subprocess.Popen[bytes]) -> int:
+    """Wait for ``process``, passing stop signals on to its group; its exit status
+    (128 + N if signal N ended it)."""
+    received: list[int] = []
+
+    def forward(signum: int, _frame: FrameType | None) -> None:
+        received.append(signum)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signum)
+
+    previous = {number: signal.signal(number, forward) for number in lifetime.STOP_SIGNALS}
+    try:
+        while True:
+            try:
+                code = process.wait(timeout=STOP_GRACE_S if received else None)
+                break
+            except subprocess.TimeoutExpired:
+                # The command ignored the forwarded signal for STOP_GRACE_S.
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(process.pid, signal.SIGKILL)
+    finally:
+        for number, handler in previous.items():
+            signal.signal(number, handler)
+    # Whatever the command left in its group goes with it.
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(process.pid, signal.SIGKILL)
+    return lifetime.exit_status(-code) if code < 0 else code
+
+
+# --------------------------------------------------------------------------
+# Reading manifests (the one place they are parsed).
+
+
+def read_task_record(folder: Path) -> TaskRecord:
+    """The manifest of the task recorded in ``folder``; CaptureError naming the file
+    and the field when it is not one this tool wrote."""
+    path = folder / MANIFEST_NAME
+    try:
+        document = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise CaptureError(
+            f"{folder}: no {MANIFEST_NAME} (not a folder written by record)"
+        ) from None
+    except OSError as error:
+        raise CaptureError(f"{path}: {error.strerror}") from None
+    except ValueError as error:
+        raise CaptureError(f"{path}: not JSON ({error})") from None
+    if not isinstance(document, dict) or document.get("format") != MANIFEST_FORMAT:
+        raise CaptureError(f"{path}: 'format' must be {MANIFEST_FORMAT!r}")
+    if document.get("version") != MANIFEST_VERSION:
+        raise CaptureError(
+            f"{path}: manifest version {document.get('version')!r}; this tool reads "
+            f"{MANIFEST_VERSION}"
+        )
+    try:
+        task = document["task"]
+        clock = document["clock"]
+        end = clock.get("end")
+        status = document.get("exit_status")
+        return TaskRecord(
+            folder=folder,
+            job=str(task["job"]),
+            index=int(task["index"]),
+            cluster={str(j): tuple(str(a) for a in v) for j, v in document["cluster"].items()},
+            host=str(document.get("host", "")),
+            boot_id=str(document.get("boot_id", "")),
+            tensorflow_version=str(document.get("tensorflow_version", "")),
+            pid=int(document.get("pid", 0)),
+            command=tuple(str(a) for a in document.get("command", ())),
+            start=ClockReading(**{k: int(v) for k, v in clock["start"].items()}),
+            end=None if end is None else ClockReading(**{k: int(v) for k, v in end.items()}),
+            exit_status=None if status is None else int(status),
+        )
+    except KeyError as error:
+        raise CaptureError(f"{path}: missing field {error}") from None
+    except (TypeError, ValueError, AttributeError) as error:
+        raise CaptureError(f"{path}: invalid manifest ({error})") from None
