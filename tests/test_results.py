@@ -344,3 +344,28 @@ def test_a_prediction_is_flagged_replay_bound_when_the_replay_kept_the_cores_bus
     assert f"used {cores * cpu_share:.2f} of {cores} cores" in prediction["replay_bound_evidence"]
     # Without dependencies pacing there is no prediction at all.
     assert json.loads(dumps_document(changed))["benchmarks"][0]["statistics"]["prediction"] is None
+
+
+@pytest.mark.parametrize("version", [1, 2, 3, 4])
+def test_documents_before_version_5_read_as_no_what_if(version: int) -> None:
+    assert read_document(DATA / f"results-v{version}.json").what_if is None
+
+
+def test_a_what_if_document_round_trips_and_says_so_in_the_table(tmp_path: Path) -> None:
+    from tf_grpc_bench.replay.output.report import format_table
+
+    document = golden_document()
+    assert document.what_if is not None
+    back = read_document(write_document(document, tmp_path / "r.json"))
+    assert back == document
+    assert document.what_if.describe() in format_table(back).splitlines()
+
+
+def test_a_what_if_with_a_bad_placement_is_refused_naming_it(tmp_path: Path) -> None:
+    data = json.loads(dumps_document(golden_document()))
+    data["what_if"]["placement"] = "sideways"
+    path = tmp_path / "r.json"
+    path.write_text(json.dumps(data))
+    with pytest.raises(ResultError, match="what_if") as error:
+        read_document(path)
+    _single_line_error(error)
