@@ -25,8 +25,8 @@ from tf_grpc_bench.replay.core.workload import Mode, Workload, trace_workload
 from tf_grpc_bench.replay.output.document import read_document
 from tf_grpc_bench.trace import (
     RECV_TENSOR,
-    RunMetadata,
     Rpc,
+    RunMetadata,
     Step,
     Task,
     TensorInfo,
@@ -415,3 +415,21 @@ def test_a_what_if_replay_says_so_in_its_results_and_report(tmp_path: Path) -> N
     ps1 = sum(_variable_bytes(size) for size in SIZES[1:]) + CONTROL_BYTES
     assert run.request_bytes + run.response_bytes == 3 * 2 * (ps0 + ps1)
     assert {s.server_index for s in run.samples} == {0, 1}
+
+
+def test_network_compare_hands_the_what_if_flags_to_its_replays() -> None:
+    import argparse
+
+    from tf_grpc_bench.replay import cli as replay_cli
+    from tf_grpc_bench.replay.network.compare import passthrough_arguments
+
+    parser = argparse.ArgumentParser()
+    replay_cli.configure_replay(parser)
+    flags = "resnet50-tf2ps --workers 4 --ps 1 --placement size --scale-tensors 1.5"
+    args = parser.parse_args(flags.split())
+    passed = passthrough_arguments(args, replay_cli.configure_replay)
+    assert parser.parse_args(list(passed)) == args
+    what_if = replay_cli.what_if_of(
+        args, trace_files.read_trace(trace_files.shipped_trace_path("resnet50-tf2ps"))
+    )
+    assert what_if == WhatIf(workers=4, ps=1, placement=Placement.SIZE, scale_tensors=1.5)
