@@ -12,7 +12,10 @@ Issue 13, item 3.  Two tables, written into the ``## Scaling`` section of
    marked CPU-bound when the replay's processes together keep at least
    ``CPU_BOUND_SHARE`` of the cores busy, or a single process (one Python
    interpreter, one GIL) at least ``PROCESS_BOUND_CORES`` of a core.
-2. **What-if on emulated links** (root: network namespaces).  The same trace at
+2. **A ps server's memory**: one ``tf-grpc-bench serve`` process holding every
+   variable while ``--memory-workers`` (1, 2, 4) what-if workers replay one pass
+   against it: its resident memory once listening and at its peak (VmHWM).
+3. **What-if on emulated links** (root: network namespaces).  The same trace at
    ``--sweep-workers`` (2, 4, 8) workers and ``--sweep-ps`` (2) ps across each
    of ``--profiles`` (1gbit, 5gbit), with ``network compare`` (ps on one
    emulated host, workers on another): the predicted step (dependencies pacing,
@@ -42,13 +45,17 @@ from pathlib import Path
 from typing import Any
 
 from common import (
+    LOOPBACK,
     README,
     command_line,
+    free_port,
     load_average,
     machine_line,
+    stop_process,
     table_head,
     table_row,
     tf_grpc_bench_command,
+    wait_listening,
     write_section,
 )
 from fidelity import Prediction, capture, link_bound_seconds, predict, round_seconds
@@ -142,6 +149,83 @@ def measure_loopback(args: argparse.Namespace, scratch: Path) -> list[LoopbackRo
             rows.append(loopback_row(document, workers, ps))
             print(rows[-1], file=sys.stderr, flush=True)
     return rows
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class MemoryRow:
+    """One ps server process (``tf-grpc-bench serve``) serving W workers' what-if replay."""
+
+    workers: int
+    #: Resident memory once listening, and its peak (VmHWM) after the replay, in bytes.
+    idle_bytes: int
+    peak_bytes: int
+    threads: int
+    #: Bytes the server received in the replay's one measured pass.
+    received_bytes: int
+
+
+def _status(pid: int) -> dict[str, str]:
+    lines = Path(f"/proc/{pid}/status").read_text().splitlines()
+    return {key: value.strip() for key, _, value in (line.partition(":") for line in lines)}
+
+
+def _kib(value: str) -> int:
+    return int(value.split()[0]) * 1024
+
+
+def measure_server_memory(workers: int, scratch: Path) -> MemoryRow:
+    """Peak memory of one ps server while W what-if workers replay one pass against it."""
+    port = free_port()
+    server = subprocess.Popen(
+        tf_grpc_bench_command("serve", "--port", str(port), "--host", LOOPBACK),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        wait_listening(port, server, timeout_s=60.0)
+        idle = _kib(_status(server.pid)["VmRSS"])
+        document = run_replay(
+            [
+                TRACE, "--workers", str(workers), "--ps", "1", "--benchmark", "ps-throughput",
+                "--compute", "none", "--passes", "1", "--warmup", "0", "--runs", "1",
+                "--target", f"{LOOPBACK}:{port}",
+            ],
+            scratch / f"memory-{workers}w",
+        )  # fmt: skip
+        status = _status(server.pid)
+        (benchmark,) = document["benchmarks"]
+        received = sum(run["server_received_bytes"] for run in benchmark["runs"])
+        return MemoryRow(
+            workers=workers,
+            idle_bytes=idle,
+            peak_bytes=_kib(status["VmHWM"]),
+            threads=int(status["Threads"]),
+            received_bytes=received,
+        )
+    finally:
+        stop_process(server)
+
+
+def memory_table(rows: list[MemoryRow]) -> list[str]:
+    lines = [
+        f"One ps server process (`tf-grpc-bench serve`) holding every variable of {TRACE} while W "
+        "what-if workers replay one pass (5 steps, `--compute none`) against it: resident memory "
+        "once listening, its peak (VmHWM), threads after the pass, and what it received.",
+        "",
+        *table_head("workers", "idle RSS", "peak RSS", "peak - idle", "threads", "received"),
+    ]
+    for row in rows:
+        lines.append(
+            table_row(
+                str(row.workers),
+                f"{row.idle_bytes / 2**20:.0f} MiB",
+                f"{row.peak_bytes / 2**20:.0f} MiB",
+                f"{(row.peak_bytes - row.idle_bytes) / 2**20:.0f} MiB",
+                str(row.threads),
+                f"{row.received_bytes / 1e9:.2f} GB",
+            )
+        )
+    return lines
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -270,6 +354,7 @@ def links_table(rows: list[LinkRow]) -> list[str]:
 
 def report(
     loopback: list[LoopbackRow],
+    memory: list[MemoryRow],
     links: list[LinkRow],
     *,
     compute: str,
@@ -280,6 +365,8 @@ def report(
     lines = [SECTION, "", f"`{command}`", "", machine_line(before, after), ""]
     if loopback:
         lines += [*loopback_table(loopback, compute), ""]
+    if memory:
+        lines += [*memory_table(memory), ""]
     if links:
         lines += [*links_table(links), ""]
     return "\n".join(lines)
@@ -292,6 +379,7 @@ def main() -> int:
     parser.add_argument("--compute", default="none", help="loopback replays' --compute")
     parser.add_argument("--warmup", type=float, default=2.0, help="loopback warm-up seconds")
     parser.add_argument("--duration", type=float, default=10.0, help="loopback seconds per run")
+    parser.add_argument("--memory-workers", default="1,2,4", help="'' to skip server memory")
     parser.add_argument("--no-links", action="store_true", help="skip the emulated links")
     parser.add_argument("--profiles", default="1gbit,5gbit")
     parser.add_argument("--sweep-workers", default="2,4,8")
@@ -308,9 +396,16 @@ def main() -> int:
     before = load_average()
     with tempfile.TemporaryDirectory(prefix="tfgb-scaling-") as scratch:
         loopback = measure_loopback(args, Path(scratch))
+        memory = [measure_server_memory(w, Path(scratch)) for w in _counts(args.memory_workers)]
         links = [] if args.no_links else measure_links(args, Path(scratch), Path(args.logdir))
     body = report(
-        loopback, links, compute=args.compute, command=command, before=before, after=load_average()
+        loopback,
+        memory,
+        links,
+        compute=args.compute,
+        command=command,
+        before=before,
+        after=load_average(),
     )
     print(body)
     if not args.no_readme:
