@@ -3,6 +3,7 @@ computation, the captured cluster giving the trace's own workload, and the flags
 
 from __future__ import annotations
 
+import dataclasses
 import subprocess
 import sys
 from collections import Counter
@@ -215,6 +216,31 @@ def test_size_placement_and_wider_tensors_move_the_bytes_computed_by_hand() -> N
     # The empty control edge stays 21 bytes: 0 times 2.
     ps0 = wide(4000) + CONTROL_BYTES
     ps1 = wide(1000) + wide(600) + wide(300) + wide(100) + CONTROL_BYTES
+    for step in (0, 1):
+        assert _bytes_by(workload, "server_index")[(step, 0)] == 4 * ps0
+        assert _bytes_by(workload, "server_index")[(step, 1)] == 4 * ps1
+
+
+def test_an_empty_control_edge_of_a_variables_read_follows_that_variable() -> None:
+    def renamed(rpc: Rpc) -> Rpc:
+        if rpc.tensor is None or rpc.tensor.edge_name != "edge_90_control":
+            return rpc
+        key = rpc.tensor.rendezvous_key.replace("edge_90_control", "edge_90_layer1/ReadVariableOp")
+        return dataclasses.replace(rpc, tensor=dataclasses.replace(rpc.tensor, rendezvous_key=key))
+
+    trace = toy_trace()
+    trace = dataclasses.replace(
+        trace,
+        steps=tuple(
+            dataclasses.replace(step, rpcs=tuple(renamed(r) for r in step.rpcs))
+            for step in trace.steps
+        ),
+    )
+    workload = _what_if_workload(trace, WhatIf(workers=4, ps=2))
+    # The 121-byte empty edge goes with variable 1 (1000 B, on ps 1), once per worker;
+    # the RunComponentFunction call stays per-task traffic, on both ps.
+    ps0 = _variable_bytes(4000) + _variable_bytes(600) + _variable_bytes(100) + 500
+    ps1 = _variable_bytes(1000) + _variable_bytes(300) + 500 + 121
     for step in (0, 1):
         assert _bytes_by(workload, "server_index")[(step, 0)] == 4 * ps0
         assert _bytes_by(workload, "server_index")[(step, 1)] == 4 * ps1

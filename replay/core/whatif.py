@@ -45,7 +45,10 @@ step:
 * a variable's pull by worker ``i`` goes to the ps the placement gives it, and
   its gradient comes from there; times, sizes and method are the captured
   worker's (tensor bytes times ``scale_tensors``);
-* every other RPC (control calls such as ``RunComponentFunction``, the empty
+* an empty tensor a worker pulls from a ps that the op reading a variable there
+  made (the 21-byte control edges of variable reads: same op name as the
+  variable's pull) goes with that variable, to its derived ps;
+* every other RPC (control calls such as ``RunComponentFunction``, other empty
   control-edge tensors, the chief's ``Enqueue``) is per-task traffic: it is
   made once for every pair of derived tasks that stand for its two captured
   tasks (each worker with each ps; the chief with each worker), or, between two
@@ -110,9 +113,7 @@ class Variable:
     @property
     def name(self) -> str:
         """The edge name without its ``edge_N_`` prefix (the op that read or made it)."""
-        edge = self.pull_edge or self.push_edge
-        parts = edge.split("_", 2)
-        return parts[2] if len(parts) == 3 and parts[0] == "edge" else edge
+        return _op_name(self.pull_edge or self.push_edge)
 
 
 def captured_cluster(trace: Trace) -> tuple[list[int], list[int]]:
@@ -129,12 +130,25 @@ def captured_cluster(trace: Trace) -> tuple[list[int], list[int]]:
     return workers, ps
 
 
+def _op_name(edge: str) -> str:
+    """An edge name without its ``edge_N_`` prefix: the op that made the tensor."""
+    parts = edge.split("_", 2)
+    return parts[2] if len(parts) == 3 and parts[0] == "edge" else edge
+
+
 def _variable_transfer(trace: Trace, rpc: Rpc) -> tuple[int, str, bool] | None:
     """(ps task, edge name, is a pull) when ``rpc`` moves a variable or its gradient."""
-    tensor = rpc.tensor
-    if rpc.method != RECV_TENSOR or tensor is None or tensor.content_bytes <= 0:
+    transfer = _worker_ps_tensor(trace, rpc)
+    if transfer is None or rpc.tensor is None or rpc.tensor.content_bytes <= 0:
         return None
-    if not tensor.edge_name:
+    return transfer
+
+
+def _worker_ps_tensor(trace: Trace, rpc: Rpc) -> tuple[int, str, bool] | None:
+    """(ps task, edge name, is a pull) when ``rpc`` moves a named tensor between a worker
+    and a ps, empty or not."""
+    tensor = rpc.tensor
+    if rpc.method != RECV_TENSOR or tensor is None or not tensor.edge_name:
         return None
     caller, callee = trace.tasks[rpc.caller_task].job, trace.tasks[rpc.callee_task].job
     if caller == "worker" and callee == "ps":
@@ -315,14 +329,31 @@ def _scaled(rpc: Rpc, scale: float) -> Rpc:
     )
 
 
+def _placed_with(
+    cluster: _Cluster, rpc: Rpc, placed: Mapping[tuple[int, str], int]
+) -> tuple[int, bool] | None:
+    """(derived ps, is a pull) of a variable's transfer, or of an empty tensor the same
+    op read on the same ps (a control edge of the variable's read); None otherwise."""
+    transfer = _worker_ps_tensor(cluster.trace, rpc)
+    if transfer is None or rpc.tensor is None:
+        return None
+    ps_task, edge, pull = transfer
+    if rpc.tensor.content_bytes > 0:
+        return placed[(ps_task, edge)], pull
+    target = placed.get((ps_task, _READ_OF + _op_name(edge))) if pull else None
+    return None if target is None else (target, pull)
+
+
+#: Key prefix, in ``placed``, of the op that reads a variable (for its empty control edges).
+_READ_OF = "read:"
+
+
 def _copies(cluster: _Cluster, rpc: Rpc, placed: Mapping[tuple[int, str], int]) -> Iterator[Rpc]:
     """The derived RPCs standing for one captured RPC (module docstring)."""
-    trace = cluster.trace
-    transfer = _variable_transfer(trace, rpc)
-    if transfer is not None:
-        ps_task, edge, pull = transfer
+    follows = _placed_with(cluster, rpc, placed)
+    if follows is not None:
+        ps_number, pull = follows
         worker = rpc.caller_task if pull else rpc.callee_task
-        ps_number = placed[(ps_task, edge)]
         ps = cluster.derived[("ps", ps_number)]
         for job, _, number in cluster.replicas(worker):
             derived_worker = cluster.derived[(job, number)]
@@ -365,6 +396,8 @@ def derive_trace(trace: Trace, what_if: WhatIf) -> Trace:
         for edge in (variable.pull_edge, variable.push_edge):
             if edge:
                 placed[(variable.ps_task, edge)] = target
+        if variable.pull_edge:
+            placed[(variable.ps_task, _READ_OF + variable.name)] = target
     cluster = _derived_tasks(trace, workers, ps, what_if)
     steps = tuple(
         Step(
