@@ -614,6 +614,10 @@ def build_request(args: argparse.Namespace) -> ReplayRequest:
     else:
         workloads, derivation = _trace_workloads(args, trace_path, benchmarks, mode)
         config["workload"] = "trace" if derivation is None else "what-if"
+        if derivation is not None:
+            # Flat, for TensorBoard's HParams; the document's what_if says it in full.
+            config["what_if_placement"] = derivation.placement
+            config["what_if_scale_tensors"] = derivation.scale_tensors
         config["trace"] = str(trace_path)
     _check_processes(workloads, local_servers=targets is None)
     workloads = _fitted_to_messages(workloads, settings)

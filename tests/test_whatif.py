@@ -433,6 +433,8 @@ def test_a_what_if_replay_says_so_in_its_results_and_report(tmp_path: Path) -> N
     assert document.what_if is not None
     assert document.what_if.asked() == WhatIf(workers=3, ps=2, placement=Placement.SIZE)
     assert (document.what_if.trace, document.what_if.captured_workers) == ("toy", 1)
+    assert document.config["workload"] == "what-if"
+    assert document.config["what_if_placement"] == "size"
     (throughput,) = document.benchmarks
     # Every worker's two steps, each the captured step: 12 calls to 2 ps, by hand.
     run = throughput.runs[0]
