@@ -461,3 +461,62 @@ def test_network_compare_hands_the_what_if_flags_to_its_replays() -> None:
         args, trace_files.read_trace(trace_files.shipped_trace_path("resnet50-tf2ps"))
     )
     assert what_if == WhatIf(workers=4, ps=1, placement=Placement.SIZE, scale_tensors=1.5)
+
+
+def test_role_replays_a_what_if_cluster_placed_by_tf_config(tmp_path: Path) -> None:
+    """Each task of a 3-worker, 2-ps cluster runs ``role`` on the toy trace's what-if."""
+    import json
+    import os
+
+    from tests.test_placement import free_ports
+
+    path = tmp_path / "toy.tfgbtrace"
+    with path.open("wb") as stream:
+        dump_trace(toy_trace(), stream)
+    addresses = [f"127.0.0.1:{port}" for port in free_ports(5)]
+    cluster = {"ps": addresses[:2], "worker": addresses[2:]}
+    flags = [str(path), "--workers", "3", "--ps", "2", "--benchmark", "ps-throughput"]
+    flags += ["--warmup", "0", "--steps", "2", "--runs", "1", "--job-timeout", "120"]
+    processes = {}
+    for job, members in cluster.items():
+        for index in range(len(members)):
+            config = {"cluster": cluster, "task": {"type": job, "index": index}}
+            processes[f"{job}:{index}"] = subprocess.Popen(
+                [
+                    sys.executable,
+                    "-m",
+                    "tf_grpc_bench",
+                    "role",
+                    *flags,
+                    "--output-dir",
+                    str(tmp_path),
+                ],
+                env={**os.environ, "TF_CONFIG": json.dumps(config)},
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+    try:
+        outcomes = {
+            task: (p.communicate(timeout=300), p.returncode) for task, p in processes.items()
+        }
+    finally:
+        for process in processes.values():
+            if process.poll() is None:
+                process.kill()
+    for task, ((stdout, stderr), code) in outcomes.items():
+        assert code == 0, f"{task}: {stdout}{stderr}"
+    (results_file,) = tmp_path.glob("*/results.json")
+    document = read_document(results_file)
+    assert document.what_if is not None
+    assert (document.what_if.workers, document.what_if.ps) == (3, 2)
+    (throughput,) = document.benchmarks
+    (run,) = throughput.runs
+    assert {s.worker_index for s in run.samples} == {0, 1, 2}
+    # Every worker's two steps, to the two ps, as in the loopback what-if above.
+    ps0 = _variable_bytes(4000) + _variable_bytes(600) + _variable_bytes(100) + CONTROL_BYTES
+    ps1 = _variable_bytes(1000) + _variable_bytes(300) + CONTROL_BYTES
+    by_server = Counter[int]()
+    for sample in run.samples:
+        by_server[sample.server_index] += sample.request_bytes + sample.response_bytes
+    assert by_server == {0: 3 * 2 * ps0, 1: 3 * 2 * ps1}
