@@ -443,6 +443,9 @@ def test_a_what_if_replay_says_so_in_its_results_and_report(tmp_path: Path) -> N
     ps1 = sum(_variable_bytes(size) for size in SIZES[1:]) + CONTROL_BYTES
     assert run.request_bytes + run.response_bytes == 3 * 2 * (ps0 + ps1)
     assert {s.server_index for s in run.samples} == {0, 1}
+    # The step timeline names the derived cluster's tasks (the calls index the derived trace).
+    drawn = (results_file.parent / "timeline" / "ps-throughput.trace.json").read_text()
+    assert '"replayed /job:worker/task:2"' in drawn
 
 
 def test_network_compare_hands_the_what_if_flags_to_its_replays() -> None:
