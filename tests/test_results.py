@@ -483,3 +483,20 @@ def test_a_what_if_field_missing_is_named_by_its_path(path: str, key: str) -> No
     with pytest.raises(ResultError) as missing:
         loads_document(json.dumps(document), source="r.json")
     assert str(missing.value) == f"r.json: invalid result document: {path}: missing field {key!r}"
+
+
+def test_a_discarded_run_directory_takes_its_base_only_if_the_run_made_it(tmp_path: Path) -> None:
+    made = new_run_directory(tmp_path / "a" / "runs", "x")  # two levels made
+    (made / "events.out.tfevents.1").write_bytes(b"\0")
+    results.discard_run_directory(made, base_existed=False)
+    assert not (tmp_path / "a" / "runs").exists() and (tmp_path / "a").is_dir()
+    kept = tmp_path / "kept"
+    kept.mkdir()
+    run = new_run_directory(kept, "y")
+    results.discard_run_directory(run, base_existed=True)
+    assert kept.is_dir() and list(kept.iterdir()) == []
+    # A base that holds other runs stays, whatever the caller thought.
+    other = new_run_directory(kept, "z")
+    third = new_run_directory(kept, "w")
+    results.discard_run_directory(third, base_existed=False)
+    assert list(kept.iterdir()) == [other]
