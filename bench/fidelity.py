@@ -92,9 +92,18 @@ def run(command: list[str]) -> None:
         raise SystemExit(f"failed ({completed.returncode}): {completed.stderr.strip()[-2000:]}")
 
 
-def capture(model: str, setup: str, steps: int, output: Path, profile: str | None) -> Trace:
+def capture(
+    model: str,
+    setup: str,
+    steps: int,
+    output: Path,
+    profile: str | None,
+    *,
+    workers: int = 2,
+    ps: int = 2,
+) -> Trace:
     command = tf_grpc_bench_command(
-        "capture", "--model", model, "--setup", setup, "--ps", "2", "--workers", "2",
+        "capture", "--model", model, "--setup", setup, "--ps", str(ps), "--workers", str(workers),
         "--steps", str(steps), "--warmup-steps", "2", "--batch-size", "4",
         "--input-size", "32", "--output", str(output), "--quiet",
     )  # fmt: skip
@@ -133,13 +142,22 @@ def link_bound_seconds(trace: Trace, profile: str) -> float | None:
     return max(statistics.median(down), statistics.median(up)) * 8 / rate
 
 
-def predict(trace_path: Path, profile: str, output_dir: Path) -> Prediction | None:
+def predict(
+    trace_path: Path,
+    profile: str,
+    output_dir: Path,
+    *,
+    length: tuple[str, ...] = ("--duration", REPLAY_DURATION_S),
+    extra: tuple[str, ...] = (),
+) -> Prediction | None:
+    """The replay's prediction across ``profile``; ``length`` says how long each run is
+    (``--duration S`` or ``--steps N``), ``extra`` adds replay flags (a what-if's)."""
     compare = tf_grpc_bench_command(
         "network", "compare", str(trace_path), "--profiles", profile,
         "--benchmark", "ps-throughput", "--warmup", REPLAY_WARMUP_S,
-        "--duration", REPLAY_DURATION_S, "--runs", "1", "--output-dir", str(output_dir),
+        *length, "--runs", "1", "--output-dir", str(output_dir),
         # VGG-16's largest tensor (411 MB) is over the 256 MiB default.
-        "--max-message-size", "1GB",
+        "--max-message-size", "1GB", *extra,
     )  # fmt: skip
     run(compare)
     documents = sorted(output_dir.rglob("results.json"))

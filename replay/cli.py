@@ -21,6 +21,7 @@ from typing import Any
 from tf_grpc_bench import lifetime, trace_files
 from tf_grpc_bench.errors import ConfigError, RunInterrupted, TransportError, UsageError
 from tf_grpc_bench.replay import runner
+from tf_grpc_bench.replay.core import whatif
 from tf_grpc_bench.replay.core.chunking import chunk_count, chunk_workload
 from tf_grpc_bench.replay.core.generators import (
     MAX_BUFFERS_PER_PAYLOAD,
@@ -62,6 +63,7 @@ from tf_grpc_bench.replay.transport.loop import (
 from tf_grpc_bench.replay.transport.server import DEFAULT_PORT, serve_until
 from tf_grpc_bench.replay.transport.wire import RpcKind, ServerSettings, read_token_file
 from tf_grpc_bench.sizes import SizeCategory, parse_size
+from tf_grpc_bench.trace import Trace
 
 #: Server threads left for control calls when streams hold the others.
 STREAM_THREADS_KEPT_FREE = 4
@@ -306,10 +308,18 @@ def _add_synthetic_flags(parser: argparse.ArgumentParser) -> None:
         "--seed", type=int, default=None, help="seed of the random generator (default 0)"
     )
     synthetic.add_argument(
-        "--ps", type=int, default=None, help="ps servers for PS throughput (default 1)"
+        "--ps",
+        type=int,
+        default=None,
+        help="ps servers for PS throughput (default 1); with a TRACE: a what-if, the trace's "
+        "variables placed over N ps (default: the captured count)",
     )
     synthetic.add_argument(
-        "--workers", type=int, default=None, help="worker processes for PS throughput (default 1)"
+        "--workers",
+        type=int,
+        default=None,
+        help="worker processes for PS throughput (default 1); with a TRACE: a what-if, M "
+        "workers, worker i replaying captured worker i mod W (default: the captured count)",
     )
 
 
@@ -327,6 +337,20 @@ def _add_trace_flags(parser: argparse.ArgumentParser) -> None:
     )
     traced.add_argument(
         "--passes", type=int, default=None, help="replay the trace's steps N times per run"
+    )
+    traced.add_argument(
+        "--placement",
+        choices=[p.value for p in whatif.Placement],
+        default=None,
+        help="what-if: how variables are spread over --ps: round-robin (default, TensorFlow's) "
+        "or size (greedy by bytes, as TF1's GreedyLoadBalancingStrategy)",
+    )
+    traced.add_argument(
+        "--scale-tensors",
+        type=float,
+        default=None,
+        metavar="X",
+        help="what-if: every tensor's bytes times X (a wider model; default 1)",
     )
 
 
@@ -412,10 +436,16 @@ _SYNTHETIC_FLAGS = (
     ("medium_size", "--medium-size"),
     ("large_size", "--large-size"),
     ("seed", "--seed"),
-    ("ps", "--ps"),
-    ("workers", "--workers"),
 )
-_TRACE_FLAGS = (("pair", "--pair"), ("steps", "--steps"), ("passes", "--passes"))
+_TRACE_FLAGS = (
+    ("pair", "--pair"),
+    ("steps", "--steps"),
+    ("passes", "--passes"),
+    ("placement", "--placement"),
+    ("scale_tensors", "--scale-tensors"),
+)
+#: Flags that make a trace replay a what-if.
+_WHAT_IF_FLAGS = ("workers", "ps", "placement", "scale_tensors")
 
 
 def _parse_benchmarks(text: str) -> tuple[Benchmark, ...]:
@@ -587,15 +617,22 @@ def build_request(
         "targets": ",".join(targets) if targets else "loopback",
         **grpc_parameters,
     }
+    derivation = None
     if trace_path is None:
         workloads = _synthetic_workloads(args, benchmarks, mode)
         config["workload"] = "synthetic"
     else:
-        workloads = _trace_workloads(args, trace_path, benchmarks, mode, whole_steps)
+        workloads, derivation = _trace_workloads(args, trace_path, benchmarks, mode, whole_steps)
         if targets is not None and len(targets) < max(w.server_count for w in workloads):
             without_stand_ins = replace(whole_steps, stand_in_servers=False)
-            workloads = _trace_workloads(args, trace_path, benchmarks, mode, without_stand_ins)
-        config["workload"] = "trace"
+            workloads, derivation = _trace_workloads(
+                args, trace_path, benchmarks, mode, without_stand_ins
+            )
+        config["workload"] = "trace" if derivation is None else "what-if"
+        if derivation is not None:
+            # Flat, for TensorBoard's HParams; the document's what_if says it in full.
+            config["what_if_placement"] = derivation.placement
+            config["what_if_scale_tensors"] = derivation.scale_tensors
         config["trace"] = str(trace_path)
     _check_processes(workloads, local_servers=targets is None)
     workloads = _fitted_to_messages(workloads, settings)
@@ -617,6 +654,7 @@ def build_request(
         config=config,
         grpc_parameters=dict(grpc_parameters),
         control_token=_token(args),
+        what_if=derivation,
     )
 
 
@@ -682,7 +720,9 @@ def _trace_workloads(
     benchmarks: tuple[Benchmark, ...],
     mode: Mode,
     whole_steps: WholeSteps,
-) -> list[Workload]:
+) -> tuple[list[Workload], whatif.Derivation | None]:
+    """The trace's workloads, of the what-if cluster the flags ask for if any, and how
+    that cluster was derived (None for the captured one)."""
     for flag_attribute, flag in _SYNTHETIC_FLAGS:
         if getattr(args, flag_attribute) is not None:
             raise UsageError(
@@ -690,8 +730,13 @@ def _trace_workloads(
                 "(add --synthetic to use the generators)"
             )
     trace = trace_files.read_trace(trace_path)
+    what_if = what_if_of(args, trace)
+    derivation = None
+    if what_if is not None:
+        derivation = whatif.derivation(trace, what_if, trace_name=trace_path.stem)
+        trace = whatif.derive_trace(trace, what_if)
     pair = parse_pair(args.pair, trace) if args.pair is not None else None
-    return [
+    workloads = [
         trace_workload(
             trace,
             benchmark,
@@ -702,6 +747,23 @@ def _trace_workloads(
         )
         for benchmark in benchmarks
     ]
+    return workloads, derivation
+
+
+def what_if_of(args: argparse.Namespace, trace: Trace) -> whatif.WhatIf | None:
+    """The cluster ``--workers``/``--ps``/``--placement``/``--scale-tensors`` ask a trace
+    replay about (the captured one where a flag is not given), or None without them."""
+    if all(getattr(args, name) is None for name in _WHAT_IF_FLAGS):
+        return None
+    workers, ps = whatif.captured_cluster(trace)
+    what_if = whatif.WhatIf(
+        workers=args.workers if args.workers is not None else len(workers),
+        ps=args.ps if args.ps is not None else len(ps),
+        placement=whatif.Placement(args.placement or whatif.Placement.ROUND_ROBIN.value),
+        scale_tensors=args.scale_tensors if args.scale_tensors is not None else 1.0,
+    )
+    whatif.check_what_if(trace, what_if)
+    return what_if
 
 
 def _check_processes(workloads: list[Workload], *, local_servers: bool) -> None:

@@ -30,6 +30,7 @@ from tf_grpc_bench.replay.core.measurement import (
     RunMeasurement,
 )
 from tf_grpc_bench.replay.core.pacing import Pacing, Timing
+from tf_grpc_bench.replay.core.whatif import Derivation, derive_trace
 from tf_grpc_bench.replay.core.workload import Mode, Shape, Workload
 from tf_grpc_bench.replay.network import netinfo
 from tf_grpc_bench.replay.output import document as results
@@ -256,12 +257,17 @@ class ReplayRequest:
     grpc_parameters: dict[str, str | int | float | bool]
     #: The servers' control-call token (``--token-file``); never recorded.
     control_token: str | None = field(default=None, repr=False)
+    #: A what-if replay: the cluster asked about and the trace it was derived from
+    #: (``core.whatif``); None for the captured cluster.
+    what_if: Derivation | None = None
 
 
 def run_label(request: ReplayRequest) -> str:
     """The name a run directory of ``request`` starts with: where and what."""
     where = "remote" if request.targets is not None else "loopback"
     what = request.trace_path.stem if request.trace_path is not None else "synthetic"
+    if request.what_if is not None:
+        what += f"-whatif-{request.what_if.workers}w{request.what_if.ps}ps"
     return f"{where}-{what}"
 
 
@@ -371,7 +377,11 @@ def record(
     with lifetime.deferred_signals():
         network = netinfo.describe_network(executed.targets, name=network_name)
         document = results.build_document(
-            executed.results, config=request.config, trace_path=request.trace_path, network=network
+            executed.results,
+            config=request.config,
+            trace_path=request.trace_path,
+            network=network,
+            what_if=request.what_if,
         )
         if executed.stopped_reason:
             reasons = (document.partial_reason, executed.stopped_reason)
@@ -381,5 +391,8 @@ def record(
         results.write_document(document, run_directory / results.RESULTS_FILE_NAME)
         tensorboard.write_run(document, run_directory)
         trace = None if request.trace_path is None else trace_files.read_trace(request.trace_path)
+        if trace is not None and request.what_if is not None:
+            # The replayed calls index the derived trace's RPCs.
+            trace = derive_trace(trace, request.what_if.asked())
         timeline.write_run_timelines(document, run_directory, trace)
     return document

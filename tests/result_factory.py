@@ -20,6 +20,7 @@ from tf_grpc_bench.replay.core.measurement import (
     InexactSizes,
     RunMeasurement,
 )
+from tf_grpc_bench.replay.core.whatif import Derivation
 from tf_grpc_bench.replay.output.document import ResultDocument, TraceInfo, build_document
 from tf_grpc_bench.replay.output.machine import InterfaceInfo, MachineInfo, NetworkInfo
 
@@ -209,7 +210,18 @@ def golden_document() -> ResultDocument:
         format_version=1,
         step_count=4,
     )
-    return dataclasses.replace(document, trace=trace)
+    # A what-if replay of a larger cluster than captured (format version 5).
+    what_if = Derivation(
+        workers=4,
+        ps=1,
+        placement="round-robin",
+        scale_tensors=1.0,
+        trace="resnet50-tf2ps",
+        captured_workers=2,
+        captured_ps=2,
+        variables=321,
+    )
+    return dataclasses.replace(document, trace=trace, what_if=what_if)
 
 
 if __name__ == "__main__":

@@ -66,6 +66,15 @@ def test_charts_are_pngs_of_their_stated_size() -> None:
         plots.bar_chart("t", ["small"], [plots.Series(name="a", values=(None,))], y_label="y")
 
 
+def test_a_chart_of_one_point_at_a_power_of_ten_draws() -> None:
+    # One profile of 1 Gbit/s: a log axis from 1e9 to 1e9 divided by zero.
+    chart = plots.line_chart(
+        "t", [plots.Series(name="a", points=((1e9, 3.6),))], x_label="x", y_label="y"
+    )
+    with Image.open(io.BytesIO(chart.png)) as image:
+        assert image.size == (chart.width, chart.height)
+
+
 @pytest.fixture(scope="module")
 def board(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[TensorBoard, Path]]:
     logdir = tmp_path_factory.mktemp("comparison")

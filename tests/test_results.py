@@ -428,6 +428,31 @@ def test_a_prediction_is_flagged_replay_bound_when_the_replay_kept_the_cores_bus
     assert json.loads(dumps_document(changed))["benchmarks"][0]["statistics"]["prediction"] is None
 
 
+@pytest.mark.parametrize("version", [1, 2, 3, 4])
+def test_documents_before_version_5_read_as_no_what_if(version: int) -> None:
+    assert read_document(DATA / f"results-v{version}.json").what_if is None
+
+
+def test_a_what_if_document_round_trips_and_says_so_in_the_table(tmp_path: Path) -> None:
+    from tf_grpc_bench.replay.output.report import format_table
+
+    document = golden_document()
+    assert document.what_if is not None
+    back = read_document(write_document(document, tmp_path / "r.json"))
+    assert back == document
+    assert document.what_if.describe() in format_table(back).splitlines()
+
+
+def test_a_what_if_with_a_bad_placement_is_refused_naming_it(tmp_path: Path) -> None:
+    data = json.loads(dumps_document(golden_document()))
+    data["what_if"]["placement"] = "sideways"
+    path = tmp_path / "r.json"
+    path.write_text(json.dumps(data))
+    with pytest.raises(ResultError, match="what_if") as error:
+        read_document(path)
+    _single_line_error(error)
+
+
 def _golden_v4() -> dict:
     return json.loads((DATA / "results-v4.json").read_text())
 
@@ -525,6 +550,20 @@ def test_an_unknown_benchmark_and_a_run_that_is_no_object_are_named() -> None:
     with pytest.raises(ResultError) as not_object:
         loads_document(json.dumps(document), source="r.json")
     assert str(not_object.value).endswith(": benchmarks[0]: expected an object")
+
+
+@pytest.mark.parametrize(
+    ("path", "key"),
+    [("what_if", "workers"), ("what_if", "placement"), ("what_if", "derived_from"),
+     ("what_if.derived_from", "trace"), ("what_if.derived_from", "ps")],
+)  # fmt: skip
+def test_a_what_if_field_missing_is_named_by_its_path(path: str, key: str) -> None:
+    document = json.loads(dumps_document(golden_document()))
+    holder = document["what_if"] if path == "what_if" else document["what_if"]["derived_from"]
+    del holder[key]
+    with pytest.raises(ResultError) as missing:
+        loads_document(json.dumps(document), source="r.json")
+    assert str(missing.value) == f"r.json: invalid result document: {path}: missing field {key!r}"
 
 
 def test_a_discarded_run_directory_takes_its_base_only_if_the_run_made_it(tmp_path: Path) -> None:

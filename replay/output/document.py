@@ -50,6 +50,7 @@ from tf_grpc_bench.replay.core.measurement import (
     RunMeasurement,
     machine_cpu_busy_share,
 )
+from tf_grpc_bench.replay.core.whatif import Derivation
 from tf_grpc_bench.replay.output.machine import (
     InterfaceInfo,
     MachineInfo,
@@ -77,6 +78,9 @@ FORMAT = "tf-grpc-bench-results"
 #:       gain ``replay_cpu_cores`` and ``machine_cpu_busy_share``, and
 #:       ``replay_bound`` also counts the machine's load.  Versions 1 to 4 read
 #:       with 0 ticks (unknown).
+#:       Documents also gain ``what_if``: the cluster a what-if replay asked
+#:       about and the trace it was derived from (``core.whatif``), or null;
+#:       versions 1 to 4 read with null.
 FORMAT_VERSION = 5
 #: Versions ``read_document`` can read.
 READABLE_VERSIONS = frozenset({1, 2, 3, 4, 5})
@@ -130,6 +134,8 @@ class ResultDocument:
     network: NetworkInfo | None = None
     partial: bool = False
     partial_reason: str = ""
+    #: A what-if replay: the cluster asked about and where it was derived from.
+    what_if: Derivation | None = None
     format_version: int = FORMAT_VERSION
 
     def __post_init__(self) -> None:
@@ -225,6 +231,7 @@ def build_document(
     partial_reason: str = "",
     machine: MachineInfo | None = None,
     created: datetime | None = None,
+    what_if: Derivation | None = None,
 ) -> ResultDocument:
     """Assemble the result document of one invocation.
 
@@ -256,6 +263,7 @@ def build_document(
             network=network,
             partial=is_partial,
             partial_reason=partial_reason if is_partial else "",
+            what_if=what_if,
         )
     except ValueError as error:
         raise ResultError(f"cannot build the result document: {error}") from None
@@ -437,6 +445,43 @@ def _benchmark_json(result: BenchmarkResult, cpu_count: int) -> dict[str, Any]:
     }
 
 
+def _what_if_json(what_if: Derivation | None) -> dict[str, Any] | None:
+    if what_if is None:
+        return None
+    return {
+        "workers": what_if.workers,
+        "ps": what_if.ps,
+        "placement": what_if.placement,
+        "scale_tensors": what_if.scale_tensors,
+        "variables": what_if.variables,
+        "derived_from": {
+            "trace": what_if.trace,
+            "workers": what_if.captured_workers,
+            "ps": what_if.captured_ps,
+        },
+    }
+
+
+def _what_if_from_json(obj: dict[str, Any], where: str) -> Derivation:
+    source = _object(obj, "derived_from", where)
+    scale = obj.get("scale_tensors")
+    if not isinstance(scale, int | float) or isinstance(scale, bool):
+        raise _Invalid(f"{where}.scale_tensors: expected a number")
+    try:
+        return Derivation(
+            workers=_int(obj, "workers", where),
+            ps=_int(obj, "ps", where),
+            placement=_str(obj, "placement", where),
+            scale_tensors=float(scale),
+            variables=_int(obj, "variables", where),
+            trace=_str(source, "trace", f"{where}.derived_from"),
+            captured_workers=_int(source, "workers", f"{where}.derived_from"),
+            captured_ps=_int(source, "ps", f"{where}.derived_from"),
+        )
+    except ValueError as error:
+        raise _Invalid(f"{where}: {error}") from None
+
+
 def document_to_json_dict(document: ResultDocument) -> dict[str, Any]:
     """The JSON object ``write_document`` writes (plain dicts, lists and scalars)."""
     machine = document.machine
@@ -490,6 +535,7 @@ def document_to_json_dict(document: ResultDocument) -> dict[str, Any]:
             "emulated_rate_bits_per_s": network.emulated_rate_bits_per_s,
             "emulation": network.emulation,
         },
+        "what_if": _what_if_json(document.what_if),
         "config": dict(document.config),
         "benchmarks": [
             _benchmark_json(result, document.machine.cpu_count) for result in document.benchmarks
@@ -765,6 +811,9 @@ def document_from_json_dict(data: Any, *, source: str = "results") -> ResultDocu
             raise _Invalid("trace: expected an object or null")
         if network is not None and not isinstance(network, dict):
             raise _Invalid("network: expected an object or null")
+        what_if = data.get("what_if") if version >= 5 else None
+        if what_if is not None and not isinstance(what_if, dict):
+            raise _Invalid("what_if: expected an object or null")
         return ResultDocument(
             format_version=version,
             tool_version=_str(data, "tool_version", where),
@@ -776,6 +825,7 @@ def document_from_json_dict(data: Any, *, source: str = "results") -> ResultDocu
             network=None if network is None else _network_from_json(network, "network"),
             partial=_bool(data, "partial", where),
             partial_reason=_str(data, "partial_reason", where),
+            what_if=None if what_if is None else _what_if_from_json(what_if, "what_if"),
         )
     except _Invalid as error:
         raise ResultError(f"{source}: invalid result document: {error}") from None

@@ -58,6 +58,9 @@ class _Axis:
         self.log = log and low > 0
         if self.log:
             low, high = 10 ** math.floor(math.log10(low)), 10 ** math.ceil(math.log10(high))
+            if high == low:
+                # One value, a power of ten (one 1 Gbit/s link): a decade around it.
+                high = low * 10
         elif high == low:
             high = low + 1
         if not self.log:

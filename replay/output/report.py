@@ -112,6 +112,8 @@ def format_table(document: ResultDocument) -> str:
         for result, label in zip(document.benchmarks, document.labels, strict=True)
     ]
     lines = [describe_context(document)]
+    if document.what_if is not None:
+        lines.append(document.what_if.describe())
     lines += _align(_RESULT_HEADER, [row.cells for row in rows])
     notes = [row.partial_note for row in rows if row.partial_note]
     if document.partial and not notes:

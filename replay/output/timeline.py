@@ -43,6 +43,7 @@ from tf_grpc_bench.errors import ResultError, TraceError
 from tf_grpc_bench.files import write_atomically
 from tf_grpc_bench.protos import xplane_pb2
 from tf_grpc_bench.replay.core.measurement import BenchmarkResult, CallSample, RunMeasurement
+from tf_grpc_bench.replay.core.whatif import derive_trace
 from tf_grpc_bench.replay.core.workload import captured_path_segments
 from tf_grpc_bench.replay.output.document import ResultDocument
 from tf_grpc_bench.trace import Rpc, Trace
@@ -598,7 +599,11 @@ def replayed_trace(document: ResultDocument, override: Path | None = None) -> Tr
         candidates += [trace_files.shipped_trace_path(n) for n in trace_files.shipped_trace_names()]
     for candidate in candidates:
         if candidate.is_file() and trace_files.file_sha256(candidate) == info.sha256:
-            return trace_files.read_trace(candidate)
+            trace = trace_files.read_trace(candidate)
+            if document.what_if is not None:
+                # A what-if run's calls index the RPCs of the trace derived from it.
+                trace = derive_trace(trace, document.what_if.asked())
+            return trace
     if override is not None:
         raise ResultError(
             f"--trace {override}: not the trace the run replayed (sha256 {info.sha256[:12]}...)"

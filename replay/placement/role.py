@@ -313,7 +313,11 @@ def _measure(
         "cluster": json.dumps(placement.cluster.as_dict(), sort_keys=True),
     }
     document = results.build_document(
-        measured, config=config, trace_path=request.trace_path, network=network
+        measured,
+        config=config,
+        trace_path=request.trace_path,
+        network=network,
+        what_if=request.what_if,
     )
     return results.dumps_document(document)
 
@@ -526,6 +530,7 @@ def _gathered_document(
         network=first.network if first else None,
         partial=bool(reason),
         partial_reason=reason,
+        what_if=first.what_if if first else None,
     )
 
 

@@ -1,0 +1,65 @@
+"""bench/scaling.py's figures from result documents: per-process CPU and where it binds
+(loaded from its file with bench/ on the path, as the script runs)."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+BENCH = Path(__file__).resolve().parent.parent / "bench"
+
+
+def _load() -> ModuleType:
+    if str(BENCH) not in sys.path:
+        sys.path.insert(0, str(BENCH))
+    spec = importlib.util.spec_from_file_location("bench_scaling", BENCH / "scaling.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+scaling = _load()
+
+
+def _document(client: float, server: float, cpu_count: int = 2) -> dict[str, Any]:
+    statistics = {
+        "rpcs_per_s": 1200.0,
+        "bandwidth_mb_per_s": 350.0,
+        "client_cpu_utilization": client,
+        "server_cpu_utilization": server,
+        "prediction": {"step_ns": 560_000_000.0},
+    }
+    return {"machine": {"cpu_count": cpu_count}, "benchmarks": [{"statistics": statistics}]}
+
+
+def test_cores_are_split_per_worker_and_per_ps_process() -> None:
+    row = scaling.loopback_row(_document(client=1.2, server=0.4), workers=4, ps=2)
+    assert (row.worker_cores, row.ps_cores, row.total_cores) == (0.3, 0.2, 1.6)
+    assert row.step_s == 0.56
+    assert row.cpu_bound == ""
+
+
+def test_a_row_is_cpu_bound_by_the_machine_or_by_one_interpreter() -> None:
+    machine = scaling.loopback_row(_document(client=1.0, server=0.8), workers=2, ps=1)
+    assert machine.cpu_bound == "machine (1.80 of 2 cores)"
+    one_ps = scaling.loopback_row(_document(client=0.3, server=0.95, cpu_count=8), workers=1, ps=1)
+    assert one_ps.cpu_bound == "one ps process (0.95 core)"
+
+
+def test_the_section_has_one_table_per_part_measured() -> None:
+    row = scaling.loopback_row(_document(client=0.6, server=0.6), workers=1, ps=1)
+    memory = scaling.MemoryRow(
+        workers=1, idle_bytes=73 << 20, peak_bytes=369 << 20, threads=69, received_bytes=510**3
+    )
+    text = scaling.report(
+        [row], [memory], [], compute="none", command="bench/scaling.py", before="1", after="2"
+    )
+    assert text.startswith("## Scaling\n")
+    assert "| 1 | 1 | 1,200 | 350 | 0.56 s | 0.60 | 0.60 | 1.20 of 2 | no |" in text
+    assert "| 1 | 73 MiB | 369 MiB | 296 MiB | 69 | 0.13 GB |" in text
+    assert "What-if on emulated links" not in text
