@@ -45,16 +45,19 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Tests marked ``netns`` make network namespaces: without root they skip, saying why."""
+    """Tests marked ``netns`` make network namespaces, tests marked ``slurm`` install and
+    start Slurm's daemons: without root they skip, saying why."""
     del config
     if os.geteuid() == 0:
         return
-    skip = pytest.mark.skip(
-        reason="needs root: makes network namespaces (CI runs as root; run the suite with sudo)"
-    )
+    reasons = {
+        "netns": "needs root: makes network namespaces (CI runs as root; run the suite with sudo)",
+        "slurm": "needs root: installs and starts munged, slurmctld and slurmd (CI runs as root)",
+    }
     for item in items:
-        if item.get_closest_marker("netns") is not None:
-            item.add_marker(skip)
+        for marker, reason in reasons.items():
+            if item.get_closest_marker(marker) is not None:
+                item.add_marker(pytest.mark.skip(reason=reason))
 
 
 def environment_without_coverage() -> dict[str, str]:
