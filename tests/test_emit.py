@@ -217,7 +217,8 @@ def test_tf_config_documents_one_per_task(tmp_path: Path) -> None:
         (("jobset", "--image", "i", "--port", "0", *REPLAY), "--port 0: expected 1..65535"),
         (("jobset", "--image", "i", "--mount-path", "data", *REPLAY), "--mount-path 'data'"),
         (("jobset", "--image", "i", "--ps", "0", *REPLAY), "expected a task count"),
-        (("tf-config", "--ps-hosts", "a:1"), "needs --ps-hosts and --worker-hosts"),
+        (("tf-config", "--ps-hosts", "a:1"), "needs --worker-hosts"),
+        (("tf-config", "--slurm-jobs", "ps:1", "--ps-hosts", "a:1"), "not both"),
         (("tf-config", "--ps-hosts", "a", "--worker-hosts", "b:1"), "--ps-hosts 'a': 'a' is not"),
         (("tf-config", "--ps-hosts", "a:1", "--worker-hosts", "b:99999"), "'b:99999' is not"),
     ],
@@ -239,5 +240,7 @@ def test_yaml_reads_back_as_the_document_it_was_written_from() -> None:
 
 
 def test_a_cluster_without_workers_gets_no_tf_config() -> None:
-    with pytest.raises(ConfigError, match="needs --ps and --worker"):
+    with pytest.raises(ConfigError, match="needs worker tasks"):
         manifests.tf_configs({"ps": ["a:1"]})
+    # Workers alone (MultiWorkerMirroredStrategy) are a cluster.
+    assert list(manifests.tf_configs({"worker": ["a:1", "b:1"]})) == ["worker:0", "worker:1"]

@@ -7,6 +7,7 @@ The Slurm is Debian's, installed when missing and started by ``tests/slurm_clust
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -150,3 +151,41 @@ def test_under_srun_a_missing_or_wrong_job_layout_is_one_line_per_task(
     assert wrong.returncode != 0
     assert "ps:1,worker:2: 3 tasks, but the Slurm step has 2 (srun -n)" in wrong.stderr
     assert "Traceback" not in wrong.stderr
+
+
+def test_emit_tf_config_gives_each_srun_task_its_tf_config(
+    slurm: slurm_cluster.Slurm, tmp_path: Path
+) -> None:
+    """For a command that reads TF_CONFIG (a training script under ``record``)."""
+    result = subprocess.run(
+        [
+            "srun",
+            "--ntasks=3",
+            "--time=5",
+            f"--chdir={tmp_path}",
+            sys.executable,
+            "-m",
+            "tf_grpc_bench",
+            "emit",
+            "tf-config",
+            "--slurm-jobs",
+            "worker:2,ps:1",
+            "--port-base",
+            "7000",
+        ],
+        env=slurm.environment,
+        capture_output=True,
+        text=True,
+        timeout=STEP_LIMIT_S,
+        check=False,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    documents = [json.loads(line) for line in result.stdout.splitlines()]
+    assert {json.dumps(d["cluster"], sort_keys=True) for d in documents} == {
+        json.dumps({"ps": ["localhost:7000"], "worker": ["localhost:7001", "localhost:7002"]})
+    }
+    assert sorted((d["task"]["type"], d["task"]["index"]) for d in documents) == [
+        ("ps", 0),
+        ("worker", 0),
+        ("worker", 1),
+    ]

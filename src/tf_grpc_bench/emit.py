@@ -10,10 +10,11 @@ document of every task of a cluster, for any other launcher
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
-from tf_grpc_bench import manifests
+from tf_grpc_bench import launchers, manifests
 from tf_grpc_bench.errors import ConfigError, UsageError
 
 KINDS = ("jobset", "tfjob", "tf-config")
@@ -39,6 +40,21 @@ def configure_emit(parser: argparse.ArgumentParser) -> None:
     plain.add_argument("--ps-hosts", metavar="HOST:PORT,...", help="the ps tasks' addresses")
     plain.add_argument("--worker-hosts", metavar="HOST:PORT,...", help="the workers' addresses")
     plain.add_argument("--chief-host", metavar="HOST:PORT", help="the chief's address")
+    plain.add_argument(
+        "--slurm-jobs",
+        metavar="JOB:N,...",
+        help="instead of the hosts: inside an srun task, print this task's TF_CONFIG, laid "
+        "out from Slurm's environment as TensorFlow's SlurmClusterResolver does "
+        "(e.g. ps:1,worker:2,chief:1)",
+    )
+    plain.add_argument(
+        "--port-base",
+        type=int,
+        default=launchers.DEFAULT_PORT_BASE,
+        metavar="PORT",
+        help=f"with --slurm-jobs: a node's tasks on PORT, PORT+1, ... "
+        f"(default {launchers.DEFAULT_PORT_BASE})",
+    )
     plain.add_argument(
         "--output",
         "-o",
@@ -118,12 +134,29 @@ def _write(text: str, output: str) -> None:
         raise ConfigError(f"--output {output}: cannot write ({error.strerror})") from None
 
 
+def _emit_slurm_tf_config(args: argparse.Namespace) -> int:
+    """This srun task's TF_CONFIG (one line), for a command that reads TF_CONFIG."""
+    if args.ps_hosts or args.worker_hosts or args.chief_host:
+        raise UsageError("emit tf-config: give --slurm-jobs or the hosts, not both")
+    step = launchers.read_slurm_step(os.environ)
+    task = launchers.slurm_placement(
+        step, launchers.parse_jobs(args.slurm_jobs), port_base=args.port_base
+    )
+    text = manifests.tf_configs(task.cluster_dict())[f"{task.job}:{task.index}"]
+    _write(text + "\n", args.output)
+    return 0
+
+
 def _emit_tf_configs(args: argparse.Namespace) -> int:
-    if not args.ps_hosts or not args.worker_hosts:
-        raise UsageError("emit tf-config needs --ps-hosts and --worker-hosts")
+    if args.slurm_jobs is not None:
+        return _emit_slurm_tf_config(args)
+    if not args.worker_hosts:
+        raise UsageError("emit tf-config needs --worker-hosts (and --ps-hosts for a ps job)")
     cluster = {
         "chief": [] if not args.chief_host else [args.chief_host],
-        "ps": manifests.parse_address_list(args.ps_hosts, flag="--ps-hosts"),
+        "ps": []
+        if not args.ps_hosts
+        else manifests.parse_address_list(args.ps_hosts, flag="--ps-hosts"),
         "worker": manifests.parse_address_list(args.worker_hosts, flag="--worker-hosts"),
     }
     if args.chief_host:

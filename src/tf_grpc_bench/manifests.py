@@ -250,8 +250,8 @@ def parse_address_list(text: str, *, flag: str) -> list[str]:
 
 def tf_configs(cluster: Mapping[str, Sequence[str]]) -> dict[str, str]:
     """``job:index`` -> the TF_CONFIG document of that task (JSON text), for every task."""
-    if not cluster.get("ps") or not cluster.get("worker"):
-        raise ConfigError("tf-config: a cluster needs --ps and --worker addresses")
+    if not cluster.get("worker"):
+        raise ConfigError("tf-config: a cluster needs worker tasks")
     if len(cluster.get("chief", ())) > 1:
         raise ConfigError("tf-config: --chief: there must be at most one chief task")
     plain = {name: list(addresses) for name, addresses in cluster.items() if addresses}
