@@ -45,19 +45,20 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Tests marked ``netns`` make network namespaces, tests marked ``slurm`` install and
-    start Slurm's daemons: without root they skip, saying why."""
+    """Tests marked ``netns`` make network namespaces, tests marked ``slurm`` (which carry
+    ``netns`` too, so that ``-m "not netns"`` leaves out everything that needs root) install
+    and start Slurm's daemons: without root they skip, saying why."""
     del config
     if os.geteuid() == 0:
         return
     reasons = {
-        "netns": "needs root: makes network namespaces (CI runs as root; run the suite with sudo)",
         "slurm": "needs root: installs and starts munged, slurmctld and slurmd (CI runs as root)",
+        "netns": "needs root: makes network namespaces (CI runs as root; run the suite with sudo)",
     }
     for item in items:
-        for marker, reason in reasons.items():
-            if item.get_closest_marker(marker) is not None:
-                item.add_marker(pytest.mark.skip(reason=reason))
+        marker = next((m for m in reasons if item.get_closest_marker(m) is not None), None)
+        if marker is not None:
+            item.add_marker(pytest.mark.skip(reason=reasons[marker]))
 
 
 def environment_without_coverage() -> dict[str, str]:

@@ -19,7 +19,8 @@ from tests import slurm_cluster
 from tf_grpc_bench.replay.core.measurement import Benchmark
 from tf_grpc_bench.replay.output import document as results
 
-pytestmark = pytest.mark.slurm
+# Root only, like the netns tests (and left out with them by -m "not netns").
+pytestmark = [pytest.mark.slurm, pytest.mark.netns]
 
 #: Guards against a hang only; nothing is timed.
 STEP_LIMIT_S = 600
@@ -189,3 +190,41 @@ def test_emit_tf_config_gives_each_srun_task_its_tf_config(
         ("worker", 0),
         ("worker", 1),
     ]
+
+
+def test_the_shipped_sbatch_replay_example_runs(slurm: slurm_cluster.Slurm, tmp_path: Path) -> None:
+    """``examples/slurm/replay.sbatch`` as a user submits it, on this one node."""
+    script = Path(__file__).resolve().parent.parent / "examples" / "slurm" / "replay.sbatch"
+    output = tmp_path / "runs"
+    environment = {
+        **slurm.environment,
+        "PATH": f"{Path(sys.executable).parent}:{slurm.environment.get('PATH', '')}",
+        "TRACE": "resnet50-tf2ps",
+        "RUNS": str(output),
+        "PORT_BASE": str(slurm_cluster.free_port_block(5)),
+        "REPLAY_FLAGS": "--benchmark ps-throughput --steps 1 --runs 1 --warmup 0 --compute none",
+    }
+    result = subprocess.run(
+        # The script asks for 3 nodes; this Slurm has one, which the command line overrides.
+        [
+            "sbatch",
+            "--wait",
+            "--nodes=1",
+            f"--chdir={tmp_path}",
+            f"--output={tmp_path}/job.out",
+            str(script),
+        ],
+        env=environment,
+        capture_output=True,
+        text=True,
+        timeout=STEP_LIMIT_S,
+        check=False,
+    )
+    log = (tmp_path / "job.out").read_text() if (tmp_path / "job.out").exists() else ""
+    assert result.returncode == 0, result.stdout + result.stderr + log + slurm.logs()
+    (path,) = output.glob("*/results.json")
+    document = results.read_document(path)
+    assert not document.partial
+    assert document.network is not None and document.network.name == "slurm-test"
+    (throughput,) = document.benchmarks
+    assert {s.worker_index for run in throughput.runs for s in run.samples} == {0, 1}
