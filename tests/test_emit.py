@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -14,8 +15,11 @@ import jsonschema
 import pytest
 import yaml
 
+from tests.test_placement import FLAGS, free_ports
 from tf_grpc_bench import manifests
 from tf_grpc_bench.errors import ConfigError
+from tf_grpc_bench.replay.core.measurement import Benchmark
+from tf_grpc_bench.replay.output import document as results
 from tf_grpc_bench.replay.placement import cluster
 from tf_grpc_bench.replay.placement.cluster import Role
 
@@ -244,3 +248,37 @@ def test_a_cluster_without_workers_gets_no_tf_config() -> None:
         manifests.tf_configs({"ps": ["a:1"]})
     # Workers alone (MultiWorkerMirroredStrategy) are a cluster.
     assert list(manifests.tf_configs({"worker": ["a:1", "b:1"]})) == ["worker:0", "worker:1"]
+
+
+def test_role_tasks_started_with_the_emitted_tf_configs_replay_together(tmp_path: Path) -> None:
+    """What another launcher does with ``emit tf-config``: each task gets its document."""
+    ps, worker0, worker1 = (f"127.0.0.1:{p}" for p in free_ports(3))
+    configs = tmp_path / "configs"
+    written = emit(
+        "tf-config", "--ps-hosts", ps, "--worker-hosts", f"{worker0},{worker1}", "-o", str(configs)
+    )
+    assert written.returncode == 0, written.stderr
+    processes = {
+        path.stem: subprocess.Popen(
+            [sys.executable, "-m", "tf_grpc_bench", "role", *FLAGS, "--output-dir", str(tmp_path)],
+            env={**os.environ, "TF_CONFIG": path.read_text()},
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for path in sorted(configs.glob("*.json"))
+    }
+    try:
+        outcomes = {task: p.communicate(timeout=300) for task, p in processes.items()}
+    finally:
+        for process in processes.values():
+            if process.poll() is None:
+                process.kill()
+    for task, process in processes.items():
+        assert process.returncode == 0, f"{task}: {outcomes[task]}"
+    assert set(processes) == {"ps-0", "worker-0", "worker-1"}
+    (path,) = tmp_path.glob("*/results.json")
+    throughput = next(
+        r for r in results.read_document(path).benchmarks if r.benchmark is Benchmark.PS_THROUGHPUT
+    )
+    assert {s.worker_index for run in throughput.runs for s in run.samples} == {0, 1}
