@@ -199,7 +199,7 @@ class Slurm:
         while not ready():
             for process in self.processes:
                 if process.poll() is not None:
-                    raise RuntimeError(f"{process.args[0]} exited: {self.logs()}")
+                    raise RuntimeError(f"a daemon exited ({process.args!r}): {self.logs()}")
             if time.monotonic() > deadline:
                 raise RuntimeError(f"waiting for {what}: {self.logs()}")
             time.sleep(0.2)
