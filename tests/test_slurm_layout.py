@@ -41,6 +41,8 @@ def test_hostlists_expand_in_slurms_order_with_padding_kept(
         ("n[[1]]", "nested"),
         ("n[3-1]", "goes down"),
         ("n[a-b]", "expected numbers"),
+        ("n[]", "expected numbers"),
+        ("n[1,]", "expected numbers"),
         ("n[1-2],,m", "empty host"),
         ("n[0-99999999]", "more than"),
     ],

@@ -101,9 +101,10 @@ def expand_hostlist(text: str, *, source: str = "SLURM_STEP_NODELIST") -> tuple[
     hosts: list[str] = []
     for part in _split_top_level(stripped, source=source):
         expanded = [""]
-        for literal, body in re.findall(r"([^\[\]]*)(?:\[([^\]]*)\])?", part):
+        for match in re.finditer(r"([^\[\]]*)(\[([^\]]*)\])?", part):
+            literal, bracket, body = match.groups()
             choices = [literal]
-            if body:
+            if bracket is not None:
                 choices = [literal + n for n in _expand_range(body, source=source)]
             expanded = [prefix + choice for prefix in expanded for choice in choices]
             if len(expanded) + len(hosts) > MAX_TASKS:
