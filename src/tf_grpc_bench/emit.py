@@ -60,7 +60,8 @@ def configure_emit(parser: argparse.ArgumentParser) -> None:
         "-o",
         default="-",
         help="directory to write one JOB-INDEX.json per task to (default: one "
-        "'JOB:INDEX TF_CONFIG' line per task on stdout)",
+        "'JOB:INDEX TF_CONFIG' line per task on stdout); with --slurm-jobs, the file to write "
+        "this task's TF_CONFIG to (default: stdout)",
     )
 
 
