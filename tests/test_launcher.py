@@ -26,19 +26,43 @@ class ByteRelay:
     """Forwards every TCP connection on its own port to ``target_port``, counting bytes.
 
     Stands where a recording proxy would: peers dial the relay, the task binds
-    the target port.
+    the target port.  The relay listens only once its task does, so a peer that
+    dials early is refused, as it would be without a relay (a relay that took
+    the connection and held it would make gRPC wait out its connect timeout
+    while TensorFlow starts, which the chief's first calls do not survive on a
+    loaded machine).
     """
 
     def __init__(self, target_port: int) -> None:
         self.target_port = target_port
         self.forwarded_bytes = 0
         self._lock = threading.Lock()
-        self._listener = socket.create_server(("127.0.0.1", 0))
+        self._closed = False
+        self._listener = socket.socket()
+        self._listener.bind(("127.0.0.1", 0))
         self.port = self._listener.getsockname()[1]
         self._sockets: list[socket.socket] = []
         threading.Thread(target=self._accept, daemon=True).start()
 
+    def _upstream(self) -> socket.socket | None:
+        """A connection to the task's port, waiting for it to listen; None once closed."""
+        while not self._closed:
+            try:
+                upstream = socket.create_connection(("127.0.0.1", self.target_port))
+            except OSError:
+                time.sleep(0.05)
+                continue
+            if upstream.getsockname() != upstream.getpeername():
+                return upstream
+            upstream.close()  # TCP's self-connect to a port nobody listens on yet
+        return None
+
     def _accept(self) -> None:
+        probe = self._upstream()
+        if probe is None:
+            return
+        probe.close()
+        self._listener.listen()
         while True:
             try:
                 client, _ = self._listener.accept()
@@ -66,6 +90,7 @@ class ByteRelay:
                 sink.shutdown(socket.SHUT_WR)
 
     def close(self) -> None:
+        self._closed = True
         self._listener.close()
         for connection in self._sockets:
             connection.close()

@@ -59,6 +59,7 @@ def test_the_benchmarks_and_percentiles_are_the_papers_and_ours() -> None:
         "worker_index",
         "step",
         "release_lag_ns",
+        "rpc_index",
     )
 
 

@@ -22,6 +22,7 @@ from tf_grpc_bench.replay.output.document import (
     ResultDocument,
     build_document,
     dumps_document,
+    loads_document,
     new_run_directory,
     read_document,
     write_document,
@@ -344,3 +345,119 @@ def test_a_prediction_is_flagged_replay_bound_when_the_replay_kept_the_cores_bus
     assert f"used {cores * cpu_share:.2f} of {cores} cores" in prediction["replay_bound_evidence"]
     # Without dependencies pacing there is no prediction at all.
     assert json.loads(dumps_document(changed))["benchmarks"][0]["statistics"]["prediction"] is None
+
+
+def _golden_v4() -> dict:
+    return json.loads((DATA / "results-v4.json").read_text())
+
+
+#: Where each object of the golden document sits, as the reader names it in errors.
+_OBJECTS = {
+    "document": lambda d: d,
+    "machine": lambda d: d["machine"],
+    "trace": lambda d: d["trace"],
+    "network": lambda d: d["network"],
+    "benchmarks[0]": lambda d: d["benchmarks"][0],
+    "benchmarks[0].runs[0]": lambda d: d["benchmarks"][0]["runs"][0],
+    "benchmarks[0].runs[0].samples": lambda d: d["benchmarks"][0]["runs"][0]["samples"],
+}
+#: Fields the reader does not read: the derived statistics (recomputed from the
+#: samples), the format's own name and version (checked before any field, with
+#: messages of their own), what a version-4 reader takes as optional.
+_NOT_READ = {
+    ("document", "format"),
+    ("document", "format_version"),
+    ("benchmarks[0]", "statistics"),
+    ("benchmarks[0].runs[0]", "statistics"),
+}
+_FIELDS = [
+    (where, key)
+    for where, get in _OBJECTS.items()
+    for key in get(_golden_v4())
+    if (where, key) not in _NOT_READ
+]
+
+
+@pytest.mark.parametrize(("where", "key"), _FIELDS, ids=[f"{w}.{k}" for w, k in _FIELDS])
+def test_every_field_missing_or_of_the_wrong_type_is_named_by_its_path(
+    where: str, key: str
+) -> None:
+    document = _golden_v4()
+    del _OBJECTS[where](document)[key]
+    prefix = "golden.json: invalid result document: "
+    if (where, key) in {("document", "trace"), ("document", "network")}:
+        loads_document(json.dumps(document), source="golden.json")  # optional: null if absent
+    else:
+        with pytest.raises(ResultError) as missing:
+            loads_document(json.dumps(document), source="golden.json")
+        assert str(missing.value) == f"{prefix}{where}: missing field {key!r}"
+    document = _golden_v4()
+    value = _OBJECTS[where](document)[key]
+    # A value of another type: an object where the field is none, else a string.
+    _OBJECTS[where](document)[key] = "x" if isinstance(value, dict | list) else {"x": 1}
+    if value is None:
+        return  # a null field (trace, network, a rate) takes no type to be wrong about
+    with pytest.raises(ResultError) as wrong:
+        loads_document(json.dumps(document), source="golden.json")
+    # The document's own objects are named by their key alone ("trace: ...").
+    top_object = where == "document" and key in {"trace", "network"}
+    path = key if top_object else f"{where}.{key}"
+    assert str(wrong.value).startswith(f"{prefix}{path}"), str(wrong.value)
+
+
+def test_partial_benchmarks_and_runs_read_back_partial_with_their_reasons() -> None:
+    document = _golden_v4()
+    benchmark = document["benchmarks"][0]
+    benchmark["partial"], benchmark["partial_reason"] = True, "server 1 stopped answering"
+    benchmark["runs"][0]["partial"] = True
+    benchmark["runs"][0]["partial_reason"] = "interrupted by SIGTERM"
+    read = loads_document(json.dumps(document))
+    assert (read.benchmarks[0].partial, read.benchmarks[0].partial_reason) == (
+        True,
+        "server 1 stopped answering",
+    )
+    run = read.benchmarks[0].runs[0]
+    assert (run.partial, run.partial_reason) == (True, "interrupted by SIGTERM")
+    assert [r.partial for r in read.benchmarks[0].runs[1:]] == [False] * (
+        len(read.benchmarks[0].runs) - 1
+    )
+
+
+def test_an_unknown_benchmark_and_a_run_that_is_no_object_are_named() -> None:
+    document = _golden_v4()
+    document["benchmarks"][0]["benchmark"] = "p2p-telepathy"
+    with pytest.raises(ResultError) as unknown:
+        loads_document(json.dumps(document), source="r.json")
+    assert str(unknown.value) == (
+        "r.json: invalid result document: benchmarks[0].benchmark: unknown benchmark "
+        "'p2p-telepathy' (known: p2p-latency, p2p-bandwidth, ps-throughput)"
+    )
+    document = _golden_v4()
+    document["benchmarks"][0]["runs"][0] = 7
+    with pytest.raises(ResultError, match=r"^r\.json: invalid result document: "):
+        loads_document(json.dumps(document), source="r.json")
+    with pytest.raises(ResultError) as not_object:
+        loads_document(json.dumps(document), source="r.json")
+    assert str(not_object.value).endswith(": benchmarks[0].runs[0]: expected an object")
+    document = _golden_v4()
+    document["benchmarks"][0] = []
+    with pytest.raises(ResultError) as not_object:
+        loads_document(json.dumps(document), source="r.json")
+    assert str(not_object.value).endswith(": benchmarks[0]: expected an object")
+
+
+def test_a_discarded_run_directory_takes_its_base_only_if_the_run_made_it(tmp_path: Path) -> None:
+    made = new_run_directory(tmp_path / "a" / "runs", "x")  # two levels made
+    (made / "events.out.tfevents.1").write_bytes(b"\0")
+    results.discard_run_directory(made, base_existed=False)
+    assert not (tmp_path / "a" / "runs").exists() and (tmp_path / "a").is_dir()
+    kept = tmp_path / "kept"
+    kept.mkdir()
+    run = new_run_directory(kept, "y")
+    results.discard_run_directory(run, base_existed=True)
+    assert kept.is_dir() and list(kept.iterdir()) == []
+    # A base that holds other runs stays, whatever the caller thought.
+    other = new_run_directory(kept, "z")
+    third = new_run_directory(kept, "w")
+    results.discard_run_directory(third, base_existed=False)
+    assert list(kept.iterdir()) == [other]

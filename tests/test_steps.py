@@ -346,6 +346,44 @@ def test_collectives_give_the_steps_when_no_run_moves_variables() -> None:
     assert [w.number for w in found.windows] == [0, 1, 2]
 
 
+def test_a_collective_call_goes_to_the_step_of_its_instance_key_whatever_its_time() -> None:
+    """Two workers all-reduce each step; worker 1 lags, so its last RecvBuf of a step
+    starts after worker 0's first of the next step (seen in a real 2-worker
+    MultiWorkerMirrored capture): by time it would go to the next step."""
+
+    def recv_buf(start: int, instance: int, caller: int, size: int) -> RecordedCall:
+        request = _field(2, f"1:{instance}:0:0:0:1:1".encode()) + _field(3, size)
+        return RecordedCall(
+            callee=f"worker:{1 - caller}", connection=caller, stream_id=1,
+            caller_pid=PIDS[caller], method=RECV_BUF, start_ns=start,
+            response_start_ns=start + 1, end_ns=start + 5, request_bytes=20,
+            response_bytes=size, request_messages=1, response_messages=1, status_code=0,
+            reset=False, complete=True, request_head=request,
+        )  # fmt: skip
+
+    calls = [recv_buf(10 * i, 100 + i, 0, 64) for i in range(2)]  # broadcasts
+    for step in range(4):  # the first is warm-up
+        base = 1000 + 100 * step
+        calls += [
+            recv_buf(base, 200 + 2 * step, 0, 4096),
+            recv_buf(base + 10, 201 + 2 * step, 0, 4000),
+            recv_buf(base + 20, 200 + 2 * step, 1, 4096),
+            recv_buf(base + 120, 201 + 2 * step, 1, 4000),  # after the next step began
+        ]
+    trace = assemble_trace(
+        calls, tasks=TASKS, caller_of_pid=CALLER_OF_PID, origin_ns=0,
+        metadata=RunMetadata(model="mwms"), warmup_steps=1,
+    )  # fmt: skip
+    assert trace.step_detection.source == "collective-instance"
+    assert len(trace.steps) == 3
+    for step in trace.steps:
+        assert sorted((r.caller_task, r.callee_task, r.response_bytes) for r in step.rpcs) == [
+            (1, 2, 4000), (1, 2, 4096), (2, 1, 4000), (2, 1, 4096),
+        ]  # fmt: skip
+    # The broadcasts and the warm-up step (its lagging call too) are start-up.
+    assert len(trace.startup.rpcs) == 2 + 4 and not trace.teardown.rpcs
+
+
 def test_step_detection_round_trips_and_needs_format_version_2(tmp_path: Path) -> None:
     job = Job()
     job.readiness_check(0)

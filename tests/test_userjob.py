@@ -353,7 +353,7 @@ def test_a_users_own_multi_worker_mirrored_script_gets_its_steps_from_collective
         for step in trace.steps
     ]
     # Each step: the same all-reduce, both workers sending to each other.
-    assert per_step[0] and all(counts == per_step[0] for counts in per_step)
+    assert per_step[0] and all(counts == per_step[0] for counts in per_step), per_step
     assert {caller for caller, _, _ in per_step[0]} == {0, 1}
     # The initial broadcasts of the variables are start-up.
     assert any(r.method == RECV_BUF for r in trace.startup.rpcs)

@@ -7,6 +7,11 @@
   (``steps.SESSION_METHODS``) belongs to no step: to teardown if it started
   after the last step of its worker (the non-ps task at either end), else to
   start-up;
+* a collective's RecvBuf goes by its instance key when the steps are
+  periods of instance keys (``steps.collective_windows``): to the step whose
+  period holds its key, to start-up if its key comes before the first step's,
+  to teardown if after the last step's (one step's calls may start after the
+  next step's first: the workers are not in lockstep);
 * any other RPC goes by time: to the step whose window contains its start
   (the latest such window when asynchronous windows overlap; an RPC between
   two windows belongs to the next one); before the first window it is
@@ -34,6 +39,7 @@ from tf_grpc_bench.profiler.assembly.steps import (
     SESSION_SETUP,
     FoundSteps,
     StepWindow,
+    collective_instance_of,
     find_steps,
     step_id_of,
 )
@@ -82,6 +88,12 @@ class _Placer:
     ) -> None:
         self.relative = [(w.start_ns - origin_ns, w.end_ns - origin_ns) for w in windows]
         self.by_step_id = {w.step_id: n for n, w in enumerate(windows) if w.step_id}
+        self.by_instance = {key: n for n, w in enumerate(windows) for key in w.instances}
+        self.instance_range = (
+            (min(windows[0].instances), max(windows[-1].instances))
+            if windows and windows[0].instances and windows[-1].instances
+            else None
+        )
         self.ps_tasks = {i for i, t in enumerate(tasks) if t.job == "ps"}
         index_of = {f"{t.job}:{t.index}": i for i, t in enumerate(tasks)}
         #: Per task index: end of its last step (relative ns).
@@ -97,6 +109,19 @@ class _Placer:
         task = rpc.caller_task if rpc.caller_task not in self.ps_tasks else rpc.callee_task
         last = self.last_end.get(task, max((end for _, end in self.relative), default=None))
         return "teardown" if last is not None and rpc.start_ns > last else "startup"
+
+    def by_instance_key(self, key: tuple[int, int] | None) -> int | str | None:
+        """The step (number) whose period holds collective ``key``, "startup" or
+        "teardown" if it comes before or after them all; None when steps are not
+        periods of instance keys (or ``key`` is None)."""
+        if key is None or self.instance_range is None:
+            return None
+        if key in self.by_instance:
+            return self.by_instance[key]
+        first, last = self.instance_range
+        if key < first:
+            return "startup"
+        return "teardown" if key > last else None
 
     def by_time(self, t: int) -> int | str:
         """The step (number) containing ``t``, the next one if ``t`` falls in a gap,
@@ -125,12 +150,14 @@ def split_traffic(
     origin_ns: int,
     tasks: Sequence[Task] = (),
     step_ids: Sequence[int] | None = None,
+    instances: Sequence[tuple[int, int] | None] | None = None,
     set_aside_runs: Mapping[int, str] | None = None,
 ) -> SplitTraffic:
     """Start-up, steps and teardown from RPCs and step windows (see the module docstring).
 
-    ``step_ids`` is parallel to ``rpcs`` (0 for none); ``tasks`` are the
-    trace's (RPCs name them by index; windows by ``job:index``).
+    ``step_ids`` (0 for none) and ``instances`` (a RecvBuf's collective key,
+    None for none) are parallel to ``rpcs``; ``tasks`` are the trace's (RPCs
+    name them by index; windows by ``job:index``).
     """
     placer = _Placer(windows, origin_ns, tasks)
     aside_runs = set_aside_runs or {}
@@ -148,7 +175,8 @@ def split_traffic(
         if reason is not None:
             place: int | str = placer.aside_phase(rpc)
         else:
-            place = placer.by_time(rpc.start_ns)
+            by_key = placer.by_instance_key(instances[position] if instances else None)
+            place = placer.by_time(rpc.start_ns) if by_key is None else by_key
             reason = BEFORE_FIRST_STEP if place == "startup" else AFTER_LAST_STEP
         if isinstance(place, int):
             per_step[place].append(rpc)
@@ -248,6 +276,7 @@ def assemble_trace(
         origin_ns=origin_ns,
         tasks=tasks,
         step_ids=[step_id_of(call) for call in kept],
+        instances=[collective_instance_of(call) for call in kept],
         set_aside_runs=found.set_aside_runs,
     )
     extra = dict(metadata.extra)

@@ -53,6 +53,9 @@ class StepWindow:
     step_id: int = 0
     #: The task whose run it is (``job:index``), "" if the window is not one run's.
     task: str = ""
+    #: The collective launches, (group key, instance key), whose calls make this
+    #: step (``collective_windows``); empty for other windows.
+    instances: frozenset[tuple[int, int]] = frozenset()
 
 
 def step_windows(markers: Sequence[StepMarker]) -> list[StepWindow]:
@@ -434,7 +437,9 @@ def collective_windows(calls: Sequence[RecordedCall], *, warmup_steps: int = 0) 
     the longest periodic run at the end is the training, each period of
     instance keys one step, everything before it (the initial broadcasts) and
     the first ``warmup_steps`` periods start-up.  A window spans the calls of
-    its period's instance keys.  [] when no such run is found.
+    its period's instance keys, and names them: the periods of two workers
+    overlap in time, so a call goes to its step by its instance key, not its
+    time (``phases.split_traffic``).  [] when no such run is found.
     """
     transfers: dict[tuple[int, int], list[RecordedCall]] = {}
     for call in calls:
@@ -451,12 +456,14 @@ def collective_windows(calls: Sequence[RecordedCall], *, warmup_steps: int = 0) 
         return []
     windows: list[StepWindow] = []
     for start in range(first + warmup_steps * period, len(instances) - period + 1, period):
-        block = [c for i in instances[start : start + period] for c in transfers[i]]
+        keys = instances[start : start + period]
+        block = [c for i in keys for c in transfers[i]]
         windows.append(
             StepWindow(
                 number=len(windows),
                 start_ns=min(c.start_ns for c in block),
                 end_ns=max(c.end_ns for c in block),
+                instances=frozenset(keys),
             )
         )
     return windows
