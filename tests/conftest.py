@@ -45,16 +45,20 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Tests marked ``netns`` make network namespaces: without root they skip, saying why."""
+    """Tests marked ``netns`` make network namespaces, tests marked ``slurm`` (which carry
+    ``netns`` too, so that ``-m "not netns"`` leaves out everything that needs root) install
+    and start Slurm's daemons: without root they skip, saying why."""
     del config
     if os.geteuid() == 0:
         return
-    skip = pytest.mark.skip(
-        reason="needs root: makes network namespaces (CI runs as root; run the suite with sudo)"
-    )
+    reasons = {
+        "slurm": "needs root: installs and starts munged, slurmctld and slurmd (CI runs as root)",
+        "netns": "needs root: makes network namespaces (CI runs as root; run the suite with sudo)",
+    }
     for item in items:
-        if item.get_closest_marker("netns") is not None:
-            item.add_marker(skip)
+        marker = next((m for m in reasons if item.get_closest_marker(m) is not None), None)
+        if marker is not None:
+            item.add_marker(pytest.mark.skip(reason=reasons[marker]))
 
 
 def environment_without_coverage() -> dict[str, str]:

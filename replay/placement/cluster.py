@@ -33,7 +33,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tf_grpc_bench.errors import ConfigError
+from tf_grpc_bench import launchers
+from tf_grpc_bench.errors import ConfigError, UsageError
 from tf_grpc_bench.replay.transport.client import split_address
 
 TF_CONFIG = "TF_CONFIG"
@@ -305,19 +306,39 @@ def _cluster_flag(text: str) -> tuple[ClusterSpec, TaskId | None]:
     return parse_cluster(document, source=source), None
 
 
+def slurm_placement(
+    jobs: str, *, port_base: int, environ: Mapping[str, str] | None = None
+) -> Placement:
+    """This task's placement from ``srun``'s environment and ``--slurm-jobs``, laid out as
+    TensorFlow's ``SlurmClusterResolver`` does (``tf_grpc_bench.launchers``)."""
+    env = os.environ if environ is None else environ
+    step = launchers.read_slurm_step(env)
+    launched = launchers.slurm_placement(step, launchers.parse_jobs(jobs), port_base=port_base)
+    spec = parse_cluster(launched.cluster_dict(), source="Slurm layout")
+    return _placement(spec, TaskId(type=launched.job, index=launched.index), source="--slurm-jobs")
+
+
 def resolve_placement(
     *,
     cluster: str | None = None,
     task: str | None = None,
     environ: Mapping[str, str] | None = None,
+    slurm_jobs: str | None = None,
+    port_base: int = launchers.DEFAULT_PORT_BASE,
 ) -> Placement | None:
     """This process's placement from flags and TF_CONFIG, as TensorFlow resolves it.
 
     ``--cluster`` replaces TF_CONFIG's cluster, ``--task`` its task (like
-    ``TFConfigClusterResolver(task_type=..., task_id=...)``).  Returns None
-    when neither flags nor TF_CONFIG say anything (no cluster placement).
+    ``TFConfigClusterResolver(task_type=..., task_id=...)``).  ``--slurm-jobs``
+    places the task by Slurm's environment instead (``slurm_placement``), TF_CONFIG
+    ignored.  Returns None when neither flags nor TF_CONFIG say anything (no
+    cluster placement).
     """
     env = os.environ if environ is None else environ
+    if slurm_jobs is not None:
+        if cluster is not None or task is not None:
+            raise UsageError("--slurm-jobs places the task from Slurm; drop --cluster and --task")
+        return slurm_placement(slurm_jobs, port_base=port_base, environ=env)
     tf_config_text = env.get(TF_CONFIG, "").strip()
     if cluster is None and task is None and not tf_config_text:
         return None

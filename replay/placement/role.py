@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import os
 import signal
 import threading
 from collections.abc import Callable, Mapping, Sequence
@@ -34,7 +35,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from tf_grpc_bench import lifetime
+from tf_grpc_bench import launchers, lifetime
 from tf_grpc_bench.errors import (
     ConfigError,
     ResultError,
@@ -76,6 +77,22 @@ def add_placement_flags(parser: argparse.ArgumentParser) -> None:
         help="this task, e.g. worker:1 (default: TF_CONFIG's task)",
     )
     placement.add_argument(
+        "--slurm-jobs",
+        default=None,
+        metavar="JOB:N,...",
+        help="place the task from srun's environment as TensorFlow's SlurmClusterResolver does: "
+        "the jobs and their task counts, e.g. ps:2,worker:2,chief:1 (they must add up to srun -n; "
+        "ranks go to the jobs in order of their names)",
+    )
+    placement.add_argument(
+        "--port-base",
+        type=int,
+        default=launchers.DEFAULT_PORT_BASE,
+        metavar="PORT",
+        help="with --slurm-jobs: a node's tasks listen on PORT, PORT+1, ... "
+        f"(default {launchers.DEFAULT_PORT_BASE}, TensorFlow's)",
+    )
+    placement.add_argument(
         "--job-timeout",
         type=float,
         default=DEFAULT_JOB_TIMEOUT_S,
@@ -100,8 +117,14 @@ def run_role(args: argparse.Namespace, *, build_request: RequestBuilder) -> int:
     Every task checks every flag before it does anything (a ps too, though it
     replays nothing: the launcher gives all tasks the same command).
     """
-    placement = cluster.resolve_placement(cluster=args.cluster, task=args.task)
+    placement = cluster.resolve_placement(
+        cluster=args.cluster, task=args.task, slurm_jobs=args.slurm_jobs, port_base=args.port_base
+    )
     if placement is None:
+        if launchers.in_slurm_step(os.environ):
+            raise UsageError(
+                "no placement: under srun, give --slurm-jobs (e.g. ps:1,worker:2), or set TF_CONFIG"
+            )
         raise UsageError("no placement: set TF_CONFIG, or give --cluster and --task")
     if args.target is not None:
         raise UsageError("role takes its targets from the cluster's ps tasks; drop --target")

@@ -33,7 +33,12 @@ COMMANDS: tuple[tuple[str, str, str], ...] = (
         "tf_grpc_bench.replay.cli",
         "emulated networks: compare links, up/down/cleanup",
     ),
-    ("role", "tf_grpc_bench.replay.cli", "run one replay task placed by TF_CONFIG"),
+    ("role", "tf_grpc_bench.replay.cli", "run one replay task placed by TF_CONFIG or srun"),
+    (
+        "emit",
+        "tf_grpc_bench.emit",
+        "write a JobSet, a TFJob or TF_CONFIG documents for a replay or a capture",
+    ),
     (
         "timeline",
         "tf_grpc_bench.replay.output.cli",
