@@ -220,27 +220,45 @@ def record_task(
     return status
 
 
+class _Forwarded(Exception):
+    """A stop signal was passed on: the blocking wait ends, to wait at most the grace."""
+
+
 def _wait_forwarding(process: subprocess.Popen[bytes]) -> int:
     """Wait for ``process``, passing stop signals on to its group; its exit status
-    (128 + N if signal N ended it)."""
-    received: list[int] = []
+    (128 + N if signal N ended it).
+
+    The handler raises to end the wait it interrupts: a blocking ``wait`` is
+    resumed after a handler returns (PEP 475), so a command that ignores the
+    signal (TensorFlow's servers catch SIGTERM) would be waited for forever.
+    """
+    deadline: list[float] = []
+    waiting = [True]
 
     def forward(signum: int, _frame: FrameType | None) -> None:
-        received.append(signum)
+        if not deadline:
+            deadline.append(time.monotonic() + STOP_GRACE_S)
         with contextlib.suppress(ProcessLookupError):
             os.killpg(process.pid, signum)
+        if waiting[0]:
+            raise _Forwarded
 
     previous = {number: signal.signal(number, forward) for number in lifetime.STOP_SIGNALS}
     try:
         while True:
             try:
-                code = process.wait(timeout=STOP_GRACE_S if received else None)
+                left = max(0.0, deadline[0] - time.monotonic()) if deadline else None
+                code = process.wait(timeout=left)
+                waiting[0] = False
                 break
+            except _Forwarded:
+                continue
             except subprocess.TimeoutExpired:
                 # The command ignored the forwarded signal for STOP_GRACE_S.
                 with contextlib.suppress(ProcessLookupError):
                     os.killpg(process.pid, signal.SIGKILL)
     finally:
+        waiting[0] = False
         for number, handler in previous.items():
             signal.signal(number, handler)
     # Whatever the command left in its group goes with it.

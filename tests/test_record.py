@@ -39,7 +39,7 @@ from tf_grpc_bench.profiler.launch.identity import (
 from tf_grpc_bench.profiler.launch.ports import free_ports
 from tf_grpc_bench.profiler.launch.user_job import UserJob, split_address
 from tf_grpc_bench.profiler.physics import check_physics, decode_variables
-from tf_grpc_bench.profiler.record import read_task_record
+from tf_grpc_bench.profiler.record import STOP_GRACE_S, read_task_record
 from tf_grpc_bench.profiler.recorders.wiretap import TapRecorder
 from tf_grpc_bench.trace import RECV_TENSOR, Rpc, RunMetadata, Step, Task, TensorInfo, Trace
 
@@ -319,6 +319,35 @@ def test_a_stop_signal_reaches_the_command_and_record_exits_with_its_status(
     assert read_task_record(out / "ps-0").exit_status == 128 + signum
 
 
+def test_a_command_that_ignores_sigterm_is_killed_after_the_grace(tmp_path: Path) -> None:
+    """TensorFlow's servers catch SIGTERM and keep serving: record must not wait
+    for them forever (a blocking wait resumes after a signal handler returns)."""
+    cluster = {"ps": ["localhost:2222"]}
+    out = tmp_path / "out"
+    environment = dict(os.environ, TF_CONFIG=_tf_config(cluster, "ps", 0))
+    ignoring = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(300)"
+    record = subprocess.Popen(
+        [CLI, "record", "--out", str(out), "--", sys.executable, "-c", ignoring],
+        env=environment,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    deadline = time.monotonic() + 60
+    while not ((out / "ps-0" / "manifest.json").exists() and read_task_record(out / "ps-0").pid):
+        assert time.monotonic() < deadline and record.poll() is None
+        time.sleep(0.05)
+    child = read_task_record(out / "ps-0").pid
+    time.sleep(1)  # let the command set its handler
+    record.send_signal(signal.SIGTERM)
+    try:
+        status = record.wait(timeout=STOP_GRACE_S + 50)
+    finally:
+        record.kill()
+    assert status == 128 + signal.SIGKILL
+    assert not _alive(child)
+    assert read_task_record(out / "ps-0").exit_status == 128 + signal.SIGKILL
+
+
 def test_assemble_refuses_missing_duplicate_and_mixed_records(tmp_path: Path) -> None:
     cluster = {"ps": ["localhost:2222"], "worker": ["localhost:2223"]}
     other = {"ps": ["localhost:3222"], "worker": ["localhost:3223"]}
@@ -382,10 +411,15 @@ def _run_recorded_job(
         for name, process in processes.items():
             if name != "chief:0":
                 process.send_signal(signal.SIGTERM)
-        for name, process in processes.items():
-            statuses[name] = process.wait(timeout=60)
-            assert process.stderr is not None
-            process.stderr.close()
+        try:
+            for name, process in processes.items():
+                statuses[name] = process.wait(timeout=60)
+        finally:
+            for process in processes.values():
+                process.kill()  # nothing once it has ended; else its command dies with it
+                process.wait(timeout=60)
+                assert process.stderr is not None
+                process.stderr.close()
     return statuses
 
 
