@@ -492,8 +492,10 @@ def test_a_job_recorded_task_by_task_assembles_to_the_single_machine_trace(
     variables_file = tmp_path / "variables.json"  # the chief writes its model's variables
     command = [sys.executable, str(SCRIPT), "--rounds", "4", "--variables", str(variables_file)]
     statuses = _run_recorded_job(out, cluster, command)
-    # The chief trains and exits 0; the servers end with the SIGTERM passed on to them.
-    assert statuses == {"chief:0": 0, "ps:0": 143, "worker:0": 143, "worker:1": 143}
+    # The servers stop on the forwarded SIGTERM (143), or, if TensorFlow is still
+    # handling it after record's grace, by SIGKILL (137); the chief ends by itself.
+    assert statuses["chief:0"] == 0
+    assert {statuses[t] for t in ("ps:0", "worker:0", "worker:1")} <= {143, 137}
     folders = sorted(p for p in out.glob("*/*") if (p / "manifest.json").exists())
     for folder in folders:
         assert not _alive(read_task_record(folder).pid)
@@ -588,7 +590,10 @@ def test_a_job_with_every_task_on_its_own_emulated_host_assembles_to_the_single_
             [sys.executable, str(SCRIPT), "--rounds", "4"],
             prefixes={f"{job}:{index}": hosts.prefix((job, index)) for job, index in keys},
         )
-    assert statuses == {"chief:0": 0, "ps:0": 143, "worker:0": 143, "worker:1": 143}
+    # The servers stop on the forwarded SIGTERM (143), or, if TensorFlow is still
+    # handling it after record's grace, by SIGKILL (137); the chief ends by itself.
+    assert statuses["chief:0"] == 0
+    assert {statuses[t] for t in ("ps:0", "worker:0", "worker:1")} <= {143, 137}
     trace = assemble_records([out])
     assert not trace.partial, trace.partial_reason
     assert dict(trace.metadata.extra)["unattributed_calls"] == "0" and len(trace.steps) == 7
