@@ -31,7 +31,6 @@ from tf_grpc_bench.replay.core.measurement import Benchmark
 from tf_grpc_bench.replay.core.pacing import MAX_COMPUTE_SCALE, Timing
 from tf_grpc_bench.replay.core.workload import (
     WHOLE_STEPS,
-    WORKERS_AND_PS_ONLY,
     Mode,
     WholeSteps,
     Workload,
@@ -719,17 +718,8 @@ def configure_role(parser: argparse.ArgumentParser) -> None:
 
 
 def run_role(args: argparse.Namespace) -> int:
-    return role.run_role(args, build_request=build_cluster_request)
-
-
-def build_cluster_request(args: argparse.Namespace) -> ReplayRequest:
-    """``build_request`` for ``role``: training's workers and ps tasks only.
-
-    A cluster replay runs one process per task, ps tasks as servers and workers
-    as clients: no side clients or stand-in servers, so ps-to-ps and
-    chief-to-worker calls are dropped, and counted in the results.
-    """
-    return build_request(args, whole_steps=WORKERS_AND_PS_ONLY)
+    # role places every call of a step that its cluster can (``role.WHOLE_STEP_CHOICES``).
+    return role.run_role(args, build_request=build_request)
 
 
 def configure_network(parser: argparse.ArgumentParser) -> None:

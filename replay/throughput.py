@@ -299,8 +299,8 @@ def measure_throughput(
             plan=plan,
             settings=settings,
         )
-        for worker in range(workload.worker_count)
-        if workload.for_worker(worker).calls
+        # Only the workers that make calls (a cluster task's workload keeps its own).
+        for worker in sorted({call.worker_index for call in workload.calls})
     ]
     workers = _WorkerProcesses(specs, round_barrier=workload.round_barrier)
     runs: list[RunMeasurement] = []

@@ -15,7 +15,7 @@ from tf_grpc_bench import trace_files
 from tf_grpc_bench.replay import cli
 from tf_grpc_bench.replay.core.measurement import Benchmark
 from tf_grpc_bench.replay.core.pacing import Pacing, Timing
-from tf_grpc_bench.replay.core.workload import Mode, trace_workload
+from tf_grpc_bench.replay.core.workload import WORKERS_AND_PS_ONLY, Mode, trace_workload
 from tf_grpc_bench.replay.runner import RunPlan, run_benchmark
 from tf_grpc_bench.replay.transport.client import ReplayClient
 from tf_grpc_bench.replay.transport.loop import PROC_STAT
@@ -211,8 +211,11 @@ def test_targets_for_the_ps_only_drop_the_chiefs_calls_and_say_so() -> None:
     assert local.workloads[0].parameters()["dropped_rpcs_per_pass"] == 0
 
 
-def test_a_cluster_replay_places_workers_and_ps_only_and_counts_the_rest_as_dropped() -> None:
-    request = cli.build_cluster_request(_replay_args("--benchmark", "ps-throughput"))
+def test_a_cluster_replay_of_workers_and_ps_only_counts_the_rest_as_dropped() -> None:
+    # What role falls back to when its cluster cannot place side clients or stand-ins.
+    request = cli.build_request(
+        _replay_args("--benchmark", "ps-throughput"), whole_steps=WORKERS_AND_PS_ONLY
+    )
     (workload,) = request.workloads
     parameters = workload.parameters()
     assert (workload.server_count, workload.worker_count) == (2, 2)

@@ -101,7 +101,7 @@ from tf_grpc_bench.replay.core.dependencies import (
 )
 from tf_grpc_bench.replay.core.generators import GeneratorConfig, PayloadSpec, generate_payloads
 from tf_grpc_bench.replay.core.measurement import Benchmark, InexactSizes
-from tf_grpc_bench.trace import TENSOR_METHODS, Rpc, Step, Trace
+from tf_grpc_bench.trace import TENSOR_METHODS, Rpc, Step, Task, Trace
 
 #: Method paths of the replay service (``protos/bench.proto``); the raw mode uses the same paths.
 ECHO_METHOD = "/tf_grpc_bench.Replay/Echo"
@@ -353,6 +353,11 @@ class Workload:
     #: Worker (client) indices that are side clients, not training's workers (a ps
     #: calling a ps, the chief's control calls): their steps record no step time.
     side_workers: tuple[int, ...] = ()
+    #: PS-throughput trace workloads: the trace task each worker (client) index
+    #: stands for (training's workers, then side clients) and each server index
+    #: (ps tasks, then stand-ins), so a cluster replay can place them; () otherwise.
+    client_tasks: tuple[Task, ...] = ()
+    server_tasks: tuple[Task, ...] = ()
 
     def __post_init__(self) -> None:
         if self.source not in ("synthetic", "trace"):
@@ -365,6 +370,14 @@ class Workload:
             raise ValueError(f"side workers {self.side_workers} of {self.worker_count}")
         if len(self.side_workers) >= self.worker_count:
             raise ValueError("a workload needs a worker that is not a side client")
+        if self.client_tasks and len(self.client_tasks) != self.worker_count:
+            raise ValueError(
+                f"{len(self.client_tasks)} client tasks for {self.worker_count} workers"
+            )
+        if self.server_tasks and len(self.server_tasks) != self.server_count:
+            raise ValueError(
+                f"{len(self.server_tasks)} server tasks for {self.server_count} servers"
+            )
         for step in self.steps:
             for call in step.calls:
                 if call.server_index >= self.server_count:
@@ -1081,4 +1094,6 @@ def trace_workload(
         side_workers=()
         if point_to_point
         else tuple(roles.client_index(t) for t in roles.side_clients),
+        client_tasks=() if point_to_point else tuple(trace.tasks[t] for t in roles.client_tasks),
+        server_tasks=() if point_to_point else tuple(trace.tasks[t] for t in roles.server_tasks),
     )

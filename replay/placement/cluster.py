@@ -28,7 +28,7 @@ from __future__ import annotations
 import enum
 import json
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -359,3 +359,75 @@ def resolve_placement(
     if task_id is None:
         raise ConfigError(f"{TF_CONFIG}: task: missing (or give --task TYPE:INDEX)")
     return _placement(spec, task_id, source=source)
+
+
+# -- whole steps: which cluster task runs which part of a trace replay -----------
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class WholeStepParts:
+    """Which cluster task runs which client and server of a PS-throughput workload.
+
+    Training's worker ``i`` is cluster worker ``i``; a side client runs in the
+    task it stands for (a ps calling another ps in that ps task, the chief's
+    calls in the chief task); a stand-in server is served by the cluster worker
+    that replays that worker, on its own cluster address (a TensorFlow worker
+    listens there too).
+    """
+
+    #: Server index -> address: the ps tasks', then each stand-in's worker's.
+    targets: tuple[str, ...]
+    #: (cluster task, workload client index it replays), workers first.
+    clients: tuple[tuple[TaskId, int], ...]
+    #: Cluster workers that serve a stand-in on their own address.
+    stand_ins: tuple[TaskId, ...] = ()
+
+    def client_of(self, task: TaskId) -> int | None:
+        """The workload client index ``task`` replays, None when it replays none."""
+        return dict(self.clients).get(task)
+
+    @property
+    def side_tasks(self) -> tuple[TaskId, ...]:
+        """Tasks that replay a side client (not a worker)."""
+        return tuple(task for task, _ in self.clients if task.type != WORKER)
+
+
+def place_whole_steps(
+    cluster: ClusterSpec,
+    *,
+    step_clients: int,
+    client_tasks: Sequence[tuple[str, int]],
+    server_tasks: Sequence[tuple[str, int]],
+) -> WholeStepParts | None:
+    """Place a workload's clients and servers (trace tasks as (job, index), in the
+    workload's client and server order; the first ``step_clients`` clients are
+    training's workers) on the cluster; None when a side client or stand-in has
+    no task to run in (a trace's chief in a cluster without one, say)."""
+    ps = cluster.addresses(PS)
+    workers = cluster.addresses(WORKER)
+    stand_in_servers = [task for task in server_tasks if task[0] != PS]
+    if len(server_tasks) - len(stand_in_servers) > len(ps):
+        return None
+    clients = [(TaskId(type=WORKER, index=i), i) for i in range(min(step_clients, len(workers)))]
+    targets = list(ps[: len(server_tasks) - len(stand_in_servers)])
+    stand_ins = []
+    for task in stand_in_servers:
+        trained = list(client_tasks[:step_clients])
+        replayed_by = trained.index(task) if task in trained else -1
+        if not 0 <= replayed_by < len(workers):
+            return None
+        targets.append(workers[replayed_by])
+        stand_ins.append(TaskId(type=WORKER, index=replayed_by))
+    for index, (job, task_index) in enumerate(client_tasks[step_clients:], start=step_clients):
+        if job == PS and (job, task_index) in server_tasks:
+            runner = TaskId(type=PS, index=list(server_tasks).index((job, task_index)))
+        elif job == CHIEF and cluster.task_count(CHIEF):
+            runner = TaskId(type=CHIEF, index=0)
+        else:
+            return None
+        clients.append((runner, index))
+    if len({task for task, _ in clients}) != len(clients):
+        return None  # two side clients in one task
+    return WholeStepParts(
+        targets=tuple(targets), clients=tuple(clients), stand_ins=tuple(stand_ins)
+    )

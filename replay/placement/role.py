@@ -28,10 +28,10 @@ import contextlib
 import json
 import os
 import threading
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from tf_grpc_bench import launchers, lifetime
 from tf_grpc_bench.errors import (
@@ -42,11 +42,24 @@ from tf_grpc_bench.errors import (
     UsageError,
 )
 from tf_grpc_bench.replay.core.measurement import Benchmark, BenchmarkResult, RunMeasurement
-from tf_grpc_bench.replay.core.workload import Mode
+from tf_grpc_bench.replay.core.workload import (
+    WHOLE_STEPS,
+    WORKERS_AND_PS_ONLY,
+    Mode,
+    WholeSteps,
+    Workload,
+)
 from tf_grpc_bench.replay.network import netinfo
 from tf_grpc_bench.replay.output import document as results
 from tf_grpc_bench.replay.placement import cluster, gather
-from tf_grpc_bench.replay.placement.cluster import Placement, Role, TaskId
+from tf_grpc_bench.replay.placement.cluster import (
+    PS,
+    WORKER,
+    Placement,
+    Role,
+    TaskId,
+    WholeStepParts,
+)
 from tf_grpc_bench.replay.runner import ReplayRequest, run_benchmark
 from tf_grpc_bench.replay.transport import grpc_settings, tls
 from tf_grpc_bench.replay.transport.client import split_address
@@ -99,8 +112,18 @@ def add_placement_flags(parser: argparse.ArgumentParser) -> None:
     )
 
 
-#: Turns (replay) flags into a validated request; ``replay.cli.build_request``.
-RequestBuilder = Callable[[argparse.Namespace], ReplayRequest]
+class RequestBuilder(Protocol):
+    """Turns (replay) flags into a validated request; ``replay.cli.build_request``."""
+
+    def __call__(
+        self, args: argparse.Namespace, *, whole_steps: WholeSteps = WHOLE_STEPS
+    ) -> ReplayRequest: ...
+
+
+#: What a cluster replay of a trace makes, the first that its cluster can place
+#: (``cluster.place_whole_steps``): every call of a step; without the chief's calls
+#: to workers (a cluster without a chief); training's workers and ps only.
+WHOLE_STEP_CHOICES = (WHOLE_STEPS, WholeSteps(stand_in_servers=False), WORKERS_AND_PS_ONLY)
 
 
 #: Longest --job-timeout: a day.
@@ -130,16 +153,28 @@ def run_role(args: argparse.Namespace, *, build_request: RequestBuilder) -> int:
         raise ConfigError(
             f"--job-timeout must be in (0, {MAX_JOB_TIMEOUT_S:g}] seconds, got {args.job_timeout:g}"
         )
-    _worker_request(placement, args, build_request)
+    request, parts = cluster_request(placement, args, build_request)
     roles = placement.roles
-    print(f"{placement.task}: {', '.join(sorted(r.value for r in roles)) or 'nothing to do'}")
-    if not roles:
+    side = placement.task in parts.side_tasks
+    stand_in = placement.task in parts.stand_ins
+    doing = [
+        *sorted(r.value for r in roles),
+        *(["side client"] if side else []),
+        *(["stand-in server"] if stand_in else []),
+    ]
+    print(f"{placement.task}: {', '.join(doing) or 'nothing to do'}")
+    if not doing:
         return 0
-    if Role.SERVE in roles:
-        return _serve(placement, args)
     if Role.GATHER in roles:
-        return _gather(placement, args, build_request)
-    return _replay(placement, args, build_request)
+        return _gather(placement, args, request, parts)
+    if Role.SERVE in roles or stand_in:
+        # A ps task serves, and replays its side client if it has one; a worker the
+        # chief calls serves its stand-in while it replays its share.
+        with _serving(placement, args):
+            if Role.REPLAY in roles or side:
+                _replay(placement, args, request, parts)
+        return 0
+    return _replay(placement, args, request, parts)
 
 
 # -- shared -------------------------------------------------------------------
@@ -186,7 +221,11 @@ def _raise_if_interrupted(task: TaskId, what: str, signum: int | None = None) ->
 # -- ps --------------------------------------------------------------------------
 
 
-def _serve(placement: Placement, args: argparse.Namespace) -> int:
+@contextlib.contextmanager
+def _serving(placement: Placement, args: argparse.Namespace) -> Iterator[None]:
+    """A replay server on this task's cluster port while the body runs, and then until
+    the gatherer says the job is done (other tasks may still be calling it) or a stop
+    signal comes (RunInterrupted, exit 128 + signal, after the server stopped)."""
     settings = grpc_settings.settings_from_args(args)
     files = _tls(placement, args)
     material = None if files is None else tls.material(files)
@@ -199,6 +238,24 @@ def _serve(placement: Placement, args: argparse.Namespace) -> int:
     )
     server.start()
     print(f"{placement.task}: serving on {server.bind_address}", flush=True)
+    signum: int | None = None
+    try:
+        yield
+        signum = _wait_for_job(placement, args, files)
+    finally:
+        received_bytes, received_messages = server.received()
+        server.stop(1.0)
+        print(
+            f"{placement.task}: stopped; received {received_messages} messages, "
+            f"{received_bytes} bytes",
+            flush=True,
+        )
+    _raise_if_interrupted(placement.task, "server stopped", signum)
+
+
+def _wait_for_job(placement: Placement, args: argparse.Namespace, files: Any) -> int | None:
+    """Block until the gatherer says the job is done, or is gone, or a stop signal
+    comes; returns that signal (None without one)."""
     _, channel_credentials = _gather_credentials(files)
     with lifetime.StopSignals() as stop:
 
@@ -210,28 +267,21 @@ def _serve(placement: Placement, args: argparse.Namespace) -> int:
             )
             stop.event.set()
 
-        waiter = threading.Thread(target=wait_for_job, daemon=True)
-        waiter.start()
-        try:
-            stop.event.wait()
-        finally:
-            received_bytes, received_messages = server.received()
-            server.stop(1.0)
-    print(
-        f"{placement.task}: stopped; received {received_messages} messages, {received_bytes} bytes",
-        flush=True,
-    )
-    _raise_if_interrupted(placement.task, "server stopped", stop.signum)
-    return 0
+        threading.Thread(target=wait_for_job, daemon=True).start()
+        stop.event.wait()
+    return stop.signum
 
 
 # -- worker ------------------------------------------------------------------------
 
 
 def _worker_request(
-    placement: Placement, args: argparse.Namespace, build_request: RequestBuilder
+    placement: Placement,
+    args: argparse.Namespace,
+    build_request: RequestBuilder,
+    whole_steps: WholeSteps = WHOLE_STEPS,
 ) -> ReplayRequest:
-    """The replay request of this worker: the cluster's ps tasks as targets.
+    """The replay request of this task, before its targets are placed.
 
     ConfigError, naming the cluster (``role`` has no ``--target``), when the
     workload needs more ps tasks or workers than the cluster has.
@@ -239,39 +289,80 @@ def _worker_request(
     ps = placement.ps_addresses
     worker_args = argparse.Namespace(**vars(args))
     worker_args.target = None
-    request = build_request(worker_args)
+    request = build_request(worker_args, whole_steps=whole_steps)
     if request.trace_path is None:
         # The synthetic workload, shaped like the cluster unless told otherwise.
         if args.workers is None:
             worker_args.workers = placement.worker_count
         if args.ps is None:
             worker_args.ps = len(ps)
-        request = build_request(worker_args)
-    needed = max(w.server_count for w in request.workloads)
+        request = build_request(worker_args, whole_steps=whole_steps)
+    needed = max(ps_server_count(w) for w in request.workloads)
     if needed > len(ps):
         raise ConfigError(
             f"the workload needs {needed} ps task(s), the cluster has {len(ps)} "
             f"({'--ps' if request.trace_path is None else 'the trace'} decides how many)"
         )
     for workload in request.workloads:
-        if (
-            workload.benchmark is Benchmark.PS_THROUGHPUT
-            and workload.worker_count < placement.worker_count
-        ):
+        workers = workload.worker_count - len(workload.side_workers)
+        if workload.benchmark is Benchmark.PS_THROUGHPUT and workers < placement.worker_count:
             raise ConfigError(
-                f"the workload has {workload.worker_count} worker(s), the cluster "
+                f"the workload has {workers} worker(s), the cluster "
                 f"{placement.worker_count}: each cluster worker replays one of the workload's"
             )
-    config = {**request.config, "targets": ",".join(ps)}
-    return replace(request, targets=tuple(ps), config=config)
+    return request
+
+
+def ps_server_count(workload: Workload) -> int:
+    """How many of the workload's servers are ps tasks (the others are stand-ins)."""
+    stand_ins = sum(1 for task in workload.server_tasks if task.job != PS)
+    return workload.server_count - stand_ins
+
+
+def whole_step_parts(placement: Placement, request: ReplayRequest) -> WholeStepParts | None:
+    """Which task runs which client and server of the request's PS-throughput workload
+    (cluster worker ``i`` the workload's worker ``i`` when it is synthetic), None
+    when the cluster cannot place one of its side clients or stand-ins."""
+    workers = placement.worker_count
+    throughput = [w for w in request.workloads if w.benchmark is Benchmark.PS_THROUGHPUT]
+    if not throughput or not throughput[0].client_tasks:
+        return WholeStepParts(
+            targets=placement.ps_addresses,
+            clients=tuple((TaskId(type=WORKER, index=i), i) for i in range(workers)),
+        )
+    workload = throughput[0]
+    return cluster.place_whole_steps(
+        placement.cluster,
+        step_clients=workload.worker_count - len(workload.side_workers),
+        client_tasks=[(t.job, t.index) for t in workload.client_tasks],
+        server_tasks=[(t.job, t.index) for t in workload.server_tasks],
+    )
+
+
+def cluster_request(
+    placement: Placement, args: argparse.Namespace, build_request: RequestBuilder
+) -> tuple[ReplayRequest, WholeStepParts]:
+    """This task's request, targets placed on the cluster, and who runs what: every
+    call of a step when the cluster can place it (``WHOLE_STEP_CHOICES``).  Every task
+    works this out alike from the same flags, so they agree without talking."""
+    for whole_steps in WHOLE_STEP_CHOICES:
+        request = _worker_request(placement, args, build_request, whole_steps)
+        parts = whole_step_parts(placement, request)
+        if parts is not None:
+            config = {**request.config, "targets": ",".join(parts.targets)}
+            return replace(request, targets=parts.targets, config=config), parts
+    raise AssertionError("workers and ps only always place")  # pragma: no cover
 
 
 def _measure(
-    placement: Placement, args: argparse.Namespace, files: Any, build_request: RequestBuilder
+    placement: Placement,
+    args: argparse.Namespace,
+    files: Any,
+    request: ReplayRequest,
+    parts: WholeStepParts,
 ) -> str:
-    """Replay this worker's part; returns its result document as JSON text."""
-    request = _worker_request(placement, args, build_request)
-    index = placement.task.index
+    """Replay this task's part; returns its result document as JSON text."""
+    client = parts.client_of(placement.task)
     material = None if files is None else tls.material(files)
     channel_settings = replace(
         grpc_settings.channel_settings(request.grpc, material),
@@ -281,7 +372,7 @@ def _measure(
     measured: list[BenchmarkResult] = []
     assert request.targets is not None
     for workload, pacing, rpc in zip(request.workloads, request.pacings, request.rpcs, strict=True):
-        if workload.benchmark is Benchmark.PS_THROUGHPUT:
+        if workload.benchmark is Benchmark.PS_THROUGHPUT and client is not None:
             gather.barrier(
                 placement.gatherer_address,
                 name=workload.benchmark.value,
@@ -289,8 +380,9 @@ def _measure(
                 timeout_s=args.job_timeout,
                 credentials=channel_credentials,
             )
-            workload = _only_worker(workload, index)
-        elif index != 0:
+            # Its own calls under its own worker index, so merged runs tell clients apart.
+            workload = workload.for_worker(client)
+        elif placement.task != TaskId(type=WORKER, index=0):
             continue  # P2P benchmarks: one worker, as the paper defines them.
         result = run_benchmark(
             workload,
@@ -300,7 +392,7 @@ def _measure(
             settings=replace(channel_settings, rpc=rpc),
             parameters={**request.grpc_parameters, "task": str(placement.task)},
         )
-        measured.append(_with_worker_index(result, index))
+        measured.append(result)
         if result.partial:
             break
     network = netinfo.describe_network(request.targets, name=getattr(args, "network_name", ""))
@@ -320,33 +412,14 @@ def _measure(
     return results.dumps_document(document)
 
 
-def _only_worker(workload: Any, index: int) -> Any:
-    """Worker ``index``'s calls as a one-worker workload (this process is that worker)."""
-    steps = tuple(
-        replace(
-            step,
-            calls=tuple(replace(c, worker_index=0) for c in step.calls if c.worker_index == index),
-        )
-        for step in workload.steps
-    )
-    return replace(workload, steps=steps, worker_count=1)
-
-
-def _with_worker_index(result: BenchmarkResult, worker: int) -> BenchmarkResult:
-    """Samples carry the cluster worker's index, so merged runs tell workers apart."""
-    runs = tuple(
-        replace(run, samples=tuple(replace(s, worker_index=worker) for s in run.samples))
-        for run in result.runs
-    )
-    return replace(result, runs=runs)
-
-
-def _replay(placement: Placement, args: argparse.Namespace, build_request: RequestBuilder) -> int:
+def _replay(
+    placement: Placement, args: argparse.Namespace, request: ReplayRequest, parts: WholeStepParts
+) -> int:
     files = _tls(placement, args)
     _, channel_credentials = _gather_credentials(files)
     task = str(placement.task)
     try:
-        document = _measure(placement, args, files, build_request)
+        document = _measure(placement, args, files, request, parts)
     except (Exception, KeyboardInterrupt) as error:
         # Tell the gatherer rather than leave it waiting, then fail as usual.
         message = str(error) or type(error).__name__
@@ -376,26 +449,30 @@ def _replay(placement: Placement, args: argparse.Namespace, build_request: Reque
 # -- gatherer ------------------------------------------------------------------------
 
 
-def _index(task: str) -> int:
-    return int(task.rpartition(":")[2])
+def task_order(task: str) -> tuple[bool, str, int]:
+    """Order of tasks (``worker:1``) in a merge: workers first, by index, then side clients."""
+    job, _, index = task.rpartition(":")
+    return job != WORKER, job, int(index)
 
 
 def merge_worker_documents(
     documents: Mapping[str, results.ResultDocument], *, failures: Mapping[str, str] | None = None
 ) -> tuple[list[BenchmarkResult], str]:
-    """One set of results from the workers' documents (keyed ``worker:<i>``).
+    """One set of results from the documents of the workers (keyed ``worker:<i>``) and of
+    the tasks that ran a side client (``ps:<i>``, ``chief:0``).
 
     P2P results come from worker 0.  PS-throughput run ``k`` merges every
-    worker's run ``k``: all samples; the longest duration (the workers started
-    together at a barrier, so the aggregate rate is all calls over the longest
-    run); client CPU summed; server CPU the largest figure any worker read (all
-    read the same servers over about the same window).  Returns the results
+    task's run ``k``: all samples (each names its client, workers first); the
+    longest duration (the tasks started together at a barrier, so the aggregate
+    rate is all calls over the longest run); client CPU summed; server CPU the
+    largest figure any task read (all read the same servers over about the same
+    window).  Returns the results
     and a reason when the merge is partial ("" otherwise).  Pure.
     """
-    ordered = sorted(documents.items(), key=lambda item: _index(item[0]))
+    ordered = sorted(documents.items(), key=lambda item: task_order(item[0]))
     reasons = [f"{task}: {error}" for task, error in sorted((failures or {}).items())]
     merged: list[BenchmarkResult] = []
-    first = ordered[0][1] if ordered else None
+    first = dict(ordered).get(f"{WORKER}:0")
     if first is not None:
         merged += [r for r in first.benchmarks if r.benchmark is not Benchmark.PS_THROUGHPUT]
     throughput = [
@@ -425,7 +502,7 @@ def merge_worker_documents(
             )
         base = throughput[0][1]
         parameters = {k: v for k, v in base.parameters.items() if k not in ("task", "targets")} | {
-            "cluster_workers": len(throughput),
+            "cluster_workers": sum(1 for task, _ in throughput if not task_order(task)[0]),
             "targets": ",".join(
                 sorted({str(r.parameters.get("targets", "")) for _, r in throughput})
             ),
@@ -446,10 +523,14 @@ def merge_worker_documents(
     return merged, "; ".join(reasons)
 
 
-def _gather(placement: Placement, args: argparse.Namespace, build_request: RequestBuilder) -> int:
+def _gather(
+    placement: Placement, args: argparse.Namespace, request: ReplayRequest, parts: WholeStepParts
+) -> int:
     files = _tls(placement, args)
     server_credentials, _ = _gather_credentials(files)
-    workers = [f"worker:{i}" for i in range(placement.worker_count)]
+    # Every task that replays something submits: the workers and the side clients.
+    workers = [f"{WORKER}:{i}" for i in range(placement.worker_count)]
+    workers += [str(task) for task in parts.side_tasks]
     # Made (and so checked writable) before anything is measured.
     base_existed = Path(args.output_dir).exists()
     run_directory = results.new_run_directory(args.output_dir, "cluster")
@@ -461,11 +542,11 @@ def _gather(placement: Placement, args: argparse.Namespace, build_request: Reque
             credentials=server_credentials,
             barrier_timeout_s=args.job_timeout,
         ) as server:
-            print(f"{placement.task}: gathering from {len(workers)} workers", flush=True)
-            if Role.REPLAY in placement.roles:
+            print(f"{placement.task}: gathering from {', '.join(workers)}", flush=True)
+            if Role.REPLAY in placement.roles or placement.task in parts.side_tasks:
                 # In the main thread, so that a stop signal reaches the measuring loop.
                 try:
-                    _replay(placement, args, build_request)
+                    _replay(placement, args, request, parts)
                 except BaseException as error:  # reported after the gather below
                     errors.append(error)
             texts, failures = _wait_for_workers(server, args.job_timeout)
@@ -516,7 +597,7 @@ def _gathered_document(
         reason = "; ".join(
             r for r in (reason, f"{placement.task} {interrupted_reason(signum)}") if r
         )
-    first = min(documents.items(), key=lambda item: _index(item[0]))[1] if documents else None
+    first = min(documents.items(), key=lambda item: task_order(item[0]))[1] if documents else None
     config = dict(first.config) if first else {}
     config.pop("task", None)
     config["cluster_workers"] = placement.worker_count
