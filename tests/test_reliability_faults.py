@@ -431,6 +431,41 @@ def test_role_tasks_stopped_by_their_launcher_write_partial_results(
     _assert_nothing_left({ps.pid}, {first, first + 1})
 
 
+def test_a_whole_step_cluster_stopped_by_its_launcher_leaves_no_server_or_side_client(
+    tmp_path: Path, started: list[subprocess.Popen[str]]
+) -> None:
+    # A trace with a chief: ps:0 serves and runs its side client (it called ps:1), the
+    # chief gathers and makes its calls to the workers, each worker serves a stand-in.
+    first = _free_port(5)
+    chief, ps0, ps1, worker0, worker1 = (f"localhost:{first + i}" for i in range(5))
+    cluster = json.dumps({"chief": [chief], "ps": [ps0, ps1], "worker": [worker0, worker1]})
+    flags = [
+        "--cluster", cluster, "resnet50-tf2ps", "--warmup", "0", "--runs", "2", "--quiet",
+        "--output-dir", "out", "--benchmark", "ps-throughput", "--duration", "60",
+    ]  # fmt: skip
+    tasks = {
+        task: _start(started, "role", "--task", task, *flags, cwd=tmp_path)
+        for task in ("chief:0", "ps:0", "ps:1", "worker:0", "worker:1")
+    }
+    _wait_for_calls(f"127.0.0.1:{first + 4}")  # the chief's calls reach worker:1's stand-in
+    time.sleep(1)
+    pids = {p.pid for p in tasks.values()}
+    pids |= {child for pid in set(pids) for child in _descendants(pid)}
+    for process in tasks.values():
+        process.send_signal(signal.SIGTERM)  # as a launcher ends a job: every task at once
+    outputs = {task: process.communicate(timeout=120) for task, process in tasks.items()}
+    for task, process in tasks.items():
+        assert process.returncode == 128 + signal.SIGTERM, outputs[task]
+        assert outputs[task][1].count("\n") == 1 and "interrupted (SIGTERM)" in outputs[task][1]
+    assert "side client" in outputs["ps:0"][0] and "stand-in server" in outputs["worker:1"][0]
+    document = _document(outputs["chief:0"][0], tmp_path)
+    (throughput,) = document.benchmarks
+    assert document.partial and throughput.rpc_count > 0
+    # The chief's side client (client 2) made calls before the stop.
+    assert 2 in {s.worker_index for run in throughput.runs for s in run.samples}
+    _assert_nothing_left(pids, set(range(first, first + 5)))
+
+
 # --------------------------------------------------------------------------
 # capture (real TensorFlow) and network compare (namespaces)
 

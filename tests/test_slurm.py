@@ -102,9 +102,17 @@ def test_srun_places_five_tasks_and_the_chief_merges_every_workers_samples(
     # Ranks by job name, as TensorFlow's SlurmClusterResolver hands them out.
     for line in ("chief:0: gather", "ps:0: serve", "ps:1: serve", "worker:0: replay"):
         assert line in result.stdout
+    # Whole steps: ps:0 (which called ps:1 in training) and the chief run side clients, and
+    # each worker serves a stand-in for the chief's calls.
+    for line in ("chief:0: gather, side client", "ps:0: serve, side client"):
+        assert line in result.stdout
+    assert "ps:1: serve\n" in result.stdout
+    assert "worker:1: replay, stand-in server" in result.stdout
+    assert f"worker:1: serving on 0.0.0.0:{port_base + 4}" in result.stdout
     assert f"ps:0: serving on 0.0.0.0:{port_base + 1}" in result.stdout
     assert f"ps:1: serving on 0.0.0.0:{port_base + 2}" in result.stdout
-    assert result.stdout.count(f"results sent to localhost:{port_base}") == 2
+    # The two workers, ps:0's side client and the chief's.
+    assert result.stdout.count(f"results sent to localhost:{port_base}") == 4
     assert "ps:0: stopped" in result.stdout and "ps:1: stopped" in result.stdout
 
     documents = list(output.glob("*/results.json"))
@@ -114,16 +122,16 @@ def test_srun_places_five_tasks_and_the_chief_merges_every_workers_samples(
     assert document.config["cluster_workers"] == 2
     assert document.config["placement"] == "cluster"
     assert document.network is not None
-    assert document.network.addresses == (
-        f"localhost:{port_base + 1}",
-        f"localhost:{port_base + 2}",
+    assert document.network.addresses == tuple(
+        f"localhost:{port_base + rank}" for rank in (1, 2, 3, 4)
     )
     (throughput,) = document.benchmarks
     assert throughput.benchmark is Benchmark.PS_THROUGHPUT
     assert throughput.parameters["cluster_workers"] == 2
     assert len(throughput.runs) == 2
+    assert throughput.parameters["dropped_rpcs_per_pass"] == 0
     for run in throughput.runs:
-        assert {s.worker_index for s in run.samples} == {0, 1}
+        assert {s.worker_index for s in run.samples} == {0, 1, 2, 3}
     # Every task of the step (and its slurmstepd) has exited; only the daemons remain.
     left = slurm_cluster.wait_for_no_leftovers(slurm.root, besides=before)
     assert not left, f"processes left after the step: {left}"

@@ -595,7 +595,8 @@ class WholeSteps:
 
 #: Every kind of call a replay can make: the default.
 WHOLE_STEPS = WholeSteps()
-#: Only what training's workers and ps exchange (``role`` places no side clients or stand-ins).
+#: Only what training's workers and ps exchange (``role``'s last resort, when its cluster
+#: cannot place side clients).
 WORKERS_AND_PS_ONLY = WholeSteps(ps_clients=False, stand_in_servers=False)
 
 

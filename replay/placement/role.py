@@ -17,6 +17,15 @@ script) starts ``tf-grpc-bench role`` in every task instead, with the same
   every worker's runs merged (samples of all workers, a run lasting as long as
   its slowest worker), plus the TensorBoard logs.
 
+A trace's PS throughput is replayed in whole steps (``core.workload``): a ps
+task whose trace task called another ps also runs that *side client*, the
+chief runs the chief's side client (its calls to workers), and each worker the
+chief called serves a *stand-in* on its own cluster port while it replays and
+until the job is done.  Side clients meet the workers at the start barrier and
+send their documents to the gatherer too.  Every task works out who runs what
+from the same flags (``cluster_request``), falling back to fewer kinds of
+calls when the cluster cannot place one (no chief: no chief-to-worker calls).
+
 Every replay flag (``tf-grpc-bench replay --help``) applies, the same on every
 task, as a launcher gives every task the same command.
 """
