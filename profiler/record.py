@@ -3,7 +3,8 @@
 A launcher (a shell on each host, ``srun``, a Kubernetes pod) runs
 ``tf-grpc-bench record --out DIR -- COMMAND`` in place of the training command
 on every host.  ``record_task`` finds which task this is
-(``launch.identity.identify_task``: ``TF_CONFIG``, or ``--job/--task/--cluster``),
+(``launch.identity.identify_task``: ``TF_CONFIG``, ``--job/--task/--cluster``, or
+``srun``'s environment with ``--slurm-jobs``, which also gives the command its ``TF_CONFIG``),
 runs the command with the in-process recorder preloaded (``recorders.wiretap``)
 and writes into ``DIR/<job>-<index>/``:
 
