@@ -37,7 +37,7 @@ def _task_index(text: str) -> int:
 def configure_record(parser: argparse.ArgumentParser) -> None:
     parser.usage = (
         "%(prog)s --out DIR [--job JOB --task N --cluster JSON | --slurm-jobs JOB:N,...] "
-        "-- COMMAND [ARGS...]"
+        "[--end-step] -- COMMAND [ARGS...]"
     )
     parser.add_argument(
         "--out",
@@ -75,6 +75,13 @@ def configure_record(parser: argparse.ArgumentParser) -> None:
         f"(default {launchers.DEFAULT_PORT_BASE}, TensorFlow's)",
     )
     parser.add_argument(
+        "--end-step",
+        action="store_true",
+        help="under srun: once the command has ended by itself, send SIGTERM to every task of "
+        "the job step (scancel), which their record passes on: for a job whose servers serve "
+        "until stopped (TF2 parameter-server training: the chief's end ends the ps and workers)",
+    )
+    parser.add_argument(
         "job_command",
         nargs=argparse.REMAINDER,
         metavar="COMMAND",
@@ -105,7 +112,9 @@ def run_record(args: argparse.Namespace) -> int:
         # a script that takes its role as flags gets them from the placeholders.
         environment["TF_CONFIG"] = task.tf_config()
     logs.configure()
-    status = record_task(Path(args.out), command, task, environment=environment)
+    status = record_task(
+        Path(args.out), command, task, environment=environment, end_step=args.end_step
+    )
     return status
 
 

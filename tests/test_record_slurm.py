@@ -235,6 +235,11 @@ def test_record_placed_by_slurm_fills_the_placeholders_and_exports_tf_config(
         (STEP, ("--slurm-jobs", JOBS, "--task", "0"), "but --job/--task say worker:0"),
         (STEP, ("--port-base", "7000"), "--port-base lays out a Slurm step: give it with"),
         (STEP, ("--slurm-jobs", JOBS, "--port-base", "65535"), "--port-base 65535: the node's"),
+        (
+            {},
+            ("--job", "ps", "--task", "0", "--cluster", '{"ps": ["h:1"]}', "--end-step"),
+            "--end-step ends an srun job step: run record under srun",
+        ),
     ],
 )
 def test_record_with_a_bad_slurm_placement_is_one_line_and_runs_nothing(

@@ -243,21 +243,41 @@ def test_the_shipped_sbatch_replay_example_runs(slurm: slurm_cluster.Slurm, tmp_
 # --------------------------------------------------------------------------
 # record under srun: a tiny TF2 parameter-server job captured task by task.
 
-#: What every srun task runs: ``record`` around the training command, and, once the chief
-#: (rank 0) has trained, SIGTERM to every task of the step (the ps and workers serve until
-#: stopped), as ``examples/slurm/capture.sbatch`` does.  The shell outlives the SIGTERM
-#: (``trap :``) so that the task ends when ``record`` has.
-TASK_SHELL = """
-trap : TERM
-"$@"
-status=$?
-if [ "$SLURM_PROCID" = 0 ]; then
-  (trap "" TERM; exec scancel --signal=TERM "$SLURM_JOB_ID.$SLURM_STEP_ID")
-fi
-exit $status
-"""
 #: The jobs by name take the ranks: chief 0, ps 1, workers 2-3.
 TRAINING_JOBS = "ps:1,worker:2,chief:1"
+
+
+def test_under_srun_end_step_ends_the_servers_when_the_chief_has_ended(
+    slurm: slurm_cluster.Slurm, tmp_path: Path
+) -> None:
+    """Every task's record passes the chief's SIGTERM on and writes its manifest (what
+    Slurm's own SIGKILL would not let it do); no process of the step is left."""
+    out = tmp_path / "records"
+    before = frozenset(slurm_cluster.tagged_pids(slurm.root))
+    # The chief ends once the servers' records have started their commands (their manifests
+    # name the pid), as a real chief ends long after.
+    serve = (
+        "if [ {job} != chief ]; then exec sleep 300; fi; echo '{cluster}' > chief.txt; "
+        f"for task in ps-0 worker-0; do until grep -qs '\"pid\": [1-9]' {out}/$task/manifest.json; "
+        "do sleep 0.1; done; done"
+    )
+    result = subprocess.run(
+        ["srun", "--ntasks=3", "--time=5", "--kill-on-bad-exit=0", f"--chdir={tmp_path}",
+         sys.executable, "-m", "tf_grpc_bench", "record", "--slurm-jobs", "worker:1,ps:1,chief:1",
+         "--port-base", "7000", "--end-step", "--out", str(out), "--", "sh", "-c", serve],
+        env=slurm.environment, capture_output=True, text=True, timeout=STEP_LIMIT_S, check=False,
+    )  # fmt: skip
+    assert result.returncode == 143, result.stdout + result.stderr
+    assert "Traceback" not in result.stderr and "scancel" not in result.stderr, result.stderr
+    laid_out = {"chief": ["localhost:7000"], "ps": ["localhost:7001"], "worker": ["localhost:7002"]}
+    assert json.loads((tmp_path / "chief.txt").read_text()) == laid_out
+    statuses = {
+        read_task_record(folder).name: read_task_record(folder).exit_status
+        for folder in out.iterdir()
+    }
+    assert statuses == {"chief:0": 0, "ps:0": 143, "worker:0": 143}
+    left = slurm_cluster.wait_for_no_leftovers(slurm.root, besides=before)
+    assert not left, f"processes left after the step: {left}"
 
 
 def _laid_out(port_base: int) -> dict[str, tuple[str, ...]]:
@@ -286,20 +306,19 @@ def _check_records(out: Path, port_base: int) -> list[Path]:
 def test_a_job_recorded_under_srun_assembles_to_the_single_machine_trace(
     slurm: slurm_cluster.Slurm, tmp_path: Path
 ) -> None:
-    """``srun -n 4 record --slurm-jobs ... -- python train.py --job {job} ...``: a script that
-    takes its role as flags, every task placed by Slurm's environment."""
+    """``srun -n 4 record --slurm-jobs ... --end-step -- python train.py --job {job} ...``: a
+    script that takes its role as flags, every task placed by Slurm's environment, the
+    chief's end ending the ps and workers."""
     port_base = slurm_cluster.free_port_block(4)
     out = tmp_path / "records"
     before = frozenset(slurm_cluster.tagged_pids(slurm.root))
-    record = [
-        sys.executable, "-m", "tf_grpc_bench", "record",
-        "--slurm-jobs", TRAINING_JOBS, "--port-base", str(port_base), "--out", str(out), "--",
-        sys.executable, str(FLAGS_SCRIPT), "--job", "{job}", "--task", "{task}",
-        "--cluster", "{cluster}", "--rounds", "3",
-    ]  # fmt: skip
     result = subprocess.run(
         ["srun", "--ntasks=4", "--time=10", "--kill-on-bad-exit=0", f"--chdir={tmp_path}",
-         "bash", "-c", TASK_SHELL, "task", *record],
+         sys.executable, "-m", "tf_grpc_bench", "record",
+         "--slurm-jobs", TRAINING_JOBS, "--port-base", str(port_base), "--end-step",
+         "--out", str(out), "--",
+         sys.executable, str(FLAGS_SCRIPT), "--job", "{job}", "--task", "{task}",
+         "--cluster", "{cluster}", "--rounds", "3"],
         env=slurm.environment, capture_output=True, text=True, timeout=STEP_LIMIT_S, check=False,
     )  # fmt: skip
     # srun's status is the servers' (ended by SIGTERM); the chief's is in its manifest.
@@ -365,7 +384,6 @@ def test_the_shipped_sbatch_capture_example_runs(
     log = (tmp_path / "job.out").read_text() if (tmp_path / "job.out").exists() else ""
     assert result.returncode == 0, result.stdout + result.stderr + log + slurm.logs()
     assert "trained 3 rounds on 2 workers" in log and "5 steady steps; trace written" in log
-    assert "Terminated" not in log
     _check_records(records, port_base)
     left = slurm_cluster.wait_for_no_leftovers(slurm.root, besides=before)
     assert not left, f"processes left after the job: {left}"
