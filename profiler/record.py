@@ -24,7 +24,9 @@ The command's exit status is the record's (128 + N when signal N ended it).
 SIGTERM, SIGINT and SIGHUP sent to ``record`` are passed on to the command's
 process group; the records are on disk whatever happens (the library writes
 them into a file mapped shared), and the command dies with ``record`` even
-when that is killed with SIGKILL.
+when that is killed with SIGKILL.  Under ``srun``, ``end_step`` has a command
+that ended by itself (a TF2 chief) end the job step with SIGTERM
+(``end_slurm_step``), so that the servers' records finish too.
 """
 
 from __future__ import annotations

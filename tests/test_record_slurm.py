@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -250,3 +252,34 @@ def test_record_with_a_bad_slurm_placement_is_one_line_and_runs_nothing(
     assert result.returncode == 2 and result.stderr.count("\n") == 1, result.stderr
     assert message in result.stderr and "Traceback" not in result.stderr
     assert not ran.exists() and not (tmp_path / "out").exists()
+
+
+def test_a_command_stopped_with_its_record_keeps_its_status(tmp_path: Path) -> None:
+    """Every process of a Slurm step gets ``scancel``'s SIGTERM at once: record and its
+    command together.  The command's status (143) must not be lost on the way (a handler
+    that raised inside ``Popen.wait`` could drop it once ``waitpid`` had reaped the
+    command, and record then reported 0)."""
+    tf_config = json.dumps({"cluster": {"ps": ["h:1"]}, "task": {"type": "ps", "index": 0}})
+    base = {k: v for k, v in os.environ.items() if not k.startswith("SLURM")}
+    for attempt in range(6):
+        out = tmp_path / f"out{attempt}"
+        record = subprocess.Popen(
+            [CLI, "record", "--out", str(out), "--", "sleep", "300"],
+            env={**base, "TF_CONFIG": tf_config},
+            stderr=subprocess.DEVNULL,
+        )
+        try:
+            deadline = time.monotonic() + 60
+            while not (
+                (out / "ps-0" / "manifest.json").exists() and read_task_record(out / "ps-0").pid
+            ):
+                assert time.monotonic() < deadline and record.poll() is None
+                time.sleep(0.05)
+            time.sleep(0.3)  # record is waiting now
+            os.kill(read_task_record(out / "ps-0").pid, signal.SIGTERM)
+            record.send_signal(signal.SIGTERM)
+            assert record.wait(timeout=60) == 143
+        finally:
+            record.kill()
+            record.wait()
+        assert read_task_record(out / "ps-0").exit_status == 143
