@@ -244,8 +244,9 @@ def end_slurm_step(environment: Mapping[str, str]) -> str:
     For a job whose servers never end by themselves (TF2 parameter-server
     training's ps and workers): the chief's end ends the step, and every
     other task's ``record`` passes the signal on and writes its manifest.
-    Slurm's own ways of ending what is left of a step (``srun --wait``,
-    ``--kill-on-bad-exit``) send SIGKILL, which leaves manifests unfinished.
+    Slurm's own ways of ending what is left of a step after a task succeeded
+    (``srun --wait``, a SIGTERM to ``srun``) send SIGKILL, which leaves
+    manifests unfinished; ``--kill-on-bad-exit`` acts only on a failure.
     """
     job = environment.get("SLURM_JOB_ID", environment.get("SLURM_JOBID", "")).strip()
     step = environment.get("SLURM_STEP_ID", environment.get("SLURM_STEPID", "")).strip()
