@@ -22,6 +22,8 @@ import pytest
 from tests import slurm_cluster
 from tests.test_record import FLAGS_SCRIPT, SCRIPT, _assert_same_calls, _single_machine_trace
 from tf_grpc_bench import trace_files
+from tf_grpc_bench.profiler.assemble import assemble_records
+from tf_grpc_bench.profiler.assembly.clocks import WIRE
 from tf_grpc_bench.profiler.launch.user_job import UserJob
 from tf_grpc_bench.profiler.physics import check_physics
 from tf_grpc_bench.profiler.record import read_task_record
@@ -351,6 +353,13 @@ def test_a_job_recorded_under_srun_assembles_to_the_single_machine_trace(
     reference = _single_machine_trace(folders, tasks, tmp_path / "one-machine")
     assert not reference.partial, reference.partial_reason
     _assert_same_calls(trace, reference)
+    # Every task placed by the wire alone, as across hosts: the true offsets (one node,
+    # one clock: 0) lie within the bounds found, and every call stays in its step.
+    wired = assemble_records([out], clocks="wire")
+    for offset in wired.clock_alignment.tasks[1:]:
+        assert offset.source == WIRE and offset.lower_ns is not None
+        assert offset.upper_ns is not None and offset.lower_ns <= 0 <= offset.upper_ns
+    _assert_same_calls(wired, trace, times=False)
 
 
 @pytest.mark.tensorflow
