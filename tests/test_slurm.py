@@ -247,7 +247,8 @@ def test_the_shipped_sbatch_replay_example_runs(slurm: slurm_cluster.Slurm, tmp_
     assert not document.partial
     assert document.network is not None and document.network.name == "slurm-test"
     (throughput,) = document.benchmarks
-    assert {s.worker_index for run in throughput.runs for s in run.samples} == {0, 1}
+    # The workers and the side clients of whole steps (the chief's, ps:0's).
+    assert {s.worker_index for run in throughput.runs for s in run.samples} == {0, 1, 2, 3}
 
 
 # --------------------------------------------------------------------------
