@@ -145,6 +145,18 @@ def test_every_task_places_the_side_clients_and_stand_ins_alike() -> None:
         )
 
 
+@pytest.mark.parametrize("name", [n for n in trace_files.shipped_trace_names() if "tf2ps" in n])
+def test_a_cluster_with_a_chief_drops_nothing_of_a_shipped_tf2_trace(name: str) -> None:
+    args = _replay_args(name.removesuffix(".tfgbtrace"), "--benchmark", "ps-throughput")
+    request, parts = role.cluster_request(
+        _placement(CLUSTER, "worker:0"), args, build_request=cli.build_request
+    )
+    parameters = request.workloads[0].parameters()
+    assert parameters["dropped_rpcs_per_pass"] == parameters["dropped_bytes_per_pass"] == 0
+    assert len(parts.clients) == request.workloads[0].worker_count
+    assert len(request.targets or ()) == request.workloads[0].server_count
+
+
 def test_without_a_chief_the_chiefs_calls_are_dropped_and_ps_to_ps_still_replayed() -> None:
     no_chief = {"ps": CLUSTER["ps"], "worker": CLUSTER["worker"]}
     args = _replay_args(TRACE, "--benchmark", "ps-throughput")

@@ -144,8 +144,8 @@ INTERRUPT_GRACE_S = 10.0
 def run_role(args: argparse.Namespace, *, build_request: RequestBuilder) -> int:
     """Do this task's part of the replay job; ``build_request`` validates the replay flags.
 
-    Every task checks every flag before it does anything (a ps too, though it
-    replays nothing: the launcher gives all tasks the same command).
+    Every task checks every flag before it does anything (a ps too, which replays
+    at most a side client: the launcher gives all tasks the same command).
     """
     placement = cluster.resolve_placement(
         cluster=args.cluster, task=args.task, slurm_jobs=args.slurm_jobs, port_base=args.port_base
