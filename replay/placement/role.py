@@ -247,10 +247,13 @@ def _serving(placement: Placement, args: argparse.Namespace) -> Iterator[None]:
     )
     server.start()
     print(f"{placement.task}: serving on {server.bind_address}", flush=True)
+    # Asked from now on: once the gatherer has answered, its going away means the job is
+    # done, which it may be by the time the body ends.
+    job_done = _job_watch(placement, args, files)
     signum: int | None = None
     try:
         yield
-        signum = _wait_for_job(placement, args, files)
+        signum = _wait_for_job(job_done)
     finally:
         received_bytes, received_messages = server.received()
         server.stop(1.0)
@@ -262,22 +265,33 @@ def _serving(placement: Placement, args: argparse.Namespace) -> Iterator[None]:
     _raise_if_interrupted(placement.task, "server stopped", signum)
 
 
-def _wait_for_job(placement: Placement, args: argparse.Namespace, files: Any) -> int | None:
-    """Block until the gatherer says the job is done, or is gone, or a stop signal
-    comes; returns that signal (None without one)."""
+def _job_watch(placement: Placement, args: argparse.Namespace, files: Any) -> threading.Event:
+    """An event set once the gatherer says the job is done, or stops answering after
+    having answered (``gather.wait_until_job_done``), asked from a thread of its own."""
     _, channel_credentials = _gather_credentials(files)
+    done = threading.Event()
+
+    def watch() -> None:
+        gather.wait_until_job_done(
+            placement.gatherer_address,
+            timeout_s=args.job_timeout,
+            credentials=channel_credentials,
+        )
+        done.set()
+
+    threading.Thread(target=watch, daemon=True).start()
+    return done
+
+
+#: How often a task waiting for the job's end looks at its watch.
+JOB_WATCH_POLL_S = 0.2
+
+
+def _wait_for_job(job_done: threading.Event) -> int | None:
+    """Block until ``job_done`` is set or a stop signal comes; returns that signal."""
     with lifetime.StopSignals() as stop:
-
-        def wait_for_job() -> None:
-            gather.wait_until_job_done(
-                placement.gatherer_address,
-                timeout_s=args.job_timeout,
-                credentials=channel_credentials,
-            )
-            stop.event.set()
-
-        threading.Thread(target=wait_for_job, daemon=True).start()
-        stop.event.wait()
+        while not stop.event.is_set() and not job_done.wait(JOB_WATCH_POLL_S):
+            pass
     return stop.signum
 
 
