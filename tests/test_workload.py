@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -25,6 +27,8 @@ from tf_grpc_bench.replay.core.workload import (
     Mode,
     Shape,
     WholeSteps,
+    Workload,
+    WorkloadStep,
     ack_message_bytes,
     captured_critical_paths,
     choose_pair,
@@ -42,6 +46,7 @@ from tf_grpc_bench.replay.transport.wire import (
     serialized_payload,
     serialized_pull_request,
 )
+from tf_grpc_bench.sizes import SizeCategory
 from tf_grpc_bench.trace import RECV_TENSOR, Rpc, RunMetadata, Step, Task, Trace
 
 from .conftest import make_trace
@@ -749,3 +754,314 @@ def test_what_a_replay_cannot_send_is_summed_up_by_kind() -> None:
     assert total == 1100 + 5000
     assert text == "chief->worker Enqueue: 1 RPCs, 5000 B; ps->ps RecvTensor: 2 RPCs, 1100 B"
     assert unreplayed_summary(make_trace()) == (0, "")
+
+
+# --------------------------------------------------------------------------
+# Exact values, worked out by hand (the mutation run of workload.py showed these unpinned).
+
+
+def test_protobuf_field_sizes_at_each_varint_step() -> None:
+    from tf_grpc_bench.replay.core.workload import (
+        bytes_field_bytes,
+        payload_message_bytes,
+        varint_bytes,
+    )
+
+    steps = {0: 1, 1: 1, 127: 1, 128: 2, 16_383: 2, 16_384: 3, 2**21 - 1: 3, 2**21: 4}
+    assert {value: varint_bytes(value) for value in steps} == steps
+    with pytest.raises(ValueError, match=r"^varint of a negative number: -1$"):
+        varint_bytes(-1)
+    # A singular empty field is not encoded; a repeated one is: tag + length 0.
+    assert bytes_field_bytes(0) == 0
+    assert bytes_field_bytes(0, repeated=True) == 2
+    assert [bytes_field_bytes(n) for n in (1, 127, 128)] == [3, 129, 131]
+    assert [uint_field_bytes(n) for n in (0, 1, 127, 128, 16_384)] == [0, 2, 2, 3, 4]
+    # Payload{buffers}: 2 (empty) + 12 (10 B) + 203 (200 B: 1 tag, 2 length bytes).
+    assert payload_message_bytes((0, 10, 200)) == 217
+    assert payload_message_bytes(()) == 0
+    assert [ack_message_bytes(n) for n in (0, 217, 16_384)] == [0, 3, 4]
+
+
+def test_pull_response_lengths_around_each_varint_step() -> None:
+    # target -> content: 1 tag + varint(content) + content; 1 and 2 B cannot be encoded.
+    expected = {0: 0, 1: 0, 2: 0, 3: 1, 4: 2, 129: 127, 130: 127, 131: 128, 132: 129}
+    # 16,386 = 1 + 2 + 16,383; 16,387 would need a content of 16,384, whose length takes
+    # 3 bytes (16,388): one byte short.
+    expected |= {16_385: 16_382, 16_386: 16_383, 16_387: 16_383, 16_388: 16_384}
+    assert {t: pull_response_content_bytes(t) for t in expected} == expected
+
+
+def test_a_pull_request_keeps_what_fits_of_its_tensor_name_and_pads() -> None:
+    from tf_grpc_bench.replay.core.workload import PullRequestLayout, pull_request_layout
+
+    # response_bytes 100 -> 2 B; "abc" -> 5 B; 3 B left: a padding field of 1 B content.
+    assert pull_request_layout(10, 100, "abc") == PullRequestLayout(
+        response_content_bytes=100, tensor_name="abc", padding_bytes=1, message_bytes=10
+    )
+    # 8 B: with "abc" 1 B is left and with "ab" 2 B, which no field encodes; "a" leaves 3.
+    assert pull_request_layout(8, 100, "abc") == PullRequestLayout(
+        response_content_bytes=100, tensor_name="a", padding_bytes=1, message_bytes=8
+    )
+    # Exactly the name: no padding field.
+    assert pull_request_layout(7, 100, "abc") == PullRequestLayout(
+        response_content_bytes=100, tensor_name="abc", padding_bytes=0, message_bytes=7
+    )
+    # Smaller than the response-length field: that field alone, longer than asked.
+    assert pull_request_layout(1, 100, "abc") == PullRequestLayout(
+        response_content_bytes=100, tensor_name="", padding_bytes=0, message_bytes=2
+    )
+    assert pull_request_layout(0, 0, "") == PullRequestLayout(
+        response_content_bytes=0, tensor_name="", padding_bytes=0, message_bytes=0
+    )
+    # 130 B with no name cannot be encoded (a 127 B padding is 129, a 128 B one 131):
+    # one byte short.  With a 2-character name it fits exactly.
+    assert pull_request_layout(130, 0, "") == PullRequestLayout(
+        response_content_bytes=0, tensor_name="", padding_bytes=127, message_bytes=129
+    )
+    assert pull_request_layout(130, 0, "ab") == PullRequestLayout(
+        response_content_bytes=0, tensor_name="ab", padding_bytes=124, message_bytes=130
+    )
+
+
+def test_a_tensor_name_is_only_cut_between_whole_characters() -> None:
+    from tf_grpc_bench.replay.core.workload import PullRequestLayout, pull_request_layout
+
+    name = "a\u00e9"  # 3 bytes in UTF-8: "a", then 2 for the accented e.
+    assert pull_request_layout(5, 0, name).tensor_name == name
+    # 4 B: the name's first 2 bytes would split the e; "a" (3 B) leaves 1 B, which no
+    # field encodes; so no name and a 2 B padding field.
+    assert pull_request_layout(4, 0, name) == PullRequestLayout(
+        response_content_bytes=0, tensor_name="", padding_bytes=2, message_bytes=4
+    )
+
+
+def test_a_call_refuses_nonsense_naming_the_field() -> None:
+    with pytest.raises(ValueError, match=r"^method must be a full gRPC path, got 'a\.B/C'$"):
+        Call(shape=Shape.PULL, method="a.B/C", request_bytes=1, response_bytes=1)
+    for name in (
+        "request_bytes",
+        "response_bytes",
+        "server_index",
+        "worker_index",
+        "offset_ns",
+        "outstanding_at_start",
+    ):
+        arguments: dict[str, object] = {"request_bytes": 1, "response_bytes": 1, name: -1}
+        with pytest.raises(ValueError, match=rf"^{name} must be >= 0, got -1$"):
+            Call(shape=Shape.PULL, method="/a.B/C", **arguments)  # type: ignore[arg-type]
+        # Zero is allowed.
+        Call(shape=Shape.PULL, method="/a.B/C", **{**arguments, name: 0})  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match=r"^buffer sizes must be >= 0$"):
+        Call(shape=Shape.ECHO, method="/a.B/C", request_bytes=1, response_bytes=1, buffers=(1, -1))
+    for shape in (Shape.ECHO, Shape.ACK):
+        with pytest.raises(ValueError, match=rf"^a {shape.value} call needs its payload's buffers$"):
+            Call(shape=shape, method="/a.B/C", request_bytes=1, response_bytes=1)
+    # An empty buffer is a buffer; a pull needs none.
+    assert Call(shape=Shape.ECHO, method="/a.B/C", request_bytes=0, response_bytes=0, buffers=(0,))
+    pull = Call(shape=Shape.PULL, method="/a.B/C", request_bytes=7, response_bytes=3)
+    assert pull.payload_bytes == 7
+    assert replace(pull, response_bytes=9).payload_bytes == 9
+
+
+def _one_call_step(**call: object) -> WorkloadStep:
+    arguments: dict[str, object] = {"request_bytes": 1, "response_bytes": 1, **call}
+    return WorkloadStep(
+        index=0,
+        calls=(Call(shape=Shape.PULL, method="/a.B/C", **arguments),),  # type: ignore[arg-type]
+    )
+
+
+def test_a_workload_refuses_nonsense_saying_what() -> None:
+    def workload(**changes: object) -> Workload:
+        arguments: dict[str, object] = {
+            "benchmark": Benchmark.PS_THROUGHPUT,
+            "source": "trace",
+            "mode": Mode.NON_SERIALIZED,
+            "steps": (_one_call_step(),),
+            "server_count": 1,
+            "worker_count": 2,
+            **changes,
+        }
+        return Workload(**arguments)  # type: ignore[arg-type]
+
+    assert workload().worker_count == 2
+    assert workload(source="synthetic").source == "synthetic"
+    with pytest.raises(ValueError, match=r"^source must be 'synthetic' or 'trace', got 'x'$"):
+        workload(source="x")
+    for steps in ((), (WorkloadStep(index=0, calls=()),)):
+        with pytest.raises(ValueError, match=r"^a workload needs at least one call$"):
+            workload(steps=steps)
+    for counts in ({"server_count": 0}, {"worker_count": 0}):
+        with pytest.raises(
+            ValueError, match=r"^a workload needs at least one server and one worker$"
+        ):
+            workload(**counts)
+    for side in ((2,), (-1,)):
+        with pytest.raises(ValueError, match=rf"^side workers \({side[0]},\) of 2$"):
+            workload(side_workers=side)
+    assert workload(side_workers=(1,)).side_workers == (1,)
+    with pytest.raises(ValueError, match=r"^a workload needs a worker that is not a side client$"):
+        workload(side_workers=(0, 1))
+    with pytest.raises(ValueError, match=r"^call to server 1 of 1$"):
+        workload(steps=(_one_call_step(server_index=1),))
+    with pytest.raises(ValueError, match=r"^call by worker 2 of 2$"):
+        workload(steps=(_one_call_step(worker_index=2),))
+    assert workload(steps=(_one_call_step(worker_index=1),)).calls[0].worker_index == 1
+
+
+def test_a_workers_part_keeps_every_step_and_its_period() -> None:
+    steps = (
+        WorkloadStep(
+            index=4,
+            calls=(
+                Call(shape=Shape.PULL, method="/a.B/C", request_bytes=1, response_bytes=2),
+                Call(
+                    shape=Shape.PULL,
+                    method="/a.B/C",
+                    request_bytes=3,
+                    response_bytes=4,
+                    server_index=2,
+                    worker_index=1,
+                ),
+            ),
+            period_ns=700,
+        ),
+        WorkloadStep(
+            index=5,
+            calls=(
+                Call(
+                    shape=Shape.PULL,
+                    method="/a.B/C",
+                    request_bytes=5,
+                    response_bytes=6,
+                    server_index=2,
+                ),
+            ),
+            period_ns=900,
+        ),
+    )
+    workload = Workload(
+        benchmark=Benchmark.PS_THROUGHPUT,
+        source="trace",
+        mode=Mode.NON_SERIALIZED,
+        steps=steps,
+        server_count=3,
+        worker_count=2,
+    )
+    assert workload.servers_used == (0, 2)
+    assert [(s.request_bytes, s.response_bytes) for s in workload.steps] == [(4, 6), (5, 6)]
+    second = workload.for_worker(1)
+    # The second step has nothing for worker 1, and stays: a pass is every step.
+    assert [(s.index, s.period_ns, len(s.calls)) for s in second.steps] == [
+        (4, 700, 1),
+        (5, 900, 0),
+    ]
+    assert second.servers_used == (2,)
+    assert [c.request_bytes for c in workload.for_worker(0).calls] == [1, 5]
+
+
+def _two_category_generator(kind: GeneratorKind = GeneratorKind.UNIFORM) -> GeneratorConfig:
+    # Uniform over small (10 B) and medium (10 KiB), 3 buffers: S M S, then M S M.
+    return GeneratorConfig(
+        kind=kind,
+        categories=(SizeCategory.MEDIUM, SizeCategory.SMALL),
+        buffers_per_payload=3,
+        payload_count=2,
+    )
+
+
+def test_synthetic_calls_have_their_payloads_sizes_in_each_mode() -> None:
+    generator = _two_category_generator()
+    raw = synthetic_workload(Benchmark.P2P_LATENCY, generator, mode=Mode.NON_SERIALIZED)
+    assert [(c.buffers, c.request_bytes, c.response_bytes) for c in raw.calls] == [
+        ((10, 10_240, 10), 10_260, 10_260),
+        ((10_240, 10, 10_240), 20_490, 20_490),
+    ]
+    # Serialized: a 10 B field is 12 B, a 10 KiB one 10,243 B (2 length bytes).
+    serialized = synthetic_workload(Benchmark.P2P_LATENCY, generator, mode=Mode.SERIALIZED)
+    assert [(c.request_bytes, c.response_bytes) for c in serialized.calls] == [
+        (10_267, 10_267),
+        (20_498, 20_498),
+    ]
+    pushes = synthetic_workload(Benchmark.P2P_BANDWIDTH, generator, mode=Mode.NON_SERIALIZED)
+    assert [(c.request_bytes, c.response_bytes) for c in pushes.calls] == [
+        (10_260, 8),
+        (20_490, 8),
+    ]
+    # Ack{received_bytes}: 10,267 takes a 2-byte varint, 20,498 a 3-byte one.
+    acks = synthetic_workload(Benchmark.P2P_BANDWIDTH, generator, mode=Mode.SERIALIZED)
+    assert [(c.request_bytes, c.response_bytes) for c in acks.calls] == [
+        (10_267, 3),
+        (20_498, 4),
+    ]
+    assert all(c.step == -1 and c.rpc_index == -1 and c.dependencies is None for c in acks.calls)
+    assert [s.index for s in acks.steps] == [-1] and acks.steps[0].period_ns == 0
+
+
+def test_synthetic_throughput_goes_worker_by_worker_payload_by_payload_to_every_ps() -> None:
+    workload = synthetic_workload(
+        Benchmark.PS_THROUGHPUT,
+        _two_category_generator(),
+        mode=Mode.NON_SERIALIZED,
+        ps_count=2,
+        worker_count=2,
+    )
+    assert [(c.worker_index, c.request_bytes, c.server_index) for c in workload.calls] == [
+        (0, 10_260, 0),
+        (0, 10_260, 1),
+        (0, 20_490, 0),
+        (0, 20_490, 1),
+        (1, 10_260, 0),
+        (1, 10_260, 1),
+        (1, 20_490, 0),
+        (1, 20_490, 1),
+    ]
+    assert all(c.shape is Shape.ECHO for c in workload.calls)
+    assert workload.parameters() == {
+        "generator": "uniform",
+        "categories": "small,medium",
+        "buffers": 3,
+        "payloads": 2,
+        "small_size_bytes": 10,
+        "medium_size_bytes": 10_240,
+        "large_size_bytes": 1_048_576,
+        "seed": 0,
+        "random_sizes": False,
+        "ps": 2,
+        "workers": 2,
+        "shape": "echo",
+    }
+    assert workload.source == "synthetic" and workload.side_workers == ()
+    assert not workload.round_barrier and workload.inexact_sizes is None
+
+
+def test_synthetic_point_to_point_parameters_say_one_ps_one_worker_and_the_skew() -> None:
+    workload = synthetic_workload(
+        Benchmark.P2P_BANDWIDTH,
+        _two_category_generator(GeneratorKind.SKEW),
+        mode=Mode.SERIALIZED,
+        ps_count=3,
+        worker_count=4,
+    )
+    parameters = workload.parameters()
+    assert (parameters["ps"], parameters["workers"]) == (1, 1)
+    assert (workload.server_count, workload.worker_count) == (1, 1)
+    assert parameters["generator"] == "skew" and parameters["skew_bias"] == "medium"
+    assert parameters["shape"] == "ack"
+    assert "skew_bias" not in synthetic_workload(
+        Benchmark.P2P_BANDWIDTH, _two_category_generator(), mode=Mode.SERIALIZED
+    ).parameters()
+
+
+def test_whole_steps_describe_what_they_replay() -> None:
+    described = {
+        (ps, stand_in): WholeSteps(ps_clients=ps, stand_in_servers=stand_in).describe()
+        for ps in (True, False)
+        for stand_in in (True, False)
+    }
+    assert described == {
+        (True, True): "ps-to-ps by ps clients, calls to workers by stand-in servers",
+        (True, False): "ps-to-ps by ps clients",
+        (False, True): "calls to workers by stand-in servers",
+        (False, False): "worker <-> ps only",
+    }
