@@ -22,6 +22,7 @@ from tf_grpc_bench.replay.core.pacing import (
 from tf_grpc_bench.replay.core.workload import (
     ECHO_METHOD,
     PUSH_METHOD,
+    WHOLE_STEPS,
     WORKERS_AND_PS_ONLY,
     Call,
     Mode,
@@ -854,7 +855,9 @@ def test_a_call_refuses_nonsense_naming_the_field() -> None:
     with pytest.raises(ValueError, match=r"^buffer sizes must be >= 0$"):
         Call(shape=Shape.ECHO, method="/a.B/C", request_bytes=1, response_bytes=1, buffers=(1, -1))
     for shape in (Shape.ECHO, Shape.ACK):
-        with pytest.raises(ValueError, match=rf"^a {shape.value} call needs its payload's buffers$"):
+        with pytest.raises(
+            ValueError, match=rf"^a {shape.value} call needs its payload's buffers$"
+        ):
             Call(shape=shape, method="/a.B/C", request_bytes=1, response_bytes=1)
     # An empty buffer is a buffer; a pull needs none.
     assert Call(shape=Shape.ECHO, method="/a.B/C", request_bytes=0, response_bytes=0, buffers=(0,))
@@ -1048,9 +1051,12 @@ def test_synthetic_point_to_point_parameters_say_one_ps_one_worker_and_the_skew(
     assert (workload.server_count, workload.worker_count) == (1, 1)
     assert parameters["generator"] == "skew" and parameters["skew_bias"] == "medium"
     assert parameters["shape"] == "ack"
-    assert "skew_bias" not in synthetic_workload(
-        Benchmark.P2P_BANDWIDTH, _two_category_generator(), mode=Mode.SERIALIZED
-    ).parameters()
+    assert (
+        "skew_bias"
+        not in synthetic_workload(
+            Benchmark.P2P_BANDWIDTH, _two_category_generator(), mode=Mode.SERIALIZED
+        ).parameters()
+    )
 
 
 def test_whole_steps_describe_what_they_replay() -> None:
@@ -1065,3 +1071,421 @@ def test_whole_steps_describe_what_they_replay() -> None:
         (False, True): "calls to workers by stand-in servers",
         (False, False): "worker <-> ps only",
     }
+
+
+# --------------------------------------------------------------------------
+# From a trace, exact (worked out by hand on the traces named).
+
+
+def _trace(tasks: tuple[Task, ...], *steps: tuple[int, int, tuple[Rpc, ...]]) -> Trace:
+    """A trace of the given tasks and (start, end, rpcs) steps, indexed 0, 1, ..."""
+    return Trace(
+        metadata=RunMetadata(model="toy"),
+        tasks=tasks,
+        steps=tuple(
+            Step(index=number, start_ns=start, end_ns=end, rpcs=rpcs)
+            for number, (start, end, rpcs) in enumerate(steps)
+        ),
+    )
+
+
+def test_roles_list_ps_by_index_then_stand_ins_and_clients_by_job_name_and_index() -> None:
+    # Tasks deliberately out of order: 0 worker:1, 1 chief:0, 2 ps:1, 3 worker:0, 4 ps:0.
+    tasks = (
+        Task(job="worker", index=1),
+        Task(job="chief", index=0),
+        Task(job="ps", index=1),
+        Task(job="worker", index=0),
+        Task(job="ps", index=0),
+    )
+    rpcs = (
+        _rpc(RECV_TENSOR, 0, 2, 10, 100, 0),  # worker:1 -> ps:1
+        _rpc(RECV_TENSOR, 3, 4, 10, 100, 10),  # worker:0 -> ps:0
+        _rpc(RUN_GRAPH, 1, 0, 10, 10, 20),  # chief -> worker:1
+        _rpc(RUN_GRAPH, 1, 3, 10, 10, 30),  # chief -> worker:0
+    )
+    trace = _trace(tasks, (0, 10_000, rpcs))
+    roles = trace_roles(trace)
+    assert roles.server_tasks == (4, 2, 3, 0) and roles.stand_in_servers == (3, 0)
+    assert roles.client_tasks == (3, 0, 1) and roles.side_clients == (1,)
+    assert roles.ps_job
+    workload = trace_workload(trace, Benchmark.PS_THROUGHPUT, mode=Mode.NON_SERIALIZED)
+    assert [(c.worker_index, c.server_index) for c in workload.calls] == [
+        (1, 1),
+        (0, 0),
+        (2, 3),
+        (2, 2),
+    ]
+    assert workload.parameters()["server_tasks"] == (
+        "/job:ps/task:0,/job:ps/task:1,/job:worker/task:0,/job:worker/task:1"
+    )
+    assert workload.parameters()["client_tasks"] == (
+        "/job:worker/task:0,/job:worker/task:1,/job:chief/task:0"
+    )
+
+
+def test_without_ps_every_called_task_serves_and_clients_sort_by_job_name() -> None:
+    tasks = (Task(job="worker", index=0), Task(job="worker", index=1), Task(job="chief", index=0))
+    rpcs = (
+        _rpc(RECV_TENSOR, 0, 1, 10, 100, 0),
+        _rpc(RECV_TENSOR, 1, 0, 10, 100, 10),
+        _rpc(RUN_GRAPH, 2, 0, 10, 10, 20),
+    )
+    roles = trace_roles(_trace(tasks, (0, 10_000, rpcs)))
+    assert roles.server_tasks == (0, 1)
+    assert roles.client_tasks == (2, 0, 1) == roles.step_clients
+    assert not roles.ps_job and roles.side_clients == roles.stand_in_servers == ()
+
+
+def test_a_trace_without_a_worker_ps_rpc_is_refused_naming_its_source() -> None:
+    tasks = (Task(job="ps", index=0), Task(job="ps", index=1), Task(job="worker", index=0))
+    tasks_with_chief = (*tasks, Task(job="chief", index=0))
+    ps_to_ps = _trace(tasks, (0, 10_000, (_rpc(RECV_TENSOR, 0, 1, 10, 100, 0),)))
+    chief_to_worker = _trace(tasks_with_chief, (0, 10_000, (_rpc(RUN_GRAPH, 3, 2, 10, 10, 0),)))
+    for trace in (ps_to_ps, chief_to_worker):
+        for whole in (WHOLE_STEPS, WORKERS_AND_PS_ONLY):
+            with pytest.raises(
+                TraceError,
+                match=r"^run\.trace: no RPC between a worker and a ps, nothing to replay$",
+            ):
+                trace_roles(trace, source="run.trace", whole_steps=whole)
+    empty = _trace(tasks, (0, 10_000, ()))
+    with pytest.raises(
+        TraceError, match=r"^run\.trace: no RPCs in steady-state steps, nothing to replay$"
+    ):
+        trace_roles(empty, source="run.trace")
+    with pytest.raises(TraceError, match=r"^other\.trace: no RPCs in steady-state steps"):
+        trace_workload(empty, Benchmark.PS_THROUGHPUT, mode=Mode.SERIALIZED, source="other.trace")
+
+
+def test_whole_step_parameters_of_the_ps_trace() -> None:
+    trace = _ps_trace()
+    common = {
+        "trace_steps": 2,
+        "reversed_calls_per_pass": 2,
+        "dropped_bytes_per_pass": 0,
+        "dropped_rpcs": "",
+        "whole_steps": "ps-to-ps by ps clients, calls to workers by stand-in servers",
+        "ps": 2,
+        "server_tasks": "/job:ps/task:0,/job:ps/task:1,/job:worker/task:0",
+        "shape": "pull",
+    }
+    throughput = trace_workload(trace, Benchmark.PS_THROUGHPUT, mode=Mode.NON_SERIALIZED)
+    assert throughput.parameters() == {
+        **common,
+        "calls_per_pass": 12,
+        "dropped_rpcs_per_pass": 0,
+        "workers": 2,
+        "round_barrier": True,
+        "client_tasks": "/job:worker/task:0,/job:worker/task:1,/job:chief/task:0,/job:ps/task:0",
+        "side_clients": "/job:chief/task:0,/job:ps/task:0",
+        "stand_in_servers": "/job:worker/task:0",
+    }
+    # The pair worker:0 -> ps:0 makes 3 of each step's 6 RPCs; the other 3 count as dropped.
+    pair = trace_workload(trace, Benchmark.P2P_LATENCY, mode=Mode.NON_SERIALIZED)
+    assert pair.parameters() == {
+        **common,
+        "calls_per_pass": 6,
+        "dropped_rpcs_per_pass": 6,
+        "workers": 1,
+        "round_barrier": False,
+        "pair": "/job:worker/task:0->/job:ps/task:0",
+    }
+    assert (pair.server_count, pair.worker_count) == (2, 1)
+    assert all(c.worker_index == 0 and c.server_index == 0 for c in pair.calls)
+
+
+def test_the_last_steps_period_is_its_own_length() -> None:
+    workload = trace_workload(_ps_trace(), Benchmark.PS_THROUGHPUT, mode=Mode.NON_SERIALIZED)
+    # Steps start at 1,000,000 and 2,000,000; the second lasts 900,000.
+    assert [(s.index, s.period_ns) for s in workload.steps] == [(0, 1_000_000), (1, 900_000)]
+
+
+def test_throughput_keeps_a_step_without_calls_and_a_pair_keeps_the_steps_it_talks_in() -> None:
+    tasks = (Task(job="ps", index=0), Task(job="worker", index=0), Task(job="chief", index=0))
+    trace = _trace(
+        tasks,
+        (10_000, 15_000, (_rpc(RECV_TENSOR, 1, 0, 10, 100, 10_000),)),
+        (20_000, 25_000, (_rpc(RUN_GRAPH, 2, 1, 10, 10, 20_000),)),
+        (50_000, 58_000, (_rpc(RECV_TENSOR, 1, 0, 10, 300, 50_000),)),
+    )
+    throughput = trace_workload(
+        trace, Benchmark.PS_THROUGHPUT, mode=Mode.NON_SERIALIZED, whole_steps=WORKERS_AND_PS_ONLY
+    )
+    assert [(s.index, s.period_ns, len(s.calls)) for s in throughput.steps] == [
+        (0, 10_000, 1),
+        (1, 30_000, 0),
+        (2, 8_000, 1),
+    ]
+    assert throughput.parameters()["dropped_rpcs_per_pass"] == 1
+    assert throughput.parameters()["dropped_bytes_per_pass"] == 20
+    pair = trace_workload(trace, Benchmark.P2P_LATENCY, mode=Mode.NON_SERIALIZED)
+    assert [(s.index, s.period_ns) for s in pair.steps] == [(0, 10_000), (2, 8_000)]
+    assert [c.response_bytes for c in pair.calls] == [100, 300]
+    assert [c.step for c in pair.calls] == [0, 2]
+
+
+def test_outstanding_calls_are_counted_per_pair_and_a_call_ending_as_one_starts_is_not() -> None:
+    tasks = (Task(job="ps", index=0), Task(job="worker", index=0), Task(job="worker", index=1))
+
+    def rpc(caller: int, start: int, end: int) -> Rpc:
+        return Rpc(
+            method=RECV_TENSOR,
+            caller_task=caller,
+            callee_task=0,
+            request_bytes=10,
+            response_bytes=100,
+            start_ns=start,
+            end_ns=end,
+        )
+
+    rpcs = (
+        rpc(1, 0, 1_000),
+        rpc(2, 100, 5_000),  # the other worker's: not counted for worker:0
+        rpc(1, 1_000, 1_500),  # the first ended as this one started: not open
+        rpc(1, 1_200, 1_300),
+        rpc(1, 1_400, 1_450),  # the 1,000-1,500 call is still open; 1,200-1,300 is not
+    )
+    workload = trace_workload(
+        _trace(tasks, (0, 10_000, rpcs)), Benchmark.PS_THROUGHPUT, mode=Mode.NON_SERIALIZED
+    )
+    assert [(c.worker_index, c.offset_ns, c.outstanding_at_start) for c in workload.calls] == [
+        (0, 0, 0),
+        (1, 100, 0),
+        (0, 1_000, 0),
+        (0, 1_200, 1),
+        (0, 1_400, 1),
+    ]
+
+
+def test_calls_of_the_conftest_trace_carry_names_offsets_and_dependencies() -> None:
+    from tf_grpc_bench.replay.core.dependencies import Dependencies
+
+    # One worker pulls 21 B, 4 KiB and 1 MiB from one ps, 2,000 ns apart; each response
+    # starts 500 ns and ends 1,000 ns after its request.
+    workload = trace_workload(
+        make_trace(steps=1), Benchmark.PS_THROUGHPUT, mode=Mode.NON_SERIALIZED
+    )
+    calls = workload.calls
+    assert [c.tensor_name for c in calls] == ["edge_0_w", "edge_1_w", "edge_2_w"]
+    assert [c.offset_ns for c in calls] == [0, 2_000, 4_000]
+    assert [c.rpc_index for c in calls] == [0, 1, 2]
+    # A pull's data leaves the ps when the response starts; it waits for the worker's
+    # pulls that arrived before its request left.
+    assert [c.dependencies for c in calls] == [
+        Dependencies(
+            ready_offset_ns=500 + 2_000 * n,
+            arrival_offset_ns=1_000 + 2_000 * n,
+            lands_on_worker=True,
+            is_arrival=True,
+            arrival_rank=n,
+            after_worker_arrivals=n,
+            after_server_arrivals=0,
+        )
+        for n in range(3)
+    ]
+
+
+def test_a_control_calls_data_leaves_with_its_request_and_an_early_rpc_starts_its_step() -> None:
+    tasks = (Task(job="ps", index=0), Task(job="worker", index=0))
+    rpcs = (
+        # Began 50 ns before its step (a clock's skew): offset 0.
+        Rpc(
+            method=RECV_TENSOR,
+            caller_task=1,
+            callee_task=0,
+            request_bytes=10,
+            response_bytes=100,
+            start_ns=950,
+            response_start_ns=1_200,
+            end_ns=1_300,
+        ),
+        Rpc(
+            method=RUN_GRAPH,
+            caller_task=1,
+            callee_task=0,
+            request_bytes=10,
+            response_bytes=10,
+            start_ns=1_400,
+            response_start_ns=1_700,
+            end_ns=1_800,
+        ),
+    )
+    workload = trace_workload(
+        _trace(tasks, (1_000, 5_000, rpcs)), Benchmark.PS_THROUGHPUT, mode=Mode.NON_SERIALIZED
+    )
+    pull, control = workload.calls
+    assert pull.offset_ns == 0 and control.offset_ns == 400
+    assert pull.dependencies is not None and control.dependencies is not None
+    assert (pull.dependencies.ready_offset_ns, pull.dependencies.arrival_offset_ns) == (200, 300)
+    # Not a tensor: its data is the request; nobody waits for it; it waits for the pull.
+    assert (control.dependencies.ready_offset_ns, control.dependencies.arrival_offset_ns) == (
+        400,
+        800,
+    )
+    assert not control.dependencies.is_arrival
+    assert control.dependencies.after_worker_arrivals == 1
+
+
+def test_captured_path_segments_of_the_ps_trace_in_trace_time() -> None:
+    from tf_grpc_bench.replay.core.workload import CapturedSegment, captured_path_segments
+
+    segments = captured_path_segments(_ps_trace())
+    assert [(number, task) for number, task, _ in segments] == [(0, 2), (0, 3), (1, 2), (1, 3)]
+    # worker:0, step 0 (starts at 1,000,000): compute to its second pull's request
+    # (+100), that pull (rpc 1) to +1,100, compute to the gradient's push (+3,000),
+    # the push (rpc 3) to +4,000, then compute to the next step (+1,000,000).
+    assert segments[0][2] == (
+        CapturedSegment(start_ns=1_000_000, end_ns=1_000_100, rpc_index=-1),
+        CapturedSegment(start_ns=1_000_100, end_ns=1_001_100, rpc_index=1),
+        CapturedSegment(start_ns=1_001_100, end_ns=1_003_000, rpc_index=-1),
+        CapturedSegment(start_ns=1_003_000, end_ns=1_004_000, rpc_index=3),
+        CapturedSegment(start_ns=1_004_000, end_ns=2_000_000, rpc_index=-1),
+    )
+    # worker:1, step 1 (starts at 2,000,000, lasts 900,000): its one pull (rpc 2, +200
+    # to +1,200) between compute.
+    assert segments[3][2] == (
+        CapturedSegment(start_ns=2_000_000, end_ns=2_000_200, rpc_index=-1),
+        CapturedSegment(start_ns=2_000_200, end_ns=2_001_200, rpc_index=2),
+        CapturedSegment(start_ns=2_001_200, end_ns=2_900_000, rpc_index=-1),
+    )
+    paths = captured_critical_paths(_ps_trace())
+    assert [(p.step_ns, p.communication_ns, p.compute_ns) for _, _, p in paths[2:]] == [
+        (900_000, 2_000, 898_000),
+        (900_000, 1_000, 899_000),
+    ]
+
+
+def test_steps_are_rounds_when_the_last_transfer_ends_as_the_next_begins() -> None:
+    tasks = (Task(job="ps", index=0), Task(job="worker", index=0))
+
+    def step(start: int, *rpcs: Rpc) -> tuple[int, int, tuple[Rpc, ...]]:
+        return (start, start + 1_000, rpcs)
+
+    def pull(start: int, end: int, method: str = RECV_TENSOR) -> Rpc:
+        return Rpc(
+            method=method,
+            caller_task=1,
+            callee_task=0,
+            request_bytes=10,
+            response_bytes=100,
+            start_ns=start,
+            end_ns=end,
+        )
+
+    touching = _trace(tasks, step(0, pull(0, 2_000)), step(2_000, pull(2_000, 2_500)))
+    assert steps_are_rounds(touching)
+    overlapping = _trace(tasks, step(0, pull(0, 2_001)), step(2_000, pull(2_000, 2_500)))
+    assert not steps_are_rounds(overlapping)
+    # A control call running into the next step does not make it overlap...
+    control = _trace(
+        tasks,
+        step(0, pull(0, 500), pull(600, 9_000, RUN_GRAPH)),
+        step(2_000, pull(2_000, 2_500)),
+    )
+    assert steps_are_rounds(control)
+    # ... and a step without transfers tells nothing: not rounds.
+    without = _trace(tasks, step(0, pull(0, 500, RUN_GRAPH)), step(2_000, pull(2_000, 2_500)))
+    assert not steps_are_rounds(without)
+    without_next = _trace(tasks, step(0, pull(0, 500)), step(2_000, pull(2_000, 2_500, RUN_GRAPH)))
+    assert not steps_are_rounds(without_next)
+    # Every pair of neighbours counts, not only the first.
+    third = _trace(
+        tasks,
+        step(0, pull(0, 500)),
+        step(2_000, pull(2_000, 4_500)),
+        step(4_000, pull(4_000, 4_500)),
+    )
+    assert not steps_are_rounds(third)
+
+
+def test_the_default_pair_moved_most_bytes_and_ties_go_to_the_lowest_indices() -> None:
+    tasks = (
+        Task(job="ps", index=0),
+        Task(job="ps", index=1),
+        Task(job="worker", index=0),
+        Task(job="worker", index=1),
+    )
+    # worker:1 -> ps:1 comes first in the trace; both pairs move 110 B.
+    tied = _trace(
+        tasks,
+        (0, 10_000, (_rpc(RECV_TENSOR, 3, 1, 10, 100, 0), _rpc(RECV_TENSOR, 2, 0, 10, 100, 5))),
+    )
+    assert choose_pair(tied) == (2, 0)
+    heavier = _trace(
+        tasks,
+        (0, 10_000, (_rpc(RECV_TENSOR, 2, 0, 10, 100, 0), _rpc(RECV_TENSOR, 3, 1, 10, 101, 5))),
+    )
+    assert choose_pair(heavier) == (3, 1)
+    # ps:0 -> ps:1 moves the most, but is not a (worker, ps) pair.
+    with_ps_to_ps = _trace(
+        tasks,
+        (
+            0,
+            10_000,
+            (
+                _rpc(RECV_TENSOR, 0, 1, 10, 9_000, 0),
+                _rpc(RECV_TENSOR, 3, 1, 10, 100, 5),
+            ),
+        ),
+    )
+    assert choose_pair(with_ps_to_ps) == (3, 1)
+
+
+def test_a_pair_with_a_side_client_or_a_stand_in_server_is_refused() -> None:
+    trace = _ps_trace()
+    for pair, names in (
+        ((4, 2), "/job:chief/task:0 -> /job:worker/task:0"),
+        ((0, 1), "/job:ps/task:0 -> /job:ps/task:1"),
+        ((4, 0), "/job:chief/task:0 -> /job:ps/task:0"),
+    ):
+        with pytest.raises(ConfigError, match=rf"^--pair: {names} is not a \(worker, ps\) pair"):
+            trace_workload(trace, Benchmark.P2P_LATENCY, mode=Mode.NON_SERIALIZED, pair=pair)
+
+
+def test_serialized_trace_calls_say_which_sizes_they_could_not_keep() -> None:
+    from tf_grpc_bench.replay.core.measurement import InexactSizes
+
+    tasks = (Task(job="ps", index=0), Task(job="worker", index=0))
+    rpcs = (
+        _rpc(RECV_TENSOR, 1, 0, 1, 130, 0),  # 1 B request: the length field alone is 2 B
+        _rpc(RECV_TENSOR, 1, 0, 10, 131, 10),  # exact
+    )
+    trace = _trace(tasks, (0, 10_000, rpcs))
+    serialized = trace_workload(trace, Benchmark.PS_THROUGHPUT, mode=Mode.SERIALIZED)
+    assert [(c.request_bytes, c.response_bytes) for c in serialized.calls] == [(2, 129), (10, 131)]
+    assert serialized.inexact_sizes == InexactSizes(
+        calls_per_pass=1,
+        traced_bytes=131,
+        replayed_bytes=131,
+        examples="1 B -> 2 B x1, 130 B -> 129 B x1",
+    )
+    raw = trace_workload(trace, Benchmark.PS_THROUGHPUT, mode=Mode.NON_SERIALIZED)
+    assert raw.inexact_sizes is None
+
+
+def test_inexact_sizes_rank_the_commonest_changes_and_name_three() -> None:
+    from tf_grpc_bench.replay.core.measurement import InexactSizes
+    from tf_grpc_bench.replay.core.workload import inexact_sizes
+
+    assert inexact_sizes([]) is None
+    assert inexact_sizes([((5, 5), (5, 5))]) is None
+    pairs = [
+        ((130, 1), (129, 0)),
+        ((130, 2), (129, 0)),
+        ((5, 5), (5, 5)),
+        ((1, 130), (0, 129)),
+    ]
+    assert inexact_sizes(pairs) == InexactSizes(
+        calls_per_pass=3,
+        traced_bytes=394,
+        replayed_bytes=387,
+        examples="130 B -> 129 B x3, 1 B -> 0 B x2, 2 B -> 0 B x1",
+    )
+    # A fourth kind: the three commonest (ties by the sizes), then "...".
+    assert inexact_sizes([*pairs, ((3, 3), (3, 4))]) == InexactSizes(
+        calls_per_pass=4,
+        traced_bytes=400,
+        replayed_bytes=394,
+        examples="130 B -> 129 B x3, 1 B -> 0 B x2, 2 B -> 0 B x1, ...",
+    )
