@@ -1489,3 +1489,211 @@ def test_inexact_sizes_rank_the_commonest_changes_and_name_three() -> None:
         replayed_bytes=394,
         examples="130 B -> 129 B x3, 1 B -> 0 B x2, 2 B -> 0 B x1, ...",
     )
+
+
+def test_a_pull_calls_defaults_are_a_synthetic_calls() -> None:
+    call = pull_call(method="/a.B/C", request_bytes=30, response_bytes=40, mode=Mode.SERIALIZED)
+    assert call == Call(
+        shape=Shape.PULL,
+        method="/a.B/C",
+        request_bytes=30,
+        response_bytes=40,
+        tensor_name="",
+        server_index=0,
+        worker_index=0,
+        step=-1,
+        offset_ns=0,
+        outstanding_at_start=0,
+        reversed_direction=False,
+        dependencies=None,
+        rpc_index=-1,
+    )
+
+
+def test_a_pull_request_name_may_lose_one_character_or_two() -> None:
+    from tf_grpc_bench.replay.core.workload import PullRequestLayout, pull_request_layout
+
+    # 9 B: "abc" leaves 2 B (no field), "ab" leaves 3 B (1 B of padding).
+    assert pull_request_layout(9, 100, "abc") == PullRequestLayout(
+        response_content_bytes=100, tensor_name="ab", padding_bytes=1, message_bytes=9
+    )
+
+
+def test_synthetic_defaults_are_one_ps_and_one_worker_and_the_workload_says_what_it_is() -> None:
+    workload = synthetic_workload(
+        Benchmark.PS_THROUGHPUT, _two_category_generator(), mode=Mode.SERIALIZED
+    )
+    assert (workload.server_count, workload.worker_count) == (1, 1)
+    assert (workload.parameters()["ps"], workload.parameters()["workers"]) == (1, 1)
+    assert workload.benchmark is Benchmark.PS_THROUGHPUT and workload.mode is Mode.SERIALIZED
+    assert [c.request_bytes for c in workload.calls] == [10_267, 20_498]
+
+
+def test_side_worker_zero_is_allowed() -> None:
+    workload = Workload(
+        benchmark=Benchmark.PS_THROUGHPUT,
+        source="trace",
+        mode=Mode.NON_SERIALIZED,
+        steps=(_one_call_step(worker_index=1),),
+        server_count=1,
+        worker_count=2,
+        side_workers=(0,),
+    )
+    assert workload.side_workers == (0,)
+
+
+def test_roles_say_how_they_were_made() -> None:
+    tasks = (Task(job="worker", index=0), Task(job="worker", index=1))
+    trace = _trace(tasks, (0, 10_000, (_rpc(RECV_TENSOR, 0, 1, 10, 100, 0),)))
+    whole = WholeSteps(ps_clients=False)
+    roles = trace_roles(trace, whole_steps=whole)
+    assert roles.ps_job is False and roles.whole_steps == whole
+    ps = trace_roles(_ps_trace(), whole_steps=whole)
+    assert ps.ps_job is True and ps.whole_steps == whole
+    # The default source of an error is "trace".
+    empty = _trace(tasks, (0, 10_000, ()))
+    with pytest.raises(TraceError, match=r"^trace: no RPCs in steady-state steps"):
+        trace_roles(empty)
+    with pytest.raises(TraceError, match=r"^trace: no RPCs in steady-state steps"):
+        trace_workload(empty, Benchmark.PS_THROUGHPUT, mode=Mode.SERIALIZED)
+
+
+def test_a_throughput_replay_ignores_a_pair_and_says_who_it_replays() -> None:
+    trace = _ps_trace()
+    workload = trace_workload(trace, Benchmark.PS_THROUGHPUT, mode=Mode.NON_SERIALIZED, pair=(3, 1))
+    assert workload.benchmark is Benchmark.PS_THROUGHPUT
+    assert "pair" not in workload.parameters()
+    assert workload.parameters()["stand_in_servers"] == "/job:worker/task:0"
+    assert len(workload.calls) == 12
+    # The _ps_trace RPCs carry no tensor: their calls name none.
+    assert {c.tensor_name for c in workload.calls} == {""}
+
+
+def test_bytes_per_pair_of_the_ps_trace() -> None:
+    from tf_grpc_bench.replay.core.workload import pair_bytes
+
+    # Per step: worker:0 <-> ps:0 120 + 4,000,000 + 121 + 300 + 130 + 4,000,000 (the
+    # gradient ps:0 pulled, replayed by worker:0); worker:1 -> ps:1 122 + 2,000; chief ->
+    # worker:0 500 + 60; ps:0 -> ps:1 90 + 7.  Two steps.
+    assert pair_bytes(_ps_trace()) == {
+        (2, 0): 16_001_342,
+        (3, 1): 4_244,
+        (4, 2): 1_120,
+        (0, 1): 194,
+    }
+
+
+def test_what_a_replay_cannot_send_is_ranked_by_bytes_then_by_name() -> None:
+    from tf_grpc_bench.replay.core.workload import unreplayed_summary
+
+    tasks = (
+        Task(job="ps", index=0),
+        Task(job="ps", index=1),
+        Task(job="worker", index=0),
+        Task(job="chief", index=0),
+    )
+
+    def summary(ps_to_ps: tuple[int, int]) -> tuple[int, str]:
+        rpcs = (
+            _rpc(RECV_TENSOR, 2, 0, 10, 100, 0),
+            _rpc(RECV_TENSOR, 0, 1, *ps_to_ps, 10),
+            _rpc(RUN_GRAPH, 3, 2, 25, 25, 20),
+            _rpc(RUN_GRAPH, 3, 2, 25, 25, 30),
+        )
+        trace = _trace(tasks, (0, 10_000, rpcs))
+        return unreplayed_summary(trace, trace_roles(trace, whole_steps=WORKERS_AND_PS_ONLY))
+
+    # Most bytes first, whatever the name.
+    assert summary((10, 990)) == (
+        1_100,
+        "ps->ps RecvTensor: 1 RPCs, 1000 B; chief->worker RunGraph: 2 RPCs, 100 B",
+    )
+    # On equal bytes, by name (not by count).
+    assert summary((10, 90)) == (
+        200,
+        "chief->worker RunGraph: 2 RPCs, 100 B; ps->ps RecvTensor: 1 RPCs, 100 B",
+    )
+
+
+def test_a_pull_waits_only_for_arrivals_at_its_own_server() -> None:
+    from tf_grpc_bench.replay.core.dependencies import Dependencies
+    from tf_grpc_bench.replay.core.workload import CapturedSegment, captured_path_segments
+
+    tasks = (Task(job="ps", index=0), Task(job="ps", index=1), Task(job="worker", index=0))
+    rpcs = (
+        _rpc(RECV_TENSOR, 0, 2, 10, 100, 0),  # ps:0 pulls worker:0's gradient (0 - 1,000)
+        _rpc(RECV_TENSOR, 2, 1, 10, 100, 2_000),  # worker:0 pulls from ps:1 (2,000 - 3,000)
+    )
+    trace = _trace(tasks, (0, 10_000, rpcs))
+    gradient, pull = trace_workload(trace, Benchmark.PS_THROUGHPUT, mode=Mode.NON_SERIALIZED).calls
+    assert (gradient.server_index, pull.server_index) == (0, 1)
+    assert gradient.dependencies == Dependencies(
+        ready_offset_ns=0,
+        arrival_offset_ns=1_000,
+        lands_on_worker=False,
+        is_arrival=True,
+        arrival_rank=0,
+        after_worker_arrivals=0,
+        after_server_arrivals=0,
+    )
+    # The gradient arrived at ps:0, not ps:1: the pull waits for nothing.
+    assert pull.dependencies == Dependencies(
+        ready_offset_ns=2_000,
+        arrival_offset_ns=3_000,
+        lands_on_worker=True,
+        is_arrival=True,
+        arrival_rank=0,
+        after_worker_arrivals=0,
+        after_server_arrivals=0,
+    )
+    ((number, task, segments),) = captured_path_segments(trace)
+    assert (number, task) == (0, 2)
+    assert segments == (
+        CapturedSegment(start_ns=0, end_ns=2_000, rpc_index=-1),
+        CapturedSegment(start_ns=2_000, end_ns=3_000, rpc_index=1),
+        CapturedSegment(start_ns=3_000, end_ns=10_000, rpc_index=-1),
+    )
+
+
+def test_a_control_call_at_its_steps_start_is_ready_at_zero() -> None:
+    tasks = (Task(job="ps", index=0), Task(job="worker", index=0))
+    rpcs = (
+        _rpc(RUN_GRAPH, 1, 0, 10, 10, 1_000),
+        _rpc(RECV_TENSOR, 1, 0, 10, 100, 1_500),
+    )
+    workload = trace_workload(
+        _trace(tasks, (1_000, 5_000, rpcs)), Benchmark.PS_THROUGHPUT, mode=Mode.NON_SERIALIZED
+    )
+    control, _ = workload.calls
+    assert control.dependencies is not None
+    assert (control.dependencies.ready_offset_ns, control.dependencies.arrival_offset_ns) == (
+        0,
+        1_000,
+    )
+
+
+def test_steps_starting_together_have_a_period_of_zero() -> None:
+    # Asynchronous training's worker-steps can start in the same nanosecond.
+    tasks = (Task(job="ps", index=0), Task(job="worker", index=0), Task(job="worker", index=1))
+    trace = _trace(
+        tasks,
+        (1_000, 4_000, (_rpc(RECV_TENSOR, 1, 0, 10, 100, 1_000),)),
+        (1_000, 3_000, (_rpc(RECV_TENSOR, 2, 0, 10, 100, 1_000),)),
+    )
+    workload = trace_workload(trace, Benchmark.PS_THROUGHPUT, mode=Mode.NON_SERIALIZED)
+    assert [(s.index, s.period_ns) for s in workload.steps] == [(0, 0), (1, 2_000)]
+
+
+def test_inexact_sizes_are_summed_over_every_step() -> None:
+    from tf_grpc_bench.replay.core.measurement import InexactSizes
+
+    tasks = (Task(job="ps", index=0), Task(job="worker", index=0))
+    trace = _trace(
+        tasks,
+        (0, 10_000, (_rpc(RECV_TENSOR, 1, 0, 10, 130, 0),)),  # 130 B -> 129 B
+        (10_000, 20_000, (_rpc(RECV_TENSOR, 1, 0, 10, 131, 10_000),)),  # exact
+    )
+    workload = trace_workload(trace, Benchmark.PS_THROUGHPUT, mode=Mode.SERIALIZED)
+    assert workload.inexact_sizes == InexactSizes(
+        calls_per_pass=1, traced_bytes=140, replayed_bytes=139, examples="130 B -> 129 B x1"
+    )
