@@ -1122,6 +1122,8 @@ def test_roles_list_ps_by_index_then_stand_ins_and_clients_by_job_name_and_index
     assert workload.parameters()["client_tasks"] == (
         "/job:worker/task:0,/job:worker/task:1,/job:chief/task:0"
     )
+    assert workload.parameters()["stand_in_servers"] == "/job:worker/task:0,/job:worker/task:1"
+    assert workload.parameters()["side_clients"] == "/job:chief/task:0"
 
 
 def test_without_ps_every_called_task_serves_and_clients_sort_by_job_name() -> None:
@@ -1696,4 +1698,37 @@ def test_inexact_sizes_are_summed_over_every_step() -> None:
     workload = trace_workload(trace, Benchmark.PS_THROUGHPUT, mode=Mode.SERIALIZED)
     assert workload.inexact_sizes == InexactSizes(
         calls_per_pass=1, traced_bytes=140, replayed_bytes=139, examples="130 B -> 129 B x1"
+    )
+
+
+def test_a_pull_request_without_a_tensor_name_is_padding() -> None:
+    from tf_grpc_bench.replay.core.workload import PullRequestLayout, pull_request_layout
+
+    assert pull_request_layout(5, 0) == PullRequestLayout(
+        response_content_bytes=0, tensor_name="", padding_bytes=3, message_bytes=5
+    )
+
+
+def test_a_pairs_dropped_rpcs_add_the_other_pairs_to_what_no_replay_can_send() -> None:
+    # Per step of the ps trace, without whole steps: chief -> worker and ps -> ps cannot be
+    # sent (2), and worker:1 -> ps:1 is not the pair (1); two steps.
+    workload = trace_workload(
+        _ps_trace(),
+        Benchmark.P2P_LATENCY,
+        mode=Mode.NON_SERIALIZED,
+        whole_steps=WORKERS_AND_PS_ONLY,
+    )
+    assert workload.parameters()["dropped_rpcs_per_pass"] == 6
+    assert workload.parameters()["calls_per_pass"] == 6
+
+
+def test_inexact_sizes_of_equal_counts_go_by_size_not_by_first_seen() -> None:
+    from tf_grpc_bench.replay.core.measurement import InexactSizes
+    from tf_grpc_bench.replay.core.workload import inexact_sizes
+
+    assert inexact_sizes([((5, 5), (5, 6)), ((1, 1), (0, 1))]) == InexactSizes(
+        calls_per_pass=2,
+        traced_bytes=12,
+        replayed_bytes=12,
+        examples="1 B -> 0 B x1, 5 B -> 6 B x1",
     )
