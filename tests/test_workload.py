@@ -1732,3 +1732,22 @@ def test_inexact_sizes_of_equal_counts_go_by_size_not_by_first_seen() -> None:
         replayed_bytes=12,
         examples="1 B -> 0 B x1, 5 B -> 6 B x1",
     )
+
+
+def test_a_pull_request_that_cannot_be_encoded_goes_one_byte_short_after_its_length_field() -> None:
+    from tf_grpc_bench.replay.core.workload import PullRequestLayout, pull_request_layout
+
+    # response_bytes 100 takes 2 B; the 130 B left cannot be one field: 127 B of padding
+    # (129 B), 131 B in all.
+    assert pull_request_layout(132, 100) == PullRequestLayout(
+        response_content_bytes=100, tensor_name="", padding_bytes=127, message_bytes=131
+    )
+
+
+def test_a_synthetic_workload_of_one_payload() -> None:
+    generator = GeneratorConfig(
+        categories=(SizeCategory.SMALL,), buffers_per_payload=2, payload_count=1
+    )
+    workload = synthetic_workload(Benchmark.P2P_LATENCY, generator, mode=Mode.NON_SERIALIZED)
+    assert [(c.buffers, c.request_bytes) for c in workload.calls] == [((10, 10), 20)]
+    assert workload.parameters()["shape"] == "echo"
