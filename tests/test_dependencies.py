@@ -423,7 +423,7 @@ def test_the_captured_path_takes_the_servers_it_is_given() -> None:
     assert own == StepPath(step_ns=20 * MS, compute_ns=15 * MS, communication_ns=5 * MS)
 
 
-def _pull(start: int, end: int, *, reversed_direction: bool = False) -> TimedCall:
+def _timed_tensor(start: int, end: int, *, reversed_direction: bool = False) -> TimedCall:
     return TimedCall(
         server=0,
         reversed_direction=reversed_direction,
@@ -439,7 +439,11 @@ def test_captured_path_segments_worked_out_by_hand() -> None:
 
     # Two pulls (0-1,000 and 100-1,100), then the gradient (3,000-4,000), which waits for
     # both; the later pull is the binding one.  The step lasts 10,000.
-    calls = [_pull(0, 1_000), _pull(100, 1_100), _pull(3_000, 4_000, reversed_direction=True)]
+    calls = [
+        _timed_tensor(0, 1_000),
+        _timed_tensor(100, 1_100),
+        _timed_tensor(3_000, 4_000, reversed_direction=True),
+    ]
     assert captured_critical_path_segments(calls, period_ns=10_000) == (
         PathSegment(start_ns=0, end_ns=100, call=-1),
         PathSegment(start_ns=100, end_ns=1_100, call=1),
@@ -449,7 +453,7 @@ def test_captured_path_segments_worked_out_by_hand() -> None:
     )
     # A step that ends as its last call does has no tail; a first call released at the
     # step's begin has no compute before it.
-    assert captured_critical_path_segments([_pull(0, 1_000)], period_ns=1_000) == (
+    assert captured_critical_path_segments([_timed_tensor(0, 1_000)], period_ns=1_000) == (
         PathSegment(start_ns=0, end_ns=1_000, call=0),
     )
     path = captured_critical_path(calls, period_ns=10_000)
