@@ -310,3 +310,18 @@ def test_chunk_count_says_how_many_calls_a_call_becomes() -> None:
         (exact, 1_000, Mode.SERIALIZED),
     ):
         assert len(chunk_call(call, Limit(chunk), mode)) == chunk_count(call, chunk)
+
+
+def test_a_serialized_workload_is_cut_in_serialized_mode() -> None:
+    # 2002 B in 1000 B chunks: the last 2 B cannot be a serialized PullResponse (empty).
+    call = _pull(Mode.SERIALIZED, 2002)
+    workload = Workload(
+        benchmark=Benchmark.P2P_LATENCY,
+        source="trace",
+        mode=Mode.SERIALIZED,
+        steps=(WorkloadStep(index=0, calls=(call,)),),
+        server_count=3,
+        worker_count=4,
+    )
+    chunked = chunk_workload(workload, Limit(1000))
+    assert [c.response_bytes for c in chunked.calls] == [1000, 1000, 0]
