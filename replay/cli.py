@@ -37,6 +37,7 @@ from tf_grpc_bench.replay.core.pacing import (
     Pacing,
     Timing,
 )
+from tf_grpc_bench.replay.core.processes import parse_procs_per_worker
 from tf_grpc_bench.replay.core.workload import (
     WHOLE_STEPS,
     WORKERS_AND_PS_ONLY,
@@ -409,6 +410,13 @@ def _add_where_flags(parser: argparse.ArgumentParser) -> None:
         help="the token the servers' statistics and reset calls need (serve --token-file FILE)",
     )
     where.add_argument(
+        "--procs-per-worker",
+        default="1",
+        metavar="K|auto",
+        help="PS throughput: spread each worker's calls over K client processes (default 1); "
+        "auto: the cores this process may use, shared by the workers and local servers",
+    )
+    where.add_argument(
         "--network-name",
         default="",
         metavar="NAME",
@@ -588,16 +596,7 @@ def build_request(
     benchmarks = _parse_benchmarks(args.benchmark)
     trace_path = _resolve_trace(args)
     mode = Mode(args.mode)
-    limits = {
-        "buffers": MAX_BUFFERS_PER_PAYLOAD,
-        "payloads": MAX_PAYLOADS,
-        "ps": runner.MAX_LOCAL_PROCESSES,
-        "workers": runner.MAX_LOCAL_PROCESSES,
-    }
-    for name in ("buffers", "payloads", "ps", "workers", "runs", "steps", "passes"):
-        _positive_int(f"--{name}", getattr(args, name), limits.get(name, MAX_COUNT))
-    if args.outstanding is not None:
-        _positive_int("--outstanding", args.outstanding)
+    _check_counts(args)
     plan = _run_plan(args)
     targets = _targets(args)
     settings = grpc_settings.settings_from_args(args)
@@ -640,6 +639,8 @@ def build_request(
     _check_stream_threads(workloads, rpcs, settings)
     pacings = tuple(_pacing(args, w, rpc) for w, rpc in zip(workloads, rpcs, strict=True))
     _check_target_count(targets, workloads)
+    procs_per_worker = _procs_per_worker(args, workloads, pacings, local_servers=targets is None)
+    config["procs_per_worker"] = args.procs_per_worker.strip().lower()
     _check_memory(workloads, pacings, available_memory_bytes())
     return ReplayRequest(
         benchmarks=benchmarks,
@@ -655,7 +656,34 @@ def build_request(
         grpc_parameters=dict(grpc_parameters),
         control_token=_token(args),
         what_if=derivation,
+        procs_per_worker=procs_per_worker,
     )
+
+
+def _check_counts(args: argparse.Namespace) -> None:
+    """ConfigError for a count flag out of its range."""
+    limits = {
+        "buffers": MAX_BUFFERS_PER_PAYLOAD,
+        "payloads": MAX_PAYLOADS,
+        "ps": runner.MAX_LOCAL_PROCESSES,
+        "workers": runner.MAX_LOCAL_PROCESSES,
+    }
+    for name in ("buffers", "payloads", "ps", "workers", "runs", "steps", "passes"):
+        _positive_int(f"--{name}", getattr(args, name), limits.get(name, MAX_COUNT))
+    if args.outstanding is not None:
+        _positive_int("--outstanding", args.outstanding)
+
+
+def _procs_per_worker(
+    args: argparse.Namespace,
+    workloads: list[Workload],
+    pacings: tuple[Pacing, ...],
+    *,
+    local_servers: bool,
+) -> int:
+    """``--procs-per-worker``, ``auto`` resolved (``runner.procs_per_worker_for``)."""
+    requested = parse_procs_per_worker(args.procs_per_worker)
+    return runner.procs_per_worker_for(requested, workloads, pacings, local_servers=local_servers)
 
 
 def _run_plan(args: argparse.Namespace) -> RunPlan:

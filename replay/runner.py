@@ -18,6 +18,7 @@ library behind ``replay``, ``role`` and ``network compare``.
 from __future__ import annotations
 
 import contextlib
+import os
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -30,6 +31,7 @@ from tf_grpc_bench.replay.core.measurement import (
     RunMeasurement,
 )
 from tf_grpc_bench.replay.core.pacing import Pacing, Timing
+from tf_grpc_bench.replay.core.processes import automatic_procs_per_worker
 from tf_grpc_bench.replay.core.whatif import Derivation, derive_trace
 from tf_grpc_bench.replay.core.workload import Mode, Shape, Workload
 from tf_grpc_bench.replay.network import netinfo
@@ -154,6 +156,57 @@ def _measure_runs(
     )
 
 
+def _check_benchmark(
+    workload: Workload, pacing: Pacing, plan: RunPlan, procs_per_worker: int
+) -> None:
+    """ConfigError for what a workload cannot be replayed with."""
+    if workload.source == "synthetic" and (plan.steps is not None or plan.passes is not None):
+        raise ConfigError("--steps/--passes apply to trace replays, not to --synthetic workloads")
+    if workload.source == "synthetic" and pacing.timing is Timing.RECORDED:
+        raise ConfigError("--pacing recorded needs a trace (synthetic payloads have no timestamps)")
+    throughput = workload.benchmark is Benchmark.PS_THROUGHPUT
+    if throughput and procs_per_worker > 1 and pacing.timing is Timing.RATE:
+        raise ConfigError(
+            f"--procs-per-worker {procs_per_worker}: --pacing rate is a rate per client "
+            "process; give --procs-per-worker 1"
+        )
+
+
+def _process_parameters(workload: Workload, procs_per_worker: int) -> dict[str, int]:
+    """PS throughput's client processes: per worker (the most any has) and in all."""
+    from tf_grpc_bench.replay.throughput import client_processes
+
+    processes = client_processes(workload, procs_per_worker)
+    return {"procs_per_worker": max(processes), "client_processes": sum(processes)}
+
+
+def _measure(
+    workload: Workload,
+    targets: Sequence[str],
+    clients: Mapping[int, ReplayClient],
+    pacing: Pacing,
+    plan: RunPlan,
+    settings: ChannelSettings,
+    on_progress: ProgressCallback | None,
+    procs_per_worker: int,
+) -> tuple[RunMeasurement, ...]:
+    """The benchmark's runs: PS throughput from worker processes, the others from here."""
+    if workload.benchmark is not Benchmark.PS_THROUGHPUT:
+        return measure_point_to_point(workload, clients, pacing, plan, on_progress=on_progress)
+    from tf_grpc_bench.replay.throughput import measure_throughput
+
+    return measure_throughput(
+        workload,
+        targets,
+        clients,
+        pacing,
+        plan,
+        settings=settings,
+        on_progress=on_progress,
+        procs_per_worker=procs_per_worker,
+    )
+
+
 def run_benchmark(
     workload: Workload,
     targets: Sequence[str],
@@ -163,8 +216,13 @@ def run_benchmark(
     settings: ChannelSettings | None = None,
     parameters: Mapping[str, str | int | float | bool] | None = None,
     on_progress: ProgressCallback | None = None,
+    procs_per_worker: int = 1,
 ) -> BenchmarkResult:
     """Run one benchmark against servers at ``targets`` (indexed by ps server index).
+
+    PS throughput spreads each worker's calls over ``procs_per_worker`` client
+    processes (``core.processes``); the other benchmarks have one worker in this
+    process and ignore it.
 
     Checks every server first (reachable, same mode): ``TransportError`` or
     ``ConfigError`` if not.  A failure after that yields a partial result.
@@ -177,28 +235,15 @@ def run_benchmark(
     settings = settings or ChannelSettings()
     if not settings.session:
         settings = replace(settings, session=new_session_id())
-    if workload.source == "synthetic" and (plan.steps is not None or plan.passes is not None):
-        raise ConfigError("--steps/--passes apply to trace replays, not to --synthetic workloads")
-    if workload.source == "synthetic" and pacing.timing is Timing.RECORDED:
-        raise ConfigError("--pacing recorded needs a trace (synthetic payloads have no timestamps)")
+    _check_benchmark(workload, pacing, plan, procs_per_worker)
+    throughput = workload.benchmark is Benchmark.PS_THROUGHPUT
     clients = open_clients(workload, targets, settings=settings)
     try:
         for client in clients.values():
             client.check_server(plan.connect_timeout_s)
-        if workload.benchmark is Benchmark.PS_THROUGHPUT:
-            from tf_grpc_bench.replay.throughput import measure_throughput
-
-            runs = measure_throughput(
-                workload,
-                targets,
-                clients,
-                pacing,
-                plan,
-                settings=settings,
-                on_progress=on_progress,
-            )
-        else:
-            runs = measure_point_to_point(workload, clients, pacing, plan, on_progress=on_progress)
+        runs = _measure(
+            workload, targets, clients, pacing, plan, settings, on_progress, procs_per_worker
+        )
     finally:
         for client in clients.values():
             client.close()
@@ -216,6 +261,8 @@ def run_benchmark(
         # Other clients' sessions the servers served meanwhile: their CPU time is shared.
         "server_other_sessions": shared_with,
     }
+    if throughput:
+        all_parameters.update(_process_parameters(workload, procs_per_worker))
     if pacing.timing is Timing.RATE:
         all_parameters["rate_per_s"] = pacing.rate_per_s
     if pacing.timing is Timing.DEPENDENCIES:
@@ -236,6 +283,51 @@ def run_benchmark(
 
 # --------------------------------------------------------------------------
 # A replay request: what ``replay`` (and ``role``) was asked to do, carried out.
+
+
+def usable_cores() -> int:
+    """The cores this process may run on (its CPU affinity), at least 1."""
+    try:
+        return max(len(os.sched_getaffinity(0)), 1)
+    except AttributeError:  # not Linux
+        return max(os.cpu_count() or 1, 1)
+
+
+def procs_per_worker_for(
+    requested: int | None,
+    workloads: Sequence[Workload],
+    pacings: Sequence[Pacing] = (),
+    *,
+    local_servers: bool,
+) -> int:
+    """Client processes per PS-throughput worker: ``requested``, or for None (``auto``)
+    the cores this process may use shared by the workers and the servers started here.
+
+    ConfigError when the workers' processes would pass ``MAX_LOCAL_PROCESSES``, or
+    for more than one under ``--pacing rate`` (a rate per process).
+    """
+    throughput = [w for w in workloads if w.benchmark is Benchmark.PS_THROUGHPUT]
+    if not throughput:
+        return requested or 1
+    workers = max(w.worker_count for w in throughput)
+    if any(p.timing is Timing.RATE for p in pacings):
+        if requested not in (None, 1):
+            raise ConfigError(
+                f"--procs-per-worker {requested}: --pacing rate is a rate per client "
+                "process; give --procs-per-worker 1"
+            )
+        return 1
+    if requested is None:
+        servers = max(w.server_count for w in workloads) if local_servers else 0
+        requested = automatic_procs_per_worker(
+            cores=usable_cores(), workers=workers, servers=servers
+        )
+    if workers * requested > MAX_LOCAL_PROCESSES:
+        raise ConfigError(
+            f"--procs-per-worker {requested}: {workers} workers x {requested} client processes "
+            f"is more than {MAX_LOCAL_PROCESSES} processes on one host"
+        )
+    return requested
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -260,6 +352,8 @@ class ReplayRequest:
     #: A what-if replay: the cluster asked about and the trace it was derived from
     #: (``core.whatif``); None for the captured cluster.
     what_if: Derivation | None = None
+    #: PS throughput: client processes per worker (``--procs-per-worker``, resolved).
+    procs_per_worker: int = 1
 
 
 def run_label(request: ReplayRequest) -> str:
@@ -340,6 +434,7 @@ def execute(
                     settings=replace(channel_settings, rpc=rpc),
                     parameters=request.grpc_parameters,
                     on_progress=on_progress,
+                    procs_per_worker=request.procs_per_worker,
                 )
                 measured.append(result)
                 if result.partial:
