@@ -261,6 +261,49 @@ def test_kill_9_of_replay_leaves_no_server_worker_or_helper(
     _assert_nothing_left(children, ports)
 
 
+def test_sigterm_with_two_processes_per_worker_keeps_the_run_and_leaves_no_process(
+    tmp_path: Path, started: list[subprocess.Popen[str]]
+) -> None:
+    replay = _start(
+        started, "replay", *REPLAY, "--benchmark", "ps-throughput", "--ps", "2",
+        "--workers", "2", "--procs-per-worker", "2", "--duration", "60", cwd=tmp_path,
+    )  # fmt: skip
+    # 2 servers and 2 x 2 client processes.
+    _wait_for(lambda: len(_descendants(replay.pid)) >= 6, "the replay's processes")
+    children = _descendants(replay.pid)
+    ports = _wait_for_servers(children)
+    _wait_for_calls(f"127.0.0.1:{min(ports)}")
+    time.sleep(1)
+    replay.send_signal(signal.SIGTERM)
+    out, err = replay.communicate(timeout=120)
+    assert replay.returncode == 128 + signal.SIGTERM, err
+    (result,) = _document(out, tmp_path).benchmarks
+    assert result.parameters["procs_per_worker"] == 2
+    assert result.parameters["client_processes"] == 4
+    (run,) = result.runs
+    assert run.partial and run.partial_reason.startswith("interrupted by")
+    assert run.rpc_count > 0
+    assert {s.worker_index for s in run.samples} == {0, 1}
+    _assert_nothing_left(children, ports)
+
+
+def test_kill_9_of_replay_with_two_processes_per_worker_leaves_none_behind(
+    tmp_path: Path, started: list[subprocess.Popen[str]]
+) -> None:
+    replay = _start(
+        started, "replay", *REPLAY, "--benchmark", "ps-throughput", "--ps", "2",
+        "--workers", "2", "--procs-per-worker", "2", "--duration", "60", cwd=tmp_path,
+    )  # fmt: skip
+    _wait_for(lambda: len(_descendants(replay.pid)) >= 7, "the replay's processes")
+    time.sleep(2)
+    children = _descendants(replay.pid)
+    ports = _listening_ports(children)
+    assert len(ports) >= 2
+    replay.kill()
+    replay.wait(timeout=30)
+    _assert_nothing_left(children, ports)
+
+
 def test_kill_9_of_a_local_server_mid_run_ends_the_replay_partial_and_stops_the_rest(
     tmp_path: Path, started: list[subprocess.Popen[str]]
 ) -> None:
