@@ -146,6 +146,14 @@ def configure_serve(parser: argparse.ArgumentParser) -> None:
         help="run N ps servers, each its own process, on ports PORT..PORT+N-1 (default 1)",
     )
     parser.add_argument(
+        "--procs-per-server",
+        type=int,
+        default=1,
+        metavar="K",
+        help="serve each port from K processes sharing it (SO_REUSEPORT; the kernel spreads "
+        "connections over them), their statistics merged as one server's (default 1)",
+    )
+    parser.add_argument(
         "--max-response",
         default=None,
         metavar="SIZE",
@@ -172,6 +180,7 @@ def _serving_hosts(host: str) -> tuple[str, ...]:
 
 def run_serve(args: argparse.Namespace) -> int:
     _positive_int("--servers", args.servers, runner.MAX_LOCAL_PROCESSES)
+    runner.check_server_processes(args.servers, args.procs_per_server)
     if not 0 <= args.port <= 65535:
         raise ConfigError(f"--port must be in 0..65535, got {args.port}")
     if args.servers > 1 and args.port == 0:
@@ -210,6 +219,7 @@ def run_serve(args: argparse.Namespace) -> int:
         ports=ports,
         settings=server_settings,
         announce=lambda line: print(line, flush=True),
+        procs_per_server=args.procs_per_server,
     )
     print(summary, flush=True)
     if stopped_by:
@@ -408,6 +418,14 @@ def _add_where_flags(parser: argparse.ArgumentParser) -> None:
         default=None,
         metavar="FILE",
         help="the token the servers' statistics and reset calls need (serve --token-file FILE)",
+    )
+    where.add_argument(
+        "--procs-per-server",
+        type=int,
+        default=1,
+        metavar="K",
+        help="servers started here: each ps served by K processes sharing its port "
+        "(SO_REUSEPORT), counted as one server (default 1)",
     )
     where.add_argument(
         "--procs-per-worker",
@@ -640,6 +658,7 @@ def build_request(
     pacings = tuple(_pacing(args, w, rpc) for w, rpc in zip(workloads, rpcs, strict=True))
     _check_target_count(targets, workloads)
     procs_per_worker = _procs_per_worker(args, workloads, pacings, local_servers=targets is None)
+    _check_procs_per_server(args, workloads, targets)
     config["procs_per_worker"] = args.procs_per_worker.strip().lower()
     _check_memory(workloads, pacings, available_memory_bytes())
     return ReplayRequest(
@@ -657,7 +676,20 @@ def build_request(
         control_token=_token(args),
         what_if=derivation,
         procs_per_worker=procs_per_worker,
+        procs_per_server=args.procs_per_server,
     )
+
+
+def _check_procs_per_server(
+    args: argparse.Namespace, workloads: list[Workload], targets: tuple[str, ...] | None
+) -> None:
+    """ConfigError for a ``--procs-per-server`` this replay cannot have."""
+    if targets is not None and args.procs_per_server != 1:
+        raise UsageError(
+            "--procs-per-server applies to the servers a replay starts; with --target, give "
+            "it to serve"
+        )
+    runner.check_server_processes(max(w.server_count for w in workloads), args.procs_per_server)
 
 
 def _check_counts(args: argparse.Namespace) -> None:

@@ -285,6 +285,20 @@ def run_benchmark(
 # A replay request: what ``replay`` (and ``role``) was asked to do, carried out.
 
 
+def check_server_processes(servers: int, procs_per_server: int) -> None:
+    """ConfigError unless ``procs_per_server`` is in 1.. and the servers' processes stay
+    within ``MAX_LOCAL_PROCESSES``."""
+    if not 1 <= procs_per_server <= MAX_LOCAL_PROCESSES:
+        raise ConfigError(
+            f"--procs-per-server must be in 1..{MAX_LOCAL_PROCESSES}, got {procs_per_server}"
+        )
+    if servers * procs_per_server > MAX_LOCAL_PROCESSES:
+        raise ConfigError(
+            f"--procs-per-server {procs_per_server}: {servers} servers x {procs_per_server} "
+            f"processes is more than {MAX_LOCAL_PROCESSES} processes on one host"
+        )
+
+
 def usable_cores() -> int:
     """The cores this process may run on (its CPU affinity), at least 1."""
     try:
@@ -354,6 +368,8 @@ class ReplayRequest:
     what_if: Derivation | None = None
     #: PS throughput: client processes per worker (``--procs-per-worker``, resolved).
     procs_per_worker: int = 1
+    #: Servers started here: processes per ps server (``--procs-per-server``).
+    procs_per_server: int = 1
 
 
 def run_label(request: ReplayRequest) -> str:
@@ -374,7 +390,12 @@ def replay_servers(
         yield request.targets, False
         return
     count = max(w.server_count for w in request.workloads)
-    with LocalServers(count, mode=request.mode, settings=server_settings) as servers:
+    with LocalServers(
+        count,
+        mode=request.mode,
+        settings=server_settings,
+        procs_per_server=request.procs_per_server,
+    ) as servers:
         yield tuple(servers.targets), True
 
 
