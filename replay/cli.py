@@ -657,8 +657,8 @@ def build_request(
     _check_stream_threads(workloads, rpcs, settings)
     pacings = tuple(_pacing(args, w, rpc) for w, rpc in zip(workloads, rpcs, strict=True))
     _check_target_count(targets, workloads)
-    procs_per_worker = _procs_per_worker(args, workloads, pacings, local_servers=targets is None)
     _check_procs_per_server(args, workloads, targets)
+    procs_per_worker = _procs_per_worker(args, workloads, pacings, targets)
     config["procs_per_worker"] = args.procs_per_worker.strip().lower()
     _check_memory(workloads, pacings, available_memory_bytes())
     return ReplayRequest(
@@ -710,12 +710,14 @@ def _procs_per_worker(
     args: argparse.Namespace,
     workloads: list[Workload],
     pacings: tuple[Pacing, ...],
-    *,
-    local_servers: bool,
+    targets: tuple[str, ...] | None,
 ) -> int:
     """``--procs-per-worker``, ``auto`` resolved (``runner.procs_per_worker_for``)."""
     requested = parse_procs_per_worker(args.procs_per_worker)
-    return runner.procs_per_worker_for(requested, workloads, pacings, local_servers=local_servers)
+    servers = 0
+    if targets is None:
+        servers = max(w.server_count for w in workloads) * args.procs_per_server
+    return runner.procs_per_worker_for(requested, workloads, pacings, server_processes=servers)
 
 
 def _run_plan(args: argparse.Namespace) -> RunPlan:

@@ -312,10 +312,11 @@ def procs_per_worker_for(
     workloads: Sequence[Workload],
     pacings: Sequence[Pacing] = (),
     *,
-    local_servers: bool,
+    server_processes: int,
 ) -> int:
     """Client processes per PS-throughput worker: ``requested``, or for None (``auto``)
-    the cores this process may use shared by the workers and the servers started here.
+    the cores this process may use, less the ``server_processes`` started here (0 for
+    servers elsewhere), shared by the workers.
 
     ConfigError when the workers' processes would pass ``MAX_LOCAL_PROCESSES``, or
     for more than one under ``--pacing rate`` (a rate per process).
@@ -332,10 +333,10 @@ def procs_per_worker_for(
             )
         return 1
     if requested is None:
-        servers = max(w.server_count for w in workloads) if local_servers else 0
-        requested = automatic_procs_per_worker(
-            cores=usable_cores(), workers=workers, servers=servers
+        automatic = automatic_procs_per_worker(
+            cores=usable_cores(), workers=workers, servers=server_processes
         )
+        requested = max(1, min(automatic, MAX_LOCAL_PROCESSES // workers))
     if workers * requested > MAX_LOCAL_PROCESSES:
         raise ConfigError(
             f"--procs-per-worker {requested}: {workers} workers x {requested} client processes "

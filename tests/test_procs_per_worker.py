@@ -7,6 +7,8 @@ and what the clients measured with K = 1, 2, 3.
 
 from __future__ import annotations
 
+import argparse
+import os
 from collections import Counter
 from collections.abc import Iterator
 
@@ -14,6 +16,7 @@ import pytest
 
 from tf_grpc_bench import trace_files
 from tf_grpc_bench.errors import ConfigError
+from tf_grpc_bench.replay import cli
 from tf_grpc_bench.replay.core.generators import GeneratorConfig, GeneratorKind
 from tf_grpc_bench.replay.core.measurement import Benchmark, BenchmarkResult, RunMeasurement
 from tf_grpc_bench.replay.core.pacing import Pacing, Timing
@@ -126,10 +129,24 @@ def test_more_client_processes_than_a_host_allows_are_refused() -> None:
     workload = synthetic_workload(
         Benchmark.PS_THROUGHPUT, GeneratorConfig(), mode=Mode.NON_SERIALIZED, worker_count=8
     )
-    assert procs_per_worker_for(8, [workload], local_servers=True) == 8
+    assert procs_per_worker_for(8, [workload], server_processes=1) == 8
     with pytest.raises(ConfigError, match="--procs-per-worker 9: 8 workers x 9"):
-        procs_per_worker_for(9, [workload], local_servers=True)
-    assert 1 <= procs_per_worker_for(None, [workload], local_servers=True) <= 8
+        procs_per_worker_for(9, [workload], server_processes=1)
+    assert 1 <= procs_per_worker_for(None, [workload], server_processes=1) <= 8
+
+
+def test_the_replay_command_resolves_auto_from_the_cores_it_may_use() -> None:
+    parser = argparse.ArgumentParser()
+    cli.configure_replay(parser)
+    arguments = "--synthetic --benchmark ps-throughput --workers 2 --ps 1 --procs-per-server 1"
+    request = cli.build_request(
+        parser.parse_args([*arguments.split(), "--procs-per-worker", "auto"])
+    )
+    cores = len(os.sched_getaffinity(0))
+    assert request.procs_per_worker == max(1, min((cores - 1) // 2, 32))
+    assert request.config["procs_per_worker"] == "auto"
+    request = cli.build_request(parser.parse_args([*arguments.split(), "--procs-per-worker", "3"]))
+    assert request.procs_per_worker == 3
 
 
 # --------------------------------------------------------------------------

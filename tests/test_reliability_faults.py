@@ -350,6 +350,44 @@ def test_serve_with_several_servers_leaves_no_server_behind(
     _assert_nothing_left(children, {port, port + 1})
 
 
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGKILL], ids=["sigterm", "kill-9"])
+def test_serve_with_two_processes_per_server_counts_a_replay_once_and_leaves_none_behind(
+    tmp_path: Path, started: list[subprocess.Popen[str]], signum: int
+) -> None:
+    port = _free_port()
+    serve = _start(
+        started, "serve", "--host", "127.0.0.1", "--port", str(port), "--procs-per-server", "2",
+        cwd=tmp_path,
+    )  # fmt: skip
+    assert serve.stdout is not None
+    assert "serving" in serve.stdout.readline()
+    children = _descendants(serve.pid)
+    # Both processes listen on the port, each on a loopback port of its own too.
+    sharing = [pid for pid in children if port in _listening_ports({pid})]
+    assert len(sharing) == 2
+    ports = _listening_ports(children)
+    assert len(ports) == 3
+    replay = subprocess.run(
+        [
+            COMMAND, "replay", *REPLAY, "--benchmark", "ps-throughput", "--workers", "2",
+            "--target", f"127.0.0.1:{port}", "--duration", "1", "--runs", "1",
+        ],
+        cwd=tmp_path, capture_output=True, text=True, timeout=300, check=False,
+    )  # fmt: skip
+    assert replay.returncode == 0, replay.stderr
+    (run,) = _document(replay.stdout, tmp_path).benchmarks[0].runs
+    assert run.rpc_count > 0
+    assert (run.server_received_messages, run.server_received_bytes) == (
+        run.rpc_count,
+        run.request_bytes,
+    )
+    serve.send_signal(signum)
+    _, err = serve.communicate(timeout=60)
+    if signum == signal.SIGTERM:
+        assert serve.returncode == 128 + signal.SIGTERM, err
+    _assert_nothing_left(children, ports)
+
+
 def test_a_frozen_server_ends_the_replay_at_its_deadline_with_partial_results(
     tmp_path: Path, started: list[subprocess.Popen[str]]
 ) -> None:
