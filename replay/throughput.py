@@ -8,6 +8,11 @@ replays its own calls (synthetic: every payload to every ps; trace: its
 per-step calls, steps separated as the pacing says) and sends back its samples
 as one numpy array.  The parent aggregates: RPCs/s over all workers, server
 counts, client CPU time summed over the worker processes.
+
+With ``procs_per_worker`` K > 1 a worker's calls are split over K processes
+(``core.processes``), kept in step through ``transport.peers``; each sample
+still names its worker, and only the worker's first process records its step
+times, so the result counts each worker once.
 """
 
 from __future__ import annotations

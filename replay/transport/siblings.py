@@ -86,11 +86,12 @@ class Siblings:
 
         ``TransportError`` naming the sibling that did not answer.
         """
-        metadata = [(SIBLING_METADATA, "1")]
+        pairs: list[tuple[str, str | bytes]] = [(SIBLING_METADATA, "1")]
         if session:
-            metadata.append((SESSION_METADATA, session))
+            pairs.append((SESSION_METADATA, session))
         if self._token is not None:
-            metadata.append((TOKEN_METADATA, self._token))
+            pairs.append((TOKEN_METADATA, self._token))
+        metadata = tuple(pairs)
         answers = []
         for address, call in zip(self.addresses, self._calls(method), strict=True):
             try:
@@ -98,7 +99,7 @@ class Siblings:
             except grpc.RpcError as error:
                 raise TransportError(
                     f"server process at {address} (same port) did not answer {method}: "
-                    f"{error.code().name}"  # type: ignore[attr-defined]
+                    f"{error.code().name}"
                 ) from None
         return answers
 
