@@ -265,6 +265,44 @@ def test_a_step_runs_from_its_first_call_start_to_its_last_call_end_over_all_pro
             previous_end = last
 
 
+def test_a_call_waits_for_what_it_depends_on_whichever_process_made_that(
+    servers: LocalServers,
+) -> None:
+    """A gradient waits for the forward pass's variables from every ps, made by the
+    worker's other process too: each call starts after every call it waits for ended."""
+    result, _ = _trace_replay(servers, 2, COMMUNICATION_ONLY)
+    (run,) = result.runs
+    workload = _shipped_workload()
+    ends = {(s.worker_index, s.step, s.rpc_index): s.start_ns + s.latency_ns for s in run.samples}
+    starts = {(s.worker_index, s.step, s.rpc_index): s.start_ns for s in run.samples}
+    across = 0
+    for worker in (0, 1):
+        own = workload.for_worker(worker)
+        split = split_worker(own, 2)
+        for position, step in enumerate(own.steps):
+            owner = dict(
+                zip((c.rpc_index for c in step.calls), split.owners[position], strict=True)
+            )
+            arrivals: dict[tuple[bool, int], list[tuple[int, int]]] = {}
+            for call in step.calls:
+                deps = call.dependencies
+                assert deps is not None
+                if deps.is_arrival:
+                    key = (deps.lands_on_worker, -1 if deps.lands_on_worker else call.server_index)
+                    arrivals.setdefault(key, []).append((deps.arrival_rank, call.rpc_index))
+            ranked = {key: [i for _, i in sorted(value)] for key, value in arrivals.items()}
+            for call in step.calls:
+                deps = call.dependencies
+                assert deps is not None
+                waited = ranked.get((True, -1), [])[: deps.after_worker_arrivals]
+                waited += ranked.get((False, call.server_index), [])[: deps.after_server_arrivals]
+                for other in waited:
+                    start = starts[(worker, step.index, call.rpc_index)]
+                    assert start >= ends[(worker, step.index, other)]
+                    across += owner[other] != owner[call.rpc_index]
+    assert across > 0  # some waits crossed from one process to the other
+
+
 def test_a_synthetic_cycle_moves_the_same_rpcs_and_bytes_per_worker_and_ps_for_k_1_2_3(
     servers: LocalServers,
 ) -> None:
