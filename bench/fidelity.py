@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -71,6 +72,9 @@ class Prediction:
     step_s: float
     compute_s: float
     cpu_cores: float
+    #: Client plus server CPU seconds the replay spent per replayed round (a step of every
+    #: worker): over the machine's cores, the shortest round this machine could replay.
+    cpu_per_round_s: float | None
     #: The replay's result document (for the TensorBoard comparison).
     document: Path
 
@@ -173,10 +177,23 @@ def predict(
     )
     return Prediction(
         step_s=prediction["step_ns"] / 1e9,
+        cpu_per_round_s=cpu_per_round(document["benchmarks"][0]),
         compute_s=(prediction.get("compute_ns") or 0.0) / 1e9,
         cpu_cores=cores,
         document=documents[-1],
     )
+
+
+def cpu_per_round(benchmark: dict) -> float | None:
+    """Client plus server CPU seconds per replayed round: the measured runs' CPU over
+    the rounds they replayed (worker-steps over workers)."""
+    statistics_block = benchmark["statistics"]
+    steps = (statistics_block.get("prediction") or {}).get("steps") or 0
+    workers = benchmark["parameters"].get("workers") or 0
+    client, server = statistics_block.get("client_cpu_ns"), statistics_block.get("server_cpu_ns")
+    if not steps or not workers or client is None or server is None:
+        return None
+    return (client + server) / 1e9 / (steps / workers)
 
 
 def measure(
@@ -217,6 +234,14 @@ def write_comparison(directory: Path, rows: list[Row]) -> None:
         write_tensorboard_comparison(directory, documents, training_s=training)
 
 
+def _cpu_cells(prediction: Prediction | None) -> list[str]:
+    if prediction is None or prediction.cpu_per_round_s is None:
+        return ["-", "-"]
+    cores = os.cpu_count() or 1
+    floor = prediction.cpu_per_round_s / cores
+    return [f"{prediction.cpu_per_round_s:.2f} s", f"{floor:.2f} s"]
+
+
 def _prediction_cells(prediction: Prediction | None, training_s: float) -> list[str]:
     if prediction is None:
         return ["failed", "-"]
@@ -238,10 +263,13 @@ def report(rows: list[Row], setup: str, command: str, before: str, after: str) -
         "predicted step (dependencies pacing, compute kept) of the PS-throughput replay across",
         "the same link, of a trace captured on loopback and of the one captured on the link.",
         f"'replay CPU-bound': replay client and server used >= {CPU_BOUND_CORES} of 2 cores.",
+        "'replay CPU': the loopback-trace replay's client and server CPU seconds per replayed",
+        "round; 'CPU floor': that over this machine's cores, the shortest round it could replay",
+        "even with the work spread perfectly (predicting a round needs a floor well below it).",
         "",
         *table_head(
             "model", "link", "training round", "link bound", "replay (loopback trace)",
-            "ratio", "replay (link trace)", "ratio",
+            "ratio", "replay (link trace)", "ratio", "replay CPU", "CPU floor",
         ),
     ]  # fmt: skip
     for row in rows:
@@ -254,6 +282,7 @@ def report(rows: list[Row], setup: str, command: str, before: str, after: str) -
                 bound,
                 *_prediction_cells(row.from_loopback, row.training_s),
                 *_prediction_cells(row.from_link, row.training_s),
+                *_cpu_cells(row.from_loopback),
             )
         )
     return "\n".join(lines)

@@ -13,16 +13,14 @@ import contextlib
 import math
 import signal
 import sys
-import threading
+from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
 
 from tf_grpc_bench import lifetime, trace_files
 from tf_grpc_bench.errors import ConfigError, RunInterrupted, TransportError, UsageError
 from tf_grpc_bench.replay import runner
-from tf_grpc_bench.replay.core import whatif
-from tf_grpc_bench.replay.core.chunking import chunk_count, chunk_workload
+from tf_grpc_bench.replay.core import planning, whatif
 from tf_grpc_bench.replay.core.generators import (
     MAX_BUFFERS_PER_PAYLOAD,
     MAX_PAYLOADS,
@@ -31,48 +29,27 @@ from tf_grpc_bench.replay.core.generators import (
     GeneratorKind,
 )
 from tf_grpc_bench.replay.core.measurement import Benchmark
-from tf_grpc_bench.replay.core.pacing import (
-    MAX_COMPUTE_SCALE,
-    OPEN_LOOP_MAX_IN_FLIGHT,
-    Pacing,
-    Timing,
-)
+from tf_grpc_bench.replay.core.pacing import MAX_COMPUTE_SCALE, Pacing, Timing
 from tf_grpc_bench.replay.core.processes import parse_procs_per_worker
 from tf_grpc_bench.replay.core.workload import (
     WHOLE_STEPS,
     WORKERS_AND_PS_ONLY,
-    Call,
     Mode,
     WholeSteps,
     Workload,
-    parse_pair,
-    synthetic_workload,
-    trace_workload,
 )
 from tf_grpc_bench.replay.network import cli as network_cli
-from tf_grpc_bench.replay.output.machine import available_memory_bytes
+from tf_grpc_bench.replay.output.progress import ProgressBar
 from tf_grpc_bench.replay.placement import role
-from tf_grpc_bench.replay.runner import ReplayRequest, default_rpc, default_window
+from tf_grpc_bench.replay.runner import ReplayRequest
 from tf_grpc_bench.replay.transport import grpc_settings
 from tf_grpc_bench.replay.transport.client import parse_target
-from tf_grpc_bench.replay.transport.loop import (
-    INTERRUPTED_PREFIX,
-    NS_PER_S,
-    ProgressEvent,
-    RunPlan,
-)
-from tf_grpc_bench.replay.transport.server import DEFAULT_PORT, serve_until
-from tf_grpc_bench.replay.transport.wire import RpcKind, ServerSettings, read_token_file
+from tf_grpc_bench.replay.transport.loop import INTERRUPTED_PREFIX, NS_PER_S, RunPlan
+from tf_grpc_bench.replay.transport.server import DEFAULT_PORT
+from tf_grpc_bench.replay.transport.wire import RpcKind, read_token_file
 from tf_grpc_bench.sizes import SizeCategory, parse_size
 from tf_grpc_bench.trace import Trace
 
-#: Server threads left for control calls when streams hold the others.
-STREAM_THREADS_KEPT_FREE = 4
-#: Most calls one pass of a chunked workload may become (each call is an object in memory).
-MAX_CALLS_PER_PASS = 1_000_000
-#: Copies of a message one host holds while it travels on loopback: the sender's,
-#: gRPC's and the receiver's.
-MESSAGE_COPIES = 3
 #: Benchmarks in the order ``--benchmark all`` runs them.
 ALL_BENCHMARKS = (Benchmark.P2P_LATENCY, Benchmark.P2P_BANDWIDTH, Benchmark.PS_THROUGHPUT)
 DEFAULT_OUTPUT_DIR = "runs"
@@ -170,14 +147,6 @@ def configure_serve(parser: argparse.ArgumentParser) -> None:
     grpc_settings.add_grpc_flags(parser)
 
 
-def _serving_hosts(host: str) -> tuple[str, ...]:
-    """What a TLS server certificate must name: the listening host, or every local address."""
-    from tf_grpc_bench.replay.network import netinfo
-
-    wildcard = host in ("0.0.0.0", "::", "[::]", "")
-    return netinfo.local_addresses() if wildcard else (host, *netinfo.local_addresses())
-
-
 def run_serve(args: argparse.Namespace) -> int:
     _positive_int("--servers", args.servers, runner.MAX_LOCAL_PROCESSES)
     runner.check_server_processes(args.servers, args.procs_per_server)
@@ -185,46 +154,26 @@ def run_serve(args: argparse.Namespace) -> int:
         raise ConfigError(f"--port must be in 0..65535, got {args.port}")
     if args.servers > 1 and args.port == 0:
         raise UsageError("--servers N needs a fixed --port (servers use PORT..PORT+N-1)")
-    settings = grpc_settings.settings_from_args(args)
-    tls_material = None
-    if settings.tls:
-        from tf_grpc_bench.replay.transport import tls
-
-        directory = Path(args.tls_dir) if args.tls_dir else None
-        tls_material = tls.ensure_material(directory, hosts=_serving_hosts(args.host))
-    server_settings = replace(
-        grpc_settings.server_settings(settings, tls_material),
+    ports = [args.port + i for i in range(args.servers)]
+    if ports[-1] > 65535:
+        raise ConfigError(f"--port {args.port} + --servers {args.servers} goes past port 65535")
+    summary, signum = runner.serve_until_stopped(
+        mode=Mode(args.mode),
+        host=args.host,
+        ports=ports,
+        settings=grpc_settings.settings_from_args(args),
+        tls_dir=Path(args.tls_dir) if args.tls_dir else None,
         max_response_bytes=(
             None if args.max_response is None else _size("--max-response", args.max_response)
         ),
         control_token=_token(args),
-    )
-    ports = [args.port + i for i in range(args.servers)]
-    if ports[-1] > 65535:
-        raise ConfigError(f"--port {args.port} + --servers {args.servers} goes past port 65535")
-    stop = threading.Event()
-    stopped_by: list[int] = []
-
-    def stop_serving(signum: int, _frame: object) -> None:
-        stopped_by.append(signum)
-        stop.set()
-
-    # Ctrl-C, SIGTERM and SIGHUP all stop gracefully (a background job may ignore SIGINT).
-    for number in lifetime.STOP_SIGNALS:
-        signal.signal(number, stop_serving)
-    summary = serve_until(
-        stop,
-        mode=Mode(args.mode),
-        host=args.host,
-        ports=ports,
-        settings=server_settings,
         announce=lambda line: print(line, flush=True),
         procs_per_server=args.procs_per_server,
     )
     print(summary, flush=True)
-    if stopped_by:
-        name = lifetime.signal_name(stopped_by[0])
-        raise RunInterrupted(f"interrupted ({name}); servers stopped", signum=stopped_by[0])
+    if signum is not None:
+        name = lifetime.signal_name(signum)
+        raise RunInterrupted(f"interrupted ({name}); servers stopped", signum=signum)
     return 0
 
 
@@ -470,8 +419,6 @@ _TRACE_FLAGS = (
     ("placement", "--placement"),
     ("scale_tensors", "--scale-tensors"),
 )
-#: Flags that make a trace replay a what-if.
-_WHAT_IF_FLAGS = ("workers", "ps", "placement", "scale_tensors")
 
 
 def _parse_benchmarks(text: str) -> tuple[Benchmark, ...]:
@@ -538,33 +485,6 @@ def _resolve_trace(args: argparse.Namespace) -> Path | None:
     return trace_files.default_trace_path()
 
 
-def _rpc(args: argparse.Namespace, workload: Workload) -> RpcKind:
-    if args.rpc is None:
-        return default_rpc(workload)
-    rpc = RpcKind(args.rpc)
-    if rpc is RpcKind.STREAMING and workload.source == "trace":
-        raise UsageError(
-            "--rpc streaming applies to the synthetic echo and ack benchmarks; a trace is "
-            "replayed with its own unary methods (add --synthetic)"
-        )
-    return rpc
-
-
-def _timing(args: argparse.Namespace, workload: Workload) -> Timing:
-    if args.pacing is not None:
-        timing = Timing(args.pacing)
-    elif workload.source == "trace" and workload.benchmark is Benchmark.PS_THROUGHPUT:
-        timing = Timing.DEPENDENCIES
-    else:
-        timing = Timing.ASAP
-    if args.compute is not None and timing is not Timing.DEPENDENCIES:
-        raise UsageError(
-            f"--compute applies only to --pacing dependencies (the {workload.benchmark.value} "
-            f"benchmark paces {timing.value})"
-        )
-    return timing
-
-
 def parse_compute(text: str | None) -> float:
     """``--compute``: ``recorded`` (1), ``none`` (0) or a non-negative scale."""
     if text is None or text == "recorded":
@@ -582,23 +502,13 @@ def parse_compute(text: str | None) -> float:
     return scale
 
 
-def _pacing(args: argparse.Namespace, workload: Workload, rpc: RpcKind) -> Pacing:
-    timing = _timing(args, workload)
-    if args.rate is not None and timing is not Timing.RATE:
-        raise UsageError("--rate applies only to --pacing rate")
-    if args.speedup is not None and timing is not Timing.RECORDED:
-        raise UsageError("--speedup applies only to --pacing recorded")
-    if timing is Timing.RATE and args.rate is None:
-        raise UsageError("--pacing rate needs --rate CALLS_PER_S")
-    window = default_window(workload, rpc)
-    if args.outstanding is not None and workload.benchmark is not Benchmark.P2P_LATENCY:
-        window = args.outstanding
-    return Pacing(
-        timing=timing,
-        window=window,
-        rate_per_s=args.rate if timing is Timing.RATE else 0.0,
-        speedup=args.speedup if args.speedup is not None else 1.0,
-        compute_scale=parse_compute(args.compute) if timing is Timing.DEPENDENCIES else 1.0,
+def _pacing_choice(args: argparse.Namespace) -> runner.PacingChoice:
+    return runner.PacingChoice(
+        timing=None if args.pacing is None else Timing(args.pacing),
+        rate_per_s=args.rate,
+        speedup=args.speedup,
+        compute_scale=None if args.compute is None else parse_compute(args.compute),
+        outstanding=args.outstanding,
     )
 
 
@@ -651,22 +561,22 @@ def build_request(
             config["what_if_placement"] = derivation.placement
             config["what_if_scale_tensors"] = derivation.scale_tensors
         config["trace"] = str(trace_path)
-    _check_processes(workloads, local_servers=targets is None)
-    workloads = _fitted_to_messages(workloads, settings)
-    rpcs = tuple(_rpc(args, workload) for workload in workloads)
-    _check_stream_threads(workloads, rpcs, settings)
-    pacings = tuple(_pacing(args, w, rpc) for w, rpc in zip(workloads, rpcs, strict=True))
-    _check_target_count(targets, workloads)
-    _check_procs_per_server(args, workloads, targets)
-    procs_per_worker = _procs_per_worker(args, workloads, pacings, targets)
+    planned = runner.plan_workloads(
+        workloads,
+        settings=settings,
+        targets=targets,
+        rpc=None if args.rpc is None else RpcKind(args.rpc),
+        pacing=_pacing_choice(args),
+    )
+    _check_procs_per_server(args, planned.workloads, targets)
+    procs_per_worker = _procs_per_worker(args, planned.workloads, planned.pacings, targets)
     config["procs_per_worker"] = args.procs_per_worker.strip().lower()
-    _check_memory(workloads, pacings, available_memory_bytes())
     return ReplayRequest(
         benchmarks=benchmarks,
         trace_path=trace_path,
-        workloads=tuple(workloads),
-        pacings=pacings,
-        rpcs=rpcs,
+        workloads=planned.workloads,
+        pacings=planned.pacings,
+        rpcs=planned.rpcs,
         plan=plan,
         mode=mode,
         targets=targets,
@@ -681,7 +591,7 @@ def build_request(
 
 
 def _check_procs_per_server(
-    args: argparse.Namespace, workloads: list[Workload], targets: tuple[str, ...] | None
+    args: argparse.Namespace, workloads: Sequence[Workload], targets: tuple[str, ...] | None
 ) -> None:
     """ConfigError for a ``--procs-per-server`` this replay cannot have."""
     if targets is not None and args.procs_per_server != 1:
@@ -708,8 +618,8 @@ def _check_counts(args: argparse.Namespace) -> None:
 
 def _procs_per_worker(
     args: argparse.Namespace,
-    workloads: list[Workload],
-    pacings: tuple[Pacing, ...],
+    workloads: Sequence[Workload],
+    pacings: Sequence[Pacing],
     targets: tuple[str, ...] | None,
 ) -> int:
     """``--procs-per-worker``, ``auto`` resolved (``runner.procs_per_worker_for``)."""
@@ -763,17 +673,13 @@ def _synthetic_workloads(
             f"--pacing {args.pacing} needs a trace (synthetic payloads have no "
             "timestamps or dependencies)"
         )
-    generator = _generator_config(args)
-    return [
-        synthetic_workload(
-            benchmark,
-            generator,
-            mode=mode,
-            ps_count=args.ps if args.ps is not None else 1,
-            worker_count=args.workers if args.workers is not None else 1,
-        )
-        for benchmark in benchmarks
-    ]
+    return planning.synthetic_workloads(
+        benchmarks,
+        _generator_config(args),
+        mode=mode,
+        ps_count=args.ps if args.ps is not None else 1,
+        worker_count=args.workers if args.workers is not None else 1,
+    )
 
 
 def _trace_workloads(
@@ -792,176 +698,28 @@ def _trace_workloads(
                 "(add --synthetic to use the generators)"
             )
     trace = trace_files.read_trace(trace_path)
-    what_if = what_if_of(args, trace)
-    derivation = None
-    if what_if is not None:
-        derivation = whatif.derivation(trace, what_if, trace_name=trace_path.stem)
-        trace = whatif.derive_trace(trace, what_if)
-    pair = parse_pair(args.pair, trace) if args.pair is not None else None
-    workloads = [
-        trace_workload(
-            trace,
-            benchmark,
-            mode=mode,
-            pair=pair,
-            source=str(trace_path),
-            whole_steps=whole_steps,
-        )
-        for benchmark in benchmarks
-    ]
-    return workloads, derivation
+    return planning.trace_workloads(
+        trace,
+        benchmarks,
+        mode=mode,
+        source=str(trace_path),
+        trace_name=trace_path.stem,
+        what_if=what_if_of(args, trace),
+        pair=args.pair,
+        whole_steps=whole_steps,
+    )
 
 
 def what_if_of(args: argparse.Namespace, trace: Trace) -> whatif.WhatIf | None:
     """The cluster ``--workers``/``--ps``/``--placement``/``--scale-tensors`` ask a trace
     replay about (the captured one where a flag is not given), or None without them."""
-    if all(getattr(args, name) is None for name in _WHAT_IF_FLAGS):
-        return None
-    workers, ps = whatif.captured_cluster(trace)
-    what_if = whatif.WhatIf(
-        workers=args.workers if args.workers is not None else len(workers),
-        ps=args.ps if args.ps is not None else len(ps),
-        placement=whatif.Placement(args.placement or whatif.Placement.ROUND_ROBIN.value),
-        scale_tensors=args.scale_tensors if args.scale_tensors is not None else 1.0,
+    return planning.what_if_of(
+        trace,
+        workers=args.workers,
+        ps=args.ps,
+        placement=None if args.placement is None else whatif.Placement(args.placement),
+        scale_tensors=args.scale_tensors,
     )
-    whatif.check_what_if(trace, what_if)
-    return what_if
-
-
-def _check_processes(workloads: list[Workload], *, local_servers: bool) -> None:
-    """ConfigError if a workload needs more processes here than ``MAX_LOCAL_PROCESSES``."""
-    limit = runner.MAX_LOCAL_PROCESSES
-    for workload in workloads:
-        if workload.benchmark is Benchmark.PS_THROUGHPUT and workload.worker_count > limit:
-            raise ConfigError(
-                f"the {workload.source} workload has {workload.worker_count} workers, each a "
-                f"process of its own: at most {limit} on one host"
-            )
-        if local_servers and workload.server_count > limit:
-            raise ConfigError(
-                f"the {workload.source} workload needs {workload.server_count} ps servers, each "
-                f"a process of its own: at most {limit} on one host (or give --target)"
-            )
-
-
-def _fitted_to_messages(
-    workloads: list[Workload], settings: grpc_settings.GrpcSettings
-) -> list[Workload]:
-    """The workloads chunked as ``--chunk-size`` says; ConfigError if a payload cannot be
-    sent, or if chunks would be too many to make."""
-    if settings.chunk_bytes:
-        for workload in workloads:
-            count = sum(chunk_count(call, settings.chunk_bytes) for call in workload.calls)
-            if count > MAX_CALLS_PER_PASS:
-                raise ConfigError(
-                    f"--chunk-size {settings.chunk_bytes}: the {workload.benchmark.value} "
-                    f"workload would become {count} calls (at most {MAX_CALLS_PER_PASS}); "
-                    "use a larger --chunk-size"
-                )
-        workloads = [chunk_workload(workload, settings) for workload in workloads]
-    for workload in workloads:
-        settings.check_payload(max(call.payload_bytes for call in workload.calls))
-    return workloads
-
-
-def in_flight_bytes(workload: Workload, pacing: Pacing) -> tuple[int, int]:
-    """The most message bytes (both ways) ``workload`` can have in flight at once under
-    ``pacing``'s window, over all its workers; and the step where that happens."""
-    worst, worst_step = 0, 0
-    for step in workload.steps:
-        groups: dict[tuple[int, int], list[Call]] = {}
-        for call in step.calls:
-            # The recorded window holds calls per (worker, server); the others per worker.
-            server = call.server_index if _recorded_window(pacing) else 0
-            groups.setdefault((call.worker_index, server), []).append(call)
-        total = 0
-        for calls in groups.values():
-            sizes = sorted((c.request_bytes + c.response_bytes for c in calls), reverse=True)
-            if pacing.window is not None:
-                at_once = pacing.window
-            elif _recorded_window(pacing):
-                at_once = 1 + max(c.outstanding_at_start for c in calls)
-            else:
-                at_once = OPEN_LOOP_MAX_IN_FLIGHT
-            total += sum(sizes[:at_once])
-        if total > worst:
-            worst, worst_step = total, step.index
-    return worst, worst_step
-
-
-def _recorded_window(pacing: Pacing) -> bool:
-    return pacing.window is None and pacing.timing not in (Timing.RATE, Timing.DEPENDENCIES)
-
-
-def _check_memory(
-    workloads: list[Workload], pacings: tuple[Pacing, ...], available_bytes: int
-) -> None:
-    """ConfigError, before anything is allocated, if the messages a workload can have in
-    flight (times the copies a host holds of each) do not fit in the available memory."""
-    if available_bytes <= 0:
-        return
-    for workload, pacing in zip(workloads, pacings, strict=True):
-        in_flight, step = in_flight_bytes(workload, pacing)
-        needed = in_flight * MESSAGE_COPIES
-        if needed > available_bytes:
-            where = "" if workload.source == "synthetic" else f" (trace step {step})"
-            raise ConfigError(
-                f"the {workload.benchmark.value} workload can have {in_flight / 1e9:.2f} GB of "
-                f"messages in flight at once{where}; with the copies sender, gRPC and receiver "
-                f"hold that needs about {needed / 1e9:.1f} GB, more than the "
-                f"{available_bytes / 1e9:.1f} GB of memory this machine has available "
-                "(smaller messages, fewer workers or a smaller --outstanding)"
-            )
-
-
-def _check_stream_threads(
-    workloads: list[Workload], rpcs: tuple[RpcKind, ...], settings: grpc_settings.GrpcSettings
-) -> None:
-    for workload, rpc in zip(workloads, rpcs, strict=True):
-        # A stream holds one server thread while open; leave threads for control calls.
-        streams = workload.worker_count * settings.channels
-        room = ServerSettings().max_workers - STREAM_THREADS_KEPT_FREE
-        if rpc is RpcKind.STREAMING and streams > room:
-            raise ConfigError(
-                f"--rpc streaming: {workload.worker_count} worker(s) x --channels "
-                f"{settings.channels} = {streams} streams per ps server, more than its "
-                f"{room} stream threads; use fewer channels or --rpc unary"
-            )
-
-
-def _check_target_count(targets: tuple[str, ...] | None, workloads: list[Workload]) -> None:
-    if targets is not None:
-        needed = max(w.server_count for w in workloads)
-        if len(targets) < needed:
-            raise ConfigError(
-                f"--target: the workload needs {needed} ps server(s), got {len(targets)} target(s)"
-            )
-
-
-class _Progress:
-    """A tqdm bar over measured runs (or nothing when quiet or not on a terminal)."""
-
-    def __init__(self, total_runs: int, enabled: bool) -> None:
-        self._bar: Any = None
-        if enabled:
-            from tqdm import tqdm
-
-            self._bar = tqdm(total=total_runs, unit="run", file=sys.stderr, leave=False)
-
-    def __call__(self, event: ProgressEvent) -> None:
-        if self._bar is None:
-            return
-        label = event.benchmark.value
-        if event.phase == "warmup":
-            self._bar.set_description(f"{label} warm-up")
-        elif event.phase == "run":
-            self._bar.set_description(f"{label} run {event.run_index + 1}/{event.runs}")
-        elif event.phase == "finished":
-            self._bar.update(1)
-
-    def close(self) -> None:
-        if self._bar is not None:
-            self._bar.close()
 
 
 def run_replay(args: argparse.Namespace) -> int:
@@ -975,7 +733,7 @@ def run_replay(args: argparse.Namespace) -> int:
     tls_dir: Path | None = None
     if request.grpc.tls:
         tls_dir = Path(args.tls_dir) if args.tls_dir else run_directory / "tls"
-    progress = _Progress(
+    progress = ProgressBar(
         len(request.workloads) * request.plan.runs,
         enabled=not args.quiet and sys.stderr.isatty(),
     )

@@ -10,21 +10,26 @@ one process per worker (``throughput``).
 A server that fails mid-run ends the run and the benchmark: what was measured
 is kept, marked partial with the reason.
 
-``execute`` carries out a whole ``ReplayRequest`` (servers, benchmarks) and
-``record`` writes what it measured (result document, TensorBoard logs): the
-library behind ``replay``, ``role`` and ``network compare``.
+``plan_workloads`` gives a request's workloads their RPC kind and pacing and
+checks that they fit this host (its memory, its servers' threads, the process
+limit; the pure checks are ``core.planning``'s), ``execute`` carries out a
+whole ``ReplayRequest`` (servers, benchmarks) and ``record`` writes what it
+measured (result document, TensorBoard logs): the library behind ``replay``,
+``role`` and ``network compare``.  ``serve_until_stopped`` is ``serve``'s
+servers, until a stop signal.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from tf_grpc_bench import lifetime, trace_files
-from tf_grpc_bench.errors import ConfigError, TransportError
+from tf_grpc_bench.errors import ConfigError, TransportError, UsageError
+from tf_grpc_bench.replay.core import planning
 from tf_grpc_bench.replay.core.measurement import (
     Benchmark,
     BenchmarkResult,
@@ -36,6 +41,7 @@ from tf_grpc_bench.replay.core.whatif import Derivation, derive_trace
 from tf_grpc_bench.replay.core.workload import Mode, Shape, Workload
 from tf_grpc_bench.replay.network import netinfo
 from tf_grpc_bench.replay.output import document as results
+from tf_grpc_bench.replay.output.machine import available_memory_bytes
 from tf_grpc_bench.replay.transport import grpc_settings
 from tf_grpc_bench.replay.transport.client import Driver, ReplayClient
 from tf_grpc_bench.replay.transport.loop import (
@@ -49,7 +55,7 @@ from tf_grpc_bench.replay.transport.loop import (
     open_clients,
     run_each,
 )
-from tf_grpc_bench.replay.transport.server import LocalServers
+from tf_grpc_bench.replay.transport.server import LocalServers, serve_until
 from tf_grpc_bench.replay.transport.wire import (
     ChannelSettings,
     RpcKind,
@@ -513,3 +519,178 @@ def record(
             trace = derive_trace(trace, request.what_if.asked())
         timeline.write_run_timelines(document, run_directory, trace)
     return document
+
+
+# --------------------------------------------------------------------------
+# Planning a request: each workload's RPC kind and pacing, and the checks that
+# the workloads fit this host (``core.planning`` holds the pure ones).
+
+
+#: Server threads left for control calls when streams hold the others.
+STREAM_THREADS_KEPT_FREE = 4
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PacingChoice:
+    """The pacing a replay asks for; None where it leaves the benchmark's default."""
+
+    #: ``--pacing``; default: dependencies for a trace's PS throughput, asap otherwise.
+    timing: Timing | None = None
+    #: ``--rate``: calls per second per worker (rate pacing only).
+    rate_per_s: float | None = None
+    #: ``--speedup``: recorded pacing N times faster (recorded pacing only).
+    speedup: float | None = None
+    #: ``--compute``: the scale of the recorded compute gaps (dependencies pacing only).
+    compute_scale: float | None = None
+    #: ``--outstanding``: calls in flight (ignored by P2P latency, one at a time).
+    outstanding: int | None = None
+
+
+def rpc_for(workload: Workload, asked: RpcKind | None) -> RpcKind:
+    """The RPC kind ``workload``'s calls use: ``asked`` (``--rpc``) or its default.
+    UsageError for streaming a trace (its calls are TensorFlow's unary methods)."""
+    if asked is None:
+        return default_rpc(workload)
+    if asked is RpcKind.STREAMING and workload.source == "trace":
+        raise UsageError(
+            "--rpc streaming applies to the synthetic echo and ack benchmarks; a trace is "
+            "replayed with its own unary methods (add --synthetic)"
+        )
+    return asked
+
+
+def _timing(workload: Workload, choice: PacingChoice) -> Timing:
+    if choice.timing is not None:
+        timing = choice.timing
+    elif workload.source == "trace" and workload.benchmark is Benchmark.PS_THROUGHPUT:
+        timing = Timing.DEPENDENCIES
+    else:
+        timing = Timing.ASAP
+    if choice.compute_scale is not None and timing is not Timing.DEPENDENCIES:
+        raise UsageError(
+            f"--compute applies only to --pacing dependencies (the {workload.benchmark.value} "
+            f"benchmark paces {timing.value})"
+        )
+    return timing
+
+
+def pacing_for(workload: Workload, rpc: RpcKind, choice: PacingChoice) -> Pacing:
+    """``workload``'s pacing as ``choice`` asks; UsageError for a setting its timing
+    does not use (``--rate`` without rate pacing, ...)."""
+    timing = _timing(workload, choice)
+    if choice.rate_per_s is not None and timing is not Timing.RATE:
+        raise UsageError("--rate applies only to --pacing rate")
+    if choice.speedup is not None and timing is not Timing.RECORDED:
+        raise UsageError("--speedup applies only to --pacing recorded")
+    if timing is Timing.RATE and choice.rate_per_s is None:
+        raise UsageError("--pacing rate needs --rate CALLS_PER_S")
+    window = default_window(workload, rpc)
+    if choice.outstanding is not None and workload.benchmark is not Benchmark.P2P_LATENCY:
+        window = choice.outstanding
+    compute_scale = choice.compute_scale if choice.compute_scale is not None else 1.0
+    return Pacing(
+        timing=timing,
+        window=window,
+        rate_per_s=choice.rate_per_s if timing is Timing.RATE and choice.rate_per_s else 0.0,
+        speedup=choice.speedup if choice.speedup is not None else 1.0,
+        compute_scale=compute_scale if timing is Timing.DEPENDENCIES else 1.0,
+    )
+
+
+def check_stream_threads(
+    workloads: Sequence[Workload], rpcs: Sequence[RpcKind], *, channels: int
+) -> None:
+    """ConfigError if streams (one per worker and channel) would hold more of a ps
+    server's threads than it can spare from control calls."""
+    room = ServerSettings().max_workers - STREAM_THREADS_KEPT_FREE
+    for workload, rpc in zip(workloads, rpcs, strict=True):
+        # A stream holds one server thread while open; leave threads for control calls.
+        streams = workload.worker_count * channels
+        if rpc is RpcKind.STREAMING and streams > room:
+            raise ConfigError(
+                f"--rpc streaming: {workload.worker_count} worker(s) x --channels "
+                f"{channels} = {streams} streams per ps server, more than its "
+                f"{room} stream threads; use fewer channels or --rpc unary"
+            )
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Planned:
+    """Workloads fitted to gRPC's messages, with each one's RPC kind and pacing."""
+
+    workloads: tuple[Workload, ...]
+    rpcs: tuple[RpcKind, ...]
+    pacings: tuple[Pacing, ...]
+
+
+def plan_workloads(
+    workloads: Sequence[Workload],
+    *,
+    settings: grpc_settings.GrpcSettings,
+    targets: Sequence[str] | None,
+    rpc: RpcKind | None,
+    pacing: PacingChoice,
+) -> Planned:
+    """Fit ``workloads`` to this host and the gRPC settings, and give each its RPC kind
+    and pacing; ConfigError or UsageError, before anything is allocated, for what
+    cannot run here (processes, message sizes, stream threads, targets, memory)."""
+    planning.check_processes(workloads, local_servers=targets is None, limit=MAX_LOCAL_PROCESSES)
+    fitted = planning.fitted_to_messages(workloads, settings)
+    rpcs = tuple(rpc_for(workload, rpc) for workload in fitted)
+    check_stream_threads(fitted, rpcs, channels=settings.channels)
+    pacings = tuple(pacing_for(w, kind, pacing) for w, kind in zip(fitted, rpcs, strict=True))
+    planning.check_target_count(None if targets is None else len(targets), fitted)
+    planning.check_memory(fitted, pacings, available_memory_bytes())
+    return Planned(workloads=tuple(fitted), rpcs=rpcs, pacings=pacings)
+
+
+# --------------------------------------------------------------------------
+# Serving: ``tf-grpc-bench serve``.
+
+
+def serving_hosts(host: str) -> tuple[str, ...]:
+    """What a TLS server certificate must name: the listening host, or every local address."""
+    wildcard = host in ("0.0.0.0", "::", "[::]", "")
+    return netinfo.local_addresses() if wildcard else (host, *netinfo.local_addresses())
+
+
+def serve_until_stopped(
+    *,
+    mode: Mode,
+    host: str,
+    ports: Sequence[int],
+    settings: grpc_settings.GrpcSettings,
+    tls_dir: Path | None = None,
+    max_response_bytes: int | None = None,
+    control_token: str | None = None,
+    announce: Callable[[str], None],
+    procs_per_server: int = 1,
+) -> tuple[str, int | None]:
+    """Ps servers on ``ports`` until a stop signal (Ctrl-C, SIGTERM, SIGHUP); blocking.
+
+    With ``settings.tls`` the servers' certificate (in ``tls_dir``, made if
+    missing) names ``host``, or every local address when it is a wildcard.
+    ``announce`` gets the line saying where they listen.  Returns the line
+    saying what they did and the signal that stopped them.  Main thread only.
+    """
+    tls_material = None
+    if settings.tls:
+        from tf_grpc_bench.replay.transport import tls
+
+        tls_material = tls.ensure_material(tls_dir, hosts=serving_hosts(host))
+    server_settings = replace(
+        grpc_settings.server_settings(settings, tls_material),
+        max_response_bytes=max_response_bytes,
+        control_token=control_token,
+    )
+    with lifetime.StopSignals() as stop:
+        summary = serve_until(
+            stop.event,
+            mode=mode,
+            host=host,
+            ports=ports,
+            settings=server_settings,
+            announce=announce,
+            procs_per_server=procs_per_server,
+        )
+    return summary, stop.signum

@@ -15,9 +15,7 @@ Subcommands:
 from __future__ import annotations
 
 import argparse
-import re
 import sys
-from collections import defaultdict
 from collections.abc import Callable
 from pathlib import Path
 from typing import Protocol
@@ -148,33 +146,18 @@ def _up(args: argparse.Namespace) -> int:
     return 0
 
 
-_RUN_ID = re.compile(r"^[0-9]+-[0-9a-f]+$")
-
-
 def _down(run_id: str) -> int:
-    if not _RUN_ID.match(run_id):
-        raise NetworkError(f"RUN_ID {run_id!r}: expected <pid>-<hex> as 'network up' printed")
-    netns.require_root()
-    names = netns.run_namespaces(run_id)
-    if not names:
-        raise NetworkError(f"RUN_ID {run_id}: no such network (see 'tf-grpc-bench network list')")
-    for name in names:
-        netns.delete_namespace(name)
+    names = netns.remove_run(run_id)
     print(f"removed {len(names)} namespaces of run {run_id}")
     return 0
 
 
 def _list() -> int:
-    netns.require_root()
-    by_run: dict[str, list[str]] = defaultdict(list)
-    for name in netns.list_namespaces():
-        if name.startswith(netns.PREFIX):
-            run = name[len(netns.PREFIX) :].rsplit("-", 1)[0]
-            by_run[run].append(name)
+    by_run = netns.namespaces_by_run()
     if not by_run:
         print("no tf-grpc-bench namespaces")
-    for run, names in sorted(by_run.items()):
-        print(f"run {run}: {' '.join(sorted(names))}")
+    for run, names in by_run.items():
+        print(f"run {run}: {' '.join(names)}")
     return 0
 
 

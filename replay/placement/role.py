@@ -27,12 +27,10 @@ import argparse
 import contextlib
 import json
 import os
-import signal
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
-from types import FrameType
 from typing import Any
 
 from tf_grpc_bench import launchers, lifetime
@@ -176,29 +174,6 @@ def _gather_credentials(files: Any) -> tuple[Any, Any]:
     return tls.server_credentials(files), tls.channel_credentials(files)
 
 
-class _Stop:
-    """A stop signal (a launcher ending the job: SIGTERM; Ctrl-C; SIGHUP) ends a serving
-    task cleanly; ``signum`` says which, None while none came."""
-
-    def __init__(self) -> None:
-        self.event = threading.Event()
-        self.signum: int | None = None
-
-    def __enter__(self) -> _Stop:
-        self._old = {
-            number: signal.signal(number, self._handle) for number in lifetime.STOP_SIGNALS
-        }
-        return self
-
-    def _handle(self, signum: int, _frame: FrameType | None) -> None:
-        self.signum = self.signum or signum
-        self.event.set()
-
-    def __exit__(self, *_exc: object) -> None:
-        for number, handler in self._old.items():
-            signal.signal(number, handler)
-
-
 def _raise_if_interrupted(task: TaskId, what: str, signum: int | None = None) -> None:
     """RunInterrupted (exit 128 + signal) if a stop signal came (``signum`` or ``lifetime``'s)."""
     signum = signum or lifetime.stop_signal()
@@ -225,7 +200,7 @@ def _serve(placement: Placement, args: argparse.Namespace) -> int:
     server.start()
     print(f"{placement.task}: serving on {server.bind_address}", flush=True)
     _, channel_credentials = _gather_credentials(files)
-    with _Stop() as stop:
+    with lifetime.StopSignals() as stop:
 
         def wait_for_job() -> None:
             gather.wait_until_job_done(

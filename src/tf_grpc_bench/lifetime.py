@@ -35,6 +35,7 @@ import sys
 import threading
 from collections.abc import Callable, Iterator
 from types import FrameType
+from typing import Any
 
 #: Signals that stop a command the way Ctrl-C does.
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
@@ -143,6 +144,29 @@ def deferred_signals() -> Iterator[None]:
                 _received.pending = None
     if pending is not None and sys.exc_info()[0] is None:
         raise Interrupted(pending)
+
+
+class StopSignals:
+    """While entered, a stop signal (Ctrl-C, SIGTERM, SIGHUP) sets ``event`` instead of
+    interrupting, so a serving loop ends cleanly; ``signum`` is the first that came
+    (None while none did).  Main thread only; the previous handlers come back on exit."""
+
+    def __init__(self) -> None:
+        self.event = threading.Event()
+        self.signum: int | None = None
+        self._previous: dict[int, Any] = {}
+
+    def __enter__(self) -> StopSignals:
+        self._previous = {number: signal.signal(number, self._handle) for number in STOP_SIGNALS}
+        return self
+
+    def _handle(self, signum: int, _frame: FrameType | None) -> None:
+        self.signum = self.signum or signum
+        self.event.set()
+
+    def __exit__(self, *_exc: object) -> None:
+        for number, handler in self._previous.items():
+            signal.signal(number, handler)
 
 
 # --------------------------------------------------------------------------

@@ -502,6 +502,34 @@ def run_namespaces(run_id: str, runner: CommandRunner = run_command) -> list[str
     ]
 
 
+def remove_run(run_id: str, runner: CommandRunner = run_command) -> list[str]:
+    """Remove every namespace of one run (``network down``); returns their names.
+
+    NetworkError, naming ``RUN_ID``, for a malformed run id or a run with no
+    namespaces; without root, before anything is looked at.
+    """
+    if not _RUN_ID.match(run_id):
+        raise NetworkError(f"RUN_ID {run_id!r}: expected <pid>-<hex> as 'network up' printed")
+    require_root()
+    names = run_namespaces(run_id, runner)
+    if not names:
+        raise NetworkError(f"RUN_ID {run_id}: no such network (see 'tf-grpc-bench network list')")
+    for name in names:
+        delete_namespace(name, runner)
+    return names
+
+
+def namespaces_by_run(runner: CommandRunner = run_command) -> dict[str, list[str]]:
+    """The tool's namespaces (prefix ``PREFIX``) by run id, each run's sorted."""
+    require_root()
+    by_run: dict[str, list[str]] = {}
+    for name in list_namespaces(runner):
+        if name.startswith(PREFIX):
+            run = name[len(PREFIX) :].rsplit("-", 1)[0]
+            by_run.setdefault(run, []).append(name)
+    return {run: sorted(names) for run, names in sorted(by_run.items())}
+
+
 def netem_available(namespace: str, runner: CommandRunner = run_command) -> bool:
     """Whether ``tc ... netem`` (delay/loss emulation) works, tried on ``lo`` of ``namespace``."""
     try:
