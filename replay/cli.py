@@ -568,7 +568,7 @@ def build_request(
         rpc=None if args.rpc is None else RpcKind(args.rpc),
         pacing=_pacing_choice(args),
     )
-    _check_procs_per_server(args, planned.workloads, targets)
+    runner.check_procs_per_server(args.procs_per_server, planned.workloads, targets)
     procs_per_worker = _procs_per_worker(args, planned.workloads, planned.pacings, targets)
     config["procs_per_worker"] = args.procs_per_worker.strip().lower()
     return ReplayRequest(
@@ -588,18 +588,6 @@ def build_request(
         procs_per_worker=procs_per_worker,
         procs_per_server=args.procs_per_server,
     )
-
-
-def _check_procs_per_server(
-    args: argparse.Namespace, workloads: Sequence[Workload], targets: tuple[str, ...] | None
-) -> None:
-    """ConfigError for a ``--procs-per-server`` this replay cannot have."""
-    if targets is not None and args.procs_per_server != 1:
-        raise UsageError(
-            "--procs-per-server applies to the servers a replay starts; with --target, give "
-            "it to serve"
-        )
-    runner.check_server_processes(max(w.server_count for w in workloads), args.procs_per_server)
 
 
 def _check_counts(args: argparse.Namespace) -> None:

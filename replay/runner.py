@@ -305,6 +305,19 @@ def check_server_processes(servers: int, procs_per_server: int) -> None:
         )
 
 
+def check_procs_per_server(
+    procs_per_server: int, workloads: Sequence[Workload], targets: Sequence[str] | None
+) -> None:
+    """UsageError or ConfigError for a replay's ``--procs-per-server`` it cannot have: its
+    own servers only, within ``MAX_LOCAL_PROCESSES``."""
+    if targets is not None and procs_per_server != 1:
+        raise UsageError(
+            "--procs-per-server applies to the servers a replay starts; with --target, give "
+            "it to serve"
+        )
+    check_server_processes(max(w.server_count for w in workloads), procs_per_server)
+
+
 def usable_cores() -> int:
     """The cores this process may run on (its CPU affinity), at least 1."""
     try:
