@@ -3,7 +3,8 @@
 A launcher (a shell on each host, ``srun``, a Kubernetes pod) runs
 ``tf-grpc-bench record --out DIR -- COMMAND`` in place of the training command
 on every host.  ``record_task`` finds which task this is
-(``launch.identity.identify_task``: ``TF_CONFIG``, or ``--job/--task/--cluster``),
+(``launch.identity.identify_task``: ``TF_CONFIG``, ``--job/--task/--cluster``, or
+``srun``'s environment with ``--slurm-jobs``, which also gives the command its ``TF_CONFIG``),
 runs the command with the in-process recorder preloaded (``recorders.wiretap``)
 and writes into ``DIR/<job>-<index>/``:
 
@@ -23,7 +24,9 @@ The command's exit status is the record's (128 + N when signal N ended it).
 SIGTERM, SIGINT and SIGHUP sent to ``record`` are passed on to the command's
 process group; the records are on disk whatever happens (the library writes
 them into a file mapped shared), and the command dies with ``record`` even
-when that is killed with SIGKILL.
+when that is killed with SIGKILL.  Under ``srun``, ``end_step`` has a command
+that ended by itself (a TF2 chief) end the job step with SIGTERM
+(``end_slurm_step``), so that the servers' records finish too.
 """
 
 from __future__ import annotations
@@ -42,8 +45,10 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from tf_grpc_bench import lifetime
-from tf_grpc_bench.errors import CaptureError, ConfigError
+from absl import logging
+
+from tf_grpc_bench import launchers, lifetime
+from tf_grpc_bench.errors import CaptureError, ConfigError, UsageError
 from tf_grpc_bench.files import write_atomically
 from tf_grpc_bench.profiler.launch.identity import TaskIdentity, expand_placeholders
 from tf_grpc_bench.profiler.launch.user_job import MARKERS_VARIABLE, split_address
@@ -57,6 +62,8 @@ RECORDS_FOLDER = "wiretap"
 MARKERS_NAME = "steps.jsonl"
 #: How long the command has, after a forwarded stop signal, before SIGKILL.
 STOP_GRACE_S = 10.0
+#: How often the wait for the command looks at the grace's end (s).
+WAIT_POLL_S = 0.2
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -176,15 +183,21 @@ def record_task(
     *,
     environment: Mapping[str, str] | None = None,
     library: Path | None = None,
+    end_step: bool = False,
 ) -> int:
     """Run ``command`` (placeholders expanded) as ``task`` with the recorder preloaded;
     write its records and manifest under ``out``; return its exit status.
 
     Blocks until the command ends.  A stop signal (SIGTERM, SIGINT, SIGHUP)
     is passed on to the command's process group, which gets ``STOP_GRACE_S``
-    before SIGKILL.  CaptureError before anything starts if the library cannot
-    be built, the folder cannot be made, or the command cannot be run.
+    before SIGKILL.  With ``end_step`` (under ``srun``), a command that ended
+    by itself (no stop signal came) then ends the job step: ``end_slurm_step``.
+    CaptureError before anything starts if the library cannot be built, the
+    folder cannot be made, or the command cannot be run.
     """
+    variables_in = dict(os.environ if environment is None else environment)
+    if end_step and not launchers.in_slurm_step(variables_in):
+        raise UsageError("--end-step ends an srun job step: run record under srun")
     if not command:
         raise ConfigError("no command to run: put it after '--', e.g. -- python train.py")
     library = library or build_library()
@@ -196,7 +209,7 @@ def record_task(
         for address in addresses
     ]
     variables = recorder_environment(
-        dict(os.environ if environment is None else environment),
+        dict(variables_in),
         library=library,
         directory=(folder / RECORDS_FOLDER).resolve(),
         ports=ports,
@@ -214,57 +227,87 @@ def record_task(
     except OSError as failure:
         raise CaptureError(f"cannot run {expanded[0]!r}: {failure.strerror}") from None
     _write_manifest(folder, _manifest(task, expanded, process.pid, start, None, None))
-    status = _wait_forwarding(process)
+    status, stopped = _wait_forwarding(process)
     end = ClockReading.now()
     _write_manifest(folder, _manifest(task, expanded, process.pid, start, end, status))
+    if end_step and not stopped:
+        problem = end_slurm_step(variables_in)
+        if problem:
+            logging.warning("record: %s", problem)
     return status
 
 
-class _Forwarded(Exception):
-    """A stop signal was passed on: the blocking wait ends, to wait at most the grace."""
+def end_slurm_step(environment: Mapping[str, str]) -> str:
+    """SIGTERM to every task of this ``srun`` job step (``scancel --signal=TERM JOB.STEP``),
+    which this process, whose command has ended, then ignores; "" when sent, else why not.
+
+    For a job whose servers never end by themselves (TF2 parameter-server
+    training's ps and workers): the chief's end ends the step, and every
+    other task's ``record`` passes the signal on and writes its manifest.
+    Slurm's own ways of ending what is left of a step after a task succeeded
+    (``srun --wait``, a SIGTERM to ``srun``) send SIGKILL, which leaves
+    manifests unfinished; ``--kill-on-bad-exit`` acts only on a failure.
+    """
+    job = environment.get("SLURM_JOB_ID", environment.get("SLURM_JOBID", "")).strip()
+    step = environment.get("SLURM_STEP_ID", environment.get("SLURM_STEPID", "")).strip()
+    if not job or not step:
+        return "cannot end the step: SLURM_JOB_ID or SLURM_STEP_ID is not set"
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    try:
+        result = subprocess.run(
+            ["scancel", "--signal=TERM", f"{job}.{step}"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+    except (OSError, subprocess.TimeoutExpired) as error:
+        return f"cannot end step {job}.{step} with scancel: {error}"
+    if result.returncode != 0:
+        last = (result.stderr.strip().splitlines() or ["no message"])[-1]
+        return f"scancel --signal=TERM {job}.{step} failed: {last}"
+    return ""
 
 
-def _wait_forwarding(process: subprocess.Popen[bytes]) -> int:
+def _wait_forwarding(process: subprocess.Popen[bytes]) -> tuple[int, bool]:
     """Wait for ``process``, passing stop signals on to its group; its exit status
-    (128 + N if signal N ended it).
+    (128 + N if signal N ended it), and whether a stop signal was passed on.
 
-    The handler raises to end the wait it interrupts: a blocking ``wait`` is
-    resumed after a handler returns (PEP 475), so a command that ignores the
-    signal (TensorFlow's servers catch SIGTERM) would be waited for forever.
+    The handler only passes the signal on, and the wait polls (``WAIT_POLL_S``)
+    so that the grace is kept: a blocking ``wait`` is resumed after a handler
+    returns (PEP 475), so a command that ignores the signal (TensorFlow's
+    servers catch SIGTERM) would be waited for forever; and a handler that
+    raised to end it could interrupt ``Popen.wait`` between ``waitpid`` reaping
+    the command and its status being kept, the status then lost (read as 0).
+    That happens when the command gets the signal at the same moment, as
+    every process of a Slurm step does from ``scancel``.
     """
     deadline: list[float] = []
-    waiting = [True]
 
     def forward(signum: int, _frame: FrameType | None) -> None:
         if not deadline:
             deadline.append(time.monotonic() + STOP_GRACE_S)
         with contextlib.suppress(ProcessLookupError):
             os.killpg(process.pid, signum)
-        if waiting[0]:
-            raise _Forwarded
 
     previous = {number: signal.signal(number, forward) for number in lifetime.STOP_SIGNALS}
     try:
         while True:
             try:
-                left = max(0.0, deadline[0] - time.monotonic()) if deadline else None
-                code = process.wait(timeout=left)
-                waiting[0] = False
+                code = process.wait(timeout=WAIT_POLL_S)
                 break
-            except _Forwarded:
-                continue
             except subprocess.TimeoutExpired:
-                # The command ignored the forwarded signal for STOP_GRACE_S.
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(process.pid, signal.SIGKILL)
+                if deadline and time.monotonic() >= deadline[0]:
+                    # The command ignored the forwarded signal for STOP_GRACE_S.
+                    with contextlib.suppress(ProcessLookupError):
+                        os.killpg(process.pid, signal.SIGKILL)
     finally:
-        waiting[0] = False
         for number, handler in previous.items():
             signal.signal(number, handler)
     # Whatever the command left in its group goes with it.
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(process.pid, signal.SIGKILL)
-    return lifetime.exit_status(-code) if code < 0 else code
+    return (lifetime.exit_status(-code) if code < 0 else code), bool(deadline)
 
 
 # --------------------------------------------------------------------------

@@ -12,13 +12,13 @@ import os
 import sys
 from pathlib import Path
 
-from tf_grpc_bench import trace_files, trace_summary
+from tf_grpc_bench import launchers, trace_files, trace_summary
 from tf_grpc_bench.errors import CaptureError, TraceError, UsageError
 from tf_grpc_bench.files import check_writable
 from tf_grpc_bench.profiler import logs
 from tf_grpc_bench.profiler.assemble import CLOCK_MODES, Labels, assemble_records
 from tf_grpc_bench.profiler.capture import command_line
-from tf_grpc_bench.profiler.launch.identity import identify_task
+from tf_grpc_bench.profiler.launch.identity import SLURM, identify_task
 from tf_grpc_bench.profiler.record import record_task
 
 
@@ -35,7 +35,10 @@ def _task_index(text: str) -> int:
 
 
 def configure_record(parser: argparse.ArgumentParser) -> None:
-    parser.usage = "%(prog)s --out DIR [--job JOB --task N --cluster JSON] -- COMMAND [ARGS...]"
+    parser.usage = (
+        "%(prog)s --out DIR [--job JOB --task N --cluster JSON | --slurm-jobs JOB:N,...] "
+        "[--end-step] -- COMMAND [ARGS...]"
+    )
     parser.add_argument(
         "--out",
         required=True,
@@ -55,6 +58,30 @@ def configure_record(parser: argparse.ArgumentParser) -> None:
         help="the cluster, likewise: JSON, a TF_CONFIG document, or @FILE",
     )
     parser.add_argument(
+        "--slurm-jobs",
+        default="",
+        metavar="JOB:N,...",
+        help="under srun, without TF_CONFIG: this task from srun's environment, laid out as "
+        "TensorFlow's SlurmClusterResolver does (and as role --slurm-jobs): the jobs and their "
+        "task counts, e.g. ps:1,worker:2,chief:1 (they must add up to srun -n; ranks go to the "
+        "jobs in order of their names); the command gets this task's TF_CONFIG",
+    )
+    parser.add_argument(
+        "--port-base",
+        type=int,
+        default=None,
+        metavar="PORT",
+        help="with --slurm-jobs: a node's tasks listen on PORT, PORT+1, ... "
+        f"(default {launchers.DEFAULT_PORT_BASE}, TensorFlow's)",
+    )
+    parser.add_argument(
+        "--end-step",
+        action="store_true",
+        help="under srun: once the command has ended by itself, send SIGTERM to every task of "
+        "the job step (scancel), which their record passes on: for a job whose servers serve "
+        "until stopped (TF2 parameter-server training: the chief's end ends the ps and workers)",
+    )
+    parser.add_argument(
         "job_command",
         nargs=argparse.REMAINDER,
         metavar="COMMAND",
@@ -69,9 +96,25 @@ def run_record(args: argparse.Namespace) -> int:
         command = command[1:]
     if not command:
         raise UsageError("no command to run: put it after '--', e.g. -- python train.py")
-    task = identify_task(os.environ, job=args.job, index=args.task, cluster=args.cluster)
+    if args.port_base is not None and not args.slurm_jobs:
+        raise UsageError("--port-base lays out a Slurm step: give it with --slurm-jobs")
+    task = identify_task(
+        os.environ,
+        job=args.job,
+        index=args.task,
+        cluster=args.cluster,
+        slurm_jobs=args.slurm_jobs,
+        port_base=launchers.DEFAULT_PORT_BASE if args.port_base is None else args.port_base,
+    )
+    environment = dict(os.environ)
+    if task.source == SLURM:
+        # Placed by Slurm, the command learns its task as TensorFlow's strategies do;
+        # a script that takes its role as flags gets them from the placeholders.
+        environment["TF_CONFIG"] = task.tf_config()
     logs.configure()
-    status = record_task(Path(args.out), command, task)
+    status = record_task(
+        Path(args.out), command, task, environment=environment, end_step=args.end_step
+    )
     return status
 
 

@@ -4,9 +4,10 @@ A launcher (a shell loop, ``srun``, a Kubernetes pod) starts the same command on
 every host; each copy must learn which task it runs.  TensorFlow's own
 convention is the ``TF_CONFIG`` environment variable (``{"cluster": {...},
 "task": {"type": "ps", "index": 0}}``); a plain script may instead take its role
-as flags (``--job ps --task 0 --cluster JSON``).  ``identify_task`` is the one
-place a task's identity is decided (``record`` and ``capture-job`` use it; a
-launcher's own environment, Slurm's for one, belongs here too), and
+as flags (``--job ps --task 0 --cluster JSON``); under ``srun`` the task can
+also be laid out from Slurm's environment (``--slurm-jobs ps:1,worker:2``, as
+``role`` does, by ``tf_grpc_bench.launchers``).  ``identify_task`` is the one
+place a task's identity is decided (``record`` uses it), and
 ``expand_placeholders`` writes it into a command: ``{job}``, ``{task}``,
 ``{cluster}`` (the cluster as JSON) and ``{port}`` (this task's port).
 
@@ -20,8 +21,14 @@ import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from tf_grpc_bench import launchers
 from tf_grpc_bench.errors import ConfigError
 from tf_grpc_bench.profiler.launch.user_job import parse_cluster, split_address
+
+#: Where a ``TaskIdentity`` came from.
+TF_CONFIG = "TF_CONFIG"
+FLAGS = "flags"
+SLURM = "Slurm"
 
 #: The placeholders ``expand_placeholders`` fills in; other braces are left alone
 #: (a JSON argument stays as written).
@@ -36,7 +43,7 @@ class TaskIdentity:
     job: str
     index: int
     cluster: Mapping[str, tuple[str, ...]]
-    #: Where the identity came from ("TF_CONFIG", "flags"), for messages.
+    #: Where the identity came from (``TF_CONFIG``, ``FLAGS``, ``SLURM``), for messages.
     source: str = ""
 
     def __post_init__(self) -> None:
@@ -71,6 +78,17 @@ class TaskIdentity:
             {job: list(tasks) for job, tasks in self.cluster.items()}, separators=(",", ":")
         )
 
+    def tf_config(self) -> str:
+        """This task's ``TF_CONFIG`` (JSON), for a command that reads it."""
+        return json.dumps(
+            {
+                "cluster": {job: list(tasks) for job, tasks in self.cluster.items()},
+                "task": {"type": self.job, "index": self.index},
+                "rpc_layer": "grpc",
+            },
+            separators=(",", ":"),
+        )
+
 
 def identify_task(
     environment: Mapping[str, str],
@@ -78,31 +96,84 @@ def identify_task(
     job: str = "",
     index: int | None = None,
     cluster: str = "",
+    slurm_jobs: str = "",
+    port_base: int = launchers.DEFAULT_PORT_BASE,
 ) -> TaskIdentity:
-    """This process's task: from ``TF_CONFIG`` in ``environment``, else from the flags.
+    """This process's task: from ``TF_CONFIG`` in ``environment``, else the flags, else Slurm.
 
     ``TF_CONFIG`` wins when it is set and names a task; the flags (``job``,
     ``index`` and ``cluster``, JSON or ``@FILE`` as ``parse_cluster`` reads it)
-    are for launchers that set no ``TF_CONFIG``.  Giving both, differently, is
-    an error rather than a silent choice.  ConfigError (one line naming the
-    variable or flag) when neither says which task this is.
+    are for launchers that set no ``TF_CONFIG``; ``slurm_jobs`` (``ps:1,worker:2``)
+    lays the task out from ``srun``'s variables in ``environment`` as
+    ``SlurmClusterResolver`` does, each node's tasks on ``port_base``,
+    ``port_base + 1``, ...  Every source given must agree with the one used:
+    giving two, differently, is an error rather than a silent choice.
+    ConfigError (one line naming the variable or flag) when none says which
+    task this is.
     """
     text = environment.get("TF_CONFIG", "").strip()
+    slurm = _from_slurm(environment, slurm_jobs, port_base) if slurm_jobs else None
     if text:
         found = _from_tf_config(text)
-        if (job and job != found.job) or (index is not None and index != found.index):
-            raise ConfigError(
-                f"TF_CONFIG names task {found.name} but --job/--task say "
-                f"{job or found.job}:{found.index if index is None else index}"
-            )
-        if cluster and dict(parse_cluster(cluster)) != dict(found.cluster):
-            raise ConfigError("TF_CONFIG's cluster differs from --cluster: give one of them")
+        _check_flags(found, job=job, index=index, cluster=cluster)
+        if slurm is not None:
+            _check_agree(found, slurm)
         return found
+    if slurm is not None:
+        _check_flags(slurm, job=job, index=index, cluster=cluster)
+        return slurm
     if not job or index is None or not cluster:
+        if launchers.in_slurm_step(environment):
+            raise ConfigError(
+                "which task is this? TF_CONFIG is not set; under srun, give --slurm-jobs "
+                "(e.g. ps:1,worker:2), or --job, --task and --cluster"
+            )
         raise ConfigError(
             "which task is this? TF_CONFIG is not set; give --job, --task and --cluster"
         )
-    return TaskIdentity(job=job, index=index, cluster=parse_cluster(cluster), source="flags")
+    return TaskIdentity(job=job, index=index, cluster=parse_cluster(cluster), source=FLAGS)
+
+
+def _source_name(task: TaskIdentity) -> str:
+    return "--slurm-jobs" if task.source == SLURM else task.source
+
+
+def _check_flags(found: TaskIdentity, *, job: str, index: int | None, cluster: str) -> None:
+    """ConfigError when ``--job``, ``--task`` or ``--cluster`` contradict ``found``."""
+    where = _source_name(found)
+    if (job and job != found.job) or (index is not None and index != found.index):
+        raise ConfigError(
+            f"{where} names task {found.name} but --job/--task say "
+            f"{job or found.job}:{found.index if index is None else index}"
+        )
+    if cluster and dict(parse_cluster(cluster)) != dict(found.cluster):
+        raise ConfigError(f"{where}'s cluster differs from --cluster: give one of them")
+
+
+def _check_agree(found: TaskIdentity, slurm: TaskIdentity) -> None:
+    """ConfigError when TF_CONFIG and the Slurm layout place this task differently."""
+    if found.name != slurm.name:
+        raise ConfigError(
+            f"TF_CONFIG names task {found.name} but --slurm-jobs lays this srun task out as "
+            f"{slurm.name}: give one of them"
+        )
+    if dict(found.cluster) != dict(slurm.cluster):
+        raise ConfigError(
+            "TF_CONFIG's cluster differs from the one --slurm-jobs lays out from Slurm's "
+            f"environment ({slurm.cluster_json()}): give one of them"
+        )
+
+
+def _from_slurm(environment: Mapping[str, str], jobs: str, port_base: int) -> TaskIdentity:
+    """The task ``srun`` started, laid out by ``launchers`` (the same layout as ``role``'s)."""
+    step = launchers.read_slurm_step(environment)
+    launched = launchers.slurm_placement(step, launchers.parse_jobs(jobs), port_base=port_base)
+    return TaskIdentity(
+        job=launched.job,
+        index=launched.index,
+        cluster={name: addresses for name, addresses in launched.cluster},
+        source=SLURM,
+    )
 
 
 def _from_tf_config(text: str) -> TaskIdentity:
@@ -119,7 +190,7 @@ def _from_tf_config(text: str) -> TaskIdentity:
     if not isinstance(document.get("cluster"), dict):
         raise ConfigError('TF_CONFIG: expected a "cluster" like {"ps": ["host:2222"], ...}')
     cluster = parse_cluster(json.dumps(document["cluster"]))
-    return TaskIdentity(job=task["type"], index=index, cluster=cluster, source="TF_CONFIG")
+    return TaskIdentity(job=task["type"], index=index, cluster=cluster, source=TF_CONFIG)
 
 
 def expand_placeholders(command: Sequence[str], task: TaskIdentity) -> tuple[str, ...]:

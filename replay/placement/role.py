@@ -299,6 +299,7 @@ def _measure(
             plan=request.plan,
             settings=replace(channel_settings, rpc=rpc),
             parameters={**request.grpc_parameters, "task": str(placement.task)},
+            procs_per_worker=request.procs_per_worker,
         )
         measured.append(_with_worker_index(result, index))
         if result.partial:
