@@ -67,7 +67,10 @@ TARGETS: dict[str, Target] = {
     "dependencies": Target(
         path="replay/core/dependencies.py", tests=("tests/test_dependencies.py",)
     ),
-    "measurement": Target(path="replay/core/measurement.py", tests=("tests/test_measurement.py",)),
+    "measurement": Target(
+        path="replay/core/measurement.py",
+        tests=("tests/test_measurement.py", "tests/test_machine_cpu.py"),
+    ),
     "chunking": Target(path="replay/core/chunking.py", tests=("tests/test_chunking.py",)),
     "statistics": Target(path="replay/output/statistics.py", tests=("tests/test_measurement.py",)),
     "document": Target(path="replay/output/document.py", tests=("tests/test_results.py",)),

@@ -11,7 +11,9 @@ Issue 13, item 3.  Two tables, written into the ``## Scaling`` section of
    process, per ps process, and in all against the machine's cores.  A row is
    marked CPU-bound when the replay's processes together keep at least
    ``CPU_BOUND_SHARE`` of the cores busy, or a single process (one Python
-   interpreter, one GIL) at least ``PROCESS_BOUND_CORES`` of a core.
+   interpreter, one GIL) at least ``PROCESS_BOUND_CORES`` of a core.  Every
+   row for each K of ``--loopback-procs`` (1, 2): client processes per worker
+   (``--procs-per-worker K``).
 2. **A ps server's memory**: one ``tf-grpc-bench serve`` process holding every
    variable while ``--memory-workers`` (1, 2, 4) what-if workers replay one pass
    against it: its resident memory once listening and at its peak (VmHWM).
@@ -76,10 +78,12 @@ PROCESS_BOUND_CORES = 0.9
 class LoopbackRow:
     workers: int
     ps: int
+    #: Client processes per worker (``--procs-per-worker``).
+    procs: int
     rpcs_per_s: float
     mb_per_s: float
     step_s: float | None
-    #: Cores used per worker process and per ps process (averages), and by all of them.
+    #: Cores used per client process and per ps process (averages), and by all of them.
     worker_cores: float
     ps_cores: float
     total_cores: float
@@ -91,15 +95,17 @@ class LoopbackRow:
         if self.cpu_count and self.total_cores >= CPU_BOUND_SHARE * self.cpu_count:
             return f"machine ({self.total_cores:.2f} of {self.cpu_count} cores)"
         if max(self.worker_cores, self.ps_cores) >= PROCESS_BOUND_CORES:
-            which = "worker" if self.worker_cores >= self.ps_cores else "ps"
+            which = "client" if self.worker_cores >= self.ps_cores else "ps"
             return f"one {which} process ({max(self.worker_cores, self.ps_cores):.2f} core)"
         return ""
 
 
-def loopback_row(document: dict[str, Any], workers: int, ps: int) -> LoopbackRow:
+def loopback_row(document: dict[str, Any], workers: int, ps: int, procs: int = 1) -> LoopbackRow:
     """A row from a what-if replay's result document (JSON as written)."""
     (benchmark,) = document["benchmarks"]
     stats = benchmark["statistics"]
+    parameters = benchmark.get("parameters") or {}
+    clients = int(parameters.get("client_processes") or workers * procs)
     client = stats.get("client_cpu_utilization") or 0.0
     server = stats.get("server_cpu_utilization") or 0.0
     prediction = stats.get("prediction") or {}
@@ -109,10 +115,11 @@ def loopback_row(document: dict[str, Any], workers: int, ps: int) -> LoopbackRow
     return LoopbackRow(
         workers=workers,
         ps=ps,
+        procs=procs,
         rpcs_per_s=stats.get("rpcs_per_s") or 0.0,
         mb_per_s=stats.get("bandwidth_mb_per_s") or 0.0,
         step_s=None if step_ns is None else step_ns / 1e9,
-        worker_cores=client / workers,
+        worker_cores=client / clients,
         ps_cores=server / ps,
         total_cores=client + server,
         cpu_count=int(document["machine"]["cpu_count"]),
@@ -137,17 +144,20 @@ def measure_loopback(args: argparse.Namespace, scratch: Path) -> list[LoopbackRo
     rows = []
     for ps in _counts(args.loopback_ps):
         for workers in _counts(args.loopback_workers):
-            folder = scratch / f"loopback-{workers}w{ps}ps"
-            document = run_replay(
-                [
-                    TRACE, "--workers", str(workers), "--ps", str(ps),
-                    "--benchmark", "ps-throughput", "--compute", args.compute,
-                    "--warmup", str(args.warmup), "--duration", str(args.duration), "--runs", "1",
-                ],
-                folder,
-            )  # fmt: skip
-            rows.append(loopback_row(document, workers, ps))
-            print(rows[-1], file=sys.stderr, flush=True)
+            for procs in _counts(args.loopback_procs):
+                folder = scratch / f"loopback-{workers}w{ps}ps{procs}k"
+                document = run_replay(
+                    [
+                        TRACE, "--workers", str(workers), "--ps", str(ps),
+                        "--procs-per-worker", str(procs),
+                        "--benchmark", "ps-throughput", "--compute", args.compute,
+                        "--warmup", str(args.warmup), "--duration", str(args.duration),
+                        "--runs", "1",
+                    ],
+                    folder,
+                )  # fmt: skip
+                rows.append(loopback_row(document, workers, ps, procs))
+                print(rows[-1], file=sys.stderr, flush=True)
     return rows
 
 
@@ -291,13 +301,14 @@ def _seconds(value: float | None) -> str:
 def loopback_table(rows: list[LoopbackRow], compute: str) -> list[str]:
     lines = [
         f"Loopback: the shipped {TRACE} trace as a what-if of W workers and P ps, PS throughput, "
-        f"`--compute {compute}`. Cores: CPU time over the run's wall time, per worker process and "
+        f"`--compute {compute}`, K client processes per worker (`--procs-per-worker K`). Cores: "
+        "CPU time over the run's wall time, per client process and "
         "per ps process (averages) and for all of them; CPU-bound: the replay's processes keep "
         f">= {CPU_BOUND_SHARE:.0%} of the machine's cores busy, or one process >= "
         f"{PROCESS_BOUND_CORES} of a core (one interpreter).",
         "",
         *table_head(
-            "workers", "ps", "RPCs/s", "MB/s", "replayed step", "cores / worker",
+            "workers", "ps", "K", "RPCs/s", "MB/s", "replayed step", "cores / client",
             "cores / ps", "cores in all", "CPU-bound",
         ),
     ]  # fmt: skip
@@ -306,6 +317,7 @@ def loopback_table(rows: list[LoopbackRow], compute: str) -> list[str]:
             table_row(
                 str(row.workers),
                 str(row.ps),
+                str(row.procs),
                 f"{row.rpcs_per_s:,.0f}",
                 f"{row.mb_per_s:,.0f}",
                 _seconds(row.step_s),
@@ -376,6 +388,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--loopback-workers", default="1,2,4")
     parser.add_argument("--loopback-ps", default="1,2")
+    parser.add_argument("--loopback-procs", default="1,2", help="client processes per worker")
     parser.add_argument("--compute", default="none", help="loopback replays' --compute")
     parser.add_argument("--warmup", type=float, default=2.0, help="loopback warm-up seconds")
     parser.add_argument("--duration", type=float, default=10.0, help="loopback seconds per run")

@@ -13,6 +13,7 @@ import contextlib
 import math
 import signal
 import sys
+from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
 
@@ -28,7 +29,8 @@ from tf_grpc_bench.replay.core.generators import (
     GeneratorKind,
 )
 from tf_grpc_bench.replay.core.measurement import Benchmark
-from tf_grpc_bench.replay.core.pacing import MAX_COMPUTE_SCALE, Timing
+from tf_grpc_bench.replay.core.pacing import MAX_COMPUTE_SCALE, Pacing, Timing
+from tf_grpc_bench.replay.core.processes import parse_procs_per_worker
 from tf_grpc_bench.replay.core.workload import (
     WHOLE_STEPS,
     Mode,
@@ -120,6 +122,14 @@ def configure_serve(parser: argparse.ArgumentParser) -> None:
         help="run N ps servers, each its own process, on ports PORT..PORT+N-1 (default 1)",
     )
     parser.add_argument(
+        "--procs-per-server",
+        type=int,
+        default=1,
+        metavar="K",
+        help="serve each port from K processes sharing it (SO_REUSEPORT; the kernel spreads "
+        "connections over them), their statistics merged as one server's (default 1)",
+    )
+    parser.add_argument(
         "--max-response",
         default=None,
         metavar="SIZE",
@@ -138,6 +148,7 @@ def configure_serve(parser: argparse.ArgumentParser) -> None:
 
 def run_serve(args: argparse.Namespace) -> int:
     _positive_int("--servers", args.servers, runner.MAX_LOCAL_PROCESSES)
+    runner.check_server_processes(args.servers, args.procs_per_server)
     if not 0 <= args.port <= 65535:
         raise ConfigError(f"--port must be in 0..65535, got {args.port}")
     if args.servers > 1 and args.port == 0:
@@ -156,6 +167,7 @@ def run_serve(args: argparse.Namespace) -> int:
         ),
         control_token=_token(args),
         announce=lambda line: print(line, flush=True),
+        procs_per_server=args.procs_per_server,
     )
     print(summary, flush=True)
     if signum is not None:
@@ -356,6 +368,21 @@ def _add_where_flags(parser: argparse.ArgumentParser) -> None:
         help="the token the servers' statistics and reset calls need (serve --token-file FILE)",
     )
     where.add_argument(
+        "--procs-per-server",
+        type=int,
+        default=1,
+        metavar="K",
+        help="servers started here: each ps served by K processes sharing its port "
+        "(SO_REUSEPORT), counted as one server (default 1)",
+    )
+    where.add_argument(
+        "--procs-per-worker",
+        default="1",
+        metavar="K|auto",
+        help="PS throughput: spread each worker's calls over K client processes (default 1); "
+        "auto: the cores this process may use, shared by the workers and local servers",
+    )
+    where.add_argument(
         "--network-name",
         default="",
         metavar="NAME",
@@ -496,16 +523,7 @@ def build_request(
     benchmarks = _parse_benchmarks(args.benchmark)
     trace_path = _resolve_trace(args)
     mode = Mode(args.mode)
-    limits = {
-        "buffers": MAX_BUFFERS_PER_PAYLOAD,
-        "payloads": MAX_PAYLOADS,
-        "ps": runner.MAX_LOCAL_PROCESSES,
-        "workers": runner.MAX_LOCAL_PROCESSES,
-    }
-    for name in ("buffers", "payloads", "ps", "workers", "runs", "steps", "passes"):
-        _positive_int(f"--{name}", getattr(args, name), limits.get(name, MAX_COUNT))
-    if args.outstanding is not None:
-        _positive_int("--outstanding", args.outstanding)
+    _check_counts(args)
     plan = _run_plan(args)
     targets = _targets(args)
     settings = grpc_settings.settings_from_args(args)
@@ -549,6 +567,9 @@ def build_request(
         rpc=None if args.rpc is None else RpcKind(args.rpc),
         pacing=_pacing_choice(args),
     )
+    runner.check_procs_per_server(args.procs_per_server, planned.workloads, targets)
+    procs_per_worker = _procs_per_worker(args, planned.workloads, planned.pacings, targets)
+    config["procs_per_worker"] = args.procs_per_worker.strip().lower()
     return ReplayRequest(
         benchmarks=benchmarks,
         trace_path=trace_path,
@@ -563,7 +584,37 @@ def build_request(
         grpc_parameters=dict(grpc_parameters),
         control_token=_token(args),
         what_if=derivation,
+        procs_per_worker=procs_per_worker,
+        procs_per_server=args.procs_per_server,
     )
+
+
+def _check_counts(args: argparse.Namespace) -> None:
+    """ConfigError for a count flag out of its range."""
+    limits = {
+        "buffers": MAX_BUFFERS_PER_PAYLOAD,
+        "payloads": MAX_PAYLOADS,
+        "ps": runner.MAX_LOCAL_PROCESSES,
+        "workers": runner.MAX_LOCAL_PROCESSES,
+    }
+    for name in ("buffers", "payloads", "ps", "workers", "runs", "steps", "passes"):
+        _positive_int(f"--{name}", getattr(args, name), limits.get(name, MAX_COUNT))
+    if args.outstanding is not None:
+        _positive_int("--outstanding", args.outstanding)
+
+
+def _procs_per_worker(
+    args: argparse.Namespace,
+    workloads: Sequence[Workload],
+    pacings: Sequence[Pacing],
+    targets: tuple[str, ...] | None,
+) -> int:
+    """``--procs-per-worker``, ``auto`` resolved (``runner.procs_per_worker_for``)."""
+    requested = parse_procs_per_worker(args.procs_per_worker)
+    servers = 0
+    if targets is None:
+        servers = max(w.server_count for w in workloads) * args.procs_per_server
+    return runner.procs_per_worker_for(requested, workloads, pacings, server_processes=servers)
 
 
 def _run_plan(args: argparse.Namespace) -> RunPlan:

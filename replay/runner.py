@@ -22,6 +22,7 @@ servers, until a stop signal.
 from __future__ import annotations
 
 import contextlib
+import os
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -35,6 +36,7 @@ from tf_grpc_bench.replay.core.measurement import (
     RunMeasurement,
 )
 from tf_grpc_bench.replay.core.pacing import Pacing, Timing
+from tf_grpc_bench.replay.core.processes import automatic_procs_per_worker
 from tf_grpc_bench.replay.core.whatif import Derivation, derive_trace
 from tf_grpc_bench.replay.core.workload import Mode, Shape, Workload
 from tf_grpc_bench.replay.network import netinfo
@@ -160,6 +162,57 @@ def _measure_runs(
     )
 
 
+def _check_benchmark(
+    workload: Workload, pacing: Pacing, plan: RunPlan, procs_per_worker: int
+) -> None:
+    """ConfigError for what a workload cannot be replayed with."""
+    if workload.source == "synthetic" and (plan.steps is not None or plan.passes is not None):
+        raise ConfigError("--steps/--passes apply to trace replays, not to --synthetic workloads")
+    if workload.source == "synthetic" and pacing.timing is Timing.RECORDED:
+        raise ConfigError("--pacing recorded needs a trace (synthetic payloads have no timestamps)")
+    throughput = workload.benchmark is Benchmark.PS_THROUGHPUT
+    if throughput and procs_per_worker > 1 and pacing.timing is Timing.RATE:
+        raise ConfigError(
+            f"--procs-per-worker {procs_per_worker}: --pacing rate is a rate per client "
+            "process; give --procs-per-worker 1"
+        )
+
+
+def _process_parameters(workload: Workload, procs_per_worker: int) -> dict[str, int]:
+    """PS throughput's client processes: per worker (the most any has) and in all."""
+    from tf_grpc_bench.replay.throughput import client_processes
+
+    processes = client_processes(workload, procs_per_worker)
+    return {"procs_per_worker": max(processes), "client_processes": sum(processes)}
+
+
+def _measure(
+    workload: Workload,
+    targets: Sequence[str],
+    clients: Mapping[int, ReplayClient],
+    pacing: Pacing,
+    plan: RunPlan,
+    settings: ChannelSettings,
+    on_progress: ProgressCallback | None,
+    procs_per_worker: int,
+) -> tuple[RunMeasurement, ...]:
+    """The benchmark's runs: PS throughput from worker processes, the others from here."""
+    if workload.benchmark is not Benchmark.PS_THROUGHPUT:
+        return measure_point_to_point(workload, clients, pacing, plan, on_progress=on_progress)
+    from tf_grpc_bench.replay.throughput import measure_throughput
+
+    return measure_throughput(
+        workload,
+        targets,
+        clients,
+        pacing,
+        plan,
+        settings=settings,
+        on_progress=on_progress,
+        procs_per_worker=procs_per_worker,
+    )
+
+
 def run_benchmark(
     workload: Workload,
     targets: Sequence[str],
@@ -169,8 +222,13 @@ def run_benchmark(
     settings: ChannelSettings | None = None,
     parameters: Mapping[str, str | int | float | bool] | None = None,
     on_progress: ProgressCallback | None = None,
+    procs_per_worker: int = 1,
 ) -> BenchmarkResult:
     """Run one benchmark against servers at ``targets`` (indexed by ps server index).
+
+    PS throughput spreads each worker's calls over ``procs_per_worker`` client
+    processes (``core.processes``); the other benchmarks have one worker in this
+    process and ignore it.
 
     Checks every server first (reachable, same mode): ``TransportError`` or
     ``ConfigError`` if not.  A failure after that yields a partial result.
@@ -183,28 +241,15 @@ def run_benchmark(
     settings = settings or ChannelSettings()
     if not settings.session:
         settings = replace(settings, session=new_session_id())
-    if workload.source == "synthetic" and (plan.steps is not None or plan.passes is not None):
-        raise ConfigError("--steps/--passes apply to trace replays, not to --synthetic workloads")
-    if workload.source == "synthetic" and pacing.timing is Timing.RECORDED:
-        raise ConfigError("--pacing recorded needs a trace (synthetic payloads have no timestamps)")
+    _check_benchmark(workload, pacing, plan, procs_per_worker)
+    throughput = workload.benchmark is Benchmark.PS_THROUGHPUT
     clients = open_clients(workload, targets, settings=settings)
     try:
         for client in clients.values():
             client.check_server(plan.connect_timeout_s)
-        if workload.benchmark is Benchmark.PS_THROUGHPUT:
-            from tf_grpc_bench.replay.throughput import measure_throughput
-
-            runs = measure_throughput(
-                workload,
-                targets,
-                clients,
-                pacing,
-                plan,
-                settings=settings,
-                on_progress=on_progress,
-            )
-        else:
-            runs = measure_point_to_point(workload, clients, pacing, plan, on_progress=on_progress)
+        runs = _measure(
+            workload, targets, clients, pacing, plan, settings, on_progress, procs_per_worker
+        )
     finally:
         for client in clients.values():
             client.close()
@@ -222,6 +267,8 @@ def run_benchmark(
         # Other clients' sessions the servers served meanwhile: their CPU time is shared.
         "server_other_sessions": shared_with,
     }
+    if throughput:
+        all_parameters.update(_process_parameters(workload, procs_per_worker))
     if pacing.timing is Timing.RATE:
         all_parameters["rate_per_s"] = pacing.rate_per_s
     if pacing.timing is Timing.DEPENDENCIES:
@@ -242,6 +289,79 @@ def run_benchmark(
 
 # --------------------------------------------------------------------------
 # A replay request: what ``replay`` (and ``role``) was asked to do, carried out.
+
+
+def check_server_processes(servers: int, procs_per_server: int) -> None:
+    """ConfigError unless ``procs_per_server`` is in 1.. and the servers' processes stay
+    within ``MAX_LOCAL_PROCESSES``."""
+    if not 1 <= procs_per_server <= MAX_LOCAL_PROCESSES:
+        raise ConfigError(
+            f"--procs-per-server must be in 1..{MAX_LOCAL_PROCESSES}, got {procs_per_server}"
+        )
+    if servers * procs_per_server > MAX_LOCAL_PROCESSES:
+        raise ConfigError(
+            f"--procs-per-server {procs_per_server}: {servers} servers x {procs_per_server} "
+            f"processes is more than {MAX_LOCAL_PROCESSES} processes on one host"
+        )
+
+
+def check_procs_per_server(
+    procs_per_server: int, workloads: Sequence[Workload], targets: Sequence[str] | None
+) -> None:
+    """UsageError or ConfigError for a replay's ``--procs-per-server`` it cannot have: its
+    own servers only, within ``MAX_LOCAL_PROCESSES``."""
+    if targets is not None and procs_per_server != 1:
+        raise UsageError(
+            "--procs-per-server applies to the servers a replay starts; with --target, give "
+            "it to serve"
+        )
+    check_server_processes(max(w.server_count for w in workloads), procs_per_server)
+
+
+def usable_cores() -> int:
+    """The cores this process may run on (its CPU affinity), at least 1."""
+    try:
+        return max(len(os.sched_getaffinity(0)), 1)
+    except AttributeError:  # not Linux
+        return max(os.cpu_count() or 1, 1)
+
+
+def procs_per_worker_for(
+    requested: int | None,
+    workloads: Sequence[Workload],
+    pacings: Sequence[Pacing] = (),
+    *,
+    server_processes: int,
+) -> int:
+    """Client processes per PS-throughput worker: ``requested``, or for None (``auto``)
+    the cores this process may use, less the ``server_processes`` started here (0 for
+    servers elsewhere), shared by the workers.
+
+    ConfigError when the workers' processes would pass ``MAX_LOCAL_PROCESSES``, or
+    for more than one under ``--pacing rate`` (a rate per process).
+    """
+    throughput = [w for w in workloads if w.benchmark is Benchmark.PS_THROUGHPUT]
+    if not throughput:
+        return requested or 1
+    workers = max(w.worker_count for w in throughput)
+    if any(p.timing is Timing.RATE for p in pacings):
+        if requested not in (None, 1):
+            raise ConfigError(
+                f"--procs-per-worker {requested}: --pacing rate is a rate per client "
+                "process; give --procs-per-worker 1"
+            )
+        return 1
+    if requested is None:
+        automatic = automatic_procs_per_worker(
+            cores=usable_cores(), workers=workers, servers=server_processes
+        )
+        requested = max(1, min(automatic, MAX_LOCAL_PROCESSES // workers))
+    if workers * requested > MAX_LOCAL_PROCESSES:
+        raise ConfigError(
+            f"--procs-per-worker {requested}: {workers} workers x {requested} client processes "
+            f"is more than {MAX_LOCAL_PROCESSES} processes on one host"
+        )
+    return requested
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -266,6 +386,10 @@ class ReplayRequest:
     #: A what-if replay: the cluster asked about and the trace it was derived from
     #: (``core.whatif``); None for the captured cluster.
     what_if: Derivation | None = None
+    #: PS throughput: client processes per worker (``--procs-per-worker``, resolved).
+    procs_per_worker: int = 1
+    #: Servers started here: processes per ps server (``--procs-per-server``).
+    procs_per_server: int = 1
 
 
 def run_label(request: ReplayRequest) -> str:
@@ -286,7 +410,12 @@ def replay_servers(
         yield request.targets, False
         return
     count = max(w.server_count for w in request.workloads)
-    with LocalServers(count, mode=request.mode, settings=server_settings) as servers:
+    with LocalServers(
+        count,
+        mode=request.mode,
+        settings=server_settings,
+        procs_per_server=request.procs_per_server,
+    ) as servers:
         yield tuple(servers.targets), True
 
 
@@ -346,6 +475,7 @@ def execute(
                     settings=replace(channel_settings, rpc=rpc),
                     parameters=request.grpc_parameters,
                     on_progress=on_progress,
+                    procs_per_worker=request.procs_per_worker,
                 )
                 measured.append(result)
                 if result.partial:
@@ -547,6 +677,7 @@ def serve_until_stopped(
     max_response_bytes: int | None = None,
     control_token: str | None = None,
     announce: Callable[[str], None],
+    procs_per_server: int = 1,
 ) -> tuple[str, int | None]:
     """Ps servers on ``ports`` until a stop signal (Ctrl-C, SIGTERM, SIGHUP); blocking.
 
@@ -573,5 +704,6 @@ def serve_until_stopped(
             ports=ports,
             settings=server_settings,
             announce=announce,
+            procs_per_server=procs_per_server,
         )
     return summary, stop.signum

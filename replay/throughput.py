@@ -8,6 +8,11 @@ replays its own calls (synthetic: every payload to every ps; trace: its
 per-step calls, steps separated as the pacing says) and sends back its samples
 as one numpy array.  The parent aggregates: RPCs/s over all workers, server
 counts, client CPU time summed over the worker processes.
+
+With ``procs_per_worker`` K > 1 a worker's calls are split over K processes
+(``core.processes``), kept in step through ``transport.peers``; each sample
+still names its worker, and only the worker's first process records its step
+times, so the result counts each worker once.
 """
 
 from __future__ import annotations
@@ -35,6 +40,7 @@ from tf_grpc_bench.replay.core.measurement import (
     RunMeasurement,
 )
 from tf_grpc_bench.replay.core.pacing import Pacing
+from tf_grpc_bench.replay.core.processes import split_worker
 from tf_grpc_bench.replay.core.workload import Workload
 from tf_grpc_bench.replay.transport.client import Driver, ReplayClient
 from tf_grpc_bench.replay.transport.loop import (
@@ -47,6 +53,12 @@ from tf_grpc_bench.replay.transport.loop import (
     interrupted_reason,
     interrupted_run,
     run_each,
+)
+from tf_grpc_bench.replay.transport.peers import (
+    PeerLinks,
+    Peers,
+    make_links,
+    perf_minus_monotonic_ns,
 )
 from tf_grpc_bench.replay.transport.wire import ChannelSettings
 
@@ -85,6 +97,9 @@ class WorkerSpec:
     pacing: Pacing
     plan: RunPlan
     settings: ChannelSettings
+    #: Which of the worker's client processes this is (``--procs-per-worker``); the
+    #: first records the worker's step times.
+    process: int = 0
 
 
 class RoundBarrier:
@@ -122,7 +137,7 @@ class _RunInterrupt:
 
     def measure(self, loop: WorkerLoop, command: tuple[Any, ...]) -> WorkerOutcome:
         _, start_monotonic_ns, duration_ns, step_count = command
-        begin = time.perf_counter_ns() + (start_monotonic_ns - time.monotonic_ns())
+        begin = start_monotonic_ns + perf_minus_monotonic_ns()
         self.measuring = True
         try:
             return loop.measure(begin_ns=begin, duration_ns=duration_ns, step_count=step_count)
@@ -130,11 +145,25 @@ class _RunInterrupt:
             self.measuring = False
 
 
+def _open_clients(spec: WorkerSpec, peers: Peers | None) -> dict[int, ReplayClient]:
+    """A client for each server this process calls (its share of the worker's calls)."""
+    servers = {
+        call.server_index
+        for step in spec.workload.steps
+        for call in (step if peers is None else peers.local_step(step)).calls
+    }
+    return {
+        index: ReplayClient(spec.targets[index], mode=spec.workload.mode, settings=spec.settings)
+        for index in sorted(servers)
+    }
+
+
 def _worker_main(
     connection: multiprocessing.connection.Connection,
     spec: WorkerSpec,
     barrier: Any = None,
     parent_pid: int = 0,
+    links: PeerLinks | None = None,
 ) -> None:
     """A worker process: build channels and requests, then obey the parent's commands.
 
@@ -150,13 +179,11 @@ def _worker_main(
     interrupt = _RunInterrupt()
     clients: dict[int, ReplayClient] = {}
     try:
-        clients = {
-            index: ReplayClient(
-                spec.targets[index], mode=spec.workload.mode, settings=spec.settings
-            )
-            for index in spec.workload.servers_used
-        }
-        driver = Driver(clients, spec.pacing, timeout_s=spec.plan.deadline_s)
+        peers = None
+        if links is not None:
+            peers = Peers(links, spec.workload.steps, timeout_s=spec.plan.deadline_s)
+        clients = _open_clients(spec, peers)
+        driver = Driver(clients, spec.pacing, timeout_s=spec.plan.deadline_s, peers=peers)
         driver.prepare(spec.workload.steps)
         for client in clients.values():
             client.wait_ready(spec.plan.connect_timeout_s)
@@ -164,7 +191,7 @@ def _worker_main(
             spec.workload,
             driver,
             step_barrier=None if barrier is None else RoundBarrier(barrier, spec.plan.deadline_s),
-            record_steps=spec.worker_index not in spec.workload.side_workers,
+            record_steps=spec.process == 0 and spec.worker_index not in spec.workload.side_workers,
         )
         connection.send(("ready",))
         while True:
@@ -207,18 +234,29 @@ def _worker_main(
 class _WorkerProcesses:
     """The parent's handles on its worker processes."""
 
-    def __init__(self, specs: Sequence[WorkerSpec], *, round_barrier: bool = False) -> None:
+    def __init__(
+        self,
+        specs: Sequence[WorkerSpec],
+        *,
+        round_barrier: bool = False,
+        procs_per_worker: int = 1,
+    ) -> None:
         context = multiprocessing.get_context("spawn")
         #: Shared by the workers when the trace's steps are rounds (``Workload.round_barrier``).
         self.barrier = context.Barrier(len(specs)) if round_barrier and len(specs) > 1 else None
         self.processes: list[Any] = []
         self.connections: list[multiprocessing.connection.Connection] = []
-        for spec in specs:
+        #: The barriers of each worker's processes (more than one per worker).
+        self.peer_barriers: list[Any] = []
+        links = _peer_links(context, specs, procs_per_worker)
+        for spec, link in zip(specs, links, strict=True):
+            if link is not None and link.process == 0:
+                self.peer_barriers.append(link.barrier)
             parent_end, child_end = context.Pipe()
             process = context.Process(
                 target=_worker_main,
-                args=(child_end, spec, self.barrier, os.getpid()),
-                name=f"tf-grpc-bench-worker-{spec.worker_index}",
+                args=(child_end, spec, self.barrier, os.getpid(), link),
+                name=f"tf-grpc-bench-worker-{spec.worker_index}-{spec.process}",
                 daemon=True,
             )
             process.start()
@@ -227,9 +265,10 @@ class _WorkerProcesses:
             self.connections.append(parent_end)
 
     def send_all(self, message: tuple[object, ...]) -> None:
-        if self.barrier is not None:
-            # A phase that ended left it broken; nobody waits on it between phases.
-            self.barrier.reset()
+        for barrier in [self.barrier, *self.peer_barriers]:
+            if barrier is not None:
+                # A phase that ended left it broken; nobody waits on it between phases.
+                barrier.reset()
         for connection in self.connections:
             connection.send(message)
 
@@ -275,6 +314,28 @@ class _WorkerProcesses:
             connection.close()
 
 
+def _peer_links(
+    context: Any, specs: Sequence[WorkerSpec], procs_per_worker: int
+) -> list[PeerLinks | None]:
+    """Each spec's shared state with the other processes of its worker (None: alone)."""
+    links: list[PeerLinks | None] = []
+    group: list[PeerLinks] = []
+    for spec in specs:
+        if spec.process == 0:
+            split = split_worker(spec.workload, procs_per_worker)
+            group = make_links(context, spec.workload, split) if split.count > 1 else []
+        links.append(group[spec.process] if group else None)
+    return links
+
+
+def client_processes(workload: Workload, procs_per_worker: int) -> tuple[int, ...]:
+    """How many client processes each worker that makes calls gets (at most one per lane)."""
+    return tuple(
+        split_worker(workload.for_worker(worker), procs_per_worker).count
+        for worker in sorted({call.worker_index for call in workload.calls})
+    )
+
+
 def measure_throughput(
     workload: Workload,
     targets: Sequence[str],
@@ -284,25 +345,34 @@ def measure_throughput(
     *,
     settings: ChannelSettings,
     on_progress: ProgressCallback | None = None,
+    procs_per_worker: int = 1,
 ) -> tuple[RunMeasurement, ...]:
-    """Warm up and measure ``plan.runs`` runs with one process per worker.
+    """Warm up and measure ``plan.runs`` runs with one process per worker, or
+    ``procs_per_worker`` processes per worker sharing its calls (``core.processes``).
 
     ``clients`` (in this process) only reset and read the servers' statistics.
     """
     notify = on_progress or (lambda event: None)
-    specs = [
-        WorkerSpec(
-            worker_index=worker,
-            workload=workload.for_worker(worker),
-            targets=tuple(targets),
-            pacing=pacing,
-            plan=plan,
-            settings=settings,
-        )
-        # Only the workers that make calls (a cluster task's workload keeps its own).
-        for worker in sorted({call.worker_index for call in workload.calls})
-    ]
-    workers = _WorkerProcesses(specs, round_barrier=workload.round_barrier)
+    specs = []
+    # Only the workers that make calls (a cluster task's workload keeps its own).
+    for worker in sorted({call.worker_index for call in workload.calls}):
+        own = workload.for_worker(worker)
+        count = split_worker(own, procs_per_worker).count
+        specs += [
+            WorkerSpec(
+                worker_index=worker,
+                workload=own,
+                targets=tuple(targets),
+                pacing=pacing,
+                plan=plan,
+                settings=settings,
+                process=process,
+            )
+            for process in range(count)
+        ]
+    workers = _WorkerProcesses(
+        specs, round_barrier=workload.round_barrier, procs_per_worker=procs_per_worker
+    )
     runs: list[RunMeasurement] = []
     try:
         _measure_runs(workers, len(specs), workload, clients, plan, runs, notify)

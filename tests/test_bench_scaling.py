@@ -44,6 +44,17 @@ def test_cores_are_split_per_worker_and_per_ps_process() -> None:
     assert row.cpu_bound == ""
 
 
+def test_cores_per_client_process_count_every_process_of_every_worker() -> None:
+    document = _document(client=1.2, server=0.4)
+    document["benchmarks"][0]["parameters"] = {"procs_per_worker": 2, "client_processes": 8}
+    row = scaling.loopback_row(document, workers=4, ps=2, procs=2)
+    assert (row.procs, row.worker_cores, row.total_cores) == (2, 0.15, 1.6)
+    text = scaling.report(
+        [row], [], [], compute="none", command="bench/scaling.py", before="1", after="2"
+    )
+    assert "| 4 | 2 | 2 |" in text
+
+
 def test_a_row_is_cpu_bound_by_the_machine_or_by_one_interpreter() -> None:
     machine = scaling.loopback_row(_document(client=1.0, server=0.8), workers=2, ps=1)
     assert machine.cpu_bound == "machine (1.80 of 2 cores)"

@@ -248,3 +248,80 @@ def test_a_chunk_one_byte_short_takes_it_from_the_next_buffer() -> None:
     chunks = chunk_call(call, Limit(400), Mode.NON_SERIALIZED)
     assert [c.buffers for c in chunks] == [(399, 1), (1,)]
     assert [c.method for c in chunks] == ["/tensorflow.WorkerService/X"] * 2
+
+
+def _raw_pull(request_bytes: int, response_bytes: int) -> Call:
+    return pull_call(
+        method="/tensorflow.WorkerService/RecvTensor",
+        request_bytes=request_bytes,
+        response_bytes=response_bytes,
+        mode=Mode.NON_SERIALIZED,
+    )
+
+
+def test_a_reversed_pull_cuts_its_request_and_repeats_its_small_response() -> None:
+    # A gradient pushed in the request (2,500 B) with a 120 B answer, in 1,000 B chunks.
+    chunks = chunk_call(_raw_pull(2_500, 120), Limit(1_000), Mode.NON_SERIALIZED)
+    assert [(c.request_bytes, c.response_bytes) for c in chunks] == [
+        (1_000, 120),
+        (1_000, 120),
+        (500, 120),
+    ]
+
+
+def test_when_both_directions_are_cut_the_shorter_ends_in_empty_messages() -> None:
+    longer_request = chunk_call(_raw_pull(2_500, 1_500), Limit(1_000), Mode.NON_SERIALIZED)
+    assert [(c.request_bytes, c.response_bytes) for c in longer_request] == [
+        (1_000, 1_000),
+        (1_000, 500),
+        (500, 0),
+    ]
+    longer_response = chunk_call(_raw_pull(1_500, 2_500), Limit(1_000), Mode.NON_SERIALIZED)
+    assert [(c.request_bytes, c.response_bytes) for c in longer_response] == [
+        (1_000, 1_000),
+        (500, 1_000),
+        (0, 500),
+    ]
+
+
+def test_chunk_count_says_how_many_calls_a_call_becomes() -> None:
+    from tf_grpc_bench.replay.core.chunking import chunk_count
+
+    assert chunk_count(_raw_pull(120, 2_500), 1_000) == 3
+    assert chunk_count(_raw_pull(2_500, 120), 1_000) == 3
+    assert chunk_count(_raw_pull(2_500, 1_500), 1_000) == 3
+    assert chunk_count(_raw_pull(2_000, 1_000), 1_000) == 2  # exact multiples
+    assert chunk_count(_raw_pull(120, 2_500), 0) == 1  # no chunking
+    assert chunk_count(_raw_pull(3, 2), 1) == 3
+    assert chunk_count(_raw_pull(0, 0), 1_000) == 1
+    assert chunk_count(_raw_pull(1_000, 1_000), 1_000) == 1
+    # Echo and ack: the payload's buffers, not the message (3 fields of overhead here).
+    echo = echo_call((600, 600, 900), Mode.SERIALIZED)
+    assert echo.request_bytes == 2_109
+    assert chunk_count(echo, 1_000) == 3
+    exact = echo_call((1_000,), Mode.SERIALIZED)
+    assert exact.request_bytes == 1_003
+    assert chunk_count(exact, 1_000) == 1
+    assert chunk_count(ack_call((600, 600, 900), Mode.NON_SERIALIZED), 2_100) == 1
+    # And chunk_call makes that many.
+    for call, chunk, mode in (
+        (_raw_pull(2_500, 1_500), 1_000, Mode.NON_SERIALIZED),
+        (echo, 1_000, Mode.SERIALIZED),
+        (exact, 1_000, Mode.SERIALIZED),
+    ):
+        assert len(chunk_call(call, Limit(chunk), mode)) == chunk_count(call, chunk)
+
+
+def test_a_serialized_workload_is_cut_in_serialized_mode() -> None:
+    # 2002 B in 1000 B chunks: the last 2 B cannot be a serialized PullResponse (empty).
+    call = _pull(Mode.SERIALIZED, 2002)
+    workload = Workload(
+        benchmark=Benchmark.P2P_LATENCY,
+        source="trace",
+        mode=Mode.SERIALIZED,
+        steps=(WorkloadStep(index=0, calls=(call,)),),
+        server_count=3,
+        worker_count=4,
+    )
+    chunked = chunk_workload(workload, Limit(1000))
+    assert [c.response_bytes for c in chunked.calls] == [1000, 1000, 0]

@@ -421,3 +421,40 @@ def test_the_captured_path_takes_the_servers_it_is_given() -> None:
     own = captured_critical_path(calls, period_ns=20 * MS)
     assert captured_critical_path(calls, servers=[0, 0], period_ns=20 * MS) == own
     assert own == StepPath(step_ns=20 * MS, compute_ns=15 * MS, communication_ns=5 * MS)
+
+
+def _timed_tensor(start: int, end: int, *, reversed_direction: bool = False) -> TimedCall:
+    return TimedCall(
+        server=0,
+        reversed_direction=reversed_direction,
+        carries_tensor=True,
+        start_ns=start,
+        response_start_ns=start,
+        end_ns=end,
+    )
+
+
+def test_captured_path_segments_worked_out_by_hand() -> None:
+    from tf_grpc_bench.replay.core.dependencies import PathSegment, captured_critical_path_segments
+
+    # Two pulls (0-1,000 and 100-1,100), then the gradient (3,000-4,000), which waits for
+    # both; the later pull is the binding one.  The step lasts 10,000.
+    calls = [
+        _timed_tensor(0, 1_000),
+        _timed_tensor(100, 1_100),
+        _timed_tensor(3_000, 4_000, reversed_direction=True),
+    ]
+    assert captured_critical_path_segments(calls, period_ns=10_000) == (
+        PathSegment(start_ns=0, end_ns=100, call=-1),
+        PathSegment(start_ns=100, end_ns=1_100, call=1),
+        PathSegment(start_ns=1_100, end_ns=3_000, call=-1),
+        PathSegment(start_ns=3_000, end_ns=4_000, call=2),
+        PathSegment(start_ns=4_000, end_ns=10_000, call=-1),
+    )
+    # A step that ends as its last call does has no tail; a first call released at the
+    # step's begin has no compute before it.
+    assert captured_critical_path_segments([_timed_tensor(0, 1_000)], period_ns=1_000) == (
+        PathSegment(start_ns=0, end_ns=1_000, call=0),
+    )
+    path = captured_critical_path(calls, period_ns=10_000)
+    assert (path.step_ns, path.communication_ns, path.compute_ns) == (10_000, 2_000, 8_000)

@@ -341,3 +341,26 @@ def test_nonsense_generator_settings_are_refused_naming_the_flag(
 ) -> None:
     with pytest.raises(ConfigError, match=flag):
         GeneratorConfig(**arguments)  # type: ignore[arg-type]
+
+
+def test_buffer_and_payload_counts_at_their_limits() -> None:
+    # The largest of each is accepted (nothing is generated until asked for).
+    assert (
+        GeneratorConfig(buffers_per_payload=10_000, payload_count=1).buffers_per_payload == 10_000
+    )
+    assert GeneratorConfig(buffers_per_payload=1, payload_count=10_000).payload_count == 10_000
+    assert GeneratorConfig(buffers_per_payload=100, payload_count=10_000).payload_count == 10_000
+    with pytest.raises(ConfigError, match=r"^--buffers must be in 1\.\.10000, got 10001$"):
+        GeneratorConfig(buffers_per_payload=10_001, payload_count=1)
+    with pytest.raises(ConfigError, match=r"^--buffers must be in 1\.\.10000, got 0$"):
+        GeneratorConfig(buffers_per_payload=0)
+    with pytest.raises(ConfigError, match=r"^--payloads must be in 1\.\.10000, got 10001$"):
+        GeneratorConfig(buffers_per_payload=1, payload_count=10_001)
+    with pytest.raises(ConfigError, match=r"^--payloads must be in 1\.\.10000, got 0$"):
+        GeneratorConfig(payload_count=0)
+    # 1,000,000 buffers in all is the most; one payload of 101 buffers more is refused.
+    with pytest.raises(
+        ConfigError,
+        match=r"^--buffers 101 x --payloads 10000 is more than 1000000 buffers to generate$",
+    ):
+        GeneratorConfig(buffers_per_payload=101, payload_count=10_000)

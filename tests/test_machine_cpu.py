@@ -52,10 +52,10 @@ def test_a_kernel_reporting_four_fields_counts_the_rest_as_zero() -> None:
 @pytest.mark.parametrize(
     ("text", "message"),
     [
-        ("cpu0 1 2 3 4\nintr 5\n", "no aggregate 'cpu' line"),
-        ("cpu  1 2 x 4\n", "fields are not counts"),
-        ("cpu  1 2 3\n", "expected 4 or more counts"),
-        ("cpu  1 -2 3 4\n", "expected 4 or more counts"),
+        ("cpu0 1 2 3 4\nintr 5\n", r"^/proc/stat: no aggregate 'cpu' line$"),
+        ("cpu  1 2 x 4\n", r"^/proc/stat: the cpu line's fields are not counts: 'cpu  1 2 x 4'$"),
+        ("cpu  1 2 3\n", r"^/proc/stat: expected 4 or more counts on the cpu line: 'cpu  1 2 3'$"),
+        ("cpu  1 -2 3 4\n", r"^/proc/stat: expected 4 or more counts on the cpu line: "),
     ],
 )
 def test_a_stat_file_without_a_usable_cpu_line_is_refused(text: str, message: str) -> None:
@@ -119,4 +119,6 @@ def test_the_busy_share_of_several_runs_weighs_them_by_their_ticks() -> None:
 
     assert machine_cpu_busy_share([run(90, 100), run(30, 300), run(0, 0)]) == 120 / 400
     assert machine_cpu_busy_share([run(0, 0)]) is None
+    # One tick is a measurement (a very short run on a quiet machine).
+    assert machine_cpu_busy_share([run(1, 1)]) == 1.0
     assert machine_cpu_busy_share([]) is None

@@ -195,3 +195,22 @@ def test_cpu_utilization_is_cpu_time_over_measured_time() -> None:
     assert cpu_utilization(2_500, result) == 0.5
     assert cpu_utilization(10_000, result) == 2.0
     assert math.isnan(cpu_utilization(5, _result(_run(0, 0, []))))
+
+
+def test_inexact_sizes_refuse_nonsense_and_describe_themselves() -> None:
+    from tf_grpc_bench.replay.core.measurement import InexactSizes
+
+    inexact = InexactSizes(
+        calls_per_pass=1, traced_bytes=0, replayed_bytes=0, examples="1 B -> 0 B x1"
+    )
+    assert inexact.describe() == (
+        "1 traced message sizes per pass cannot be encoded exactly in serialized mode "
+        "(1 B -> 0 B x1): 0 B replayed for 0 B traced"
+    )
+    with pytest.raises(ValueError, match=r"^calls_per_pass must be >= 1, got 0$"):
+        InexactSizes(calls_per_pass=0, traced_bytes=1, replayed_bytes=1, examples="")
+    for traced, replayed in ((-1, 1), (1, -1)):
+        with pytest.raises(ValueError, match=r"^traced_bytes and replayed_bytes must be >= 0$"):
+            InexactSizes(
+                calls_per_pass=1, traced_bytes=traced, replayed_bytes=replayed, examples=""
+            )

@@ -138,6 +138,11 @@ def test_a_recorded_step_begins_no_sooner_than_its_period_nor_before_the_last_en
         ),
         ({"rate_per_s": 5.0}, r"^--rate applies only to --pacing rate$"),
         ({"speedup": 0.0}, r"^--speedup must be in \(0, 1e\+06\], got 0$"),
+        ({"speedup": 1.000001e6}, r"^--speedup must be in \(0, 1e\+06\], got 1e\+06$"),
+        (
+            {"timing": Timing.RATE, "rate_per_s": 1.000001e7},
+            r"^--rate must be in \(0, 1e\+07\] calls/s, got 1e\+07$",
+        ),
         (
             {"timing": Timing.DEPENDENCIES, "compute_scale": 100.001},
             r"^--compute must be 'recorded', 'none' or a scale in \[0, 100\], got 100.001$",
@@ -155,7 +160,9 @@ def test_out_of_range_pacing_is_refused(arguments: dict[str, object], message: s
     [
         {"window": 1},
         {"timing": Timing.RATE, "rate_per_s": 0.001},
+        {"timing": Timing.RATE, "rate_per_s": 1e7},  # the largest rate, exactly
         {"speedup": 0.001},
+        {"speedup": 1e6},  # the largest speedup, exactly
         {"timing": Timing.DEPENDENCIES, "compute_scale": 0.0},
         {"timing": Timing.DEPENDENCIES, "compute_scale": 100.0},
         {"window": None},

@@ -365,3 +365,31 @@ def test_a_trace_without_steps_or_variables_is_not_ok() -> None:
 
 def test_the_module_reads_its_variables_under_one_key() -> None:
     assert physics.VARIABLES_EXTRA == "trainable_variables"
+
+
+def test_an_unchecked_report_says_what_it_knows_and_why_it_checked_nothing() -> None:
+    report = check_physics(_trace([_full_round(1)], extra=()), tolerance=0.05)
+    assert (report.model, report.strategy, report.workers) == ("toy", "tf2-parameter-server", 2)
+    assert (report.trainable_parameters, report.trainable_bytes, report.variables) == (0, 0, 0)
+    assert report.tolerance == 0.05 and report.steps == () and report.variables_source == ""
+    assert report.unchecked_reason == (
+        "the trace does not record the model's trainable variables (none crossed both ways "
+        "between a worker and a ps task, or the trace predates recording them from the "
+        'traffic); pass them as check_physics(trace, {"variables": [{"dtype": "float32", '
+        '"shape": [...]}, ...]})'
+    )
+
+
+def test_variables_taken_from_the_traffic_say_so_in_the_report() -> None:
+    source = "traffic: tensors a worker pulled from the ps tasks and pushed back in one step"
+    extra = ((VARIABLES_EXTRA, VARIABLES), (physics.VARIABLES_SOURCE_EXTRA, source))
+    trace = _trace([_full_round(1) + _full_round(2)], extra=extra)
+    report = check_physics(trace)
+    assert report.variables_source == source
+    assert report.format().splitlines()[1] == f"variables from the {source}"
+    # The model's own variables (no source recorded), or the job's: no such line.
+    plain = check_physics(_trace([_full_round(1) + _full_round(2)]))
+    assert plain.variables_source == ""
+    assert plain.format().splitlines()[1].startswith("step 1: ")
+    given = check_physics(trace, {"variables": [{"dtype": "float32", "shape": [10]}]})
+    assert given.variables_source == ""

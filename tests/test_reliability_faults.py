@@ -261,6 +261,49 @@ def test_kill_9_of_replay_leaves_no_server_worker_or_helper(
     _assert_nothing_left(children, ports)
 
 
+def test_sigterm_with_two_processes_per_worker_keeps_the_run_and_leaves_no_process(
+    tmp_path: Path, started: list[subprocess.Popen[str]]
+) -> None:
+    replay = _start(
+        started, "replay", *REPLAY, "--benchmark", "ps-throughput", "--ps", "2",
+        "--workers", "2", "--procs-per-worker", "2", "--duration", "60", cwd=tmp_path,
+    )  # fmt: skip
+    # 2 servers and 2 x 2 client processes.
+    _wait_for(lambda: len(_descendants(replay.pid)) >= 6, "the replay's processes")
+    children = _descendants(replay.pid)
+    ports = _wait_for_servers(children)
+    _wait_for_calls(f"127.0.0.1:{min(ports)}")
+    time.sleep(1)
+    replay.send_signal(signal.SIGTERM)
+    out, err = replay.communicate(timeout=120)
+    assert replay.returncode == 128 + signal.SIGTERM, err
+    (result,) = _document(out, tmp_path).benchmarks
+    assert result.parameters["procs_per_worker"] == 2
+    assert result.parameters["client_processes"] == 4
+    (run,) = result.runs
+    assert run.partial and run.partial_reason.startswith("interrupted by")
+    assert run.rpc_count > 0
+    assert {s.worker_index for s in run.samples} == {0, 1}
+    _assert_nothing_left(children, ports)
+
+
+def test_kill_9_of_replay_with_two_processes_per_worker_leaves_none_behind(
+    tmp_path: Path, started: list[subprocess.Popen[str]]
+) -> None:
+    replay = _start(
+        started, "replay", *REPLAY, "--benchmark", "ps-throughput", "--ps", "2",
+        "--workers", "2", "--procs-per-worker", "2", "--duration", "60", cwd=tmp_path,
+    )  # fmt: skip
+    _wait_for(lambda: len(_descendants(replay.pid)) >= 7, "the replay's processes")
+    time.sleep(2)
+    children = _descendants(replay.pid)
+    ports = _listening_ports(children)
+    assert len(ports) >= 2
+    replay.kill()
+    replay.wait(timeout=30)
+    _assert_nothing_left(children, ports)
+
+
 def test_kill_9_of_a_local_server_mid_run_ends_the_replay_partial_and_stops_the_rest(
     tmp_path: Path, started: list[subprocess.Popen[str]]
 ) -> None:
@@ -305,6 +348,44 @@ def test_serve_with_several_servers_leaves_no_server_behind(
         assert serve.returncode == 128 + signal.SIGTERM, err
         assert err == "tf-grpc-bench serve: interrupted (SIGTERM); servers stopped\n"
     _assert_nothing_left(children, {port, port + 1})
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGKILL], ids=["sigterm", "kill-9"])
+def test_serve_with_two_processes_per_server_counts_a_replay_once_and_leaves_none_behind(
+    tmp_path: Path, started: list[subprocess.Popen[str]], signum: int
+) -> None:
+    port = _free_port()
+    serve = _start(
+        started, "serve", "--host", "127.0.0.1", "--port", str(port), "--procs-per-server", "2",
+        cwd=tmp_path,
+    )  # fmt: skip
+    assert serve.stdout is not None
+    assert "serving" in serve.stdout.readline()
+    children = _descendants(serve.pid)
+    # Both processes listen on the port, each on a loopback port of its own too.
+    sharing = [pid for pid in children if port in _listening_ports({pid})]
+    assert len(sharing) == 2
+    ports = _listening_ports(children)
+    assert len(ports) == 3
+    replay = subprocess.run(
+        [
+            COMMAND, "replay", *REPLAY, "--benchmark", "ps-throughput", "--workers", "2",
+            "--target", f"127.0.0.1:{port}", "--duration", "1", "--runs", "1",
+        ],
+        cwd=tmp_path, capture_output=True, text=True, timeout=300, check=False,
+    )  # fmt: skip
+    assert replay.returncode == 0, replay.stderr
+    (run,) = _document(replay.stdout, tmp_path).benchmarks[0].runs
+    assert run.rpc_count > 0
+    assert (run.server_received_messages, run.server_received_bytes) == (
+        run.rpc_count,
+        run.request_bytes,
+    )
+    serve.send_signal(signum)
+    _, err = serve.communicate(timeout=60)
+    if signum == signal.SIGTERM:
+        assert serve.returncode == 128 + signal.SIGTERM, err
+    _assert_nothing_left(children, ports)
 
 
 def test_a_frozen_server_ends_the_replay_at_its_deadline_with_partial_results(

@@ -581,3 +581,21 @@ def test_a_discarded_run_directory_takes_its_base_only_if_the_run_made_it(tmp_pa
     third = new_run_directory(kept, "w")
     results.discard_run_directory(third, base_existed=False)
     assert list(kept.iterdir()) == [other]
+
+
+def test_a_built_document_keeps_its_what_if() -> None:
+    what_if = golden_document().what_if
+    assert what_if is not None
+    document = build_document(
+        make_results(),
+        config={},
+        trace_path=None,
+        machine=GOLDEN_MACHINE,
+        created=CREATED,
+        what_if=what_if,
+    )
+    assert document.what_if == what_if
+    plain = build_document(
+        make_results(), config={}, trace_path=None, machine=GOLDEN_MACHINE, created=CREATED
+    )
+    assert plain.what_if is None

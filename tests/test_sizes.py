@@ -90,6 +90,12 @@ def test_undefined_or_infinite_sizes_are_refused(text: str) -> None:
         parse_size(text)
 
 
+def test_exactly_a_tebibyte_is_the_largest_size() -> None:
+    assert parse_size("1024GB") == parse_size("1099511627776") == 1_099_511_627_776
+    with pytest.raises(ValueError, match=r"^size '1099511627777' is more than 1 TiB$"):
+        parse_size("1099511627777")
+
+
 @pytest.mark.parametrize("text", ["2048GB", "1e300", "1025GB"])
 def test_sizes_past_a_tebibyte_are_refused(text: str) -> None:
     with pytest.raises(ValueError, match=rf"^size {re.escape(repr(text))} is more than 1 TiB$"):

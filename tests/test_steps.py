@@ -408,3 +408,56 @@ def test_a_version_1_trace_still_reads_and_says_its_unit_in_extra() -> None:
     assert trace.step_detection == StepDetection()
     assert trace.step_unit == WORKER_STEP  # from metadata.extra["step_unit"]
     assert len(trace.steps) == 2
+
+
+def test_asynchronous_steps_set_aside_the_runs_outside_and_before_the_markers() -> None:
+    from tf_grpc_bench.profiler.assembly.steps import OUTSIDE_MARKERS
+
+    job = Job()
+    check = job.readiness_check(0)
+    warm = job.training_step(0)
+    begin = job.clock.now
+    runs = [job.training_step(worker) for worker in (0, 1, 0)]
+    markers = [
+        StepMarker(task="worker:0", step=1, phase="steady", start_ns=begin, end_ns=job.clock.now),
+        StepMarker(task="worker:1", step=1, phase="steady", start_ns=begin, end_ns=job.clock.now),
+    ]
+    found = find_steps(job.calls, markers=markers, per_run=True)
+    assert found.set_aside_runs == {
+        check: MOVED_NO_VARIABLES,
+        warm: OUTSIDE_MARKERS,
+        runs[0]: OUTSIDE_MARKERS,
+    }
+    assert [(w.number, w.step_id) for w in found.windows] == [(0, runs[1]), (1, runs[2])]
+    assert found.candidates == 5  # every run, the readiness check included
+    # 6 variables and a step counter down, 6 gradients and 2 statistics up, 2 empty.
+    assert [r.transfers for r in find_runs(job.calls)] == [9, 17, 17, 17, 17]
+    # Without per_run the markers are the steps, whatever runs they hold: both markers are
+    # of step 1, one window.
+    by_markers = find_steps(job.calls, markers=markers)
+    assert by_markers.source == "markers" and by_markers.candidates == 1
+    assert [(w.number, w.start_ns) for w in by_markers.windows] == [(1, begin)]
+    assert by_markers.set_aside_runs == {check: MOVED_NO_VARIABLES}
+
+
+def test_a_launcher_job_without_markers_still_sets_aside_its_idle_runs() -> None:
+    job = Job()
+    check = job.readiness_check(0)
+    job.training_step(0)
+    found = find_steps(job.calls, need_markers=True)
+    assert (found.windows, found.source, found.candidates) == ((), "markers", 0)
+    assert found.set_aside_runs == {check: MOVED_NO_VARIABLES}
+
+
+def test_collective_steps_set_nothing_aside_without_runs() -> None:
+    def recv_buf(start: int, instance: int) -> RecordedCall:
+        request = _field(2, f"1:{instance}:0:0:0:1:1".encode()) + _field(3, 4096)
+        return RecordedCall(
+            callee="worker:1", connection=0, stream_id=1, caller_pid=21, method=RECV_BUF,
+            start_ns=start, response_start_ns=start, end_ns=start + 5, request_bytes=20,
+            response_bytes=4096, request_messages=1, response_messages=1, status_code=0,
+            reset=False, complete=True, request_head=request,
+        )  # fmt: skip
+
+    found = find_steps([recv_buf(1000 + 10 * i, 200 + i) for i in range(3)])
+    assert found.source == "collective-instance" and found.set_aside_runs == {}

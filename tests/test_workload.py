@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -20,11 +22,14 @@ from tf_grpc_bench.replay.core.pacing import (
 from tf_grpc_bench.replay.core.workload import (
     ECHO_METHOD,
     PUSH_METHOD,
+    WHOLE_STEPS,
     WORKERS_AND_PS_ONLY,
     Call,
     Mode,
     Shape,
     WholeSteps,
+    Workload,
+    WorkloadStep,
     ack_message_bytes,
     captured_critical_paths,
     choose_pair,
@@ -42,6 +47,7 @@ from tf_grpc_bench.replay.transport.wire import (
     serialized_payload,
     serialized_pull_request,
 )
+from tf_grpc_bench.sizes import SizeCategory
 from tf_grpc_bench.trace import RECV_TENSOR, Rpc, RunMetadata, Step, Task, Trace
 
 from .conftest import make_trace
@@ -749,3 +755,999 @@ def test_what_a_replay_cannot_send_is_summed_up_by_kind() -> None:
     assert total == 1100 + 5000
     assert text == "chief->worker Enqueue: 1 RPCs, 5000 B; ps->ps RecvTensor: 2 RPCs, 1100 B"
     assert unreplayed_summary(make_trace()) == (0, "")
+
+
+# --------------------------------------------------------------------------
+# Exact values, worked out by hand (the mutation run of workload.py showed these unpinned).
+
+
+def test_protobuf_field_sizes_at_each_varint_step() -> None:
+    from tf_grpc_bench.replay.core.workload import (
+        bytes_field_bytes,
+        payload_message_bytes,
+        varint_bytes,
+    )
+
+    steps = {0: 1, 1: 1, 127: 1, 128: 2, 16_383: 2, 16_384: 3, 2**21 - 1: 3, 2**21: 4}
+    assert {value: varint_bytes(value) for value in steps} == steps
+    with pytest.raises(ValueError, match=r"^varint of a negative number: -1$"):
+        varint_bytes(-1)
+    # A singular empty field is not encoded; a repeated one is: tag + length 0.
+    assert bytes_field_bytes(0) == 0
+    assert bytes_field_bytes(0, repeated=True) == 2
+    assert [bytes_field_bytes(n) for n in (1, 127, 128)] == [3, 129, 131]
+    assert [uint_field_bytes(n) for n in (0, 1, 127, 128, 16_384)] == [0, 2, 2, 3, 4]
+    # Payload{buffers}: 2 (empty) + 12 (10 B) + 203 (200 B: 1 tag, 2 length bytes).
+    assert payload_message_bytes((0, 10, 200)) == 217
+    assert payload_message_bytes(()) == 0
+    assert [ack_message_bytes(n) for n in (0, 217, 16_384)] == [0, 3, 4]
+
+
+def test_pull_response_lengths_around_each_varint_step() -> None:
+    # target -> content: 1 tag + varint(content) + content; 1 and 2 B cannot be encoded.
+    expected = {0: 0, 1: 0, 2: 0, 3: 1, 4: 2, 129: 127, 130: 127, 131: 128, 132: 129}
+    # 16,386 = 1 + 2 + 16,383; 16,387 would need a content of 16,384, whose length takes
+    # 3 bytes (16,388): one byte short.
+    expected |= {16_385: 16_382, 16_386: 16_383, 16_387: 16_383, 16_388: 16_384}
+    assert {t: pull_response_content_bytes(t) for t in expected} == expected
+
+
+def test_a_pull_request_keeps_what_fits_of_its_tensor_name_and_pads() -> None:
+    from tf_grpc_bench.replay.core.workload import PullRequestLayout, pull_request_layout
+
+    # response_bytes 100 -> 2 B; "abc" -> 5 B; 3 B left: a padding field of 1 B content.
+    assert pull_request_layout(10, 100, "abc") == PullRequestLayout(
+        response_content_bytes=100, tensor_name="abc", padding_bytes=1, message_bytes=10
+    )
+    # 8 B: with "abc" 1 B is left and with "ab" 2 B, which no field encodes; "a" leaves 3.
+    assert pull_request_layout(8, 100, "abc") == PullRequestLayout(
+        response_content_bytes=100, tensor_name="a", padding_bytes=1, message_bytes=8
+    )
+    # Exactly the name: no padding field.
+    assert pull_request_layout(7, 100, "abc") == PullRequestLayout(
+        response_content_bytes=100, tensor_name="abc", padding_bytes=0, message_bytes=7
+    )
+    # Smaller than the response-length field: that field alone, longer than asked.
+    assert pull_request_layout(1, 100, "abc") == PullRequestLayout(
+        response_content_bytes=100, tensor_name="", padding_bytes=0, message_bytes=2
+    )
+    assert pull_request_layout(0, 0, "") == PullRequestLayout(
+        response_content_bytes=0, tensor_name="", padding_bytes=0, message_bytes=0
+    )
+    # 130 B with no name cannot be encoded (a 127 B padding is 129, a 128 B one 131):
+    # one byte short.  With a 2-character name it fits exactly.
+    assert pull_request_layout(130, 0, "") == PullRequestLayout(
+        response_content_bytes=0, tensor_name="", padding_bytes=127, message_bytes=129
+    )
+    assert pull_request_layout(130, 0, "ab") == PullRequestLayout(
+        response_content_bytes=0, tensor_name="ab", padding_bytes=124, message_bytes=130
+    )
+
+
+def test_a_tensor_name_is_only_cut_between_whole_characters() -> None:
+    from tf_grpc_bench.replay.core.workload import PullRequestLayout, pull_request_layout
+
+    name = "a\u00e9"  # 3 bytes in UTF-8: "a", then 2 for the accented e.
+    assert pull_request_layout(5, 0, name).tensor_name == name
+    # 4 B: the name's first 2 bytes would split the e; "a" (3 B) leaves 1 B, which no
+    # field encodes; so no name and a 2 B padding field.
+    assert pull_request_layout(4, 0, name) == PullRequestLayout(
+        response_content_bytes=0, tensor_name="", padding_bytes=2, message_bytes=4
+    )
+
+
+def test_a_call_refuses_nonsense_naming_the_field() -> None:
+    with pytest.raises(ValueError, match=r"^method must be a full gRPC path, got 'a\.B/C'$"):
+        Call(shape=Shape.PULL, method="a.B/C", request_bytes=1, response_bytes=1)
+    for name in (
+        "request_bytes",
+        "response_bytes",
+        "server_index",
+        "worker_index",
+        "offset_ns",
+        "outstanding_at_start",
+    ):
+        arguments: dict[str, object] = {"request_bytes": 1, "response_bytes": 1, name: -1}
+        with pytest.raises(ValueError, match=rf"^{name} must be >= 0, got -1$"):
+            Call(shape=Shape.PULL, method="/a.B/C", **arguments)  # type: ignore[arg-type]
+        # Zero is allowed.
+        Call(shape=Shape.PULL, method="/a.B/C", **{**arguments, name: 0})  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match=r"^buffer sizes must be >= 0$"):
+        Call(shape=Shape.ECHO, method="/a.B/C", request_bytes=1, response_bytes=1, buffers=(1, -1))
+    for shape in (Shape.ECHO, Shape.ACK):
+        with pytest.raises(
+            ValueError, match=rf"^a {shape.value} call needs its payload's buffers$"
+        ):
+            Call(shape=shape, method="/a.B/C", request_bytes=1, response_bytes=1)
+    # An empty buffer is a buffer; a pull needs none.
+    assert Call(shape=Shape.ECHO, method="/a.B/C", request_bytes=0, response_bytes=0, buffers=(0,))
+    pull = Call(shape=Shape.PULL, method="/a.B/C", request_bytes=7, response_bytes=3)
+    assert pull.payload_bytes == 7
+    assert replace(pull, response_bytes=9).payload_bytes == 9
+
+
+def _one_call_step(**call: object) -> WorkloadStep:
+    arguments: dict[str, object] = {"request_bytes": 1, "response_bytes": 1, **call}
+    return WorkloadStep(
+        index=0,
+        calls=(Call(shape=Shape.PULL, method="/a.B/C", **arguments),),  # type: ignore[arg-type]
+    )
+
+
+def test_a_workload_refuses_nonsense_saying_what() -> None:
+    def workload(**changes: object) -> Workload:
+        arguments: dict[str, object] = {
+            "benchmark": Benchmark.PS_THROUGHPUT,
+            "source": "trace",
+            "mode": Mode.NON_SERIALIZED,
+            "steps": (_one_call_step(),),
+            "server_count": 1,
+            "worker_count": 2,
+            **changes,
+        }
+        return Workload(**arguments)  # type: ignore[arg-type]
+
+    assert workload().worker_count == 2
+    assert workload(source="synthetic").source == "synthetic"
+    with pytest.raises(ValueError, match=r"^source must be 'synthetic' or 'trace', got 'x'$"):
+        workload(source="x")
+    for steps in ((), (WorkloadStep(index=0, calls=()),)):
+        with pytest.raises(ValueError, match=r"^a workload needs at least one call$"):
+            workload(steps=steps)
+    for counts in ({"server_count": 0}, {"worker_count": 0}):
+        with pytest.raises(
+            ValueError, match=r"^a workload needs at least one server and one worker$"
+        ):
+            workload(**counts)
+    for side in ((2,), (-1,)):
+        with pytest.raises(ValueError, match=rf"^side workers \({side[0]},\) of 2$"):
+            workload(side_workers=side)
+    assert workload(side_workers=(1,)).side_workers == (1,)
+    with pytest.raises(ValueError, match=r"^a workload needs a worker that is not a side client$"):
+        workload(side_workers=(0, 1))
+    with pytest.raises(ValueError, match=r"^call to server 1 of 1$"):
+        workload(steps=(_one_call_step(server_index=1),))
+    with pytest.raises(ValueError, match=r"^call by worker 2 of 2$"):
+        workload(steps=(_one_call_step(worker_index=2),))
+    assert workload(steps=(_one_call_step(worker_index=1),)).calls[0].worker_index == 1
+
+
+def test_a_workers_part_keeps_every_step_and_its_period() -> None:
+    steps = (
+        WorkloadStep(
+            index=4,
+            calls=(
+                Call(shape=Shape.PULL, method="/a.B/C", request_bytes=1, response_bytes=2),
+                Call(
+                    shape=Shape.PULL,
+                    method="/a.B/C",
+                    request_bytes=3,
+                    response_bytes=4,
+                    server_index=2,
+                    worker_index=1,
+                ),
+            ),
+            period_ns=700,
+        ),
+        WorkloadStep(
+            index=5,
+            calls=(
+                Call(
+                    shape=Shape.PULL,
+                    method="/a.B/C",
+                    request_bytes=5,
+                    response_bytes=6,
+                    server_index=2,
+                ),
+            ),
+            period_ns=900,
+        ),
+    )
+    workload = Workload(
+        benchmark=Benchmark.PS_THROUGHPUT,
+        source="trace",
+        mode=Mode.NON_SERIALIZED,
+        steps=steps,
+        server_count=3,
+        worker_count=2,
+    )
+    assert workload.servers_used == (0, 2)
+    assert [(s.request_bytes, s.response_bytes) for s in workload.steps] == [(4, 6), (5, 6)]
+    second = workload.for_worker(1)
+    # The second step has nothing for worker 1, and stays: a pass is every step.
+    assert [(s.index, s.period_ns, len(s.calls)) for s in second.steps] == [
+        (4, 700, 1),
+        (5, 900, 0),
+    ]
+    assert second.servers_used == (2,)
+    assert [c.request_bytes for c in workload.for_worker(0).calls] == [1, 5]
+
+
+def _two_category_generator(kind: GeneratorKind = GeneratorKind.UNIFORM) -> GeneratorConfig:
+    # Uniform over small (10 B) and medium (10 KiB), 3 buffers: S M S, then M S M.
+    return GeneratorConfig(
+        kind=kind,
+        categories=(SizeCategory.MEDIUM, SizeCategory.SMALL),
+        buffers_per_payload=3,
+        payload_count=2,
+    )
+
+
+def test_synthetic_calls_have_their_payloads_sizes_in_each_mode() -> None:
+    generator = _two_category_generator()
+    raw = synthetic_workload(Benchmark.P2P_LATENCY, generator, mode=Mode.NON_SERIALIZED)
+    assert [(c.buffers, c.request_bytes, c.response_bytes) for c in raw.calls] == [
+        ((10, 10_240, 10), 10_260, 10_260),
+        ((10_240, 10, 10_240), 20_490, 20_490),
+    ]
+    # Serialized: a 10 B field is 12 B, a 10 KiB one 10,243 B (2 length bytes).
+    serialized = synthetic_workload(Benchmark.P2P_LATENCY, generator, mode=Mode.SERIALIZED)
+    assert [(c.request_bytes, c.response_bytes) for c in serialized.calls] == [
+        (10_267, 10_267),
+        (20_498, 20_498),
+    ]
+    pushes = synthetic_workload(Benchmark.P2P_BANDWIDTH, generator, mode=Mode.NON_SERIALIZED)
+    assert [(c.request_bytes, c.response_bytes) for c in pushes.calls] == [
+        (10_260, 8),
+        (20_490, 8),
+    ]
+    # Ack{received_bytes}: 10,267 takes a 2-byte varint, 20,498 a 3-byte one.
+    acks = synthetic_workload(Benchmark.P2P_BANDWIDTH, generator, mode=Mode.SERIALIZED)
+    assert [(c.request_bytes, c.response_bytes) for c in acks.calls] == [
+        (10_267, 3),
+        (20_498, 4),
+    ]
+    assert all(c.step == -1 and c.rpc_index == -1 and c.dependencies is None for c in acks.calls)
+    assert [s.index for s in acks.steps] == [-1] and acks.steps[0].period_ns == 0
+
+
+def test_synthetic_throughput_goes_worker_by_worker_payload_by_payload_to_every_ps() -> None:
+    workload = synthetic_workload(
+        Benchmark.PS_THROUGHPUT,
+        _two_category_generator(),
+        mode=Mode.NON_SERIALIZED,
+        ps_count=2,
+        worker_count=2,
+    )
+    assert [(c.worker_index, c.request_bytes, c.server_index) for c in workload.calls] == [
+        (0, 10_260, 0),
+        (0, 10_260, 1),
+        (0, 20_490, 0),
+        (0, 20_490, 1),
+        (1, 10_260, 0),
+        (1, 10_260, 1),
+        (1, 20_490, 0),
+        (1, 20_490, 1),
+    ]
+    assert all(c.shape is Shape.ECHO for c in workload.calls)
+    assert workload.parameters() == {
+        "generator": "uniform",
+        "categories": "small,medium",
+        "buffers": 3,
+        "payloads": 2,
+        "small_size_bytes": 10,
+        "medium_size_bytes": 10_240,
+        "large_size_bytes": 1_048_576,
+        "seed": 0,
+        "random_sizes": False,
+        "ps": 2,
+        "workers": 2,
+        "shape": "echo",
+    }
+    assert workload.source == "synthetic" and workload.side_workers == ()
+    assert not workload.round_barrier and workload.inexact_sizes is None
+
+
+def test_synthetic_point_to_point_parameters_say_one_ps_one_worker_and_the_skew() -> None:
+    workload = synthetic_workload(
+        Benchmark.P2P_BANDWIDTH,
+        _two_category_generator(GeneratorKind.SKEW),
+        mode=Mode.SERIALIZED,
+        ps_count=3,
+        worker_count=4,
+    )
+    parameters = workload.parameters()
+    assert (parameters["ps"], parameters["workers"]) == (1, 1)
+    assert (workload.server_count, workload.worker_count) == (1, 1)
+    assert parameters["generator"] == "skew" and parameters["skew_bias"] == "medium"
+    assert parameters["shape"] == "ack"
+    assert (
+        "skew_bias"
+        not in synthetic_workload(
+            Benchmark.P2P_BANDWIDTH, _two_category_generator(), mode=Mode.SERIALIZED
+        ).parameters()
+    )
+
+
+def test_whole_steps_describe_what_they_replay() -> None:
+    described = {
+        (ps, stand_in): WholeSteps(ps_clients=ps, stand_in_servers=stand_in).describe()
+        for ps in (True, False)
+        for stand_in in (True, False)
+    }
+    assert described == {
+        (True, True): "ps-to-ps by ps clients, calls to workers by stand-in servers",
+        (True, False): "ps-to-ps by ps clients",
+        (False, True): "calls to workers by stand-in servers",
+        (False, False): "worker <-> ps only",
+    }
+
+
+# --------------------------------------------------------------------------
+# From a trace, exact (worked out by hand on the traces named).
+
+
+def _trace(tasks: tuple[Task, ...], *steps: tuple[int, int, tuple[Rpc, ...]]) -> Trace:
+    """A trace of the given tasks and (start, end, rpcs) steps, indexed 0, 1, ..."""
+    return Trace(
+        metadata=RunMetadata(model="toy"),
+        tasks=tasks,
+        steps=tuple(
+            Step(index=number, start_ns=start, end_ns=end, rpcs=rpcs)
+            for number, (start, end, rpcs) in enumerate(steps)
+        ),
+    )
+
+
+def test_roles_list_ps_by_index_then_stand_ins_and_clients_by_job_name_and_index() -> None:
+    # Tasks deliberately out of order: 0 worker:1, 1 chief:0, 2 ps:1, 3 worker:0, 4 ps:0.
+    tasks = (
+        Task(job="worker", index=1),
+        Task(job="chief", index=0),
+        Task(job="ps", index=1),
+        Task(job="worker", index=0),
+        Task(job="ps", index=0),
+    )
+    rpcs = (
+        _rpc(RECV_TENSOR, 0, 2, 10, 100, 0),  # worker:1 -> ps:1
+        _rpc(RECV_TENSOR, 3, 4, 10, 100, 10),  # worker:0 -> ps:0
+        _rpc(RUN_GRAPH, 1, 0, 10, 10, 20),  # chief -> worker:1
+        _rpc(RUN_GRAPH, 1, 3, 10, 10, 30),  # chief -> worker:0
+    )
+    trace = _trace(tasks, (0, 10_000, rpcs))
+    roles = trace_roles(trace)
+    assert roles.server_tasks == (4, 2, 3, 0) and roles.stand_in_servers == (3, 0)
+    assert roles.client_tasks == (3, 0, 1) and roles.side_clients == (1,)
+    assert roles.ps_job
+    workload = trace_workload(trace, Benchmark.PS_THROUGHPUT, mode=Mode.NON_SERIALIZED)
+    assert [(c.worker_index, c.server_index) for c in workload.calls] == [
+        (1, 1),
+        (0, 0),
+        (2, 3),
+        (2, 2),
+    ]
+    assert workload.parameters()["server_tasks"] == (
+        "/job:ps/task:0,/job:ps/task:1,/job:worker/task:0,/job:worker/task:1"
+    )
+    assert workload.parameters()["client_tasks"] == (
+        "/job:worker/task:0,/job:worker/task:1,/job:chief/task:0"
+    )
+    assert workload.parameters()["stand_in_servers"] == "/job:worker/task:0,/job:worker/task:1"
+    assert workload.parameters()["side_clients"] == "/job:chief/task:0"
+
+
+def test_without_ps_every_called_task_serves_and_clients_sort_by_job_name() -> None:
+    tasks = (Task(job="worker", index=0), Task(job="worker", index=1), Task(job="chief", index=0))
+    rpcs = (
+        _rpc(RECV_TENSOR, 0, 1, 10, 100, 0),
+        _rpc(RECV_TENSOR, 1, 0, 10, 100, 10),
+        _rpc(RUN_GRAPH, 2, 0, 10, 10, 20),
+    )
+    roles = trace_roles(_trace(tasks, (0, 10_000, rpcs)))
+    assert roles.server_tasks == (0, 1)
+    assert roles.client_tasks == (2, 0, 1) == roles.step_clients
+    assert not roles.ps_job and roles.side_clients == roles.stand_in_servers == ()
+
+
+def test_a_trace_without_a_worker_ps_rpc_is_refused_naming_its_source() -> None:
+    tasks = (Task(job="ps", index=0), Task(job="ps", index=1), Task(job="worker", index=0))
+    tasks_with_chief = (*tasks, Task(job="chief", index=0))
+    ps_to_ps = _trace(tasks, (0, 10_000, (_rpc(RECV_TENSOR, 0, 1, 10, 100, 0),)))
+    chief_to_worker = _trace(tasks_with_chief, (0, 10_000, (_rpc(RUN_GRAPH, 3, 2, 10, 10, 0),)))
+    for trace in (ps_to_ps, chief_to_worker):
+        for whole in (WHOLE_STEPS, WORKERS_AND_PS_ONLY):
+            with pytest.raises(
+                TraceError,
+                match=r"^run\.trace: no RPC between a worker and a ps, nothing to replay$",
+            ):
+                trace_roles(trace, source="run.trace", whole_steps=whole)
+    empty = _trace(tasks, (0, 10_000, ()))
+    with pytest.raises(
+        TraceError, match=r"^run\.trace: no RPCs in steady-state steps, nothing to replay$"
+    ):
+        trace_roles(empty, source="run.trace")
+    with pytest.raises(TraceError, match=r"^other\.trace: no RPCs in steady-state steps"):
+        trace_workload(empty, Benchmark.PS_THROUGHPUT, mode=Mode.SERIALIZED, source="other.trace")
+
+
+def test_whole_step_parameters_of_the_ps_trace() -> None:
+    trace = _ps_trace()
+    common = {
+        "trace_steps": 2,
+        "reversed_calls_per_pass": 2,
+        "dropped_bytes_per_pass": 0,
+        "dropped_rpcs": "",
+        "whole_steps": "ps-to-ps by ps clients, calls to workers by stand-in servers",
+        "ps": 2,
+        "server_tasks": "/job:ps/task:0,/job:ps/task:1,/job:worker/task:0",
+        "shape": "pull",
+    }
+    throughput = trace_workload(trace, Benchmark.PS_THROUGHPUT, mode=Mode.NON_SERIALIZED)
+    assert throughput.parameters() == {
+        **common,
+        "calls_per_pass": 12,
+        "dropped_rpcs_per_pass": 0,
+        "workers": 2,
+        "round_barrier": True,
+        "client_tasks": "/job:worker/task:0,/job:worker/task:1,/job:chief/task:0,/job:ps/task:0",
+        "side_clients": "/job:chief/task:0,/job:ps/task:0",
+        "stand_in_servers": "/job:worker/task:0",
+    }
+    # The pair worker:0 -> ps:0 makes 3 of each step's 6 RPCs; the other 3 count as dropped.
+    pair = trace_workload(trace, Benchmark.P2P_LATENCY, mode=Mode.NON_SERIALIZED)
+    assert pair.parameters() == {
+        **common,
+        "calls_per_pass": 6,
+        "dropped_rpcs_per_pass": 6,
+        "workers": 1,
+        "round_barrier": False,
+        "pair": "/job:worker/task:0->/job:ps/task:0",
+    }
+    assert (pair.server_count, pair.worker_count) == (2, 1)
+    assert all(c.worker_index == 0 and c.server_index == 0 for c in pair.calls)
+
+
+def test_the_last_steps_period_is_its_own_length() -> None:
+    workload = trace_workload(_ps_trace(), Benchmark.PS_THROUGHPUT, mode=Mode.NON_SERIALIZED)
+    # Steps start at 1,000,000 and 2,000,000; the second lasts 900,000.
+    assert [(s.index, s.period_ns) for s in workload.steps] == [(0, 1_000_000), (1, 900_000)]
+
+
+def test_throughput_keeps_a_step_without_calls_and_a_pair_keeps_the_steps_it_talks_in() -> None:
+    tasks = (Task(job="ps", index=0), Task(job="worker", index=0), Task(job="chief", index=0))
+    trace = _trace(
+        tasks,
+        (10_000, 15_000, (_rpc(RECV_TENSOR, 1, 0, 10, 100, 10_000),)),
+        (20_000, 25_000, (_rpc(RUN_GRAPH, 2, 1, 10, 10, 20_000),)),
+        (50_000, 58_000, (_rpc(RECV_TENSOR, 1, 0, 10, 300, 50_000),)),
+    )
+    throughput = trace_workload(
+        trace, Benchmark.PS_THROUGHPUT, mode=Mode.NON_SERIALIZED, whole_steps=WORKERS_AND_PS_ONLY
+    )
+    assert [(s.index, s.period_ns, len(s.calls)) for s in throughput.steps] == [
+        (0, 10_000, 1),
+        (1, 30_000, 0),
+        (2, 8_000, 1),
+    ]
+    assert throughput.parameters()["dropped_rpcs_per_pass"] == 1
+    assert throughput.parameters()["dropped_bytes_per_pass"] == 20
+    pair = trace_workload(trace, Benchmark.P2P_LATENCY, mode=Mode.NON_SERIALIZED)
+    assert [(s.index, s.period_ns) for s in pair.steps] == [(0, 10_000), (2, 8_000)]
+    assert [c.response_bytes for c in pair.calls] == [100, 300]
+    assert [c.step for c in pair.calls] == [0, 2]
+
+
+def test_outstanding_calls_are_counted_per_pair_and_a_call_ending_as_one_starts_is_not() -> None:
+    tasks = (Task(job="ps", index=0), Task(job="worker", index=0), Task(job="worker", index=1))
+
+    def rpc(caller: int, start: int, end: int) -> Rpc:
+        return Rpc(
+            method=RECV_TENSOR,
+            caller_task=caller,
+            callee_task=0,
+            request_bytes=10,
+            response_bytes=100,
+            start_ns=start,
+            end_ns=end,
+        )
+
+    rpcs = (
+        rpc(1, 0, 1_000),
+        rpc(2, 100, 5_000),  # the other worker's: not counted for worker:0
+        rpc(1, 1_000, 1_500),  # the first ended as this one started: not open
+        rpc(1, 1_200, 1_300),
+        rpc(1, 1_400, 1_450),  # the 1,000-1,500 call is still open; 1,200-1,300 is not
+    )
+    workload = trace_workload(
+        _trace(tasks, (0, 10_000, rpcs)), Benchmark.PS_THROUGHPUT, mode=Mode.NON_SERIALIZED
+    )
+    assert [(c.worker_index, c.offset_ns, c.outstanding_at_start) for c in workload.calls] == [
+        (0, 0, 0),
+        (1, 100, 0),
+        (0, 1_000, 0),
+        (0, 1_200, 1),
+        (0, 1_400, 1),
+    ]
+
+
+def test_calls_of_the_conftest_trace_carry_names_offsets_and_dependencies() -> None:
+    from tf_grpc_bench.replay.core.dependencies import Dependencies
+
+    # One worker pulls 21 B, 4 KiB and 1 MiB from one ps, 2,000 ns apart; each response
+    # starts 500 ns and ends 1,000 ns after its request.
+    workload = trace_workload(
+        make_trace(steps=1), Benchmark.PS_THROUGHPUT, mode=Mode.NON_SERIALIZED
+    )
+    calls = workload.calls
+    assert [c.tensor_name for c in calls] == ["edge_0_w", "edge_1_w", "edge_2_w"]
+    assert [c.offset_ns for c in calls] == [0, 2_000, 4_000]
+    assert [c.rpc_index for c in calls] == [0, 1, 2]
+    # A pull's data leaves the ps when the response starts; it waits for the worker's
+    # pulls that arrived before its request left.
+    assert [c.dependencies for c in calls] == [
+        Dependencies(
+            ready_offset_ns=500 + 2_000 * n,
+            arrival_offset_ns=1_000 + 2_000 * n,
+            lands_on_worker=True,
+            is_arrival=True,
+            arrival_rank=n,
+            after_worker_arrivals=n,
+            after_server_arrivals=0,
+        )
+        for n in range(3)
+    ]
+
+
+def test_a_control_calls_data_leaves_with_its_request_and_an_early_rpc_starts_its_step() -> None:
+    tasks = (Task(job="ps", index=0), Task(job="worker", index=0))
+    rpcs = (
+        # Began 50 ns before its step (a clock's skew): offset 0.
+        Rpc(
+            method=RECV_TENSOR,
+            caller_task=1,
+            callee_task=0,
+            request_bytes=10,
+            response_bytes=100,
+            start_ns=950,
+            response_start_ns=1_200,
+            end_ns=1_300,
+        ),
+        Rpc(
+            method=RUN_GRAPH,
+            caller_task=1,
+            callee_task=0,
+            request_bytes=10,
+            response_bytes=10,
+            start_ns=1_400,
+            response_start_ns=1_700,
+            end_ns=1_800,
+        ),
+    )
+    workload = trace_workload(
+        _trace(tasks, (1_000, 5_000, rpcs)), Benchmark.PS_THROUGHPUT, mode=Mode.NON_SERIALIZED
+    )
+    pull, control = workload.calls
+    assert pull.offset_ns == 0 and control.offset_ns == 400
+    assert pull.dependencies is not None and control.dependencies is not None
+    assert (pull.dependencies.ready_offset_ns, pull.dependencies.arrival_offset_ns) == (200, 300)
+    # Not a tensor: its data is the request; nobody waits for it; it waits for the pull.
+    assert (control.dependencies.ready_offset_ns, control.dependencies.arrival_offset_ns) == (
+        400,
+        800,
+    )
+    assert not control.dependencies.is_arrival
+    assert control.dependencies.after_worker_arrivals == 1
+
+
+def test_captured_path_segments_of_the_ps_trace_in_trace_time() -> None:
+    from tf_grpc_bench.replay.core.workload import CapturedSegment, captured_path_segments
+
+    segments = captured_path_segments(_ps_trace())
+    assert [(number, task) for number, task, _ in segments] == [(0, 2), (0, 3), (1, 2), (1, 3)]
+    # worker:0, step 0 (starts at 1,000,000): compute to its second pull's request
+    # (+100), that pull (rpc 1) to +1,100, compute to the gradient's push (+3,000),
+    # the push (rpc 3) to +4,000, then compute to the next step (+1,000,000).
+    assert segments[0][2] == (
+        CapturedSegment(start_ns=1_000_000, end_ns=1_000_100, rpc_index=-1),
+        CapturedSegment(start_ns=1_000_100, end_ns=1_001_100, rpc_index=1),
+        CapturedSegment(start_ns=1_001_100, end_ns=1_003_000, rpc_index=-1),
+        CapturedSegment(start_ns=1_003_000, end_ns=1_004_000, rpc_index=3),
+        CapturedSegment(start_ns=1_004_000, end_ns=2_000_000, rpc_index=-1),
+    )
+    # worker:1, step 1 (starts at 2,000,000, lasts 900,000): its one pull (rpc 2, +200
+    # to +1,200) between compute.
+    assert segments[3][2] == (
+        CapturedSegment(start_ns=2_000_000, end_ns=2_000_200, rpc_index=-1),
+        CapturedSegment(start_ns=2_000_200, end_ns=2_001_200, rpc_index=2),
+        CapturedSegment(start_ns=2_001_200, end_ns=2_900_000, rpc_index=-1),
+    )
+    paths = captured_critical_paths(_ps_trace())
+    assert [(p.step_ns, p.communication_ns, p.compute_ns) for _, _, p in paths[2:]] == [
+        (900_000, 2_000, 898_000),
+        (900_000, 1_000, 899_000),
+    ]
+
+
+def test_steps_are_rounds_when_the_last_transfer_ends_as_the_next_begins() -> None:
+    tasks = (Task(job="ps", index=0), Task(job="worker", index=0))
+
+    def step(start: int, *rpcs: Rpc) -> tuple[int, int, tuple[Rpc, ...]]:
+        return (start, start + 1_000, rpcs)
+
+    def pull(start: int, end: int, method: str = RECV_TENSOR) -> Rpc:
+        return Rpc(
+            method=method,
+            caller_task=1,
+            callee_task=0,
+            request_bytes=10,
+            response_bytes=100,
+            start_ns=start,
+            end_ns=end,
+        )
+
+    touching = _trace(tasks, step(0, pull(0, 2_000)), step(2_000, pull(2_000, 2_500)))
+    assert steps_are_rounds(touching)
+    overlapping = _trace(tasks, step(0, pull(0, 2_001)), step(2_000, pull(2_000, 2_500)))
+    assert not steps_are_rounds(overlapping)
+    # A control call running into the next step does not make it overlap...
+    control = _trace(
+        tasks,
+        step(0, pull(0, 500), pull(600, 9_000, RUN_GRAPH)),
+        step(2_000, pull(2_000, 2_500)),
+    )
+    assert steps_are_rounds(control)
+    # ... and a step without transfers tells nothing: not rounds.
+    without = _trace(tasks, step(0, pull(0, 500, RUN_GRAPH)), step(2_000, pull(2_000, 2_500)))
+    assert not steps_are_rounds(without)
+    without_next = _trace(tasks, step(0, pull(0, 500)), step(2_000, pull(2_000, 2_500, RUN_GRAPH)))
+    assert not steps_are_rounds(without_next)
+    # Every pair of neighbours counts, not only the first.
+    third = _trace(
+        tasks,
+        step(0, pull(0, 500)),
+        step(2_000, pull(2_000, 4_500)),
+        step(4_000, pull(4_000, 4_500)),
+    )
+    assert not steps_are_rounds(third)
+
+
+def test_the_default_pair_moved_most_bytes_and_ties_go_to_the_lowest_indices() -> None:
+    tasks = (
+        Task(job="ps", index=0),
+        Task(job="ps", index=1),
+        Task(job="worker", index=0),
+        Task(job="worker", index=1),
+    )
+    # worker:1 -> ps:1 comes first in the trace; both pairs move 110 B.
+    tied = _trace(
+        tasks,
+        (0, 10_000, (_rpc(RECV_TENSOR, 3, 1, 10, 100, 0), _rpc(RECV_TENSOR, 2, 0, 10, 100, 5))),
+    )
+    assert choose_pair(tied) == (2, 0)
+    heavier = _trace(
+        tasks,
+        (0, 10_000, (_rpc(RECV_TENSOR, 2, 0, 10, 100, 0), _rpc(RECV_TENSOR, 3, 1, 10, 101, 5))),
+    )
+    assert choose_pair(heavier) == (3, 1)
+    # ps:0 -> ps:1 moves the most, but is not a (worker, ps) pair.
+    with_ps_to_ps = _trace(
+        tasks,
+        (
+            0,
+            10_000,
+            (
+                _rpc(RECV_TENSOR, 0, 1, 10, 9_000, 0),
+                _rpc(RECV_TENSOR, 3, 1, 10, 100, 5),
+            ),
+        ),
+    )
+    assert choose_pair(with_ps_to_ps) == (3, 1)
+
+
+def test_a_pair_with_a_side_client_or_a_stand_in_server_is_refused() -> None:
+    trace = _ps_trace()
+    for pair, names in (
+        ((4, 2), "/job:chief/task:0 -> /job:worker/task:0"),
+        ((0, 1), "/job:ps/task:0 -> /job:ps/task:1"),
+        ((4, 0), "/job:chief/task:0 -> /job:ps/task:0"),
+    ):
+        with pytest.raises(ConfigError, match=rf"^--pair: {names} is not a \(worker, ps\) pair"):
+            trace_workload(trace, Benchmark.P2P_LATENCY, mode=Mode.NON_SERIALIZED, pair=pair)
+
+
+def test_serialized_trace_calls_say_which_sizes_they_could_not_keep() -> None:
+    from tf_grpc_bench.replay.core.measurement import InexactSizes
+
+    tasks = (Task(job="ps", index=0), Task(job="worker", index=0))
+    rpcs = (
+        _rpc(RECV_TENSOR, 1, 0, 1, 130, 0),  # 1 B request: the length field alone is 2 B
+        _rpc(RECV_TENSOR, 1, 0, 10, 131, 10),  # exact
+    )
+    trace = _trace(tasks, (0, 10_000, rpcs))
+    serialized = trace_workload(trace, Benchmark.PS_THROUGHPUT, mode=Mode.SERIALIZED)
+    assert [(c.request_bytes, c.response_bytes) for c in serialized.calls] == [(2, 129), (10, 131)]
+    assert serialized.inexact_sizes == InexactSizes(
+        calls_per_pass=1,
+        traced_bytes=131,
+        replayed_bytes=131,
+        examples="1 B -> 2 B x1, 130 B -> 129 B x1",
+    )
+    raw = trace_workload(trace, Benchmark.PS_THROUGHPUT, mode=Mode.NON_SERIALIZED)
+    assert raw.inexact_sizes is None
+
+
+def test_inexact_sizes_rank_the_commonest_changes_and_name_three() -> None:
+    from tf_grpc_bench.replay.core.measurement import InexactSizes
+    from tf_grpc_bench.replay.core.workload import inexact_sizes
+
+    assert inexact_sizes([]) is None
+    assert inexact_sizes([((5, 5), (5, 5))]) is None
+    pairs = [
+        ((130, 1), (129, 0)),
+        ((130, 2), (129, 0)),
+        ((5, 5), (5, 5)),
+        ((1, 130), (0, 129)),
+    ]
+    assert inexact_sizes(pairs) == InexactSizes(
+        calls_per_pass=3,
+        traced_bytes=394,
+        replayed_bytes=387,
+        examples="130 B -> 129 B x3, 1 B -> 0 B x2, 2 B -> 0 B x1",
+    )
+    # A fourth kind: the three commonest (ties by the sizes), then "...".
+    assert inexact_sizes([*pairs, ((3, 3), (3, 4))]) == InexactSizes(
+        calls_per_pass=4,
+        traced_bytes=400,
+        replayed_bytes=394,
+        examples="130 B -> 129 B x3, 1 B -> 0 B x2, 2 B -> 0 B x1, ...",
+    )
+
+
+def test_a_pull_calls_defaults_are_a_synthetic_calls() -> None:
+    call = pull_call(method="/a.B/C", request_bytes=30, response_bytes=40, mode=Mode.SERIALIZED)
+    assert call == Call(
+        shape=Shape.PULL,
+        method="/a.B/C",
+        request_bytes=30,
+        response_bytes=40,
+        tensor_name="",
+        server_index=0,
+        worker_index=0,
+        step=-1,
+        offset_ns=0,
+        outstanding_at_start=0,
+        reversed_direction=False,
+        dependencies=None,
+        rpc_index=-1,
+    )
+
+
+def test_a_pull_request_name_may_lose_one_character_or_two() -> None:
+    from tf_grpc_bench.replay.core.workload import PullRequestLayout, pull_request_layout
+
+    # 9 B: "abc" leaves 2 B (no field), "ab" leaves 3 B (1 B of padding).
+    assert pull_request_layout(9, 100, "abc") == PullRequestLayout(
+        response_content_bytes=100, tensor_name="ab", padding_bytes=1, message_bytes=9
+    )
+
+
+def test_synthetic_defaults_are_one_ps_and_one_worker_and_the_workload_says_what_it_is() -> None:
+    workload = synthetic_workload(
+        Benchmark.PS_THROUGHPUT, _two_category_generator(), mode=Mode.SERIALIZED
+    )
+    assert (workload.server_count, workload.worker_count) == (1, 1)
+    assert (workload.parameters()["ps"], workload.parameters()["workers"]) == (1, 1)
+    assert workload.benchmark is Benchmark.PS_THROUGHPUT and workload.mode is Mode.SERIALIZED
+    assert [c.request_bytes for c in workload.calls] == [10_267, 20_498]
+
+
+def test_side_worker_zero_is_allowed() -> None:
+    workload = Workload(
+        benchmark=Benchmark.PS_THROUGHPUT,
+        source="trace",
+        mode=Mode.NON_SERIALIZED,
+        steps=(_one_call_step(worker_index=1),),
+        server_count=1,
+        worker_count=2,
+        side_workers=(0,),
+    )
+    assert workload.side_workers == (0,)
+
+
+def test_roles_say_how_they_were_made() -> None:
+    tasks = (Task(job="worker", index=0), Task(job="worker", index=1))
+    trace = _trace(tasks, (0, 10_000, (_rpc(RECV_TENSOR, 0, 1, 10, 100, 0),)))
+    whole = WholeSteps(ps_clients=False)
+    roles = trace_roles(trace, whole_steps=whole)
+    assert roles.ps_job is False and roles.whole_steps == whole
+    ps = trace_roles(_ps_trace(), whole_steps=whole)
+    assert ps.ps_job is True and ps.whole_steps == whole
+    # The default source of an error is "trace".
+    empty = _trace(tasks, (0, 10_000, ()))
+    with pytest.raises(TraceError, match=r"^trace: no RPCs in steady-state steps"):
+        trace_roles(empty)
+    with pytest.raises(TraceError, match=r"^trace: no RPCs in steady-state steps"):
+        trace_workload(empty, Benchmark.PS_THROUGHPUT, mode=Mode.SERIALIZED)
+
+
+def test_a_throughput_replay_ignores_a_pair_and_says_who_it_replays() -> None:
+    trace = _ps_trace()
+    workload = trace_workload(trace, Benchmark.PS_THROUGHPUT, mode=Mode.NON_SERIALIZED, pair=(3, 1))
+    assert workload.benchmark is Benchmark.PS_THROUGHPUT
+    assert "pair" not in workload.parameters()
+    assert workload.parameters()["stand_in_servers"] == "/job:worker/task:0"
+    assert len(workload.calls) == 12
+    # The _ps_trace RPCs carry no tensor: their calls name none.
+    assert {c.tensor_name for c in workload.calls} == {""}
+
+
+def test_bytes_per_pair_of_the_ps_trace() -> None:
+    from tf_grpc_bench.replay.core.workload import pair_bytes
+
+    # Per step: worker:0 <-> ps:0 120 + 4,000,000 + 121 + 300 + 130 + 4,000,000 (the
+    # gradient ps:0 pulled, replayed by worker:0); worker:1 -> ps:1 122 + 2,000; chief ->
+    # worker:0 500 + 60; ps:0 -> ps:1 90 + 7.  Two steps.
+    assert pair_bytes(_ps_trace()) == {
+        (2, 0): 16_001_342,
+        (3, 1): 4_244,
+        (4, 2): 1_120,
+        (0, 1): 194,
+    }
+
+
+def test_what_a_replay_cannot_send_is_ranked_by_bytes_then_by_name() -> None:
+    from tf_grpc_bench.replay.core.workload import unreplayed_summary
+
+    tasks = (
+        Task(job="ps", index=0),
+        Task(job="ps", index=1),
+        Task(job="worker", index=0),
+        Task(job="chief", index=0),
+    )
+
+    def summary(ps_to_ps: tuple[int, int]) -> tuple[int, str]:
+        rpcs = (
+            _rpc(RECV_TENSOR, 2, 0, 10, 100, 0),
+            _rpc(RECV_TENSOR, 0, 1, *ps_to_ps, 10),
+            _rpc(RUN_GRAPH, 3, 2, 25, 25, 20),
+            _rpc(RUN_GRAPH, 3, 2, 25, 25, 30),
+        )
+        trace = _trace(tasks, (0, 10_000, rpcs))
+        return unreplayed_summary(trace, trace_roles(trace, whole_steps=WORKERS_AND_PS_ONLY))
+
+    # Most bytes first, whatever the name.
+    assert summary((10, 990)) == (
+        1_100,
+        "ps->ps RecvTensor: 1 RPCs, 1000 B; chief->worker RunGraph: 2 RPCs, 100 B",
+    )
+    # On equal bytes, by name (not by count).
+    assert summary((10, 90)) == (
+        200,
+        "chief->worker RunGraph: 2 RPCs, 100 B; ps->ps RecvTensor: 1 RPCs, 100 B",
+    )
+
+
+def test_a_pull_waits_only_for_arrivals_at_its_own_server() -> None:
+    from tf_grpc_bench.replay.core.dependencies import Dependencies
+    from tf_grpc_bench.replay.core.workload import CapturedSegment, captured_path_segments
+
+    tasks = (Task(job="ps", index=0), Task(job="ps", index=1), Task(job="worker", index=0))
+    rpcs = (
+        _rpc(RECV_TENSOR, 0, 2, 10, 100, 0),  # ps:0 pulls worker:0's gradient (0 - 1,000)
+        _rpc(RECV_TENSOR, 2, 1, 10, 100, 2_000),  # worker:0 pulls from ps:1 (2,000 - 3,000)
+    )
+    trace = _trace(tasks, (0, 10_000, rpcs))
+    gradient, pull = trace_workload(trace, Benchmark.PS_THROUGHPUT, mode=Mode.NON_SERIALIZED).calls
+    assert (gradient.server_index, pull.server_index) == (0, 1)
+    assert gradient.dependencies == Dependencies(
+        ready_offset_ns=0,
+        arrival_offset_ns=1_000,
+        lands_on_worker=False,
+        is_arrival=True,
+        arrival_rank=0,
+        after_worker_arrivals=0,
+        after_server_arrivals=0,
+    )
+    # The gradient arrived at ps:0, not ps:1: the pull waits for nothing.
+    assert pull.dependencies == Dependencies(
+        ready_offset_ns=2_000,
+        arrival_offset_ns=3_000,
+        lands_on_worker=True,
+        is_arrival=True,
+        arrival_rank=0,
+        after_worker_arrivals=0,
+        after_server_arrivals=0,
+    )
+    ((number, task, segments),) = captured_path_segments(trace)
+    assert (number, task) == (0, 2)
+    assert segments == (
+        CapturedSegment(start_ns=0, end_ns=2_000, rpc_index=-1),
+        CapturedSegment(start_ns=2_000, end_ns=3_000, rpc_index=1),
+        CapturedSegment(start_ns=3_000, end_ns=10_000, rpc_index=-1),
+    )
+
+
+def test_a_control_call_at_its_steps_start_is_ready_at_zero() -> None:
+    tasks = (Task(job="ps", index=0), Task(job="worker", index=0))
+    rpcs = (
+        _rpc(RUN_GRAPH, 1, 0, 10, 10, 1_000),
+        _rpc(RECV_TENSOR, 1, 0, 10, 100, 1_500),
+    )
+    workload = trace_workload(
+        _trace(tasks, (1_000, 5_000, rpcs)), Benchmark.PS_THROUGHPUT, mode=Mode.NON_SERIALIZED
+    )
+    control, _ = workload.calls
+    assert control.dependencies is not None
+    assert (control.dependencies.ready_offset_ns, control.dependencies.arrival_offset_ns) == (
+        0,
+        1_000,
+    )
+
+
+def test_steps_starting_together_have_a_period_of_zero() -> None:
+    # Asynchronous training's worker-steps can start in the same nanosecond.
+    tasks = (Task(job="ps", index=0), Task(job="worker", index=0), Task(job="worker", index=1))
+    trace = _trace(
+        tasks,
+        (1_000, 4_000, (_rpc(RECV_TENSOR, 1, 0, 10, 100, 1_000),)),
+        (1_000, 3_000, (_rpc(RECV_TENSOR, 2, 0, 10, 100, 1_000),)),
+    )
+    workload = trace_workload(trace, Benchmark.PS_THROUGHPUT, mode=Mode.NON_SERIALIZED)
+    assert [(s.index, s.period_ns) for s in workload.steps] == [(0, 0), (1, 2_000)]
+
+
+def test_inexact_sizes_are_summed_over_every_step() -> None:
+    from tf_grpc_bench.replay.core.measurement import InexactSizes
+
+    tasks = (Task(job="ps", index=0), Task(job="worker", index=0))
+    trace = _trace(
+        tasks,
+        (0, 10_000, (_rpc(RECV_TENSOR, 1, 0, 10, 130, 0),)),  # 130 B -> 129 B
+        (10_000, 20_000, (_rpc(RECV_TENSOR, 1, 0, 10, 131, 10_000),)),  # exact
+    )
+    workload = trace_workload(trace, Benchmark.PS_THROUGHPUT, mode=Mode.SERIALIZED)
+    assert workload.inexact_sizes == InexactSizes(
+        calls_per_pass=1, traced_bytes=140, replayed_bytes=139, examples="130 B -> 129 B x1"
+    )
+
+
+def test_a_pull_request_without_a_tensor_name_is_padding() -> None:
+    from tf_grpc_bench.replay.core.workload import PullRequestLayout, pull_request_layout
+
+    assert pull_request_layout(5, 0) == PullRequestLayout(
+        response_content_bytes=0, tensor_name="", padding_bytes=3, message_bytes=5
+    )
+
+
+def test_a_pairs_dropped_rpcs_add_the_other_pairs_to_what_no_replay_can_send() -> None:
+    # Per step of the ps trace, without whole steps: chief -> worker and ps -> ps cannot be
+    # sent (2), and worker:1 -> ps:1 is not the pair (1); two steps.
+    workload = trace_workload(
+        _ps_trace(),
+        Benchmark.P2P_LATENCY,
+        mode=Mode.NON_SERIALIZED,
+        whole_steps=WORKERS_AND_PS_ONLY,
+    )
+    assert workload.parameters()["dropped_rpcs_per_pass"] == 6
+    assert workload.parameters()["calls_per_pass"] == 6
+
+
+def test_inexact_sizes_of_equal_counts_go_by_size_not_by_first_seen() -> None:
+    from tf_grpc_bench.replay.core.measurement import InexactSizes
+    from tf_grpc_bench.replay.core.workload import inexact_sizes
+
+    assert inexact_sizes([((5, 5), (5, 6)), ((1, 1), (0, 1))]) == InexactSizes(
+        calls_per_pass=2,
+        traced_bytes=12,
+        replayed_bytes=12,
+        examples="1 B -> 0 B x1, 5 B -> 6 B x1",
+    )
+
+
+def test_a_pull_request_that_cannot_be_encoded_goes_one_byte_short_after_its_length_field() -> None:
+    from tf_grpc_bench.replay.core.workload import PullRequestLayout, pull_request_layout
+
+    # response_bytes 100 takes 2 B; the 130 B left cannot be one field: 127 B of padding
+    # (129 B), 131 B in all.
+    assert pull_request_layout(132, 100) == PullRequestLayout(
+        response_content_bytes=100, tensor_name="", padding_bytes=127, message_bytes=131
+    )
+
+
+def test_a_synthetic_workload_of_one_payload() -> None:
+    generator = GeneratorConfig(
+        categories=(SizeCategory.SMALL,), buffers_per_payload=2, payload_count=1
+    )
+    workload = synthetic_workload(Benchmark.P2P_LATENCY, generator, mode=Mode.NON_SERIALIZED)
+    assert [(c.buffers, c.request_bytes) for c in workload.calls] == [((10, 10), 20)]
+    assert workload.parameters()["shape"] == "echo"

@@ -310,6 +310,11 @@ class DependencyTracker:
     def step_begin_ns(self) -> int:
         return self._begin
 
+    @property
+    def completed_count(self) -> int:
+        """How many of the step's calls have completed."""
+        return len(self._completed)
+
     def _advance(self) -> None:
         """Move calls whose waited-for prefixes are complete on, towards ``releasable``."""
         worker_done = self._worker.complete_count

@@ -172,7 +172,9 @@ def _cleanup(*, include_live: bool) -> int:
 
 
 #: replay flags that ``compare`` sets itself for each profile.
-_COMPARE_OWNS = ("target", "output_dir", "quiet", "tls", "tls_dir", "network_name")
+_COMPARE_OWNS = (
+    "target", "output_dir", "quiet", "tls", "tls_dir", "network_name", "procs_per_server",
+)  # fmt: skip
 #: serve flags that ``compare`` sets itself.
 _SERVE_OWNS = ("host", "port", "servers", "tls", "tls_dir")
 

@@ -386,6 +386,7 @@ def _measure(
 ) -> str:
     """Replay this task's part; returns its result document as JSON text."""
     client = parts.client_of(placement.task)
+    side = {index for task, index in parts.clients if task in parts.side_tasks}
     material = None if files is None else tls.material(files)
     channel_settings = replace(
         grpc_settings.channel_settings(request.grpc, material),
@@ -414,6 +415,8 @@ def _measure(
             plan=request.plan,
             settings=replace(channel_settings, rpc=rpc),
             parameters={**request.grpc_parameters, "task": str(placement.task)},
+            # A side client stays one process (its calls are few and small).
+            procs_per_worker=1 if client in side else request.procs_per_worker,
         )
         measured.append(result)
         if result.partial:

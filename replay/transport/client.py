@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import grpc
+import numpy as np
 
 from tf_grpc_bench.errors import ConfigError, TransportError
 from tf_grpc_bench.protos import bench_pb2
@@ -35,6 +36,7 @@ from tf_grpc_bench.replay.core.pacing import (
     release_time_ns,
 )
 from tf_grpc_bench.replay.core.workload import Call, Mode, Shape, WorkloadStep
+from tf_grpc_bench.replay.transport.peers import PEER_POLL_S, Peers
 from tf_grpc_bench.replay.transport.wire import (
     RESET_METHOD,
     STATS_METHOD,
@@ -578,17 +580,22 @@ class Driver:
         timeout_s: float,
         clock: Callable[[], int] = time.perf_counter_ns,
         sleep: Callable[[float], None] = time.sleep,
+        peers: Peers | None = None,
     ) -> None:
         self.clients = clients
         self.pacing = pacing
         self.timeout_s = timeout_s
         self.clock = clock
         self.sleep = sleep
+        #: The worker's other client processes (``--procs-per-worker``), if any: this
+        #: driver makes its own share of each step's calls and ends the step with them.
+        self.peers = peers
         self._issued_in_run = 0
 
     def prepare(self, steps: Iterable[WorkloadStep]) -> None:
         for step in steps:
-            for call in step.calls:
+            local = step if self.peers is None else self.peers.local_step(step)
+            for call in local.calls:
                 self.clients[call.server_index].prepare([call])
             if self.pacing.timing is Timing.DEPENDENCIES:
                 _dependencies_of(step)  # refuses calls without dependencies up front
@@ -622,10 +629,17 @@ class Driver:
         """
         if self.pacing.timing is Timing.DEPENDENCIES:
             return self._run_dependencies(step, run_begin_ns, step_begin_ns, samples)
+        peers = self.peers
+        if peers is not None:
+            peers.begin_step()
+            step = peers.local_step(step)
         if blocking_calls_suffice(self.pacing):
             end = self._run_blocking(step, run_begin_ns, step_begin_ns, stop_at_ns, samples)
         else:
             end = self._run_concurrent(step, run_begin_ns, step_begin_ns, stop_at_ns, samples)
+        if peers is not None:
+            # The step ends when the worker's last call, in whichever process, ended.
+            end = peers.end_step(end)
         return StepOutcome(last_end_ns=end)
 
     def _release(self, call: Call, run_begin_ns: int, step_begin_ns: int) -> int | None:
@@ -701,10 +715,17 @@ class Driver:
             period_ns=step.period_ns,
             compute_scale=self.pacing.compute_scale,
         )
-        replay = _DependentStep(self, step, tracker, run_begin_ns, samples)
-        replay.run()
+        if self.peers is None:
+            replay = _DependentStep(self, step, tracker, run_begin_ns, samples)
+            replay.run()
+            last_end = replay.last_end_ns
+        else:
+            self.peers.begin_step()
+            replay = _SharedDependentStep(self, step, tracker, run_begin_ns, samples, self.peers)
+            replay.run()
+            last_end = self.peers.end_step(replay.last_end_ns)
         return StepOutcome(
-            last_end_ns=replay.last_end_ns,
+            last_end_ns=last_end,
             next_begin_ns=tracker.next_step_begin_ns(),
             path=tracker.critical_path(),
         )
@@ -799,6 +820,8 @@ class _DependentStep:
         self.calls = step.calls
         self.tracker = tracker
         self.due: list[tuple[int, int]] = []
+        #: The calls this process makes (all but another process's share).
+        self.owned = frozenset(range(len(step.calls)))
         self.flight = _CallsInFlight(
             driver, run_begin_ns, samples, tracker.step_begin_ns, on_success=self._arrived
         )
@@ -822,6 +845,8 @@ class _DependentStep:
         clock = self.driver.clock
         flight = self.flight
         while not flight.errors:
+            while self.due and self.due[0][1] not in self.owned:
+                heapq.heappop(self.due)  # another process makes it
             if self.due and self.due[0][0] <= clock():
                 if flight.window_allows(self.calls[self.due[0][1]]):
                     return heapq.heappop(self.due)
@@ -830,14 +855,18 @@ class _DependentStep:
                 # A completion may bring an earlier release: wake on it too.
                 flight.condition.wait((self.due[0][0] - clock()) / 1e9)
             else:
-                flight.condition.wait()
+                self._wait_for_arrival()
         return None
+
+    def _wait_for_arrival(self) -> None:
+        """Block until a call completes (hold ``flight.condition``)."""
+        self.flight.condition.wait()
 
     def run(self) -> None:
         """Issue every call, wait for all; raise the first ``TransportError``."""
         with self.flight.condition:
             self._schedule_releasable()
-        for _ in range(len(self.calls)):
+        for _ in range(len(self.owned)):
             with self.flight.condition:
                 chosen = self._wait_for_next()
             if chosen is None:
@@ -845,6 +874,56 @@ class _DependentStep:
             release, index = chosen
             self.flight.start(self.calls[index], release, key=index)
         self.flight.drain()
+
+
+class _SharedDependentStep(_DependentStep):
+    """A ``_DependentStep`` of one of a worker's client processes: it makes its own share
+    of the calls and learns of the others' completions from ``peers``, so its tracker
+    sees the whole worker-step; ``run`` returns once every call of the step, in every
+    process, has completed."""
+
+    def __init__(
+        self,
+        driver: Driver,
+        step: WorkloadStep,
+        tracker: DependencyTracker,
+        run_begin_ns: int,
+        samples: list[CallSample] | None,
+        peers: Peers,
+    ) -> None:
+        super().__init__(driver, step, tracker, run_begin_ns, samples)
+        self.peers = peers
+        self.owned = frozenset(peers.owned(step))
+        self.fed = np.zeros(len(step.calls), dtype=bool)
+        self.fed[list(self.owned)] = True
+
+    def _arrived(self, index: int, end_ns: int) -> None:
+        self.peers.publish(index, end_ns)
+        super()._arrived(index, end_ns)
+
+    def _take_remote(self) -> None:
+        """Feed the other processes' completions to the tracker (any thread)."""
+        with self.flight.condition:
+            for index, end_ns in self.peers.arrivals(self.fed):
+                self.flight.last_end_ns = max(self.flight.last_end_ns, end_ns)
+                super()._arrived(index, end_ns)
+            self.flight.condition.notify_all()
+
+    def _wait_for_arrival(self) -> None:
+        self.flight.condition.wait(PEER_POLL_S)
+        if self.peers.broken:
+            raise TransportError("another client process of this worker stopped mid-step")
+
+    def run(self) -> None:
+        self.peers.on_arrivals(self._take_remote)
+        try:
+            self._take_remote()
+            super().run()
+            with self.flight.condition:
+                while self.tracker.completed_count < len(self.calls):
+                    self._wait_for_arrival()
+        finally:
+            self.peers.on_arrivals(None)
 
 
 def _dependencies_of(step: WorkloadStep) -> list[Dependencies]:

@@ -244,6 +244,13 @@ class WorkerLoop:
         finally:
             if self.step_barrier is not None:
                 self.step_barrier.leave()
+            if self.driver.peers is not None:
+                self.driver.peers.leave()
+
+    def _stops(self, stop: bool) -> bool:
+        """Whether to stop: ``stop``, or with a worker's other processes the leader's decision."""
+        peers = self.driver.peers
+        return stop if peers is None else peers.agree(stop)
 
     def _replay_steps(
         self,
@@ -261,9 +268,10 @@ class WorkerLoop:
         step_begin = begin_ns
         last_end = begin_ns
         for number, step in enumerate(self._cycle()):
-            if step_count is not None and number >= step_count:
-                break
-            if step_count is None and stop_at is not None and self.clock() >= stop_at:
+            if self._stops(
+                (step_count is not None and number >= step_count)
+                or (step_count is None and stop_at is not None and self.clock() >= stop_at)
+            ):
                 break
             outcome = self.driver.run_step(
                 step,
@@ -291,12 +299,14 @@ class WorkerLoop:
                     previous_end_ns=last_end if own else step_begin,
                     recorded_period_ns=step.period_ns,
                 )
-            now = self.clock()
-            if next_begin > now:
-                if stop_at is not None and step_count is None and next_begin >= stop_at:
-                    break
-                while self.clock() < next_begin:
-                    time.sleep((next_begin - self.clock()) / 1e9)
+            # A next step that would begin past the end is not waited for.  A worker's
+            # processes decide together (the leader's clock), every step.
+            late = stop_at is not None and step_count is None and next_begin >= stop_at
+            late = late and next_begin > self.clock()
+            if (late or self.driver.peers is not None) and self._stops(late):
+                break
+            while self.clock() < next_begin:
+                time.sleep((next_begin - self.clock()) / 1e9)
             if self.step_barrier is not None and not self.step_barrier.wait():
                 break
             step_begin = max(next_begin, self.clock())

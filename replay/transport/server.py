@@ -52,7 +52,7 @@ from typing import TYPE_CHECKING, Any
 import grpc
 
 from tf_grpc_bench import lifetime
-from tf_grpc_bench.errors import ServeError
+from tf_grpc_bench.errors import ServeError, TransportError
 from tf_grpc_bench.protos import bench_pb2, bench_pb2_grpc
 from tf_grpc_bench.replay.core.workload import (
     ECHO_METHOD,
@@ -61,6 +61,7 @@ from tf_grpc_bench.replay.core.workload import (
     RAW_PULL_HEADER_BYTES,
     Mode,
 )
+from tf_grpc_bench.replay.transport.siblings import SIBLING_METADATA, Siblings, merge_stats
 from tf_grpc_bench.replay.transport.wire import (
     CONTROL_SERVICE,
     ECHO_STREAM_METHOD,
@@ -85,6 +86,10 @@ from tf_grpc_bench.replay.transport.wire import (
 
 #: The paper's port.
 DEFAULT_PORT = 50001
+
+
+#: Where the processes serving one address (``--procs-per-server``) reach each other.
+SIBLING_HOST = "127.0.0.1"
 
 
 def _join(host: str, port: int) -> str:
@@ -254,6 +259,8 @@ class _State:
         )
         self._large_responses = threading.Lock()
         self.address = ""
+        #: The other processes serving the same address (``--procs-per-server``), if any.
+        self.siblings: Siblings | None = None
         self.sessions = _Sessions(settings.max_sessions)
         self.control_token = settings.control_token
         self.send_limit = settings.send_limit_bytes()
@@ -499,11 +506,36 @@ class _Handlers(_GenericHandler):
         session.control_ns = time.monotonic_ns()
         return session
 
+    def _to_siblings(self, context: grpc.ServicerContext) -> Siblings | None:
+        """The siblings a control call must also reach (None: this process only)."""
+        metadata = context.invocation_metadata()
+        if any(key == SIBLING_METADATA for key, _ in metadata):
+            return None
+        return self._state.siblings
+
     def _stats(self, request: bytes, context: grpc.ServicerContext) -> bytes:
-        return self._state.stats(self._control_session(context)).to_json()
+        session = self._control_session(context)
+        own = self._state.stats(session)
+        siblings = self._to_siblings(context)
+        if siblings is None:
+            return own.to_json()
+        try:
+            answers = siblings.call(STATS_METHOD, session.id)
+            others = [ServerStats.from_json(a, source=siblings.addresses[0]) for a in answers]
+        except TransportError as error:
+            context.abort(grpc.StatusCode.UNAVAILABLE, str(error))
+            raise AssertionError("abort returned") from None
+        return merge_stats(own, others).to_json()
 
     def _reset(self, request: bytes, context: grpc.ServicerContext) -> bytes:
-        self._control_session(context).reset()
+        session = self._control_session(context)
+        session.reset()
+        siblings = self._to_siblings(context)
+        if siblings is not None:
+            try:
+                siblings.call(RESET_METHOD, session.id)
+            except TransportError as error:
+                context.abort(grpc.StatusCode.UNAVAILABLE, str(error))
         return b""
 
 
@@ -600,14 +632,23 @@ class ReplayServer:
         host: str = "127.0.0.1",
         port: int = 0,
         settings: ServerSettings | None = None,
+        shared: bool = False,
+        sibling: bool = False,
     ) -> None:
+        """``shared``: one of several processes serving ``port`` (``siblings``): bind it
+        with SO_REUSEPORT and listen on a port of its own for the others too;
+        ``sibling``: another process of them has bound ``port`` already."""
         self.mode = mode
         self.host = host
         self.requested_port = port
         self.settings = settings or ServerSettings()
+        self.shared = shared or sibling
+        self.sibling = sibling
         self._state = _State(mode, self.settings)
         self._server: grpc.Server | None = None
         self.port = 0
+        #: ``shared``: where the other processes reach this one (``host:port``).
+        self.sibling_address = ""
 
     @property
     def address(self) -> str:
@@ -622,12 +663,17 @@ class ReplayServer:
         """Bind and start serving.  Raises ``ServeError`` when the port cannot be had."""
         if not 0 <= self.requested_port <= 65535:
             raise ServeError(f"--port {self.requested_port}: expected 0..65535")
-        check_port_available(self.host, self.requested_port)
+        if not self.sibling:
+            check_port_available(self.host, self.requested_port)
+        options = self.settings.all_options()
+        if self.shared:
+            # grpcio keeps the first of two options with the same key.
+            options = [("grpc.so_reuseport", 1), *options]
         server = grpc.server(
             futures.ThreadPoolExecutor(
                 max_workers=self.settings.max_workers, thread_name_prefix="replay-server"
             ),
-            options=self.settings.all_options(),
+            options=options,
         )
         # Every path, the Replay service's own included, goes through the
         # generic handler: it sees each call's metadata, hence its session.
@@ -645,11 +691,26 @@ class ReplayServer:
             raise ServeError(
                 f"cannot listen on {self.bind_address}: port in use or address not available"
             )
+        if self.shared:
+            self.sibling_address = self._listen_for_siblings(server)
         server.start()
         self.port = port
         self._state.address = self.address
         self._server = server
         return self
+
+    def _listen_for_siblings(self, server: grpc.Server) -> str:
+        """A loopback port of this process's own, for the other processes serving its
+        address (on this host: no TLS; control calls there still need the token)."""
+        port = server.add_insecure_port(_join(SIBLING_HOST, 0))
+        if port == 0:
+            server.stop(None)
+            raise ServeError(f"cannot listen on {SIBLING_HOST} for the other server processes")
+        return dial_address(SIBLING_HOST, port)
+
+    def set_siblings(self, addresses: Sequence[str]) -> None:
+        """The other processes serving this address: control calls reach them too."""
+        self._state.siblings = Siblings(addresses, control_token=self.settings.control_token)
 
     def stats(self, session: str = "") -> ServerStats:
         """What ``session`` (default: calls naming none) counted since its reset."""
@@ -712,10 +773,14 @@ def _serve_in_process(
     port: int,
     settings: ServerSettings,
     parent_pid: int = 0,
+    shared: bool = False,
+    sibling: bool = False,
 ) -> None:
     """Entry point of a server process: report the port, serve until SIGTERM.
 
-    Dies with its parent (``parent_pid``), even one killed by SIGKILL.
+    Dies with its parent (``parent_pid``), even one killed by SIGKILL.  ``shared``
+    and ``sibling`` as ``ReplayServer`` takes them; a shared server then waits
+    for the addresses of its siblings (("siblings", [...]) -> ("ready",)).
     """
     lifetime.die_with_parent(parent_pid)
     if settings.keep_freed_memory:
@@ -726,13 +791,23 @@ def _serve_in_process(
     # servers stop.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
-    server = ReplayServer(mode=Mode(mode_value), host=host, port=port, settings=settings)
+    server = ReplayServer(
+        mode=Mode(mode_value), host=host, port=port, settings=settings, shared=shared,
+        sibling=sibling,
+    )  # fmt: skip
     try:
         server.start()
     except ServeError as error:
         connection.send(("error", str(error)))
         return
-    connection.send(("ok", server.port))
+    connection.send(("ok", server.port, server.sibling_address))
+    try:
+        if shared or sibling:
+            _, addresses = connection.recv()
+            server.set_siblings(addresses)
+            connection.send(("ready",))
+    except (EOFError, OSError):
+        stop.set()  # the parent is gone
     connection.close()
     while not stop.wait(0.5):
         pass
@@ -740,7 +815,8 @@ def _serve_in_process(
 
 
 class LocalServers:
-    """``count`` replay servers, each in its own process (spawned, so nothing is inherited).
+    """``count`` replay servers, each in its own process (spawned, so nothing is inherited),
+    or each in ``procs_per_server`` processes sharing its port (``siblings``).
 
     ``targets`` lists their addresses, in order.  ``stop`` terminates exactly
     the processes this object started; each also dies with this process
@@ -757,9 +833,12 @@ class LocalServers:
         ports: Sequence[int] | None = None,
         settings: ServerSettings | None = None,
         start_timeout_s: float = 60.0,
+        procs_per_server: int = 1,
     ) -> None:
         if count < 1:
             raise ServeError(f"need at least one server, got {count}")
+        if procs_per_server < 1:
+            raise ServeError(f"need at least one process per server, got {procs_per_server}")
         self.count = count
         self.mode = mode
         self.host = host
@@ -768,55 +847,91 @@ class LocalServers:
             raise ServeError(f"{count} servers but {len(self.ports)} ports")
         self.settings = settings or ServerSettings()
         self.start_timeout_s = start_timeout_s
+        self.procs_per_server = procs_per_server
         self.processes: list[Any] = []
         self.targets: list[str] = []
+        self._pending: list[multiprocessing.connection.Connection] = []
+
+    def _spawn(
+        self, context: Any, port: int, *, sibling: bool
+    ) -> tuple[Any, multiprocessing.connection.Connection]:
+        parent_end, child_end = context.Pipe()
+        process = context.Process(
+            target=_serve_in_process,
+            args=(
+                child_end,
+                self.mode.value,
+                self.host,
+                port,
+                self.settings,
+                os.getpid(),
+                self.procs_per_server > 1,
+                sibling,
+            ),
+            name=f"tf-grpc-bench-server-{len(self.processes)}",
+            daemon=True,
+        )
+        process.start()
+        child_end.close()
+        self.processes.append(process)
+        self._pending.append(parent_end)
+        return process, parent_end
+
+    def _report(
+        self, process: Any, connection: multiprocessing.connection.Connection
+    ) -> tuple[object, ...]:
+        """The next message of a starting server process; ServeError if it failed."""
+        if not connection.poll(self.start_timeout_s):
+            raise ServeError(
+                f"server process {process.pid} did not report its port within "
+                f"{self.start_timeout_s:g} s"
+            )
+        try:
+            message: tuple[object, ...] = connection.recv()
+        except EOFError:
+            raise ServeError(
+                f"server process {process.pid} exited while starting (exit code {process.exitcode})"
+            ) from None
+        if message[0] == "error":
+            raise ServeError(str(message[1]))
+        return message
 
     def start(self) -> LocalServers:
         context = multiprocessing.get_context("spawn")
-        pending = []
         try:
-            for port in self.ports:
-                parent_end, child_end = context.Pipe(duplex=False)
-                process = context.Process(
-                    target=_serve_in_process,
-                    args=(
-                        child_end,
-                        self.mode.value,
-                        self.host,
-                        port,
-                        self.settings,
-                        os.getpid(),
-                    ),
-                    name=f"tf-grpc-bench-server-{len(self.processes)}",
-                    daemon=True,
-                )
-                process.start()
-                child_end.close()
-                self.processes.append(process)
-                pending.append(parent_end)
-            for process, connection in zip(self.processes, pending, strict=True):
-                if not connection.poll(self.start_timeout_s):
-                    raise ServeError(
-                        f"server process {process.pid} did not report its port within "
-                        f"{self.start_timeout_s:g} s"
-                    )
-                try:
-                    status, value = connection.recv()
-                except EOFError:
-                    raise ServeError(
-                        f"server process {process.pid} exited while starting "
-                        f"(exit code {process.exitcode})"
-                    ) from None
-                if status != "ok":
-                    raise ServeError(str(value))
-                self.targets.append(dial_address(self.host, int(value)))
+            firsts = [self._spawn(context, port, sibling=False) for port in self.ports]
+            reports = [self._report(*first) for first in firsts]
+            groups = [
+                [first] + [
+                    self._spawn(context, int(str(report[1])), sibling=True)
+                    for _ in range(self.procs_per_server - 1)
+                ]
+                for first, report in zip(firsts, reports, strict=True)
+            ]  # fmt: skip
+            for group, report in zip(groups, reports, strict=True):
+                if len(group) > 1:
+                    self._introduce(group, [report] + [self._report(*m) for m in group[1:]])
+                self.targets.append(dial_address(self.host, int(str(report[1]))))
         except BaseException:
             self.stop()
             raise
         finally:
-            for connection in pending:
+            for connection in self._pending:
                 connection.close()
+            self._pending = []
         return self
+
+    def _introduce(
+        self,
+        group: Sequence[tuple[Any, multiprocessing.connection.Connection]],
+        reports: Sequence[tuple[object, ...]],
+    ) -> None:
+        """Tell each process serving one address where the others are, and wait for them."""
+        addresses = [str(report[2]) for report in reports]
+        for index, (_, connection) in enumerate(group):
+            connection.send(("siblings", addresses[:index] + addresses[index + 1 :]))
+        for member in group:
+            self._report(*member)
 
     @property
     def pids(self) -> list[int]:
@@ -857,14 +972,16 @@ def serve_until(
     ports: Sequence[int],
     settings: ServerSettings,
     announce: Callable[[str], None],
+    procs_per_server: int = 1,
 ) -> str:
     """``tf-grpc-bench serve``: ps servers on ``ports`` until ``stop`` is set.
 
-    One port is served in this process, several by one process each.
-    ``announce`` gets the line saying where they listen; the return value is
-    the line saying what they did.
+    One port is served in this process, several by one process each, or each
+    by ``procs_per_server`` processes (``siblings``).  ``announce`` gets the
+    line saying where they listen; the return value is the line saying what
+    they did.
     """
-    if len(ports) == 1:
+    if len(ports) == 1 and procs_per_server == 1:
         if settings.keep_freed_memory:
             keep_freed_memory()
         server = ReplayServer(mode=mode, host=host, port=ports[0], settings=settings)
@@ -879,7 +996,14 @@ def serve_until(
             received_bytes, received_messages = server.received()
             server.stop(1.0)
         return f"stopped; received {received_messages} messages, {received_bytes} bytes"
-    servers = LocalServers(len(ports), mode=mode, host=host, ports=list(ports), settings=settings)
+    servers = LocalServers(
+        len(ports),
+        mode=mode,
+        host=host,
+        ports=list(ports),
+        settings=settings,
+        procs_per_server=procs_per_server,
+    )
     servers.start()
     try:
         announce(

@@ -321,12 +321,18 @@ class ServerStats:
     #: Other sessions that made calls since this one's reset: the server (and
     #: its ``cpu_ns``, which is the whole process's) was shared with them.
     other_sessions: int = 0
+    #: Processes serving this address (``--procs-per-server``), their counts merged
+    #: here (``siblings``); with more than one, the messages each received.
+    processes: int = 1
+    received_messages_per_process: list[int] = field(default_factory=list)
 
     def to_json(self) -> bytes:
         document = asdict(self)
         if not self.session:
             # What a client that names no session (an older one) knows how to read.
             del document["session"], document["other_sessions"]
+        if self.processes == 1:
+            del document["processes"], document["received_messages_per_process"]
         return json.dumps(document, sort_keys=True).encode()
 
     @classmethod
