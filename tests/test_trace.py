@@ -636,6 +636,15 @@ def test_a_version_1_trace_cannot_carry_a_step_detection() -> None:
         dataclasses.replace(make_trace(steps=1), format_version=1, step_detection=DETECTION)
 
 
+def test_a_version_2_trace_keeps_its_step_detection_and_a_version_3_its_clocks() -> None:
+    """The first versions that carry each record take it (the boundaries of both checks)."""
+    version_2 = dataclasses.replace(make_trace(steps=1), format_version=2, step_detection=DETECTION)
+    assert version_2.step_detection == DETECTION
+    alignment = trace_model.ClockAlignment(reference="ps:0", method="wire")
+    version_3 = dataclasses.replace(version_2, format_version=3, clock_alignment=alignment)
+    assert version_3.clock_alignment == alignment
+
+
 def test_set_aside_records_refuse_nonsense() -> None:
     with pytest.raises(
         ValueError, match=r"^set-aside phase must be startup or teardown, got 'steady'$"
