@@ -51,7 +51,8 @@ def _alive(pid: int) -> bool:
     return _parent_of(pid) is not None
 
 
-def _descendants(pid: int) -> set[int]:
+def _descendants(*pids: int) -> set[int]:
+    """Every live process below any of ``pids`` (one read of /proc)."""
     parents = {}
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit():
@@ -59,7 +60,7 @@ def _descendants(pid: int) -> set[int]:
             if parent is not None:
                 parents[int(entry.name)] = parent
     found: set[int] = set()
-    frontier = {pid}
+    frontier = set(pids)
     while frontier:
         frontier = {child for child, parent in parents.items() if parent in frontier} - found
         found |= frontier

@@ -20,6 +20,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.test_placement import free_ports
+from tests.test_reliability_faults import _descendants, _parent_of
 from tf_grpc_bench import trace_files
 from tf_grpc_bench.replay import cli
 from tf_grpc_bench.replay.core.measurement import Benchmark, BenchmarkResult
@@ -183,41 +185,6 @@ def test_a_synthetic_cluster_replay_has_no_side_parts() -> None:
 # -- real processes ------------------------------------------------------------------
 
 
-def _free_ports(count: int) -> list[int]:
-    sockets = [socket.socket() for _ in range(count)]
-    try:
-        for s in sockets:
-            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            s.bind(("127.0.0.1", 0))
-        return [s.getsockname()[1] for s in sockets]
-    finally:
-        for s in sockets:
-            s.close()
-
-
-def _parent_of(pid: int) -> int | None:
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except OSError:
-        return None
-    return None if fields[0] == "Z" else int(fields[1])
-
-
-def _descendants(pids: set[int]) -> set[int]:
-    parents = {}
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            parent = _parent_of(int(entry.name))
-            if parent is not None:
-                parents[int(entry.name)] = parent
-    found: set[int] = set()
-    frontier = set(pids)
-    while frontier:
-        frontier = {child for child, parent in parents.items() if parent in frontier} - found
-        found |= frontier
-    return found
-
-
 def _run_cluster(
     cluster: dict[str, list[str]], output: Path
 ) -> tuple[dict[str, tuple[int, str, str]], set[int]]:
@@ -244,7 +211,7 @@ def _run_cluster(
     deadline = time.monotonic() + 600
     try:
         while any(p.poll() is None for p in processes.values()) and time.monotonic() < deadline:
-            started |= _descendants({p.pid for p in processes.values()})
+            started |= _descendants(*(p.pid for p in processes.values()))
             time.sleep(0.5)
         outcomes = {}
         for task, process in processes.items():
@@ -278,7 +245,7 @@ def test_a_cluster_pass_replays_every_kind_of_call_as_a_one_host_replay_does(
     trace = trace_files.read_trace(trace_files.shipped_trace_path(TRACE))
     assert _inspected_kinds(trace, tmp_path) == TRACE_KINDS
 
-    chief, ps0, ps1, worker0, worker1 = (f"127.0.0.1:{p}" for p in _free_ports(5))
+    chief, ps0, ps1, worker0, worker1 = (f"127.0.0.1:{p}" for p in free_ports(5))
     cluster = {"chief": [chief], "ps": [ps0, ps1], "worker": [worker0, worker1]}
     outcomes, started = _run_cluster(cluster, tmp_path / "cluster")
     for task, (code, stdout, stderr) in outcomes.items():
