@@ -16,7 +16,7 @@ import pytest
 
 from tf_grpc_bench.errors import CaptureError, ConfigError, ServeError
 from tf_grpc_bench.profiler.launch.config import TrainingConfig
-from tf_grpc_bench.profiler.launch.job import TrainingJob
+from tf_grpc_bench.profiler.launch.job import JobOutcome, TrainingJob
 from tf_grpc_bench.profiler.launch.markers import StepMarker, read_step_markers
 from tf_grpc_bench.profiler.launch.plan import TaskSpec, plan_tasks
 from tf_grpc_bench.profiler.launch.ports import free_ports, port_is_free
@@ -210,16 +210,64 @@ def test_task_spec_rejects_an_advertised_address_without_port() -> None:
 # -- real training -------------------------------------------------------------
 
 
+@dataclasses.dataclass(frozen=True)
+class RelayedRun:
+    """A training job whose peers dialled relays: what it ended with, and what went through."""
+
+    outcome: JobOutcome
+    pids: tuple[int, ...]
+    relayed_bytes: dict[tuple[str, int], int]
+
+
+def _train_through_relays(config: TrainingConfig, workdir: Path) -> RelayedRun:
+    """Trains ``config`` with every peer dialling a relay in front of each task's bound port;
+    checks that every task, the coordinator included, listened on its bind port."""
+    planned = plan_tasks(config)
+    relays = {task.key: ByteRelay(task.bind_port) for task in planned}
+    tasks = [
+        dataclasses.replace(task, advertised_address=f"127.0.0.1:{relays[task.key].port}")
+        for task in planned
+    ]
+    try:
+        with TrainingJob(config, tasks, workdir) as job:
+            job.start()
+            outcome = job.wait(timeout_s=600)
+            for task in tasks:
+                socket.create_connection(("127.0.0.1", task.bind_port), timeout=5).close()
+            pids = tuple(job.pids().values())
+    finally:
+        for relay in relays.values():
+            relay.close()
+    return RelayedRun(outcome, pids, {key: r.forwarded_bytes for key, r in relays.items()})
+
+
+def _assert_trained_through_the_relays(config: TrainingConfig, run: RelayedRun) -> None:
+    steady = run.outcome.steady_markers
+    driving = {f"{job}:{index}" for job, index in config.driving_tasks}
+    assert {m.task for m in steady} == driving
+    # One marker per round for synchronous tf2-ps, else one per worker-step.
+    rounds = config.setup == "tf2-ps" and config.synchronous
+    assert len(steady) == config.steps * (1 if rounds else config.workers)
+    # Weights and gradients went through the relays, not straight to the ports.
+    weights = config.workers * (config.warmup_steps + config.steps) * 548_730 * 4
+    if config.setup == "mwms":
+        assert sum(run.relayed_bytes.values()) >= weights
+    else:
+        assert run.relayed_bytes[("ps", 0)] >= weights
+        gradients = sum(n for key, n in run.relayed_bytes.items() if key[0] == "worker")
+        assert gradients >= weights
+
+
 @pytest.mark.tensorflow
 def test_tf2_parameter_server_training_writes_steady_markers_and_job_info(
     tmp_path: Path,
 ) -> None:
+    """Also the relay test's synchronous tf2-ps case (one job for both: the markers, the
+    job information and the stopped tasks do not depend on which port a peer dials)."""
     config = _config("tf2-ps")
-    with TrainingJob(config, plan_tasks(config), tmp_path) as job:
-        job.start()
-        outcome = job.wait(timeout_s=600)
-        pids = list(job.pids().values())
-    assert not any(_alive(pid) for pid in pids)
+    run = _train_through_relays(config, tmp_path)
+    outcome = run.outcome
+    assert not any(_alive(pid) for pid in run.pids)
     assert [(m.task, m.step, m.phase) for m in outcome.markers] == [
         ("chief:0", 0, "warmup"),
         ("chief:0", 1, "steady"),
@@ -235,47 +283,20 @@ def test_tf2_parameter_server_training_writes_steady_markers_and_job_info(
     assert info["setup"] == "tf2-ps" and info["synchronous"] is True
     assert info["input_shape"] == [16, 16, 3] and info["batch_size"] == 4
     assert info["keras_flavour"] == "keras" and info["tensorflow_version"].startswith("2.")
+    _assert_trained_through_the_relays(config, run)
 
 
 @pytest.mark.tensorflow
 @pytest.mark.parametrize(
     ("setup", "synchronous"),
-    [("tf2-ps", True), ("tf2-ps", False), ("tf1-ps", True), ("tf1-ps", False), ("mwms", True)],
+    # Synchronous tf2-ps: test_tf2_parameter_server_training_writes_steady_markers_and_job_info.
+    [("tf2-ps", False), ("tf1-ps", True), ("tf1-ps", False), ("mwms", True)],
 )
 def test_training_works_when_peers_dial_a_relay_instead_of_the_bound_port(
     tmp_path: Path, setup: str, synchronous: bool
 ) -> None:
     config = _config(setup, synchronous=synchronous)
-    planned = plan_tasks(config)
-    relays = {task.key: ByteRelay(task.bind_port) for task in planned}
-    tasks = [
-        dataclasses.replace(task, advertised_address=f"127.0.0.1:{relays[task.key].port}")
-        for task in planned
-    ]
-    try:
-        with TrainingJob(config, tasks, tmp_path) as job:
-            job.start()
-            outcome = job.wait(timeout_s=600)
-            # Every task, the coordinator included, listens on its bind port.
-            for task in tasks:
-                socket.create_connection(("127.0.0.1", task.bind_port), timeout=5).close()
-    finally:
-        for relay in relays.values():
-            relay.close()
-    steady = outcome.steady_markers
-    driving = {f"{job}:{index}" for job, index in config.driving_tasks}
-    assert {m.task for m in steady} == driving
-    # One marker per round for synchronous tf2-ps, else one per worker-step.
-    rounds = setup == "tf2-ps" and synchronous
-    assert len(steady) == config.steps * (1 if rounds else config.workers)
-    # Weights and gradients went through the relays, not straight to the ports.
-    weights = config.workers * (config.warmup_steps + config.steps) * 548_730 * 4
-    if setup == "mwms":
-        assert sum(r.forwarded_bytes for r in relays.values()) >= weights
-    else:
-        assert relays[("ps", 0)].forwarded_bytes >= weights
-        gradients = sum(r.forwarded_bytes for key, r in relays.items() if key[0] == "worker")
-        assert gradients >= weights
+    _assert_trained_through_the_relays(config, _train_through_relays(config, tmp_path))
 
 
 @pytest.mark.tensorflow
