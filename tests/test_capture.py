@@ -659,7 +659,7 @@ def test_a_task_that_crashes_ends_the_capture_with_a_partial_trace(
 
 @pytest.mark.tensorflow
 def test_a_task_that_hangs_ends_the_capture_with_a_partial_trace(tmp_path: Path) -> None:
-    code, _, stderr, output, workdir = _run_and_interfere(tmp_path, "hang", "--step-timeout", "8")
+    code, _, stderr, output, workdir = _run_and_interfere(tmp_path, "hang", "--step-timeout", "3")
     assert code == 4
     lines = stderr.strip().splitlines()
     assert len(lines) == 1 and "hangs" in lines[0]
