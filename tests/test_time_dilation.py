@@ -318,3 +318,26 @@ def test_compare_replays_a_dilated_link_shaped_that_much_slower(tmp_path: Path) 
     text = (compare_dir / compare.COMPARISON_FILE).read_text()
     assert "- 200mbit: replayed 2 times slower, on a 100mbit link" in text
     assert "unlimited: replayed" not in text
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--time-dilation", "fast"], "--time-dilation 'fast': expected 'auto' or a factor"),
+        # Every benchmark (the default) includes P2P ones, paced asap: not dilatable.
+        (["--time-dilation", "2"], "--time-dilation applies only to --pacing dependencies"),
+    ],
+)
+def test_compare_refuses_a_bad_dilation_before_making_anything(
+    tmp_path: Path, flags: list[str], message: str
+) -> None:
+    path = tmp_path / "paced.tfgbtrace"
+    trace_files.write_trace(_paced_trace(steps=2), path)
+    completed = subprocess.run(
+        [COMMAND, "network", "compare", str(path), "--profiles", "1gbit", *flags],
+        cwd=tmp_path, capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert completed.returncode == 2, completed.stderr
+    assert message in completed.stderr
+    assert len(completed.stderr.strip().splitlines()) == 1
+    assert not list(tmp_path.glob("runs/*"))

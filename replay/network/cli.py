@@ -23,6 +23,7 @@ from typing import Protocol
 from tf_grpc_bench import lifetime, netns
 from tf_grpc_bench.errors import NetworkError, RunInterrupted, UsageError
 from tf_grpc_bench.replay.core import planning
+from tf_grpc_bench.replay.core.pacing import Timing
 from tf_grpc_bench.replay.core.workload import Workload
 from tf_grpc_bench.replay.network import compare as network_compare
 from tf_grpc_bench.replay.network.netinfo import format_rate
@@ -214,6 +215,7 @@ def _compare(
         ),
         tls=bool(args.tls),
         time_dilation=dilation,
+        dilatable=all(p.timing is Timing.DEPENDENCIES for p in request.pacings),
     )
     comparison = network_compare.compare_networks(
         config, on_line=(lambda line: None) if args.quiet else print

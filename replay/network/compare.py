@@ -65,6 +65,9 @@ class CompareConfig:
     #: factor, or None for automatic (``next_dilation``: none unless the replay
     #: was its own bound, then as much as it takes).
     time_dilation: float | None = None
+    #: Whether every replayed benchmark is dependency-paced (a trace's PS throughput),
+    #: the only pacing a dilation applies to: automatic dilation is off otherwise.
+    dilatable: bool = True
 
     def __post_init__(self) -> None:
         if not self.profiles:
@@ -203,6 +206,12 @@ def _replay_profile(
     while config.time_dilation is None and not outcome.error:
         following = next_dilation(outcome.document, dilation)
         if following is None or (previous is not None and converged(previous, outcome.document)):
+            break
+        if not config.dilatable:
+            on_line(
+                f"{profile.name}: the replay was bound by its machine; time dilation applies "
+                "to a trace's ps-throughput replay alone (--benchmark ps-throughput)"
+            )
             break
         on_line(
             f"{profile.name}: the replay was bound by its machine at time dilation "
