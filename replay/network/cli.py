@@ -23,7 +23,7 @@ from typing import Protocol
 from tf_grpc_bench import lifetime, netns
 from tf_grpc_bench.errors import NetworkError, RunInterrupted, UsageError
 from tf_grpc_bench.replay.core import planning
-from tf_grpc_bench.replay.core.pacing import Timing
+from tf_grpc_bench.replay.core.pacing import Pacing, Timing
 from tf_grpc_bench.replay.core.workload import Workload
 from tf_grpc_bench.replay.network import compare as network_compare
 from tf_grpc_bench.replay.network.netinfo import format_rate
@@ -35,6 +35,9 @@ class ReplayRequest(Protocol):
 
     @property
     def workloads(self) -> tuple[Workload, ...]: ...
+
+    @property
+    def pacings(self) -> tuple[Pacing, ...]: ...
 
 
 #: Adds a command's flags to a parser (``replay.cli.configure_replay``, ``configure_serve``).
