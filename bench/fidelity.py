@@ -77,6 +77,8 @@ class Prediction:
     cpu_per_round_s: float | None
     #: The replay's result document (for the TensorBoard comparison).
     document: Path
+    #: The time dilation ``network compare`` chose (1: none).
+    time_dilation: float = 1.0
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -181,6 +183,7 @@ def predict(
         compute_s=(prediction.get("compute_ns") or 0.0) / 1e9,
         cpu_cores=cores,
         document=documents[-1],
+        time_dilation=float(document["benchmarks"][0]["parameters"].get("time_dilation", 1.0)),
     )
 
 
@@ -193,7 +196,9 @@ def cpu_per_round(benchmark: dict) -> float | None:
     client, server = statistics_block.get("client_cpu_ns"), statistics_block.get("server_cpu_ns")
     if not steps or not workers or client is None or server is None:
         return None
-    return (client + server) / 1e9 / (steps / workers)
+    # A dilated replay's document divides its CPU times by the dilation, as every time.
+    dilation = benchmark["parameters"].get("time_dilation", 1.0)
+    return (client + server) * dilation / 1e9 / (steps / workers)
 
 
 def measure(
@@ -247,7 +252,8 @@ def _prediction_cells(prediction: Prediction | None, training_s: float) -> list[
         return ["failed", "-"]
     ratio = prediction.step_s / training_s
     bound = " (replay CPU-bound)" if prediction.cpu_cores >= CPU_BOUND_CORES else ""
-    return [f"{prediction.step_s:.2f} s", f"{ratio:.2f}{bound}"]
+    dilated = f" (x{prediction.time_dilation:g})" if prediction.time_dilation != 1 else ""
+    return [f"{prediction.step_s:.2f} s{dilated}", f"{ratio:.2f}{bound}"]
 
 
 def report(rows: list[Row], setup: str, command: str, before: str, after: str) -> str:
@@ -261,11 +267,14 @@ def report(rows: list[Row], setup: str, command: str, before: str, after: str) -
         f"Training: median steady round (a step on each of 2 workers, synchronous {setup}, 2 ps on",
         "one emulated host, chief and workers on another) captured on the link. Replay: the",
         "predicted step (dependencies pacing, compute kept) of the PS-throughput replay across",
-        "the same link, of a trace captured on loopback and of the one captured on the link.",
+        "the same link, of a trace captured on loopback and of the one captured on the link,",
+        "with network compare's default automatic time dilation: '(xK)' marks a replay run K",
+        "times slower on a link K times slower, its times divided by K (docs/fidelity.md).",
         f"'replay CPU-bound': replay client and server used >= {CPU_BOUND_CORES} of 2 cores.",
         "'replay CPU': the loopback-trace replay's client and server CPU seconds per replayed",
         "round; 'CPU floor': that over this machine's cores, the shortest round it could replay",
-        "even with the work spread perfectly (predicting a round needs a floor well below it).",
+        "undilated even with the work spread perfectly (a floor near training's round is what",
+        "time dilation is for).",
         "",
         *table_head(
             "model", "link", "training round", "link bound", "replay (loopback trace)",

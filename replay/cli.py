@@ -337,6 +337,15 @@ def _add_timing_flags(parser: argparse.ArgumentParser) -> None:
         help="dependencies pacing: keep the recorded compute gaps (default), drop them "
         "(communication only), or scale them (0.5: compute twice as fast)",
     )
+    timing.add_argument(
+        "--time-dilation",
+        default=None,
+        metavar="K",
+        help="dependencies pacing: run K times slower than the training predicted, on a link "
+        "K times slower than it (the link is yours to shape; network compare shapes it and "
+        "defaults to auto), and report every time divided by K: for a replay too slow on "
+        "this machine for a fast link (default 1)",
+    )
     timing.add_argument("--rate", type=float, default=None, help="calls per second per worker")
     timing.add_argument(
         "--speedup", type=float, default=None, help="recorded pacing: replay N times faster"
@@ -501,6 +510,10 @@ def parse_compute(text: str | None) -> float:
     return scale
 
 
+def _time_dilation(args: argparse.Namespace) -> float:
+    return planning.parse_time_dilation(getattr(args, "time_dilation", None)) or 1.0
+
+
 def _pacing_choice(args: argparse.Namespace) -> runner.PacingChoice:
     return runner.PacingChoice(
         timing=None if args.pacing is None else Timing(args.pacing),
@@ -508,6 +521,7 @@ def _pacing_choice(args: argparse.Namespace) -> runner.PacingChoice:
         speedup=args.speedup,
         compute_scale=None if args.compute is None else parse_compute(args.compute),
         outstanding=args.outstanding,
+        time_dilation=_time_dilation(args),
     )
 
 
@@ -629,14 +643,17 @@ def _run_plan(args: argparse.Namespace) -> RunPlan:
     connect = _seconds("--connect-timeout", args.connect_timeout, allow_zero=False) / NS_PER_S
     if args.duration is not None and (args.steps is not None or args.passes is not None):
         raise UsageError("--duration and --steps/--passes are alternatives; give one")
+    # Times asked are the predicted training's; a dilated run takes that many times longer.
+    dilation = _time_dilation(args)
     return RunPlan(
-        warmup_ns=warmup_ns,
-        duration_ns=duration_ns,
+        warmup_ns=round(warmup_ns * dilation),
+        duration_ns=round(duration_ns * dilation),
         runs=args.runs,
         steps=args.steps,
         passes=args.passes,
-        deadline_s=deadline,
+        deadline_s=deadline * dilation,
         connect_timeout_s=connect,
+        time_dilation=dilation,
     )
 
 

@@ -34,6 +34,7 @@ from tf_grpc_bench.replay.core.measurement import (
     Benchmark,
     BenchmarkResult,
     RunMeasurement,
+    in_link_time,
 )
 from tf_grpc_bench.replay.core.pacing import Pacing, Timing
 from tf_grpc_bench.replay.core.processes import automatic_procs_per_worker
@@ -250,6 +251,8 @@ def run_benchmark(
         runs = _measure(
             workload, targets, clients, pacing, plan, settings, on_progress, procs_per_worker
         )
+        # A dilated replay's times, in the time of the training it predicts.
+        runs = tuple(in_link_time(run, pacing.time_dilation) for run in runs)
     finally:
         for client in clients.values():
             client.close()
@@ -512,6 +515,7 @@ def record(
 
     with lifetime.deferred_signals():
         network = netinfo.describe_network(executed.targets, name=network_name)
+        network = netinfo.undilated(network, request.plan.time_dilation)
         document = results.build_document(
             executed.results,
             config=request.config,
@@ -557,6 +561,9 @@ class PacingChoice:
     compute_scale: float | None = None
     #: ``--outstanding``: calls in flight (ignored by P2P latency, one at a time).
     outstanding: int | None = None
+    #: ``--time-dilation``: the replay runs this many times slower than the training it
+    #: predicts, on a link as much slower (dependencies pacing only).
+    time_dilation: float = 1.0
 
 
 def rpc_for(workload: Workload, asked: RpcKind | None) -> RpcKind:
@@ -584,6 +591,11 @@ def _timing(workload: Workload, choice: PacingChoice) -> Timing:
             f"--compute applies only to --pacing dependencies (the {workload.benchmark.value} "
             f"benchmark paces {timing.value})"
         )
+    if choice.time_dilation != 1 and timing is not Timing.DEPENDENCIES:
+        raise UsageError(
+            f"--time-dilation applies only to --pacing dependencies (the "
+            f"{workload.benchmark.value} benchmark paces {timing.value})"
+        )
     return timing
 
 
@@ -607,6 +619,7 @@ def pacing_for(workload: Workload, rpc: RpcKind, choice: PacingChoice) -> Pacing
         rate_per_s=choice.rate_per_s if timing is Timing.RATE and choice.rate_per_s else 0.0,
         speedup=choice.speedup if choice.speedup is not None else 1.0,
         compute_scale=compute_scale if timing is Timing.DEPENDENCIES else 1.0,
+        time_dilation=choice.time_dilation,
     )
 
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 import enum
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -123,6 +123,42 @@ class RunMeasurement:
     @property
     def response_bytes(self) -> int:
         return sum(s.response_bytes for s in self.samples)
+
+
+def in_link_time(run: RunMeasurement, time_dilation: float) -> RunMeasurement:
+    """``run``, measured ``time_dilation`` times slower than the training it predicts,
+    in that training's time: every duration divided by the dilation.
+
+    CPU times are divided too, so a share of the cores (CPU over wall time) reads
+    as measured; the machine's tick counts, a ratio, stay.  Byte and call counts
+    are not time and stay.  A dilation of 1 returns ``run`` itself.
+    """
+    if time_dilation == 1:
+        return run
+    if not time_dilation > 1:
+        raise ValueError(f"time dilation must be >= 1, got {time_dilation}")
+
+    def scaled(ns: int) -> int:
+        return round(ns / time_dilation)
+
+    samples = tuple(
+        replace(
+            sample,
+            start_ns=scaled(sample.start_ns),
+            latency_ns=scaled(sample.latency_ns),
+            release_lag_ns=scaled(sample.release_lag_ns),
+        )
+        for sample in run.samples
+    )
+    return replace(
+        run,
+        duration_ns=scaled(run.duration_ns),
+        samples=samples,
+        step_times_ns=tuple(scaled(t) for t in run.step_times_ns),
+        step_compute_ns=tuple(scaled(t) for t in run.step_compute_ns),
+        client_cpu_ns=scaled(run.client_cpu_ns),
+        server_cpu_ns=scaled(run.server_cpu_ns),
+    )
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

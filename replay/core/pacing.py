@@ -18,6 +18,15 @@ A pacing combines a *timing* (when a call may be released) with a *window*
   worker's next step begins when its step's calls are done plus the step's
   recorded tail.  The default for trace replays of PS throughput.
 
+Time dilation (``time_dilation`` K, dependencies timing only): the replay runs
+K times slower than the training it predicts, on a link K times slower
+(``network compare`` shapes it so), with every compute gap K times longer;
+its measurements are then divided by K (``measurement.in_link_time``).  The
+replay's own CPU per call does not grow with K, so a replay too slow on this
+machine to keep up with a fast link keeps up with the dilated one.  This is
+time-dilated network emulation (Gupta et al., "To Infinity and Beyond:
+Time-Warped Network Emulation", NSDI 2006); docs/fidelity.md has its limits.
+
 Window: an integer N allows at most N calls in flight per worker (under
 ``dependencies`` the default is no window beyond ``OPEN_LOOP_MAX_IN_FLIGHT``:
 the dependencies shape the concurrency);
@@ -39,6 +48,8 @@ from tf_grpc_bench.replay.core.workload import Call
 
 #: Largest compute scale accepted (100x slower compute than recorded).
 MAX_COMPUTE_SCALE = 100.0
+#: Largest time dilation accepted (a 10 Gbit/s link replayed at 156 Mbit/s).
+MAX_TIME_DILATION = 64.0
 #: Fastest --rate (calls per second per worker) and largest --speedup: far past what a
 #: replay reaches, finite so that schedules stay computable.
 MAX_RATE_PER_S = 1e7
@@ -68,6 +79,9 @@ class Pacing:
     speedup: float = 1.0
     #: Dependencies timing only: the recorded compute gaps times this (0: none).
     compute_scale: float = 1.0
+    #: Dependencies timing only: the replay runs this many times slower than the
+    #: training it predicts (the link shaped as much slower); see the module's doc.
+    time_dilation: float = 1.0
 
     def __post_init__(self) -> None:
         if self.window is not None and self.window < 1:
@@ -88,6 +102,17 @@ class Pacing:
             )
         if self.compute_scale != 1.0 and self.timing is not Timing.DEPENDENCIES:
             raise ConfigError("--compute applies only to --pacing dependencies")
+        if not 1 <= self.time_dilation <= MAX_TIME_DILATION:
+            raise ConfigError(
+                f"--time-dilation must be in [1, {MAX_TIME_DILATION:g}], got {self.time_dilation:g}"
+            )
+        if self.time_dilation != 1.0 and self.timing is not Timing.DEPENDENCIES:
+            raise ConfigError("--time-dilation applies only to --pacing dependencies")
+
+    @property
+    def wall_compute_scale(self) -> float:
+        """The recorded compute gaps' scale in the replay's own (dilated) time."""
+        return self.compute_scale * self.time_dilation
 
     @property
     def closed_loop(self) -> bool:
@@ -100,7 +125,8 @@ class Pacing:
         if self.timing is Timing.RECORDED:
             return f"recorded x{self.speedup:g}, window {window}"
         if self.timing is Timing.DEPENDENCIES:
-            return f"dependencies, compute x{self.compute_scale:g}, window {window}"
+            dilation = f", time dilation {self.time_dilation:g}" if self.time_dilation != 1 else ""
+            return f"dependencies, compute x{self.compute_scale:g}{dilation}, window {window}"
         return f"asap, window {window}"
 
 

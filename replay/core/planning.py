@@ -17,12 +17,17 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Protocol
 
-from tf_grpc_bench.errors import ConfigError
+from tf_grpc_bench.errors import ConfigError, UsageError
 from tf_grpc_bench.replay.core import whatif
 from tf_grpc_bench.replay.core.chunking import chunk_count, chunk_workload
 from tf_grpc_bench.replay.core.generators import GeneratorConfig
 from tf_grpc_bench.replay.core.measurement import Benchmark
-from tf_grpc_bench.replay.core.pacing import OPEN_LOOP_MAX_IN_FLIGHT, Pacing, Timing
+from tf_grpc_bench.replay.core.pacing import (
+    MAX_TIME_DILATION,
+    OPEN_LOOP_MAX_IN_FLIGHT,
+    Pacing,
+    Timing,
+)
 from tf_grpc_bench.replay.core.workload import (
     WHOLE_STEPS,
     Call,
@@ -225,3 +230,20 @@ def check_memory(
                 f"{available_bytes / 1e9:.1f} GB of memory this machine has available "
                 "(smaller messages, fewer workers or a smaller --outstanding)"
             )
+
+
+def parse_time_dilation(text: str | None, *, allow_auto: bool = False) -> float | None:
+    """``--time-dilation``: a factor in [1, MAX_TIME_DILATION] (None: 1); ``auto`` (None)
+    where ``allow_auto`` (network compare chooses per link)."""
+    if text is None:
+        return None if allow_auto else 1.0
+    if allow_auto and text == "auto":
+        return None
+    expected = "'auto' or a factor" if allow_auto else "a factor"
+    try:
+        factor = float(text)
+    except ValueError:
+        raise UsageError(f"--time-dilation {text!r}: expected {expected} such as 4") from None
+    if not 1 <= factor <= MAX_TIME_DILATION:
+        raise UsageError(f"--time-dilation {text!r}: must be in [1, {MAX_TIME_DILATION:g}]")
+    return factor

@@ -22,6 +22,8 @@ from typing import Protocol
 
 from tf_grpc_bench import lifetime, netns
 from tf_grpc_bench.errors import NetworkError, RunInterrupted, UsageError
+from tf_grpc_bench.replay.core import planning
+from tf_grpc_bench.replay.core.pacing import Pacing, Timing
 from tf_grpc_bench.replay.core.workload import Workload
 from tf_grpc_bench.replay.network import compare as network_compare
 from tf_grpc_bench.replay.network.netinfo import format_rate
@@ -33,6 +35,9 @@ class ReplayRequest(Protocol):
 
     @property
     def workloads(self) -> tuple[Workload, ...]: ...
+
+    @property
+    def pacings(self) -> tuple[Pacing, ...]: ...
 
 
 #: Adds a command's flags to a parser (``replay.cli.configure_replay``, ``configure_serve``).
@@ -174,6 +179,7 @@ def _cleanup(*, include_live: bool) -> int:
 #: replay flags that ``compare`` sets itself for each profile.
 _COMPARE_OWNS = (
     "target", "output_dir", "quiet", "tls", "tls_dir", "network_name", "procs_per_server",
+    "time_dilation",
 )  # fmt: skip
 #: serve flags that ``compare`` sets itself.
 _SERVE_OWNS = ("host", "port", "servers", "tls", "tls_dir")
@@ -189,8 +195,14 @@ def _compare(
     if args.target is not None:
         raise UsageError("network compare makes its own targets; drop --target")
     profiles = netns.parse_profiles(args.profiles)
-    # Validate every replay flag here, before any namespace exists (and without root).
-    request = build_request(args)
+    dilation = planning.parse_time_dilation(args.time_dilation, allow_auto=True)
+    # Validate every replay flag here, before any namespace exists (and without root);
+    # a dilation goes to each profile's replay only where its link is limited.
+    request = build_request(
+        argparse.Namespace(
+            **{**vars(args), "time_dilation": None if dilation is None else str(dilation)}
+        )
+    )
     netns.require_root()
     server_count = max(w.server_count for w in request.workloads)
     output_dir = results.new_run_directory(args.output_dir, "compare")
@@ -205,6 +217,8 @@ def _compare(
             args, serve_flags, exclude=_SERVE_OWNS
         ),
         tls=bool(args.tls),
+        time_dilation=dilation,
+        dilatable=all(p.timing is Timing.DEPENDENCIES for p in request.pacings),
     )
     comparison = network_compare.compare_networks(
         config, on_line=(lambda line: None) if args.quiet else print

@@ -20,17 +20,20 @@ if any, are still listed) and the next profile runs.
 from __future__ import annotations
 
 import contextlib
+import math
 import re
 import selectors
 import subprocess
 import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
 from tf_grpc_bench import lifetime, netns
 from tf_grpc_bench.errors import NetworkError, ResultError
+from tf_grpc_bench.replay.network.netinfo import format_rate
 from tf_grpc_bench.replay.output import comparison, report, timeline
 from tf_grpc_bench.replay.output import document as results
 
@@ -58,6 +61,13 @@ class CompareConfig:
     #: Seconds allowed for the servers to come up, and for each replay.
     serve_timeout_s: float = 60.0
     replay_timeout_s: float = 3600.0
+    #: Time dilation of the replays on rate-limited links (``pacing`` module): a
+    #: factor, or None for automatic (``next_dilation``: none unless the replay
+    #: was its own bound, then as much as it takes).
+    time_dilation: float | None = None
+    #: Whether every replayed benchmark is dependency-paced (a trace's PS throughput),
+    #: the only pacing a dilation applies to: automatic dilation is off otherwise.
+    dilatable: bool = True
 
     def __post_init__(self) -> None:
         if not self.profiles:
@@ -74,6 +84,11 @@ class ProfileOutcome:
     results_path: Path | None
     document: results.ResultDocument | None
     error: str = ""
+    #: The time dilation of this replay (1: none); the link was shaped this many times slower.
+    time_dilation: float = 1.0
+    #: Automatic dilation: the dilations tried before this one, whose replays were
+    #: bound by their machine (their run directories are kept beside this one's).
+    bound_at: tuple[float, ...] = ()
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -118,11 +133,111 @@ def _wait_for_line(process: subprocess.Popen[str], prefix: str, timeout_s: float
     raise NetworkError(f"server in the emulated network did not start: {last}")
 
 
-def _run_profile(
+#: Automatic time dilation: the share of the machine's cores a dilated replay aims
+#: to keep busy, the largest dilation it tries, and the change in the predicted step
+#: below which one more dilation is taken to have changed nothing.
+AUTO_DILATION_CPU_SHARE = 0.5
+MAX_AUTO_DILATION = 16.0
+CONVERGED_STEP_CHANGE = 0.05
+
+
+def _bound_prediction(document: results.ResultDocument | None) -> dict[str, Any] | None:
+    """The prediction of ``document``'s first benchmark that was its own bound, else None."""
+    if document is None:
+        return None
+    for result in document.benchmarks:
+        prediction = results.prediction_json(result, document.machine.cpu_count)
+        if prediction is not None and prediction["replay_bound"]:
+            return prediction
+    return None
+
+
+def next_dilation(document: results.ResultDocument | None, dilation: float) -> float | None:
+    """The dilation to replay again with after a replay at ``dilation`` wrote ``document``;
+    None when that replay was not bound by its machine (or says nothing of it), or
+    the dilation is already ``MAX_AUTO_DILATION``.
+
+    Aims at ``AUTO_DILATION_CPU_SHARE`` of the cores: the replay's CPU per round does
+    not grow with the dilation, its rounds do, so ``dilation`` times the cores it
+    used over that share; at least one more than ``dilation``.
+    """
+    prediction = _bound_prediction(document)
+    if prediction is None or document is None or dilation >= MAX_AUTO_DILATION:
+        return None
+    cores = prediction["replay_cpu_cores"] or 0.0
+    needed = dilation * cores / (AUTO_DILATION_CPU_SHARE * max(1, document.machine.cpu_count))
+    return min(MAX_AUTO_DILATION, float(max(dilation + 1, math.ceil(needed))))
+
+
+def _step_ns(document: results.ResultDocument | None) -> float | None:
+    if document is None:
+        return None
+    for result in document.benchmarks:
+        prediction = results.prediction_json(result, document.machine.cpu_count)
+        if prediction is not None and prediction["step_ns"]:
+            return float(prediction["step_ns"])
+    return None
+
+
+def converged(before: results.ResultDocument | None, after: results.ResultDocument | None) -> bool:
+    """Whether two replays at successive dilations predict the same step (within
+    ``CONVERGED_STEP_CHANGE``): more dilation would not change the answer, whatever
+    took the cores (another process's load is not the replay's to dilate away)."""
+    first, second = _step_ns(before), _step_ns(after)
+    if first is None or second is None:
+        return False
+    return abs(second - first) <= CONVERGED_STEP_CHANGE * first
+
+
+def _replay_profile(
     config: CompareConfig, profile: netns.LinkProfile, on_line: Callable[[str], None]
 ) -> ProfileOutcome:
+    """``profile``'s replay: at ``config.time_dilation``, or, automatically (a limited
+    link only), dilated further while the replay was bound by its machine and its
+    predicted step still moved (``next_dilation``, ``converged``)."""
+    if not profile.limited:
+        if config.time_dilation not in (None, 1.0):
+            on_line(f"{profile.name}: no rate limit to dilate; replaying undilated")
+        return _run_profile(config, profile, on_line, 1.0)
+    dilation = config.time_dilation or 1.0
+    outcome = _run_profile(config, profile, on_line, dilation)
+    bound_at: list[float] = []
+    previous: results.ResultDocument | None = None
+    while config.time_dilation is None and not outcome.error:
+        following = next_dilation(outcome.document, dilation)
+        if following is None or (previous is not None and converged(previous, outcome.document)):
+            break
+        if not config.dilatable:
+            on_line(
+                f"{profile.name}: the replay was bound by its machine; time dilation applies "
+                "to a trace's ps-throughput replay alone (--benchmark ps-throughput)"
+            )
+            break
+        on_line(
+            f"{profile.name}: the replay was bound by its machine at time dilation "
+            f"{dilation:g}; replaying again at time dilation {following:g}"
+        )
+        bound_at.append(dilation)
+        previous, dilation = outcome.document, following
+        outcome = _run_profile(config, profile, on_line, dilation)
+    return replace(outcome, bound_at=tuple(bound_at))
+
+
+def _run_profile(
+    config: CompareConfig,
+    profile: netns.LinkProfile,
+    on_line: Callable[[str], None],
+    dilation: float,
+) -> ProfileOutcome:
     profile_dir = config.output_dir / profile.name
-    with netns.EmulatedNetwork(hosts=2, profile=profile) as network:
+    shaped = profile
+    dilation_arguments: list[str] = []
+    if dilation != 1.0 and profile.rate_bits_per_s is not None:
+        shaped = netns.LinkProfile(
+            name=profile.name, rate_bits_per_s=max(1, round(profile.rate_bits_per_s / dilation))
+        )
+        dilation_arguments = ["--time-dilation", f"{dilation:g}"]
+    with netns.EmulatedNetwork(hosts=2, profile=shaped) as network:
         server_host, client_host = network.hosts
         tls_arguments: list[str] = []
         if config.tls:
@@ -157,6 +272,7 @@ def _run_profile(
             _tool(
                 "replay",
                 *config.replay_arguments,
+                *dilation_arguments,
                 *tls_arguments,
                 "--target",
                 targets,
@@ -170,10 +286,10 @@ def _run_profile(
             stderr=subprocess.PIPE,
             text=True,
         )
-        stdout, stderr, interrupted = _finish(replay, config.replay_timeout_s)
+        stdout, stderr, interrupted = _finish(replay, config.replay_timeout_s * dilation)
     for line in stdout.splitlines():
         on_line(f"{profile.name}: {line}")
-    outcome = _outcome(profile, stdout, stderr, replay.returncode)
+    outcome = replace(_outcome(profile, stdout, stderr, replay.returncode), time_dilation=dilation)
     if interrupted is not None:
         raise ProfileInterrupted(outcome, interrupted)
     return outcome
@@ -243,7 +359,7 @@ def compare_networks(
     for profile in config.profiles:
         on_line(f"{profile.name}: network up, replaying")
         try:
-            outcome = _run_profile(config, profile, on_line)
+            outcome = _replay_profile(config, profile, on_line)
         except ProfileInterrupted as cut_short:
             outcomes.append(cut_short.outcome)
             interrupted = cut_short.signum
@@ -257,6 +373,7 @@ def compare_networks(
     documents = [o.document for o in outcomes if o.document is not None]
     markdown = report.format_markdown_table(documents) if documents else "(no results)"
     failures = [f"- {o.profile.name}: {o.error}" for o in outcomes if o.error]
+    dilations = [_dilation_line(o) for o in outcomes if o.time_dilation != 1 or o.bound_at]
     stopped = (
         [] if interrupted is None else ["", f"Interrupted ({lifetime.signal_name(interrupted)})."]
     )
@@ -265,6 +382,7 @@ def compare_networks(
             f"# Network comparison ({', '.join(p.name for p in config.profiles)})",
             "",
             markdown,
+            *(["", "Time dilation (docs/fidelity.md):", *dilations] if dilations else []),
             *(["", "Failed:", *failures] if failures else []),
             *stopped,
             "",
@@ -280,6 +398,21 @@ def compare_networks(
         markdown=markdown,
         interrupted=interrupted,
     )
+
+
+def _dilation_line(outcome: ProfileOutcome) -> str:
+    """How ``outcome``'s replay was dilated, for ``comparison.md``."""
+    rate = outcome.profile.rate_bits_per_s or 0
+    line = (
+        f"- {outcome.profile.name}: replayed {outcome.time_dilation:g} times slower, on a "
+        f"{format_rate(round(rate / outcome.time_dilation))} link with compute "
+        f"{outcome.time_dilation:g} times longer; every time above is divided by "
+        f"{outcome.time_dilation:g}"
+    )
+    if outcome.bound_at:
+        tried = ", ".join(f"{k:g}" for k in outcome.bound_at)
+        line += f" (at time dilation {tried} the replay was bound by its machine)"
+    return line
 
 
 def write_tensorboard_comparison(

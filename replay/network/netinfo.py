@@ -23,7 +23,7 @@ import socket
 import struct
 import subprocess
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from tf_grpc_bench.errors import ConfigError
@@ -206,4 +206,18 @@ def describe_network(targets: Sequence[str], *, name: str = "") -> NetworkInfo:
         interfaces=tuple(interfaces),
         emulated_rate_bits_per_s=rate,
         emulation="; ".join(s.describe() for s in shapings),
+    )
+
+
+def undilated(network: NetworkInfo, time_dilation: float) -> NetworkInfo:
+    """``network`` as the link a replay ``time_dilation`` times slower predicts: its rate
+    times the dilation (the rate actually shaped stays in ``emulation``)."""
+    if time_dilation == 1 or not network.emulated_rate_bits_per_s:
+        return network
+    predicted = round(network.emulated_rate_bits_per_s * time_dilation)
+    return replace(
+        network,
+        emulated_rate_bits_per_s=predicted,
+        emulation=f"{network.emulation}; time dilation {time_dilation:g}: replays a "
+        f"{format_rate(predicted)} link",
     )

@@ -713,7 +713,7 @@ class Driver:
             servers=[call.server_index for call in step.calls],
             step_begin_ns=step_begin_ns,
             period_ns=step.period_ns,
-            compute_scale=self.pacing.compute_scale,
+            compute_scale=self.pacing.wall_compute_scale,
         )
         if self.peers is None:
             replay = _DependentStep(self, step, tracker, run_begin_ns, samples)

@@ -60,6 +60,10 @@ class RunPlan:
     deadline_s: float = 60.0
     #: How long to wait for a server to answer before the first call.
     connect_timeout_s: float = 10.0
+    #: The run is this many times slower than the training it predicts
+    #: (``Pacing.time_dilation``): the times above are the dilated (wall) ones,
+    #: ``parameters`` reports them as asked, in the predicted training's time.
+    time_dilation: float = 1.0
 
     def __post_init__(self) -> None:
         if self.warmup_ns < 0:
@@ -78,6 +82,8 @@ class RunPlan:
             raise ConfigError(f"--deadline must be > 0 s, got {self.deadline_s:g}")
         if not self.connect_timeout_s > 0:
             raise ConfigError(f"--connect-timeout must be > 0 s, got {self.connect_timeout_s:g}")
+        if not self.time_dilation >= 1:
+            raise ConfigError(f"--time-dilation must be >= 1, got {self.time_dilation:g}")
 
     def steps_per_run(self, workload: Workload) -> int | None:
         """Exact steps to replay per run, or None to run for ``duration_ns``."""
@@ -86,12 +92,15 @@ class RunPlan:
         return self.steps
 
     def parameters(self) -> dict[str, str | int | float | bool]:
+        dilation = self.time_dilation
         parameters: dict[str, str | int | float | bool] = {
-            "warmup_s": self.warmup_ns / 1e9,
-            "duration_s": self.duration_ns / 1e9,
+            "warmup_s": self.warmup_ns / 1e9 / dilation,
+            "duration_s": self.duration_ns / 1e9 / dilation,
             "runs": self.runs,
-            "deadline_s": self.deadline_s,
+            "deadline_s": self.deadline_s / dilation,
         }
+        if dilation != 1:
+            parameters["time_dilation"] = dilation
         if self.steps is not None:
             parameters["steps_per_run"] = self.steps
         if self.passes is not None:

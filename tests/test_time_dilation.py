@@ -1,0 +1,343 @@
+"""Time dilation: a replay K times slower, on a link K times slower, reported in training's time.
+
+The arithmetic (``measurement.in_link_time``, ``RunPlan``, ``Pacing``), the flag,
+the network record, ``network compare``'s automatic choice, and real replays:
+on loopback (the compute gaps stretched and the times divided) and, as root,
+across an emulated link shaped K times slower.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tf_grpc_bench import netns, trace_files
+from tf_grpc_bench.errors import ConfigError, UsageError
+from tf_grpc_bench.replay.core.measurement import (
+    Benchmark,
+    BenchmarkResult,
+    CallSample,
+    RunMeasurement,
+    in_link_time,
+)
+from tf_grpc_bench.replay.core.pacing import Pacing, Timing
+from tf_grpc_bench.replay.core.planning import parse_time_dilation
+from tf_grpc_bench.replay.network import compare
+from tf_grpc_bench.replay.network.netinfo import undilated
+from tf_grpc_bench.replay.output import document as results
+from tf_grpc_bench.replay.output.machine import NetworkInfo
+from tf_grpc_bench.replay.transport.loop import RunPlan
+from tf_grpc_bench.trace import Trace
+
+from .conftest import make_trace
+from .result_factory import GOLDEN_MACHINE
+
+COMMAND = str(Path(sys.executable).with_name("tf-grpc-bench"))
+#: The paced trace's recorded step period: one small call, then compute until the next step.
+PERIOD_NS = 40_000_000
+
+
+def _sample(start_ns: int, latency_ns: int, lag_ns: int) -> CallSample:
+    return CallSample(
+        start_ns=start_ns,
+        latency_ns=latency_ns,
+        request_bytes=120,
+        response_bytes=4096,
+        payload_bytes=4096,
+        step=0,
+        release_lag_ns=lag_ns,
+    )
+
+
+def test_in_link_time_divides_every_time_and_keeps_the_counts() -> None:
+    run = RunMeasurement(
+        run_index=1,
+        duration_ns=9_000,
+        samples=(_sample(0, 300, 30), _sample(600, 903, -6)),
+        step_times_ns=(4_500, 4_503),
+        step_compute_ns=(3_000, 2_999),
+        client_cpu_ns=1_200,
+        server_cpu_ns=600,
+        server_received_bytes=240,
+        server_received_messages=2,
+        machine_cpu_busy_ticks=50,
+        machine_cpu_total_ticks=200,
+    )
+    link = in_link_time(run, 3)
+    assert link.duration_ns == 3_000
+    assert [(s.start_ns, s.latency_ns, s.release_lag_ns) for s in link.samples] == [
+        (0, 100, 10),
+        (200, 301, -2),
+    ]
+    assert link.step_times_ns == (1_500, 1_501)
+    assert link.step_compute_ns == (1_000, 1_000)
+    # CPU over wall time reads as measured: a share of the cores is not a duration.
+    assert (link.client_cpu_ns, link.server_cpu_ns) == (400, 200)
+    assert (link.machine_cpu_busy_ticks, link.machine_cpu_total_ticks) == (50, 200)
+    assert (link.server_received_bytes, link.server_received_messages) == (240, 2)
+    assert [(s.request_bytes, s.response_bytes) for s in link.samples] == [(120, 4096)] * 2
+    assert link.run_index == 1
+    assert in_link_time(run, 1) is run
+    with pytest.raises(ValueError, match="time dilation must be >= 1"):
+        in_link_time(run, 0.5)
+
+
+def test_a_dilated_pacing_stretches_the_compute_it_keeps() -> None:
+    pacing = Pacing(timing=Timing.DEPENDENCIES, compute_scale=0.5, time_dilation=4)
+    assert pacing.wall_compute_scale == 2.0
+    assert "time dilation 4" in pacing.describe()
+    assert Pacing(timing=Timing.DEPENDENCIES).wall_compute_scale == 1.0
+    assert "dilation" not in Pacing(timing=Timing.DEPENDENCIES).describe()
+    with pytest.raises(ConfigError, match="--time-dilation applies only to --pacing dependencies"):
+        Pacing(timing=Timing.ASAP, time_dilation=2)
+    for factor in (0.5, 65.0):
+        with pytest.raises(ConfigError, match=r"--time-dilation must be in \[1, 64\]"):
+            Pacing(timing=Timing.DEPENDENCIES, time_dilation=factor)
+
+
+def test_a_dilated_plan_reports_the_times_asked_in_training_time() -> None:
+    plan = RunPlan(warmup_ns=6_000_000_000, duration_ns=30_000_000_000, deadline_s=180.0)
+    assert "time_dilation" not in plan.parameters()
+    dilated = dataclasses.replace(plan, time_dilation=3.0)
+    parameters = dilated.parameters()
+    assert parameters["warmup_s"] == 2.0
+    assert parameters["duration_s"] == 10.0
+    assert parameters["deadline_s"] == 60.0
+    assert parameters["time_dilation"] == 3.0
+    with pytest.raises(ConfigError, match="--time-dilation must be >= 1"):
+        dataclasses.replace(plan, time_dilation=0.9)
+
+
+@pytest.mark.parametrize(
+    ("text", "allow_auto", "expected"),
+    [(None, False, 1.0), (None, True, None), ("auto", True, None), ("2.5", False, 2.5)],
+)
+def test_the_flag_reads_a_factor_or_auto_where_allowed(
+    text: str | None, allow_auto: bool, expected: float | None
+) -> None:
+    assert parse_time_dilation(text, allow_auto=allow_auto) == expected
+
+
+@pytest.mark.parametrize(
+    ("text", "allow_auto", "message"),
+    [
+        ("auto", False, "--time-dilation 'auto': expected a factor such as 4"),
+        ("fast", True, "--time-dilation 'fast': expected 'auto' or a factor such as 4"),
+        ("0.5", False, r"--time-dilation '0.5': must be in \[1, 64\]"),
+        ("nan", False, r"--time-dilation 'nan': must be in \[1, 64\]"),
+        ("100", True, r"--time-dilation '100': must be in \[1, 64\]"),
+    ],
+)
+def test_a_bad_factor_names_the_flag(text: str, allow_auto: bool, message: str) -> None:
+    with pytest.raises(UsageError, match=message):
+        parse_time_dilation(text, allow_auto=allow_auto)
+
+
+def test_the_network_record_names_the_link_predicted_and_the_rate_shaped() -> None:
+    shaped = NetworkInfo(
+        name="5gbit", emulated_rate_bits_per_s=1_250_000_000, emulation="tbf rate 1.25gbit on eth0"
+    )
+    network = undilated(shaped, 4)
+    assert network.emulated_rate_bits_per_s == 5_000_000_000
+    assert network.emulation.startswith("tbf rate 1.25gbit on eth0; time dilation 4: replays a ")
+    assert network.name == "5gbit"
+    assert undilated(shaped, 1) is shaped
+    loopback = NetworkInfo(name="loopback")
+    assert undilated(loopback, 4) is loopback
+
+
+def _document(*, cores: float, step_ns: int, cpu_count: int = 2) -> results.ResultDocument:
+    """A PS throughput replay's document whose client and server kept ``cores`` busy."""
+    duration_ns = 10_000_000_000
+    run = RunMeasurement(
+        run_index=0,
+        duration_ns=duration_ns,
+        samples=(_sample(0, 1_000, 0),),
+        step_times_ns=(step_ns,) * 4,
+        step_compute_ns=(step_ns // 3,) * 4,
+        client_cpu_ns=round(cores * duration_ns / 2),
+        server_cpu_ns=round(cores * duration_ns / 2),
+    )
+    result = BenchmarkResult(
+        benchmark=Benchmark.PS_THROUGHPUT,
+        workload="trace",
+        parameters={"pacing": "dependencies"},
+        runs=(run,),
+    )
+    return results.ResultDocument(
+        created_utc="2026-12-01T00:00:00Z",
+        tool_version="test",
+        machine=dataclasses.replace(GOLDEN_MACHINE, cpu_count=cpu_count),
+        config={},
+        benchmarks=(result,),
+    )
+
+
+def test_automatic_dilation_aims_at_half_the_cores_and_stops_when_not_bound() -> None:
+    # 1.7 of 2 cores (bound): 1.7 / (0.5 * 2) -> 2.
+    assert compare.next_dilation(_document(cores=1.7, step_ns=10**9), 1.0) == 2.0
+    # 1.9 of 2 cores at dilation 3: 3 * 1.9 -> 6.
+    assert compare.next_dilation(_document(cores=1.9, step_ns=10**9), 3.0) == 6.0
+    # At least one more than before, at most the cap.
+    assert compare.next_dilation(_document(cores=1.4, step_ns=10**9, cpu_count=4), 1.0) is None
+    assert compare.next_dilation(_document(cores=2.9, step_ns=10**9, cpu_count=4), 1.0) == 2.0
+    assert compare.next_dilation(_document(cores=2.0, step_ns=10**9), 12.0) == 16.0
+    assert compare.next_dilation(_document(cores=2.0, step_ns=10**9), 16.0) is None
+    # Not bound (under 0.7 of the cores), or no document: no more dilation.
+    assert compare.next_dilation(_document(cores=1.3, step_ns=10**9), 1.0) is None
+    assert compare.next_dilation(None, 1.0) is None
+
+
+def test_successive_dilations_converge_when_the_step_moves_less_than_five_percent() -> None:
+    before = _document(cores=1.8, step_ns=1_000_000_000)
+    assert compare.converged(before, _document(cores=1.5, step_ns=1_049_000_000))
+    assert compare.converged(before, _document(cores=1.5, step_ns=951_000_000))
+    assert not compare.converged(before, _document(cores=1.5, step_ns=1_060_000_000))
+    assert not compare.converged(before, _document(cores=1.5, step_ns=900_000_000))
+    assert not compare.converged(None, before)
+
+
+def _paced_trace(steps: int) -> Trace:
+    """One worker, one ps, one small call per step, steps ``PERIOD_NS`` apart: each
+    replayed step lasts the recorded period (compute), whatever the call took."""
+    trace = make_trace(steps=steps, workers=1, ps=1, sizes=(4096,))
+    spaced = []
+    for number, step in enumerate(trace.steps):
+        shift = number * PERIOD_NS - (step.start_ns - trace.steps[0].start_ns)
+        rpcs = tuple(
+            dataclasses.replace(
+                rpc,
+                start_ns=rpc.start_ns + shift,
+                response_start_ns=rpc.response_start_ns + shift,
+                end_ns=rpc.end_ns + shift,
+            )
+            for rpc in step.rpcs
+        )
+        # The last step's period is its duration: a whole period too.
+        last = number == len(trace.steps) - 1
+        end_ns = step.start_ns + shift + PERIOD_NS if last else step.end_ns + shift
+        spaced.append(
+            dataclasses.replace(step, start_ns=step.start_ns + shift, end_ns=end_ns, rpcs=rpcs)
+        )
+    return dataclasses.replace(trace, steps=tuple(spaced))
+
+
+def _replay(trace_path: Path, cwd: Path, *flags: str) -> results.ResultDocument:
+    completed = subprocess.run(
+        [
+            COMMAND, "replay", str(trace_path), "--benchmark", "ps-throughput",
+            "--warmup", "0", "--runs", "1", "--quiet", "--output-dir", "out", *flags,
+        ],
+        cwd=cwd, capture_output=True, text=True, timeout=300, check=False,
+    )  # fmt: skip
+    assert completed.returncode == 0, completed.stderr
+    line = next(s for s in completed.stdout.splitlines() if s.startswith("results: "))
+    return results.read_document(cwd / line.removeprefix("results: ").strip())
+
+
+def test_a_dilated_replay_stretches_the_compute_and_reports_training_time(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "paced.tfgbtrace"
+    trace_files.write_trace(_paced_trace(steps=4), path)
+    document = _replay(path, tmp_path, "--passes", "2", "--time-dilation", "4")
+    (throughput,) = document.benchmarks
+    assert throughput.parameters["time_dilation"] == 4.0
+    assert throughput.parameters["compute_scale"] == 1.0
+    steps = throughput.step_times_ns
+    assert len(steps) == 2 * 4
+    # The pacer never starts a step before its recorded period (times 4 in the run's
+    # own time): divided by 4, no step is shorter than the period.  Undilated compute
+    # would give a quarter of it.
+    assert min(steps) >= PERIOD_NS - 1
+    # Not divided, every step would be at least 4 periods: a 4096 B call on loopback
+    # would have to take 1.5 periods of the run's time (240 ms) for the median to pass.
+    assert statistics.median(steps) < 2 * PERIOD_NS
+    assert throughput.rpc_count == 2 * 4
+    assert document.network is not None and document.network.emulated_rate_bits_per_s == 0
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--time-dilation", "auto"], "--time-dilation 'auto': expected a factor such as 4"),
+        (["--time-dilation", "0"], r"--time-dilation '0': must be in [1, 64]"),
+        (["--pacing", "asap", "--time-dilation", "2"], "--time-dilation applies only to --pacing"),
+    ],
+)
+def test_a_misused_time_dilation_is_one_line(
+    tmp_path: Path, flags: list[str], message: str
+) -> None:
+    path = tmp_path / "paced.tfgbtrace"
+    trace_files.write_trace(_paced_trace(steps=2), path)
+    completed = subprocess.run(
+        [COMMAND, "replay", str(path), "--benchmark", "ps-throughput", *flags, "--quiet"],
+        cwd=tmp_path, capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert completed.returncode == 2, completed.stderr
+    assert message in completed.stderr
+    assert len(completed.stderr.strip().splitlines()) == 1
+
+
+@pytest.mark.netns
+def test_compare_replays_a_dilated_link_shaped_that_much_slower(tmp_path: Path) -> None:
+    before = set(netns.list_namespaces())
+    path = tmp_path / "paced.tfgbtrace"
+    trace_files.write_trace(_paced_trace(steps=4), path)
+    completed = subprocess.run(
+        [
+            COMMAND, "network", "compare", str(path), "--profiles", "200mbit,unlimited",
+            "--benchmark", "ps-throughput", "--time-dilation", "2", "--passes", "2",
+            "--warmup", "0", "--runs", "1", "--output-dir", str(tmp_path / "out"),
+        ],
+        capture_output=True, text=True, timeout=600, check=False,
+    )  # fmt: skip
+    assert completed.returncode == 0, completed.stdout + completed.stderr
+    assert set(netns.list_namespaces()) <= before
+    assert "unlimited: no rate limit to dilate; replaying undilated" in completed.stdout
+    (compare_dir,) = (tmp_path / "out").glob("*-compare")
+    (limited,) = (compare_dir / "200mbit").glob("*/results.json")
+    document = results.read_document(limited)
+    assert document.network is not None
+    # Recorded as the link predicted; shaped at half its rate.
+    assert document.network.emulated_rate_bits_per_s == 200_000_000
+    assert "time dilation 2: replays a 200mbit link" in document.network.emulation
+    assert json.loads(limited.read_text())["network"]["emulation"].startswith("tbf rate 100mbit")
+    (throughput,) = document.benchmarks
+    assert throughput.parameters["time_dilation"] == 2.0
+    assert min(throughput.step_times_ns) >= PERIOD_NS - 1
+    (unlimited,) = (compare_dir / "unlimited").glob("*/results.json")
+    (plain,) = results.read_document(unlimited).benchmarks
+    assert "time_dilation" not in plain.parameters
+    text = (compare_dir / compare.COMPARISON_FILE).read_text()
+    assert "- 200mbit: replayed 2 times slower, on a 100mbit link" in text
+    assert "unlimited: replayed" not in text
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--time-dilation", "fast"], "--time-dilation 'fast': expected 'auto' or a factor"),
+        # Every benchmark (the default) includes P2P ones, paced asap: not dilatable.
+        (["--time-dilation", "2"], "--time-dilation applies only to --pacing dependencies"),
+    ],
+)
+def test_compare_refuses_a_bad_dilation_before_making_anything(
+    tmp_path: Path, flags: list[str], message: str
+) -> None:
+    path = tmp_path / "paced.tfgbtrace"
+    trace_files.write_trace(_paced_trace(steps=2), path)
+    completed = subprocess.run(
+        [COMMAND, "network", "compare", str(path), "--profiles", "1gbit", *flags],
+        cwd=tmp_path, capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert completed.returncode == 2, completed.stderr
+    assert message in completed.stderr
+    assert len(completed.stderr.strip().splitlines()) == 1
+    assert not list(tmp_path.glob("runs/*"))
