@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from tf_grpc_bench import trace_files
 from tf_grpc_bench.replay.core.measurement import (
     Benchmark,
     BenchmarkResult,
@@ -19,6 +20,8 @@ from tf_grpc_bench.replay.core.measurement import (
 )
 from tf_grpc_bench.replay.output import document as results
 from tf_grpc_bench.replay.placement import role as placement
+
+from .conftest import make_trace
 
 FLAGS = (
     "--synthetic",
@@ -229,3 +232,25 @@ def test_a_ps_that_never_comes_up_leaves_a_partial_document_and_clear_errors(
     document = results.read_document(next(tmp_path.glob("*/results.json")))
     assert document.partial
     assert "worker:0" in document.partial_reason
+
+
+def test_a_trace_with_more_workers_than_the_cluster_is_refused_in_one_line(
+    tmp_path: Path,
+) -> None:
+    # Two traced workers, one cluster worker: the second worker's calls would go unreplayed.
+    trace = tmp_path / "two-workers.tfgbtrace"
+    trace_files.write_trace(make_trace(steps=2, workers=2, ps=1), trace)
+    ps, worker = (f"127.0.0.1:{p}" for p in free_ports(2))
+    cluster = {"ps": [ps], "worker": [worker]}
+    config = {"cluster": cluster, "task": {"type": "worker", "index": 0}}
+    completed = subprocess.run(
+        [sys.executable, "-m", "tf_grpc_bench", "role", str(trace), "--benchmark", "ps-throughput",
+         "--job-timeout", "60", "--output-dir", str(tmp_path)],
+        env={**os.environ, "TF_CONFIG": json.dumps(config)},
+        capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    stderr = completed.stderr
+    assert completed.returncode != 0, completed.stdout
+    assert "the workload has 2 worker(s), the cluster 1" in stderr
+    assert "the trace (or --workers) decides how many" in stderr
+    assert len(stderr.strip().splitlines()) == 1

@@ -62,8 +62,8 @@ class CompareConfig:
     serve_timeout_s: float = 60.0
     replay_timeout_s: float = 3600.0
     #: Time dilation of the replays on rate-limited links (``pacing`` module): a
-    #: factor, or None for automatic (``next_dilation``: none unless the replay
-    #: was its own bound, then as much as it takes).
+    #: factor, or None for automatic (``next_dilation``, ``converged``: none unless
+    #: the replay was bound by its machine, then more until its step stops moving).
     time_dilation: float | None = None
     #: Whether every replayed benchmark is dependency-paced (a trace's PS throughput),
     #: the only pacing a dilation applies to: automatic dilation is off otherwise.
@@ -141,13 +141,13 @@ MAX_AUTO_DILATION = 16.0
 CONVERGED_STEP_CHANGE = 0.05
 
 
-def _bound_prediction(document: results.ResultDocument | None) -> dict[str, Any] | None:
-    """The prediction of ``document``'s first benchmark that was its own bound, else None."""
+def _prediction(document: results.ResultDocument | None) -> dict[str, Any] | None:
+    """The prediction of ``document``'s first dependency-paced benchmark, else None."""
     if document is None:
         return None
     for result in document.benchmarks:
         prediction = results.prediction_json(result, document.machine.cpu_count)
-        if prediction is not None and prediction["replay_bound"]:
+        if prediction is not None:
             return prediction
     return None
 
@@ -161,32 +161,26 @@ def next_dilation(document: results.ResultDocument | None, dilation: float) -> f
     not grow with the dilation, its rounds do, so ``dilation`` times the cores it
     used over that share; at least one more than ``dilation``.
     """
-    prediction = _bound_prediction(document)
-    if prediction is None or document is None or dilation >= MAX_AUTO_DILATION:
+    prediction = _prediction(document)
+    if prediction is None or not prediction["replay_bound"] or document is None:
+        return None
+    if dilation >= MAX_AUTO_DILATION:
         return None
     cores = prediction["replay_cpu_cores"] or 0.0
     needed = dilation * cores / (AUTO_DILATION_CPU_SHARE * max(1, document.machine.cpu_count))
     return min(MAX_AUTO_DILATION, float(max(dilation + 1, math.ceil(needed))))
 
 
-def _step_ns(document: results.ResultDocument | None) -> float | None:
-    if document is None:
-        return None
-    for result in document.benchmarks:
-        prediction = results.prediction_json(result, document.machine.cpu_count)
-        if prediction is not None and prediction["step_ns"]:
-            return float(prediction["step_ns"])
-    return None
-
-
 def converged(before: results.ResultDocument | None, after: results.ResultDocument | None) -> bool:
     """Whether two replays at successive dilations predict the same step (within
     ``CONVERGED_STEP_CHANGE``): more dilation would not change the answer, whatever
     took the cores (another process's load is not the replay's to dilate away)."""
-    first, second = _step_ns(before), _step_ns(after)
-    if first is None or second is None:
+    first, second = _prediction(before), _prediction(after)
+    if first is None or second is None or not first["step_ns"] or second["step_ns"] is None:
         return False
-    return abs(second - first) <= CONVERGED_STEP_CHANGE * first
+    return bool(
+        abs(second["step_ns"] - first["step_ns"]) <= CONVERGED_STEP_CHANGE * first["step_ns"]
+    )
 
 
 def _replay_profile(

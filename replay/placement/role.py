@@ -328,10 +328,13 @@ def _worker_request(
         )
     for workload in request.workloads:
         workers = workload.worker_count - len(workload.side_workers)
-        if workload.benchmark is Benchmark.PS_THROUGHPUT and workers < placement.worker_count:
+        if workload.benchmark is Benchmark.PS_THROUGHPUT and workers != placement.worker_count:
+            # Fewer cluster workers would leave some of the workload's workers unreplayed.
+            decides = "--workers" if request.trace_path is None else "the trace (or --workers)"
             raise ConfigError(
                 f"the workload has {workers} worker(s), the cluster "
-                f"{placement.worker_count}: each cluster worker replays one of the workload's"
+                f"{placement.worker_count}: each cluster worker replays one of the workload's "
+                f"({decides} decides how many)"
             )
     return request
 
