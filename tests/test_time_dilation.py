@@ -179,18 +179,21 @@ def _document(*, cores: float, step_ns: int, cpu_count: int = 2) -> results.Resu
     )
 
 
-def test_automatic_dilation_aims_at_half_the_cores_and_stops_when_not_bound() -> None:
+def test_automatic_dilation_aims_at_half_the_cores() -> None:
     # 1.7 of 2 cores (bound): 1.7 / (0.5 * 2) -> 2.
     assert compare.next_dilation(_document(cores=1.7, step_ns=10**9), 1.0) == 2.0
     # 1.9 of 2 cores at dilation 3: 3 * 1.9 -> 6.
     assert compare.next_dilation(_document(cores=1.9, step_ns=10**9), 3.0) == 6.0
+    # Half the cores or more, not bound (under 0.7 of them): still dilated, to 3 x 1.2 -> 4.
+    assert compare.next_dilation(_document(cores=1.2, step_ns=10**9), 3.0) == 4.0
+    assert compare.next_dilation(_document(cores=1.0, step_ns=10**9), 1.0) == 2.0
     # At least one more than before, at most the cap.
-    assert compare.next_dilation(_document(cores=1.4, step_ns=10**9, cpu_count=4), 1.0) is None
     assert compare.next_dilation(_document(cores=2.9, step_ns=10**9, cpu_count=4), 1.0) == 2.0
     assert compare.next_dilation(_document(cores=2.0, step_ns=10**9), 12.0) == 16.0
     assert compare.next_dilation(_document(cores=2.0, step_ns=10**9), 16.0) is None
-    # Not bound (under 0.7 of the cores), or no document: no more dilation.
-    assert compare.next_dilation(_document(cores=1.3, step_ns=10**9), 1.0) is None
+    # Under half the cores and not bound, or no document: no more dilation.
+    assert compare.next_dilation(_document(cores=0.99, step_ns=10**9), 1.0) is None
+    assert compare.next_dilation(_document(cores=1.9, step_ns=10**9, cpu_count=4), 1.0) is None
     assert compare.next_dilation(None, 1.0) is None
 
 

@@ -63,7 +63,7 @@ class CompareConfig:
     replay_timeout_s: float = 3600.0
     #: Time dilation of the replays on rate-limited links (``pacing`` module): a
     #: factor, or None for automatic (``next_dilation``, ``converged``: none unless
-    #: the replay was bound by its machine, then more until its step stops moving).
+    #: the replay kept half the cores busy, then more until its step stops moving).
     time_dilation: float | None = None
     #: Whether every replayed benchmark is dependency-paced (a trace's PS throughput),
     #: the only pacing a dilation applies to: automatic dilation is off otherwise.
@@ -86,8 +86,8 @@ class ProfileOutcome:
     error: str = ""
     #: The time dilation of this replay (1: none); the link was shaped this many times slower.
     time_dilation: float = 1.0
-    #: Automatic dilation: the dilations tried before this one, whose replays were
-    #: bound by their machine (their run directories are kept beside this one's).
+    #: Automatic dilation: the dilations replayed before this one, whose replays kept
+    #: half the cores or more busy (their run directories are kept beside this one's).
     bound_at: tuple[float, ...] = ()
 
 
@@ -154,21 +154,34 @@ def _prediction(document: results.ResultDocument | None) -> dict[str, Any] | Non
 
 def next_dilation(document: results.ResultDocument | None, dilation: float) -> float | None:
     """The dilation to replay again with after a replay at ``dilation`` wrote ``document``;
-    None when that replay was not bound by its machine (or says nothing of it), or
-    the dilation is already ``MAX_AUTO_DILATION``.
+    None when that replay kept less than ``AUTO_DILATION_CPU_SHARE`` of the machine's
+    cores busy and was not bound by its machine (or says nothing of it), or the
+    dilation is already ``MAX_AUTO_DILATION``.
 
-    Aims at ``AUTO_DILATION_CPU_SHARE`` of the cores: the replay's CPU per round does
-    not grow with the dilation, its rounds do, so ``dilation`` times the cores it
-    used over that share; at least one more than ``dilation``.
+    Aims at that share: the replay's CPU per round does not grow with the dilation,
+    its rounds do, so ``dilation`` times the cores it used over the share; at least
+    one more than ``dilation``.
     """
     prediction = _prediction(document)
-    if prediction is None or not prediction["replay_bound"] or document is None:
+    if prediction is None or document is None or dilation >= MAX_AUTO_DILATION:
         return None
-    if dilation >= MAX_AUTO_DILATION:
-        return None
+    aimed_cores = AUTO_DILATION_CPU_SHARE * max(1, document.machine.cpu_count)
     cores = prediction["replay_cpu_cores"] or 0.0
-    needed = dilation * cores / (AUTO_DILATION_CPU_SHARE * max(1, document.machine.cpu_count))
-    return min(MAX_AUTO_DILATION, float(max(dilation + 1, math.ceil(needed))))
+    if cores < aimed_cores and not prediction["replay_bound"]:
+        return None
+    return min(
+        MAX_AUTO_DILATION, float(max(dilation + 1, math.ceil(dilation * cores / aimed_cores)))
+    )
+
+
+def _busy(document: results.ResultDocument | None) -> str:
+    """How busy the replay that wrote ``document`` kept its machine, for a progress line."""
+    prediction = _prediction(document)
+    if prediction is None or document is None:
+        return "said nothing of its CPU"
+    cores = prediction["replay_cpu_cores"] or 0.0
+    text = f"kept {cores:.2f} of {document.machine.cpu_count} cores busy"
+    return text + (" (bound by its machine)" if prediction["replay_bound"] else "")
 
 
 def converged(before: results.ResultDocument | None, after: results.ResultDocument | None) -> bool:
@@ -187,8 +200,9 @@ def _replay_profile(
     config: CompareConfig, profile: netns.LinkProfile, on_line: Callable[[str], None]
 ) -> ProfileOutcome:
     """``profile``'s replay: at ``config.time_dilation``, or, automatically (a limited
-    link only), dilated further while the replay was bound by its machine and its
-    predicted step still moved (``next_dilation``, ``converged``)."""
+    link only), dilated further while the replay kept half the cores busy (or was
+    bound by its machine) and its predicted step still moved (``next_dilation``,
+    ``converged``)."""
     if not profile.limited:
         if config.time_dilation not in (None, 1.0):
             on_line(f"{profile.name}: no rate limit to dilate; replaying undilated")
@@ -201,15 +215,16 @@ def _replay_profile(
         following = next_dilation(outcome.document, dilation)
         if following is None or (previous is not None and converged(previous, outcome.document)):
             break
+        busy = _busy(outcome.document)
         if not config.dilatable:
             on_line(
-                f"{profile.name}: the replay was bound by its machine; time dilation applies "
-                "to a trace's ps-throughput replay alone (--benchmark ps-throughput)"
+                f"{profile.name}: the replay {busy}; time dilation applies to a trace's "
+                "ps-throughput replay alone (--benchmark ps-throughput)"
             )
             break
         on_line(
-            f"{profile.name}: the replay was bound by its machine at time dilation "
-            f"{dilation:g}; replaying again at time dilation {following:g}"
+            f"{profile.name}: at time dilation {dilation:g} the replay {busy}; replaying "
+            f"again at time dilation {following:g}"
         )
         bound_at.append(dilation)
         previous, dilation = outcome.document, following
@@ -405,7 +420,7 @@ def _dilation_line(outcome: ProfileOutcome) -> str:
     )
     if outcome.bound_at:
         tried = ", ".join(f"{k:g}" for k in outcome.bound_at)
-        line += f" (at time dilation {tried} the replay was bound by its machine)"
+        line += f" (at time dilation {tried} the replay kept half the cores or more busy)"
     return line
 
 
