@@ -266,6 +266,19 @@ def test_a_dilated_replay_stretches_the_compute_and_reports_training_time(
     assert document.network is not None and document.network.emulated_rate_bits_per_s == 0
 
 
+def _refused(tmp_path: Path, message: str, command: list[str], flags: list[str]) -> None:
+    """``tf-grpc-bench COMMAND <a paced trace> FLAGS`` exits 2 with one line holding ``message``."""
+    path = tmp_path / "paced.tfgbtrace"
+    trace_files.write_trace(_paced_trace(steps=2), path)
+    completed = subprocess.run(
+        [COMMAND, *command, str(path), *flags],
+        cwd=tmp_path, capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert completed.returncode == 2, completed.stderr
+    assert message in completed.stderr
+    assert len(completed.stderr.strip().splitlines()) == 1
+
+
 @pytest.mark.parametrize(
     ("flags", "message"),
     [
@@ -277,15 +290,7 @@ def test_a_dilated_replay_stretches_the_compute_and_reports_training_time(
 def test_a_misused_time_dilation_is_one_line(
     tmp_path: Path, flags: list[str], message: str
 ) -> None:
-    path = tmp_path / "paced.tfgbtrace"
-    trace_files.write_trace(_paced_trace(steps=2), path)
-    completed = subprocess.run(
-        [COMMAND, "replay", str(path), "--benchmark", "ps-throughput", *flags, "--quiet"],
-        cwd=tmp_path, capture_output=True, text=True, timeout=120, check=False,
-    )  # fmt: skip
-    assert completed.returncode == 2, completed.stderr
-    assert message in completed.stderr
-    assert len(completed.stderr.strip().splitlines()) == 1
+    _refused(tmp_path, message, ["replay"], ["--benchmark", "ps-throughput", *flags, "--quiet"])
 
 
 @pytest.mark.netns
@@ -334,13 +339,5 @@ def test_compare_replays_a_dilated_link_shaped_that_much_slower(tmp_path: Path) 
 def test_compare_refuses_a_bad_dilation_before_making_anything(
     tmp_path: Path, flags: list[str], message: str
 ) -> None:
-    path = tmp_path / "paced.tfgbtrace"
-    trace_files.write_trace(_paced_trace(steps=2), path)
-    completed = subprocess.run(
-        [COMMAND, "network", "compare", str(path), "--profiles", "1gbit", *flags],
-        cwd=tmp_path, capture_output=True, text=True, timeout=120, check=False,
-    )  # fmt: skip
-    assert completed.returncode == 2, completed.stderr
-    assert message in completed.stderr
-    assert len(completed.stderr.strip().splitlines()) == 1
+    _refused(tmp_path, message, ["network", "compare"], ["--profiles", "1gbit", *flags])
     assert not list(tmp_path.glob("runs/*"))
