@@ -402,6 +402,9 @@ def test_a_frozen_server_ends_the_replay_at_its_deadline_with_partial_results(
         "--duration", "60", "--deadline", "2", cwd=tmp_path,
     )  # fmt: skip
     _wait_for_calls(target)
+    # The replay's session shows with its first call, which may still be in flight: a
+    # moment more lets calls complete (thousands a second), so the run has samples.
+    time.sleep(0.5)
     serve.send_signal(signal.SIGSTOP)
     try:
         out, err = replay.communicate(timeout=120)
