@@ -15,6 +15,8 @@ from tf_grpc_bench.replay.core.dependencies import (
     TimedCall,
     captured_critical_path,
     infer_dependencies,
+    is_variable_read,
+    source_op,
 )
 
 MS = 1_000_000
@@ -31,7 +33,7 @@ def _pull(start: int, ready: int, end: int, server: int = 0, tensor: bool = True
     )
 
 
-def _push(start: int, ready: int, end: int, server: int = 0) -> TimedCall:
+def _push(start: int, ready: int, end: int, server: int = 0, op: str = "") -> TimedCall:
     return TimedCall(
         server=server,
         reversed_direction=True,
@@ -39,6 +41,19 @@ def _push(start: int, ready: int, end: int, server: int = 0) -> TimedCall:
         start_ns=start * MS,
         response_start_ns=ready * MS,
         end_ns=end * MS,
+        source_op=op,
+    )
+
+
+def _read(start: int, ready: int, end: int, server: int = 0, op: str = "") -> TimedCall:
+    return TimedCall(
+        server=server,
+        reversed_direction=False,
+        carries_tensor=True,
+        start_ns=start * MS,
+        response_start_ns=ready * MS,
+        end_ns=end * MS,
+        source_op=op or "model/dense/MatMul/ReadVariableOp",
     )
 
 
@@ -98,6 +113,112 @@ def test_control_calls_wait_but_are_not_waited_for() -> None:
 def test_times_out_of_order_are_refused() -> None:
     with pytest.raises(ValueError, match="call 0: times out of order"):
         infer_dependencies((_pull(5, 4, 10),))
+
+
+# --------------------------------------------------------------------------
+# When data was ready: queueing in the trace is not compute.
+
+
+@pytest.mark.parametrize(
+    ("edge", "op"),
+    [
+        ("edge_6836_sgd/IdentityN", "sgd/IdentityN"),
+        ("edge_12_resnet50_1/conv1_conv_1/convolution/ReadVariableOp",
+         "resnet50_1/conv1_conv_1/convolution/ReadVariableOp"),
+        ("edge_x_sgd/IdentityN", ""),  # not an edge number
+        ("sgd/IdentityN", ""),
+        ("", ""),
+    ],
+)  # fmt: skip
+def test_the_source_op_is_the_edge_name_without_its_number(edge: str, op: str) -> None:
+    assert source_op(edge) == op
+
+
+@pytest.mark.parametrize(
+    ("op", "read"),
+    [
+        ("m/conv/ReadVariableOp", True),
+        ("m/bn/Cast_2/ReadVariableOp_1", True),
+        ("GroupCrossDeviceControlEdges_0/Identity", False),
+        ("sync_token_q_Dequeue", False),
+        ("ReadVariableOpOops/Identity", False),
+        ("", False),
+    ],
+)
+def test_which_ops_read_a_variable(op: str, read: bool) -> None:
+    assert is_variable_read(op) is read
+
+
+# Two gradients out of one IdentityN, the trace sees the second leave 25 ms after
+# the first (the connection was draining the first): both were ready at 40 ms.
+# A variable read in between (30 ms) arrived before the first left.
+OPTIMIZER_STEP = (
+    _read(1, 2, 30),  # 0
+    _push(2, 40, 60, server=0, op="sgd/IdentityN"),  # 1: first output leaves at 40
+    _read(1, 3, 50, server=1),  # 2: arrives at 50, between the two
+    _push(2, 65, 90, server=1, op="sgd/IdentityN"),  # 3: seen leaving at 65
+    _push(2, 70, 95, server=1, op="model/other_op"),  # 4: another op: its own time
+)
+
+
+def test_outputs_of_one_op_are_ready_when_its_first_output_left() -> None:
+    deps = infer_dependencies(OPTIMIZER_STEP)
+    assert deps[3].ready_offset_ns == 40 * MS
+    # So it waits for what had arrived by 40 ms only (not the read that arrived at 50).
+    assert deps[3].after_worker_arrivals == 1
+    assert deps[1].ready_offset_ns == 40 * MS
+    # Another op's output keeps its own time, and what arrived before it.
+    assert deps[4].ready_offset_ns == 70 * MS
+    assert deps[4].after_worker_arrivals == 2
+
+
+def test_an_output_is_never_ready_before_it_was_asked_for() -> None:
+    late_ask = (
+        _push(2, 40, 60, op="sgd/IdentityN"),
+        _push(45, 65, 90, server=1, op="sgd/IdentityN"),  # the ps asked at 45
+    )
+    assert infer_dependencies(late_ask)[1].ready_offset_ns == 45 * MS
+
+
+def test_ops_are_grouped_per_sender() -> None:
+    # The same op name on two ps tasks is two ops: pulls keep their own times.
+    calls = (
+        _pull(1, 5, 10, server=0),
+        _pull(1, 20, 30, server=1),
+    )
+    named = tuple(
+        TimedCall(
+            server=c.server,
+            reversed_direction=False,
+            carries_tensor=True,
+            start_ns=c.start_ns,
+            response_start_ns=c.response_start_ns,
+            end_ns=c.end_ns,
+            source_op="ps/Identity",
+        )
+        for c in calls
+    )
+    assert [d.ready_offset_ns for d in infer_dependencies(named)] == [5 * MS, 20 * MS]
+
+
+def test_a_variable_read_is_ready_when_asked_whatever_reached_the_ps_before() -> None:
+    calls = (
+        _push(0, 1, 5, op="model/bn/add"),  # a batch-norm statistic reaches the ps at 5 ms
+        _read(2, 40, 41),  # asked at 2; the ps answered at 40 (its queue)
+        _pull(2, 40, 41),  # not a read (no op known): answered when it existed
+    )
+    deps = infer_dependencies(calls)
+    assert (deps[1].ready_offset_ns, deps[1].after_server_arrivals) == (2 * MS, 0)
+    assert (deps[2].ready_offset_ns, deps[2].after_server_arrivals) == (40 * MS, 1)
+
+
+def test_on_a_slow_link_the_queued_gradient_leaves_with_the_first() -> None:
+    # Every transfer takes 100 ms.  The reads arrive at 101 and 101; the first
+    # gradient leaves 10 ms after (its gap in the trace: 40 - 30), and the
+    # second with it, not 25 ms later.
+    _, released, _ = _replay(OPTIMIZER_STEP, transfer_ns=dict.fromkeys(range(5), 100 * MS))
+    begin = 1000 * MS
+    assert released[1] - begin == released[3] - begin == 111 * MS
 
 
 def _replay(
@@ -219,6 +340,7 @@ def _steps(draw: st.DrawFn) -> tuple[TimedCall, ...]:
                 start_ns=start,
                 response_start_ns=ready,
                 end_ns=end,
+                source_op=draw(st.sampled_from(["", "sgd/IdentityN", "m/ReadVariableOp", "m/add"])),
             )
         )
     return tuple(calls)
@@ -252,13 +374,14 @@ def test_no_call_is_released_before_what_it_waits_for_has_arrived(
                 )
             )
         ]
+        # Data is ready no later than the trace saw it leave, and not before it was asked for.
+        trace_ready = (
+            calls[index].response_start_ns if calls[index].carries_tensor else calls[index].start_ns
+        )
+        assert calls[index].start_ns <= dep.ready_offset_ns <= trace_ready
         for j in waited:
-            # Waited-for data arrived strictly before this call's data left, in the trace...
-            assert calls[j].end_ns < (
-                calls[index].response_start_ns
-                if calls[index].carries_tensor
-                else calls[index].start_ns
-            )
+            # Waited-for data arrived strictly before this call's data was ready...
+            assert calls[j].end_ns < dep.ready_offset_ns
             # ... and in the replay, no call goes before it arrived plus the scaled gap.
             # (Each offset is scaled and rounded to whole ns on its own.)
             gap = round(scale * dep.ready_offset_ns) - round(scale * deps[j].arrival_offset_ns)

@@ -8,8 +8,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from tf_grpc_bench import trace_files
 from tf_grpc_bench.errors import ConfigError, TraceError
 from tf_grpc_bench.protos import bench_pb2
+from tf_grpc_bench.replay.core.dependencies import is_variable_read, source_op
 from tf_grpc_bench.replay.core.generators import GeneratorConfig, GeneratorKind, generate_payloads
 from tf_grpc_bench.replay.core.measurement import Benchmark
 from tf_grpc_bench.replay.core.pacing import (
@@ -514,6 +516,39 @@ def test_captured_critical_paths_split_every_worker_step_into_compute_and_commun
     assert path.step_ns == 1_000_000
     assert path.communication_ns == 1_000 + 1_000
     assert path.compute_ns == 100 + 1_900 + (1_000_000 - 4_000)
+
+
+@pytest.mark.parametrize("name", ["resnet50-tf2ps", "resnet50-tf1ps"])
+def test_shipped_traces_take_reads_as_ready_when_asked_and_one_ops_outputs_together(
+    name: str,
+) -> None:
+    trace = trace_files.read_trace(trace_files.shipped_trace_path(name))
+    workload = trace_workload(trace, Benchmark.PS_THROUGHPUT, mode=Mode.NON_SERIALIZED)
+    groups: dict[tuple[int, int, str], list[tuple[int, int, int]]] = {}
+    reads = 0
+    for step in workload.steps:
+        for call in step.calls:
+            rpc = trace.steps[call.step].rpcs[call.rpc_index]
+            if call.dependencies is None or rpc.tensor is None:
+                continue
+            op = source_op(rpc.tensor.edge_name)
+            begin = trace.steps[call.step].start_ns
+            ready = call.dependencies.ready_offset_ns
+            if not call.reversed_direction and is_variable_read(op):
+                reads += 1
+                assert ready == rpc.start_ns - begin
+            elif call.reversed_direction and op:
+                key = (call.step, call.worker_index, op)
+                groups.setdefault(key, []).append(
+                    (ready, rpc.start_ns - begin, rpc.response_start_ns - begin)
+                )
+    assert reads > 1000
+    many = [g for g in groups.values() if len(g) > 1]
+    # TensorFlow 2's optimizer sends every gradient out of one IdentityN.
+    assert any(len(g) > 100 for g in many) is (name == "resnet50-tf2ps")
+    for group in many:
+        first = min(seen for _, _, seen in group)
+        assert all(ready == max(first, asked) for ready, asked, _ in group)
 
 
 # --------------------------------------------------------------------------
@@ -1273,10 +1308,12 @@ def test_calls_of_the_conftest_trace_carry_names_offsets_and_dependencies() -> N
     assert [c.offset_ns for c in calls] == [0, 2_000, 4_000]
     assert [c.rpc_index for c in calls] == [0, 1, 2]
     # A pull's data leaves the ps when the response starts; it waits for the worker's
-    # pulls that arrived before its request left.
+    # pulls that arrived before its request left.  The three tensors are outputs of
+    # one op (``w``), which were ready together when the first left (500 ns): the
+    # later two are ready as soon as they are asked for.
     assert [c.dependencies for c in calls] == [
         Dependencies(
-            ready_offset_ns=500 + 2_000 * n,
+            ready_offset_ns=500 if n == 0 else 2_000 * n,
             arrival_offset_ns=1_000 + 2_000 * n,
             lands_on_worker=True,
             is_arrival=True,

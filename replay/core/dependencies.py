@@ -19,7 +19,10 @@ RecvBuf response (which a reversed call sends as its request), or the request
 of any other method.  For every call the trace gives:
 
 * ``ready``: when its data left its sender: ``response_start_ns`` for a tensor
-  method (the tensor existed then), ``start_ns`` otherwise;
+  method (the tensor existed then), ``start_ns`` otherwise; less what was the
+  sender's queue, as far as the tensor's identity tells: outputs of one op are
+  ready when the first of them left (``_ready_times``), and a variable read is
+  ready when it was asked for (``is_variable_read``);
 * ``arrival``: when the call completed (``end_ns``), i.e. when its data had
   arrived at its receiver: at the worker for a pull (the worker calls the ps
   and the tensor comes back), at the ps for a reversed call (the ps pulled a
@@ -90,6 +93,9 @@ class TimedCall:
     start_ns: int
     response_start_ns: int
     end_ns: int
+    #: The TensorFlow op whose output the tensor is (the rendezvous key's edge
+    #: name without its ``edge_N_`` prefix), or ``""`` when not known.
+    source_op: str = ""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -127,6 +133,54 @@ def ready_ns(call: TimedCall) -> int:
     return call.response_start_ns if call.carries_tensor else call.start_ns
 
 
+def source_op(edge_name: str) -> str:
+    """The op a rendezvous edge (``edge_6836_sgd/IdentityN``) carries an output of, or ``""``."""
+    prefix, _, rest = edge_name.partition("_")
+    number, _, op = rest.partition("_")
+    return op if prefix == "edge" and number.isdigit() else ""
+
+
+def is_variable_read(op: str) -> bool:
+    """Whether ``op`` reads a variable (``.../ReadVariableOp``, ``.../ReadVariableOp_3``).
+
+    A step's reads come before its updates of what they read: an update needs
+    the gradient, which needs the forward pass, which needs the read (and in a
+    ``tf.function`` automatic control dependencies order them as well).  So a
+    read waits for no update of its own step.
+    """
+    return op.rpartition("/")[2].startswith("ReadVariableOp")
+
+
+def _ready_times(calls: Sequence[TimedCall]) -> list[int]:
+    """Each call's ready time, outputs of one op taken as ready together.
+
+    An op's outputs exist together, when the op has run: TensorFlow 2's Keras
+    optimizer passes every gradient through one ``IdentityN``, so a worker's
+    gradients are ready at one instant, but the trace sees them leave one after
+    another as the sender's connection drains.  That queueing is the link's
+    (the replay queues them again on its own), not compute: a tensor of an op
+    whose first output left earlier is taken as ready then.  Grouped per
+    sender: the worker for a reversed call, the server for a pull.
+    """
+
+    def sender_op(call: TimedCall) -> tuple[int, str] | None:
+        if not (call.carries_tensor and call.source_op):
+            return None
+        # -1: the worker itself sent it (a reversed call), whichever ps asked.
+        return (-1 if call.reversed_direction else call.server, call.source_op)
+
+    first: dict[tuple[int, str], int] = {}
+    for call in calls:
+        if (key := sender_op(call)) is not None:
+            first[key] = min(first.get(key, call.response_start_ns), call.response_start_ns)
+    ready = []
+    for call in calls:
+        key = sender_op(call)
+        # Never before its own request: the receiver asked for it then.
+        ready.append(ready_ns(call) if key is None else max(first[key], call.start_ns))
+    return ready
+
+
 def infer_dependencies(calls: Sequence[TimedCall]) -> tuple[Dependencies, ...]:
     """The dependencies of one worker's calls in one step, in the order given.
 
@@ -156,14 +210,18 @@ def infer_dependencies(calls: Sequence[TimedCall]) -> tuple[Dependencies, ...]:
         rank.update({i: r for r, i in enumerate(order)})
 
     result = []
-    for number, call in enumerate(calls):
-        ready = ready_ns(call)
+    for number, (call, ready) in enumerate(zip(calls, _ready_times(calls), strict=True)):
         if call.reversed_direction:
             after_worker = bisect.bisect_left(worker_ends, ready)
             after_server = 0
         else:
             after_worker = bisect.bisect_left(worker_ends, call.start_ns)
             after_server = bisect.bisect_left(server_ends.get(call.server, []), ready)
+            if call.carries_tensor and is_variable_read(call.source_op):
+                # The variable existed when the worker asked: a later response
+                # is the ps's queue, which the replay's server has of its own.
+                ready = call.start_ns
+                after_server = 0
         result.append(
             Dependencies(
                 ready_offset_ns=ready,

@@ -73,6 +73,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 
 from tf_grpc_bench.errors import ConfigError
+from tf_grpc_bench.replay.core.dependencies import source_op
 from tf_grpc_bench.trace import RECV_TENSOR, TENSOR_METHODS, Phase, Rpc, Step, Task, Trace
 
 #: Largest ``--scale-tensors``: beyond, a typo (a 100x wider ResNet-50 is 10 GB a step).
@@ -132,8 +133,7 @@ def captured_cluster(trace: Trace) -> tuple[list[int], list[int]]:
 
 def _op_name(edge: str) -> str:
     """An edge name without its ``edge_N_`` prefix: the op that made the tensor."""
-    parts = edge.split("_", 2)
-    return parts[2] if len(parts) == 3 and parts[0] == "edge" else edge
+    return source_op(edge) or edge
 
 
 def _variable_transfer(trace: Trace, rpc: Rpc) -> tuple[int, str, bool] | None:

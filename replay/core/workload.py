@@ -98,6 +98,7 @@ from tf_grpc_bench.replay.core.dependencies import (
     captured_critical_path,
     captured_critical_path_segments,
     infer_dependencies,
+    source_op,
 )
 from tf_grpc_bench.replay.core.generators import GeneratorConfig, PayloadSpec, generate_payloads
 from tf_grpc_bench.replay.core.measurement import Benchmark, InexactSizes
@@ -818,6 +819,7 @@ def _timed_call(mapped: _Mapped, server_index: int, step_start_ns: int) -> Timed
         start_ns=start,
         response_start_ns=response_start,
         end_ns=max(rpc.end_ns - step_start_ns, response_start),
+        source_op=source_op(rpc.tensor.edge_name) if rpc.tensor is not None else "",
     )
 
 
