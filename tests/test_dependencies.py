@@ -22,22 +22,14 @@ from tf_grpc_bench.replay.core.dependencies import (
 MS = 1_000_000
 
 
-def _pull(start: int, ready: int, end: int, server: int = 0, tensor: bool = True) -> TimedCall:
+def _call(
+    start: int, ready: int, end: int, *, server: int, back: bool, tensor: bool = True, op: str = ""
+) -> TimedCall:
+    """Times in ms; ``back``: a reversed call (the ps pulled it from the worker)."""
     return TimedCall(
         server=server,
-        reversed_direction=False,
+        reversed_direction=back,
         carries_tensor=tensor,
-        start_ns=start * MS,
-        response_start_ns=ready * MS,
-        end_ns=end * MS,
-    )
-
-
-def _push(start: int, ready: int, end: int, server: int = 0, op: str = "") -> TimedCall:
-    return TimedCall(
-        server=server,
-        reversed_direction=True,
-        carries_tensor=True,
         start_ns=start * MS,
         response_start_ns=ready * MS,
         end_ns=end * MS,
@@ -45,16 +37,17 @@ def _push(start: int, ready: int, end: int, server: int = 0, op: str = "") -> Ti
     )
 
 
-def _read(start: int, ready: int, end: int, server: int = 0, op: str = "") -> TimedCall:
-    return TimedCall(
-        server=server,
-        reversed_direction=False,
-        carries_tensor=True,
-        start_ns=start * MS,
-        response_start_ns=ready * MS,
-        end_ns=end * MS,
-        source_op=op or "model/dense/MatMul/ReadVariableOp",
-    )
+def _pull(start: int, ready: int, end: int, server: int = 0, tensor: bool = True) -> TimedCall:
+    return _call(start, ready, end, server=server, back=False, tensor=tensor)
+
+
+def _push(start: int, ready: int, end: int, server: int = 0, op: str = "") -> TimedCall:
+    return _call(start, ready, end, server=server, back=True, op=op)
+
+
+def _read(start: int, ready: int, end: int, server: int = 0) -> TimedCall:
+    """A pull of a variable (its op a ``ReadVariableOp``)."""
+    return _call(start, ready, end, server=server, back=False, op="model/dense/ReadVariableOp")
 
 
 # A PS step as training makes it: two variables pulled, compute, two gradients
@@ -182,21 +175,9 @@ def test_an_output_is_never_ready_before_it_was_asked_for() -> None:
 
 def test_ops_are_grouped_per_sender() -> None:
     # The same op name on two ps tasks is two ops: pulls keep their own times.
-    calls = (
-        _pull(1, 5, 10, server=0),
-        _pull(1, 20, 30, server=1),
-    )
-    named = tuple(
-        TimedCall(
-            server=c.server,
-            reversed_direction=False,
-            carries_tensor=True,
-            start_ns=c.start_ns,
-            response_start_ns=c.response_start_ns,
-            end_ns=c.end_ns,
-            source_op="ps/Identity",
-        )
-        for c in calls
+    named = (
+        _call(1, 5, 10, server=0, back=False, op="ps/Identity"),
+        _call(1, 20, 30, server=1, back=False, op="ps/Identity"),
     )
     assert [d.ready_offset_ns for d in infer_dependencies(named)] == [5 * MS, 20 * MS]
 
