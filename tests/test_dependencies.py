@@ -261,16 +261,29 @@ def test_on_a_slow_link_gradients_leave_after_the_variables_plus_the_compute() -
     tracker, released, done = _replay(STEP, transfer_ns=dict.fromkeys(range(5), 100 * MS))
     begin = 1000 * MS
     assert (done[0] - begin, done[1] - begin) == (102 * MS, 103 * MS)
-    # Gradient a left 40 ms after variable a arrived and 30 ms after b: each gap is
-    # kept after the replay's own arrival, the later bound wins: max(102+40, 103+30).
-    assert released[2] - begin == 142 * MS
-    assert released[3] - begin == 147 * MS  # max(102 + 45, 103 + 35)
-    # The variable read waits for the gradients at the ps: gradient a arrived at
-    # 242 (60 ms in the trace, read at 75): 242 + 15.
-    assert released[4] - begin == 257 * MS
+    # Gradient a left 30 ms after the last variable it waited for arrived (b, at
+    # 20 ms): that compute is kept after the replay's last arrival, 103 + 30.  The
+    # 40 ms since variable a are not all compute: 10 of them were waiting for b.
+    assert released[2] - begin == 133 * MS
+    assert released[3] - begin == 138 * MS  # 103 + (55 - 20)
+    # The variable read waits for the gradients at the ps too; the last of all it
+    # waited for arrived at 70 ms in the trace (read at 75) and at 238 here: 238 + 5.
+    assert released[4] - begin == 243 * MS
     # The step ends with everything done plus the recorded tail (80 -> 100 ms).
-    assert done[4] - begin == 357 * MS
-    assert tracker.next_step_begin_ns() - begin == 377 * MS
+    assert done[4] - begin == 343 * MS
+    assert tracker.next_step_begin_ns() - begin == 363 * MS
+
+
+def test_an_early_arrival_that_comes_late_does_not_add_the_wait_it_overlapped() -> None:
+    # In the trace variable a arrived at 10 ms and b at 20; the gradient left at 50.
+    # Here a arrives last (at 150, b at 103): the gradient keeps the 30 ms that
+    # followed the last arrival, and leaves at 180, not 150 + 40.
+    _, released, done = _replay(
+        STEP, transfer_ns={0: 148 * MS, 1: 100 * MS, 2: 100 * MS, 3: 100 * MS, 4: 100 * MS}
+    )
+    begin = 1000 * MS
+    assert (done[0] - begin, done[1] - begin) == (150 * MS, 103 * MS)
+    assert released[2] - begin == 180 * MS
 
 
 def test_compute_none_drops_every_gap_and_half_halves_them() -> None:
@@ -280,19 +293,19 @@ def test_compute_none_drops_every_gap_and_half_halves_them() -> None:
     assert released[2] == done[1]  # no compute between the last variable and the gradient
     assert released[0] == begin
     _, released_half, done_half = _replay(STEP, transfer_ns=slow, scale=0.5)
-    # Variables released at 1 and 1.5 ms, arrive 100 ms later; gaps 40 and 30 halved.
+    # Variables released at 1 and 1.5 ms, arrive 100 ms later; the gap of 30 ms halved.
     assert (done_half[0] - begin, done_half[1] - begin) == (101 * MS, 101.5 * MS)
-    assert released_half[2] - begin == 121 * MS
+    assert released_half[2] - begin == 116.5 * MS
 
 
 def test_critical_path_splits_the_step_into_compute_and_communication() -> None:
     tracker, _, _ = _replay(STEP, transfer_ns=dict.fromkeys(range(5), 100 * MS))
     path = tracker.critical_path()
-    # Walked back from the end: tail 20; the read released 15 after gradient a
-    # arrived; gradient a released 40 after variable a arrived; variable a
-    # released 2 ms into the step.  The three transfers are the rest.
-    assert path.step_ns == 377 * MS
-    assert path.compute_ns == (20 + 15 + 40 + 2) * MS
+    # Walked back from the end: tail 20; the read released 5 after gradient b
+    # arrived; gradient b released 35 after variable b arrived; variable b
+    # released 3 ms into the step.  The three transfers are the rest.
+    assert path.step_ns == 363 * MS
+    assert path.compute_ns == (20 + 5 + 35 + 3) * MS
     assert path.communication_ns == 300 * MS
 
 
@@ -363,11 +376,15 @@ def test_no_call_is_released_before_what_it_waits_for_has_arrived(
         for j in waited:
             # Waited-for data arrived strictly before this call's data was ready...
             assert calls[j].end_ns < dep.ready_offset_ns
-            # ... and in the replay, no call goes before it arrived plus the scaled gap.
-            # (Each offset is scaled and rounded to whole ns on its own.)
-            gap = round(scale * dep.ready_offset_ns) - round(scale * deps[j].arrival_offset_ns)
-            assert released[index] >= done[j] + gap
-        if not waited:
+            # ... and in the replay, no call goes before it arrived.
+            assert released[index] >= done[j]
+        if waited:
+            # The compute kept is what followed the last waited-for arrival in the
+            # trace, after the last of them to arrive in the replay.
+            last = max(deps[j].arrival_offset_ns for j in waited)
+            gap = round(scale * (dep.ready_offset_ns - last))
+            assert released[index] == max(done[j] for j in waited) + gap
+        else:
             assert released[index] == round(scale * dep.ready_offset_ns)
     path = tracker.critical_path()
     assert 0 <= path.compute_ns <= path.step_ns

@@ -52,7 +52,8 @@ early.
 Because every waited-for arrival completed strictly before the call's data
 left, sorting a step's calls by ``ready`` is a topological order, and the sets
 a call waits for are prefixes of the arrivals in completion order.  The
-tracker therefore needs one running maximum per arrival list, not an edge list.
+tracker therefore needs one running maximum (of completion times) per arrival
+list, not an edge list.
 
 Release time in a replay
 ------------------------
@@ -60,13 +61,21 @@ With ``s`` the compute scale (1: the recorded compute, 0: none, 0.5: twice as
 fast), a step begun at ``B`` and ``done(j)`` the replay's completion of call
 ``j``, a call is released at::
 
-    B + s * ready(c) + max over waited-for j of (done(j) - B - s * arrival(j))
+    max over waited-for j of done(j) + s * (ready(c) - max over waited-for j of arrival(j))
 
-so each recorded compute gap ``ready(c) - arrival(j)`` is kept (scaled) after
-the replay's own arrival of ``j``; a call that waits for nothing is released at
-``B + s * ready(c)``.  The worker's next step begins at
-``B + s * period + max over the step's calls j of (done(j) - B - s * arrival(j))``:
-after everything of the step has arrived and the recorded tail of the step.
+that is, after the last of its inputs to arrive in the replay, the compute
+that followed the last of them to arrive in the trace; a call that waits for
+nothing is released at ``B + s * ready(c)``.  Only the compute after the last
+input is kept because TensorFlow's dataflow runs what an earlier input allows
+while later inputs are still on the way: in the trace the time from an early
+arrival to ``ready(c)`` is partly that compute and partly waiting for the
+later inputs, and the two cannot be told apart.  (Keeping the whole of it, a
+max-plus over every input, counts that waiting once more whenever the replay
+delivers an early input late, as a slow link that shares itself among
+concurrent transfers does: a loopback trace's spread of arrivals was added to
+the step.)  The worker's next step begins after the step's last arrival in the
+replay plus what followed the step's last arrival in the trace until its end
+(the recorded tail), and not before every call completed.
 """
 
 from __future__ import annotations
@@ -76,7 +85,7 @@ import heapq
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-#: Placeholder for "no waited-for arrival": any real lag is larger.
+#: Placeholder for "no arrival yet": any completion time is later.
 _NO_LAG = -(1 << 62)
 
 
@@ -237,27 +246,27 @@ def infer_dependencies(calls: Sequence[TimedCall]) -> tuple[Dependencies, ...]:
 
 
 class _ArrivalList:
-    """Completions of one arrival list, with the running maximum over its complete prefix."""
+    """Completions of one arrival list, with the latest completion over its complete prefix."""
 
     __slots__ = ("_argmax", "_complete", "_done", "_maxima")
 
     def __init__(self, length: int) -> None:
         self._done: list[int | None] = [None] * length
         self._complete = 0
-        #: _maxima[k]: the largest lag over the first k arrivals; _argmax[k]: whose.
+        #: _maxima[k]: the latest completion of the first k arrivals; _argmax[k]: whose.
         self._maxima = [_NO_LAG]
         self._argmax = [-1]
 
-    def record(self, rank: int, lag_ns: int) -> None:
+    def record(self, rank: int, done_ns: int) -> None:
         if self._done[rank] is not None:
             raise ValueError(f"arrival {rank} recorded twice")
-        self._done[rank] = lag_ns
+        self._done[rank] = done_ns
         while self._complete < len(self._done) and self._done[self._complete] is not None:
-            lag = self._done[self._complete]
-            assert lag is not None
+            done = self._done[self._complete]
+            assert done is not None
             # ">=": on a tie the later arrival binds (the natural critical path).
-            if lag >= self._maxima[-1]:
-                self._maxima.append(lag)
+            if done >= self._maxima[-1]:
+                self._maxima.append(done)
                 self._argmax.append(self._complete)
             else:
                 self._maxima.append(self._maxima[-1])
@@ -269,8 +278,8 @@ class _ArrivalList:
         """How many arrivals, from the first in trace order, have all completed."""
         return self._complete
 
-    def lag(self, count: int) -> tuple[int, int] | None:
-        """(largest lag, its rank) over the first ``count`` arrivals; None while incomplete."""
+    def latest(self, count: int) -> tuple[int, int] | None:
+        """(latest completion, its rank) of the first ``count`` arrivals; None while incomplete."""
         if count > self._complete:
             return None
         return self._maxima[count], self._argmax[count]
@@ -406,24 +415,26 @@ class DependencyTracker:
     def release_ns(self, index: int) -> int | None:
         """Absolute time call ``index`` may go, or None while what it waits for is in flight."""
         deps = self._deps[index]
-        worker = self._worker.lag(deps.after_worker_arrivals)
-        server = self._by_server[self._servers[index]].lag(deps.after_server_arrivals)
+        worker = self._worker.latest(deps.after_worker_arrivals)
+        server = self._by_server[self._servers[index]].latest(deps.after_server_arrivals)
         if worker is None or server is None:
             return None
-        # The binding arrival: the largest lag; on a tie the later trace arrival.
-        candidates = []
+        # The binding arrival: the latest to complete; on a tie the later trace arrival.
+        # The compute kept is what followed the last waited-for arrival in the trace.
+        candidates, last_arrival = [], 0
         if deps.after_worker_arrivals:
             candidates.append((worker[0], self._owner_of_worker_rank(worker[1])))
+            last = self._owner_of_worker_rank(deps.after_worker_arrivals - 1)
+            last_arrival = max(last_arrival, self._deps[last].arrival_offset_ns)
         if deps.after_server_arrivals:
             candidates.append((server[0], self._owner_of_server_rank(index, server[1])))
-        lag, waited = max(
-            candidates,
-            key=lambda c: (c[0], self._deps[c[1]].arrival_offset_ns),
-            default=(_NO_LAG, -1),
-        )
-        release = self._begin + self._scaled(deps.ready_offset_ns)
-        if waited >= 0:
-            release += lag
+            last = self._owner_of_server_rank(index, deps.after_server_arrivals - 1)
+            last_arrival = max(last_arrival, self._deps[last].arrival_offset_ns)
+        if candidates:
+            done, waited = max(candidates, key=lambda c: (c[0], self._deps[c[1]].arrival_offset_ns))
+            release = done + self._scaled(deps.ready_offset_ns - last_arrival)
+        else:
+            release, waited = self._begin + self._scaled(deps.ready_offset_ns), -1
         self._released[index] = (release, waited)
         return release
 
@@ -438,32 +449,39 @@ class DependencyTracker:
         deps = self._deps[index]
         self._completed[index] = done_ns
         if deps.is_arrival:
-            lag = done_ns - self._begin - self._scaled(deps.arrival_offset_ns)
-            self._list_of(index).record(deps.arrival_rank, lag)
+            self._list_of(index).record(deps.arrival_rank, done_ns)
             self._advance()
 
-    def _end_lag(self) -> tuple[int, int]:
-        best, owner = _NO_LAG, -1
+    def _last_arrival(self) -> tuple[int, int]:
+        """(index, trace arrival offset) of the step's latest-completing arrival and of its
+        last arrival in the trace: (-1, 0) for a step without arrivals."""
+        owner, last_arrival = -1, 0
         for index, done in self._completed.items():
-            if not self._deps[index].is_arrival:
+            deps = self._deps[index]
+            if not deps.is_arrival:
                 continue
-            lag = done - self._begin - self._scaled(self._deps[index].arrival_offset_ns)
-            if lag > best or (lag == best and done > self._completed.get(owner, -1)):
-                best, owner = lag, index
-        return best, owner
+            last_arrival = max(last_arrival, deps.arrival_offset_ns)
+            best = self._completed.get(owner, _NO_LAG)
+            if done > best or (
+                done == best and deps.arrival_offset_ns > self._deps[owner].arrival_offset_ns
+            ):
+                owner = index
+        return owner, last_arrival
 
     def next_step_begin_ns(self) -> int:
         """When the worker's next step begins: every call done, plus the step's recorded tail.
 
-        Call once every call of the step has completed.
+        The tail is what followed the step's last arrival in the trace.  Call
+        once every call of the step has completed.
         """
         if len(self._completed) != len(self._deps):
             raise ValueError("the step still has calls in flight")
-        lag, owner = self._end_lag()
+        owner, last_arrival = self._last_arrival()
         last_done = max(self._completed.values(), default=self._begin)
         if owner < 0:
             return max(self._begin + self._scaled(self._period), last_done)
-        return max(self._begin + self._scaled(self._period) + lag, last_done)
+        tail = self._scaled(self._period - last_arrival)
+        return max(self._completed[owner] + tail, last_done)
 
     def critical_path(self) -> StepPath:
         """The step's critical path, walked back from its end through the waited-for calls."""
@@ -480,7 +498,7 @@ class DependencyTracker:
         zero length are left out.
         """
         end = self.next_step_begin_ns()
-        _, index = self._end_lag()
+        index, _ = self._last_arrival()
         segments: list[PathSegment] = []
         if index >= 0 and end > self._completed[index]:
             segments.append(PathSegment(start_ns=self._completed[index], end_ns=end, call=-1))
