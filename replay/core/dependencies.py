@@ -46,8 +46,7 @@ processes, and training's cross-worker ordering (a synchronous ps waiting for
 every worker's gradient) is not in one worker's trace.  What arrived *before*
 is taken as what the data was *computed from*; the tensor identities in a
 PS step agree (every gradient depends on the whole forward pass), and an
-arrival that was in fact unrelated can only delay the call, never release it
-early.
+arrival that was in fact unrelated can only delay the call.
 
 Because every waited-for arrival completed strictly before the call's data
 left, sorting a step's calls by ``ready`` is a topological order, and the sets
