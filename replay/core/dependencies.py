@@ -85,7 +85,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 #: Placeholder for "no arrival yet": any completion time is later.
-_NO_LAG = -(1 << 62)
+_NEVER = -(1 << 62)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -253,7 +253,7 @@ class _ArrivalList:
         self._done: list[int | None] = [None] * length
         self._complete = 0
         #: _maxima[k]: the latest completion of the first k arrivals; _argmax[k]: whose.
-        self._maxima = [_NO_LAG]
+        self._maxima = [_NEVER]
         self._argmax = [-1]
 
     def record(self, rank: int, done_ns: int) -> None:
@@ -370,6 +370,10 @@ class DependencyTracker:
             server: [] for server in self._by_server
         }
         self._releasable: list[int] = []
+        #: The step's last arrival in the trace: its recorded tail follows it.
+        self._last_arrival_offset = max(
+            (d.arrival_offset_ns for d in self._deps if d.is_arrival), default=0
+        )
         self._advance()
 
     @property
@@ -451,21 +455,20 @@ class DependencyTracker:
             self._list_of(index).record(deps.arrival_rank, done_ns)
             self._advance()
 
-    def _last_arrival(self) -> tuple[int, int]:
-        """(index, trace arrival offset) of the step's latest-completing arrival and of its
-        last arrival in the trace: (-1, 0) for a step without arrivals."""
-        owner, last_arrival = -1, 0
+    def _latest_arrival(self) -> int:
+        """Index of the step's latest-completing arrival (on a tie the later in the
+        trace), or -1 for a step without arrivals."""
+        owner = -1
         for index, done in self._completed.items():
             deps = self._deps[index]
             if not deps.is_arrival:
                 continue
-            last_arrival = max(last_arrival, deps.arrival_offset_ns)
-            best = self._completed.get(owner, _NO_LAG)
+            best = self._completed.get(owner, _NEVER)
             if done > best or (
                 done == best and deps.arrival_offset_ns > self._deps[owner].arrival_offset_ns
             ):
                 owner = index
-        return owner, last_arrival
+        return owner
 
     def next_step_begin_ns(self) -> int:
         """When the worker's next step begins: every call done, plus the step's recorded tail.
@@ -475,11 +478,11 @@ class DependencyTracker:
         """
         if len(self._completed) != len(self._deps):
             raise ValueError("the step still has calls in flight")
-        owner, last_arrival = self._last_arrival()
+        owner = self._latest_arrival()
         last_done = max(self._completed.values(), default=self._begin)
         if owner < 0:
             return max(self._begin + self._scaled(self._period), last_done)
-        tail = self._scaled(self._period - last_arrival)
+        tail = self._scaled(self._period - self._last_arrival_offset)
         return max(self._completed[owner] + tail, last_done)
 
     def critical_path(self) -> StepPath:
@@ -497,7 +500,7 @@ class DependencyTracker:
         zero length are left out.
         """
         end = self.next_step_begin_ns()
-        index, _ = self._last_arrival()
+        index = self._latest_arrival()
         segments: list[PathSegment] = []
         if index >= 0 and end > self._completed[index]:
             segments.append(PathSegment(start_ns=self._completed[index], end_ns=end, call=-1))
