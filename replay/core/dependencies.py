@@ -160,7 +160,7 @@ def is_variable_read(op: str) -> bool:
 
 
 def _ready_times(calls: Sequence[TimedCall]) -> list[int]:
-    """Each call's ready time, outputs of one op taken as ready together.
+    """Each call's ready time: outputs of one op ready together, a variable read when asked.
 
     An op's outputs exist together, when the op has run: TensorFlow 2's Keras
     optimizer passes every gradient through one ``IdentityN``, so a worker's
@@ -184,8 +184,15 @@ def _ready_times(calls: Sequence[TimedCall]) -> list[int]:
     ready = []
     for call in calls:
         key = sender_op(call)
-        # Never before its own request: the receiver asked for it then.
-        ready.append(ready_ns(call) if key is None else max(first[key], call.start_ns))
+        if key is None:
+            ready.append(ready_ns(call))
+        elif not call.reversed_direction and is_variable_read(call.source_op):
+            # The variable existed when the worker asked: a later response is
+            # the ps's queue, which the replay's server has of its own.
+            ready.append(call.start_ns)
+        else:
+            # Never before its own request: the receiver asked for it then.
+            ready.append(max(first[key], call.start_ns))
     return ready
 
 
@@ -226,10 +233,7 @@ def infer_dependencies(calls: Sequence[TimedCall]) -> tuple[Dependencies, ...]:
             after_worker = bisect.bisect_left(worker_ends, call.start_ns)
             after_server = bisect.bisect_left(server_ends.get(call.server, []), ready)
             if call.carries_tensor and is_variable_read(call.source_op):
-                # The variable existed when the worker asked: a later response
-                # is the ps's queue, which the replay's server has of its own.
-                ready = call.start_ns
-                after_server = 0
+                after_server = 0  # a read waits for no update of its own step
         result.append(
             Dependencies(
                 ready_offset_ns=ready,
