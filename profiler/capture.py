@@ -51,6 +51,7 @@ from absl import logging
 
 from tf_grpc_bench import __version__, lifetime, trace_files
 from tf_grpc_bench.errors import BenchError, CaptureError, ConfigError, RunInterrupted
+from tf_grpc_bench.host import capture_machine
 from tf_grpc_bench.profiler.assembly.phases import assemble_trace, partial_reason
 from tf_grpc_bench.profiler.launch.config import TrainingConfig
 from tf_grpc_bench.profiler.launch.hosts import (
@@ -533,6 +534,7 @@ def run_metadata(
         f"{job_info.get('keras_version', '')}".strip(),
         "grpcio_version": grpc.__version__,
         "python_version": platform.python_version(),
+        **dict(capture_machine()),
     }
     if "trainable_bytes" in job_info:
         extra["trainable_bytes"] = str(job_info["trainable_bytes"])

@@ -47,6 +47,7 @@ from pathlib import Path
 
 from tf_grpc_bench import __version__
 from tf_grpc_bench.errors import BenchError
+from tf_grpc_bench.host import capture_machine
 from tf_grpc_bench.profiler.capture import (
     CaptureResult,
     TraceLayout,
@@ -170,6 +171,7 @@ class _UserRun:
             extra=(
                 ("job_command", " ".join(job.command)),
                 ("python_version", platform.python_version()),
+                *capture_machine(),
                 *(() if self.hosts is None else self.hosts.metadata()),
             ),
         )

@@ -11,18 +11,21 @@ import statistics
 from pathlib import Path
 
 from tf_grpc_bench import trace_files, trace_summary
+from tf_grpc_bench.host import CPU_COUNT_EXTRA, CPU_MODEL_EXTRA
 from tf_grpc_bench.profiler.physics import check_physics
 from tf_grpc_bench.sizes import SizeCategory
 
 ROOT = Path(__file__).resolve().parent.parent
 HEADER = """# Shipped traces
 
-Real traces captured on this project's development machine (2 cores, no GPU) by `tf-grpc-bench capture` (the
-recorder each used is in its table), one process per TensorFlow task on localhost, synthetic input images, 2 ps +
+Real traces captured on a 2-core machine without GPU (each table names its processor) by `tf-grpc-bench capture`
+(the recorder each used is in its table), one process per TensorFlow task on localhost, synthetic input images, 2 ps +
 2 workers (+ the chief for TF2), synchronous training, batch 4 per worker. Message sizes follow the models'
 parameters, not the image size, so small images give faithful traffic on a CPU. `tf-grpc-bench replay` with no
 argument replays `resnet50-tf2ps`. All five were made by
 [`scripts/capture_shipped_traces.sh`](../scripts/capture_shipped_traces.sh); this file by `scripts/traces_readme.py`.
+A replay keeps the compute its trace recorded, so a shipped trace predicts training on the machine that captured
+it; to predict training on yours, re-capture with that script ([docs/fidelity.md](../docs/fidelity.md)).
 
 Inspect one with `tf-grpc-bench inspect resnet50-tf2ps` (a shipped trace's name or any trace file's path).
 
@@ -38,6 +41,10 @@ def describe(path: Path) -> str:
     categories = dict(first.category_counts)
     report = check_physics(trace)
     step_ms = statistics.median(step.duration_ns for step in steps) / 1e6
+    extra = dict(meta.extra)
+    machine = (
+        f"{extra.get(CPU_MODEL_EXTRA) or 'not recorded'}, {extra.get(CPU_COUNT_EXTRA) or '?'} CPUs"
+    )
     lines = [
         f"## {path.stem}",
         "",
@@ -52,6 +59,7 @@ def describe(path: Path) -> str:
         f"TensorFlow {meta.tensorflow_version}, input {'x'.join(map(str, meta.input_shape))} |",
         f"| tasks | {', '.join(f'{t.job}:{t.index}' for t in trace.tasks)} |",
         f"| recorder | `{meta.capture_method}` |",
+        f"| captured on | {machine}, {meta.created_utc} |",
         f"| steady steps | {len(steps)} (start-up: {len(trace.startup.rpcs)} RPCs, kept apart) |",
         f"| per step | {first.rpc_count} RPCs ({', '.join(f'{m} {c}' for m, c in first.rpcs_per_method)}), "
         f"{first.request_bytes:,} B requests, {first.response_bytes:,} B responses |",

@@ -25,6 +25,7 @@ import pytest
 from tf_grpc_bench import trace as trace_model
 from tf_grpc_bench import trace_files
 from tf_grpc_bench.errors import ServeError
+from tf_grpc_bench.host import cpu_model
 from tf_grpc_bench.profiler.assembly.phases import assemble_trace, split_into_steps
 from tf_grpc_bench.profiler.assembly.rpcs import STATUS_CANCELLED, STATUS_UNKNOWN, calls_to_rpcs
 from tf_grpc_bench.profiler.assembly.steps import (
@@ -440,6 +441,8 @@ def test_capturing_the_tiny_model_gives_a_trace_that_obeys_physics(
     datetime.datetime.fromisoformat(meta.created_utc)
     extra = dict(meta.extra)
     assert extra["unattributed_calls"] == "0" and extra["undecodable_messages"] == "0"
+    # The machine whose compute the trace carries.
+    assert (extra["cpu_model"], extra["cpus"]) == (cpu_model(), str(os.cpu_count()))
     assert [t.name for t in trace.tasks] == [
         "/job:ps/task:0",
         "/job:worker/task:0",

@@ -37,7 +37,7 @@ REPLAY_FORBIDDEN = ("tf_grpc_bench.profiler", "tensorflow")
 PROFILER_FORBIDDEN = ("tf_grpc_bench.replay",)
 #: Shared by capture and replay (emulated hosts), so it imports neither.
 SHARED_FORBIDDEN = ("tf_grpc_bench.replay", "tf_grpc_bench.profiler", "tensorflow")
-SHARED_MODULES = ("netns.py", "lifetime.py", "launchers.py")
+SHARED_MODULES = ("netns.py", "lifetime.py", "launchers.py", "host.py")
 #: Folders whose functions must stay short (extend as other folders are cleaned up).
 SHORT_FUNCTION_FOLDERS = ["replay", "profiler", "src/tf_grpc_bench"]
 MAX_FUNCTION_LINES = 80

@@ -17,6 +17,7 @@ import pytest
 
 from tf_grpc_bench import trace_files
 from tf_grpc_bench.errors import ConfigError
+from tf_grpc_bench.host import cpu_model
 from tf_grpc_bench.profiler.assembly.steps import MOVED_NO_VARIABLES, WARMUP_STEP
 from tf_grpc_bench.profiler.launch.ports import free_ports
 from tf_grpc_bench.profiler.launch.user_job import (
@@ -304,6 +305,7 @@ def test_a_users_own_parameter_server_script_is_captured(tmp_path: Path, recorde
     extra = dict(trace.metadata.extra)
     assert (trace.step_detection.source, trace.step_unit) == ("step-id", WORKER_STEP)
     assert extra["unattributed_calls"] == "0"
+    assert extra["cpu_model"] == cpu_model() and int(extra["cpus"]) >= 1
     assert trace.metadata.model == "user-mlp" and trace.metadata.command[1] == "capture-job"
     assert (
         trace.metadata.capture_method

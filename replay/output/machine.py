@@ -16,6 +16,8 @@ from dataclasses import dataclass
 from importlib import metadata as package_metadata
 from pathlib import Path
 
+from tf_grpc_bench.host import cpu_model
+
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class MachineInfo:
@@ -82,18 +84,6 @@ def _package_version(name: str) -> str:
         return ""
 
 
-def _cpu_model(cpuinfo: Path) -> str:
-    try:
-        text = cpuinfo.read_text(errors="replace")
-    except OSError:
-        return platform.processor()
-    for line in text.splitlines():
-        key, _, value = line.partition(":")
-        if key.strip() in {"model name", "Hardware", "cpu model"}:
-            return value.strip()
-    return platform.processor()
-
-
 def _memory_bytes(meminfo: Path, field: str = "MemTotal") -> int:
     try:
         text = meminfo.read_text(errors="replace")
@@ -119,7 +109,7 @@ def describe_machine(*, proc: Path = Path("/proc")) -> MachineInfo:
         hostname=socket.gethostname(),
         platform=platform.platform(),
         kernel=platform.release(),
-        cpu_model=_cpu_model(proc / "cpuinfo"),
+        cpu_model=cpu_model(proc / "cpuinfo"),
         cpu_count=os.cpu_count() or 0,
         memory_bytes=_memory_bytes(proc / "meminfo"),
         python_version=platform.python_version(),

@@ -1,0 +1,45 @@
+"""What a trace or a result says about the machine it was made on.
+
+A replay keeps the compute its trace recorded, which is the capture
+machine's: the trace names that machine so a reader can tell whose compute a
+prediction carries.  Reads ``/proc`` only.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+from pathlib import Path
+
+#: ``RunMetadata.extra`` keys a capture fills with ``capture_machine()``.
+CPU_MODEL_EXTRA = "cpu_model"
+CPU_COUNT_EXTRA = "cpus"
+
+
+def cpu_model(cpuinfo: Path = Path("/proc/cpuinfo")) -> str:
+    """The processor's model name as ``/proc/cpuinfo`` gives it ("" if nothing says)."""
+    try:
+        text = cpuinfo.read_text(errors="replace")
+    except OSError:
+        return platform.processor()
+    for line in text.splitlines():
+        key, _, value = line.partition(":")
+        if key.strip() in {"model name", "Hardware", "cpu model"}:
+            return value.strip()
+    return platform.processor()
+
+
+def capture_machine(cpuinfo: Path = Path("/proc/cpuinfo")) -> tuple[tuple[str, str], ...]:
+    """The ``extra`` entries naming the machine a capture ran on: its CPU model and count."""
+    return ((CPU_MODEL_EXTRA, cpu_model(cpuinfo)), (CPU_COUNT_EXTRA, str(os.cpu_count() or 0)))
+
+
+def machine_line(extra: tuple[tuple[str, str], ...]) -> str:
+    """``inspect``'s line for the capture machine; "" for traces that do not name it."""
+    entries = dict(extra)
+    model = entries.get(CPU_MODEL_EXTRA, "")
+    if not model:
+        return ""
+    count = entries.get(CPU_COUNT_EXTRA, "")
+    cpus = f", {count} CPUs" if count else ""
+    return f"captured on: {model}{cpus} (a replay keeps this machine's compute)"
