@@ -72,7 +72,7 @@ def test_partial_benchmark_is_marked_and_its_reason_given() -> None:
 
 
 def test_what_a_trace_replay_could_not_send_is_said_once_below_the_table() -> None:
-    kinds = "chief->worker Enqueue: 20 RPCs, 281850 B; ps->ps RecvTensor: 1070 RPCs, 189327 B"
+    kinds = "chief->worker Enqueue: 20 RPCs, 281850 B; ps->ps RecvTensor: 1070 RPCs, 189348 B"
     found = [
         dataclasses.replace(r, parameters={**r.parameters, "dropped_rpcs": kinds})
         for r in make_results(runs=2, calls=6)
