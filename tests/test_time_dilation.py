@@ -152,15 +152,18 @@ def test_the_network_record_names_the_link_predicted_and_the_rate_shaped() -> No
     assert undilated(loopback, 4) is loopback
 
 
-def _document(*, cores: float, step_ns: int, cpu_count: int = 2) -> results.ResultDocument:
-    """A PS throughput replay's document whose client and server kept ``cores`` busy."""
+def _document(
+    *, cores: float, step_ns: int, cpu_count: int = 2, compute_ns: int = 0
+) -> results.ResultDocument:
+    """A PS throughput replay's document whose client and server kept ``cores`` busy,
+    with ``compute_ns`` of each step's critical path compute (the rest communication)."""
     duration_ns = 10_000_000_000
     run = RunMeasurement(
         run_index=0,
         duration_ns=duration_ns,
         samples=(_sample(0, 1_000, 0),),
         step_times_ns=(step_ns,) * 4,
-        step_compute_ns=(step_ns // 3,) * 4,
+        step_compute_ns=(compute_ns,) * 4,
         client_cpu_ns=round(cores * duration_ns / 2),
         server_cpu_ns=round(cores * duration_ns / 2),
     )
@@ -195,6 +198,29 @@ def test_automatic_dilation_aims_at_half_the_cores() -> None:
     assert compare.next_dilation(_document(cores=0.99, step_ns=10**9), 1.0) is None
     assert compare.next_dilation(_document(cores=1.9, step_ns=10**9, cpu_count=4), 1.0) is None
     assert compare.next_dilation(None, 1.0) is None
+
+
+def test_automatic_dilation_reads_the_cores_busy_while_the_step_communicated() -> None:
+    # VGG-16 at 2.5 Gbit/s (2026-12-01): 0.97 of 2 cores over an 11.09 s step of which
+    # 1.27 s was compute: 1.10 cores while it communicated, so dilated to 2.
+    vgg = _document(cores=0.97, step_ns=11_090_000_000, compute_ns=1_270_000_000)
+    assert compare.communicating_cores(compare._prediction(vgg) or {}, 2) == pytest.approx(
+        0.97 * 11.09 / 9.82, rel=1e-3
+    )
+    assert compare.next_dilation(vgg, 1.0) == 2.0
+    # ResNet-50 at 1 Gbit/s: 0.71 cores over 3.72 s with 0.27 s compute: 0.77, no more.
+    resnet = _document(cores=0.71, step_ns=3_720_000_000, compute_ns=270_000_000)
+    assert compare.next_dilation(resnet, 1.0) is None
+    # Half the step compute: 0.6 cores on average are 1.2 while communicating: 3 -> 4.
+    half = _document(cores=0.6, step_ns=10**9, compute_ns=5 * 10**8)
+    assert compare.next_dilation(half, 3.0) == 4.0
+    # A step that is nearly all compute cannot have had more than every core busy
+    # while it communicated: capped at the machine's 2, aiming at 1 -> twice the dilation.
+    compute_bound = _document(cores=0.5, step_ns=10**9, compute_ns=99 * 10**7)
+    assert compare.communicating_cores(compare._prediction(compute_bound) or {}, 2) == 2.0
+    assert compare.next_dilation(compute_bound, 2.0) == 4.0
+    # The progress line gives both figures.
+    assert "kept 0.97 of 2 cores busy (1.10 while it communicated)" in compare._busy(vgg)
 
 
 def test_successive_dilations_converge_when_the_step_moves_less_than_five_percent() -> None:
