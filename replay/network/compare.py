@@ -167,7 +167,7 @@ def communicating_cores(prediction: dict[str, Any], cpu_count: int) -> float:
     step, communication = prediction["step_ns"], prediction["communication_ns"]
     if not step or not communication or step < communication:
         return cores
-    return min(float(max(cores, cpu_count)), cores * step / communication)
+    return min(float(max(cores, cpu_count)), cores * float(step) / float(communication))
 
 
 def next_dilation(document: results.ResultDocument | None, dilation: float) -> float | None:
