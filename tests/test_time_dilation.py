@@ -182,45 +182,118 @@ def _document(
     )
 
 
-def test_automatic_dilation_aims_at_half_the_cores() -> None:
-    # 1.7 of 2 cores (bound): 1.7 / (0.5 * 2) -> 2.
+def test_automatic_dilation_at_least_doubles_and_aims_at_half_the_cores() -> None:
+    # 1.7 of 2 cores (bound): 1.7 / (0.5 * 2) -> 2, and at least twice 1.
     assert compare.next_dilation(_document(cores=1.7, step_ns=10**9), 1.0) == 2.0
     # 1.9 of 2 cores at dilation 3: 3 * 1.9 -> 6.
     assert compare.next_dilation(_document(cores=1.9, step_ns=10**9), 3.0) == 6.0
-    # Half the cores or more, not bound (under 0.7 of them): still dilated, to 3 x 1.2 -> 4.
-    assert compare.next_dilation(_document(cores=1.2, step_ns=10**9), 3.0) == 4.0
-    assert compare.next_dilation(_document(cores=1.0, step_ns=10**9), 1.0) == 2.0
-    # At least one more than before, at most the cap.
-    assert compare.next_dilation(_document(cores=2.9, step_ns=10**9, cpu_count=4), 1.0) == 2.0
+    # Busier than half the cores: more than twice, 4 x 1.7 -> 7, at least 8.
+    assert compare.next_dilation(_document(cores=1.7, step_ns=10**9), 4.0) == 8.0
+    assert compare.next_dilation(_document(cores=1.8, step_ns=10**9), 5.0) == 10.0
+    # 3 cores of 4 busy at dilation 4: 4 x 3 / 2 -> 6, but at least 8.
+    assert compare.next_dilation(_document(cores=3.0, step_ns=10**9, cpu_count=4), 4.0) == 8.0
+    # 3.8 cores of 4 at dilation 3: 3 x 3.8 / 2 -> 6 (5.7 up).
+    assert compare.next_dilation(_document(cores=3.8, step_ns=10**9, cpu_count=4), 3.0) == 6.0
+    # A quiet replay is still replayed once more, dilated: averages hide bursts.
+    assert compare.next_dilation(_document(cores=0.2, step_ns=10**9), 1.0) == 2.0
+    assert compare.next_dilation(_document(cores=0.2, step_ns=10**9), 2.0) == 4.0
+    # At most the cap; none past it, nor without a prediction.
     assert compare.next_dilation(_document(cores=2.0, step_ns=10**9), 12.0) == 16.0
     assert compare.next_dilation(_document(cores=2.0, step_ns=10**9), 16.0) is None
-    # Under half the cores and not bound, or no document: no more dilation.
-    assert compare.next_dilation(_document(cores=0.99, step_ns=10**9), 1.0) is None
-    assert compare.next_dilation(_document(cores=1.9, step_ns=10**9, cpu_count=4), 1.0) is None
     assert compare.next_dilation(None, 1.0) is None
 
 
-def test_automatic_dilation_reads_the_cores_busy_while_the_step_communicated() -> None:
+def test_cores_while_communicating_set_the_jump_and_say_whether_the_replay_was_busy() -> None:
     # VGG-16 at 2.5 Gbit/s (2026-12-01): 0.97 of 2 cores over an 11.09 s step of which
-    # 1.27 s was compute: 1.10 cores while it communicated, so dilated to 2.
+    # 1.27 s was compute: 1.10 cores while it communicated, busy.
     vgg = _document(cores=0.97, step_ns=11_090_000_000, compute_ns=1_270_000_000)
     assert compare.communicating_cores(compare._prediction(vgg) or {}, 2) == pytest.approx(
         0.97 * 11.09 / 9.82, rel=1e-3
     )
-    assert compare.next_dilation(vgg, 1.0) == 2.0
-    # ResNet-50 at 1 Gbit/s: 0.71 cores over 3.72 s with 0.27 s compute: 0.77, no more.
+    assert compare.cpu_busy(vgg)
+    # ResNet-50 at 1 Gbit/s: 0.71 cores over 3.72 s with 0.27 s compute: 0.77, not busy.
     resnet = _document(cores=0.71, step_ns=3_720_000_000, compute_ns=270_000_000)
-    assert compare.next_dilation(resnet, 1.0) is None
-    # Half the step compute: 0.6 cores on average are 1.2 while communicating: 3 -> 4.
-    half = _document(cores=0.6, step_ns=10**9, compute_ns=5 * 10**8)
-    assert compare.next_dilation(half, 3.0) == 4.0
+    assert not compare.cpu_busy(resnet)
+    # Half the step compute: 0.9 cores on average are 1.8 while communicating: 4 x 1.8 -> 8.
+    half = _document(cores=0.9, step_ns=10**9, compute_ns=5 * 10**8)
+    assert compare.next_dilation(half, 4.0) == 8.0
+    assert compare.next_dilation(half, 5.0) == 10.0  # 9 (5 x 1.8), at least 10
+    assert compare.next_dilation(_document(cores=0.9, step_ns=10**9), 5.0) == 10.0
     # A step that is nearly all compute cannot have had more than every core busy
-    # while it communicated: capped at the machine's 2, aiming at 1 -> twice the dilation.
+    # while it communicated: capped at the machine's 2.
     compute_bound = _document(cores=0.5, step_ns=10**9, compute_ns=99 * 10**7)
     assert compare.communicating_cores(compare._prediction(compute_bound) or {}, 2) == 2.0
-    assert compare.next_dilation(compute_bound, 2.0) == 4.0
+    assert compare.next_dilation(compute_bound, 3.0) == 6.0
+    assert not compare.cpu_busy(None)
     # The progress line gives both figures.
     assert "kept 0.97 of 2 cores busy (1.10 while it communicated)" in compare._busy(vgg)
+
+
+def _automatic(
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+    steps_s: dict[float, float],
+    *,
+    dilatable: bool = True,
+    cores: float = 0.5,
+) -> tuple[compare.ProfileOutcome, list[float], list[str]]:
+    """``_replay_profile`` of a 1gbit link in automatic mode, each replay at dilation K
+    predicting ``steps_s[K]``: what it returned, the dilations replayed, its lines."""
+    replayed: list[float] = []
+
+    def run_profile(
+        config: compare.CompareConfig, profile: netns.LinkProfile, on_line: object, k: float
+    ) -> compare.ProfileOutcome:
+        replayed.append(k)
+        document = _document(cores=cores, step_ns=round(steps_s[k] * 1e9))
+        return compare.ProfileOutcome(
+            profile=profile, results_path=None, document=document, time_dilation=k
+        )
+
+    monkeypatch.setattr(compare, "_run_profile", run_profile)
+    profile = netns.LinkProfile(name="1gbit", rate_bits_per_s=10**9)
+    config = compare.CompareConfig(profiles=(profile,), output_dir=tmp_path, dilatable=dilatable)
+    lines: list[str] = []
+    outcome = compare._replay_profile(config, profile, lines.append)
+    return outcome, replayed, lines
+
+
+def test_automatic_dilation_replays_until_the_step_stops_moving(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    # The replay's own speed mattered up to dilation 4: 10 -> 9 -> 8.2 s, then 8.0 (2.4%).
+    steps = {1.0: 10.0, 2.0: 9.0, 4.0: 8.2, 8.0: 8.0, 16.0: 7.0}
+    outcome, replayed, lines = _automatic(monkeypatch, tmp_path, steps)
+    assert replayed == [1.0, 2.0, 4.0, 8.0]
+    assert outcome.time_dilation == 8.0
+    assert outcome.tried == ((1.0, 10.0), (2.0, 9.0), (4.0, 8.2))
+    assert lines[0].startswith("1gbit: at time dilation 1 the replay predicted a 10.000 s step")
+    assert lines[0].endswith("replaying again at time dilation 2 (does the step depend on the "
+                             "replay's own speed?)")  # fmt: skip
+    line = compare._dilation_line(outcome)
+    assert line.endswith("(predicted before: 10.000 s at 1, 9.000 s at 2, 8.200 s at 4)")
+    # A quiet replay whose step does not move is replayed once more, and no further.
+    outcome, replayed, _ = _automatic(monkeypatch, tmp_path, {1.0: 3.7, 2.0: 3.65})
+    assert replayed == [1.0, 2.0] and outcome.tried == ((1.0, 3.7),)
+    # Never past the cap.
+    moving = {1.0: 32.0, 2.0: 16.0, 4.0: 8.0, 8.0: 4.0, 16.0: 2.0}
+    outcome, replayed, _ = _automatic(monkeypatch, tmp_path, moving)
+    assert replayed == [1.0, 2.0, 4.0, 8.0, 16.0]
+
+
+def test_automatic_dilation_of_a_mixed_run_says_why_it_did_not_dilate(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    # P2P benchmarks ride along (not dilatable): one replay; a line only if it was busy.
+    outcome, replayed, lines = _automatic(monkeypatch, tmp_path, {1.0: 2.0}, dilatable=False)
+    assert replayed == [1.0] and lines == [] and outcome.tried == ()
+    _, replayed, lines = _automatic(monkeypatch, tmp_path, {1.0: 2.0}, dilatable=False, cores=1.5)
+    assert replayed == [1.0]
+    assert lines == [
+        "1gbit: the replay kept 1.50 of 2 cores busy (1.50 while it communicated) (bound by "
+        "its machine); time dilation applies to a trace's ps-throughput replay alone "
+        "(--benchmark ps-throughput)"
+    ]
 
 
 def test_successive_dilations_converge_when_the_step_moves_less_than_five_percent() -> None:

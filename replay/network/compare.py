@@ -62,8 +62,8 @@ class CompareConfig:
     serve_timeout_s: float = 60.0
     replay_timeout_s: float = 3600.0
     #: Time dilation of the replays on rate-limited links (``pacing`` module): a
-    #: factor, or None for automatic (``next_dilation``, ``converged``: none unless
-    #: the replay kept half the cores busy, then more until its step stops moving).
+    #: factor, or None for automatic (``next_dilation``, ``converged``: dilated at
+    #: least twice, then more until the predicted step stops moving).
     time_dilation: float | None = None
     #: Whether every replayed benchmark is dependency-paced (a trace's PS throughput),
     #: the only pacing a dilation applies to: automatic dilation is off otherwise.
@@ -86,9 +86,9 @@ class ProfileOutcome:
     error: str = ""
     #: The time dilation of this replay (1: none); the link was shaped this many times slower.
     time_dilation: float = 1.0
-    #: Automatic dilation: the dilations replayed before this one, whose replays kept
-    #: half the cores or more busy (their run directories are kept beside this one's).
-    bound_at: tuple[float, ...] = ()
+    #: Automatic dilation: the dilations replayed before this one and the step each
+    #: predicted (their run directories are kept beside this one's).
+    tried: tuple[tuple[float, float | None], ...] = ()
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -171,25 +171,37 @@ def communicating_cores(prediction: dict[str, Any], cpu_count: int) -> float:
 
 
 def next_dilation(document: results.ResultDocument | None, dilation: float) -> float | None:
-    """The dilation to replay again with after a replay at ``dilation`` wrote ``document``;
-    None when that replay kept less than ``AUTO_DILATION_CPU_SHARE`` of the machine's
-    cores busy while it communicated (``communicating_cores``) and was not bound by its
-    machine (or says nothing of it), or the dilation is already ``MAX_AUTO_DILATION``.
+    """The dilation to replay again with after a replay at ``dilation`` wrote ``document``:
+    twice ``dilation``, or more where the replay kept more than ``AUTO_DILATION_CPU_SHARE``
+    of the machine's cores busy while it communicated (``communicating_cores``), aiming at
+    that share: its CPU per round does not grow with the dilation, its transfers do.
+    At most ``MAX_AUTO_DILATION``; None when ``document`` holds no prediction or the
+    dilation is already the largest.
 
-    Aims at that share: the replay's CPU per round does not grow with the dilation,
-    its transfers do, so ``dilation`` times the cores it used over the share; at
-    least one more than ``dilation``.
+    Every limited link is replayed once more, dilated, whatever the CPU figures say:
+    they are averages, and a replay that holds the link up only in bursts (at a large
+    tensor) keeps few cores busy on average.  ``converged`` then says whether the
+    prediction depended on the replay's speed.
     """
     prediction = _prediction(document)
     if prediction is None or document is None or dilation >= MAX_AUTO_DILATION:
         return None
     aimed_cores = AUTO_DILATION_CPU_SHARE * max(1, document.machine.cpu_count)
     cores = communicating_cores(prediction, document.machine.cpu_count)
-    if cores < aimed_cores and not prediction["replay_bound"]:
-        return None
     return min(
-        MAX_AUTO_DILATION, float(max(dilation + 1, math.ceil(dilation * cores / aimed_cores)))
+        MAX_AUTO_DILATION, float(max(2 * dilation, math.ceil(dilation * cores / aimed_cores)))
     )
+
+
+def cpu_busy(document: results.ResultDocument | None) -> bool:
+    """Whether the replay that wrote ``document`` kept ``AUTO_DILATION_CPU_SHARE`` of the
+    cores or more busy while it communicated, or was bound by its machine."""
+    prediction = _prediction(document)
+    if prediction is None or document is None:
+        return False
+    aimed_cores = AUTO_DILATION_CPU_SHARE * max(1, document.machine.cpu_count)
+    cores = communicating_cores(prediction, document.machine.cpu_count)
+    return cores >= aimed_cores or bool(prediction["replay_bound"])
 
 
 def _busy(document: results.ResultDocument | None) -> str:
@@ -221,16 +233,16 @@ def _replay_profile(
     config: CompareConfig, profile: netns.LinkProfile, on_line: Callable[[str], None]
 ) -> ProfileOutcome:
     """``profile``'s replay: at ``config.time_dilation``, or, automatically (a limited
-    link only), dilated further while the replay kept half the cores busy (or was
-    bound by its machine) and its predicted step still moved (``next_dilation``,
-    ``converged``)."""
+    link only), undilated, then dilated (``next_dilation``) until the predicted step
+    moves less than ``CONVERGED_STEP_CHANGE`` from the previous dilation's
+    (``converged``) or the dilation reaches ``MAX_AUTO_DILATION``."""
     if not profile.limited:
         if config.time_dilation not in (None, 1.0):
             on_line(f"{profile.name}: no rate limit to dilate; replaying undilated")
         return _run_profile(config, profile, on_line, 1.0)
     dilation = config.time_dilation or 1.0
     outcome = _run_profile(config, profile, on_line, dilation)
-    bound_at: list[float] = []
+    tried: list[tuple[float, float | None]] = []
     previous: results.ResultDocument | None = None
     while config.time_dilation is None and not outcome.error:
         following = next_dilation(outcome.document, dilation)
@@ -238,19 +250,31 @@ def _replay_profile(
             break
         busy = _busy(outcome.document)
         if not config.dilatable:
-            on_line(
-                f"{profile.name}: the replay {busy}; time dilation applies to a trace's "
-                "ps-throughput replay alone (--benchmark ps-throughput)"
-            )
+            if cpu_busy(outcome.document):
+                on_line(
+                    f"{profile.name}: the replay {busy}; time dilation applies to a trace's "
+                    "ps-throughput replay alone (--benchmark ps-throughput)"
+                )
             break
+        step_s = _step_s(outcome.document)
+        predicted = "" if step_s is None else f"predicted a {step_s:.3f} s step and "
         on_line(
-            f"{profile.name}: at time dilation {dilation:g} the replay {busy}; replaying "
-            f"again at time dilation {following:g}"
+            f"{profile.name}: at time dilation {dilation:g} the replay {predicted}{busy}; "
+            f"replaying again at time dilation {following:g} (does the step depend on the "
+            "replay's own speed?)"
         )
-        bound_at.append(dilation)
+        tried.append((dilation, step_s))
         previous, dilation = outcome.document, following
         outcome = _run_profile(config, profile, on_line, dilation)
-    return replace(outcome, bound_at=tuple(bound_at))
+    return replace(outcome, tried=tuple(tried))
+
+
+def _step_s(document: results.ResultDocument | None) -> float | None:
+    """The predicted step of ``document`` in seconds, None if it predicts none."""
+    prediction = _prediction(document)
+    if prediction is None or prediction["step_ns"] is None:
+        return None
+    return float(prediction["step_ns"]) / 1e9
 
 
 def _run_profile(
@@ -403,7 +427,7 @@ def compare_networks(
     documents = [o.document for o in outcomes if o.document is not None]
     markdown = report.format_markdown_table(documents) if documents else "(no results)"
     failures = [f"- {o.profile.name}: {o.error}" for o in outcomes if o.error]
-    dilations = [_dilation_line(o) for o in outcomes if o.time_dilation != 1 or o.bound_at]
+    dilations = [_dilation_line(o) for o in outcomes if o.time_dilation != 1 or o.tried]
     stopped = (
         [] if interrupted is None else ["", f"Interrupted ({lifetime.signal_name(interrupted)})."]
     )
@@ -439,9 +463,11 @@ def _dilation_line(outcome: ProfileOutcome) -> str:
         f"{outcome.time_dilation:g} times longer; every time above is divided by "
         f"{outcome.time_dilation:g}"
     )
-    if outcome.bound_at:
-        tried = ", ".join(f"{k:g}" for k in outcome.bound_at)
-        line += f" (at time dilation {tried} the replay kept half the cores or more busy)"
+    if outcome.tried:
+        tried = ", ".join(
+            f"{'?' if step is None else f'{step:.3f} s'} at {k:g}" for k, step in outcome.tried
+        )
+        line += f" (predicted before: {tried})"
     return line
 
 
