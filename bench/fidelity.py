@@ -47,13 +47,14 @@ from common import (
     command_line,
     load_average,
     machine_line,
+    stop_process,
     table_head,
     table_row,
     tf_grpc_bench_command,
     write_section,
 )
 
-from tf_grpc_bench import trace_files
+from tf_grpc_bench import lifetime, trace_files
 from tf_grpc_bench.netns import parse_profile
 from tf_grpc_bench.replay.network.compare import write_tensorboard_comparison
 from tf_grpc_bench.replay.output import document as results
@@ -92,10 +93,17 @@ class Row:
 
 
 def run(command: list[str]) -> None:
+    """Run one capture or comparison; stopped (Ctrl-C, SIGTERM, SIGHUP), stop it too,
+    so that it tears down its training tasks and namespaces instead of outliving us."""
     print("+", " ".join(command), file=sys.stderr, flush=True)
-    completed = subprocess.run(command, capture_output=True, text=True, check=False)
-    if completed.returncode != 0:
-        raise SystemExit(f"failed ({completed.returncode}): {completed.stderr.strip()[-2000:]}")
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        _, stderr = process.communicate()
+    except BaseException:
+        stop_process(process, timeout_s=120.0)
+        raise
+    if process.returncode != 0:
+        raise SystemExit(f"failed ({process.returncode}): {stderr.strip()[-2000:]}")
 
 
 def capture(
@@ -309,7 +317,10 @@ def main() -> int:
     )
     args = parser.parse_args()
     command = command_line("bench/fidelity.py", sys.argv[1:])
-    with tempfile.TemporaryDirectory(prefix="tfgb-fidelity-") as scratch:
+    with (
+        lifetime.interrupt_on_signals(),
+        tempfile.TemporaryDirectory(prefix="tfgb-fidelity-") as scratch,
+    ):
         for model in args.models.split(","):
             before = load_average()
             rows = measure(
@@ -324,4 +335,9 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    try:
+        sys.exit(main())
+    except KeyboardInterrupt as stopped:
+        signum = lifetime.signal_of(stopped)
+        print(f"fidelity: interrupted ({lifetime.signal_name(signum)})", file=sys.stderr)
+        sys.exit(lifetime.exit_status(signum))
