@@ -159,7 +159,7 @@ def communicating_cores(prediction: dict[str, Any], cpu_count: int) -> float:
 
     The replay's CPU comes with its transfers, not with the compute it sleeps
     through, so its average over the whole step hides the bursts in which it
-    holds up the link (VGG-16 at 2.5 Gbit/s: 0.97 of 2 cores on average, 1.09
+    holds up the link (VGG-16 at 2.5 Gbit/s: 0.97 of 2 cores on average, 1.10
     over the communication).  Transfers off the critical path can overlap the
     compute, hence the cap.  Without a split of the step, the average.
     """

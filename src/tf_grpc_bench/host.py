@@ -17,7 +17,8 @@ CPU_COUNT_EXTRA = "cpus"
 
 
 def cpu_model(cpuinfo: Path = Path("/proc/cpuinfo")) -> str:
-    """The processor's model name as ``/proc/cpuinfo`` gives it ("" if nothing says)."""
+    """The processor's model name as ``/proc/cpuinfo`` gives it, else what
+    ``platform.processor()`` says (possibly "")."""
     try:
         text = cpuinfo.read_text(errors="replace")
     except OSError:
