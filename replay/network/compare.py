@@ -20,7 +20,6 @@ if any, are still listed) and the next profile runs.
 from __future__ import annotations
 
 import contextlib
-import math
 import re
 import selectors
 import subprocess
@@ -172,25 +171,19 @@ def communicating_cores(prediction: dict[str, Any], cpu_count: int) -> float:
 
 def next_dilation(document: results.ResultDocument | None, dilation: float) -> float | None:
     """The dilation to replay again with after a replay at ``dilation`` wrote ``document``:
-    twice ``dilation``, or more where the replay kept more than ``AUTO_DILATION_CPU_SHARE``
-    of the machine's cores busy while it communicated (``communicating_cores``), aiming at
-    that share: its CPU per round does not grow with the dilation, its transfers do.
-    At most ``MAX_AUTO_DILATION``; None when ``document`` holds no prediction or the
-    dilation is already the largest.
+    twice ``dilation``, at most ``MAX_AUTO_DILATION``; None when ``document`` holds no
+    prediction or the dilation is already the largest.
 
     Every limited link is replayed once more, dilated, whatever the CPU figures say:
     they are averages, and a replay that holds the link up only in bursts (at a large
     tensor) keeps few cores busy on average.  ``converged`` then says whether the
-    prediction depended on the replay's speed.
+    prediction depended on the replay's speed.  Doubling is also as far as aiming at
+    ``AUTO_DILATION_CPU_SHARE`` of the cores could go: the replay cannot keep more
+    than all of them busy.
     """
-    prediction = _prediction(document)
-    if prediction is None or document is None or dilation >= MAX_AUTO_DILATION:
+    if _prediction(document) is None or dilation >= MAX_AUTO_DILATION:
         return None
-    aimed_cores = AUTO_DILATION_CPU_SHARE * max(1, document.machine.cpu_count)
-    cores = communicating_cores(prediction, document.machine.cpu_count)
-    return min(
-        MAX_AUTO_DILATION, float(max(2 * dilation, math.ceil(dilation * cores / aimed_cores)))
-    )
+    return min(MAX_AUTO_DILATION, 2 * dilation)
 
 
 def cpu_busy(document: results.ResultDocument | None) -> bool:
