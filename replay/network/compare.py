@@ -61,8 +61,8 @@ class CompareConfig:
     serve_timeout_s: float = 60.0
     replay_timeout_s: float = 3600.0
     #: Time dilation of the replays on rate-limited links (``pacing`` module): a
-    #: factor, or None for automatic (``next_dilation``, ``converged``: dilated at
-    #: least twice, then more until the predicted step stops moving).
+    #: factor, or None for automatic (``next_dilation``, ``converged``: undilated,
+    #: then doubled until the predicted step stops moving).
     time_dilation: float | None = None
     #: Whether every replayed benchmark is dependency-paced (a trace's PS throughput),
     #: the only pacing a dilation applies to: automatic dilation is off otherwise.
