@@ -215,22 +215,29 @@ def record_task(
         ports=ports,
     )
     variables.setdefault(MARKERS_VARIABLE, str((folder / MARKERS_NAME).resolve()))
-    start = ClockReading.now()
-    _write_manifest(folder, _manifest(task, expanded, 0, start, None, None))
-    try:
-        process = subprocess.Popen(
-            list(expanded),
-            env=variables,
-            start_new_session=True,
-            preexec_fn=lifetime.die_with_parent_preexec(),
-        )
-    except OSError as failure:
-        raise CaptureError(f"cannot run {expanded[0]!r}: {failure.strerror}") from None
-    _write_manifest(folder, _manifest(task, expanded, process.pid, start, None, None))
-    status, stopped = _wait_forwarding(process)
-    end = ClockReading.now()
-    _write_manifest(folder, _manifest(task, expanded, process.pid, start, end, status))
-    if end_step and not stopped:
+    with _Forwarding() as forwarding:
+        start = ClockReading.now()
+        _write_manifest(folder, _manifest(task, expanded, 0, start, None, None))
+        if forwarding.signum is not None:
+            # Stopped before the command started: it is not started at all.
+            status = lifetime.exit_status(forwarding.signum)
+            _write_manifest(folder, _manifest(task, expanded, 0, start, ClockReading.now(), status))
+            return status
+        try:
+            process = subprocess.Popen(
+                list(expanded),
+                env=variables,
+                start_new_session=True,
+                preexec_fn=lifetime.die_with_parent_preexec(),
+            )
+        except OSError as failure:
+            raise CaptureError(f"cannot run {expanded[0]!r}: {failure.strerror}") from None
+        forwarding.started(process)
+        _write_manifest(folder, _manifest(task, expanded, process.pid, start, None, None))
+        status = _wait(process, forwarding)
+        end = ClockReading.now()
+        _write_manifest(folder, _manifest(task, expanded, process.pid, start, end, status))
+    if end_step and forwarding.signum is None:
         problem = end_slurm_step(variables_in)
         if problem:
             logging.warning("record: %s", problem)
@@ -269,45 +276,70 @@ def end_slurm_step(environment: Mapping[str, str]) -> str:
     return ""
 
 
-def _wait_forwarding(process: subprocess.Popen[bytes]) -> tuple[int, bool]:
-    """Wait for ``process``, passing stop signals on to its group; its exit status
-    (128 + N if signal N ended it), and whether a stop signal was passed on.
+class _Forwarding:
+    """While entered, stop signals (SIGTERM, SIGINT, SIGHUP) are passed on to the
+    command's process group, and the first one starts its grace (``STOP_GRACE_S``).
 
-    The handler only passes the signal on, and the wait polls (``WAIT_POLL_S``)
-    so that the grace is kept: a blocking ``wait`` is resumed after a handler
-    returns (PEP 475), so a command that ignores the signal (TensorFlow's
-    servers catch SIGTERM) would be waited for forever; and a handler that
-    raised to end it could interrupt ``Popen.wait`` between ``waitpid`` reaping
-    the command and its status being kept, the status then lost (read as 0).
-    That happens when the command gets the signal at the same moment, as
-    every process of a Slurm step does from ``scancel``.
+    Entered before the first manifest is written and left after the last, so that
+    a signal at any moment between (before the command started, as it starts, as
+    its status is being written) neither ends ``record`` with the manifest
+    unfinished nor goes missing: one that came before the command started is
+    passed on as soon as it has (``started``).  The handler only passes the
+    signal on; ``_wait`` polls, so that the grace is kept: a blocking ``wait``
+    is resumed after a handler returns (PEP 475), so a command that ignores the
+    signal (TensorFlow's servers catch SIGTERM) would be waited for forever; and
+    a handler that raised to end it could interrupt ``Popen.wait`` between
+    ``waitpid`` reaping the command and its status being kept, the status then
+    lost (read as 0).  That happens when the command gets the signal at the same
+    moment, as every process of a Slurm step does from ``scancel``.
     """
-    deadline: list[float] = []
 
-    def forward(signum: int, _frame: FrameType | None) -> None:
-        if not deadline:
-            deadline.append(time.monotonic() + STOP_GRACE_S)
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(process.pid, signum)
+    def __init__(self) -> None:
+        self.signum: int | None = None
+        self.deadline = 0.0
+        self._process: subprocess.Popen[bytes] | None = None
+        self._previous: dict[int, Any] = {}
 
-    previous = {number: signal.signal(number, forward) for number in lifetime.STOP_SIGNALS}
-    try:
-        while True:
-            try:
-                code = process.wait(timeout=WAIT_POLL_S)
-                break
-            except subprocess.TimeoutExpired:
-                if deadline and time.monotonic() >= deadline[0]:
-                    # The command ignored the forwarded signal for STOP_GRACE_S.
-                    with contextlib.suppress(ProcessLookupError):
-                        os.killpg(process.pid, signal.SIGKILL)
-    finally:
-        for number, handler in previous.items():
+    def __enter__(self) -> _Forwarding:
+        self._previous = {n: signal.signal(n, self._handle) for n in lifetime.STOP_SIGNALS}
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        for number, handler in self._previous.items():
             signal.signal(number, handler)
+
+    def _handle(self, signum: int, _frame: FrameType | None) -> None:
+        if self.signum is None:
+            self.signum = signum
+            self.deadline = time.monotonic() + STOP_GRACE_S
+        if self._process is not None and self._process.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self._process.pid, signum)
+
+    def started(self, process: subprocess.Popen[bytes]) -> None:
+        """The command runs: later signals go to its group, and one that came before too."""
+        self._process = process
+        if self.signum is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(process.pid, self.signum)
+
+
+def _wait(process: subprocess.Popen[bytes], forwarding: _Forwarding) -> int:
+    """Wait for ``process`` (SIGKILL to its group once a forwarded signal's grace is
+    over); its exit status, 128 + N if signal N ended it."""
+    while True:
+        try:
+            code = process.wait(timeout=WAIT_POLL_S)
+            break
+        except subprocess.TimeoutExpired:
+            if forwarding.signum is not None and time.monotonic() >= forwarding.deadline:
+                # The command ignored the forwarded signal for STOP_GRACE_S.
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(process.pid, signal.SIGKILL)
     # Whatever the command left in its group goes with it.
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(process.pid, signal.SIGKILL)
-    return (lifetime.exit_status(-code) if code < 0 else code), bool(deadline)
+    return lifetime.exit_status(-code) if code < 0 else code
 
 
 # --------------------------------------------------------------------------

@@ -19,6 +19,7 @@ import pytest
 
 from tf_grpc_bench import trace_files, trace_summary
 from tf_grpc_bench.errors import ConfigError
+from tf_grpc_bench.profiler import record as record_module
 from tf_grpc_bench.profiler.assemble import assemble_records
 from tf_grpc_bench.profiler.assembly.clocks import (
     REFERENCE,
@@ -317,6 +318,44 @@ def test_a_stop_signal_reaches_the_command_and_record_exits_with_its_status(
     assert record.wait(timeout=30) == 128 + signum
     assert not _alive(child)
     assert read_task_record(out / "ps-0").exit_status == 128 + signum
+
+
+def test_a_stop_signal_before_the_command_started_reaches_it_once_it_has() -> None:
+    """The handler is in place before the command starts (its first manifest is
+    written then), so a launcher's signal in that window is kept and passed on."""
+    before = signal.getsignal(signal.SIGTERM)
+    with record_module._Forwarding() as forwarding:
+        os.kill(os.getpid(), signal.SIGTERM)
+        assert forwarding.signum == signal.SIGTERM
+        process = subprocess.Popen(["sleep", "300"], start_new_session=True)
+        try:
+            forwarding.started(process)
+            assert record_module._wait(process, forwarding) == 128 + signal.SIGTERM
+        finally:
+            process.kill()
+            process.wait()
+    assert signal.getsignal(signal.SIGTERM) is before
+
+
+def test_a_stop_signal_as_the_record_begins_ends_it_with_a_finished_manifest(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A signal that arrives while the first manifest is written: the command is
+    not started, and the manifest still says how the task ended (128 + signal)."""
+    read_clock = record_module.ClockReading.now
+
+    def signalled_clock() -> record_module.ClockReading:
+        monkeypatch.setattr(record_module.ClockReading, "now", read_clock)
+        os.kill(os.getpid(), signal.SIGHUP)
+        return read_clock()
+
+    monkeypatch.setattr(record_module.ClockReading, "now", signalled_clock)
+    ran = tmp_path / "ran"
+    task = identify_task({"TF_CONFIG": _tf_config({"ps": ["localhost:2222"]}, "ps", 0)})
+    status = record_module.record_task(tmp_path / "out", ["touch", str(ran)], task, environment={})
+    assert status == 128 + signal.SIGHUP and not ran.exists()
+    written = read_task_record(tmp_path / "out" / "ps-0")
+    assert written.exit_status == 128 + signal.SIGHUP and written.end is not None
 
 
 def test_a_command_that_ignores_sigterm_is_killed_after_the_grace(tmp_path: Path) -> None:
