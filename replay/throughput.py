@@ -249,20 +249,27 @@ class _WorkerProcesses:
         #: The barriers of each worker's processes (more than one per worker).
         self.peer_barriers: list[Any] = []
         links = _peer_links(context, specs, procs_per_worker)
-        for spec, link in zip(specs, links, strict=True):
-            if link is not None and link.process == 0:
-                self.peer_barriers.append(link.barrier)
-            parent_end, child_end = context.Pipe()
-            process = context.Process(
-                target=_worker_main,
-                args=(child_end, spec, self.barrier, os.getpid(), link),
-                name=f"tf-grpc-bench-worker-{spec.worker_index}-{spec.process}",
-                daemon=True,
-            )
-            process.start()
-            child_end.close()
-            self.processes.append(process)
-            self.connections.append(parent_end)
+        try:
+            # A stop signal waits until every child has its arguments and is listed here
+            # (one that cut a write short left the child a truncated pickle's traceback).
+            with lifetime.deferred_signals():
+                for spec, link in zip(specs, links, strict=True):
+                    if link is not None and link.process == 0:
+                        self.peer_barriers.append(link.barrier)
+                    parent_end, child_end = context.Pipe()
+                    process = context.Process(
+                        target=_worker_main,
+                        args=(child_end, spec, self.barrier, os.getpid(), link),
+                        name=f"tf-grpc-bench-worker-{spec.worker_index}-{spec.process}",
+                        daemon=True,
+                    )
+                    process.start()
+                    child_end.close()
+                    self.processes.append(process)
+                    self.connections.append(parent_end)
+        except BaseException:
+            self.stop()
+            raise
 
     def send_all(self, message: tuple[object, ...]) -> None:
         for barrier in [self.barrier, *self.peer_barriers]:

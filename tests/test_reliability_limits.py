@@ -10,6 +10,9 @@ failed task's log) behave as documented.
 
 from __future__ import annotations
 
+import multiprocessing
+import multiprocessing.context
+import multiprocessing.process
 import os
 import signal
 import subprocess
@@ -29,7 +32,7 @@ from tf_grpc_bench.replay.output import document as results
 from tf_grpc_bench.replay.transport import grpc_settings
 from tf_grpc_bench.replay.transport.client import ReplayClient
 from tf_grpc_bench.replay.transport.grpc_settings import GrpcSettings
-from tf_grpc_bench.replay.transport.server import ReplayServer
+from tf_grpc_bench.replay.transport.server import LocalServers, ReplayServer
 
 from .conftest import make_trace
 
@@ -219,6 +222,48 @@ def test_a_child_whose_parent_is_already_gone_ends_at_once() -> None:
     )  # fmt: skip
     assert completed.returncode == -signal.SIGKILL
     assert "still here" not in completed.stdout
+
+
+def test_a_stopped_command_ends_even_if_a_thread_it_leaves_never_does() -> None:
+    """The interpreter's exit joins non-daemon threads (gRPC's and the executors'
+    pools): ``exit_within`` ends the process with its status all the same."""
+    script = textwrap.dedent(
+        """
+        import sys, threading
+        from tf_grpc_bench import lifetime
+        threading.Thread(target=threading.Event().wait).start()  # never ends
+        print("kept", flush=True)
+        lifetime.exit_within(143, 1.0)
+        sys.exit(143)
+        """
+    )
+    completed = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=120, check=False
+    )
+    assert (completed.returncode, completed.stdout) == (143, "kept\n")
+
+
+def test_a_stop_signal_while_server_processes_spawn_stops_every_one_started(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The signal comes as the first child is being spawned: it waits until that child
+    has its whole pickled start and is listed, so ``stop`` ends it (no orphan left
+    reading a truncated pickle until this process dies)."""
+    started: list[multiprocessing.process.BaseProcess] = []
+    spawn = multiprocessing.context.SpawnProcess.start
+
+    def signalled_start(process: multiprocessing.context.SpawnProcess) -> None:
+        if not started:
+            os.kill(os.getpid(), signal.SIGTERM)
+        started.append(process)
+        spawn(process)
+
+    monkeypatch.setattr(multiprocessing.context.SpawnProcess, "start", signalled_start)
+    servers = LocalServers(2)
+    with lifetime.interrupt_on_signals(), pytest.raises(lifetime.Interrupted):
+        servers.start()
+    assert len(started) == 1 and servers.processes == []
+    assert started[0].exitcode is not None  # stopped and joined, not left running
 
 
 # --------------------------------------------------------------------------

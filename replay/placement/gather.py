@@ -30,6 +30,7 @@ from typing import Any
 import grpc
 
 from tf_grpc_bench.errors import ServeError, TransportError
+from tf_grpc_bench.replay.transport.server import STOP_WAIT_S
 
 SERVICE = "tf_grpc_bench.Gather"
 BARRIER_METHOD = f"/{SERVICE}/Barrier"
@@ -113,8 +114,9 @@ class GatherServer:
         return self
 
     def __exit__(self, *_exc: object) -> None:
-        # Let a last Status/Submit call finish before the port closes.
-        self._server.stop(grace=2.0).wait()
+        # Let a last Status/Submit call finish before the port closes (a barrier
+        # handler still waiting is cancelled; its thread must not hold the stop).
+        self._server.stop(grace=2.0).wait(2.0 + STOP_WAIT_S)
 
     # -- handlers (gRPC pool threads) ----------------------------------------
 

@@ -618,6 +618,10 @@ def _stream_handler(method: str, counters: Counters, mode: Mode) -> grpc.RpcMeth
     )
 
 
+#: How long ``ReplayServer.stop`` waits for gRPC's shutdown after the grace (s).
+STOP_WAIT_S = 10.0
+
+
 class ReplayServer:
     """A replay server in this process.  ``start`` binds and serves in gRPC's threads.
 
@@ -737,9 +741,11 @@ class ReplayServer:
         return len(self._state.sessions.all()) - 1
 
     def stop(self, grace_s: float | None = 1.0) -> None:
-        """Stop accepting calls; let calls in flight finish for up to ``grace_s``. Blocks."""
+        """Stop accepting calls; let calls in flight finish for up to ``grace_s``, then
+        cancel them.  Blocks until gRPC says it has stopped, or ``STOP_WAIT_S`` after the
+        grace (a handler thread stuck in a call must not hold its process's stop)."""
         if self._server is not None:
-            self._server.stop(grace_s).wait()
+            self._server.stop(grace_s).wait((grace_s or 0.0) + STOP_WAIT_S)
             self._server = None
 
     def wait(self, timeout_s: float | None = None) -> bool:
@@ -871,10 +877,13 @@ class LocalServers:
             name=f"tf-grpc-bench-server-{len(self.processes)}",
             daemon=True,
         )
-        process.start()
-        child_end.close()
-        self.processes.append(process)
-        self._pending.append(parent_end)
+        # A stop signal waits until the child has its arguments and is listed here, to be
+        # stopped: one that cut the write short left it a traceback of a truncated pickle.
+        with lifetime.deferred_signals():
+            process.start()
+            child_end.close()
+            self.processes.append(process)
+            self._pending.append(parent_end)
         return process, parent_end
 
     def _report(

@@ -8,7 +8,8 @@ are imported only when their subcommand runs (or for ``--help``), so that
 Errors: every ``BenchError`` becomes one line on stderr and its exit code; no
 traceback for user mistakes.  Anything else is a bug and keeps its traceback.
 Ctrl-C, SIGTERM and SIGHUP all interrupt a command the same way (``lifetime``):
-one line, exit status 128 + the signal's number.
+one line, exit status 128 + the signal's number, and the process ends within
+``lifetime.EXIT_GRACE_S`` of that line even if a thread it leaves does not.
 """
 
 from __future__ import annotations
@@ -105,6 +106,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except RunInterrupted as interrupted:
         # Not an error: the user (or a launcher) stopped it; what it measured is kept.
         sys.stderr.write(f"{PROGRAM} {args._command}: {interrupted}\n")
+        lifetime.exit_within(interrupted.exit_code)
         return interrupted.exit_code
     except BenchError as error:
         sys.stderr.write(f"{PROGRAM} {args._command}: error: {error}\n")
@@ -114,6 +116,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         sys.stderr.write(
             f"{PROGRAM} {args._command}: interrupted ({lifetime.signal_name(signum)})\n"
         )
+        lifetime.exit_within(lifetime.exit_status(signum))
         return lifetime.exit_status(signum)
     except BrokenPipeError:
         return 0

@@ -33,6 +33,7 @@ import os
 import signal
 import sys
 import threading
+import time
 from collections.abc import Callable, Iterator
 from types import FrameType
 from typing import Any
@@ -167,6 +168,31 @@ class StopSignals:
     def __exit__(self, *_exc: object) -> None:
         for number, handler in self._previous.items():
             signal.signal(number, handler)
+
+
+#: How long a stopped command's interpreter may take to exit before it is ended (s).
+EXIT_GRACE_S = 30.0
+
+
+def exit_within(status: int, seconds: float = EXIT_GRACE_S) -> None:
+    """Make sure this process has ended ``seconds`` from now, with ``status``.
+
+    For a command that a stop signal ended, once it has kept what it measured:
+    the interpreter's exit joins every thread still running (gRPC's and
+    ``concurrent.futures``' pools are not daemon threads), and one stuck there
+    would leave the process behind its launcher's back.  A daemon thread waits
+    ``seconds``, flushes the standard streams and ends the process with
+    ``os._exit``; a normal exit before then ends the thread with it.
+    """
+
+    def end() -> None:
+        time.sleep(seconds)
+        for stream in (sys.stdout, sys.stderr):
+            with contextlib.suppress(Exception):
+                stream.flush()
+        os._exit(status)
+
+    threading.Thread(target=end, name="tf-grpc-bench-exit", daemon=True).start()
 
 
 # --------------------------------------------------------------------------
