@@ -516,6 +516,40 @@ def test_role_tasks_stopped_by_their_launcher_write_partial_results(
     _assert_nothing_left({ps.pid}, {first, first + 1})
 
 
+def test_a_stopped_worker_whose_gatherer_is_gone_does_not_wait_for_it(
+    tmp_path: Path, started: list[subprocess.Popen[str]]
+) -> None:
+    """The chief (gatherer) dies first; the worker, stopped, keeps its partial run and
+    tries to send it: it gives up after a short while, not after --job-timeout (its
+    call waits for the gatherer to be ready; this held a task in the suite once)."""
+    first = _free_port(3)
+    cluster = json.dumps(
+        {
+            "chief": [f"localhost:{first}"],
+            "ps": [f"localhost:{first + 1}"],
+            "worker": [f"localhost:{first + 2}"],
+        }
+    )
+    flags = [
+        "--cluster", cluster, *REPLAY, "--benchmark", "ps-throughput", "--duration", "60",
+        "--job-timeout", "900",
+    ]  # fmt: skip
+    tasks = {
+        task: _start(started, "role", "--task", task, *flags, cwd=tmp_path)
+        for task in ("chief:0", "ps:0", "worker:0")
+    }
+    _wait_for_calls(f"127.0.0.1:{first + 1}")
+    tasks["chief:0"].kill()
+    tasks["chief:0"].wait(timeout=30)
+    tasks["worker:0"].send_signal(signal.SIGTERM)
+    _, err = tasks["worker:0"].communicate(timeout=120)
+    assert tasks["worker:0"].returncode == 128 + signal.SIGTERM, err
+    assert err.count("\n") == 1 and "interrupted (SIGTERM); partial results not sent" in err
+    tasks["ps:0"].send_signal(signal.SIGTERM)
+    tasks["ps:0"].communicate(timeout=120)
+    _assert_nothing_left({p.pid for p in tasks.values()}, {first, first + 1, first + 2})
+
+
 def test_a_whole_step_cluster_stopped_by_its_launcher_leaves_no_server_or_side_client(
     tmp_path: Path, started: list[subprocess.Popen[str]]
 ) -> None:

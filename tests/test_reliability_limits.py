@@ -243,6 +243,37 @@ def test_a_stopped_command_ends_even_if_a_thread_it_leaves_never_does() -> None:
     assert (completed.returncode, completed.stdout) == (143, "kept\n")
 
 
+def test_after_a_stop_signal_grpc_objects_failing_in_del_stay_off_stderr() -> None:
+    """A stop signal inside a gRPC call's constructor leaves a half-built object that
+    fails in ``__del__``; the command's stderr keeps its one line all the same."""
+    script = textwrap.dedent(
+        """
+        import os, signal, sys
+        from tf_grpc_bench import lifetime
+
+        class Call:
+            def __del__(self):
+                raise AttributeError("half-built")
+
+        Call.__del__.__module__ = "grpc._channel"
+        sys.unraisablehook = lifetime.quiet_interrupted_grpc
+        Call()  # before any signal: reported as usual
+        with lifetime.interrupt_on_signals():
+            try:
+                os.kill(os.getpid(), signal.SIGTERM)
+                signal.pause()
+            except lifetime.Interrupted:
+                Call()  # after it: quiet
+        """
+    )
+    completed = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=120, check=False
+    )
+    assert completed.returncode == 0, completed.stderr
+    assert completed.stderr.count("Exception ignored in") == 1
+    assert completed.stderr.count("half-built") == 1
+
+
 def test_a_stop_signal_while_server_processes_spawn_stops_every_one_started(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

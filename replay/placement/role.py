@@ -463,13 +463,22 @@ def _replay(
                 credentials=channel_credentials,
             )
         raise
-    gather.submit(
-        placement.gatherer_address,
-        task=task,
-        document=document,
-        timeout_s=args.job_timeout,
-        credentials=channel_credentials,
-    )
+    # Stopped, the run kept what it measured; the gatherer may be stopping too (a launcher
+    # stops every task at once), so it gets a short while rather than --job-timeout (a
+    # call waiting for a gatherer that is gone would hold this task that long).
+    stopped = lifetime.stop_signal() is not None
+    try:
+        gather.submit(
+            placement.gatherer_address,
+            task=task,
+            document=document,
+            timeout_s=min(args.job_timeout, INTERRUPT_GRACE_S) if stopped else args.job_timeout,
+            credentials=channel_credentials,
+        )
+    except TransportError as error:
+        if not stopped:
+            raise
+        _raise_if_interrupted(placement.task, f"partial results not sent ({error})")
     print(f"{task}: results sent to {placement.gatherer_address}", flush=True)
     _raise_if_interrupted(placement.task, "partial results sent to the gatherer")
     return 0

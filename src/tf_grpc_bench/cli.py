@@ -99,6 +99,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.print_help(sys.stderr)
         return 2
     run = getattr(importlib.import_module(args._module), f"run_{args._command}")
+    sys.unraisablehook = lifetime.quiet_interrupted_grpc
     try:
         # SIGTERM and SIGHUP stop a command as Ctrl-C does: what was measured is kept.
         with lifetime.interrupt_on_signals():

@@ -170,6 +170,21 @@ class StopSignals:
             signal.signal(number, handler)
 
 
+def quiet_interrupted_grpc(unraisable: Any) -> None:
+    """A ``sys.unraisablehook``: after a stop signal, drop the errors of gRPC objects'
+    ``__del__``; pass everything else to Python's own hook.
+
+    The signal's ``Interrupted`` can land inside the constructor of a gRPC call
+    object (``_MultiThreadedRendezvous``); the half-built object then fails in
+    its ``__del__`` ("Exception ignored in ..."), a traceback on stderr after the
+    command's one line.  It is the interruption's fallout, not a fault.
+    """
+    where = getattr(unraisable.object, "__module__", None) or ""
+    if stop_signal() is not None and where.split(".")[0] == "grpc":
+        return
+    sys.__unraisablehook__(unraisable)
+
+
 #: How long a stopped command's interpreter may take to exit before it is ended (s).
 EXIT_GRACE_S = 30.0
 
