@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import sys
 import threading
+import time
+import traceback
 
 import pytest
 
@@ -55,3 +58,49 @@ def test_a_gatherer_that_is_not_there_is_a_transport_error() -> None:
         port = server.port
     with pytest.raises(TransportError, match=r"gatherer 127\.0\.0\.1"):
         gather.submit(f"127.0.0.1:{port}", task="worker:0", document="{}", timeout_s=1)
+
+
+def _threads_in_barrier_handlers() -> int:
+    return sum(
+        1
+        for frame in sys._current_frames().values()
+        for summary in traceback.extract_stack(frame)
+        if summary.name == "_barrier" and summary.filename == gather.__file__
+    )
+
+
+@pytest.mark.parametrize("ending", ["gatherer stops", "caller goes away"])
+def test_a_barrier_still_waiting_lets_the_gatherers_threads_go(ending: str) -> None:
+    """A job stopped before every task reached the barrier: the handler waiting in a
+    pool thread returns (the gatherer stops, or its caller's deadline passed) rather
+    than hold the thread for the barrier's timeout, which the process's exit waits for."""
+    failures: list[BaseException] = []
+    with gather.GatherServer(bind="127.0.0.1:0", workers=WORKERS, barrier_timeout_s=600) as server:
+        address = f"127.0.0.1:{server.port}"
+
+        def waiting() -> None:
+            try:
+                gather.barrier(
+                    address,
+                    name="start",
+                    task="worker:0",
+                    timeout_s=1 if ending == "caller goes away" else 600,
+                )
+            except TransportError as error:
+                failures.append(error)
+
+        thread = threading.Thread(target=waiting)
+        thread.start()
+        deadline = time.monotonic() + 30
+        while not _threads_in_barrier_handlers() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert _threads_in_barrier_handlers() == 1
+        if ending == "caller goes away":
+            thread.join(timeout=30)
+            deadline = time.monotonic() + 30
+            while _threads_in_barrier_handlers() and time.monotonic() < deadline:
+                time.sleep(0.05)
+            assert _threads_in_barrier_handlers() == 0
+    thread.join(timeout=30)
+    assert not thread.is_alive() and len(failures) == 1
+    assert _threads_in_barrier_handlers() == 0

@@ -61,6 +61,8 @@ class _GatherState:
         self.arrived: dict[str, set[str]] = {}
         self.documents: dict[str, str] = {}
         self.failures: dict[str, str] = {}
+        #: Set when the server stops: barrier handlers still waiting return then.
+        self.closing = False
 
     @property
     def done(self) -> bool:
@@ -114,8 +116,12 @@ class GatherServer:
         return self
 
     def __exit__(self, *_exc: object) -> None:
-        # Let a last Status/Submit call finish before the port closes (a barrier
-        # handler still waiting is cancelled; its thread must not hold the stop).
+        # Barrier handlers still waiting (the job is stopping before every task arrived)
+        # return now: a pool thread left waiting would hold the process's exit.
+        with self._state.condition:
+            self._state.closing = True
+            self._state.condition.notify_all()
+        # Let a last Status/Submit call finish before the port closes.
         self._server.stop(grace=2.0).wait(2.0 + STOP_WAIT_S)
 
     # -- handlers (gRPC pool threads) ----------------------------------------
@@ -124,15 +130,28 @@ class GatherServer:
         message = _decode(request, source="barrier")
         name, task = str(message.get("name", "")), str(message.get("task", ""))
         state = self._state
+
+        def wake() -> None:  # the caller went away (cancelled, or its deadline passed)
+            with state.condition:
+                state.condition.notify_all()
+
+        context.add_callback(wake)
         with state.condition:
             if task not in state.workers:
                 context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"{task}: not a worker of the job")
             state.arrived.setdefault(name, set()).add(task)
             state.condition.notify_all()
-            released = state.condition.wait_for(
-                lambda: state.arrived[name] >= state.workers - set(state.failures),
+            state.condition.wait_for(
+                lambda: (
+                    state.arrived[name] >= state.workers - set(state.failures)
+                    or state.closing
+                    or not context.is_active()
+                ),
                 timeout=self._barrier_timeout_s,
             )
+            released = state.arrived[name] >= state.workers - set(state.failures)
+        if not released and state.closing:
+            context.abort(grpc.StatusCode.UNAVAILABLE, f"barrier {name}: the gatherer stopped")
         if not released:
             missing = sorted(state.workers - state.arrived[name])
             context.abort(
