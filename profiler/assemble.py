@@ -313,6 +313,8 @@ def _why_partial(job: UserJob, records: Sequence[TaskRecord]) -> str:
     for record in records:
         if record.exit_status is None:
             return f"the record of task {record.name} never finished (record itself was killed)"
+        if not record.pid:
+            return f"task {record.name} was stopped before its command started"
     for record in records:
         if record.job in job.driver_jobs and record.exit_status:
             return f"task {record.name} exited with status {record.exit_status}"

@@ -349,13 +349,20 @@ def test_a_stop_signal_as_the_record_begins_ends_it_with_a_finished_manifest(
         os.kill(os.getpid(), signal.SIGHUP)
         return read_clock()
 
+    cluster = {"ps": ["localhost:2222"], "worker": ["localhost:2223"]}
+    out = tmp_path / "out"
+    assert _record(out, cluster, "ps", 0, "true").returncode == 0
     monkeypatch.setattr(record_module.ClockReading, "now", signalled_clock)
     ran = tmp_path / "ran"
-    task = identify_task({"TF_CONFIG": _tf_config({"ps": ["localhost:2222"]}, "ps", 0)})
-    status = record_module.record_task(tmp_path / "out", ["touch", str(ran)], task, environment={})
+    task = identify_task({"TF_CONFIG": _tf_config(cluster, "worker", 0)})
+    status = record_module.record_task(out, ["touch", str(ran)], task, environment={})
     assert status == 128 + signal.SIGHUP and not ran.exists()
-    written = read_task_record(tmp_path / "out" / "ps-0")
+    written = read_task_record(out / "worker-0")
     assert written.exit_status == 128 + signal.SIGHUP and written.end is not None
+    trace = assemble_records([out])
+    assert trace.partial and "worker:0 was stopped before its command started" in (
+        trace.partial_reason
+    )
 
 
 def test_a_command_that_ignores_sigterm_is_killed_after_the_grace(tmp_path: Path) -> None:
