@@ -39,7 +39,7 @@ from collections import Counter
 from pathlib import Path
 
 from common import (
-    ROOT,
+    README,
     command_line,
     free_port,
     load_average,
@@ -217,7 +217,7 @@ def main() -> int:
     )
     print(body)
     if not args.no_readme:
-        write_section(ROOT / "bench" / "README.md", HEADING, body)
+        write_section(README, HEADING, body)
     return 0 if rounds_done == args.rounds else 130
 
 

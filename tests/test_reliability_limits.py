@@ -256,7 +256,8 @@ def test_after_a_stop_signal_grpc_objects_failing_in_del_stay_off_stderr() -> No
                 raise AttributeError("half-built")
 
         Call.__del__.__module__ = "grpc._channel"
-        sys.unraisablehook = lifetime.quiet_interrupted_grpc
+        lifetime.quiet_grpc_after_stop()
+        lifetime.quiet_grpc_after_stop()  # installed once, however often asked
         Call()  # before any signal: reported as usual
         with lifetime.interrupt_on_signals():
             try:

@@ -8,8 +8,9 @@ are imported only when their subcommand runs (or for ``--help``), so that
 Errors: every ``BenchError`` becomes one line on stderr and its exit code; no
 traceback for user mistakes.  Anything else is a bug and keeps its traceback.
 Ctrl-C, SIGTERM and SIGHUP all interrupt a command the same way (``lifetime``):
-one line, exit status 128 + the signal's number, and the process ends within
-``lifetime.EXIT_GRACE_S`` of that line even if a thread it leaves does not.
+one line, exit status 128 + the signal's number; run as the command (``argv``
+None), the process then ends within ``lifetime.EXIT_GRACE_S`` of that line even
+if a thread it leaves does not.
 """
 
 from __future__ import annotations
@@ -99,7 +100,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.print_help(sys.stderr)
         return 2
     run = getattr(importlib.import_module(args._module), f"run_{args._command}")
-    sys.unraisablehook = lifetime.quiet_interrupted_grpc
+    # Run as the command (not called in process with its arguments): this process is ours.
+    command = argv is None
+    if command:
+        lifetime.quiet_grpc_after_stop()
     try:
         # SIGTERM and SIGHUP stop a command as Ctrl-C does: what was measured is kept.
         with lifetime.interrupt_on_signals():
@@ -107,7 +111,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except RunInterrupted as interrupted:
         # Not an error: the user (or a launcher) stopped it; what it measured is kept.
         sys.stderr.write(f"{PROGRAM} {args._command}: {interrupted}\n")
-        lifetime.exit_within(interrupted.exit_code)
+        if command:
+            lifetime.exit_within(interrupted.exit_code)
         return interrupted.exit_code
     except BenchError as error:
         sys.stderr.write(f"{PROGRAM} {args._command}: error: {error}\n")
@@ -117,7 +122,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         sys.stderr.write(
             f"{PROGRAM} {args._command}: interrupted ({lifetime.signal_name(signum)})\n"
         )
-        lifetime.exit_within(lifetime.exit_status(signum))
+        if command:
+            lifetime.exit_within(lifetime.exit_status(signum))
         return lifetime.exit_status(signum)
     except BrokenPipeError:
         return 0

@@ -170,19 +170,31 @@ class StopSignals:
             signal.signal(number, handler)
 
 
-def quiet_interrupted_grpc(unraisable: Any) -> None:
-    """A ``sys.unraisablehook``: after a stop signal, drop the errors of gRPC objects'
-    ``__del__``; pass everything else to Python's own hook.
+class _QuietGrpcAfterStop:
+    """A ``sys.unraisablehook`` that drops gRPC objects' ``__del__`` errors once a stop
+    signal came and passes everything else to the hook it replaced."""
+
+    def __init__(self, previous: Callable[[Any], object]) -> None:
+        self.previous = previous
+
+    def __call__(self, unraisable: Any) -> None:
+        where = getattr(unraisable.object, "__module__", None) or ""
+        if stop_signal() is not None and where.split(".")[0] == "grpc":
+            return
+        self.previous(unraisable)
+
+
+def quiet_grpc_after_stop() -> None:
+    """From now on, after a stop signal, gRPC objects' ``__del__`` errors stay off stderr.
 
     The signal's ``Interrupted`` can land inside the constructor of a gRPC call
     object (``_MultiThreadedRendezvous``); the half-built object then fails in
     its ``__del__`` ("Exception ignored in ..."), a traceback on stderr after the
     command's one line.  It is the interruption's fallout, not a fault.
+    Installed once; other unraisable errors go to the hook that was in place.
     """
-    where = getattr(unraisable.object, "__module__", None) or ""
-    if stop_signal() is not None and where.split(".")[0] == "grpc":
-        return
-    sys.__unraisablehook__(unraisable)
+    if not isinstance(sys.unraisablehook, _QuietGrpcAfterStop):
+        sys.unraisablehook = _QuietGrpcAfterStop(sys.unraisablehook)
 
 
 #: How long a stopped command's interpreter may take to exit before it is ended (s).
