@@ -56,7 +56,7 @@ HEADING = "## Reliability: role clusters stopped at random moments"
 OUTCOMES = ("clean", "before start-up", "hung", "noisy", "other")
 
 
-def _children() -> dict[int, int]:
+def _parents() -> dict[int, int]:
     """Every process's parent (one read of /proc)."""
     parents = {}
     for entry in Path("/proc").iterdir():
@@ -70,7 +70,7 @@ def _children() -> dict[int, int]:
 
 
 def _descendants(pids: set[int]) -> set[int]:
-    parents = _children()
+    parents = _parents()
     found: set[int] = set()
     frontier = set(pids)
     while frontier:

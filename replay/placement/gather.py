@@ -141,15 +141,15 @@ class GatherServer:
                 context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"{task}: not a worker of the job")
             state.arrived.setdefault(name, set()).add(task)
             state.condition.notify_all()
+
+            def everyone_in() -> bool:  # every task that has not failed
+                return state.arrived[name] >= state.workers - set(state.failures)
+
             state.condition.wait_for(
-                lambda: (
-                    state.arrived[name] >= state.workers - set(state.failures)
-                    or state.closing
-                    or not context.is_active()
-                ),
+                lambda: everyone_in() or state.closing or not context.is_active(),
                 timeout=self._barrier_timeout_s,
             )
-            released = state.arrived[name] >= state.workers - set(state.failures)
+            released = everyone_in()
         if not released and state.closing:
             context.abort(grpc.StatusCode.UNAVAILABLE, f"barrier {name}: the gatherer stopped")
         if not released:
