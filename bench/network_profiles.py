@@ -12,7 +12,9 @@ one after the other on the same link:
 3. PS-throughput replay of a trace (``--trace``, default: a synthetic trace this
    script writes, one worker and one ps, see ``SYNTHETIC_TENSORS``): replayed
    step time, next to the least time the link allows for a step, bytes on the
-   busier direction x 8 / rate.
+   busier direction x 8 / rate.  Servers and clients are placed as ``network
+   compare`` places them (a trace's stand-ins in host 1, its ps side client in
+   host 0).
 
 Then it rewrites the "Emulated networks" section of ``bench/README.md`` with
 the command, the machine, the figures and the ratios.  Only figures measured in
@@ -54,13 +56,14 @@ from common import (
 from tf_grpc_bench import netns, trace_files
 from tf_grpc_bench import trace as trace_model
 from tf_grpc_bench.replay.core.measurement import Benchmark
+from tf_grpc_bench.replay.core.workload import trace_workload
+from tf_grpc_bench.replay.network import compare as network_compare
 from tf_grpc_bench.replay.network.netinfo import format_rate
 from tf_grpc_bench.replay.output import document as results
 from tf_grpc_bench.replay.output.machine import describe_machine
 from tf_grpc_bench.trace import RECV_TENSOR, Rpc, RunMetadata, Step, Task, TensorInfo, Trace
 
 SECTION = "## Emulated networks"
-PORT = 50001
 IPERF_PORT = 5201
 #: The synthetic trace's tensors per step, pulled by the worker from the ps: a
 #: mix like a convolutional network's (few large, many small), 24.6 MiB a step.
@@ -151,29 +154,21 @@ def replay_in(
     arguments: list[str],
     output: Path,
     timeout_s: float,
-    servers: int = 1,
+    layout: network_compare.HostLayout = network_compare.ONE_PS,
 ) -> results.ResultDocument:
-    # One ps server process per ps task of the workload, on PORT, PORT+1, ...
-    server = network.spawn(
-        0,
-        tf_grpc_bench_command(
-            "serve", "--host", "0.0.0.0", "--port", str(PORT), "--servers", str(servers)
-        ),
-        stdout=subprocess.PIPE,
-        text=True,
-    )
-    assert server.stdout is not None
-    line = server.stdout.readline()
-    if not line.startswith("serving"):
-        raise RuntimeError(f"serve did not start: {line!r}")
+    # The servers and clients on network compare's hosts: the ps servers (one process
+    # per ps task) in host 0, a trace's stand-ins in host 1 and its ps side client in
+    # host 0, the rest of the replay in host 1.
+    targets, servers = network_compare.start_servers(network, layout, [], timeout_s=60)
     try:
         replay = network.run(
             1,
             tf_grpc_bench_command(
                 "replay",
                 *arguments,
+                *network_compare.client_placement(network, layout),
                 "--target",
-                ",".join(f"{network.hosts[0].address}:{PORT + i}" for i in range(servers)),
+                ",".join(targets),
                 "--network-name",
                 network.profile.name,
                 "--output-dir",
@@ -183,8 +178,9 @@ def replay_in(
             timeout_s=timeout_s,
         )
     finally:
-        server.terminate()
-        server.wait(timeout=30)
+        for server in servers:
+            server.terminate()
+            server.wait(timeout=30)
     match = re.search(r"^results:\s+(\S+)", replay.stdout, re.MULTILINE)
     if replay.returncode != 0 or not match:
         raise RuntimeError(f"replay failed: {replay.stderr.strip()[-400:]}")
@@ -237,7 +233,9 @@ def measure_profile(
             ],
             output / profile.name,
             timeout_s=600,
-            servers=max(len(trace_files.read_trace(trace_path).tasks_of_job("ps")), 1),
+            layout=network_compare.host_layout(
+                [trace_workload(trace_files.read_trace(trace_path), Benchmark.PS_THROUGHPUT)]
+            ),
         )
         (throughput,) = steps.benchmarks
         assert throughput.benchmark is Benchmark.PS_THROUGHPUT

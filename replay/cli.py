@@ -392,6 +392,15 @@ def _add_where_flags(parser: argparse.ArgumentParser) -> None:
         "auto: the cores this process may use, shared by the workers and local servers",
     )
     where.add_argument(
+        "--client-netns",
+        default="",
+        metavar="JOB=NAMESPACE[,...]",
+        help="PS throughput of a trace, with --target: run the clients that stand for tasks "
+        "of JOB (a ps calling a ps: ps; the chief's calls: chief) in that named network "
+        "namespace, the emulated host where JOB ran in training (network compare sets it; "
+        "root)",
+    )
+    where.add_argument(
         "--network-name",
         default="",
         metavar="NAME",
@@ -584,6 +593,9 @@ def build_request(
     runner.check_procs_per_server(args.procs_per_server, planned.workloads, targets)
     procs_per_worker = _procs_per_worker(args, planned.workloads, planned.pacings, targets)
     config["procs_per_worker"] = args.procs_per_worker.strip().lower()
+    namespaces = runner.parse_client_namespaces(args.client_netns, planned.workloads, targets)
+    if namespaces:
+        config["client_netns"] = runner.format_client_namespaces(dict(namespaces))
     return ReplayRequest(
         benchmarks=benchmarks,
         trace_path=trace_path,
@@ -600,6 +612,7 @@ def build_request(
         what_if=derivation,
         procs_per_worker=procs_per_worker,
         procs_per_server=args.procs_per_server,
+        client_namespaces=namespaces,
     )
 
 

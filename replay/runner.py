@@ -27,8 +27,8 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from tf_grpc_bench import lifetime, trace_files
-from tf_grpc_bench.errors import ConfigError, TransportError, UsageError
+from tf_grpc_bench import lifetime, netns, trace_files
+from tf_grpc_bench.errors import ConfigError, NetworkError, TransportError, UsageError
 from tf_grpc_bench.replay.core import planning
 from tf_grpc_bench.replay.core.measurement import (
     Benchmark,
@@ -196,6 +196,7 @@ def _measure(
     settings: ChannelSettings,
     on_progress: ProgressCallback | None,
     procs_per_worker: int,
+    client_namespaces: Mapping[str, str],
 ) -> tuple[RunMeasurement, ...]:
     """The benchmark's runs: PS throughput from worker processes, the others from here."""
     if workload.benchmark is not Benchmark.PS_THROUGHPUT:
@@ -211,6 +212,7 @@ def _measure(
         settings=settings,
         on_progress=on_progress,
         procs_per_worker=procs_per_worker,
+        client_namespaces=client_namespaces,
     )
 
 
@@ -224,12 +226,15 @@ def run_benchmark(
     parameters: Mapping[str, str | int | float | bool] | None = None,
     on_progress: ProgressCallback | None = None,
     procs_per_worker: int = 1,
+    client_namespaces: Mapping[str, str] | None = None,
 ) -> BenchmarkResult:
     """Run one benchmark against servers at ``targets`` (indexed by ps server index).
 
     PS throughput spreads each worker's calls over ``procs_per_worker`` client
     processes (``core.processes``); the other benchmarks have one worker in this
-    process and ignore it.
+    process and ignore it.  ``client_namespaces`` (job -> named network namespace)
+    places PS throughput's clients that stand for tasks of a job in that namespace
+    (``--client-netns``); the others stay in this process's.
 
     Checks every server first (reachable, same mode): ``TransportError`` or
     ``ConfigError`` if not.  A failure after that yields a partial result.
@@ -248,8 +253,17 @@ def run_benchmark(
     try:
         for client in clients.values():
             client.check_server(plan.connect_timeout_s)
+        namespaces = dict(client_namespaces or {}) if throughput else {}
         runs = _measure(
-            workload, targets, clients, pacing, plan, settings, on_progress, procs_per_worker
+            workload,
+            targets,
+            clients,
+            pacing,
+            plan,
+            settings,
+            on_progress,
+            procs_per_worker,
+            namespaces,
         )
         # A dilated replay's times, in the time of the training it predicts.
         runs = tuple(in_link_time(run, pacing.time_dilation) for run in runs)
@@ -272,6 +286,8 @@ def run_benchmark(
     }
     if throughput:
         all_parameters.update(_process_parameters(workload, procs_per_worker))
+        if namespaces:
+            all_parameters["client_netns"] = format_client_namespaces(namespaces)
     if pacing.timing is Timing.RATE:
         all_parameters["rate_per_s"] = pacing.rate_per_s
     if pacing.timing is Timing.DEPENDENCIES:
@@ -319,6 +335,53 @@ def check_procs_per_server(
             "it to serve"
         )
     check_server_processes(max(w.server_count for w in workloads), procs_per_server)
+
+
+def parse_client_namespaces(
+    text: str, workloads: Sequence[Workload], targets: Sequence[str] | None
+) -> tuple[tuple[str, str], ...]:
+    """``--client-netns JOB=NAMESPACE[,JOB=NAMESPACE...]``: the named network namespace
+    PS throughput's clients standing for tasks of JOB run in (``network compare``
+    puts a ps's side client on the ps tasks' emulated host).  UsageError for a flag
+    it cannot honour; NetworkError for a namespace that is not there or no root."""
+    if not text.strip():
+        return ()
+    flag = f"--client-netns {text!r}"
+    if targets is None:
+        raise UsageError(
+            f"{flag}: needs --target (servers started here listen on this namespace's loopback)"
+        )
+    placed: dict[str, str] = {}
+    for item in text.split(","):
+        job, equals, namespace = (part.strip() for part in item.partition("="))
+        if not equals or not job or not namespace:
+            raise UsageError(f"{flag}: expected JOB=NAMESPACE[,JOB=NAMESPACE...]")
+        if job in placed:
+            raise UsageError(f"{flag}: job {job!r} given twice")
+        placed[job] = namespace
+    jobs = {
+        task.job
+        for w in workloads
+        if w.benchmark is Benchmark.PS_THROUGHPUT
+        for task in w.client_tasks
+    }
+    for job in placed:
+        if job not in jobs:
+            named = ", ".join(sorted(jobs)) or "none (a trace's ps-throughput replay has them)"
+            raise UsageError(f"{flag}: no client stands for a task of job {job!r}; jobs: {named}")
+    for namespace in placed.values():
+        try:
+            netns.namespace_path(namespace)
+        except NetworkError as missing:
+            raise NetworkError(f"{flag}: {missing}") from None
+    if os.geteuid() != 0:
+        raise NetworkError(f"{flag}: entering a network namespace needs root")
+    return tuple(placed.items())
+
+
+def format_client_namespaces(namespaces: Mapping[str, str]) -> str:
+    """``--client-netns``'s form of job -> namespace, for the result's parameters."""
+    return ",".join(f"{job}={namespace}" for job, namespace in sorted(namespaces.items()))
 
 
 def usable_cores() -> int:
@@ -391,6 +454,8 @@ class ReplayRequest:
     what_if: Derivation | None = None
     #: PS throughput: client processes per worker (``--procs-per-worker``, resolved).
     procs_per_worker: int = 1
+    #: PS throughput: job -> named network namespace its clients run in (``--client-netns``).
+    client_namespaces: tuple[tuple[str, str], ...] = ()
     #: Servers started here: processes per ps server (``--procs-per-server``).
     procs_per_server: int = 1
 
@@ -479,6 +544,7 @@ def execute(
                     parameters=request.grpc_parameters,
                     on_progress=on_progress,
                     procs_per_worker=request.procs_per_worker,
+                    client_namespaces=dict(request.client_namespaces),
                 )
                 measured.append(result)
                 if result.partial:

@@ -31,8 +31,8 @@ from typing import Any
 
 import numpy as np
 
-from tf_grpc_bench import lifetime
-from tf_grpc_bench.errors import TransportError
+from tf_grpc_bench import lifetime, netns
+from tf_grpc_bench.errors import NetworkError, TransportError
 from tf_grpc_bench.replay.core.measurement import (
     SAMPLE_COLUMNS,
     CallSample,
@@ -100,6 +100,9 @@ class WorkerSpec:
     #: Which of the worker's client processes this is (``--procs-per-worker``); the
     #: first records the worker's step times.
     process: int = 0
+    #: The named network namespace the process runs in ("": the parent's), so a side
+    #: client runs on the emulated host of the task it stands for (``--client-netns``).
+    netns: str = ""
 
 
 class RoundBarrier:
@@ -172,6 +175,14 @@ def _worker_main(
     ``INTERRUPT_SIGNAL`` ends a measured run early: its result holds the calls so far.
     """
     lifetime.die_with_parent(parent_pid)
+    if spec.netns:
+        # Before any channel: gRPC's threads, made later, follow this thread there.
+        try:
+            netns.enter_namespace(spec.netns)
+        except NetworkError as error:
+            connection.send(("error", f"worker {spec.worker_index}: {error}"))
+            connection.close()
+            return
     # Ctrl-C and a hang-up reach the whole process group: the parent handles them
     # (and interrupts the workers' run itself).
     signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -353,10 +364,13 @@ def measure_throughput(
     settings: ChannelSettings,
     on_progress: ProgressCallback | None = None,
     procs_per_worker: int = 1,
+    client_namespaces: Mapping[str, str] | None = None,
 ) -> tuple[RunMeasurement, ...]:
     """Warm up and measure ``plan.runs`` runs with one process per worker, or
     ``procs_per_worker`` processes per worker sharing its calls (``core.processes``).
 
+    ``client_namespaces`` maps a job to a named network namespace: the processes of
+    a client standing for a task of that job (``workload.client_tasks``) run there.
     ``clients`` (in this process) only reset and read the servers' statistics.
     """
     notify = on_progress or (lambda event: None)
@@ -365,6 +379,7 @@ def measure_throughput(
     for worker in sorted({call.worker_index for call in workload.calls}):
         own = workload.for_worker(worker)
         count = split_worker(own, procs_per_worker).count
+        job = workload.client_tasks[worker].job if workload.client_tasks else ""
         specs += [
             WorkerSpec(
                 worker_index=worker,
@@ -374,6 +389,7 @@ def measure_throughput(
                 plan=plan,
                 settings=settings,
                 process=process,
+                netns=(client_namespaces or {}).get(job, ""),
             )
             for process in range(count)
         ]

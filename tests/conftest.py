@@ -162,3 +162,53 @@ def workload_sequences(workload: Workload) -> dict[tuple[int, int], list[Call]]:
                 (c.method, c.request_bytes, c.response_bytes)
             )
     return sequences
+
+
+ENQUEUE = "/tensorflow.eager.EagerService/Enqueue"
+
+
+def _whole_step_rpc(
+    method: str, caller: int, callee: int, request: int, response: int, start: int
+) -> Rpc:
+    return Rpc(
+        method=method,
+        caller_task=caller,
+        callee_task=callee,
+        request_bytes=request,
+        response_bytes=response,
+        start_ns=start,
+        response_start_ns=start + 2_000,
+        end_ns=start + 10_000,
+    )
+
+
+def make_whole_step_trace(
+    *, pull: tuple[int, int] = (300_000, 200_000), ps_to_ps: int = 177, enqueue: int = 14_093
+) -> Trace:
+    """ps:0, ps:1, worker:0, worker:1, chief:0; per step: the chief's Enqueue to each worker
+    (``enqueue`` bytes of request to worker:0), variable pulls (``pull``: worker:0's from
+    ps:0, worker:1's from ps:1), ps:0 pulling from ps:1 twice, one after the other
+    (``ps_to_ps`` bytes of response the first time), gradient pulls (``pull`` again)."""
+    tasks = (
+        Task(job="ps", index=0),
+        Task(job="ps", index=1),
+        Task(job="worker", index=0),
+        Task(job="worker", index=1),
+        Task(job="chief", index=0),
+    )
+    rpc = _whole_step_rpc
+    steps = []
+    for number in range(2):
+        base = 1_000_000 * (number + 1)
+        rpcs = (
+            rpc(ENQUEUE, 4, 2, enqueue, 40, base),  # chief -> worker:0
+            rpc(ENQUEUE, 4, 3, 14_001, 41, base + 500),  # chief -> worker:1
+            rpc(RECV_TENSOR, 2, 0, 120, pull[0], base + 1_000),  # worker:0 pulls from ps:0
+            rpc(RECV_TENSOR, 3, 1, 121, pull[1], base + 1_000),  # worker:1 pulls from ps:1
+            rpc(RECV_TENSOR, 0, 1, 130, ps_to_ps, base + 20_000),  # ps:0 pulls from ps:1
+            rpc(RECV_TENSOR, 0, 1, 131, 21, base + 40_000),  # and again, after it
+            rpc(RECV_TENSOR, 0, 2, 140, pull[0], base + 60_000),  # ps:0 pulls worker:0's grad
+            rpc(RECV_TENSOR, 1, 3, 141, pull[1], base + 60_000),  # ps:1 pulls worker:1's grad
+        )
+        steps.append(Step(index=number, start_ns=base, end_ns=base + 200_000, rpcs=rpcs))
+    return Trace(metadata=RunMetadata(model="toy"), tasks=tasks, steps=tuple(steps))

@@ -14,10 +14,10 @@ from pathlib import Path
 import pytest
 from tensorboard.backend.event_processing import plugin_event_accumulator
 
-from tf_grpc_bench import netns
+from tf_grpc_bench import netns, trace_files
 from tf_grpc_bench.replay.output import document as results
 
-from .conftest import environment_without_coverage
+from .conftest import environment_without_coverage, make_whole_step_trace
 
 
 def tool(*arguments: str, timeout_s: float = 120) -> subprocess.CompletedProcess[str]:
@@ -210,6 +210,75 @@ def test_compare_replays_across_rate_limited_links_under_their_rates(tmp_path: P
         # it gets depends on the machine's load, which bench/network_profiles.py measures.
         assert bandwidth.bytes_per_s > 0
         assert bandwidth.bytes_per_s * 8 / rate <= 1.1, f"{name}: {bandwidth.bytes_per_s} B/s"
+
+
+#: The compare test's link, and the size of every call its trace makes large.
+_SLOW_LINK_BITS_PER_S = 16e6
+_LARGE = 1_000_000
+
+
+@pytest.mark.netns
+def test_compare_keeps_ps_to_ps_and_chief_to_worker_calls_off_the_link(tmp_path: Path) -> None:
+    """Host 0 stands for the ps tasks, host 1 for the workers and the chief, as in a
+    capture on a link: a ps's pulls from the other ps and the chief's calls to the
+    workers (their stand-ins) stay on their host; only worker <-> ps calls cross."""
+    trace = make_whole_step_trace(pull=(_LARGE, _LARGE), ps_to_ps=_LARGE, enqueue=_LARGE)
+    path = trace_files.write_trace(trace, tmp_path / "whole-steps.tfgbtrace")
+    before = set(netns.list_namespaces())
+    result = tool(
+        "network",
+        "compare",
+        str(path),
+        "--profiles",
+        "16mbit",
+        "--benchmark",
+        "ps-throughput",
+        "--time-dilation",
+        "1",
+        "--passes",
+        "1",
+        "--warmup",
+        "0",
+        "--runs",
+        "1",
+        "--output-dir",
+        str(tmp_path),
+        timeout_s=300,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert set(netns.list_namespaces()) <= before
+    (path,) = tmp_path.glob("*-compare/16mbit/*/results.json")
+    (throughput,) = results.read_document(path).benchmarks
+    parameters = throughput.parameters
+    clients = str(parameters["client_tasks"]).split(",")
+    servers = str(parameters["server_tasks"]).split(",")
+    assert servers == [
+        "/job:ps/task:0",
+        "/job:ps/task:1",
+        "/job:worker/task:0",
+        "/job:worker/task:1",
+    ]
+    assert str(parameters["client_netns"]).startswith(f"ps={netns.PREFIX}")
+    # The ps servers on host 0, the stand-ins on host 1 (the replay's own).
+    hosts = [target.rsplit(":", 1)[0] for target in str(parameters["targets"]).split(",")]
+    assert hosts[0] == hosts[1] != hosts[2] == hosts[3]
+    # A megabyte over 16 Mbit/s takes at least (1 MB - tbf's bucket) x 8 / rate; a call
+    # kept on its host's loopback takes a small part of that.
+    crossing_s = (_LARGE - netns.MIN_BURST_BYTES) * 8 / _SLOW_LINK_BITS_PER_S
+    (run,) = throughput.runs
+    seen: dict[tuple[str, str], list[float]] = {}
+    for sample in run.samples:
+        key = (clients[sample.worker_index], servers[sample.server_index])
+        if max(sample.request_bytes, sample.response_bytes) >= _LARGE:
+            seen.setdefault(key, []).append(sample.latency_ns / 1e9)
+    crossed = {key: min(times) for key, times in seen.items() if key[0].startswith("/job:worker")}
+    stayed = {key: max(times) for key, times in seen.items() if key not in crossed}
+    assert set(stayed) == {
+        ("/job:ps/task:0", "/job:ps/task:1"),
+        ("/job:chief/task:0", "/job:worker/task:0"),
+    }, seen
+    assert len(crossed) == 2 and all(t >= crossing_s for t in crossed.values()), crossed
+    assert all(t < crossing_s for t in stayed.values()), stayed
 
 
 def test_compare_refuses_an_unknown_profile_before_making_anything() -> None:

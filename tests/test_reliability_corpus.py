@@ -177,6 +177,12 @@ _SYNTHETIC = [
     ),
 ]
 
+# A shipped trace's ps-throughput replay against as many targets as it has servers
+# (2 ps tasks, 2 stand-ins); nothing listens there, and nothing gets that far.
+_FOUR_TARGETS = "resnet50-tf2ps --benchmark ps-throughput --target " + ",".join(
+    ["127.0.0.1:{free_port}"] * 4
+)
+
 # Trace replays: damaged and hostile traces, and flags that do not fit a trace.
 _TRACE = [
     ("trace-missing", "{dir}/missing.tfgbtrace", USAGE, "missing.tfgbtrace"),
@@ -224,6 +230,21 @@ _TRACE = [
         "{wide} --benchmark p2p-bandwidth --outstanding 200",
         USAGE,
         "in flight",
+    ),
+    (
+        "trace-client-netns-without-target",
+        "resnet50-tf2ps --benchmark ps-throughput --client-netns ps=tfgb-x",
+        USAGE,
+        "--client-netns",
+    ),
+    ("trace-client-netns-nonsense", f"{_FOUR_TARGETS} --client-netns ps", USAGE, "--client-netns"),
+    ("trace-client-netns-twice", f"{_FOUR_TARGETS} --client-netns ps=a,ps=b", USAGE, "twice"),
+    ("trace-client-netns-unknown-job", f"{_FOUR_TARGETS} --client-netns boss=x", USAGE, "boss"),
+    (
+        "trace-client-netns-missing-namespace",
+        f"{_FOUR_TARGETS} --client-netns ps=tfgb-none",
+        NETWORK,
+        "tfgb-none",
     ),
     ("trace-too-many-workers", "{crowd} --benchmark ps-throughput", USAGE, "workers"),
     ("trace-too-many-ps", "{farm} --benchmark p2p-latency", USAGE, "ps servers"),
@@ -336,6 +357,12 @@ _ROLE = [
     ("role-no-placement", "--synthetic", USAGE, "TF_CONFIG"),
     ("role-target", f"--cluster {_ROLE_CLUSTER} --task ps:0 --target x:1", USAGE, "--target"),
     (
+        "role-client-netns",
+        f"--cluster {_ROLE_CLUSTER} --task ps:0 --client-netns ps=x",
+        USAGE,
+        "--client-netns",
+    ),
+    (
         "role-job-timeout-inf",
         f"--cluster {_ROLE_CLUSTER} --task ps:0 --job-timeout inf",
         USAGE,
@@ -382,6 +409,7 @@ _NETWORK = [
     ("network-no-subcommand", "", USAGE, "SUBCOMMAND"),
     ("network-compare-profiles", "compare --profiles warp", NETWORK, "warp"),
     ("network-compare-target", "compare --target x:1", USAGE, "--target"),
+    ("network-compare-client-netns", "compare --client-netns ps=x", USAGE, "--client-netns"),
     ("network-compare-duration-inf", "compare --synthetic --duration inf", USAGE, "--duration"),
 ]
 

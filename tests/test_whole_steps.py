@@ -16,55 +16,17 @@ from tf_grpc_bench.replay import cli
 from tf_grpc_bench.replay.core.measurement import Benchmark
 from tf_grpc_bench.replay.core.pacing import Pacing, Timing
 from tf_grpc_bench.replay.core.workload import WORKERS_AND_PS_ONLY, Mode, trace_workload
+from tf_grpc_bench.replay.network import compare as network_compare
 from tf_grpc_bench.replay.runner import RunPlan, run_benchmark
 from tf_grpc_bench.replay.transport.client import ReplayClient
 from tf_grpc_bench.replay.transport.loop import PROC_STAT
 from tf_grpc_bench.replay.transport.server import LocalServers
 from tf_grpc_bench.replay.transport.wire import ChannelSettings
-from tf_grpc_bench.trace import RECV_TENSOR, Rpc, RunMetadata, Step, Task, Trace
+from tf_grpc_bench.trace import Trace
 
-ENQUEUE = "/tensorflow.eager.EagerService/Enqueue"
+from .conftest import make_whole_step_trace
+
 ONE_PASS = RunPlan(warmup_ns=0, duration_ns=1, runs=1, passes=1, deadline_s=60)
-
-
-def _rpc(method: str, caller: int, callee: int, request: int, response: int, start: int) -> Rpc:
-    return Rpc(
-        method=method,
-        caller_task=caller,
-        callee_task=callee,
-        request_bytes=request,
-        response_bytes=response,
-        start_ns=start,
-        response_start_ns=start + 2_000,
-        end_ns=start + 10_000,
-    )
-
-
-def _whole_step_trace() -> Trace:
-    """ps:0, ps:1, worker:0, worker:1, chief:0; per step: the chief's Enqueue to each worker,
-    variable pulls, ps:0 pulling from ps:1 twice (one after the other), gradient pulls."""
-    tasks = (
-        Task(job="ps", index=0),
-        Task(job="ps", index=1),
-        Task(job="worker", index=0),
-        Task(job="worker", index=1),
-        Task(job="chief", index=0),
-    )
-    steps = []
-    for number in range(2):
-        base = 1_000_000 * (number + 1)
-        rpcs = (
-            _rpc(ENQUEUE, 4, 2, 14_093, 40, base),  # chief -> worker:0
-            _rpc(ENQUEUE, 4, 3, 14_001, 41, base + 500),  # chief -> worker:1
-            _rpc(RECV_TENSOR, 2, 0, 120, 300_000, base + 1_000),  # worker:0 pulls from ps:0
-            _rpc(RECV_TENSOR, 3, 1, 121, 200_000, base + 1_000),  # worker:1 pulls from ps:1
-            _rpc(RECV_TENSOR, 0, 1, 130, 177, base + 20_000),  # ps:0 pulls from ps:1
-            _rpc(RECV_TENSOR, 0, 1, 131, 21, base + 40_000),  # and again, after it
-            _rpc(RECV_TENSOR, 0, 2, 140, 300_000, base + 60_000),  # ps:0 pulls worker:0's grad
-            _rpc(RECV_TENSOR, 1, 3, 141, 200_000, base + 60_000),  # ps:1 pulls worker:1's grad
-        )
-        steps.append(Step(index=number, start_ns=base, end_ns=base + 200_000, rpcs=rpcs))
-    return Trace(metadata=RunMetadata(model="toy"), tasks=tasks, steps=tuple(steps))
 
 
 def _received_by_task(trace: Trace) -> dict[int, list[int]]:
@@ -110,7 +72,7 @@ def _server_counts(servers: LocalServers, count: int, session: str) -> list[tupl
 def test_a_pass_replays_every_ps_to_ps_and_chief_to_worker_call_with_exact_sizes(
     servers: LocalServers,
 ) -> None:
-    trace = _whole_step_trace()
+    trace = make_whole_step_trace()
     workload = trace_workload(trace, Benchmark.PS_THROUGHPUT, mode=Mode.NON_SERIALIZED)
     parameters = workload.parameters()
     assert parameters["dropped_rpcs_per_pass"] == 0
@@ -223,3 +185,37 @@ def test_a_cluster_replay_of_workers_and_ps_only_counts_the_rest_as_dropped() ->
     assert parameters["dropped_rpcs"] == (
         "chief->worker Enqueue: 20 RPCs, 281850 B; ps->ps RecvTensor: 1070 RPCs, 189348 B"
     )
+
+
+def test_network_compare_places_ps_servers_and_ps_clients_on_one_host_the_rest_on_the_other() -> (
+    None
+):
+    # The shipped tf2-ps trace: 2 ps servers on host 0 with the calling ps's side client,
+    # the 2 stand-ins (workers the chief calls) on host 1 with the workers and the chief.
+    shipped = cli.build_request(_replay_args("resnet50-tf2ps", "--benchmark", "all"))
+    assert network_compare.host_layout(shipped.workloads) == network_compare.HostLayout(
+        ps_servers=2, stand_ins=2, ps_clients=True
+    )
+    tf1 = cli.build_request(_replay_args("resnet50-tf1ps", "--benchmark", "ps-throughput"))
+    assert network_compare.host_layout(tf1.workloads).stand_ins == 0
+    synthetic = cli.build_request(_replay_args("--synthetic", "--ps", "3"))
+    assert network_compare.host_layout(synthetic.workloads) == network_compare.HostLayout(
+        ps_servers=3
+    )
+
+
+def test_a_side_client_whose_namespace_is_gone_ends_the_replay_partial_naming_it(
+    servers: LocalServers,
+) -> None:
+    # --client-netns checks its namespaces; one deleted before the worker starts is
+    # still reported by the worker, naming it, and nothing is measured.
+    workload = trace_workload(
+        make_whole_step_trace(), Benchmark.PS_THROUGHPUT, mode=Mode.NON_SERIALIZED
+    )
+    result = run_benchmark(
+        workload, servers.targets, plan=ONE_PASS, client_namespaces={"ps": "tfgb-gone"}
+    )
+    assert result.partial
+    assert "worker 3: network namespace 'tfgb-gone': not found" in result.partial_reason
+    assert result.parameters["client_netns"] == "ps=tfgb-gone"
+    assert not any(run.samples for run in result.runs)

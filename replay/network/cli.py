@@ -179,7 +179,7 @@ def _cleanup(*, include_live: bool) -> int:
 #: replay flags that ``compare`` sets itself for each profile.
 _COMPARE_OWNS = (
     "target", "output_dir", "quiet", "tls", "tls_dir", "network_name", "procs_per_server",
-    "time_dilation",
+    "time_dilation", "client_netns",
 )  # fmt: skip
 #: serve flags that ``compare`` sets itself.
 _SERVE_OWNS = ("host", "port", "servers", "tls", "tls_dir")
@@ -194,6 +194,10 @@ def _compare(
 
     if args.target is not None:
         raise UsageError("network compare makes its own targets; drop --target")
+    if args.client_netns:
+        raise UsageError(
+            "network compare places the clients on its emulated hosts itself; drop --client-netns"
+        )
     profiles = netns.parse_profiles(args.profiles)
     dilation = planning.parse_time_dilation(args.time_dilation, allow_auto=True)
     # Validate every replay flag here, before any namespace exists (and without root);
@@ -204,12 +208,11 @@ def _compare(
         )
     )
     netns.require_root()
-    server_count = max(w.server_count for w in request.workloads)
     output_dir = results.new_run_directory(args.output_dir, "compare")
     config = network_compare.CompareConfig(
         profiles=profiles,
         output_dir=Path(output_dir),
-        server_count=server_count,
+        layout=network_compare.host_layout(request.workloads),
         replay_arguments=network_compare.passthrough_arguments(
             args, replay_flags, exclude=_COMPARE_OWNS
         ),

@@ -4,6 +4,11 @@ For each link profile: build two hosts on a link of that rate
 (``netns.EmulatedNetwork``), start ``tf-grpc-bench serve`` in host 0, run
 ``tf-grpc-bench replay --target <host 0>`` in host 1 (so the client reads and
 records its own link: interface, MTU, tbf rate), then tear the network down.
+Host 0 stands for training's ps tasks, host 1 for its workers and chief, as
+``capture --network`` places them (ps tasks together): a trace replay's stand-in
+servers (the workers the chief calls) are served in host 1, and its side clients
+that stand for a ps (a ps calling the other) run in host 0 (``--client-netns``),
+so only what crossed the link in training crosses it here (``host_layout``).
 Every profile's run directory goes under one directory, so
 ``tensorboard --logdir <that directory>`` shows them in one HParams view with
 the network as a hyperparameter, next to a ``comparison`` run that plots step
@@ -32,6 +37,8 @@ from typing import Any
 
 from tf_grpc_bench import lifetime, netns
 from tf_grpc_bench.errors import NetworkError, ResultError
+from tf_grpc_bench.replay.core.measurement import Benchmark
+from tf_grpc_bench.replay.core.workload import Workload
 from tf_grpc_bench.replay.network.netinfo import format_rate
 from tf_grpc_bench.replay.output import comparison, report, timeline
 from tf_grpc_bench.replay.output import document as results
@@ -44,6 +51,90 @@ _INTERRUPT_GRACE_S = 30.0
 _RESULTS_LINE = re.compile(r"^results:\s+(?P<path>\S.*)$", re.MULTILINE)
 
 
+#: The job whose tasks host 0 stands for; every other job's tasks are on host 1.
+PS_JOB = "ps"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class HostLayout:
+    """Which servers and clients of a replay run on which emulated host."""
+
+    #: Servers on host 0: the ps tasks (targets 0 .. ps_servers - 1).
+    ps_servers: int
+    #: Servers on host 1, after them: stand-ins for the workers the chief calls.
+    stand_ins: int = 0
+    #: Whether some clients stand for ps tasks (to run on host 0).
+    ps_clients: bool = False
+
+    def __post_init__(self) -> None:
+        if self.ps_servers < 1 or self.stand_ins < 0:
+            raise ValueError(f"{self.ps_servers} ps servers, {self.stand_ins} stand-ins")
+
+
+#: One ps server in host 0, every client in host 1 (a synthetic replay with one ps).
+ONE_PS = HostLayout(ps_servers=1)
+
+
+def host_layout(workloads: Sequence[Workload]) -> HostLayout:
+    """Where ``workloads``' servers and clients go: a trace's PS-throughput workload
+    names the task each stands for (``Workload.server_tasks``, ``client_tasks``); the
+    others address ps servers only, from host 1."""
+    servers = max(w.server_count for w in workloads)
+    stand_ins = 0
+    ps_clients = False
+    for workload in workloads:
+        if workload.benchmark is not Benchmark.PS_THROUGHPUT or not workload.server_tasks:
+            continue
+        stand_ins = max(stand_ins, sum(t.job != PS_JOB for t in workload.server_tasks))
+        ps_clients = ps_clients or any(t.job == PS_JOB for t in workload.client_tasks)
+    return HostLayout(ps_servers=servers - stand_ins, stand_ins=stand_ins, ps_clients=ps_clients)
+
+
+def start_servers(
+    network: netns.EmulatedNetwork,
+    layout: HostLayout,
+    serve_arguments: Sequence[str],
+    *,
+    timeout_s: float,
+) -> tuple[list[str], list[subprocess.Popen[str]]]:
+    """``tf-grpc-bench serve`` in the network's two hosts as ``layout`` says (the ps
+    servers in host 0, the stand-ins in host 1), each up and serving: the replay's
+    targets in server order, and the serve processes (stopped with the network)."""
+    server_host, client_host = network.hosts[:2]
+    targets: list[str] = []
+    processes: list[subprocess.Popen[str]] = []
+    for host, count in ((server_host, layout.ps_servers), (client_host, layout.stand_ins)):
+        if not count:
+            continue
+        server = network.spawn(
+            host,
+            _tool(
+                "serve",
+                "--host",
+                "0.0.0.0",
+                "--port",
+                str(SERVE_PORT),
+                "--servers",
+                str(count),
+                *serve_arguments,
+            ),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        processes.append(server)
+        _wait_for_line(server, "serving", timeout_s)
+        targets += [f"{host.address}:{SERVE_PORT + i}" for i in range(count)]
+    return targets, processes
+
+
+def client_placement(network: netns.EmulatedNetwork, layout: HostLayout) -> list[str]:
+    """The replay flags that run ``layout``'s ps clients in host 0 (none without)."""
+    if not layout.ps_clients:
+        return []
+    return ["--client-netns", f"{PS_JOB}={network.hosts[0].namespace}"]
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class CompareConfig:
     """What to compare.  ``replay_arguments`` and ``serve_arguments`` are flags
@@ -52,10 +143,11 @@ class CompareConfig:
 
     profiles: tuple[netns.LinkProfile, ...]
     output_dir: Path
-    server_count: int = 1
+    #: Which servers and clients go to which host (``host_layout``).
+    layout: HostLayout = ONE_PS
     replay_arguments: tuple[str, ...] = ()
     serve_arguments: tuple[str, ...] = ()
-    #: When set, TLS files (made for host 0's address) live here and both sides use them.
+    #: When set, TLS files (made for both hosts' addresses) live here and both sides use them.
     tls: bool = False
     #: Seconds allowed for the servers to come up, and for each replay.
     serve_timeout_s: float = 60.0
@@ -71,8 +163,6 @@ class CompareConfig:
     def __post_init__(self) -> None:
         if not self.profiles:
             raise ValueError("no profiles to compare")
-        if self.server_count < 1:
-            raise ValueError(f"server_count must be >= 1, got {self.server_count}")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -291,28 +381,13 @@ def _run_profile(
             from tf_grpc_bench.replay.transport import tls
 
             tls_dir = config.output_dir / "tls"
-            tls.ensure_tls_files(tls_dir, hosts=[server_host.address])
+            tls.ensure_tls_files(tls_dir, hosts=[server_host.address, client_host.address])
             tls_arguments = ["--tls", "--tls-dir", str(tls_dir)]
-        server = network.spawn(
-            server_host,
-            _tool(
-                "serve",
-                "--host",
-                "0.0.0.0",
-                "--port",
-                str(SERVE_PORT),
-                "--servers",
-                str(config.server_count),
-                *config.serve_arguments,
-                *tls_arguments,
-            ),
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        _wait_for_line(server, "serving", config.serve_timeout_s)
-        targets = ",".join(
-            f"{server_host.address}:{SERVE_PORT + i}" for i in range(config.server_count)
+        targets, _servers = start_servers(
+            network,
+            config.layout,
+            [*config.serve_arguments, *tls_arguments],
+            timeout_s=config.serve_timeout_s,
         )
         replay = network.spawn(
             client_host,
@@ -321,8 +396,9 @@ def _run_profile(
                 *config.replay_arguments,
                 *dilation_arguments,
                 *tls_arguments,
+                *client_placement(network, config.layout),
                 "--target",
-                targets,
+                ",".join(targets),
                 "--network-name",
                 profile.name,
                 "--output-dir",

@@ -158,6 +158,11 @@ def run_role(args: argparse.Namespace, *, build_request: RequestBuilder) -> int:
         raise UsageError("no placement: set TF_CONFIG, or give --cluster and --task")
     if args.target is not None:
         raise UsageError("role takes its targets from the cluster's ps tasks; drop --target")
+    if args.client_netns:
+        raise UsageError(
+            "role runs each client in the task it stands for, on that task's host; "
+            "drop --client-netns"
+        )
     if not 0 < args.job_timeout <= MAX_JOB_TIMEOUT_S:
         raise ConfigError(
             f"--job-timeout must be in (0, {MAX_JOB_TIMEOUT_S:g}] seconds, got {args.job_timeout:g}"

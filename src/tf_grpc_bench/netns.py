@@ -422,6 +422,43 @@ def list_namespaces(runner: CommandRunner = run_command) -> list[str]:
     return [line.split()[0] for line in runner(("ip", "netns", "list")).splitlines() if line]
 
 
+#: Where ``ip netns add`` keeps a named namespace (a bind mount ``setns`` can open).
+NAMED_NAMESPACES = Path("/run/netns")
+_CLONE_NEWNET = 0x40000000
+
+
+def namespace_path(name: str) -> Path:
+    """The file of named network namespace ``name``; NetworkError if there is none."""
+    path = NAMED_NAMESPACES / name
+    if "/" in name or name in ("", ".", "..") or not path.exists():
+        raise NetworkError(f"network namespace {name!r}: not found (ip netns list names them)")
+    return path
+
+
+def enter_namespace(name: str) -> None:
+    """Move the calling thread into named network namespace ``name`` (``setns``), as
+    ``ip netns exec`` does for a new process.
+
+    Call it first thing in a fresh process: threads made afterwards by this thread
+    (gRPC's among them) are in ``name`` too, threads made before stay where they were,
+    so no socket may be opened before.  NetworkError if it cannot.
+    """
+    import ctypes
+
+    path = namespace_path(name)
+    libc = ctypes.CDLL(None, use_errno=True)
+    try:
+        descriptor = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    except OSError as error:
+        raise NetworkError(f"network namespace {name!r}: {error.strerror}") from None
+    try:
+        if libc.setns(descriptor, _CLONE_NEWNET) != 0:
+            reason = os.strerror(ctypes.get_errno())
+            raise NetworkError(f"cannot enter network namespace {name!r}: {reason}")
+    finally:
+        os.close(descriptor)
+
+
 def _pid_alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
