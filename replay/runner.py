@@ -216,6 +216,17 @@ def _measure(
     )
 
 
+def _pacing_parameters(pacing: Pacing) -> dict[str, str | int | float | bool]:
+    """The parameters of ``pacing``'s own knob (rate, compute scale, speed-up)."""
+    if pacing.timing is Timing.RATE:
+        return {"rate_per_s": pacing.rate_per_s}
+    if pacing.timing is Timing.DEPENDENCIES:
+        return {"compute_scale": pacing.compute_scale}
+    if pacing.timing is Timing.RECORDED:
+        return {"speedup": pacing.speedup}
+    return {}
+
+
 def run_benchmark(
     workload: Workload,
     targets: Sequence[str],
@@ -254,17 +265,8 @@ def run_benchmark(
         for client in clients.values():
             client.check_server(plan.connect_timeout_s)
         namespaces = dict(client_namespaces or {}) if throughput else {}
-        runs = _measure(
-            workload,
-            targets,
-            clients,
-            pacing,
-            plan,
-            settings,
-            on_progress,
-            procs_per_worker,
-            namespaces,
-        )
+        measuring = (pacing, plan, settings, on_progress, procs_per_worker, namespaces)
+        runs = _measure(workload, targets, clients, *measuring)
         # A dilated replay's times, in the time of the training it predicts.
         runs = tuple(in_link_time(run, pacing.time_dilation) for run in runs)
     finally:
@@ -288,12 +290,7 @@ def run_benchmark(
         all_parameters.update(_process_parameters(workload, procs_per_worker))
         if namespaces:
             all_parameters["client_netns"] = format_client_namespaces(namespaces)
-    if pacing.timing is Timing.RATE:
-        all_parameters["rate_per_s"] = pacing.rate_per_s
-    if pacing.timing is Timing.DEPENDENCIES:
-        all_parameters["compute_scale"] = pacing.compute_scale
-    if pacing.timing is Timing.RECORDED:
-        all_parameters["speedup"] = pacing.speedup
+    all_parameters.update(_pacing_parameters(pacing))
     all_parameters.update(parameters or {})
     return BenchmarkResult(
         benchmark=workload.benchmark,

@@ -17,6 +17,7 @@ from tf_grpc_bench.replay.core.pacing import (
     release_time_ns,
 )
 from tf_grpc_bench.replay.core.workload import Call, Shape
+from tf_grpc_bench.replay.transport.client import sleep_until
 
 _times = st.integers(min_value=0, max_value=10**12)
 
@@ -255,3 +256,44 @@ def test_only_a_window_of_one_lets_a_driver_block_on_each_call(
     window: int | None, blocking: bool
 ) -> None:
     assert blocking_calls_suffice(Pacing(window=window)) is blocking
+
+
+def test_waiting_for_a_release_never_asks_for_a_negative_sleep() -> None:
+    # A replay worker crashed with "sleep length must be non-negative": it read the
+    # clock before the release (9 < 10) and again, already past it (11), for the sleep.
+    readings = iter([9, 11])
+    slept: list[float] = []
+
+    def sleep(seconds: float) -> None:
+        if seconds < 0:
+            raise ValueError("sleep length must be non-negative")
+        slept.append(seconds)
+
+    sleep_until(10, lambda: next(readings), sleep)
+    assert slept == [1e-9]
+    sleep_until(10, lambda: 10, sleep)  # already there: no sleep
+    assert slept == [1e-9]
+
+
+@given(
+    deadline=st.integers(min_value=0, max_value=10**6),
+    start=st.integers(min_value=0, max_value=10**6),
+    steps=st.lists(st.integers(min_value=0, max_value=10**5), min_size=1, max_size=20),
+)
+def test_a_wait_ends_at_the_deadline_whatever_the_clock_does_between_readings(
+    deadline: int, start: int, steps: list[int]
+) -> None:
+    now = [start]
+    remaining = iter(steps)
+
+    def clock() -> int:
+        # Between any two readings the clock moves on by a step (or jumps past the deadline).
+        now[0] += next(remaining, deadline + 1)
+        return now[0]
+
+    def sleep(seconds: float) -> None:
+        assert seconds > 0
+        now[0] += round(seconds * 1e9)
+
+    sleep_until(deadline, clock, sleep)
+    assert now[0] >= deadline

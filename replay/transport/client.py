@@ -564,6 +564,17 @@ class StepOutcome:
     path: StepPath | None = None
 
 
+def sleep_until(
+    deadline_ns: int,
+    clock: Callable[[], int],
+    sleep: Callable[[float], None] = time.sleep,
+) -> None:
+    """Sleep until ``clock`` (ns) reads ``deadline_ns`` or later.  Each wait is what one
+    reading left: the clock read again can already be past the deadline."""
+    while (remaining_ns := deadline_ns - clock()) > 0:
+        sleep(remaining_ns / 1e9)
+
+
 class Driver:
     """Issues a worker's calls to its servers' clients under a pacing, recording samples.
 
@@ -605,11 +616,7 @@ class Driver:
         self._issued_in_run = 0
 
     def _wait_until(self, deadline_ns: int) -> None:
-        while True:
-            remaining = deadline_ns - self.clock()
-            if remaining <= 0:
-                return
-            self.sleep(remaining / 1e9)
+        sleep_until(deadline_ns, self.clock, self.sleep)
 
     def run_step(
         self,

@@ -27,7 +27,12 @@ from tf_grpc_bench.replay.core.measurement import (
 )
 from tf_grpc_bench.replay.core.pacing import next_step_begin_ns
 from tf_grpc_bench.replay.core.workload import Workload, WorkloadStep
-from tf_grpc_bench.replay.transport.client import Driver, ReplayClient, StepOutcome
+from tf_grpc_bench.replay.transport.client import (
+    Driver,
+    ReplayClient,
+    StepOutcome,
+    sleep_until,
+)
 from tf_grpc_bench.replay.transport.wire import ChannelSettings, ServerStats
 
 NS_PER_S = 1_000_000_000
@@ -314,8 +319,7 @@ class WorkerLoop:
             late = late and next_begin > self.clock()
             if (late or self.driver.peers is not None) and self._stops(late):
                 break
-            while self.clock() < next_begin:
-                time.sleep((next_begin - self.clock()) / 1e9)
+            sleep_until(next_begin, self.clock)
             if self.step_barrier is not None and not self.step_barrier.wait():
                 break
             step_begin = max(next_begin, self.clock())
@@ -346,8 +350,7 @@ class WorkerLoop:
         partial, reason = False, ""
         machine_begin = machine_end = None
         try:
-            while self.clock() < begin_ns:
-                time.sleep(max(begin_ns - self.clock(), 0) / 1e9)
+            sleep_until(begin_ns, self.clock)
             machine_begin = self.machine_cpu()
             last_end = self._replay(
                 begin_ns=begin_ns,
