@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
 
-from tf_grpc_bench import lifetime, trace_files
+from tf_grpc_bench import host, lifetime, trace_files
 from tf_grpc_bench.errors import ConfigError, RunInterrupted, TransportError, UsageError
 from tf_grpc_bench.replay import runner
 from tf_grpc_bench.replay.core import planning, whatif
@@ -715,7 +715,7 @@ def _trace_workloads(
                 "(add --synthetic to use the generators)"
             )
     trace = trace_files.read_trace(trace_path)
-    return planning.trace_workloads(
+    workloads, derivation = planning.trace_workloads(
         trace,
         benchmarks,
         mode=mode,
@@ -725,6 +725,13 @@ def _trace_workloads(
         pair=args.pair,
         whole_steps=whole_steps,
     )
+    machine = host.captured_on(trace.metadata.extra)
+    if machine:
+        # Whose compute the trace's gaps are (``report.compute_machine_note``).
+        workloads = [
+            replace(w, description=(*w.description, ("captured_on", machine))) for w in workloads
+        ]
+    return workloads, derivation
 
 
 def what_if_of(args: argparse.Namespace, trace: Trace) -> whatif.WhatIf | None:

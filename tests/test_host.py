@@ -1,12 +1,16 @@
-"""The capture machine a trace names (``tf_grpc_bench.host``) and how ``inspect`` shows it."""
+"""The capture machine a trace names (``tf_grpc_bench.host``), how ``inspect`` shows it and
+how a replay records it."""
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import os
 from pathlib import Path
 
+from tf_grpc_bench import trace_files
 from tf_grpc_bench.host import capture_machine, cpu_model, machine_line
+from tf_grpc_bench.replay import cli as replay_cli
 from tf_grpc_bench.trace_summary import format_summary
 
 from .conftest import make_trace
@@ -53,3 +57,20 @@ def test_inspect_prints_the_capture_machine() -> None:
         format_summary(named).splitlines()
     )
     assert "captured on" not in format_summary(make_trace())
+
+
+def test_a_trace_replay_names_the_capture_machine_among_its_parameters(tmp_path: Path) -> None:
+    named = dataclasses.replace(
+        make_trace(),
+        metadata=dataclasses.replace(
+            make_trace().metadata, extra=(("cpu_model", "EPYC 7B13"), ("cpus", "2"))
+        ),
+    )
+    parser = argparse.ArgumentParser()
+    replay_cli.configure_replay(parser)
+    for trace, expected in ((named, "EPYC 7B13, 2 CPUs"), (make_trace(), None)):
+        path = trace_files.write_trace(trace, tmp_path / "named.tfgbtrace")
+        request = replay_cli.build_request(parser.parse_args([str(path), "--benchmark", "all"]))
+        assert len(request.workloads) == 3
+        for workload in request.workloads:
+            assert workload.parameters().get("captured_on") == expected

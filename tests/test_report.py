@@ -12,6 +12,7 @@ from tf_grpc_bench.replay.output import machine
 from tf_grpc_bench.replay.output.document import ResultDocument, build_document
 from tf_grpc_bench.replay.output.machine import NetworkInfo
 from tf_grpc_bench.replay.output.report import (
+    compute_machine_note,
     format_benchmark_markdown,
     format_markdown_table,
     format_number,
@@ -149,3 +150,40 @@ def test_loopback_network_is_named_in_the_context_line() -> None:
         created=CREATED,
     )
     assert ", loopback, " in format_table(document).splitlines()[0]
+
+
+def _replayed_on(model: str, count: int, **throughput: str | float) -> ResultDocument:
+    """A trace replay's document made on a ``model`` machine with ``count`` CPUs, its
+    PS-throughput parameters updated with ``throughput``."""
+    found = make_results(runs=2, calls=6)
+    found[2] = dataclasses.replace(found[2], parameters={**found[2].parameters, **throughput})
+    document = build_document(found, config={}, trace_path=None, created=CREATED)
+    return dataclasses.replace(
+        document,
+        machine=dataclasses.replace(document.machine, cpu_model=model, cpu_count=count),
+    )
+
+
+def test_a_step_carrying_another_machines_compute_says_whose_below_the_tables() -> None:
+    xeon = "Intel(R) Xeon(R) Processor, 2 CPUs"
+    kept = {"pacing": "dependencies", "compute_scale": 1.0, "captured_on": xeon}
+    elsewhere = _replayed_on("AMD EPYC", 2, **kept)
+    note = (
+        "compute kept from another machine: the trace was captured on Intel(R) Xeon(R) "
+        "Processor, 2 CPUs, replayed on AMD EPYC, 2 CPUs; the step carries the capture "
+        "machine's compute (capture on this machine to predict its training)"
+    )
+    assert compute_machine_note(elsewhere) == note
+    assert format_table(elsewhere).splitlines()[-1] == note
+    # network compare's comparison: once, however many links.
+    markdown = format_markdown_table([elsewhere, elsewhere]).splitlines()
+    assert markdown[-1] == note and markdown.count(note) == 1
+    # The same model with more cores is another machine too.
+    assert compute_machine_note(_replayed_on("Intel(R) Xeon(R) Processor", 8, **kept))
+    # Nothing to say: the capture machine, no compute kept, or a trace that names no machine.
+    assert compute_machine_note(_replayed_on("Intel(R) Xeon(R) Processor", 2, **kept)) == ""
+    assert compute_machine_note(_replayed_on("AMD EPYC", 2, **{**kept, "compute_scale": 0})) == ""
+    assert compute_machine_note(_replayed_on("AMD EPYC", 2, **{**kept, "pacing": "asap"})) == ""
+    assert compute_machine_note(_replayed_on("AMD EPYC", 2, pacing="recorded", captured_on=xeon))
+    assert compute_machine_note(_replayed_on("AMD EPYC", 2, pacing="dependencies")) == ""
+    assert compute_machine_note(_document()) == ""

@@ -13,6 +13,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from tf_grpc_bench import host
 from tf_grpc_bench.replay.core.measurement import BenchmarkResult, LatencySummary
 from tf_grpc_bench.replay.output.document import ResultDocument, benchmark_labels
 from tf_grpc_bench.replay.output.statistics import run_statistics
@@ -121,7 +122,33 @@ def format_table(document: ResultDocument) -> str:
     lines += [f"{PARTIAL_MARK} partial: {note}" for note in notes]
     lines += _dropped_notes(document)
     lines += _inexact_notes(document)
-    return "\n".join(lines)
+    note = compute_machine_note(document)
+    return "\n".join([*lines, note] if note else lines)
+
+
+def _keeps_compute(result: BenchmarkResult) -> bool:
+    """Whether ``result``'s replay kept the trace's compute gaps (its step carries them)."""
+    pacing = result.parameters.get("pacing")
+    if pacing == "recorded":
+        return True
+    scale = result.parameters.get("compute_scale")
+    return pacing == "dependencies" and isinstance(scale, int | float) and scale > 0
+
+
+def compute_machine_note(document: ResultDocument) -> str:
+    """A line when ``document``'s replay kept compute recorded on another machine than
+    the one it ran on ("" otherwise): its predicted step carries that machine's compute,
+    not this one's (docs/fidelity.md, "Limits")."""
+    here = host.describe_machine(document.machine.cpu_model, document.machine.cpu_count)
+    for result in document.benchmarks:
+        captured = result.parameters.get("captured_on")
+        if isinstance(captured, str) and captured and captured != here and _keeps_compute(result):
+            return (
+                f"compute kept from another machine: the trace was captured on {captured}, "
+                f"replayed on {here}; the step carries the capture machine's compute "
+                "(capture on this machine to predict its training)"
+            )
+    return ""
 
 
 def _inexact_notes(document: ResultDocument) -> list[str]:
@@ -192,6 +219,11 @@ def format_markdown_table(items: Sequence[ResultDocument] | Sequence[BenchmarkRe
     if notes:
         lines.append("")
         lines += [f"{PARTIAL_MARK} partial: {note}" for note in notes]
+    machines = {
+        compute_machine_note(item) for item in items if isinstance(item, ResultDocument)
+    } - {""}
+    if machines:
+        lines += ["", *sorted(machines)]
     return "\n".join(lines)
 
 

@@ -35,12 +35,19 @@ def capture_machine(cpuinfo: Path = Path("/proc/cpuinfo")) -> tuple[tuple[str, s
     return ((CPU_MODEL_EXTRA, cpu_model(cpuinfo)), (CPU_COUNT_EXTRA, str(os.cpu_count() or 0)))
 
 
-def machine_line(extra: tuple[tuple[str, str], ...]) -> str:
-    """``inspect``'s line for the capture machine; "" for traces that do not name it."""
+def describe_machine(model: str, count: int | str) -> str:
+    """A machine as traces and results name it: ``"<CPU model>, <count> CPUs"``."""
+    return f"{model}, {count} CPUs" if count else model
+
+
+def captured_on(extra: tuple[tuple[str, str], ...]) -> str:
+    """The capture machine a trace's ``extra`` names; "" for traces that do not name it."""
     entries = dict(extra)
     model = entries.get(CPU_MODEL_EXTRA, "")
-    if not model:
-        return ""
-    count = entries.get(CPU_COUNT_EXTRA, "")
-    cpus = f", {count} CPUs" if count else ""
-    return f"captured on: {model}{cpus} (a replay keeps this machine's compute)"
+    return describe_machine(model, entries.get(CPU_COUNT_EXTRA, "")) if model else ""
+
+
+def machine_line(extra: tuple[tuple[str, str], ...]) -> str:
+    """``inspect``'s line for the capture machine; "" for traces that do not name it."""
+    machine = captured_on(extra)
+    return f"captured on: {machine} (a replay keeps this machine's compute)" if machine else ""
