@@ -56,7 +56,7 @@ from common import (
 from tf_grpc_bench import netns, trace_files
 from tf_grpc_bench import trace as trace_model
 from tf_grpc_bench.replay.core.measurement import Benchmark
-from tf_grpc_bench.replay.core.workload import trace_workload
+from tf_grpc_bench.replay.core.workload import Mode, trace_workload
 from tf_grpc_bench.replay.network import compare as network_compare
 from tf_grpc_bench.replay.network.netinfo import format_rate
 from tf_grpc_bench.replay.output import document as results
@@ -234,7 +234,13 @@ def measure_profile(
             output / profile.name,
             timeout_s=600,
             layout=network_compare.host_layout(
-                [trace_workload(trace_files.read_trace(trace_path), Benchmark.PS_THROUGHPUT)]
+                [
+                    trace_workload(
+                        trace_files.read_trace(trace_path),
+                        Benchmark.PS_THROUGHPUT,
+                        mode=Mode.NON_SERIALIZED,
+                    )
+                ]
             ),
         )
         (throughput,) = steps.benchmarks
