@@ -218,10 +218,14 @@ _LARGE = 1_000_000
 
 
 @pytest.mark.netns
-def test_compare_keeps_ps_to_ps_and_chief_to_worker_calls_off_the_link(tmp_path: Path) -> None:
+@pytest.mark.parametrize("tls", [False, True], ids=["plaintext", "tls"])
+def test_compare_keeps_ps_to_ps_and_chief_to_worker_calls_off_the_link(
+    tmp_path: Path, tls: bool
+) -> None:
     """Host 0 stands for the ps tasks, host 1 for the workers and the chief, as in a
     capture on a link: a ps's pulls from the other ps and the chief's calls to the
-    workers (their stand-ins) stay on their host; only worker <-> ps calls cross."""
+    workers (their stand-ins) stay on their host; only worker <-> ps calls cross.
+    With TLS the certificate covers both hosts (the stand-ins serve from host 1)."""
     trace = make_whole_step_trace(pull=(_LARGE, _LARGE), ps_to_ps=_LARGE, enqueue=_LARGE)
     path = trace_files.write_trace(trace, tmp_path / "whole-steps.tfgbtrace")
     before = set(netns.list_namespaces())
@@ -243,6 +247,7 @@ def test_compare_keeps_ps_to_ps_and_chief_to_worker_calls_off_the_link(tmp_path:
         "1",
         "--output-dir",
         str(tmp_path),
+        *(["--tls"] if tls else []),
         timeout_s=300,
     )
     assert result.returncode == 0, result.stdout + result.stderr

@@ -128,6 +128,47 @@ def start_servers(
     return targets, processes
 
 
+_LOCAL_ADDRESSES = (
+    "from tf_grpc_bench.replay.network.netinfo import local_addresses; "
+    "print(*local_addresses(), sep=chr(10))"
+)
+
+
+#: How long ``serving_addresses`` waits for the hosts' IPv6 link-local addresses.
+ADDRESSES_SETTLE_S = 10.0
+
+
+def _listed_addresses(network: netns.EmulatedNetwork, host: netns.Host) -> list[str]:
+    listed = network.run(host, [sys.executable, "-c", _LOCAL_ADDRESSES])
+    if listed.returncode != 0:
+        raise NetworkError(f"could not list {host.namespace}'s addresses: {listed.stderr}")
+    return listed.stdout.split()
+
+
+def serving_addresses(network: netns.EmulatedNetwork) -> list[str]:
+    """Every address a ``serve --host 0.0.0.0`` in either host names in its TLS certificate
+    (``runner.serving_hosts``, read inside each host): one certificate made for all of
+    them is the one both serves reuse.  Made for one host only, the other's serve would
+    make a new one, with a new authority, under the first one's feet.
+
+    A veth's IPv6 link-local address comes a moment after the link is up (over a
+    second here), and a serve that saw one the certificate lacks would make a new
+    one: with IPv6 on (``::1`` listed), wait up to ``ADDRESSES_SETTLE_S`` for each."""
+    deadline = time.monotonic() + ADDRESSES_SETTLE_S
+    while True:
+        listings = [_listed_addresses(network, host) for host in network.hosts[:2]]
+        settled = all(
+            "::1" not in listed or any(a.startswith("fe80:") for a in listed) for listed in listings
+        )
+        if settled or time.monotonic() >= deadline:
+            break
+        time.sleep(0.2)
+    addresses: list[str] = []
+    for listed in listings:
+        addresses += [a for a in listed if a not in addresses]
+    return addresses
+
+
 def client_placement(network: netns.EmulatedNetwork, layout: HostLayout) -> list[str]:
     """The replay flags that run ``layout``'s ps clients in host 0 (none without)."""
     if not layout.ps_clients:
@@ -375,13 +416,13 @@ def _run_profile(
         )
         dilation_arguments = ["--time-dilation", f"{dilation:g}"]
     with netns.EmulatedNetwork(hosts=2, profile=shaped) as network:
-        server_host, client_host = network.hosts
+        client_host = network.hosts[1]
         tls_arguments: list[str] = []
         if config.tls:
             from tf_grpc_bench.replay.transport import tls
 
             tls_dir = config.output_dir / "tls"
-            tls.ensure_tls_files(tls_dir, hosts=[server_host.address, client_host.address])
+            tls.ensure_tls_files(tls_dir, hosts=serving_addresses(network))
             tls_arguments = ["--tls", "--tls-dir", str(tls_dir)]
         targets, _servers = start_servers(
             network,
