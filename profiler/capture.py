@@ -50,6 +50,7 @@ from typing import Any, Protocol
 from absl import logging
 
 from tf_grpc_bench import __version__, lifetime, trace_files
+from tf_grpc_bench.calibration import Calibration, CalibrationWorkload
 from tf_grpc_bench.errors import BenchError, CaptureError, ConfigError, RunInterrupted
 from tf_grpc_bench.host import capture_machine
 from tf_grpc_bench.profiler.assembly.phases import assemble_trace, partial_reason
@@ -329,6 +330,7 @@ class _TrainingRun:
         timeout_s: float | None,
         progress: ProgressCallback | None,
         hosts: TaskHosts | None = None,
+        calibration: Calibration | None = None,
     ) -> None:
         check_tasks(config, tasks)
         self.config = config
@@ -340,6 +342,8 @@ class _TrainingRun:
         self.progress = progress
         #: The emulated hosts the tasks run on, None for all on ``host``.
         self.hosts = hosts
+        #: This machine's compute calibration, recorded in the trace (None: not measured).
+        self.calibration = calibration
         self.job: TrainingJob | None = None
         self.markers: list[StepMarker] = []
         self.job_info: dict[str, Any] = {}
@@ -420,6 +424,7 @@ class _TrainingRun:
             self.command,
             recorder=self.recorder,
             network=() if self.hosts is None else self.hosts.metadata(),
+            calibration=self.calibration,
         )
         # Asynchronous steps overlap in time: a step is one worker-step, one
         # training run, within the steady markers' span.  Synchronous steps are
@@ -455,6 +460,7 @@ def capture_training(
     recorder: str = DEFAULT_RECORDER,
     proxy_options: Mapping[str, Any] | None = None,
     network: NetworkRequest | None = None,
+    calibration: Calibration | None = None,
 ) -> CaptureResult:
     """Run ``config`` as a real distributed job under ``recorder``; write the trace.
 
@@ -473,6 +479,10 @@ def capture_training(
     links of its profile, listening on its host's address; the network is
     removed when the capture ends, however it ends.  It needs root and the
     ``preload`` recorder (ConfigError before anything starts otherwise).
+
+    ``calibration`` (``calibration_workload``, measured before the job by the
+    caller) is recorded in the trace, so that a replay on another machine can
+    scale its compute to that machine.
     """
     check_recorder(recorder)
     planned = list(tasks) if tasks is not None else plan_tasks(config, host=host)
@@ -481,6 +491,7 @@ def capture_training(
         "timeout_s": timeout_s,
         "progress": progress,
         "recorder": recorder,
+        "calibration": calibration,
     }
     if network is None:
         run = _TrainingRun(config, planned, host=host, **options)
@@ -508,6 +519,17 @@ def capture_training(
         return capture_job(run, output, recorder=recorder, workdir=workdir)
 
 
+def calibration_workload(config: TrainingConfig) -> CalibrationWorkload:
+    """What a capture of ``config`` times for its compute calibration: a local training step
+    of its model, image size, per-worker batch and Keras flavour (``profiler.calibrate``)."""
+    return CalibrationWorkload(
+        model=config.model,
+        input_size=config.image_size,
+        batch_size=config.batch_size,
+        keras=config.keras,
+    )
+
+
 def _utc_now() -> str:
     return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
 
@@ -519,6 +541,7 @@ def run_metadata(
     *,
     recorder: str = DEFAULT_RECORDER,
     network: Sequence[tuple[str, str]] = (),
+    calibration: Calibration | None = None,
 ) -> RunMetadata:
     """The trace's RunMetadata for a launcher job (job_info may be empty if it failed early);
     ``network`` are the emulated network's entries of ``extra`` (``TaskHosts.metadata``)."""
@@ -541,6 +564,8 @@ def run_metadata(
     if job_info.get("variables"):
         extra[VARIABLES_EXTRA] = encode_variables(job_info["variables"])
     extra.update(network)
+    if calibration is not None:
+        extra.update(calibration.extra())
     return RunMetadata(
         model=config.model,
         tensorflow_version=str(job_info.get("tensorflow_version", "")),

@@ -11,14 +11,29 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
+import sys
 from pathlib import Path
 
 from tf_grpc_bench import trace_summary
+from tf_grpc_bench.calibration import (
+    Calibration,
+    CalibrationUnavailable,
+    CalibrationWorkload,
+    cached,
+    measure_here,
+)
 from tf_grpc_bench.errors import CaptureError, RunInterrupted, TraceError, UsageError
 from tf_grpc_bench.files import check_writable
+from tf_grpc_bench.host import cpu_model, describe_machine
 from tf_grpc_bench.models.registry import available_models
 from tf_grpc_bench.profiler import logs
-from tf_grpc_bench.profiler.capture import CaptureResult, capture_training, command_line
+from tf_grpc_bench.profiler.capture import (
+    CaptureResult,
+    calibration_workload,
+    capture_training,
+    command_line,
+)
 from tf_grpc_bench.profiler.launch.config import SETUPS, TrainingConfig
 from tf_grpc_bench.profiler.launch.hosts import (
     DEFAULT_LAYOUT,
@@ -34,6 +49,7 @@ from tf_grpc_bench.profiler.launch.user_job import (
 )
 from tf_grpc_bench.profiler.progress import terminal_display
 from tf_grpc_bench.profiler.recorders.recorder import DEFAULT_RECORDER, RECORDERS
+from tf_grpc_bench.profiler.userjob import calibration_workload as user_calibration
 from tf_grpc_bench.profiler.userjob import capture_user_job
 
 _DEFAULT_OUTPUT = "capture.tfgbtrace"
@@ -114,6 +130,14 @@ def _add_common(parser: argparse.ArgumentParser) -> None:
         default=None,
         help=f"with --network: ps-together (every ps on one host, the other tasks on another; "
         f"default {DEFAULT_LAYOUT}) or one-per-host (every task on its own host)",
+    )
+    parser.add_argument(
+        "--no-calibrate",
+        dest="calibrate",
+        action="store_false",
+        help="do not time a local training step of the model before the job (the compute "
+        "calibration by which a replay on another machine scales the trace's compute; about "
+        "10 s, once per machine and model)",
     )
 
 
@@ -239,6 +263,7 @@ def run_capture(args: argparse.Namespace) -> int:
     network = _network(args)
     _check_outputs(args)
     logs.configure()
+    measured = _calibrate(calibration_workload(config), args.quiet) if args.calibrate else None
     progress, close = terminal_display(args.quiet, f"capture {args.model}")
     try:
         result = capture_training(
@@ -250,10 +275,27 @@ def run_capture(args: argparse.Namespace) -> int:
             progress=progress,
             recorder=args.recorder,
             network=network,
+            calibration=measured,
         )
     finally:
         close()
     return _report(result, args.quiet)
+
+
+def _calibrate(workload: CalibrationWorkload, quiet: bool) -> Calibration | None:
+    """This machine's compute calibration on ``workload``: measured now, or kept from an
+    earlier capture or replay here (``calibration.measure_here``); None, said on stderr,
+    if it cannot be measured (the capture goes on without it)."""
+    here = describe_machine(cpu_model(), os.cpu_count() or 0)
+    # On a terminal only, as the progress bar: a log read later has the trace's line instead.
+    if not quiet and sys.stderr.isatty() and cached(here, workload) is None:
+        print(f"compute calibration: timing a local step of {workload.text}", file=sys.stderr)
+    try:
+        step_ns, _ = measure_here(here, workload)
+    except CalibrationUnavailable as error:
+        print(f"warning: no compute calibration recorded: {error}", file=sys.stderr)
+        return None
+    return Calibration(workload, step_ns)
 
 
 def configure_capture_job(parser: argparse.ArgumentParser) -> None:
@@ -335,6 +377,7 @@ def run_capture_job(args: argparse.Namespace) -> int:
     network = _network(args)
     _check_outputs(args)
     logs.configure()
+    measured = _calibrate(user_calibration(job), args.quiet) if args.calibrate else None
     progress, close = terminal_display(args.quiet, "capture-job")
     try:
         result = capture_user_job(
@@ -345,6 +388,7 @@ def run_capture_job(args: argparse.Namespace) -> int:
             progress=progress,
             recorder=args.recorder,
             network=network,
+            calibration=measured,
         )
     finally:
         close()

@@ -46,8 +46,10 @@ from dataclasses import replace
 from pathlib import Path
 
 from tf_grpc_bench import __version__
+from tf_grpc_bench.calibration import Calibration, CalibrationWorkload
 from tf_grpc_bench.errors import BenchError
 from tf_grpc_bench.host import capture_machine
+from tf_grpc_bench.models.registry import available_models, model_spec
 from tf_grpc_bench.profiler.capture import (
     CaptureResult,
     TraceLayout,
@@ -93,6 +95,10 @@ def _tensorflow_version() -> str:
     return ""
 
 
+#: The model a user job's calibration times when the job names none of ``models/``.
+REFERENCE_MODEL = "resnet50"
+
+
 class _UserRun:
     """A ``capture.CapturedJob`` for ``capture_user_job``."""
 
@@ -105,10 +111,12 @@ class _UserRun:
         environment: Mapping[str, str] | None,
         progress: ProgressCallback | None,
         hosts: TaskHosts | None = None,
+        calibration: Calibration | None = None,
     ) -> None:
         """With ``hosts`` the job's cluster already lists the emulated hosts' addresses."""
         self.job = job
         self.hosts = hosts
+        self.calibration = calibration
         self.recorder = recorder
         self.command = tuple(command)
         self.environment = dict(os.environ if environment is None else environment)
@@ -173,6 +181,7 @@ class _UserRun:
                 ("python_version", platform.python_version()),
                 *capture_machine(),
                 *(() if self.hosts is None else self.hosts.metadata()),
+                *(() if self.calibration is None else self.calibration.extra()),
             ),
         )
         return TraceLayout(
@@ -185,6 +194,20 @@ class _UserRun:
         )
 
 
+def calibration_workload(job: UserJob) -> CalibrationWorkload:
+    """What a capture of the user's job times for its compute calibration: the job's model
+    if it is one of ``models/`` (``--model``), at its smallest input and ``--batch-size``
+    (4 if not given); any other job, the reference workload (ResNet-50, 32x32, batch 4).
+    Only the ratio between two machines is used, so a job's own model need not be known."""
+    model = job.model if job.model in available_models() else REFERENCE_MODEL
+    return CalibrationWorkload(
+        model=model,
+        input_size=model_spec(model).minimum_input_size,
+        batch_size=job.batch_size if model == job.model and job.batch_size > 0 else 4,
+        keras="keras",
+    )
+
+
 def capture_user_job(
     job: UserJob,
     output: str | Path,
@@ -195,6 +218,7 @@ def capture_user_job(
     progress: ProgressCallback | None = None,
     recorder: str = DEFAULT_RECORDER,
     network: NetworkRequest | None = None,
+    calibration: Calibration | None = None,
 ) -> CaptureResult:
     """Run the user's job under ``recorder`` and write its trace to ``output``.
 
@@ -211,6 +235,8 @@ def capture_user_job(
     ``network`` runs each task inside an emulated host (``launch.hosts``): the
     cluster's hosts become the emulated hosts' addresses (ports kept), and
     every task's command starts inside its host.  Needs root and ``preload``.
+
+    ``calibration`` (``calibration_workload``) is recorded in the trace.
     """
     check_recorder(recorder)
 
@@ -222,6 +248,7 @@ def capture_user_job(
             environment=environment,
             progress=progress,
             hosts=hosts,
+            calibration=calibration,
         )
         return capture_job(
             run, output, recorder=recorder, workdir=workdir, work_prefix="tfgb-userjob-"

@@ -11,13 +11,14 @@ from __future__ import annotations
 import argparse
 import contextlib
 import math
+import os
 import signal
 import sys
 from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
 
-from tf_grpc_bench import host, lifetime, trace_files
+from tf_grpc_bench import calibration, host, lifetime, trace_files
 from tf_grpc_bench.errors import ConfigError, RunInterrupted, TransportError, UsageError
 from tf_grpc_bench.replay import runner
 from tf_grpc_bench.replay.core import planning, whatif
@@ -333,9 +334,11 @@ def _add_timing_flags(parser: argparse.ArgumentParser) -> None:
     timing.add_argument(
         "--compute",
         default=None,
-        metavar="recorded|none|SCALE",
-        help="dependencies pacing: keep the recorded compute gaps (default), drop them "
-        "(communication only), or scale them (0.5: compute twice as fast)",
+        metavar="auto|here|recorded|none|SCALE",
+        help="dependencies pacing: auto (default) scales the trace's compute gaps to this "
+        "machine when the trace was captured on another one and both can time its model "
+        "(here: always, or an error), recorded keeps them as captured, none drops them "
+        "(communication only), SCALE scales them (0.5: compute twice as fast)",
     )
     timing.add_argument(
         "--time-dilation",
@@ -502,8 +505,14 @@ def _resolve_trace(args: argparse.Namespace) -> Path | None:
     return trace_files.default_trace_path()
 
 
+#: ``--compute`` words that scale the trace's compute to this machine (``calibration``).
+COMPUTE_AUTO = "auto"
+COMPUTE_HERE = "here"
+
+
 def parse_compute(text: str | None) -> float:
-    """``--compute``: ``recorded`` (1), ``none`` (0) or a non-negative scale."""
+    """``--compute``: ``recorded`` (1), ``none`` (0) or a non-negative scale
+    (``auto`` and ``here`` are resolved against the trace: ``compute_to_here``)."""
     if text is None or text == "recorded":
         return 1.0
     if text == "none":
@@ -512,7 +521,8 @@ def parse_compute(text: str | None) -> float:
         scale = float(text)
     except ValueError:
         raise UsageError(
-            f"--compute {text!r}: expected 'recorded', 'none' or a scale such as 0.5"
+            f"--compute {text!r}: expected 'auto', 'here', 'recorded', 'none' or a scale "
+            "such as 0.5"
         ) from None
     if not 0 <= scale <= MAX_COMPUTE_SCALE:
         raise UsageError(f"--compute {text!r}: a scale must be in [0, {MAX_COMPUTE_SCALE:g}]")
@@ -523,14 +533,43 @@ def _time_dilation(args: argparse.Namespace) -> float:
     return planning.parse_time_dilation(getattr(args, "time_dilation", None)) or 1.0
 
 
-def _pacing_choice(args: argparse.Namespace) -> runner.PacingChoice:
+def _pacing_choice(
+    args: argparse.Namespace, to_here: calibration.ComputeToHere | None = None
+) -> runner.PacingChoice:
+    compute = args.compute
+    explicit = compute not in (None, COMPUTE_AUTO)
+    scale = to_here.scale if to_here is not None else None
     return runner.PacingChoice(
         timing=None if args.pacing is None else Timing(args.pacing),
         rate_per_s=args.rate,
         speedup=args.speedup,
-        compute_scale=None if args.compute is None else parse_compute(args.compute),
+        compute_scale=_explicit_scale(compute, scale) if explicit else None,
+        default_compute_scale=scale,
         outstanding=args.outstanding,
         time_dilation=_time_dilation(args),
+    )
+
+
+def _explicit_scale(compute: str, to_here: float | None) -> float:
+    if compute == COMPUTE_HERE:
+        # None: no workload paces dependencies, which the runner reports for --compute.
+        return to_here if to_here is not None else 1.0
+    return parse_compute(compute)
+
+
+def compute_to_here(
+    args: argparse.Namespace, trace: Trace, workloads: Sequence[Workload]
+) -> calibration.ComputeToHere | None:
+    """``--compute auto`` (the default) or ``here``: the scale taking the trace's compute to
+    this machine, for the workloads that keep compute (dependencies pacing); None otherwise."""
+    if args.compute not in (None, COMPUTE_AUTO, COMPUTE_HERE):
+        return None
+    choice = runner.PacingChoice(timing=None if args.pacing is None else Timing(args.pacing))
+    if not any(runner.timing_for(w, choice) is Timing.DEPENDENCIES for w in workloads):
+        return None
+    here = host.describe_machine(host.cpu_model(), os.cpu_count() or 0)
+    return calibration.compute_to_here(
+        trace.metadata.extra, here, required=args.compute == COMPUTE_HERE
     )
 
 
@@ -567,16 +606,14 @@ def build_request(
         **grpc_parameters,
     }
     derivation = None
+    to_here = None
     if trace_path is None:
         workloads = _synthetic_workloads(args, benchmarks, mode)
         config["workload"] = "synthetic"
     else:
-        workloads, derivation = _trace_workloads(args, trace_path, benchmarks, mode, whole_steps)
-        if targets is not None and len(targets) < max(w.server_count for w in workloads):
-            without_stand_ins = replace(whole_steps, stand_in_servers=False)
-            workloads, derivation = _trace_workloads(
-                args, trace_path, benchmarks, mode, without_stand_ins
-            )
+        workloads, derivation, to_here = _replayed_trace(
+            args, trace_path, benchmarks, mode, whole_steps, targets
+        )
         config["workload"] = "trace" if derivation is None else "what-if"
         if derivation is not None:
             # Flat, for TensorBoard's HParams; the document's what_if says it in full.
@@ -588,7 +625,7 @@ def build_request(
         settings=settings,
         targets=targets,
         rpc=None if args.rpc is None else RpcKind(args.rpc),
-        pacing=_pacing_choice(args),
+        pacing=_pacing_choice(args, to_here),
     )
     runner.check_procs_per_server(args.procs_per_server, planned.workloads, targets)
     procs_per_worker = _procs_per_worker(args, planned.workloads, planned.pacings, targets)
@@ -699,8 +736,34 @@ def _synthetic_workloads(
     )
 
 
+def _replayed_trace(
+    args: argparse.Namespace,
+    trace_path: Path,
+    benchmarks: tuple[Benchmark, ...],
+    mode: Mode,
+    whole_steps: WholeSteps,
+    targets: tuple[str, ...] | None,
+) -> tuple[list[Workload], whatif.Derivation | None, calibration.ComputeToHere | None]:
+    """The trace's workloads (``_trace_workloads``; without the stand-in servers of the
+    chief's calls when ``targets`` are too few for them), and its compute brought to this
+    machine (``compute_to_here``), which their results name."""
+    trace = trace_files.read_trace(trace_path)
+    workloads, derivation = _trace_workloads(args, trace, trace_path, benchmarks, mode, whole_steps)
+    if targets is not None and len(targets) < max(w.server_count for w in workloads):
+        without_stand_ins = replace(whole_steps, stand_in_servers=False)
+        workloads, derivation = _trace_workloads(
+            args, trace, trace_path, benchmarks, mode, without_stand_ins
+        )
+    to_here = compute_to_here(args, trace, workloads)
+    if to_here is not None:
+        entry = ("compute_calibration", to_here.description)
+        workloads = [replace(w, description=(*w.description, entry)) for w in workloads]
+    return workloads, derivation, to_here
+
+
 def _trace_workloads(
     args: argparse.Namespace,
+    trace: Trace,
     trace_path: Path,
     benchmarks: tuple[Benchmark, ...],
     mode: Mode,
@@ -714,7 +777,6 @@ def _trace_workloads(
                 f"{flag} shapes the synthetic workload; a trace brings its own "
                 "(add --synthetic to use the generators)"
             )
-    trace = trace_files.read_trace(trace_path)
     workloads, derivation = planning.trace_workloads(
         trace,
         benchmarks,

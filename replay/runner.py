@@ -622,6 +622,9 @@ class PacingChoice:
     speedup: float | None = None
     #: ``--compute``: the scale of the recorded compute gaps (dependencies pacing only).
     compute_scale: float | None = None
+    #: The scale dependencies pacing takes without ``--compute`` (``--compute auto``'s: the
+    #: trace's compute brought to this machine), None for 1; other pacings ignore it.
+    default_compute_scale: float | None = None
     #: ``--outstanding``: calls in flight (ignored by P2P latency, one at a time).
     outstanding: int | None = None
     #: ``--time-dilation``: the replay runs this many times slower than the training it
@@ -642,7 +645,9 @@ def rpc_for(workload: Workload, asked: RpcKind | None) -> RpcKind:
     return asked
 
 
-def _timing(workload: Workload, choice: PacingChoice) -> Timing:
+def timing_for(workload: Workload, choice: PacingChoice) -> Timing:
+    """The timing ``workload`` paces with under ``choice``; UsageError for a setting that
+    timing does not use (``--compute`` without dependencies pacing, ...)."""
     if choice.timing is not None:
         timing = choice.timing
     elif workload.source == "trace" and workload.benchmark is Benchmark.PS_THROUGHPUT:
@@ -665,7 +670,7 @@ def _timing(workload: Workload, choice: PacingChoice) -> Timing:
 def pacing_for(workload: Workload, rpc: RpcKind, choice: PacingChoice) -> Pacing:
     """``workload``'s pacing as ``choice`` asks; UsageError for a setting its timing
     does not use (``--rate`` without rate pacing, ...)."""
-    timing = _timing(workload, choice)
+    timing = timing_for(workload, choice)
     if choice.rate_per_s is not None and timing is not Timing.RATE:
         raise UsageError("--rate applies only to --pacing rate")
     if choice.speedup is not None and timing is not Timing.RECORDED:
@@ -675,7 +680,9 @@ def pacing_for(workload: Workload, rpc: RpcKind, choice: PacingChoice) -> Pacing
     window = default_window(workload, rpc)
     if choice.outstanding is not None and workload.benchmark is not Benchmark.P2P_LATENCY:
         window = choice.outstanding
-    compute_scale = choice.compute_scale if choice.compute_scale is not None else 1.0
+    compute_scale = choice.compute_scale
+    if compute_scale is None:
+        compute_scale = choice.default_compute_scale or 1.0
     return Pacing(
         timing=timing,
         window=window,

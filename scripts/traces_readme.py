@@ -10,7 +10,7 @@ from __future__ import annotations
 import statistics
 from pathlib import Path
 
-from tf_grpc_bench import trace_files, trace_summary
+from tf_grpc_bench import calibration, trace_files, trace_summary
 from tf_grpc_bench.host import CPU_COUNT_EXTRA, CPU_MODEL_EXTRA
 from tf_grpc_bench.profiler.physics import check_physics
 from tf_grpc_bench.sizes import SizeCategory
@@ -24,12 +24,21 @@ Real traces captured on a 2-core machine without GPU (each table names its proce
 parameters, not the image size, so small images give faithful traffic on a CPU. `tf-grpc-bench replay` with no
 argument replays `resnet50-tf2ps`. All five were made by
 [`scripts/capture_shipped_traces.sh`](../scripts/capture_shipped_traces.sh); this file by `scripts/traces_readme.py`.
-A replay keeps the compute its trace recorded, so a shipped trace predicts training on the machine that captured
-it; to predict training on yours, re-capture with that script ([docs/fidelity.md](../docs/fidelity.md)).
+Each records its compute calibration (a local training step of its model, timed on the capture machine before its
+training): a replay on another machine scales the trace's compute by its own step over that one, so a shipped trace
+predicts training on the machine that replays it (`--compute auto`, the default; `--compute recorded` keeps the
+capture machine's compute; [docs/fidelity.md](../docs/fidelity.md), "Compute from another machine").
 
 Inspect one with `tf-grpc-bench inspect resnet50-tf2ps` (a shipped trace's name or any trace file's path).
 
 """
+
+
+def _calibration(extra: tuple[tuple[str, str], ...]) -> str:
+    recorded = calibration.from_extra(extra)
+    if recorded is None:
+        return "not recorded"
+    return f"{recorded.workload.text}: {recorded.step_ns / 1e6:.1f} ms a step"
 
 
 def describe(path: Path) -> str:
@@ -60,6 +69,7 @@ def describe(path: Path) -> str:
         f"| tasks | {', '.join(f'{t.job}:{t.index}' for t in trace.tasks)} |",
         f"| recorder | `{meta.capture_method}` |",
         f"| captured on | {machine}, {meta.created_utc} |",
+        f"| compute calibration | {_calibration(meta.extra)} |",
         f"| steady steps | {len(steps)} (start-up: {len(trace.startup.rpcs)} RPCs, kept apart) |",
         f"| per step | {first.rpc_count} RPCs ({', '.join(f'{m} {c}' for m, c in first.rpcs_per_method)}), "
         f"{first.request_bytes:,} B requests, {first.response_bytes:,} B responses |",

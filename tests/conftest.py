@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import hypothesis
@@ -11,6 +11,7 @@ import pytest
 
 from tf_grpc_bench import trace as trace_model
 from tf_grpc_bench import trace_files
+from tf_grpc_bench.calibration import CACHE_ENV
 from tf_grpc_bench.profiler.recorders.calls import RecordedCall
 from tf_grpc_bench.replay.core.workload import Workload
 from tf_grpc_bench.trace import RECV_TENSOR, Rpc, RunMetadata, Step, Task, TensorInfo, Trace
@@ -59,6 +60,21 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         marker = next((m for m in reasons if item.get_closest_marker(m) is not None), None)
         if marker is not None:
             item.add_marker(pytest.mark.skip(reason=reasons[marker]))
+
+
+@pytest.fixture(scope="session", autouse=True)
+def calibration_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """The suite's own cache of compute calibrations (``tf_grpc_bench.calibration``), for
+    every test and the commands they run: the user's cache is neither read nor written,
+    and a model's step is timed once per run of the suite."""
+    path = tmp_path_factory.mktemp("calibration") / "calibrations.json"
+    before = os.environ.get(CACHE_ENV)
+    os.environ[CACHE_ENV] = str(path)
+    yield path
+    if before is None:
+        os.environ.pop(CACHE_ENV, None)
+    else:
+        os.environ[CACHE_ENV] = before
 
 
 def environment_without_coverage() -> dict[str, str]:

@@ -22,10 +22,10 @@ from pathlib import Path
 
 import pytest
 
+from tf_grpc_bench import calibration, trace_files
 from tf_grpc_bench import trace as trace_model
-from tf_grpc_bench import trace_files
 from tf_grpc_bench.errors import ServeError
-from tf_grpc_bench.host import cpu_model
+from tf_grpc_bench.host import cpu_model, describe_machine
 from tf_grpc_bench.profiler.assembly.phases import assemble_trace, split_into_steps
 from tf_grpc_bench.profiler.assembly.rpcs import STATUS_CANCELLED, STATUS_UNKNOWN, calls_to_rpcs
 from tf_grpc_bench.profiler.assembly.steps import (
@@ -379,7 +379,8 @@ def tiny_capture_by_proxy(
     """The same job as ``tiny_capture``, recorded by the recording proxy."""
     output = tmp_path_factory.mktemp("tiny-proxy") / "tiny.tfgbtrace"
     flags = (
-        "--model tiny --setup tf2-ps --ps 1 --workers 2 --steps 3 --batch-size 4 --recorder proxy"
+        "--model tiny --setup tf2-ps --ps 1 --workers 2 --steps 3 --batch-size 4 --recorder proxy "
+        "--no-calibrate"
     )
     result = run_cli("capture", *flags.split(), "--input-size", "16", "--output", str(output))
     return output, result
@@ -413,6 +414,8 @@ def test_both_recorders_record_the_same_tensor_transfers(
     assert second.returncode == 0, second.stderr
     by_library, by_proxy = trace_files.read_trace(preloaded), trace_files.read_trace(proxied)
     assert by_proxy.metadata.capture_method == "recording-proxy"
+    # --no-calibrate: no step timed, none recorded.
+    assert calibration.from_extra(by_proxy.metadata.extra) is None
     assert not by_proxy.partial
     assert check_physics(by_proxy).ok
     # Same job, two recorders: every step the same tensors between the same
@@ -438,6 +441,13 @@ def test_capturing_the_tiny_model_gives_a_trace_that_obeys_physics(
     assert meta.capture_method == "in-process-recorder"
     assert meta.command[:2] == ("tf-grpc-bench", "capture") and str(output) in meta.command
     assert meta.host and meta.tool_version
+    # The compute calibration: the job's model, image and batch, timed on this machine
+    # (and kept in its cache, so that a replay here finds the same figure).
+    recorded = calibration.from_extra(meta.extra)
+    assert recorded is not None and recorded.step_ns > 0
+    assert recorded.workload.text == "tiny 16x16 batch 4 keras"
+    here = describe_machine(cpu_model(), os.cpu_count() or 0)
+    assert calibration.cached(here, recorded.workload) == recorded.step_ns
     datetime.datetime.fromisoformat(meta.created_utc)
     extra = dict(meta.extra)
     assert extra["unattributed_calls"] == "0" and extra["undecodable_messages"] == "0"

@@ -410,7 +410,7 @@ def test_a_trace_throughput_replay_paces_by_dependencies_and_predicts_the_step(
 @pytest.mark.parametrize(
     ("arguments", "message"),
     [
-        (["--compute", "fast"], "--compute 'fast': expected 'recorded', 'none' or a scale"),
+        (["--compute", "fast"], "--compute 'fast': expected 'auto', 'here', 'recorded', 'none'"),
         (["--compute", "-1"], "--compute '-1': a scale must be in [0, 100]"),
         (["--pacing", "asap", "--compute", "none"], "--compute applies only to --pacing dep"),
         (["--synthetic", "--pacing", "dependencies"], "--pacing dependencies needs a trace"),

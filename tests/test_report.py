@@ -187,3 +187,32 @@ def test_a_step_carrying_another_machines_compute_says_whose_below_the_tables() 
     assert compute_machine_note(_replayed_on("AMD EPYC", 2, pacing="recorded", captured_on=xeon))
     assert compute_machine_note(_replayed_on("AMD EPYC", 2, pacing="dependencies")) == ""
     assert compute_machine_note(_document()) == ""
+
+
+def test_a_step_whose_compute_was_scaled_to_this_machine_says_by_what() -> None:
+    xeon = "Intel(R) Xeon(R) Processor, 2 CPUs"
+    scaled = (
+        "resnet50 32x32 batch 4 keras: 100.0 ms a step on Intel(R) Xeon(R) Processor, 2 CPUs, "
+        "60.0 ms on AMD EPYC, 2 CPUs (measured now): compute x0.6"
+    )
+    calibrated = {
+        "pacing": "dependencies",
+        "compute_scale": 0.6,
+        "captured_on": xeon,
+        "compute_calibration": scaled,
+    }
+    document = _replayed_on("AMD EPYC", 2, **calibrated)
+    assert compute_machine_note(document) == f"compute scaled to this machine: {scaled}"
+    assert format_table(document).splitlines()[-1] == f"compute scaled to this machine: {scaled}"
+    # Not scaled, and why: the reason goes into the line on the capture machine's compute.
+    unscaled = {**calibrated, "compute_scale": 1.0}
+    unscaled["compute_calibration"] = "none: the trace records no calibration"
+    assert compute_machine_note(_replayed_on("AMD EPYC", 2, **unscaled)) == (
+        "compute kept from another machine: the trace was captured on Intel(R) Xeon(R) "
+        "Processor, 2 CPUs, replayed on AMD EPYC, 2 CPUs; the step carries the capture "
+        "machine's compute (not scaled: the trace records no calibration; capture on this "
+        "machine to predict its training)"
+    )
+    # Communication only: no compute, nothing to say of it.
+    dropped = _replayed_on("AMD EPYC", 2, **{**calibrated, "compute_scale": 0})
+    assert compute_machine_note(dropped) == ""

@@ -53,9 +53,9 @@ ONE_PASS = (
 #: RecvTensor, 20 Enqueue and 20 RunComponentFunction from workers to ps tasks and 3,210
 #: RecvTensor from ps tasks to workers (the gradients).
 TRACE_KINDS = {
-    "ps->ps": (1_070, 189_348),
+    "ps->ps": (1_070, 189_345),
     "chief->worker": (20, 281_850),
-    "worker<->ps": (7_010, 2_052_608_379),
+    "worker<->ps": (7_010, 2_052_608_290),
 }
 
 

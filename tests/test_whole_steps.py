@@ -183,7 +183,7 @@ def test_a_cluster_replay_of_workers_and_ps_only_counts_the_rest_as_dropped() ->
     assert (workload.server_count, workload.worker_count) == (2, 2)
     assert parameters["whole_steps"] == "worker <-> ps only"
     assert parameters["dropped_rpcs"] == (
-        "chief->worker Enqueue: 20 RPCs, 281850 B; ps->ps RecvTensor: 1070 RPCs, 189348 B"
+        "chief->worker Enqueue: 20 RPCs, 281850 B; ps->ps RecvTensor: 1070 RPCs, 189345 B"
     )
 
 

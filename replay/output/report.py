@@ -136,17 +136,23 @@ def _keeps_compute(result: BenchmarkResult) -> bool:
 
 
 def compute_machine_note(document: ResultDocument) -> str:
-    """A line when ``document``'s replay kept compute recorded on another machine than
-    the one it ran on ("" otherwise): its predicted step carries that machine's compute,
-    not this one's (docs/fidelity.md, "Limits")."""
+    """A line on whose compute ``document``'s predicted step carries ("" when it is this
+    machine's own, or none): scaled to this machine by the calibrations
+    (``compute_calibration``), or kept from the capture machine (docs/fidelity.md)."""
     here = host.describe_machine(document.machine.cpu_model, document.machine.cpu_count)
     for result in document.benchmarks:
+        if not _keeps_compute(result):
+            continue
+        calibrated = str(result.parameters.get("compute_calibration", ""))
+        if calibrated and not calibrated.startswith("none"):
+            return f"compute scaled to this machine: {calibrated}"
         captured = result.parameters.get("captured_on")
-        if isinstance(captured, str) and captured and captured != here and _keeps_compute(result):
+        if isinstance(captured, str) and captured and captured != here:
+            why = f"not scaled: {calibrated.removeprefix('none: ')}; " if calibrated else ""
             return (
                 f"compute kept from another machine: the trace was captured on {captured}, "
-                f"replayed on {here}; the step carries the capture machine's compute "
-                "(capture on this machine to predict its training)"
+                f"replayed on {here}; the step carries the capture machine's compute ({why}"
+                "capture on this machine to predict its training)"
             )
     return ""
 

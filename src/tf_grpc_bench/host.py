@@ -1,8 +1,8 @@
 """What a trace or a result says about the machine it was made on.
 
-A replay keeps the compute its trace recorded, which is the capture
-machine's: the trace names that machine so a reader can tell whose compute a
-prediction carries.  Reads ``/proc`` only.
+A trace's compute is the capture machine's: the trace names that machine so
+that a replay elsewhere knows to scale it (``calibration``) or to say whose
+compute its prediction carries.  Reads ``/proc`` only.
 """
 
 from __future__ import annotations
@@ -50,4 +50,4 @@ def captured_on(extra: tuple[tuple[str, str], ...]) -> str:
 def machine_line(extra: tuple[tuple[str, str], ...]) -> str:
     """``inspect``'s line for the capture machine; "" for traces that do not name it."""
     machine = captured_on(extra)
-    return f"captured on: {machine} (a replay keeps this machine's compute)" if machine else ""
+    return f"captured on: {machine}" if machine else ""

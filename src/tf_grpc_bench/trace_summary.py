@@ -6,6 +6,7 @@ from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from tf_grpc_bench.calibration import calibration_line
 from tf_grpc_bench.host import machine_line
 from tf_grpc_bench.sizes import SizeCategory, classify
 from tf_grpc_bench.trace import Rpc, Trace, payload_bytes
@@ -139,9 +140,7 @@ def format_summary(trace: Trace, *, source: str = "") -> str:
         lines.append("command: " + " ".join(meta.command))
     if meta.capture_method:
         lines.append(f"captured by: {meta.capture_method}")
-    machine = machine_line(meta.extra)
-    if machine:
-        lines.append(machine)
+    lines.extend(line for line in (machine_line(meta.extra), calibration_line(meta.extra)) if line)
     network = network_line(trace)
     if network:
         lines.append(network)

@@ -1,0 +1,306 @@
+"""Compute calibration: how fast a machine computes its trace's training step.
+
+A trace keeps the compute of the machine that captured it: the gaps between
+a tensor's arrival at a task and the tensors computed from it leaving.  A
+replay on another machine that keeps those gaps predicts training on the
+*capture* machine.  To predict training here instead, the compute is scaled
+by how much faster this machine computes the same thing: ``capture`` times a
+local training step of the trace's model before its training starts
+(``profiler.calibrate``) and records it in the trace (``calibration_extra``);
+a replay times the same step here (``measure_here``, once per machine and
+workload, kept in a cache file) and scales the kept compute by here / there
+(``compute_scale``).
+
+Limits (docs/fidelity.md): one ratio for all of a step's compute, measured
+on one process with the machine to itself, while training's tasks share the
+cores; a machine faster at convolutions than at the ps's element-wise apply
+(or at gRPC's own CPU work, which is in the gaps too) is scaled by the
+convolution-heavy ratio.
+
+This module imports no TensorFlow: a replay host without it simply cannot
+calibrate (``CalibrationUnavailable``) and keeps the recorded compute.
+"""
+
+from __future__ import annotations
+
+import datetime
+import importlib.util
+import json
+import os
+import re
+import subprocess
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from tf_grpc_bench import files, host, lifetime
+from tf_grpc_bench.errors import BenchError, ConfigError
+
+#: ``RunMetadata.extra`` keys of a trace's calibration.
+CALIBRATION_WORKLOAD_EXTRA = "calibration_workload"
+CALIBRATION_STEP_EXTRA = "calibration_step_ns"
+#: Environment variable naming the cache file of this machine's calibrations.
+CACHE_ENV = "TF_GRPC_BENCH_CALIBRATION_CACHE"
+#: How long one calibration may take (TensorFlow's import and the model's build included).
+TIMEOUT_S = 900.0
+#: Keras flavours a workload may name (``models.registry.KERAS_FLAVOURS``, without importing it).
+KERAS_FLAVOURS = ("keras", "tf_keras")
+
+_WORKLOAD = re.compile(
+    r"^(?P<model>[a-z0-9_]+) (?P<size>\d+)x(?P=size) batch (?P<batch>\d+) (?P<keras>\S+)$"
+)
+
+
+class CalibrationUnavailable(BenchError):
+    """This machine cannot time the workload (no TensorFlow, or the timing failed)."""
+
+
+@dataclass(frozen=True, slots=True)
+class CalibrationWorkload:
+    """What a calibration times: a local training step of ``model`` on square images."""
+
+    model: str
+    input_size: int
+    batch_size: int
+    keras: str
+
+    def __post_init__(self) -> None:
+        if self.input_size < 1 or self.batch_size < 1:
+            raise ConfigError(f"calibration workload {self.text!r}: sizes must be >= 1")
+        if self.keras not in KERAS_FLAVOURS:
+            raise ConfigError(
+                f"calibration workload {self.text!r}: keras must be one of "
+                f"{', '.join(KERAS_FLAVOURS)}"
+            )
+
+    @property
+    def text(self) -> str:
+        """How traces and results write it: ``"resnet50 32x32 batch 4 keras"``."""
+        size = self.input_size
+        return f"{self.model} {size}x{size} batch {self.batch_size} {self.keras}"
+
+    @classmethod
+    def parse(cls, text: str) -> CalibrationWorkload:
+        match = _WORKLOAD.match(text.strip())
+        if match is None:
+            raise ConfigError(
+                f"calibration workload {text!r}: expected 'MODEL SIZExSIZE batch N KERAS', "
+                "such as 'resnet50 32x32 batch 4 keras'"
+            )
+        return cls(
+            model=match["model"],
+            input_size=int(match["size"]),
+            batch_size=int(match["batch"]),
+            keras=match["keras"],
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Calibration:
+    """One machine's median local step of ``workload``."""
+
+    workload: CalibrationWorkload
+    step_ns: int
+
+    def extra(self) -> tuple[tuple[str, str], ...]:
+        """The trace's ``extra`` entries recording it."""
+        return (
+            (CALIBRATION_STEP_EXTRA, str(self.step_ns)),
+            (CALIBRATION_WORKLOAD_EXTRA, self.workload.text),
+        )
+
+
+def from_extra(extra: tuple[tuple[str, str], ...]) -> Calibration | None:
+    """The calibration a trace's ``extra`` records; None if it records none.
+
+    A malformed entry raises ``ConfigError`` naming it: a trace is data the
+    user hands us, and a silently ignored calibration would mean a silently
+    wrong prediction.
+    """
+    entries = dict(extra)
+    if CALIBRATION_STEP_EXTRA not in entries and CALIBRATION_WORKLOAD_EXTRA not in entries:
+        return None
+    text = entries.get(CALIBRATION_STEP_EXTRA, "")
+    if not text.isdigit() or int(text) <= 0:
+        raise ConfigError(
+            f"trace metadata {CALIBRATION_STEP_EXTRA}={text!r}: expected a positive "
+            "whole number of nanoseconds"
+        )
+    workload = CalibrationWorkload.parse(entries.get(CALIBRATION_WORKLOAD_EXTRA, ""))
+    return Calibration(workload, int(text))
+
+
+def cache_path() -> Path:
+    """Where this machine's calibrations are kept (``$TF_GRPC_BENCH_CALIBRATION_CACHE``,
+    else ``$XDG_CACHE_HOME/tf-grpc-bench/calibrations.json``)."""
+    named = os.environ.get(CACHE_ENV)
+    if named:
+        return Path(named)
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "tf-grpc-bench" / "calibrations.json"
+
+
+def _cache_key(machine: str, workload: CalibrationWorkload) -> str:
+    return f"{machine} | {workload.text}"
+
+
+def _read_cache(path: Path) -> dict[str, dict[str, object]]:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def cached(machine: str, workload: CalibrationWorkload, path: Path | None = None) -> int | None:
+    """The step ``machine`` measured for ``workload`` before, if the cache has it."""
+    entry = _read_cache(path or cache_path()).get(_cache_key(machine, workload))
+    step = entry.get("step_ns") if isinstance(entry, dict) else None
+    return step if isinstance(step, int) and step > 0 else None
+
+
+def remember(
+    machine: str, workload: CalibrationWorkload, step_ns: int, path: Path | None = None
+) -> None:
+    """Keep a measured step in the cache; a cache that cannot be written is skipped."""
+    path = path or cache_path()
+    data = _read_cache(path)
+    data[_cache_key(machine, workload)] = {
+        "step_ns": step_ns,
+        "measured_utc": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+    }
+    try:
+        text = json.dumps(data, indent=2, sort_keys=True) + "\n"
+        files.write_atomically(
+            path,
+            lambda stream: stream.write(text.encode()),
+            error=BenchError,
+            what="the calibration cache",
+        )
+    except BenchError:
+        pass
+
+
+def run_calibration(workload: CalibrationWorkload, *, timeout_s: float = TIMEOUT_S) -> int:
+    """Time ``workload`` on this machine in a child process; its median step in ns.
+
+    Raises ``CalibrationUnavailable`` when TensorFlow is not installed here or
+    the child fails (its last line of stderr says why).
+    """
+    if importlib.util.find_spec("tensorflow") is None:
+        raise CalibrationUnavailable(
+            "TensorFlow is not installed on this machine (pip install 'tf-grpc-bench[profiler]')"
+        )
+    command = [
+        sys.executable,
+        "-m",
+        "tf_grpc_bench.profiler.calibrate",
+        "--workload",
+        workload.text,
+    ]
+    try:
+        completed = subprocess.run(
+            command,
+            capture_output=True,
+            text=True,
+            timeout=timeout_s,
+            check=False,
+            preexec_fn=lifetime.die_with_parent_preexec(),
+        )
+    except subprocess.TimeoutExpired:
+        raise CalibrationUnavailable(
+            f"timing {workload.text} took longer than {timeout_s:g} s"
+        ) from None
+    lines = completed.stdout.strip().splitlines()
+    try:
+        step = int(json.loads(lines[-1])["step_ns"]) if completed.returncode == 0 else 0
+    except (IndexError, KeyError, TypeError, ValueError):
+        step = 0
+    if step <= 0:
+        reason = (completed.stderr.strip().splitlines() or ["no output"])[-1]
+        raise CalibrationUnavailable(f"timing {workload.text} failed: {reason}")
+    return step
+
+
+def measure_here(machine: str, workload: CalibrationWorkload) -> tuple[int, bool]:
+    """This machine's step for ``workload``: (ns, True) from the cache, else measured
+    now and cached, (ns, False)."""
+    known = cached(machine, workload)
+    if known is not None:
+        return known, True
+    step = run_calibration(workload)
+    remember(machine, workload, step)
+    return step, False
+
+
+def calibration_line(extra: tuple[tuple[str, str], ...]) -> str:
+    """``inspect``'s line on the trace's compute calibration ("" for a trace naming no
+    capture machine and no calibration)."""
+    try:
+        recorded = from_extra(extra)
+    except ConfigError as error:
+        return f"compute calibration: unreadable ({error})"
+    if recorded is not None:
+        return (
+            f"compute calibration: {recorded.workload.text}, {recorded.step_ns / 1e6:.1f} ms "
+            "a step (a replay on another machine scales the compute by its own step / this)"
+        )
+    if host.captured_on(extra):
+        return "compute calibration: none (a replay on another machine keeps this one's compute)"
+    return ""
+
+
+@dataclass(frozen=True, slots=True)
+class ComputeToHere:
+    """A replay's compute scale to this machine, and what results say of it."""
+
+    #: Times the trace's compute gaps (1: kept as recorded).
+    scale: float
+    #: ``compute_calibration`` in the results: both steps and the scale, or why none.
+    description: str
+    #: Whether the scale came from both machines' calibrations.
+    calibrated: bool
+
+
+def compute_to_here(
+    extra: tuple[tuple[str, str], ...],
+    here: str,
+    *,
+    required: bool,
+    measure: Callable[[str, CalibrationWorkload], tuple[int, bool]] = measure_here,
+) -> ComputeToHere | None:
+    """The scale taking a trace's compute (``extra`` records its calibration) to ``here``.
+
+    ``required`` (``--compute here``): ``ConfigError`` when it cannot be had.
+    Otherwise (``--compute auto``) None when there is nothing to do (same
+    machine, or a trace that records neither machine nor calibration), and a
+    scale of 1 saying why when the scale cannot be had.
+    """
+    recorded = from_extra(extra)
+    captured = host.captured_on(extra)
+    if recorded is None:
+        if required:
+            raise ConfigError(
+                "--compute here: the trace records no compute calibration (captured before "
+                "captures recorded one, or with --no-calibrate); re-capture it, or give a SCALE"
+            )
+        if not captured or captured == here:
+            return None
+        return ComputeToHere(1.0, "none: the trace records no calibration", calibrated=False)
+    if not required and captured == here:
+        return None
+    try:
+        step_here, was_cached = measure(here, recorded.workload)
+    except CalibrationUnavailable as error:
+        if required:
+            raise ConfigError(f"--compute here: {error}") from None
+        return ComputeToHere(1.0, f"none: {error}", calibrated=False)
+    scale = step_here / recorded.step_ns
+    source = "cached" if was_cached else "measured now"
+    description = (
+        f"{recorded.workload.text}: {recorded.step_ns / 1e6:.1f} ms a step on "
+        f"{captured or 'the capture machine'}, {step_here / 1e6:.1f} ms on {here} "
+        f"({source}): compute x{scale:.3g}"
+    )
+    return ComputeToHere(scale, description, calibrated=True)

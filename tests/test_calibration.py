@@ -1,0 +1,287 @@
+"""Compute calibration: a trace records how fast its capture machine computes its model's
+step, and a replay elsewhere scales the trace's compute by this machine's step over that."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tf_grpc_bench import calibration, host, trace_files
+from tf_grpc_bench.calibration import (
+    Calibration,
+    CalibrationUnavailable,
+    CalibrationWorkload,
+    ComputeToHere,
+    compute_to_here,
+)
+from tf_grpc_bench.errors import ConfigError
+from tf_grpc_bench.replay import cli as replay_cli
+from tf_grpc_bench.replay.core.pacing import Timing
+from tf_grpc_bench.trace import Trace
+from tf_grpc_bench.trace_summary import format_summary
+
+from .conftest import make_trace
+
+RESNET = CalibrationWorkload("resnet50", 32, 4, "keras")
+XEON = (("cpu_model", "Xeon"), ("cpus", "2"))
+HERE = host.describe_machine(host.cpu_model(), __import__("os").cpu_count() or 0)
+
+
+def _measured(step_ns: int, *, was_cached: bool = False):  # type: ignore[no-untyped-def]
+    calls: list[tuple[str, CalibrationWorkload]] = []
+
+    def measure(machine: str, workload: CalibrationWorkload) -> tuple[int, bool]:
+        calls.append((machine, workload))
+        return step_ns, was_cached
+
+    return measure, calls
+
+
+def _unavailable(machine: str, workload: CalibrationWorkload) -> tuple[int, bool]:
+    raise CalibrationUnavailable("TensorFlow is not installed on this machine")
+
+
+def test_a_workload_is_written_and_read_back() -> None:
+    assert RESNET.text == "resnet50 32x32 batch 4 keras"
+    assert CalibrationWorkload.parse(" resnet50 32x32 batch 4 keras ") == RESNET
+    assert CalibrationWorkload.parse("tiny 8x8 batch 2 tf_keras").keras == "tf_keras"
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("resnet50", "expected 'MODEL SIZExSIZE batch N KERAS'"),
+        ("resnet50 32x16 batch 4 keras", "expected 'MODEL SIZExSIZE"),
+        ("resnet50 32x32 batch 0 keras", "sizes must be >= 1"),
+        ("resnet50 32x32 batch 4 jax", "keras must be one of keras, tf_keras"),
+    ],
+)
+def test_a_malformed_workload_is_a_config_error_naming_it(text: str, message: str) -> None:
+    with pytest.raises(ConfigError, match=message) as caught:
+        CalibrationWorkload.parse(text)
+    assert "calibration workload" in str(caught.value)
+
+
+def test_a_trace_records_its_calibration_and_reads_it_back() -> None:
+    recorded = Calibration(RESNET, 107_300_651)
+    assert calibration.from_extra((*XEON, *recorded.extra())) == recorded
+    assert calibration.from_extra(XEON) is None
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        ((("calibration_step_ns", "fast"), ("calibration_workload", RESNET.text)), "'fast'"),
+        ((("calibration_step_ns", "0"), ("calibration_workload", RESNET.text)), "positive"),
+        ((("calibration_workload", RESNET.text),), "calibration_step_ns=''"),
+        ((("calibration_step_ns", "5"), ("calibration_workload", "?")), "calibration workload '?'"),
+    ],
+)
+def test_a_malformed_calibration_in_a_trace_is_a_config_error(
+    extra: tuple[tuple[str, str], ...], message: str
+) -> None:
+    with pytest.raises(ConfigError, match=message):
+        calibration.from_extra(extra)
+
+
+def test_the_cache_keeps_a_step_per_machine_and_workload(tmp_path: Path) -> None:
+    cache = tmp_path / "deep" / "calibrations.json"
+    assert calibration.cached("Xeon, 2 CPUs", RESNET, cache) is None
+    calibration.remember("Xeon, 2 CPUs", RESNET, 123, cache)
+    calibration.remember("EPYC, 2 CPUs", RESNET, 77, cache)
+    assert calibration.cached("Xeon, 2 CPUs", RESNET, cache) == 123
+    assert calibration.cached("EPYC, 2 CPUs", RESNET, cache) == 77
+    tiny = dataclasses.replace(RESNET, model="tiny")
+    assert calibration.cached("Xeon, 2 CPUs", tiny, cache) is None
+    entry = json.loads(cache.read_text())["Xeon, 2 CPUs | resnet50 32x32 batch 4 keras"]
+    assert entry["step_ns"] == 123 and entry["measured_utc"].endswith("+00:00")
+
+
+def test_a_damaged_or_unwritable_cache_is_measured_around(tmp_path: Path) -> None:
+    cache = tmp_path / "calibrations.json"
+    cache.write_text("{not json")
+    assert calibration.cached("Xeon, 2 CPUs", RESNET, cache) is None
+    calibration.remember("Xeon, 2 CPUs", RESNET, 5, cache)  # replaces the damaged file
+    assert calibration.cached("Xeon, 2 CPUs", RESNET, cache) == 5
+    cache.write_text(json.dumps({"Xeon, 2 CPUs | resnet50 32x32 batch 4 keras": {"step_ns": -1}}))
+    assert calibration.cached("Xeon, 2 CPUs", RESNET, cache) is None
+    blocked = tmp_path / "file"
+    blocked.write_text("")
+    calibration.remember("Xeon, 2 CPUs", RESNET, 5, blocked / "calibrations.json")  # no raise
+
+
+def test_auto_scales_compute_captured_elsewhere_by_the_two_steps() -> None:
+    extra = (*XEON, *Calibration(RESNET, 100_000_000).extra())
+    measure, calls = _measured(60_000_000)
+    to_here = compute_to_here(extra, "EPYC, 2 CPUs", required=False, measure=measure)
+    assert to_here is not None and to_here.calibrated
+    assert to_here.scale == pytest.approx(0.6)
+    assert calls == [("EPYC, 2 CPUs", RESNET)]
+    assert to_here.description == (
+        "resnet50 32x32 batch 4 keras: 100.0 ms a step on Xeon, 2 CPUs, 60.0 ms on "
+        "EPYC, 2 CPUs (measured now): compute x0.6"
+    )
+    cached_measure, _ = _measured(150_000_000, was_cached=True)
+    slower = compute_to_here(extra, "Old, 2 CPUs", required=False, measure=cached_measure)
+    assert slower is not None and slower.scale == pytest.approx(1.5)
+    assert "(cached): compute x1.5" in slower.description
+
+
+def test_auto_leaves_the_capture_machine_and_unnamed_traces_alone() -> None:
+    extra = (*XEON, *Calibration(RESNET, 100).extra())
+    measure, calls = _measured(60)
+    assert compute_to_here(extra, "Xeon, 2 CPUs", required=False, measure=measure) is None
+    assert compute_to_here((), "EPYC, 2 CPUs", required=False, measure=measure) is None
+    assert calls == []
+    # Asked for explicitly, the capture machine measures itself too (its load may differ).
+    same = compute_to_here(extra, "Xeon, 2 CPUs", required=True, measure=measure)
+    assert same is not None and same.scale == pytest.approx(0.6)
+
+
+def test_auto_says_why_compute_captured_elsewhere_was_not_scaled() -> None:
+    measure, calls = _measured(60)
+    uncalibrated = compute_to_here(XEON, "EPYC, 2 CPUs", required=False, measure=measure)
+    assert uncalibrated == ComputeToHere(
+        1.0, "none: the trace records no calibration", calibrated=False
+    )
+    assert calls == []
+    extra = (*XEON, *Calibration(RESNET, 100).extra())
+    no_tf = compute_to_here(extra, "EPYC, 2 CPUs", required=False, measure=_unavailable)
+    assert no_tf == ComputeToHere(
+        1.0, "none: TensorFlow is not installed on this machine", calibrated=False
+    )
+
+
+def test_here_is_an_error_when_it_cannot_be_had() -> None:
+    measure, _ = _measured(60)
+    with pytest.raises(ConfigError, match=r"^--compute here: the trace records no compute cal"):
+        compute_to_here(XEON, "EPYC, 2 CPUs", required=True, measure=measure)
+    extra = (*XEON, *Calibration(RESNET, 100).extra())
+    with pytest.raises(ConfigError, match=r"^--compute here: TensorFlow is not installed"):
+        compute_to_here(extra, "EPYC, 2 CPUs", required=True, measure=_unavailable)
+
+
+def test_without_tensorflow_a_machine_cannot_calibrate(monkeypatch: pytest.MonkeyPatch) -> None:
+    real = calibration.importlib.util.find_spec
+    monkeypatch.setattr(
+        calibration.importlib.util,
+        "find_spec",
+        lambda name, *a: None if name == "tensorflow" else real(name, *a),
+    )
+    with pytest.raises(CalibrationUnavailable, match="TensorFlow is not installed"):
+        calibration.run_calibration(RESNET)
+
+
+def _traced(tmp_path: Path, extra: tuple[tuple[str, str], ...]) -> Path:
+    trace: Trace = make_trace(steps=2)
+    trace = dataclasses.replace(trace, metadata=dataclasses.replace(trace.metadata, extra=extra))
+    return trace_files.write_trace(trace, tmp_path / "calibrated.tfgbtrace")
+
+
+def _request(path: Path, *flags: str):  # type: ignore[no-untyped-def]
+    parser = argparse.ArgumentParser()
+    replay_cli.configure_replay(parser)
+    return replay_cli.build_request(parser.parse_args([str(path), *flags]))
+
+
+def test_a_replay_scales_compute_captured_elsewhere_from_the_cache(
+    tmp_path: Path, calibration_cache: Path
+) -> None:
+    # This machine's step is in the cache (as a capture or an earlier replay here
+    # leaves it), so the scale is the two recorded steps' ratio, without TensorFlow.
+    calibration.remember(HERE, RESNET, 25_000_000, calibration_cache)
+    path = _traced(tmp_path, (*XEON, *Calibration(RESNET, 100_000_000).extra()))
+    request = _request(path, "--benchmark", "all")
+    pairs = zip(request.workloads, request.pacings, strict=True)
+    by_benchmark = {w.benchmark.value: p for w, p in pairs}
+    throughput = by_benchmark["ps-throughput"]
+    assert throughput.timing is Timing.DEPENDENCIES
+    assert throughput.compute_scale == pytest.approx(0.25)
+    # The other benchmarks keep no compute: their pacing is untouched.
+    assert {p.compute_scale for b, p in by_benchmark.items() if b != "ps-throughput"} == {1.0}
+    described = {dict(w.parameters())["compute_calibration"] for w in request.workloads}
+    assert described == {
+        f"resnet50 32x32 batch 4 keras: 100.0 ms a step on Xeon, 2 CPUs, 25.0 ms on {HERE} "
+        "(cached): compute x0.25"
+    }
+    # --compute recorded keeps the capture machine's compute and says nothing of scaling.
+    kept = _request(path, "--benchmark", "ps-throughput", "--compute", "recorded")
+    assert kept.pacings[0].compute_scale == 1.0
+    assert "compute_calibration" not in dict(kept.workloads[0].parameters())
+    # Without dependencies pacing there is no compute to scale.
+    paced = _request(path, "--benchmark", "ps-throughput", "--pacing", "asap")
+    assert "compute_calibration" not in dict(paced.workloads[0].parameters())
+
+
+def test_compute_here_without_a_calibration_is_a_one_line_error(tmp_path: Path) -> None:
+    path = _traced(tmp_path, XEON)
+    completed = subprocess.run(
+        [sys.executable, "-m", "tf_grpc_bench", "replay", str(path), "--compute", "here",
+         "--output-dir", str(tmp_path / "out")],
+        capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert completed.returncode == 2
+    assert completed.stderr.strip().splitlines() == [
+        "tf-grpc-bench replay: error: --compute here: the trace records no compute calibration "
+        "(captured before captures recorded one, or with --no-calibrate); re-capture it, or "
+        "give a SCALE"
+    ]
+    assert not (tmp_path / "out").exists()
+
+
+def test_inspect_shows_the_calibration() -> None:
+    trace = make_trace()
+    extra = (*XEON, *Calibration(RESNET, 107_300_651).extra())
+    named = dataclasses.replace(trace, metadata=dataclasses.replace(trace.metadata, extra=extra))
+    assert (
+        "compute calibration: resnet50 32x32 batch 4 keras, 107.3 ms a step (a replay on "
+        "another machine scales the compute by its own step / this)"
+    ) in format_summary(named).splitlines()
+    broken = dataclasses.replace(
+        trace,
+        metadata=dataclasses.replace(trace.metadata, extra=(("calibration_step_ns", "x"),)),
+    )
+    assert any(
+        line.startswith("compute calibration: unreadable (trace metadata calibration_step_ns")
+        for line in format_summary(broken).splitlines()
+    )
+
+
+@pytest.mark.tensorflow
+def test_a_machine_times_a_real_training_step(calibration_cache: Path) -> None:
+    tiny = CalibrationWorkload("tiny", 8, 2, "keras")
+    step_ns, was_cached = calibration.measure_here("Test machine, 2 CPUs", tiny)
+    assert not was_cached and step_ns > 0
+    assert calibration.cached("Test machine, 2 CPUs", tiny, calibration_cache) == step_ns
+    assert calibration.measure_here("Test machine, 2 CPUs", tiny) == (step_ns, True)
+    with pytest.raises(CalibrationUnavailable, match="timing nosuchmodel 8x8 batch 2 keras failed"):
+        calibration.run_calibration(dataclasses.replace(tiny, model="nosuchmodel"))
+
+
+def test_a_user_job_is_calibrated_on_its_model_if_known_else_the_reference() -> None:
+    from tf_grpc_bench.profiler.launch.user_job import UserJob, parse_cluster
+    from tf_grpc_bench.profiler.userjob import calibration_workload
+
+    cluster = parse_cluster('{"ps": ["localhost:1"], "worker": ["localhost:2"]}')
+    job = UserJob(cluster=cluster, command=("true",))
+    assert calibration_workload(job).text == "resnet50 32x32 batch 4 keras"
+    named = dataclasses.replace(job, model="vgg16", batch_size=16)
+    assert calibration_workload(named).text == "vgg16 32x32 batch 16 keras"
+    # The batch of a model we do not know says nothing of the reference workload's.
+    mine = dataclasses.replace(job, model="my-net", batch_size=64)
+    assert calibration_workload(mine).text == "resnet50 32x32 batch 4 keras"
+
+
+def test_a_capture_is_calibrated_on_its_own_job() -> None:
+    from tf_grpc_bench.profiler.capture import calibration_workload
+    from tf_grpc_bench.profiler.launch.config import TrainingConfig
+
+    config = TrainingConfig(model="resnet50", setup="tf1-ps", batch_size=8, input_size=64)
+    assert calibration_workload(config).text == "resnet50 64x64 batch 8 tf_keras"
+    assert calibration_workload(TrainingConfig(model="tiny")).text == "tiny 8x8 batch 4 keras"
