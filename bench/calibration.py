@@ -154,9 +154,11 @@ def measure(profiles: list[str], cores: float, steps: int, scratch: Path) -> lis
 
 
 def _cells(prediction: Prediction | None, training_s: float) -> list[str]:
+    """The predicted step (with the compute on its critical path) and its ratio to training."""
     if prediction is None:
         return ["failed", "-"]
-    return [f"{prediction.step_s:.2f} s", f"{prediction.step_s / training_s:.2f}"]
+    step = f"{prediction.step_s:.2f} s ({prediction.compute_s:.2f} s)"
+    return [step, f"{prediction.step_s / training_s:.2f}"]
 
 
 def report(rows: list[Row], cores: float, command: str, before: str, after: str) -> str:
@@ -175,7 +177,8 @@ def report(rows: list[Row], cores: float, command: str, before: str, after: str)
         "dependencies pacing) keeps its compute ('recorded') or scales it to this machine by the",
         "two calibrations ('here'). 'Shipped': `network compare resnet50-tf2ps --profiles P",
         "--benchmark ps-throughput`, no other flag (the shipped trace, captured on",
-        f"{calibration.host.captured_on(shipped.metadata.extra) or '?'}).",
+        f"{calibration.host.captured_on(shipped.metadata.extra) or '?'}). In brackets: the",
+        "compute on the predicted round's critical path (`statistics.prediction.compute_ns`).",
         "",
         *table_head(
             "link", "training round", "link bound", "slower, recorded", "ratio",
@@ -195,8 +198,8 @@ def report(rows: list[Row], cores: float, command: str, before: str, after: str)
             )
         )
     scales = {_scale(row.scaled) for row in rows} | {_scale(row.shipped) for row in rows}
-    lines += ["", "The replays' `compute_calibration`:", ""]
-    lines += [f"- {scale}" for scale in sorted(scales)]
+    lines += ["", "The replays' `compute_calibration` (none: not scaled):", ""]
+    lines += [f"- {scale}" for scale in sorted(scales - {"-"})] or ["- none"]
     return "\n".join(lines)
 
 
