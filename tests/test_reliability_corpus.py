@@ -13,6 +13,7 @@ are in ``test_reliability_faults.py``.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import socket
@@ -212,6 +213,19 @@ _TRACE = [
     ),
     ("trace-compute-huge", "{trace} --benchmark ps-throughput --compute 1000", USAGE, "--compute"),
     ("trace-compute-with-asap", "{trace} --pacing asap --compute none", USAGE, "--compute"),
+    ("trace-compute-here-with-asap", "{trace} --pacing asap --compute here", USAGE, "--compute"),
+    (
+        "trace-compute-here-uncalibrated",
+        "{trace} --benchmark ps-throughput --compute here",
+        USAGE,
+        "no compute calibration",
+    ),
+    (
+        "trace-calibration-malformed",
+        "{miscalibrated} --benchmark ps-throughput",
+        USAGE,
+        "calibration_step_ns='fast'",
+    ),
     ("trace-speedup-inf", "{trace} --pacing recorded --speedup inf", USAGE, "--speedup"),
     ("trace-speedup-zero", "{trace} --pacing recorded --speedup 0", USAGE, "--speedup"),
     ("trace-speedup-nan", "{trace} --pacing recorded --speedup nan", USAGE, "--speedup"),
@@ -493,10 +507,19 @@ def _trace_with(path: Path, **shape: object) -> None:
     trace_files.write_trace(make_trace(**shape), path)  # type: ignore[arg-type]
 
 
+def _miscalibrated(path: Path) -> None:
+    """A trace from another machine whose compute calibration is not a number."""
+    trace = make_trace(steps=2)
+    extra = (("calibration_step_ns", "fast"), ("calibration_workload", "tiny 8x8 batch 4 keras"))
+    metadata = dataclasses.replace(trace.metadata, extra=(("cpu_model", "Other CPU"), *extra))
+    trace_files.write_trace(dataclasses.replace(trace, metadata=metadata), path)
+
+
 #: Placeholder -> how to make it under the case's directory (files are made outside the
 #: working directory, so that "nothing left behind" sees only what the command makes).
 _MAKERS: dict[str, Callable[[Path], object]] = {
     "trace": lambda p: _trace_with(p, steps=2),
+    "miscalibrated": _miscalibrated,
     "empty": lambda p: p.write_bytes(b""),
     "truncated": lambda p: p.write_bytes(trace_model.MAGIC + b"\x78\x9c\x01"),
     "corrupt": lambda p: _bit_flipped(p),
