@@ -43,10 +43,9 @@ from common import (
     machine_line,
     table_head,
     table_row,
-    tf_grpc_bench_command,
     write_section,
 )
-from fidelity import Prediction, capture, link_bound_seconds, predict, round_seconds, run
+from fidelity import Prediction, capture, link_bound_seconds, predict, round_seconds
 
 from tf_grpc_bench import calibration, lifetime, trace_files
 
@@ -107,13 +106,8 @@ def calibration_cache(path: Path) -> Iterator[None]:
 
 
 def capture_slowed(prefix: list[str], steps: int, output: Path, cache: Path) -> None:
-    command = tf_grpc_bench_command(
-        "capture", "--model", MODEL, "--setup", "tf2-ps", "--ps", "2", "--workers", "2",
-        "--steps", str(steps), "--warmup-steps", "2", "--batch-size", "4",
-        "--input-size", "32", "--output", str(output), "--quiet",
-    )  # fmt: skip
     with calibration_cache(cache):
-        run([*prefix, *command])
+        capture(MODEL, "tf2-ps", steps, output, None, prefix=tuple(prefix))
 
 
 def _scale(prediction: Prediction | None) -> str:

@@ -115,12 +115,15 @@ def capture(
     *,
     workers: int = 2,
     ps: int = 2,
+    prefix: tuple[str, ...] = (),
 ) -> Trace:
-    command = tf_grpc_bench_command(
+    """Capture ``model`` (on ``profile``'s link, or loopback); ``prefix`` starts the command
+    (``bench/calibration.py``: inside a CPU cgroup)."""
+    command = [*prefix, *tf_grpc_bench_command(
         "capture", "--model", model, "--setup", setup, "--ps", str(ps), "--workers", str(workers),
         "--steps", str(steps), "--warmup-steps", "2", "--batch-size", "4",
         "--input-size", "32", "--output", str(output), "--quiet",
-    )  # fmt: skip
+    )]  # fmt: skip
     if profile is not None:
         command += ["--network", profile]
     run(command)
