@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import math
-import os
 import sys
 from pathlib import Path
 
@@ -25,7 +24,7 @@ from tf_grpc_bench.calibration import (
 )
 from tf_grpc_bench.errors import CaptureError, RunInterrupted, TraceError, UsageError
 from tf_grpc_bench.files import check_writable
-from tf_grpc_bench.host import cpu_model, describe_machine
+from tf_grpc_bench.host import this_machine
 from tf_grpc_bench.models.registry import available_models
 from tf_grpc_bench.profiler import logs
 from tf_grpc_bench.profiler.capture import (
@@ -286,7 +285,7 @@ def _calibrate(workload: CalibrationWorkload, quiet: bool) -> Calibration | None
     """This machine's compute calibration on ``workload``: measured now, or kept from an
     earlier capture or replay here (``calibration.measure_here``); None, said on stderr,
     if it cannot be measured (the capture goes on without it)."""
-    here = describe_machine(cpu_model(), os.cpu_count() or 0)
+    here = this_machine()
     # On a terminal only, as the progress bar: a log read later has the trace's line instead.
     if not quiet and sys.stderr.isatty() and cached(here, workload) is None:
         print(f"compute calibration: timing a local step of {workload.text}", file=sys.stderr)

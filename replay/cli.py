@@ -11,7 +11,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import math
-import os
 import signal
 import sys
 from collections.abc import Sequence
@@ -567,7 +566,7 @@ def compute_to_here(
     choice = runner.PacingChoice(timing=None if args.pacing is None else Timing(args.pacing))
     if not any(runner.timing_for(w, choice) is Timing.DEPENDENCIES for w in workloads):
         return None
-    here = host.describe_machine(host.cpu_model(), os.cpu_count() or 0)
+    here = host.this_machine()
     return calibration.compute_to_here(
         trace.metadata.extra, here, required=args.compute == COMPUTE_HERE
     )

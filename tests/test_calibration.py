@@ -30,7 +30,7 @@ from .conftest import make_trace
 
 RESNET = CalibrationWorkload("resnet50", 32, 4, "keras")
 XEON = (("cpu_model", "Xeon"), ("cpus", "2"))
-HERE = host.describe_machine(host.cpu_model(), __import__("os").cpu_count() or 0)
+HERE = host.this_machine()
 
 
 def _measured(step_ns: int, *, was_cached: bool = False):  # type: ignore[no-untyped-def]

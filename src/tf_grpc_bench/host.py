@@ -47,6 +47,12 @@ def captured_on(extra: tuple[tuple[str, str], ...]) -> str:
     return describe_machine(model, entries.get(CPU_COUNT_EXTRA, "")) if model else ""
 
 
+def this_machine() -> str:
+    """This machine as a trace captured here names it (``captured_on(capture_machine())``),
+    so that a replay can tell whether it runs where its trace was captured."""
+    return captured_on(capture_machine())
+
+
 def machine_line(extra: tuple[tuple[str, str], ...]) -> str:
     """``inspect``'s line for the capture machine; "" for traces that do not name it."""
     machine = captured_on(extra)
