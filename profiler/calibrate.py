@@ -9,7 +9,7 @@ backward, SGD apply) in one process with no cluster, after warm-up steps that
 trace and build it.
 
 A capture runs this before its training (``capture`` records the result in the
-trace, ``calibration.CALIBRATION_EXTRA``), and a replay on another machine runs
+trace, ``calibration_workload`` and ``calibration_step_ns``), and a replay on another machine runs
 it there (``calibration.measure_here``): the ratio of the two is how much
 faster or slower this machine computes that model, and scales the compute the
 trace kept.  Only the ratio matters, so both ends measure the same thing the

@@ -568,7 +568,10 @@ def compute_to_here(
         return None
     here = host.this_machine()
     return calibration.compute_to_here(
-        trace.metadata.extra, here, required=args.compute == COMPUTE_HERE
+        trace.metadata.extra,
+        here,
+        required=args.compute == COMPUTE_HERE,
+        max_scale=MAX_COMPUTE_SCALE,
     )
 
 

@@ -8,6 +8,7 @@ import dataclasses
 import json
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -116,10 +117,20 @@ def test_a_damaged_or_unwritable_cache_is_measured_around(tmp_path: Path) -> Non
     calibration.remember("Xeon, 2 CPUs", RESNET, 5, blocked / "calibrations.json")  # no raise
 
 
+def _to_here(
+    extra: tuple[tuple[str, str], ...],
+    here: str,
+    *,
+    required: bool,
+    measure: Callable[[str, CalibrationWorkload], tuple[int, bool]],
+) -> ComputeToHere | None:
+    return compute_to_here(extra, here, required=required, max_scale=100.0, measure=measure)
+
+
 def test_auto_scales_compute_captured_elsewhere_by_the_two_steps() -> None:
     extra = (*XEON, *Calibration(RESNET, 100_000_000).extra())
     measure, calls = _measured(60_000_000)
-    to_here = compute_to_here(extra, "EPYC, 2 CPUs", required=False, measure=measure)
+    to_here = _to_here(extra, "EPYC, 2 CPUs", required=False, measure=measure)
     assert to_here is not None and to_here.calibrated
     assert to_here.scale == pytest.approx(0.6)
     assert calls == [("EPYC, 2 CPUs", RESNET)]
@@ -128,7 +139,7 @@ def test_auto_scales_compute_captured_elsewhere_by_the_two_steps() -> None:
         "EPYC, 2 CPUs (measured now): compute x0.6"
     )
     cached_measure, _ = _measured(150_000_000, was_cached=True)
-    slower = compute_to_here(extra, "Old, 2 CPUs", required=False, measure=cached_measure)
+    slower = _to_here(extra, "Old, 2 CPUs", required=False, measure=cached_measure)
     assert slower is not None and slower.scale == pytest.approx(1.5)
     assert "(cached): compute x1.5" in slower.description
 
@@ -136,23 +147,23 @@ def test_auto_scales_compute_captured_elsewhere_by_the_two_steps() -> None:
 def test_auto_leaves_the_capture_machine_and_unnamed_traces_alone() -> None:
     extra = (*XEON, *Calibration(RESNET, 100).extra())
     measure, calls = _measured(60)
-    assert compute_to_here(extra, "Xeon, 2 CPUs", required=False, measure=measure) is None
-    assert compute_to_here((), "EPYC, 2 CPUs", required=False, measure=measure) is None
+    assert _to_here(extra, "Xeon, 2 CPUs", required=False, measure=measure) is None
+    assert _to_here((), "EPYC, 2 CPUs", required=False, measure=measure) is None
     assert calls == []
     # Asked for explicitly, the capture machine measures itself too (its load may differ).
-    same = compute_to_here(extra, "Xeon, 2 CPUs", required=True, measure=measure)
+    same = _to_here(extra, "Xeon, 2 CPUs", required=True, measure=measure)
     assert same is not None and same.scale == pytest.approx(0.6)
 
 
 def test_auto_says_why_compute_captured_elsewhere_was_not_scaled() -> None:
     measure, calls = _measured(60)
-    uncalibrated = compute_to_here(XEON, "EPYC, 2 CPUs", required=False, measure=measure)
+    uncalibrated = _to_here(XEON, "EPYC, 2 CPUs", required=False, measure=measure)
     assert uncalibrated == ComputeToHere(
         1.0, "none: the trace records no calibration", calibrated=False
     )
     assert calls == []
     extra = (*XEON, *Calibration(RESNET, 100).extra())
-    no_tf = compute_to_here(extra, "EPYC, 2 CPUs", required=False, measure=_unavailable)
+    no_tf = _to_here(extra, "EPYC, 2 CPUs", required=False, measure=_unavailable)
     assert no_tf == ComputeToHere(
         1.0, "none: TensorFlow is not installed on this machine", calibrated=False
     )
@@ -161,10 +172,27 @@ def test_auto_says_why_compute_captured_elsewhere_was_not_scaled() -> None:
 def test_here_is_an_error_when_it_cannot_be_had() -> None:
     measure, _ = _measured(60)
     with pytest.raises(ConfigError, match=r"^--compute here: the trace records no compute cal"):
-        compute_to_here(XEON, "EPYC, 2 CPUs", required=True, measure=measure)
+        _to_here(XEON, "EPYC, 2 CPUs", required=True, measure=measure)
     extra = (*XEON, *Calibration(RESNET, 100).extra())
     with pytest.raises(ConfigError, match=r"^--compute here: TensorFlow is not installed"):
-        compute_to_here(extra, "EPYC, 2 CPUs", required=True, measure=_unavailable)
+        _to_here(extra, "EPYC, 2 CPUs", required=True, measure=_unavailable)
+
+
+def test_a_scale_past_what_compute_takes_is_a_calibration_gone_wrong() -> None:
+    extra = (*XEON, *Calibration(RESNET, 1_000).extra())  # 1 us a ResNet-50 step
+    measure, _ = _measured(60_000_000)
+    auto = _to_here(extra, "EPYC, 2 CPUs", required=False, measure=measure)
+    assert auto is not None and auto.scale == 1.0 and not auto.calibrated
+    assert auto.description.startswith(
+        "none: trace metadata calibration_step_ns=1000: this machine's step is 6e+04 times it, "
+        "over the 100 --compute takes (resnet50 32x32 batch 4 keras: 0.0 ms a step on Xeon"
+    )
+    with pytest.raises(ConfigError, match=r"^--compute here: trace metadata calibration_step_ns"):
+        _to_here(extra, "EPYC, 2 CPUs", required=True, measure=measure)
+    # Exactly the largest scale --compute takes is still a scale.
+    at_limit, _ = _measured(100_000)
+    scaled = _to_here(extra, "EPYC, 2 CPUs", required=False, measure=at_limit)
+    assert scaled is not None and scaled.calibrated and scaled.scale == 100.0
 
 
 def test_without_tensorflow_a_machine_cannot_calibrate(monkeypatch: pytest.MonkeyPatch) -> None:

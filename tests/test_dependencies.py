@@ -209,6 +209,7 @@ def _replay(
     scale: float = 1.0,
     period_ms: int = 100,
     begin: int = 1000 * MS,
+    step_compute_ns: int = 0,
 ) -> tuple[DependencyTracker, dict[int, int], dict[int, int]]:
     """Drive a tracker as the driver does, with each call taking ``transfer_ns[i]``."""
     deps = infer_dependencies(calls)
@@ -218,6 +219,7 @@ def _replay(
         step_begin_ns=begin,
         period_ns=period_ms * MS,
         compute_scale=scale,
+        step_compute_ns=step_compute_ns,
     )
     released: dict[int, int] = {}
     done: dict[int, int] = {}
@@ -286,6 +288,52 @@ def test_an_early_arrival_that_comes_late_does_not_add_the_wait_it_overlapped() 
     assert released[2] - begin == 180 * MS
 
 
+# TF1's PS step on loopback: the forward pass ran while the last layer's variable b
+# was still on its way, so the first gradient left 5 ms after b arrived, 15 ms after
+# variable a (the first layer's).
+FORWARD_OVERLAPPED = (
+    _pull(1, 2, 10),  # 0: variable a, first layer
+    _pull(1, 3, 20),  # 1: variable b, last layer
+    _push(2, 25, 60),  # 2: the first gradient
+)
+
+
+def test_the_input_last_here_keeps_what_followed_it_in_the_trace_up_to_a_step() -> None:
+    # Here a arrives last (150; b at 103): the forward pass that followed a in the
+    # trace (15 ms) runs after it.  Without a step's compute to bound it, the replay
+    # keeps only the 5 ms that followed the trace's last arrival.
+    transfers = {0: 148 * MS, 1: 100 * MS, 2: 100 * MS}
+    begin = 1000 * MS
+    _, released, done = _replay(FORWARD_OVERLAPPED, transfer_ns=transfers)
+    assert (done[0] - begin, done[1] - begin) == (150 * MS, 103 * MS)
+    assert released[2] - begin == 155 * MS
+    _, released, _ = _replay(FORWARD_OVERLAPPED, transfer_ns=transfers, step_compute_ns=30 * MS)
+    assert released[2] - begin == 165 * MS
+    # A whole step's compute bounds it: 8 ms here, so 150 + 8.
+    _, released, _ = _replay(FORWARD_OVERLAPPED, transfer_ns=transfers, step_compute_ns=8 * MS)
+    assert released[2] - begin == 158 * MS
+    # It never keeps less than what followed the trace's last arrival: 150 + 5.
+    _, released, _ = _replay(FORWARD_OVERLAPPED, transfer_ns=transfers, step_compute_ns=2 * MS)
+    assert released[2] - begin == 155 * MS
+    # Scaled like every gap: half the compute (a now leaves at 1 ms and arrives at
+    # 149), 149 + 7.5.
+    _, released, done = _replay(
+        FORWARD_OVERLAPPED, transfer_ns=transfers, step_compute_ns=30 * MS, scale=0.5
+    )
+    assert done[0] - begin == 149 * MS
+    assert released[2] - begin == 156.5 * MS
+
+
+def test_when_the_last_input_is_the_same_the_step_compute_changes_nothing() -> None:
+    # b arrives last here as in the trace: 103 + 5, whatever the step's compute.
+    transfers = dict.fromkeys(range(3), 100 * MS)
+    for step_compute in (0, 30 * MS):
+        _, released, _ = _replay(
+            FORWARD_OVERLAPPED, transfer_ns=transfers, step_compute_ns=step_compute
+        )
+        assert released[2] - 1000 * MS == 108 * MS
+
+
 def test_compute_none_drops_every_gap_and_half_halves_them() -> None:
     slow = dict.fromkeys(range(5), 100 * MS)
     _, released, done = _replay(STEP, transfer_ns=slow, scale=0.0)
@@ -345,13 +393,18 @@ def _steps(draw: st.DrawFn) -> tuple[TimedCall, ...]:
     calls=_steps(),
     transfers=st.lists(st.integers(min_value=0, max_value=500), min_size=25, max_size=25),
     scale=st.sampled_from([0.0, 0.5, 1.0, 2.0]),
+    step_compute=st.sampled_from([0, 20, 300]),
 )
 def test_no_call_is_released_before_what_it_waits_for_has_arrived(
-    calls: tuple[TimedCall, ...], transfers: list[int], scale: float
+    calls: tuple[TimedCall, ...], transfers: list[int], scale: float, step_compute: int
 ) -> None:
     deps = infer_dependencies(calls)
     tracker, released, done = _replay(
-        calls, transfer_ns=dict(enumerate(transfers)), scale=scale, begin=0
+        calls,
+        transfer_ns=dict(enumerate(transfers)),
+        scale=scale,
+        begin=0,
+        step_compute_ns=step_compute,
     )
     assert set(done) == set(range(len(calls)))  # every call becomes releasable: no deadlock
     for index, dep in enumerate(deps):
@@ -379,11 +432,15 @@ def test_no_call_is_released_before_what_it_waits_for_has_arrived(
             # ... and in the replay, no call goes before it arrived.
             assert released[index] >= done[j]
         if waited:
-            # The compute kept is what followed the last waited-for arrival in the
-            # trace, after the last of them to arrive in the replay.
+            # The compute kept follows the last of them to arrive in the replay: what
+            # followed the last waited-for arrival in the trace, or what followed the
+            # replay's last one in the trace, up to a step's compute, if more.
             last = max(deps[j].arrival_offset_ns for j in waited)
-            gap = round(scale * (dep.ready_offset_ns - last))
-            assert released[index] == max(done[j] for j in waited) + gap
+            latest = max(done[j] for j in waited)
+            binding = [j for j in waited if done[j] == latest]
+            since = dep.ready_offset_ns - max(deps[j].arrival_offset_ns for j in binding)
+            gap = max(dep.ready_offset_ns - last, min(since, step_compute))
+            assert released[index] == latest + round(scale * gap)
         else:
             assert released[index] == round(scale * dep.ready_offset_ns)
     path = tracker.critical_path()

@@ -60,21 +60,30 @@ With ``s`` the compute scale (1: the recorded compute, 0: none, 0.5: twice as
 fast), a step begun at ``B`` and ``done(j)`` the replay's completion of call
 ``j``, a call is released at::
 
-    max over waited-for j of done(j) + s * (ready(c) - max over waited-for j of arrival(j))
+    done(j*) + s * max(ready(c) - max over waited-for j of arrival(j),
+                       min(ready(c) - arrival(j*), C))
 
-that is, after the last of its inputs to arrive in the replay, the compute
-that followed the last of them to arrive in the trace; a call that waits for
-nothing is released at ``B + s * ready(c)``.  Only the compute after the last
-input is kept because TensorFlow's dataflow runs what an earlier input allows
-while later inputs are still on the way: in the trace the time from an early
-arrival to ``ready(c)`` is partly that compute and partly waiting for the
-later inputs, and the two cannot be told apart.  (Keeping the whole of it, a
-max-plus over every input, counts that waiting once more whenever the replay
-delivers an early input late, as a slow link that shares itself among
-concurrent transfers does: a loopback trace's spread of arrivals was added to
-the step.)  The worker's next step begins after the step's last arrival in the
-replay plus what followed the step's last arrival in the trace until its end
-(the recorded tail), and not before every call completed.
+with ``j*`` the waited-for call that completed last in the replay and ``C``
+the capture machine's compute of a whole training step (the trace's
+calibration; 0 where it records none): after the last of its inputs to arrive
+in the replay, the compute that followed the last of them to arrive in the
+trace, or, if more, what followed ``j*`` in the trace up to a whole step's
+compute; a call that waits for nothing is released at ``B + s * ready(c)``.
+The first term keeps only the compute after the last input: TensorFlow's
+dataflow runs what an earlier input allows while later inputs are still on the way: in
+the trace the time from an early arrival to ``ready(c)`` is partly that
+compute and partly waiting for the later inputs, and the two cannot be told
+apart. (Keeping the whole of it, a max-plus over every input, counts that
+waiting once more whenever the replay delivers an early input late, as a slow
+link that shares itself among concurrent transfers does: a loopback trace's
+spread of arrivals was added to the step.) The second term is for the input
+that arrives last here but early in the trace, whose compute overlapped the
+later inputs' transfers there and cannot here (variables that share a slow
+link arrive together at its end, and the whole forward pass follows): without
+it a TF1 replay kept a few ms where training on the link computed 30 to 125
+ms. The worker's next step begins after the step's last arrival in the replay
+plus what followed the step's last arrival in the trace until its end (the
+recorded tail), and not before every call completed.
 """
 
 from __future__ import annotations
@@ -334,9 +343,15 @@ class DependencyTracker:
         step_begin_ns: int,
         period_ns: int,
         compute_scale: float = 1.0,
+        step_compute_ns: int = 0,
     ) -> None:
+        """``step_compute_ns``: the capture machine's compute of a whole training step
+        run alone (the trace's calibration), 0 where unknown: the most compute the
+        replay keeps after the input that arrived last in the replay (``release_ns``)."""
         if compute_scale < 0:
             raise ValueError(f"compute scale must be >= 0, got {compute_scale}")
+        if step_compute_ns < 0:
+            raise ValueError(f"step compute must be >= 0, got {step_compute_ns}")
         if len(servers) != len(dependencies):
             raise ValueError("one server per call")
         self._deps = tuple(dependencies)
@@ -344,6 +359,7 @@ class DependencyTracker:
         self._begin = step_begin_ns
         self._period = period_ns
         self._scale = compute_scale
+        self._step_compute = step_compute_ns
         self._worker = _ArrivalList(
             sum(1 for d in self._deps if d.is_arrival and d.lands_on_worker)
         )
@@ -439,7 +455,13 @@ class DependencyTracker:
             last_arrival = max(last_arrival, self._deps[last].arrival_offset_ns)
         if candidates:
             done, waited = max(candidates, key=lambda c: (c[0], self._deps[c[1]].arrival_offset_ns))
-            release = done + self._scaled(deps.ready_offset_ns - last_arrival)
+            gap = deps.ready_offset_ns - last_arrival
+            # The input that arrived last here may have arrived early in the trace,
+            # where the compute it needed overlapped later inputs' transfers: keep
+            # what followed it in the trace, up to a whole step's compute.
+            since_waited = deps.ready_offset_ns - self._deps[waited].arrival_offset_ns
+            gap = max(gap, min(since_waited, self._step_compute))
+            release = done + self._scaled(gap)
         else:
             release, waited = self._begin + self._scaled(deps.ready_offset_ns), -1
         self._released[index] = (release, waited)

@@ -102,7 +102,7 @@ from tf_grpc_bench.replay.core.dependencies import (
 )
 from tf_grpc_bench.replay.core.generators import GeneratorConfig, PayloadSpec, generate_payloads
 from tf_grpc_bench.replay.core.measurement import Benchmark, InexactSizes
-from tf_grpc_bench.trace import TENSOR_METHODS, Rpc, Step, Task, Trace
+from tf_grpc_bench.trace import TENSOR_METHODS, Rpc, Step, Task, Trace, calibration_step_ns
 
 #: Method paths of the replay service (``protos/bench.proto``); the raw mode uses the same paths.
 ECHO_METHOD = "/tf_grpc_bench.Replay/Echo"
@@ -319,6 +319,10 @@ class WorkloadStep:
     #: Recorded time from this step's start to the next one's (its own length for
     #: the last step); 0 for synthetic workloads.  Used by recorded pacing.
     period_ns: int = 0
+    #: The capture machine's compute of a whole training step run alone (the
+    #: trace's calibration), 0 where the trace records none.  Used by
+    #: dependencies pacing (``DependencyTracker``).
+    step_compute_ns: int = 0
 
     @property
     def request_bytes(self) -> int:
@@ -1020,6 +1024,20 @@ def _step_calls(
     )
 
 
+def _tasks_description(
+    trace: Trace, roles: TraceRoles, pair: tuple[int, int] | None
+) -> dict[str, ParameterValue]:
+    """The tasks a workload's description names: its P2P ``pair``, else every client and
+    server task of a PS-throughput replay."""
+    if pair is not None:
+        return {"pair": f"{trace.task_name(pair[0])}->{trace.task_name(pair[1])}"}
+    return {
+        "client_tasks": ",".join(trace.task_name(t) for t in roles.client_tasks),
+        "side_clients": ",".join(trace.task_name(t) for t in roles.side_clients),
+        "stand_in_servers": ",".join(trace.task_name(t) for t in roles.stand_in_servers),
+    }
+
+
 def trace_workload(
     trace: Trace,
     benchmark: Benchmark,
@@ -1044,6 +1062,7 @@ def trace_workload(
     if point_to_point:
         pair, steps, dropped = _pair_only(trace, roles, steps, dropped, pair)
     periods = _step_periods(trace)
+    step_compute = calibration_step_ns(trace.metadata.extra) or 0
     workload_steps = []
     #: (traced, replayed) (request, response) sizes of every call, to find inexact ones.
     sizes: list[tuple[tuple[int, int], tuple[int, int]]] = []
@@ -1053,7 +1072,12 @@ def trace_workload(
         # every step once, for every worker); a pair keeps the steps it talks in.
         if calls or not point_to_point:
             workload_steps.append(
-                WorkloadStep(index=trace_step.index, calls=calls, period_ns=period)
+                WorkloadStep(
+                    index=trace_step.index,
+                    calls=calls,
+                    period_ns=period,
+                    step_compute_ns=step_compute,
+                )
             )
         sizes += [
             ((m.request_bytes, m.response_bytes), (c.request_bytes, c.response_bytes))
@@ -1075,14 +1099,7 @@ def trace_workload(
         "shape": Shape.PULL.value,
         "round_barrier": not point_to_point and steps_are_rounds(trace),
     }
-    if point_to_point and pair is not None:
-        description["pair"] = f"{trace.task_name(pair[0])}->{trace.task_name(pair[1])}"
-    else:
-        description["client_tasks"] = ",".join(trace.task_name(t) for t in roles.client_tasks)
-        description["side_clients"] = ",".join(trace.task_name(t) for t in roles.side_clients)
-        description["stand_in_servers"] = ",".join(
-            trace.task_name(t) for t in roles.stand_in_servers
-        )
+    description.update(_tasks_description(trace, roles, pair if point_to_point else None))
     return Workload(
         benchmark=benchmark,
         source="trace",

@@ -721,6 +721,7 @@ class Driver:
             step_begin_ns=step_begin_ns,
             period_ns=step.period_ns,
             compute_scale=self.pacing.wall_compute_scale,
+            step_compute_ns=step.step_compute_ns,
         )
         if self.peers is None:
             replay = _DependentStep(self, step, tracker, run_begin_ns, samples)

@@ -26,7 +26,7 @@ import multiprocessing.connection
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -207,6 +207,4 @@ class Peers:
 
 
 def _local_step(step: WorkloadStep, owned: Sequence[int]) -> WorkloadStep:
-    return WorkloadStep(
-        index=step.index, calls=tuple(step.calls[i] for i in owned), period_ns=step.period_ns
-    )
+    return replace(step, calls=tuple(step.calls[i] for i in owned))

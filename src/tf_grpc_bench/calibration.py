@@ -36,10 +36,10 @@ from pathlib import Path
 
 from tf_grpc_bench import files, host, lifetime
 from tf_grpc_bench.errors import BenchError, ConfigError
+from tf_grpc_bench.trace import CALIBRATION_STEP_EXTRA, calibration_step_ns
 
-#: ``RunMetadata.extra`` keys of a trace's calibration.
+#: ``RunMetadata.extra`` keys of a trace's calibration (its step: ``CALIBRATION_STEP_EXTRA``).
 CALIBRATION_WORKLOAD_EXTRA = "calibration_workload"
-CALIBRATION_STEP_EXTRA = "calibration_step_ns"
 #: Environment variable naming the cache file of this machine's calibrations.
 CACHE_ENV = "TF_GRPC_BENCH_CALIBRATION_CACHE"
 #: How long one calibration may take (TensorFlow's import and the model's build included).
@@ -121,14 +121,11 @@ def from_extra(extra: tuple[tuple[str, str], ...]) -> Calibration | None:
     entries = dict(extra)
     if CALIBRATION_STEP_EXTRA not in entries and CALIBRATION_WORKLOAD_EXTRA not in entries:
         return None
-    text = entries.get(CALIBRATION_STEP_EXTRA, "")
-    if not text.isdigit() or int(text) <= 0:
-        raise ConfigError(
-            f"trace metadata {CALIBRATION_STEP_EXTRA}={text!r}: expected a positive "
-            "whole number of nanoseconds"
-        )
+    # A workload without its step is as malformed as a step that is not a number.
+    step_ns = calibration_step_ns(((CALIBRATION_STEP_EXTRA, ""), *extra))
+    assert step_ns is not None
     workload = CalibrationWorkload.parse(entries.get(CALIBRATION_WORKLOAD_EXTRA, ""))
-    return Calibration(workload, int(text))
+    return Calibration(workload, step_ns)
 
 
 def cache_path() -> Path:
@@ -268,6 +265,7 @@ def compute_to_here(
     here: str,
     *,
     required: bool,
+    max_scale: float,
     measure: Callable[[str, CalibrationWorkload], tuple[int, bool]] = measure_here,
 ) -> ComputeToHere | None:
     """The scale taking a trace's compute (``extra`` records its calibration) to ``here``.
@@ -275,7 +273,9 @@ def compute_to_here(
     ``required`` (``--compute here``): ``ConfigError`` when it cannot be had.
     Otherwise (``--compute auto``) None when there is nothing to do (same
     machine, or a trace that records neither machine nor calibration), and a
-    scale of 1 saying why when the scale cannot be had.
+    scale of 1 saying why when the scale cannot be had.  A scale above
+    ``max_scale`` (the largest ``--compute`` takes) is taken as a calibration
+    gone wrong, not as a machine that much slower.
     """
     recorded = from_extra(extra)
     captured = host.captured_on(extra)
@@ -298,9 +298,16 @@ def compute_to_here(
         return ComputeToHere(1.0, f"none: {error}", calibrated=False)
     scale = step_here / recorded.step_ns
     source = "cached" if was_cached else "measured now"
-    description = (
+    steps = (
         f"{recorded.workload.text}: {recorded.step_ns / 1e6:.1f} ms a step on "
-        f"{captured or 'the capture machine'}, {step_here / 1e6:.1f} ms on {here} "
-        f"({source}): compute x{scale:.3g}"
+        f"{captured or 'the capture machine'}, {step_here / 1e6:.1f} ms on {here} ({source})"
     )
-    return ComputeToHere(scale, description, calibrated=True)
+    if scale > max_scale:
+        why = (
+            f"trace metadata {CALIBRATION_STEP_EXTRA}={recorded.step_ns}: this machine's step is "
+            f"{scale:.3g} times it, over the {max_scale:g} --compute takes"
+        )
+        if required:
+            raise ConfigError(f"--compute here: {why}; give a SCALE instead")
+        return ComputeToHere(1.0, f"none: {why} ({steps})", calibrated=False)
+    return ComputeToHere(scale, f"{steps}: compute x{scale:.3g}", calibrated=True)

@@ -25,7 +25,7 @@ from typing import IO, Any
 
 from google.protobuf.message import DecodeError
 
-from tf_grpc_bench.errors import TraceError, UnsupportedVersionError
+from tf_grpc_bench.errors import ConfigError, TraceError, UnsupportedVersionError
 from tf_grpc_bench.protos import trace_pb2
 
 #: Version of the trace format this module writes.  History:
@@ -173,6 +173,30 @@ class RunMetadata:
     tool_version: str = ""
     created_utc: str = ""
     extra: tuple[tuple[str, str], ...] = ()
+
+
+#: ``RunMetadata.extra`` key of the capture machine's compute calibration: a training
+#: step of the job's model timed alone, in ns (``tf_grpc_bench.calibration``).
+CALIBRATION_STEP_EXTRA = "calibration_step_ns"
+
+
+def calibration_step_ns(extra: tuple[tuple[str, str], ...]) -> int | None:
+    """The calibrated step ``extra`` records (ns), None if it records none.
+
+    ``ConfigError`` naming the entry if it is not a positive whole number: a
+    trace is data the user hands us, and an ignored calibration would mean a
+    silently different prediction.
+    """
+    entries = dict(extra)
+    if CALIBRATION_STEP_EXTRA not in entries:
+        return None
+    text = entries[CALIBRATION_STEP_EXTRA]
+    if not text.isdigit() or int(text) <= 0:
+        raise ConfigError(
+            f"trace metadata {CALIBRATION_STEP_EXTRA}={text!r}: expected a positive "
+            "whole number of nanoseconds"
+        )
+    return int(text)
 
 
 #: ``StepDetection.unit`` values: one training step of every worker, one
