@@ -23,7 +23,9 @@ from tf_grpc_bench.calibration import (
 )
 from tf_grpc_bench.errors import ConfigError
 from tf_grpc_bench.replay import cli as replay_cli
+from tf_grpc_bench.replay.core.measurement import Benchmark
 from tf_grpc_bench.replay.core.pacing import Timing
+from tf_grpc_bench.replay.core.workload import Mode, trace_workload
 from tf_grpc_bench.trace import Trace
 from tf_grpc_bench.trace_summary import format_summary
 
@@ -313,3 +315,23 @@ def test_a_capture_is_calibrated_on_its_own_job() -> None:
     config = TrainingConfig(model="resnet50", setup="tf1-ps", batch_size=8, input_size=64)
     assert calibration_workload(config).text == "resnet50 64x64 batch 8 tf_keras"
     assert calibration_workload(TrainingConfig(model="tiny")).text == "tiny 8x8 batch 4 keras"
+
+
+def test_a_trace_workload_carries_its_calibrated_step_to_the_dependency_model() -> None:
+    # The step's compute bounds what a replayed call keeps after the input that
+    # arrived last in the replay (docs/fidelity.md, "Inference rules").
+    trace: Trace = make_trace(steps=2)
+    calibrated = dataclasses.replace(
+        trace,
+        metadata=dataclasses.replace(trace.metadata, extra=Calibration(RESNET, 57_000_000).extra()),
+    )
+    workload = trace_workload(calibrated, Benchmark.PS_THROUGHPUT, mode=Mode.NON_SERIALIZED)
+    assert [s.step_compute_ns for s in workload.steps] == [57_000_000, 57_000_000]
+    uncalibrated = trace_workload(trace, Benchmark.PS_THROUGHPUT, mode=Mode.NON_SERIALIZED)
+    assert {s.step_compute_ns for s in uncalibrated.steps} == {0}
+    malformed = dataclasses.replace(
+        trace,
+        metadata=dataclasses.replace(trace.metadata, extra=(("calibration_step_ns", "-3"),)),
+    )
+    with pytest.raises(ConfigError, match=r"^trace metadata calibration_step_ns='-3': expected"):
+        trace_workload(malformed, Benchmark.PS_THROUGHPUT, mode=Mode.NON_SERIALIZED)
