@@ -292,7 +292,10 @@ def _add_trace_flags(parser: argparse.ArgumentParser) -> None:
         "(default: the pair that moved the most bytes)",
     )
     traced.add_argument(
-        "--steps", type=int, default=None, help="replay exactly N steps per run (not a duration)"
+        "--steps",
+        type=int,
+        default=None,
+        help="replay exactly N steps per run (not a duration), from the trace's middle step on",
     )
     traced.add_argument(
         "--passes", type=int, default=None, help="replay the trace's steps N times per run"

@@ -29,6 +29,7 @@ from tf_grpc_bench.replay.core.workload import (
 )
 from tf_grpc_bench.replay.runner import ProgressEvent, RunPlan, run_benchmark
 from tf_grpc_bench.replay.transport.client import ReplayClient
+from tf_grpc_bench.replay.transport.loop import begin_mid_trace
 from tf_grpc_bench.replay.transport.server import LocalServers
 from tf_grpc_bench.replay.transport.wire import ChannelSettings, RpcKind
 
@@ -98,11 +99,13 @@ def test_trace_benchmarks_replay_exact_steps_and_the_servers_get_every_byte(
     workload = _workload(benchmark, "trace", servers.mode)
     result = run_benchmark(workload, servers.targets, plan=TWO_STEPS)
     _assert_servers_received_what_was_sent(result)
-    two_steps = [c for step in workload.steps[:2] for c in step.calls]
+    # A replay begins mid-trace: of 3 steps, the second and the third.
+    first_two = begin_mid_trace(workload.steps)[:2]
+    two_steps = [c for step in first_two for c in step.calls]
     for run in result.runs:
         assert Counter(map(_key, run.samples)) == Counter(map(_key, two_steps))
         assert len(run.step_times_ns) == 2 * workload.worker_count
-        assert sorted({s.step for s in run.samples}) == [0, 1]
+        assert sorted({s.step for s in run.samples}) == [1, 2]
         if benchmark is Benchmark.P2P_LATENCY:
             assert [_key(s) for s in run.samples] == [_key(c) for c in two_steps]
 
@@ -122,15 +125,17 @@ def test_recorded_pacing_never_sends_a_call_before_its_recorded_offset(
     pacing = Pacing(timing=Timing.RECORDED, window=None)
     result = run_benchmark(workload, servers.targets, pacing=pacing, plan=TWO_STEPS)
     _assert_servers_received_what_was_sent(result)
-    first_step = workload.steps[0].calls
+    begun, then = begin_mid_trace(workload.steps)[:2]  # the steps replayed, in order
     for run in result.runs:
-        samples = [s for s in run.samples if s.step == workload.steps[0].index]
-        assert len(samples) == len(first_step)
-        for sample, call in zip(sorted(samples, key=lambda s: s.start_ns), first_step, strict=True):
+        samples = [s for s in run.samples if s.step == begun.index]
+        assert len(samples) == len(begun.calls)
+        for sample, call in zip(
+            sorted(samples, key=lambda s: s.start_ns), begun.calls, strict=True
+        ):
             assert sample.start_ns >= call.offset_ns
         # The second step begins no earlier than the recorded distance between steps.
-        second = [s for s in run.samples if s.step == workload.steps[1].index]
-        assert min(s.start_ns for s in second) >= workload.steps[0].period_ns
+        second = [s for s in run.samples if s.step == then.index]
+        assert min(s.start_ns for s in second) >= begun.period_ns
 
 
 def test_rate_pacing_never_sends_ahead_of_its_schedule(servers: LocalServers) -> None:

@@ -229,15 +229,15 @@ def test_a_shipped_trace_pass_moves_the_same_rpcs_and_bytes_per_worker_and_ps_fo
 
 
 def _step_spans(run: RunMeasurement, worker: int) -> list[tuple[int, int, int]]:
-    """Per trace step of ``worker``, in order: (step, first call's start, last call's end)
-    over all its processes' samples."""
+    """Per trace step of ``worker``, in the order replayed: (step, first call's start,
+    last call's end) over all its processes' samples."""
     spans = []
     for step in sorted({s.step for s in run.samples if s.worker_index == worker}):
         samples = [s for s in run.samples if s.worker_index == worker and s.step == step]
         first = min(s.start_ns for s in samples)
         last = max(s.start_ns + s.latency_ns for s in samples)
         spans.append((step, first, last))
-    return spans
+    return sorted(spans, key=lambda span: span[1])
 
 
 @pytest.mark.parametrize(

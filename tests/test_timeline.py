@@ -175,9 +175,11 @@ def test_a_replay_draws_each_measured_call_named_by_the_trace_rpc_it_replayed(
         and threads[(e["pid"], e["tid"])].startswith("calls")
     ]  # fmt: skip
     assert document.benchmarks[-1].runs[0].samples
-    # Two steps drawn per worker (the default), each of the trace's calls once.
+    # Two steps drawn per worker (the default): the first two replayed, the trace's
+    # second and third (a replay begins at the middle step), each of their calls once.
     per_step = [len([r for r in step.rpcs if r.caller_task == 2]) for step in trace.steps]
-    assert len(replayed) == 2 * (per_step[0] + per_step[1])
+    assert len(replayed) == 2 * (per_step[1] + per_step[2])
+    assert {e["args"]["step"] for e in replayed} == {1, 2}
     for event in replayed:
         args = event["args"]
         rpc = trace.steps[args["step"]].rpcs[args["rpc_index"]]
@@ -200,8 +202,8 @@ def test_timeline_command_redraws_a_run_and_draws_a_trace(replay_run: Path, tmp_
     data = json.loads((replay_run / "timeline" / "p2p-latency.trace.json").read_text())
     steps = [e for e in data["traceEvents"] if e["ph"] == "X" and e["cat"] == "step"]
     assert [e["name"] for e in steps if e["name"].startswith("replayed")] == [
-        f"replayed step {n}" for n in (0, 1, 2)
-    ]
+        f"replayed step {n}" for n in (1, 2, 0)
+    ]  # in the order replayed: from the middle step on, round to the first
     completed = _run("timeline", "resnet50-tf2ps", "--output-dir", "out", cwd=tmp_path)
     assert completed.returncode == 0, completed.stderr
     (drawn,) = (tmp_path / "out").glob("*-timeline-resnet50-tf2ps/resnet50-tf2ps.trace.json")

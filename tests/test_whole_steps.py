@@ -19,7 +19,7 @@ from tf_grpc_bench.replay.core.workload import WORKERS_AND_PS_ONLY, Mode, trace_
 from tf_grpc_bench.replay.network import compare as network_compare
 from tf_grpc_bench.replay.runner import RunPlan, run_benchmark
 from tf_grpc_bench.replay.transport.client import ReplayClient
-from tf_grpc_bench.replay.transport.loop import PROC_STAT
+from tf_grpc_bench.replay.transport.loop import PROC_STAT, begin_mid_trace
 from tf_grpc_bench.replay.transport.server import LocalServers
 from tf_grpc_bench.replay.transport.wire import ChannelSettings
 from tf_grpc_bench.trace import Trace
@@ -137,14 +137,16 @@ def test_the_shipped_trace_replays_a_step_of_every_kind_onto_the_servers(
         settings=ChannelSettings(session=session),
     )
     assert not result.partial, result.partial_reason
-    first = Trace(metadata=trace.metadata, tasks=trace.tasks, steps=trace.steps[:1])
+    # The step a replay begins with: the trace's middle one.
+    begun = next(s for s in trace.steps if s.index == begin_mid_trace(workload.steps)[0].index)
+    first = Trace(metadata=trace.metadata, tasks=trace.tasks, steps=(begun,))
     received = _received_by_task(first)
     ps = trace.tasks_of_job("ps")
     workers = trace.tasks_of_job("worker")
     expected = [tuple(received[task]) for task in (*ps, *workers)]
     assert _server_counts(servers, 4, session) == expected
     (run,) = result.runs
-    assert run.rpc_count == len(trace.steps[0].rpcs)
+    assert run.rpc_count == len(begun.rpcs)
     # The worker processes read the machine's CPU (/proc/stat) at their run's begin and
     # end: a step moving 410 MB lasts many of the kernel's ticks.
     if PROC_STAT.exists():

@@ -2,12 +2,13 @@
 
 In such a trace each step is one worker's: every other worker makes no call in
 it.  A pass of PS throughput is still every trace step once, for every worker,
-and ``--steps N`` is the same N trace steps on every worker, so a pass moves
-exactly the trace's RPCs and bytes.
+and ``--steps N`` is the same N trace steps on every worker (from the middle
+step on), so a pass moves exactly the trace's RPCs and bytes.
 """
 
 from __future__ import annotations
 
+import itertools
 from collections import Counter
 from collections.abc import Iterator, Sequence
 
@@ -16,8 +17,9 @@ import pytest
 from tf_grpc_bench import trace as trace_model
 from tf_grpc_bench.replay.core.measurement import Benchmark
 from tf_grpc_bench.replay.core.pacing import Pacing, Timing
-from tf_grpc_bench.replay.core.workload import Mode, trace_workload
+from tf_grpc_bench.replay.core.workload import Mode, WorkloadStep, trace_workload
 from tf_grpc_bench.replay.runner import RunPlan, run_benchmark
+from tf_grpc_bench.replay.transport.loop import begin_mid_trace
 from tf_grpc_bench.replay.transport.server import LocalServers
 from tf_grpc_bench.trace import (
     RECV_TENSOR,
@@ -132,6 +134,17 @@ def test_steps_n_are_the_same_trace_steps_on_every_worker(server: LocalServers, 
     plan = RunPlan(warmup_ns=0, duration_ns=1, runs=1, steps=steps, deadline_s=20)
     result = run_benchmark(workload, server.targets, plan=plan)
     (run,) = result.runs
-    replayed = [index % len(OWNERS) for index in range(steps)]
+    # From the middle step on (a capture's first steps may be start-up still), round.
+    replayed = [(len(OWNERS) // 2 + index) % len(OWNERS) for index in range(steps)]
     expected = Counter({(OWNERS[i], i): replayed.count(i) * 2 * len(SIZES) for i in set(replayed)})
     assert Counter((s.worker_index, s.step) for s in run.samples) == expected
+
+
+@pytest.mark.parametrize("count", [0, 1, 2, 7, 8])
+def test_a_replay_begins_mid_trace_and_a_pass_is_still_every_step_once(count: int) -> None:
+    steps = tuple(WorkloadStep(index=i, calls=()) for i in range(count))
+    order = [step.index for step in begin_mid_trace(steps)]
+    assert sorted(order) == list(range(count))  # a pass: every step once
+    if count:
+        assert order[0] == count // 2  # the middle step first (for 8: 4, past the first half)
+        assert all((b - a) % count == 1 for a, b in itertools.pairwise(order))  # in trace order
