@@ -14,6 +14,7 @@ from tf_grpc_bench import trace_files
 from tf_grpc_bench.calibration import CACHE_ENV
 from tf_grpc_bench.profiler.recorders.calls import RecordedCall
 from tf_grpc_bench.replay.core.workload import Workload
+from tf_grpc_bench.replay.transport.loop import begin_mid_trace
 from tf_grpc_bench.trace import RECV_TENSOR, Rpc, RunMetadata, Step, Task, TensorInfo, Trace
 
 TESTS = Path(__file__).resolve().parent
@@ -170,9 +171,10 @@ def replayed_sequences(calls: Sequence[RecordedCall]) -> dict[tuple[int | None, 
 
 
 def workload_sequences(workload: Workload) -> dict[tuple[int, int], list[Call]]:
-    """What each (worker, ps server) pair of a replay workload sends, in order."""
+    """What each (worker, ps server) pair of a replay workload sends in a pass, in the
+    order a replay sends it (from the trace's middle step on: ``begin_mid_trace``)."""
     sequences: dict[tuple[int, int], list[Call]] = {}
-    for step in workload.steps:
+    for step in begin_mid_trace(workload.steps):
         for c in step.calls:
             sequences.setdefault((c.worker_index, c.server_index), []).append(
                 (c.method, c.request_bytes, c.response_bytes)
