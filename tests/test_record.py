@@ -524,10 +524,10 @@ def _assert_same_steps_up_to_the_clocks(wired: Trace, reference: Trace) -> None:
     """The same calls as ``reference``; in the same step too, except a call the wire's
     clock bounds may have moved across a step boundary: one that starts, on ``wired``'s
     clocks, within twice the widest bound of a step's start or end."""
-    everything = ("startup", "teardown")
+    aside = ("startup", "teardown")
     assert len(wired.steps) == len(reference.steps) > 0
-    whole = [*(getattr(wired, p).rpcs for p in everything), *(s.rpcs for s in wired.steps)]
-    theirs = [*(getattr(reference, p).rpcs for p in everything), *(s.rpcs for s in reference.steps)]
+    whole = [*(getattr(wired, p).rpcs for p in aside), *(s.rpcs for s in wired.steps)]
+    theirs = [*(getattr(reference, p).rpcs for p in aside), *(s.rpcs for s in reference.steps)]
     flat = [r for rpcs in whole for r in rpcs]
     assert _calls(flat, wired, False) == _calls([r for x in theirs for r in x], reference, False)
     slack = 2 * max((o.upper_ns or 0) - (o.lower_ns or 0) for o in wired.clock_alignment.tasks)
