@@ -525,7 +525,9 @@ def _assert_same_steps_up_to_the_clocks(wired: Trace, reference: Trace) -> None:
     clock bounds may have moved across a step boundary: one that starts, on ``wired``'s
     clocks, within twice the widest bound of a step's start or end."""
     aside = ("startup", "teardown")
-    assert len(wired.steps) == len(reference.steps) > 0
+    assert [t.name for t in wired.tasks] == [t.name for t in reference.tasks]
+    assert [s.index for s in wired.steps] == [s.index for s in reference.steps]
+    assert len(wired.steps) > 0
     whole = [*(getattr(wired, p).rpcs for p in aside), *(s.rpcs for s in wired.steps)]
     theirs = [*(getattr(reference, p).rpcs for p in aside), *(s.rpcs for s in reference.steps)]
     flat = [r for rpcs in whole for r in rpcs]
