@@ -232,6 +232,10 @@ def _report(result: CaptureResult, quiet: bool) -> int:
         f"wrote {result.path}: {len(trace.steps)} steady steps{found}, {rpcs} RPCs in them, "
         f"{len(trace.startup.rpcs)} at start-up" + (" (PARTIAL)" if trace.partial else "")
     )
+    steadiness = trace_summary.steadiness_line(trace)
+    if quiet and steadiness:
+        # The summary (not printed under --quiet) carries it otherwise.
+        print(f"warning: {steadiness}", file=sys.stderr)
     error = result.error
     logs = f"; task logs in {result.logs}" if result.logs is not None else ""
     if isinstance(error, RunInterrupted):

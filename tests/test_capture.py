@@ -34,7 +34,8 @@ from tf_grpc_bench.profiler.assembly.steps import (
     repeating_tail,
     step_windows,
 )
-from tf_grpc_bench.profiler.capture import capture_training
+from tf_grpc_bench.profiler.capture import CaptureResult, capture_training
+from tf_grpc_bench.profiler.cli import _report as capture_report
 from tf_grpc_bench.profiler.launch.config import TrainingConfig
 from tf_grpc_bench.profiler.launch.markers import StepMarker
 from tf_grpc_bench.profiler.launch.plan import plan_tasks
@@ -331,6 +332,36 @@ def test_physics_without_the_variables_says_it_cannot_check() -> None:
     assert problem.startswith("cannot check: the trace does not record the model's trainable")
     assert 'check_physics(trace, {"variables"' in problem
     assert "cannot check" in report.format()
+
+
+@pytest.mark.parametrize("quiet", [True, False])
+def test_a_capture_whose_steps_were_unsteady_says_so_quiet_or_not(
+    quiet: bool, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    base = make_trace(steps=4)
+    lengths_ms = (3000, 2600, 1400, 1200)  # the first half's median twice the second's
+    trace = dataclasses.replace(
+        base,
+        steps=tuple(
+            dataclasses.replace(step, end_ns=step.start_ns + int(ms * 1e6))
+            for step, ms in zip(base.steps, lengths_ms, strict=True)
+        ),
+    )
+    result = CaptureResult(
+        trace=trace,
+        path=tmp_path / "t.tfgbtrace",
+        job_info={},
+        recorder_errors=(),
+        recorded_bytes=0,
+        uncopied_bytes=0,
+    )
+    assert capture_report(result, quiet) == 0
+    out, err = capsys.readouterr()
+    assert f"wrote {tmp_path / 't.tfgbtrace'}: 4 steady steps" in out
+    # Once: in the summary, or (--quiet, no summary) on stderr as a warning.
+    where, other = (err, out) if quiet else (out, err)
+    assert where.count("steps unsteady: the first 2 steps' median (2800.0 ms) is 2.2 times") == 1
+    assert "unsteady" not in other
 
 
 # --------------------------------------------------------------------------

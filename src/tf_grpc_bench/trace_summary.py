@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import statistics
 from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -122,6 +123,39 @@ def detection_lines(trace: Trace) -> list[str]:
     return lines
 
 
+#: Steps a trace needs before ``steadiness_line`` compares its halves.
+STEADINESS_MIN_STEPS = 4
+#: How many times one half's median step may last the other's before the trace is called unsteady.
+UNSTEADY_RATIO = 1.5
+
+
+def steadiness_line(trace: Trace) -> str | None:
+    """A warning when the trace's first and last steps differ in length by ``UNSTEADY_RATIO``
+    or more (median of each half), else None: a capture that was still starting up, or a
+    machine busier during part of it, which a replay of some of the steps would carry."""
+    steps = trace.steps
+    if len(steps) < STEADINESS_MIN_STEPS:
+        return None
+    half = len(steps) // 2
+    first = statistics.median(step.duration_ns for step in steps[:half])
+    last = statistics.median(step.duration_ns for step in steps[-half:])
+    if min(first, last) <= 0 or max(first, last) < UNSTEADY_RATIO * min(first, last):
+        return None
+    slower, faster = ("first", "last") if first > last else ("last", "first")
+    why = (
+        "the capture may still have been starting up"
+        if first > last
+        else "the machine may have been busier towards the end"
+    )
+    return (
+        f"steps unsteady: the {slower} {half} steps' median ({max(first, last) / 1e6:.1f} ms) "
+        f"is {max(first, last) / min(first, last):.1f} times the {faster} {half}'s "
+        f"({min(first, last) / 1e6:.1f} ms): {why}; a replay begins at the middle step and "
+        "predicts from the steps it covers (docs/fidelity.md); more --warmup-steps or --steps "
+        "in the capture steady it"
+    )
+
+
 def format_summary(trace: Trace, *, source: str = "") -> str:
     """The text ``tf-grpc-bench inspect`` prints: metadata, then one line per step."""
     meta = trace.metadata
@@ -185,4 +219,7 @@ def format_summary(trace: Trace, *, source: str = "") -> str:
         )
     if not trace.steps:
         lines.append("(no steady-state steps)")
+    steadiness = steadiness_line(trace)
+    if steadiness:
+        lines.append(steadiness)
     return "\n".join(lines)
