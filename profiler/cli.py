@@ -232,9 +232,9 @@ def _report(result: CaptureResult, quiet: bool) -> int:
         f"wrote {result.path}: {len(trace.steps)} steady steps{found}, {rpcs} RPCs in them, "
         f"{len(trace.startup.rpcs)} at start-up" + (" (PARTIAL)" if trace.partial else "")
     )
-    steadiness = trace_summary.steadiness_line(trace)
-    if quiet and steadiness:
-        # The summary (not printed under --quiet) carries it otherwise.
+    # Without --quiet the summary above carries it.
+    steadiness = trace_summary.steadiness_line(trace) if quiet else None
+    if steadiness:
         print(f"warning: {steadiness}", file=sys.stderr)
     error = result.error
     logs = f"; task logs in {result.logs}" if result.logs is not None else ""

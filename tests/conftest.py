@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -140,6 +141,15 @@ def make_trace(
         tasks=tasks,
         steps=tuple(step_list),
     )
+
+
+def with_step_lengths(trace: Trace, lengths_ms: Sequence[float]) -> Trace:
+    """``trace`` with its steps lasting ``lengths_ms`` (each step's calls kept, its end moved)."""
+    steps = tuple(
+        dataclasses.replace(step, end_ns=step.start_ns + int(length * 1e6))
+        for step, length in zip(trace.steps, lengths_ms, strict=True)
+    )
+    return dataclasses.replace(trace, steps=steps)
 
 
 @pytest.fixture

@@ -46,7 +46,7 @@ from tf_grpc_bench.replay.core.workload import Mode, trace_workload
 from tf_grpc_bench.replay.transport.server import ReplayServer
 from tf_grpc_bench.trace import RECV_BUF, RECV_TENSOR, Rpc, RunMetadata, Task
 
-from .conftest import make_trace, replayed_sequences, workload_sequences
+from .conftest import make_trace, replayed_sequences, with_step_lengths, workload_sequences
 
 PYTHON_BIN = Path(sys.executable).parent
 CLI = str(PYTHON_BIN / "tf-grpc-bench")
@@ -338,15 +338,8 @@ def test_physics_without_the_variables_says_it_cannot_check() -> None:
 def test_a_capture_whose_steps_were_unsteady_says_so_quiet_or_not(
     quiet: bool, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    base = make_trace(steps=4)
-    lengths_ms = (3000, 2600, 1400, 1200)  # the first half's median twice the second's
-    trace = dataclasses.replace(
-        base,
-        steps=tuple(
-            dataclasses.replace(step, end_ns=step.start_ns + int(ms * 1e6))
-            for step, ms in zip(base.steps, lengths_ms, strict=True)
-        ),
-    )
+    # The first half's median step over twice the second's.
+    trace = with_step_lengths(make_trace(steps=4), (3000, 2600, 1400, 1200))
     result = CaptureResult(
         trace=trace,
         path=tmp_path / "t.tfgbtrace",

@@ -21,7 +21,7 @@ from tf_grpc_bench.protos import trace_pb2
 from tf_grpc_bench.sizes import MIB, SizeCategory, classify
 from tf_grpc_bench.trace import Rpc, RunMetadata, Step, Task, TensorInfo, Trace
 
-from .conftest import make_trace
+from .conftest import make_trace, with_step_lengths
 
 _tensor = st.builds(
     TensorInfo,
@@ -672,18 +672,10 @@ def test_the_step_unit_comes_from_the_detection_or_from_a_version_1_extra() -> N
     assert make_trace(steps=1).step_unit == ""
 
 
-def _with_step_lengths(trace: Trace, lengths_ms: list[float]) -> Trace:
-    """``trace`` with its steps lasting ``lengths_ms`` (each step's calls kept, its end moved)."""
-    steps = tuple(
-        dataclasses.replace(step, end_ns=step.start_ns + int(length * 1e6))
-        for step, length in zip(trace.steps, lengths_ms, strict=True)
-    )
-    return dataclasses.replace(trace, steps=steps)
-
-
 def test_a_trace_whose_first_steps_last_twice_its_last_says_so() -> None:
-    lengths_ms = [2300, 3400, 2600, 2900, 1100, 1700, 1400, 1300]  # a VGG-16 capture's rounds
-    trace = _with_step_lengths(make_trace(steps=8), lengths_ms)
+    # In the ranges of a VGG-16 capture's rounds: first four 2.3 to 3.4 s, last four 1.1 to 1.7 s
+    lengths_ms = [2300, 3400, 2600, 2900, 1100, 1700, 1400, 1300]
+    trace = with_step_lengths(make_trace(steps=8), lengths_ms)
     line = trace_summary.steadiness_line(trace)
     assert line is not None
     # Medians of the halves: 2750 ms and 1350 ms.
@@ -693,7 +685,7 @@ def test_a_trace_whose_first_steps_last_twice_its_last_says_so() -> None:
 
 
 def test_a_trace_whose_last_steps_slowed_down_says_so_the_other_way() -> None:
-    trace = _with_step_lengths(make_trace(steps=5), [100, 110, 150, 160, 170])
+    trace = with_step_lengths(make_trace(steps=5), [100, 110, 150, 160, 170])
     line = trace_summary.steadiness_line(trace)
     assert line is not None and line.startswith("steps unsteady: the last 2 steps' median")
     assert "1.6 times the first 2's (105.0 ms)" in line and "busier towards the end" in line
@@ -708,6 +700,6 @@ def test_a_trace_whose_last_steps_slowed_down_says_so_the_other_way() -> None:
     ],
 )
 def test_a_steady_or_short_trace_gets_no_warning(lengths_ms: list[float]) -> None:
-    trace = _with_step_lengths(make_trace(steps=len(lengths_ms)), lengths_ms)
+    trace = with_step_lengths(make_trace(steps=len(lengths_ms)), lengths_ms)
     assert trace_summary.steadiness_line(trace) is None
     assert "unsteady" not in trace_summary.format_summary(trace)

@@ -139,18 +139,17 @@ def steadiness_line(trace: Trace) -> str | None:
     half = len(steps) // 2
     first = statistics.median(step.duration_ns for step in steps[:half])
     last = statistics.median(step.duration_ns for step in steps[-half:])
-    if min(first, last) <= 0 or max(first, last) < UNSTEADY_RATIO * min(first, last):
+    slower_ns, faster_ns = max(first, last), min(first, last)
+    if faster_ns <= 0 or slower_ns < UNSTEADY_RATIO * faster_ns:
         return None
-    slower, faster = ("first", "last") if first > last else ("last", "first")
-    why = (
-        "the capture may still have been starting up"
-        if first > last
-        else "the machine may have been busier towards the end"
-    )
+    if first > last:
+        slower, faster, why = "first", "last", "the capture may still have been starting up"
+    else:
+        slower, faster, why = "last", "first", "the machine may have been busier towards the end"
     return (
-        f"steps unsteady: the {slower} {half} steps' median ({max(first, last) / 1e6:.1f} ms) "
-        f"is {max(first, last) / min(first, last):.1f} times the {faster} {half}'s "
-        f"({min(first, last) / 1e6:.1f} ms): {why}; a replay begins at the middle step and "
+        f"steps unsteady: the {slower} {half} steps' median ({slower_ns / 1e6:.1f} ms) "
+        f"is {slower_ns / faster_ns:.1f} times the {faster} {half}'s "
+        f"({faster_ns / 1e6:.1f} ms): {why}; a replay begins at the middle step and "
         "predicts from the steps it covers (docs/fidelity.md); more --warmup-steps or --steps "
         "in the capture steady it"
     )
