@@ -3,10 +3,12 @@
     python -m tf_grpc_bench.profiler.calibrate --workload "resnet50 32x32 batch 4 keras"
 
 prints one JSON object: the workload, the median step in nanoseconds, every
-measured step, and the TensorFlow version.  The step is the whole local
-training step a worker of the trace's job computes (synthetic batch, forward,
-backward, SGD apply) in one process with no cluster, after warm-up steps that
-trace and build it.
+measured step, the process's CPU time over them, the share of the machine's CPU
+that went to anything else meanwhile (``others_cpu_share``: other processes,
+the hypervisor's steal), and the TensorFlow version.  The step is the whole
+local training step a worker of the trace's job computes (synthetic batch,
+forward, backward, SGD apply) in one process with no cluster, after warm-up
+steps that trace and build it.
 
 A capture runs this before its training (``capture`` records the result in the
 trace, ``calibration_workload`` and ``calibration_step_ns``), and a replay on another machine runs
@@ -27,6 +29,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+from tf_grpc_bench import host
 from tf_grpc_bench.calibration import CalibrationWorkload
 from tf_grpc_bench.errors import BenchError
 from tf_grpc_bench.models.registry import build_model, import_keras
@@ -76,14 +79,19 @@ def measure(
     for _ in range(warmup):
         step().numpy()
     durations = []
+    machine_begin, cpu_begin = host.read_machine_cpu(), time.process_time_ns()
     for _ in range(steps):
         start = time.perf_counter_ns()
         step().numpy()
         durations.append(time.perf_counter_ns() - start)
+    cpu_ns = time.process_time_ns() - cpu_begin
+    others = host.others_cpu_share(machine_begin, host.read_machine_cpu(), cpu_ns)
     return {
         "workload": workload.text,
         "step_ns": int(statistics.median(durations)),
         "steps_ns": durations,
+        "cpu_ns": cpu_ns,
+        "others_cpu_share": None if others is None else round(others, 4),
         "tensorflow_version": tf.__version__,
     }
 

@@ -294,11 +294,14 @@ def _calibrate(workload: CalibrationWorkload, quiet: bool) -> Calibration | None
     if not quiet and sys.stderr.isatty() and cached(here, workload) is None:
         print(f"compute calibration: timing a local step of {workload.text}", file=sys.stderr)
     try:
-        step_ns, _ = measure_here(here, workload)
+        measured = measure_here(here, workload)
     except CalibrationUnavailable as error:
         print(f"warning: no compute calibration recorded: {error}", file=sys.stderr)
         return None
-    return Calibration(workload, step_ns)
+    if not measured.steady:
+        # Said even under --quiet: the trace carries this step to every replay elsewhere.
+        print(f"warning: compute calibration {measured.source}", file=sys.stderr)
+    return Calibration(workload, measured.step_ns)
 
 
 def configure_capture_job(parser: argparse.ArgumentParser) -> None:

@@ -33,10 +33,10 @@ import numpy as np
 
 from tf_grpc_bench import lifetime, netns
 from tf_grpc_bench.errors import NetworkError, TransportError
+from tf_grpc_bench.host import MachineCpuTimes
 from tf_grpc_bench.replay.core.measurement import (
     SAMPLE_COLUMNS,
     CallSample,
-    MachineCpuTimes,
     RunMeasurement,
 )
 from tf_grpc_bench.replay.core.pacing import Pacing

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import os
 import subprocess
 import sys
 from collections.abc import Callable
@@ -19,6 +20,7 @@ from tf_grpc_bench.calibration import (
     CalibrationUnavailable,
     CalibrationWorkload,
     ComputeToHere,
+    StepHere,
     compute_to_here,
 )
 from tf_grpc_bench.errors import ConfigError
@@ -36,17 +38,17 @@ XEON = (("cpu_model", "Xeon"), ("cpus", "2"))
 HERE = host.this_machine()
 
 
-def _measured(step_ns: int, *, was_cached: bool = False):  # type: ignore[no-untyped-def]
+def _measured(step_ns: int, *, source: str = "measured now"):  # type: ignore[no-untyped-def]
     calls: list[tuple[str, CalibrationWorkload]] = []
 
-    def measure(machine: str, workload: CalibrationWorkload) -> tuple[int, bool]:
+    def measure(machine: str, workload: CalibrationWorkload) -> StepHere:
         calls.append((machine, workload))
-        return step_ns, was_cached
+        return StepHere(step_ns, source)
 
     return measure, calls
 
 
-def _unavailable(machine: str, workload: CalibrationWorkload) -> tuple[int, bool]:
+def _unavailable(machine: str, workload: CalibrationWorkload) -> StepHere:
     raise CalibrationUnavailable("TensorFlow is not installed on this machine")
 
 
@@ -129,6 +131,77 @@ def _to_here(
     return compute_to_here(extra, here, required=required, max_scale=100.0, measure=measure)
 
 
+def _timings(*timings: tuple[float, float | None]):  # type: ignore[no-untyped-def]
+    """A ``time_once`` giving these (ms, others' share) in turn, and the count it was asked."""
+    given = iter(timings)
+    asked: list[CalibrationWorkload] = []
+
+    def time_once(workload: CalibrationWorkload) -> calibration.Timing:
+        asked.append(workload)
+        step_ms, share = next(given)
+        return calibration.Timing(round(step_ms * 1e6), share)
+
+    return time_once, asked
+
+
+def test_a_step_is_timed_until_two_undisturbed_timings_agree() -> None:
+    time_once, asked = _timings((176.7, 0.01), (158.5, 0.02))
+    measured = calibration.time_steadily(RESNET, time_once)
+    assert (measured.step_ns, measured.steady, len(asked)) == (158_500_000, True, 2)
+    assert measured.unsteady_text() == ""
+    # A timing others disturbed (the 439.7 ms one a session saw) counts for nothing, even
+    # where it would agree with the next; nor does one that was slow with the machine idle.
+    time_once, asked = _timings((439.7, 0.40), (400.0, 0.0), (158.5, 0.02), (167.2, None))
+    measured = calibration.time_steadily(RESNET, time_once)
+    assert (measured.step_ns, measured.steady, len(asked)) == (158_500_000, True, 4)
+    # Of timings that agree, the fastest pair, and the faster of it.
+    time_once, _ = _timings((300.0, 0.0), (250.0, 0.0), (161.0, 0.0))
+    measured = calibration.time_steadily(RESNET, time_once)
+    assert (measured.step_ns, measured.steady) == (250_000_000, True)
+
+
+def test_a_step_no_two_timings_confirm_is_the_fastest_and_says_so() -> None:
+    time_once, asked = _timings((100.0, 0.0), (150.0, 0.0), (400.0, 0.6), (230.0, 0.05))
+    measured = calibration.time_steadily(RESNET, time_once)
+    assert (measured.step_ns, measured.steady) == (100_000_000, False)
+    assert len(asked) == calibration.MAX_TIMINGS == 4
+    assert measured.unsteady_text() == (
+        "unsteady: no two undisturbed timings within 20% (100.0 ms, 150.0 ms, "
+        "400.0 ms (others 60% of the CPU), 230.0 ms), the fastest taken"
+    )
+    # Every timing disturbed: the fastest of them all.
+    time_once, _ = _timings((500.0, 0.5), (300.0, 0.3), (900.0, 0.9), (700.0, 0.2))
+    assert calibration.time_steadily(RESNET, time_once).step_ns == 300_000_000
+
+
+def test_only_a_steady_step_is_cached(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(calibration.CACHE_ENV, str(tmp_path / "calibrations.json"))
+    time_once, _ = _timings((100.0, 0.0), (150.0, 0.0), (400.0, 0.0), (230.0, 0.0))
+    unsteady = calibration.measure_here("Xeon, 2 CPUs", RESNET, time_once)
+    assert (unsteady.step_ns, unsteady.steady) == (100_000_000, False)
+    assert unsteady.source.startswith("measured now, unsteady: no two undisturbed timings")
+    assert unsteady.source.endswith(", the fastest taken, not cached")
+    assert calibration.cached("Xeon, 2 CPUs", RESNET) is None
+    # The next asks again, and keeps a steady step for good.
+    time_once, asked = _timings((120.0, 0.0), (110.0, 0.01))
+    steady = calibration.measure_here("Xeon, 2 CPUs", RESNET, time_once)
+    assert steady == StepHere(110_000_000, "measured now") and len(asked) == 2
+    assert calibration.cached("Xeon, 2 CPUs", RESNET) == 110_000_000
+    assert calibration.measure_here("Xeon, 2 CPUs", RESNET, time_once).source == "cached"
+
+
+def test_a_replay_says_its_calibration_was_unsteady() -> None:
+    extra = (*XEON, *Calibration(RESNET, 100_000_000).extra())
+    source = "measured now, unsteady: no two undisturbed timings within 20% (...), not cached"
+
+    def unsteady(machine: str, workload: CalibrationWorkload) -> StepHere:
+        return StepHere(80_000_000, source, steady=False)
+
+    to_here = _to_here(extra, "EPYC, 2 CPUs", required=False, measure=unsteady)
+    assert to_here is not None and to_here.scale == pytest.approx(0.8)
+    assert f"80.0 ms on EPYC, 2 CPUs ({source}): compute x0.8" in to_here.description
+
+
 def test_auto_scales_compute_captured_elsewhere_by_the_two_steps() -> None:
     extra = (*XEON, *Calibration(RESNET, 100_000_000).extra())
     measure, calls = _measured(60_000_000)
@@ -140,7 +213,7 @@ def test_auto_scales_compute_captured_elsewhere_by_the_two_steps() -> None:
         "resnet50 32x32 batch 4 keras: 100.0 ms a step on Xeon, 2 CPUs, 60.0 ms on "
         "EPYC, 2 CPUs (measured now): compute x0.6"
     )
-    cached_measure, _ = _measured(150_000_000, was_cached=True)
+    cached_measure, _ = _measured(150_000_000, source="cached")
     slower = _to_here(extra, "Old, 2 CPUs", required=False, measure=cached_measure)
     assert slower is not None and slower.scale == pytest.approx(1.5)
     assert "(cached): compute x1.5" in slower.description
@@ -286,12 +359,32 @@ def test_inspect_shows_the_calibration() -> None:
 @pytest.mark.tensorflow
 def test_a_machine_times_a_real_training_step(calibration_cache: Path) -> None:
     tiny = CalibrationWorkload("tiny", 8, 2, "keras")
-    step_ns, was_cached = calibration.measure_here("Test machine, 2 CPUs", tiny)
-    assert not was_cached and step_ns > 0
-    assert calibration.cached("Test machine, 2 CPUs", tiny, calibration_cache) == step_ns
-    assert calibration.measure_here("Test machine, 2 CPUs", tiny) == (step_ns, True)
+    measured = calibration.measure_here("Test machine, 2 CPUs", tiny)
+    assert measured.source == "measured now" and measured.steady and measured.step_ns > 0
+    assert calibration.cached("Test machine, 2 CPUs", tiny, calibration_cache) == measured.step_ns
+    again = calibration.measure_here("Test machine, 2 CPUs", tiny)
+    assert again == StepHere(measured.step_ns, "cached")
     with pytest.raises(CalibrationUnavailable, match="timing nosuchmodel 8x8 batch 2 keras failed"):
         calibration.run_calibration(dataclasses.replace(tiny, model="nosuchmodel"))
+
+
+@pytest.mark.tensorflow
+def test_a_timing_knows_when_others_took_the_machine() -> None:
+    tiny = CalibrationWorkload("tiny", 8, 2, "keras")
+    alone = calibration.run_calibration(tiny)
+    assert alone.step_ns > 0 and alone.others_share is not None
+    assert 0.0 <= alone.others_share <= 1.0
+    # Two processes spinning on a 2-core machine: the timing beside them is disturbed.
+    spin = [sys.executable, "-c", "while True: pass"]
+    hogs = [subprocess.Popen(spin) for _ in range(os.cpu_count() or 2)]
+    try:
+        beside = calibration.run_calibration(tiny)
+    finally:
+        for hog in hogs:
+            hog.kill()
+            hog.wait()
+    assert beside.disturbed, beside
+    assert beside.others_share is not None and beside.others_share > 0.3
 
 
 def test_a_user_job_is_calibrated_on_its_model_if_known_else_the_reference() -> None:
@@ -335,3 +428,21 @@ def test_a_trace_workload_carries_its_calibrated_step_to_the_dependency_model() 
     )
     with pytest.raises(ConfigError, match=r"^trace metadata calibration_step_ns='-3': expected"):
         trace_workload(malformed, Benchmark.PS_THROUGHPUT, mode=Mode.NON_SERIALIZED)
+
+
+def test_a_capture_warns_of_an_unsteady_calibration_even_when_quiet(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from tf_grpc_bench.profiler import cli as profiler_cli
+
+    source = "measured now, unsteady: no two undisturbed timings within 20% (...), not cached"
+    monkeypatch.setattr(
+        profiler_cli, "measure_here", lambda machine, workload: StepHere(7, source, steady=False)
+    )
+    assert profiler_cli._calibrate(RESNET, quiet=True) == Calibration(RESNET, 7)
+    assert capsys.readouterr().err == f"warning: compute calibration {source}\n"
+    monkeypatch.setattr(
+        profiler_cli, "measure_here", lambda machine, workload: StepHere(7, "measured now")
+    )
+    assert profiler_cli._calibrate(RESNET, quiet=True) == Calibration(RESNET, 7)
+    assert capsys.readouterr().err == ""

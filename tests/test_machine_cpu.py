@@ -7,18 +7,15 @@ from pathlib import Path
 
 import pytest
 
-from tf_grpc_bench.replay.core.measurement import (
-    MachineCpuTimes,
-    RunMeasurement,
-    machine_cpu_busy_share,
-    parse_proc_stat,
-)
-from tf_grpc_bench.replay.transport.loop import (
+from tf_grpc_bench.host import (
     PROC_STAT,
-    WorkerOutcome,
-    machine_cpu_over,
+    MachineCpuTimes,
+    others_cpu_share,
+    parse_proc_stat,
     read_machine_cpu,
 )
+from tf_grpc_bench.replay.core.measurement import RunMeasurement, machine_cpu_busy_share
+from tf_grpc_bench.replay.transport.loop import WorkerOutcome, machine_cpu_over
 
 #: A /proc/stat of a 2-core machine (Linux 6.x: ten fields per cpu line).
 SAMPLE = """\
@@ -122,3 +119,15 @@ def test_the_busy_share_of_several_runs_weighs_them_by_their_ticks() -> None:
     # One tick is a measurement (a very short run on a quiet machine).
     assert machine_cpu_busy_share([run(1, 1)]) == 1.0
     assert machine_cpu_busy_share([]) is None
+
+
+def test_others_share_is_the_machine_busy_less_one_process() -> None:
+    begin = MachineCpuTimes(busy_ticks=1000, total_ticks=5000)
+    end = MachineCpuTimes(busy_ticks=1300, total_ticks=5400)
+    # 400 ticks (2 s of 2 cores at 100 Hz), 300 busy, 1.5 s of them (150 ticks) the process's.
+    assert others_cpu_share(begin, end, 1_500_000_000, ticks_per_s=100) == pytest.approx(0.375)
+    # The process alone: nothing else; a process reading more than the machine: clamped.
+    assert others_cpu_share(begin, end, 3_000_000_000, ticks_per_s=100) == 0.0
+    assert others_cpu_share(begin, end, 5_000_000_000, ticks_per_s=100) == 0.0
+    assert others_cpu_share(None, end, 0) is None
+    assert others_cpu_share(begin, begin, 0) is None

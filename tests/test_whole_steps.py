@@ -12,6 +12,7 @@ from collections.abc import Iterator
 import pytest
 
 from tf_grpc_bench import trace_files
+from tf_grpc_bench.host import PROC_STAT
 from tf_grpc_bench.replay import cli
 from tf_grpc_bench.replay.core.measurement import Benchmark
 from tf_grpc_bench.replay.core.pacing import Pacing, Timing
@@ -19,7 +20,7 @@ from tf_grpc_bench.replay.core.workload import WORKERS_AND_PS_ONLY, Mode, trace_
 from tf_grpc_bench.replay.network import compare as network_compare
 from tf_grpc_bench.replay.runner import RunPlan, run_benchmark
 from tf_grpc_bench.replay.transport.client import ReplayClient
-from tf_grpc_bench.replay.transport.loop import PROC_STAT, begin_mid_trace
+from tf_grpc_bench.replay.transport.loop import begin_mid_trace
 from tf_grpc_bench.replay.transport.server import LocalServers
 from tf_grpc_bench.replay.transport.wire import ChannelSettings
 from tf_grpc_bench.trace import Trace

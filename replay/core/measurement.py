@@ -161,48 +161,6 @@ def in_link_time(run: RunMeasurement, time_dilation: float) -> RunMeasurement:
     )
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class MachineCpuTimes:
-    """CPU time the machine spent since boot, summed over its cores, in ``/proc/stat`` ticks."""
-
-    #: user + nice + system + irq + softirq + steal.
-    busy_ticks: int
-    #: busy + idle + iowait.
-    total_ticks: int
-
-
-#: ``/proc/stat``'s aggregate ``cpu`` line: user, nice, system, idle, iowait, irq,
-#: softirq, steal (then guest and guest_nice, already counted in user and nice).
-_PROC_STAT_BUSY = (0, 1, 2, 5, 6, 7)
-_PROC_STAT_IDLE = (3, 4)
-
-
-def parse_proc_stat(text: str) -> MachineCpuTimes:
-    """The machine's CPU times from the text of Linux's ``/proc/stat``.
-
-    Reads the aggregate ``cpu`` line (all cores); fields a kernel does not
-    report (older kernels stop after idle) count as 0.  ``ValueError`` when
-    there is no such line or its fields are not counts.
-    """
-    for line in text.splitlines():
-        fields = line.split()
-        if fields and fields[0] == "cpu":
-            try:
-                values = [int(value) for value in fields[1:]]
-            except ValueError:
-                raise ValueError(
-                    f"/proc/stat: the cpu line's fields are not counts: {line!r}"
-                ) from None
-            if len(values) < 4 or any(value < 0 for value in values):
-                raise ValueError(f"/proc/stat: expected 4 or more counts on the cpu line: {line!r}")
-            values += [0] * (8 - len(values))
-            busy = sum(values[i] for i in _PROC_STAT_BUSY)
-            return MachineCpuTimes(
-                busy_ticks=busy, total_ticks=busy + sum(values[i] for i in _PROC_STAT_IDLE)
-            )
-    raise ValueError("/proc/stat: no aggregate 'cpu' line")
-
-
 def machine_cpu_busy_share(runs: Sequence[RunMeasurement]) -> float | None:
     """Share of all the machine's cores busy over the runs (any process), or None if unknown."""
     known = [run for run in runs if run.machine_cpu_total_ticks > 0]

@@ -13,17 +13,15 @@ import signal
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Protocol
 
 from tf_grpc_bench import lifetime
 from tf_grpc_bench.errors import ConfigError, TransportError
+from tf_grpc_bench.host import MachineCpuTimes, read_machine_cpu
 from tf_grpc_bench.replay.core.measurement import (
     Benchmark,
     CallSample,
-    MachineCpuTimes,
     RunMeasurement,
-    parse_proc_stat,
 )
 from tf_grpc_bench.replay.core.pacing import next_step_begin_ns
 from tf_grpc_bench.replay.core.workload import Workload, WorkloadStep
@@ -143,18 +141,6 @@ class WorkerOutcome:
     #: The whole machine's CPU times when the run began and when it ended (None: unknown).
     machine_cpu_begin: MachineCpuTimes | None = None
     machine_cpu_end: MachineCpuTimes | None = None
-
-
-#: Where Linux says how busy the machine's cores have been since boot.
-PROC_STAT = Path("/proc/stat")
-
-
-def read_machine_cpu(path: Path = PROC_STAT) -> MachineCpuTimes | None:
-    """The machine's CPU times now (``parse_proc_stat``); None where there is no such file."""
-    try:
-        return parse_proc_stat(path.read_text())
-    except (OSError, ValueError):
-        return None
 
 
 def machine_cpu_over(outcomes: Sequence[WorkerOutcome]) -> tuple[int, int]:

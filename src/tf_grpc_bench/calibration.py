@@ -11,6 +11,12 @@ a replay times the same step here (``measure_here``, once per machine and
 workload, kept in a cache file) and scales the kept compute by here / there
 (``compute_scale``).
 
+One timing cached for good scales every later replay, so a machine's step is
+timed in fresh processes until two agree (``time_steadily``), and a timing
+during which anything else took a good share of the CPU (``/proc/stat``:
+other processes, the hypervisor's steal) counts for nothing; a step no two
+timings confirmed is used, said, and not cached.
+
 Limits (docs/fidelity.md): one ratio for all of a step's compute, measured
 on one process with the machine to itself, while training's tasks share the
 cores; a machine faster at convolutions than at the ps's element-wise apply
@@ -25,6 +31,7 @@ from __future__ import annotations
 
 import datetime
 import importlib.util
+import itertools
 import json
 import os
 import re
@@ -44,6 +51,13 @@ CALIBRATION_WORKLOAD_EXTRA = "calibration_workload"
 CACHE_ENV = "TF_GRPC_BENCH_CALIBRATION_CACHE"
 #: How long one calibration may take (TensorFlow's import and the model's build included).
 TIMEOUT_S = 900.0
+#: A timing is disturbed when anything else (other processes, the hypervisor's steal) took
+#: more than this share of the machine's CPU while it ran: a 2-core machine's 0.3 cores.
+DISTURBED_SHARE = 0.15
+#: Two timings agree when the slower is at most this times the faster.
+AGREE_RATIO = 1.2
+#: At most this many timings, each in a fresh process, to find two that agree.
+MAX_TIMINGS = 4
 #: Keras flavours a workload may name (``models.registry.KERAS_FLAVOURS``, without importing it).
 KERAS_FLAVOURS = ("keras", "tf_keras")
 
@@ -54,6 +68,53 @@ _WORKLOAD = re.compile(
 
 class CalibrationUnavailable(BenchError):
     """This machine cannot time the workload (no TensorFlow, or the timing failed)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Timing:
+    """One process's timing of a workload: its median step, and the share of the machine's
+    CPU that went to anything else meanwhile (None: not known)."""
+
+    step_ns: int
+    others_share: float | None = None
+
+    @property
+    def disturbed(self) -> bool:
+        """Others took more of the machine than a timing can ignore."""
+        return self.others_share is not None and self.others_share > DISTURBED_SHARE
+
+    def text(self) -> str:
+        busy = f" (others {self.others_share:.0%} of the CPU)" if self.disturbed else ""
+        return f"{self.step_ns / 1e6:.1f} ms{busy}"
+
+
+@dataclass(frozen=True, slots=True)
+class StepHere:
+    """This machine's step for a workload, as ``measure_here`` has it."""
+
+    step_ns: int
+    #: "cached", "measured now", or "measured now, unsteady: ..., not cached".
+    source: str
+    #: False: no two undisturbed timings agreed (the step is the best there was).
+    steady: bool = True
+
+
+@dataclass(frozen=True, slots=True)
+class Measured:
+    """What ``time_steadily`` found: the step taken, every timing, and whether two agreed."""
+
+    step_ns: int
+    timings: tuple[Timing, ...]
+    steady: bool
+
+    def unsteady_text(self) -> str:
+        """Why the step is not to be trusted (for a steady one, "")."""
+        if self.steady:
+            return ""
+        return (
+            f"unsteady: no two undisturbed timings within {AGREE_RATIO - 1:.0%} "
+            f"({', '.join(timing.text() for timing in self.timings)}), the fastest taken"
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -179,8 +240,9 @@ def remember(
         pass
 
 
-def run_calibration(workload: CalibrationWorkload, *, timeout_s: float = TIMEOUT_S) -> int:
-    """Time ``workload`` on this machine in a child process; its median step in ns.
+def run_calibration(workload: CalibrationWorkload, *, timeout_s: float = TIMEOUT_S) -> Timing:
+    """Time ``workload`` on this machine in a child process: its median step, and how much
+    of the machine went to anything else meanwhile.
 
     Raises ``CalibrationUnavailable`` when TensorFlow is not installed here or
     the child fails (its last line of stderr says why).
@@ -211,24 +273,57 @@ def run_calibration(workload: CalibrationWorkload, *, timeout_s: float = TIMEOUT
         ) from None
     lines = completed.stdout.strip().splitlines()
     try:
-        step = int(json.loads(lines[-1])["step_ns"]) if completed.returncode == 0 else 0
-    except (IndexError, KeyError, TypeError, ValueError):
-        step = 0
+        printed = json.loads(lines[-1]) if completed.returncode == 0 else {}
+        step = int(printed["step_ns"])
+        others = printed.get("others_cpu_share")
+        share = None if others is None else float(others)
+    except (IndexError, KeyError, TypeError, ValueError, AttributeError):
+        step, share = 0, None
     if step <= 0:
         reason = (completed.stderr.strip().splitlines() or ["no output"])[-1]
         raise CalibrationUnavailable(f"timing {workload.text} failed: {reason}")
-    return step
+    return Timing(step, share)
 
 
-def measure_here(machine: str, workload: CalibrationWorkload) -> tuple[int, bool]:
-    """This machine's step for ``workload``: (ns, True) from the cache, else measured
-    now and cached, (ns, False)."""
+def time_steadily(
+    workload: CalibrationWorkload,
+    time_once: Callable[[CalibrationWorkload], Timing] = run_calibration,
+) -> Measured:
+    """Time ``workload`` in fresh processes until two undisturbed timings agree (within
+    ``AGREE_RATIO``), at most ``MAX_TIMINGS`` times; the step is the faster of the fastest
+    agreeing pair, else (unsteady) the fastest undisturbed timing, else the fastest.
+
+    A slowdown only ever lengthens a step, so of timings that agree the faster is
+    the machine's; two are needed because one process can be slowed by what no
+    counter here sees (a neighbour on the host, the CPU's clock).
+    """
+    timings: list[Timing] = []
+    while len(timings) < MAX_TIMINGS:
+        timings.append(time_once(workload))
+        steps = sorted(timing.step_ns for timing in timings if not timing.disturbed)
+        for faster, slower in itertools.pairwise(steps):
+            if slower <= faster * AGREE_RATIO:
+                return Measured(faster, tuple(timings), steady=True)
+    pool = [timing for timing in timings if not timing.disturbed] or timings
+    return Measured(min(timing.step_ns for timing in pool), tuple(timings), steady=False)
+
+
+def measure_here(
+    machine: str,
+    workload: CalibrationWorkload,
+    time_once: Callable[[CalibrationWorkload], Timing] = run_calibration,
+) -> StepHere:
+    """This machine's step for ``workload``: from the cache, else timed now
+    (``time_steadily``) and cached if steady; an unsteady step is used but not cached."""
     known = cached(machine, workload)
     if known is not None:
-        return known, True
-    step = run_calibration(workload)
-    remember(machine, workload, step)
-    return step, False
+        return StepHere(known, "cached")
+    measured = time_steadily(workload, time_once)
+    if not measured.steady:
+        source = f"measured now, {measured.unsteady_text()}, not cached"
+        return StepHere(measured.step_ns, source, steady=False)
+    remember(machine, workload, measured.step_ns)
+    return StepHere(measured.step_ns, "measured now")
 
 
 def calibration_line(extra: tuple[tuple[str, str], ...]) -> str:
@@ -266,7 +361,7 @@ def compute_to_here(
     *,
     required: bool,
     max_scale: float,
-    measure: Callable[[str, CalibrationWorkload], tuple[int, bool]] = measure_here,
+    measure: Callable[[str, CalibrationWorkload], StepHere] = measure_here,
 ) -> ComputeToHere | None:
     """The scale taking a trace's compute (``extra`` records its calibration) to ``here``.
 
@@ -291,16 +386,16 @@ def compute_to_here(
     if not required and captured == here:
         return None
     try:
-        step_here, was_cached = measure(here, recorded.workload)
+        measured = measure(here, recorded.workload)
     except CalibrationUnavailable as error:
         if required:
             raise ConfigError(f"--compute here: {error}") from None
         return ComputeToHere(1.0, f"none: {error}", calibrated=False)
-    scale = step_here / recorded.step_ns
-    source = "cached" if was_cached else "measured now"
+    scale = measured.step_ns / recorded.step_ns
     steps = (
         f"{recorded.workload.text}: {recorded.step_ns / 1e6:.1f} ms a step on "
-        f"{captured or 'the capture machine'}, {step_here / 1e6:.1f} ms on {here} ({source})"
+        f"{captured or 'the capture machine'}, {measured.step_ns / 1e6:.1f} ms on {here} "
+        f"({measured.source})"
     )
     if scale > max_scale:
         why = (
