@@ -187,6 +187,11 @@ def test_only_a_steady_step_is_cached(tmp_path: Path, monkeypatch: pytest.Monkey
     steady = calibration.measure_here("Xeon, 2 CPUs", RESNET, time_once)
     assert steady == StepHere(110_000_000, "measured now") and len(asked) == 2
     assert calibration.cached("Xeon, 2 CPUs", RESNET) == 110_000_000
+    entry = json.loads((tmp_path / "calibrations.json").read_text())
+    assert entry["Xeon, 2 CPUs | resnet50 32x32 batch 4 keras"]["timings"] == [
+        {"step_ns": 120_000_000, "others_cpu_share": 0.0},
+        {"step_ns": 110_000_000, "others_cpu_share": 0.01},
+    ]
     assert calibration.measure_here("Xeon, 2 CPUs", RESNET, time_once).source == "cached"
 
 

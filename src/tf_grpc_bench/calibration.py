@@ -219,14 +219,25 @@ def cached(machine: str, workload: CalibrationWorkload, path: Path | None = None
 
 
 def remember(
-    machine: str, workload: CalibrationWorkload, step_ns: int, path: Path | None = None
+    machine: str,
+    workload: CalibrationWorkload,
+    step_ns: int,
+    path: Path | None = None,
+    *,
+    timings: tuple[Timing, ...] = (),
 ) -> None:
-    """Keep a measured step in the cache; a cache that cannot be written is skipped."""
+    """Keep a measured step in the cache, with the timings it was taken from (each step
+    and others' share of the CPU, for whoever reads the file); a cache that cannot be
+    written is skipped."""
     path = path or cache_path()
     data = _read_cache(path)
     data[_cache_key(machine, workload)] = {
         "step_ns": step_ns,
         "measured_utc": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "timings": [
+            {"step_ns": timing.step_ns, "others_cpu_share": timing.others_share}
+            for timing in timings
+        ],
     }
     try:
         text = json.dumps(data, indent=2, sort_keys=True) + "\n"
@@ -322,7 +333,7 @@ def measure_here(
     if not measured.steady:
         source = f"measured now, {measured.unsteady_text()}, not cached"
         return StepHere(measured.step_ns, source, steady=False)
-    remember(machine, workload, measured.step_ns)
+    remember(machine, workload, measured.step_ns, timings=measured.timings)
     return StepHere(measured.step_ns, "measured now")
 
 
