@@ -167,11 +167,14 @@ def test_a_step_no_two_timings_confirm_is_the_fastest_and_says_so() -> None:
     assert len(asked) == calibration.MAX_TIMINGS == 4
     assert measured.unsteady_text() == (
         "unsteady: no two undisturbed timings within 20% (100.0 ms, 150.0 ms, "
-        "400.0 ms (others 60% of the CPU), 230.0 ms), the fastest taken"
+        "400.0 ms (others 60% of the CPU), 230.0 ms), the fastest undisturbed taken"
     )
     # Every timing disturbed: the fastest of them all.
     time_once, _ = _timings((500.0, 0.5), (300.0, 0.3), (900.0, 0.9), (700.0, 0.2))
-    assert calibration.time_steadily(RESNET, time_once).step_ns == 300_000_000
+    disturbed = calibration.time_steadily(RESNET, time_once)
+    assert disturbed.step_ns == 300_000_000
+    text = disturbed.unsteady_text()
+    assert text.endswith("700.0 ms (others 20% of the CPU)), the fastest taken")
 
 
 def test_only_a_steady_step_is_cached(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -180,7 +183,7 @@ def test_only_a_steady_step_is_cached(tmp_path: Path, monkeypatch: pytest.Monkey
     unsteady = calibration.measure_here("Xeon, 2 CPUs", RESNET, time_once)
     assert (unsteady.step_ns, unsteady.steady) == (100_000_000, False)
     assert unsteady.source.startswith("measured now, unsteady: no two undisturbed timings")
-    assert unsteady.source.endswith(", the fastest taken, not cached")
+    assert unsteady.source.endswith(", the fastest undisturbed taken, not cached")
     assert calibration.cached("Xeon, 2 CPUs", RESNET) is None
     # The next asks again, and keeps a steady step for good.
     time_once, asked = _timings((120.0, 0.0), (110.0, 0.01))

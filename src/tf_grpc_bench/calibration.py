@@ -111,9 +111,11 @@ class Measured:
         """Why the step is not to be trusted (for a steady one, "")."""
         if self.steady:
             return ""
+        disturbed = all(timing.disturbed for timing in self.timings)
+        taken = "fastest" if disturbed else "fastest undisturbed"
         return (
             f"unsteady: no two undisturbed timings within {AGREE_RATIO - 1:.0%} "
-            f"({', '.join(timing.text() for timing in self.timings)}), the fastest taken"
+            f"({', '.join(timing.text() for timing in self.timings)}), the {taken} taken"
         )
 
 
