@@ -17,8 +17,11 @@ script (root: it builds network namespaces):
 4. writes the ratios, the link's physical bound (the heavier direction's
    bytes of a round over the link rate) and the replay's CPU into the
    ``## Fidelity`` section of ``bench/README.md``;
-5. keeps every replay's run directory under ``--logdir`` (default
-   ``runs/fidelity``), one folder per model and setup, with a ``comparison``
+5. keeps the traces (``MODEL-loopback.tfgbtrace``, ``MODEL-PROFILE.tfgbtrace``)
+   and every replay's run directory (``PROFILE-lo``, ``PROFILE-link``) under
+   ``--logdir`` (default ``runs/fidelity``), one folder per model and setup,
+   so each can be taken apart afterwards (``tf-grpc-bench inspect``,
+   ``timeline``), with a ``comparison``
    TensorBoard run per model: step time against link rate for the replay
    (from the loopback trace), training and the link's bound, and latency per
    size class per link (``tensorboard --logdir runs/fidelity``).
@@ -38,7 +41,6 @@ import os
 import statistics
 import subprocess
 import sys
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -80,6 +82,9 @@ class Prediction:
     document: Path
     #: The time dilation ``network compare`` chose (1: none).
     time_dilation: float = 1.0
+    #: The last replay's own step where ``step_s`` is the limit of its dilations
+    #: (``comparison.json``'s ``predicted_step_s``), else None.
+    last_step_s: float | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -185,11 +190,18 @@ def predict(
     prediction = statistics_block.get("prediction")
     if not prediction or prediction.get("step_ns") is None:
         return None
+    step_s = last_step_s = prediction["step_ns"] / 1e9
+    # The comparison's prediction: the limit of its dilated replays where it fitted one.
+    for summary in sorted(output_dir.glob("*-compare/comparison.json"))[-1:]:
+        (profile_summary,) = json.loads(summary.read_text())["profiles"]
+        if profile_summary.get("predicted_step_s") is not None:
+            step_s = profile_summary["predicted_step_s"]
     cores = (statistics_block.get("client_cpu_utilization") or 0.0) + (
         statistics_block.get("server_cpu_utilization") or 0.0
     )
     return Prediction(
-        step_s=prediction["step_ns"] / 1e9,
+        step_s=step_s,
+        last_step_s=last_step_s if step_s != last_step_s else None,
         cpu_per_round_s=cpu_per_round(document["benchmarks"][0]),
         compute_s=(prediction.get("compute_ns") or 0.0) / 1e9,
         cpu_cores=cores,
@@ -212,16 +224,14 @@ def cpu_per_round(benchmark: dict) -> float | None:
     return (client + server) * dilation / 1e9 / (steps / workers)
 
 
-def measure(
-    model: str, setup: str, profiles: list[str], steps: int, scratch: Path, logdir: Path
-) -> list[Row]:
+def measure(model: str, setup: str, profiles: list[str], steps: int, logdir: Path) -> list[Row]:
     folder = logdir / f"{model}-{setup}"
     loopback_trace = folder / f"{model}-loopback.tfgbtrace"
     folder.mkdir(parents=True, exist_ok=True)
     capture(model, setup, steps, loopback_trace, None)
     rows = []
     for profile in profiles:
-        link_trace = scratch / f"{model}-{profile}.tfgbtrace"
+        link_trace = folder / f"{model}-{profile}.tfgbtrace"
         trained = capture(model, setup, steps, link_trace, profile)
         rows.append(
             Row(
@@ -230,7 +240,7 @@ def measure(
                 training_s=round_seconds(trained),
                 link_bound_s=link_bound_seconds(trained, profile),
                 from_loopback=predict(loopback_trace, profile, folder / f"{profile}-lo"),
-                from_link=predict(link_trace, profile, scratch / f"{model}-{profile}-link"),
+                from_link=predict(link_trace, profile, folder / f"{profile}-link"),
             )
         )
         print(rows[-1], file=sys.stderr, flush=True)
@@ -264,6 +274,8 @@ def _prediction_cells(prediction: Prediction | None, training_s: float) -> list[
     ratio = prediction.step_s / training_s
     bound = " (replay CPU-bound)" if prediction.cpu_cores >= CPU_BOUND_CORES else ""
     dilated = f" (x{prediction.time_dilation:g})" if prediction.time_dilation != 1 else ""
+    if prediction.last_step_s is not None:
+        dilated = f" (limit; x{prediction.time_dilation:g}: {prediction.last_step_s:.2f} s)"
     return [f"{prediction.step_s:.2f} s{dilated}", f"{ratio:.2f}{bound}"]
 
 
@@ -280,7 +292,9 @@ def report(rows: list[Row], setup: str, command: str, before: str, after: str) -
         "predicted step (dependencies pacing, compute kept) of the PS-throughput replay across",
         "the same link, of a trace captured on loopback and of the one captured on the link,",
         "with network compare's default automatic time dilation: '(xK)' marks a replay run K",
-        "times slower on a link K times slower, its times divided by K (docs/fidelity.md).",
+        "times slower on a link K times slower, its times divided by K (docs/fidelity.md);",
+        "'(limit; xK: P)': the step's limit as the dilation grows, fitted through the dilated",
+        "replays (step = S + c/K), which network compare predicts, and the last one's step P.",
         f"'replay CPU-bound': replay client and server used >= {CPU_BOUND_CORES} of 2 cores.",
         "'replay CPU': the loopback-trace replay's client and server CPU seconds per replayed",
         "round; 'CPU floor': that over this machine's cores, the shortest round it could replay",
@@ -320,15 +334,11 @@ def main() -> int:
     )
     args = parser.parse_args()
     command = command_line("bench/fidelity.py", sys.argv[1:])
-    with (
-        lifetime.interrupt_on_signals(),
-        tempfile.TemporaryDirectory(prefix="tfgb-fidelity-") as scratch,
-    ):
+    with lifetime.interrupt_on_signals():
         for model in args.models.split(","):
             before = load_average()
             rows = measure(
-                model, args.setup, args.profiles.split(","), args.steps, Path(scratch),
-                Path(args.logdir),
+                model, args.setup, args.profiles.split(","), args.steps, Path(args.logdir)
             )  # fmt: skip
             body = report(rows, args.setup, command, before, load_average())
             print(body)

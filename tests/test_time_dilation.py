@@ -226,7 +226,7 @@ def _automatic(
     steps_s: dict[float, float],
     *,
     dilatable: bool = True,
-    cores: float = 0.5,
+    cores: float | dict[float, float] = 0.5,
 ) -> tuple[compare.ProfileOutcome, list[float], list[str]]:
     """``_replay_profile`` of a 1gbit link in automatic mode, each replay at dilation K
     predicting ``steps_s[K]``: what it returned, the dilations replayed, its lines."""
@@ -236,7 +236,8 @@ def _automatic(
         config: compare.CompareConfig, profile: netns.LinkProfile, on_line: object, k: float
     ) -> compare.ProfileOutcome:
         replayed.append(k)
-        document = _document(cores=cores, step_ns=round(steps_s[k] * 1e9))
+        busy = cores[k] if isinstance(cores, dict) else cores
+        document = _document(cores=busy, step_ns=round(steps_s[k] * 1e9))
         return compare.ProfileOutcome(
             profile=profile, results_path=None, document=document, time_dilation=k
         )
@@ -262,10 +263,11 @@ def test_automatic_dilation_replays_until_the_step_stops_moving(
     assert lines[0].endswith("replaying again at time dilation 2 (does the step depend on the "
                              "replay's own speed?)")  # fmt: skip
     line = compare._dilation_line(outcome)
-    assert line.endswith("(predicted before: 10.000 s at 1, 9.000 s at 2, 8.200 s at 4)")
-    # A quiet replay whose step does not move is replayed once more, and no further.
-    outcome, replayed, _ = _automatic(monkeypatch, tmp_path, {1.0: 3.7, 2.0: 3.65})
-    assert replayed == [1.0, 2.0] and outcome.tried == ((1.0, 3.7),)
+    assert "(predicted before: 10.000 s at 1, 9.000 s at 2, 8.200 s at 4); " in line
+    # A quiet replay whose step does not move is still dilated twice (K = 2 and 4: two
+    # points for the limit), and no further.
+    outcome, replayed, _ = _automatic(monkeypatch, tmp_path, {1.0: 3.7, 2.0: 3.65, 4.0: 3.66})
+    assert replayed == [1.0, 2.0, 4.0] and outcome.tried == ((1.0, 3.7), (2.0, 3.65))
     # Never past the cap.
     moving = {1.0: 32.0, 2.0: 16.0, 4.0: 8.0, 8.0: 4.0, 16.0: 2.0}
     outcome, replayed, _ = _automatic(monkeypatch, tmp_path, moving)
@@ -285,6 +287,66 @@ def test_automatic_dilation_of_a_mixed_run_says_why_it_did_not_dilate(
         "its machine); time dilation applies to a trace's ps-throughput replay alone "
         "(--benchmark ps-throughput)"
     ]
+
+
+def test_the_limit_is_fitted_through_the_dilated_replays() -> None:
+    # A step of S + c/K is found again exactly, from any two dilated replays or more;
+    # the undilated replay (often the replay's CPU) takes no part.
+    exact = [(k, 4.0 + 1.3 / k) for k in (1.0, 2.0, 4.0, 8.0)]
+    limit = compare.dilation_limit(exact)
+    assert limit is not None and limit.extrapolated
+    assert limit.step_s == pytest.approx(4.0) and limit.overhead_s == pytest.approx(1.3)
+    assert [k for k, _ in limit.points] == [2.0, 4.0, 8.0]
+    two = compare.dilation_limit(exact[2:])
+    assert two is not None and two.step_s == pytest.approx(4.0)
+    # VGG-16 at 5 Gbit/s (2026-12-03 08:22, the loopback trace): 4.579, 4.348, 4.190 s at
+    # K = 2, 4, 8, still falling by 3.6% when the 5% rule stopped; the fit says 4.07 s.
+    vgg = compare.dilation_limit([(1.0, 5.250), (2.0, 4.579), (4.0, 4.348), (8.0, 4.190)])
+    assert vgg is not None and vgg.step_s == pytest.approx(4.0745, abs=1e-3)
+    assert vgg.describe() == (
+        "as the dilation grows (step = S + c/K through K = 2, 4, 8): S = 4.075 s "
+        "(c = 1.021 s), the prediction"
+    )
+    # A step that did not fall with the dilation is not extrapolated (upwards or at all):
+    # the last replay's step stands.
+    flat = compare.dilation_limit([(2.0, 0.815), (4.0, 0.836)])
+    assert flat is not None and not flat.extrapolated and flat.step_s == 0.836
+    assert flat.describe().startswith("the step did not fall with the dilation (K = 2, 4)")
+    # Fewer than two dilated replays: nothing to fit through.
+    assert compare.dilation_limit([(1.0, 3.0), (2.0, 2.9)]) is None
+    assert compare.dilation_limit([]) is None
+
+
+def test_automatic_dilation_predicts_the_limit_of_the_replays_not_bound_by_their_machine(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    steps = {1.0: 6.0, 2.0: 4.0 + 1.2 / 2, 4.0: 4.0 + 1.2 / 4, 8.0: 4.0 + 1.2 / 8}
+    outcome, replayed, lines = _automatic(monkeypatch, tmp_path, steps)
+    assert replayed == [1.0, 2.0, 4.0, 8.0]
+    assert outcome.limit is not None and outcome.predicted_step_s == pytest.approx(4.0)
+    assert lines[-1].startswith("1gbit: the step's limit as the dilation grows")
+    assert compare._dilation_line(outcome).endswith("S = 4.000 s (c = 1.200 s), the prediction")
+    # A replay bound by its machine is no point of S + c/K: left out of the fit.
+    busy = {1.0: 1.9, 2.0: 1.9, 4.0: 0.5, 8.0: 0.5}
+    bound_steps = {**steps, 2.0: 5.5}
+    outcome, _, _ = _automatic(monkeypatch, tmp_path, bound_steps, cores=busy)
+    assert outcome.limit is not None and [k for k, _ in outcome.limit.points] == [4.0, 8.0]
+    assert outcome.predicted_step_s == pytest.approx(4.0)
+    # Without two unbound dilated replays there is no limit: the last replay's step.
+    outcome, _, _ = _automatic(
+        monkeypatch, tmp_path, {1.0: 3.0, 2.0: 3.0, 4.0: 3.0}, cores={1.0: 0.5, 2.0: 1.9, 4.0: 0.5}
+    )
+    assert outcome.limit is None and outcome.predicted_step_s == pytest.approx(3.0)
+    # The comparison's JSON says all of it, per profile.
+    outcome, _, _ = _automatic(monkeypatch, tmp_path, steps)
+    (written,) = compare.comparison_json([outcome])["profiles"]
+    assert written["profile"] == "1gbit" and written["time_dilation"] == 8.0
+    assert [r["time_dilation"] for r in written["replays"]] == [1.0, 2.0, 4.0, 8.0]
+    assert written["replays"][0]["step_s"] == pytest.approx(6.0)
+    assert written["step_s"] == pytest.approx(4.15)
+    assert written["predicted_step_s"] == pytest.approx(4.0)
+    assert written["limit"]["time_dilations"] == [2.0, 4.0, 8.0]
+    assert written["limit"]["extrapolated"] is True
 
 
 def test_successive_dilations_converge_when_the_step_moves_less_than_five_percent() -> None:
@@ -416,6 +478,16 @@ def test_compare_replays_a_dilated_link_shaped_that_much_slower(tmp_path: Path) 
     text = (compare_dir / compare.COMPARISON_FILE).read_text()
     assert "- 200mbit: replayed 2 times slower, on a 100mbit link" in text
     assert "unlimited: replayed" not in text
+    assert "time dilation (docs/fidelity.md):\n- 200mbit: replayed 2 times" in completed.stdout
+    # The JSON beside it: a fixed dilation fits no limit, so the replay's step is the
+    # prediction, as the results document has it.
+    written = json.loads((compare_dir / compare.COMPARISON_JSON).read_text())
+    shaped, unshaped = written["profiles"]
+    assert (shaped["profile"], shaped["time_dilation"], shaped["limit"]) == ("200mbit", 2.0, None)
+    assert shaped["results"] == str(limited)
+    step_s = statistics.median(throughput.step_times_ns) / 1e9
+    assert shaped["predicted_step_s"] == shaped["step_s"] == pytest.approx(step_s)
+    assert (unshaped["profile"], unshaped["time_dilation"]) == ("unlimited", 1.0)
 
 
 @pytest.mark.parametrize(

@@ -14,10 +14,12 @@ from hypothesis import strategies as st
 
 from tf_grpc_bench import trace_files
 from tf_grpc_bench.protos import xplane_pb2
+from tf_grpc_bench.replay.core.measurement import CallSample
 from tf_grpc_bench.replay.core.workload import captured_critical_paths
 from tf_grpc_bench.replay.output import document as results
 from tf_grpc_bench.replay.output.timeline import (
     Slice,
+    _Replayed,
     gaps,
     pack,
     profile_bytes,
@@ -191,6 +193,35 @@ def test_a_replay_draws_each_measured_call_named_by_the_trace_rpc_it_replayed(
         assert args["replayed_as"] == "pull"
     profile = replay_run / "ps-throughput" / "plugins" / "profile" / "timeline"
     assert (profile / "ps-throughput.xplane.pb").stat().st_size > 0
+
+
+def test_a_call_is_drawn_as_pushed_only_when_its_server_stood_for_the_trace_caller() -> None:
+    # A whole-step replay of a tf2-ps trace serves the workers too (stand-ins for
+    # the chief's calls), so "the caller is a server" is no test of a reversed call.
+    trace = trace_files.read_trace(trace_files.shipped_trace_path("resnet50-tf2ps.tfgbtrace"))
+    servers = ["/job:ps/task:0", "/job:ps/task:1", "/job:worker/task:0", "/job:worker/task:1"]
+    named = _Replayed(trace=trace, clients=["/job:worker/task:0"], servers=servers, origin=0)
+    step = trace.steps[1]
+    seen = set()
+    for index, rpc in enumerate(step.rpcs):
+        caller, callee = trace.task_name(rpc.caller_task), trace.task_name(rpc.callee_task)
+        if caller == callee:
+            continue
+        reversed_call = caller.startswith("/job:ps") and not callee.startswith("/job:ps")
+        server = servers.index(caller if reversed_call else callee)
+        sample = CallSample(
+            start_ns=0, latency_ns=1, request_bytes=rpc.request_bytes,
+            response_bytes=rpc.response_bytes,
+            payload_bytes=max(rpc.request_bytes, rpc.response_bytes, 1),
+            server_index=server, step=step.index, rpc_index=index,
+        )  # fmt: skip
+        args = dict(named.slice(sample).args)
+        expected = "push (the trace's response as request)" if reversed_call else "pull"
+        assert args["replayed_as"] == expected, (caller, callee)
+        seen.add((caller.split("/")[1], callee.split("/")[1], expected))
+    assert ("job:worker", "job:ps", "pull") in seen
+    assert ("job:ps", "job:worker", "push (the trace's response as request)") in seen
+    assert ("job:chief", "job:worker", "pull") in seen
 
 
 def test_timeline_command_redraws_a_run_and_draws_a_trace(replay_run: Path, tmp_path: Path) -> None:

@@ -227,6 +227,9 @@ def _compare(
         config, on_line=(lambda line: None) if args.quiet else print
     )
     print(comparison.markdown)
+    if comparison.dilations:
+        print("time dilation (docs/fidelity.md):")
+        print("\n".join(comparison.dilations))
     print(f"comparison: {output_dir / network_compare.COMPARISON_FILE}")
     print(f"view:       tensorboard --logdir {output_dir}")
     if comparison.interrupted is not None:

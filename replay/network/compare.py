@@ -25,6 +25,7 @@ if any, are still listed) and the next profile runs.
 from __future__ import annotations
 
 import contextlib
+import json
 import re
 import selectors
 import subprocess
@@ -219,6 +220,15 @@ class ProfileOutcome:
     #: Automatic dilation: the dilations replayed before this one and the step each
     #: predicted (their run directories are kept beside this one's).
     tried: tuple[tuple[float, float | None], ...] = ()
+    #: Automatic dilation: the step's limit as the dilation grows (``dilation_limit``),
+    #: through the dilated replays not bound by their machine; None without two.
+    limit: DilationLimit | None = None
+
+    @property
+    def predicted_step_s(self) -> float | None:
+        """The step this profile's replays predict: the dilation limit where there is
+        one, else the (last) replay's step."""
+        return self.limit.step_s if self.limit is not None else _step_s(self.document)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -228,6 +238,8 @@ class Comparison:
     markdown: str
     #: The stop signal that ended the comparison early (the profiles done are kept).
     interrupted: int | None = None
+    #: Per dilated profile, how it was dilated and the step predicted (``comparison.md``).
+    dilations: tuple[str, ...] = ()
 
     @property
     def failed(self) -> tuple[ProfileOutcome, ...]:
@@ -269,6 +281,62 @@ def _wait_for_line(process: subprocess.Popen[str], prefix: str, timeout_s: float
 AUTO_DILATION_CPU_SHARE = 0.5
 MAX_AUTO_DILATION = 16.0
 CONVERGED_STEP_CHANGE = 0.05
+#: Dilated replays (K >= 2) automatic dilation makes at least, so that the step's
+#: limit as the dilation grows (``dilation_limit``) has two points to be fitted through.
+MIN_DILATED_REPLAYS = 2
+COMPARISON_JSON = "comparison.json"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class DilationLimit:
+    """The replayed step as the dilation grows without bound, from dilated replays.
+
+    A dilation K divides the replay's own costs that do not stretch with the
+    link (its CPU per call on the critical path, the copies of a large message
+    before its first byte leaves and after its last arrives) by K, so a replay
+    at K predicts ``step_s + overhead_s / K`` (the step's limit plus what is
+    left of that overhead).  Fitted by least squares through the dilated
+    replays' steps (``dilations``); where the step did not fall with the
+    dilation (``overhead_s`` would be 0 or less: the replay's speed no longer
+    showed), nothing is extrapolated and ``step_s`` is the last replay's step.
+    """
+
+    step_s: float
+    overhead_s: float
+    #: (dilation, predicted step) of the replays fitted through, in order.
+    points: tuple[tuple[float, float], ...]
+
+    @property
+    def extrapolated(self) -> bool:
+        return self.overhead_s > 0
+
+    def describe(self) -> str:
+        through = ", ".join(f"{k:g}" for k, _ in self.points)
+        if not self.extrapolated:
+            return (
+                f"the step did not fall with the dilation (K = {through}): the last "
+                f"replay's {self.step_s:.3f} s is the prediction"
+            )
+        return (
+            f"as the dilation grows (step = S + c/K through K = {through}): S = "
+            f"{self.step_s:.3f} s (c = {self.overhead_s:.3f} s), the prediction"
+        )
+
+
+def dilation_limit(points: Sequence[tuple[float, float]]) -> DilationLimit | None:
+    """``DilationLimit`` of replays ``(dilation, step_s)``, in the order replayed; only
+    dilated ones (K > 1) count.  None with fewer than two (nothing to fit through)."""
+    fitted = tuple((k, step) for k, step in points if k > 1)
+    if len(fitted) < 2:
+        return None
+    xs = [1.0 / k for k, _ in fitted]
+    ys = [step for _, step in fitted]
+    mean_x, mean_y = sum(xs) / len(xs), sum(ys) / len(ys)
+    spread = sum((x - mean_x) ** 2 for x in xs)
+    slope = sum((x - mean_x) * (y - mean_y) for x, y in zip(xs, ys, strict=True)) / spread
+    if slope <= 0:
+        return DilationLimit(step_s=ys[-1], overhead_s=0.0, points=fitted)
+    return DilationLimit(step_s=mean_y - slope * mean_x, overhead_s=slope, points=fitted)
 
 
 def _prediction(document: results.ResultDocument | None) -> dict[str, Any] | None:
@@ -367,10 +435,18 @@ def _replay_profile(
     dilation = config.time_dilation or 1.0
     outcome = _run_profile(config, profile, on_line, dilation)
     tried: list[tuple[float, float | None]] = []
+    #: (dilation, step) of the replays not bound by their machine, for the limit.
+    unbound: list[tuple[float, float]] = []
     previous: results.ResultDocument | None = None
     while config.time_dilation is None and not outcome.error:
+        _keep_unbound(unbound, dilation, outcome.document)
         following = next_dilation(outcome.document, dilation)
-        if following is None or (previous is not None and converged(previous, outcome.document)):
+        dilated = sum(1 for k, _ in [*tried, (dilation, None)] if k > 1)
+        if following is None or (
+            previous is not None
+            and converged(previous, outcome.document)
+            and dilated >= MIN_DILATED_REPLAYS
+        ):
             break
         busy = _busy(outcome.document)
         if not config.dilatable:
@@ -390,7 +466,21 @@ def _replay_profile(
         tried.append((dilation, step_s))
         previous, dilation = outcome.document, following
         outcome = _run_profile(config, profile, on_line, dilation)
-    return replace(outcome, tried=tuple(tried))
+    limit = None if outcome.error else dilation_limit(unbound)
+    if limit is not None:
+        on_line(f"{profile.name}: the step's limit {limit.describe()}")
+    return replace(outcome, tried=tuple(tried), limit=limit)
+
+
+def _keep_unbound(
+    kept: list[tuple[float, float]], dilation: float, document: results.ResultDocument | None
+) -> None:
+    """Add a replay's ``(dilation, step)`` to ``kept`` unless it predicts no step or was
+    bound by its machine (its step is then the machine's, not the overhead's 1/K)."""
+    prediction = _prediction(document)
+    if prediction is None or prediction["step_ns"] is None or prediction["replay_bound"]:
+        return
+    kept.append((dilation, float(prediction["step_ns"]) / 1e9))
 
 
 def _step_s(document: results.ResultDocument | None) -> float | None:
@@ -554,6 +644,9 @@ def compare_networks(
     )
     with lifetime.deferred_signals():
         (config.output_dir / COMPARISON_FILE).write_text(text, encoding="utf-8")
+        (config.output_dir / COMPARISON_JSON).write_text(
+            json.dumps(comparison_json(outcomes, interrupted), indent=1) + "\n", encoding="utf-8"
+        )
         if documents:
             write_tensorboard_comparison(config.output_dir, documents)
     return Comparison(
@@ -561,7 +654,44 @@ def compare_networks(
         outcomes=tuple(outcomes),
         markdown=markdown,
         interrupted=interrupted,
+        dilations=tuple(dilations),
     )
+
+
+def comparison_json(
+    outcomes: Sequence[ProfileOutcome], interrupted: int | None = None
+) -> dict[str, Any]:
+    """``comparison.json``: per profile, its replays' steps and the step they predict
+    (``predicted_step_s``: the dilation limit where there is one, else the replay's step)."""
+
+    def profile_json(outcome: ProfileOutcome) -> dict[str, Any]:
+        limit = outcome.limit
+        replays = [*outcome.tried, (outcome.time_dilation, _step_s(outcome.document))]
+        return {
+            "profile": outcome.profile.name,
+            "rate_bits_per_s": outcome.profile.rate_bits_per_s,
+            "results": None if outcome.results_path is None else str(outcome.results_path),
+            "error": outcome.error,
+            "time_dilation": outcome.time_dilation,
+            "replays": [{"time_dilation": k, "step_s": step} for k, step in replays],
+            "step_s": _step_s(outcome.document),
+            "predicted_step_s": outcome.predicted_step_s,
+            "limit": None
+            if limit is None
+            else {
+                "step_s": limit.step_s,
+                "overhead_s": limit.overhead_s,
+                "extrapolated": limit.extrapolated,
+                "time_dilations": [k for k, _ in limit.points],
+            },
+        }
+
+    return {
+        "format": "tf-grpc-bench network comparison",
+        "format_version": 1,
+        "interrupted": None if interrupted is None else lifetime.signal_name(interrupted),
+        "profiles": [profile_json(o) for o in outcomes],
+    }
 
 
 def _dilation_line(outcome: ProfileOutcome) -> str:
@@ -578,6 +708,8 @@ def _dilation_line(outcome: ProfileOutcome) -> str:
             f"{'?' if step is None else f'{step:.3f} s'} at {k:g}" for k, step in outcome.tried
         )
         line += f" (predicted before: {tried})"
+    if outcome.limit is not None:
+        line += f"; the step's limit {outcome.limit.describe()}"
     return line
 
 

@@ -337,7 +337,11 @@ class _Replayed:
             ("rpc_index", sample.rpc_index),
         ]
         if rpc is not None and self.trace is not None:
-            pushed = self.trace.task_name(rpc.caller_task) in self.servers
+            # Reversed (the trace's response carried as the request) when the
+            # server the call went to stood for the trace's caller.  Not "the
+            # caller is a server": with stand-in servers, workers serve too.
+            caller = self.trace.task_name(rpc.caller_task)
+            pushed = server < len(self.servers) and self.servers[server] == caller
             args.append(
                 ("replayed_as", "push (the trace's response as request)" if pushed else "pull")
             )
