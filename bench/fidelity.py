@@ -257,7 +257,12 @@ def write_comparison(directory: Path, rows: list[Row]) -> None:
     ]
     if documents:
         training = {row.profile: row.training_s for row in rows}
-        write_tensorboard_comparison(directory, documents, training_s=training)
+        predicted = {
+            row.profile: row.from_loopback.step_s for row in rows if row.from_loopback is not None
+        }
+        write_tensorboard_comparison(
+            directory, documents, training_s=training, predicted_s=predicted
+        )
 
 
 def _cpu_cells(prediction: Prediction | None) -> list[str]:

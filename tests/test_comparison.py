@@ -54,6 +54,10 @@ def test_points_carry_replay_training_and_bound_per_link_by_rate() -> None:
         assert point.replay_step_s == comparison.replay_step_s(predicted, 2)
     assert points[0].link_bound_s == pytest.approx(10 * points[2].link_bound_s)  # type: ignore[operator]
     assert points[-1].link_bound_s is None
+    # network compare's prediction of a network (the limit of its dilated replays)
+    # takes the place of its document's step; the others keep theirs.
+    limited = comparison.link_points(_documents(), trace=trace, predicted_s={"2.5gbit": 1.25})
+    assert [p.replay_step_s for p in limited][:2] == [points[0].replay_step_s, 1.25]
 
 
 def test_charts_are_pngs_of_their_stated_size() -> None:

@@ -630,5 +630,8 @@ def test_network_compare_stopped_keeps_the_profiles_done_and_the_partial_one(
     assert err.count("\n") == 1 and "interrupted (SIGTERM)" in err
     comparison = next(tmp_path.glob("out/*-compare/comparison.md")).read_text()
     assert "| unlimited |" in comparison and "Interrupted (SIGTERM)." in comparison
+    summary = json.loads(next(tmp_path.glob("out/*-compare/comparison.json")).read_text())
+    assert summary["interrupted"] == "SIGTERM"
+    assert [p["profile"] for p in summary["profiles"]][:1] == ["unlimited"]
     assert "1gbit, p2p-latency: interrupted by SIGTERM" in out
     _assert_nothing_left(processes, set())

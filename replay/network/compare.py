@@ -648,7 +648,8 @@ def compare_networks(
             json.dumps(comparison_json(outcomes, interrupted), indent=1) + "\n", encoding="utf-8"
         )
         if documents:
-            write_tensorboard_comparison(config.output_dir, documents)
+            predicted = {o.profile.name: o.limit.step_s for o in outcomes if o.limit is not None}
+            write_tensorboard_comparison(config.output_dir, documents, predicted_s=predicted)
     return Comparison(
         output_dir=config.output_dir,
         outcomes=tuple(outcomes),
@@ -717,15 +718,19 @@ def write_tensorboard_comparison(
     output_dir: Path,
     documents: Sequence[results.ResultDocument],
     training_s: Mapping[str, float] | None = None,
+    predicted_s: Mapping[str, float] | None = None,
 ) -> Path:
     """The ``comparison`` TensorBoard run beside the profiles' runs (``output.comparison``):
     step time against link rate (replay, ``training_s`` by network name, the link's bound),
-    latency per size class per network."""
+    latency per size class per network.  The replay's step of a network in
+    ``predicted_s`` is that (the limit of its dilated replays), else its document's."""
     trace = None
     # The link's bound needs the trace; the rest does not.
     with contextlib.suppress(ResultError):
         trace = timeline.replayed_trace(documents[0])
-    points = comparison.link_points(documents, trace=trace, training_s=training_s)
+    points = comparison.link_points(
+        documents, trace=trace, training_s=training_s, predicted_s=predicted_s
+    )
     return comparison.write_comparison(
         output_dir, documents, points=points, wall_time_s=time.time()
     )

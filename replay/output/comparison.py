@@ -113,21 +113,24 @@ def link_points(
     *,
     trace: Trace | None = None,
     training_s: Mapping[str, float] | None = None,
+    predicted_s: Mapping[str, float] | None = None,
 ) -> list[LinkPoint]:
-    """One point per document (its network), by rate; ``training_s`` by network name."""
+    """One point per document (its network), by rate; ``training_s`` by network name.
+
+    The replay's step is the document's, or ``predicted_s``'s for its network where
+    that has one (``network compare``'s limit of a profile's dilated replays)."""
     points = []
     for document in documents:
         network = document.network
         name = network.name if network else "unrecorded"
         rate = network.emulated_rate_bits_per_s if network else 0
         result = _result(document, STEP_BENCHMARK)
+        step_s = None if result is None else replay_step_s(result, document.machine.cpu_count)
         points.append(
             LinkPoint(
                 name=name,
                 rate_bits_per_s=rate,
-                replay_step_s=None
-                if result is None
-                else replay_step_s(result, document.machine.cpu_count),
+                replay_step_s=(predicted_s or {}).get(name, step_s),
                 training_step_s=(training_s or {}).get(name),
                 link_bound_s=None if trace is None else link_bound_s(trace, rate),
             )
