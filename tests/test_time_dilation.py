@@ -317,7 +317,7 @@ def test_the_limit_is_fitted_through_the_dilated_replays() -> None:
     assert compare.dilation_limit([]) is None
 
 
-def test_automatic_dilation_predicts_the_limit_of_the_replays_not_bound_by_their_machine(
+def test_automatic_dilation_predicts_the_limit_of_the_replays_that_left_the_machine_idle(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     steps = {1.0: 6.0, 2.0: 4.0 + 1.2 / 2, 4.0: 4.0 + 1.2 / 4, 8.0: 4.0 + 1.2 / 8}
@@ -326,8 +326,9 @@ def test_automatic_dilation_predicts_the_limit_of_the_replays_not_bound_by_their
     assert outcome.limit is not None and outcome.predicted_step_s == pytest.approx(4.0)
     assert lines[-1].startswith("1gbit: the step's limit as the dilation grows")
     assert compare._dilation_line(outcome).endswith("S = 4.000 s (c = 1.200 s), the prediction")
-    # A replay bound by its machine is no point of S + c/K: left out of the fit.
-    busy = {1.0: 1.9, 2.0: 1.9, 4.0: 0.5, 8.0: 0.5}
+    # A replay that kept half the cores busy while it communicated waited for cores: no
+    # point of S + c/K, left out of the fit (1.0 of 2 cores here, not bound by them).
+    busy = {1.0: 1.9, 2.0: 1.0, 4.0: 0.5, 8.0: 0.5}
     bound_steps = {**steps, 2.0: 5.5}
     outcome, _, _ = _automatic(monkeypatch, tmp_path, bound_steps, cores=busy)
     assert outcome.limit is not None and [k for k, _ in outcome.limit.points] == [4.0, 8.0]

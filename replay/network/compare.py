@@ -221,7 +221,7 @@ class ProfileOutcome:
     #: predicted (their run directories are kept beside this one's).
     tried: tuple[tuple[float, float | None], ...] = ()
     #: Automatic dilation: the step's limit as the dilation grows (``dilation_limit``),
-    #: through the dilated replays not bound by their machine; None without two.
+    #: through the dilated replays that did not keep the machine busy; None without two.
     limit: DilationLimit | None = None
 
     @property
@@ -435,7 +435,7 @@ def _replay_profile(
     dilation = config.time_dilation or 1.0
     outcome = _run_profile(config, profile, on_line, dilation)
     tried: list[tuple[float, float | None]] = []
-    #: (dilation, step) of the replays not bound by their machine, for the limit.
+    #: (dilation, step) of the replays that did not keep the machine busy, for the limit.
     unbound: list[tuple[float, float]] = []
     previous: results.ResultDocument | None = None
     while config.time_dilation is None and not outcome.error:
@@ -475,10 +475,11 @@ def _replay_profile(
 def _keep_unbound(
     kept: list[tuple[float, float]], dilation: float, document: results.ResultDocument | None
 ) -> None:
-    """Add a replay's ``(dilation, step)`` to ``kept`` unless it predicts no step or was
-    bound by its machine (its step is then the machine's, not the overhead's 1/K)."""
+    """Add a replay's ``(dilation, step)`` to ``kept`` unless it predicts no step or kept
+    the machine busy (``cpu_busy``: half its cores while it communicated, or bound by
+    it): its processes then waited for cores, so its step is more than ``S + c/K``."""
     prediction = _prediction(document)
-    if prediction is None or prediction["step_ns"] is None or prediction["replay_bound"]:
+    if prediction is None or prediction["step_ns"] is None or cpu_busy(document):
         return
     kept.append((dilation, float(prediction["step_ns"]) / 1e9))
 
