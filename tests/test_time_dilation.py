@@ -304,8 +304,8 @@ def test_the_limit_is_fitted_through_the_dilated_replays() -> None:
     vgg = compare.dilation_limit([(1.0, 5.250), (2.0, 4.579), (4.0, 4.348), (8.0, 4.190)])
     assert vgg is not None and vgg.step_s == pytest.approx(4.0745, abs=1e-3)
     assert vgg.describe() == (
-        "as the dilation grows (step = S + c/K through K = 2, 4, 8): S = 4.075 s "
-        "(c = 1.021 s), the prediction"
+        "the step's limit as the dilation grows (step = S + c/K through K = 2, 4, 8): "
+        "S = 4.075 s (c = 1.021 s), the prediction"
     )
     # A step that did not fall with the dilation is not extrapolated (upwards or at all):
     # the last replay's step stands.
@@ -333,10 +333,19 @@ def test_automatic_dilation_predicts_the_limit_of_the_replays_that_left_the_mach
     outcome, _, _ = _automatic(monkeypatch, tmp_path, bound_steps, cores=busy)
     assert outcome.limit is not None and [k for k, _ in outcome.limit.points] == [4.0, 8.0]
     assert outcome.predicted_step_s == pytest.approx(4.0)
-    # Without two unbound dilated replays there is no limit: the last replay's step.
-    outcome, _, _ = _automatic(
-        monkeypatch, tmp_path, {1.0: 3.0, 2.0: 3.0, 4.0: 3.0}, cores={1.0: 0.5, 2.0: 1.9, 4.0: 0.5}
+    # Converged, but with one idle dilated replay only: dilated once more for a second
+    # point (ResNet-50 at 5 Gbit/s, 2026-12-03: K = 2 kept 1.33 of 2 cores busy).
+    flat = {1.0: 3.0, 2.0: 3.0, 4.0: 3.0, 8.0: 3.0, 16.0: 3.0}
+    outcome, replayed, _ = _automatic(
+        monkeypatch, tmp_path, flat, cores={1.0: 0.5, 2.0: 1.9, 4.0: 0.5, 8.0: 0.5}
     )
+    assert replayed == [1.0, 2.0, 4.0, 8.0]
+    assert outcome.limit is not None and [k for k, _ in outcome.limit.points] == [4.0, 8.0]
+    # Without two such replays up to the cap there is no limit: the last replay's step.
+    outcome, replayed, _ = _automatic(
+        monkeypatch, tmp_path, flat, cores={1.0: 1.9, 2.0: 1.9, 4.0: 1.9, 8.0: 1.9, 16.0: 0.5}
+    )
+    assert replayed == [1.0, 2.0, 4.0, 8.0, 16.0]
     assert outcome.limit is None and outcome.predicted_step_s == pytest.approx(3.0)
     # The comparison's JSON says all of it, per profile.
     outcome, _, _ = _automatic(monkeypatch, tmp_path, steps)

@@ -281,8 +281,9 @@ def _wait_for_line(process: subprocess.Popen[str], prefix: str, timeout_s: float
 AUTO_DILATION_CPU_SHARE = 0.5
 MAX_AUTO_DILATION = 16.0
 CONVERGED_STEP_CHANGE = 0.05
-#: Dilated replays (K >= 2) automatic dilation makes at least, so that the step's
-#: limit as the dilation grows (``dilation_limit``) has two points to be fitted through.
+#: Dilated replays (K >= 2) that did not keep the machine busy (``cpu_busy``) automatic
+#: dilation makes at least (up to ``MAX_AUTO_DILATION``), so that the step's limit as the
+#: dilation grows (``dilation_limit``) has two points to be fitted through.
 MIN_DILATED_REPLAYS = 2
 COMPARISON_JSON = "comparison.json"
 
@@ -318,8 +319,8 @@ class DilationLimit:
                 f"replay's {self.step_s:.3f} s is the prediction"
             )
         return (
-            f"as the dilation grows (step = S + c/K through K = {through}): S = "
-            f"{self.step_s:.3f} s (c = {self.overhead_s:.3f} s), the prediction"
+            f"the step's limit as the dilation grows (step = S + c/K through K = {through}): "
+            f"S = {self.step_s:.3f} s (c = {self.overhead_s:.3f} s), the prediction"
         )
 
 
@@ -441,11 +442,11 @@ def _replay_profile(
     while config.time_dilation is None and not outcome.error:
         _keep_unbound(unbound, dilation, outcome.document)
         following = next_dilation(outcome.document, dilation)
-        dilated = sum(1 for k, _ in [*tried, (dilation, None)] if k > 1)
+        fittable = sum(1 for k, _ in unbound if k > 1)
         if following is None or (
             previous is not None
             and converged(previous, outcome.document)
-            and dilated >= MIN_DILATED_REPLAYS
+            and fittable >= MIN_DILATED_REPLAYS
         ):
             break
         busy = _busy(outcome.document)
@@ -468,7 +469,7 @@ def _replay_profile(
         outcome = _run_profile(config, profile, on_line, dilation)
     limit = None if outcome.error else dilation_limit(unbound)
     if limit is not None:
-        on_line(f"{profile.name}: the step's limit {limit.describe()}")
+        on_line(f"{profile.name}: {limit.describe()}")
     return replace(outcome, tried=tuple(tried), limit=limit)
 
 
@@ -711,7 +712,7 @@ def _dilation_line(outcome: ProfileOutcome) -> str:
         )
         line += f" (predicted before: {tried})"
     if outcome.limit is not None:
-        line += f"; the step's limit {outcome.limit.describe()}"
+        line += f"; {outcome.limit.describe()}"
     return line
 
 
