@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import signal
 import statistics
 import subprocess
 import sys
@@ -17,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from tf_grpc_bench import netns, trace_files
+from tf_grpc_bench import lifetime, netns, trace_files
 from tf_grpc_bench.errors import ConfigError, UsageError
 from tf_grpc_bench.replay.core.measurement import (
     Benchmark,
@@ -513,3 +514,51 @@ def test_compare_refuses_a_bad_dilation_before_making_anything(
 ) -> None:
     _refused(tmp_path, message, ["network", "compare"], ["--profiles", "1gbit", *flags])
     assert not list(tmp_path.glob("runs/*"))
+
+
+class _StoppedOnce(subprocess.Popen[str]):
+    """A child whose first wait is cut short by a SIGTERM to its parent (``compare``)."""
+
+    interrupted = False
+
+    def communicate(self, *args: object, **kwargs: object) -> tuple[str, str]:
+        if not self.interrupted:
+            self.interrupted = True
+            raise lifetime.Interrupted(signal.SIGTERM)
+        return super().communicate(*args, **kwargs)  # type: ignore[arg-type]
+
+
+_DEAF = (
+    "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+    "signal.signal(signal.SIGINT, signal.SIG_IGN); print('replaying', flush=True); time.sleep(120)"
+)
+
+
+def test_a_replay_that_does_not_stop_is_killed_and_said_not_a_traceback(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # A replay given SIGTERM (compare stopped by its launcher, or its replay overdue) gets
+    # the grace to write its partial results; past it, compare kills its process group
+    # and says so in the profile's last stderr line instead of raising TimeoutExpired.
+    monkeypatch.setattr(compare, "_INTERRUPT_GRACE_S", 0.5)
+    deaf = _StoppedOnce(
+        [sys.executable, "-c", _DEAF], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        text=True, start_new_session=True,
+    )  # fmt: skip
+    assert deaf.stdout is not None and deaf.stdout.readline() == "replaying\n"  # deaf now
+    _, stderr, interrupt = compare._finish(deaf, timeout_s=60)
+    assert isinstance(interrupt, lifetime.Interrupted) and deaf.returncode == -signal.SIGKILL
+    assert stderr.strip().splitlines()[-1] == (
+        "replay did not stop within 0.5 s of SIGTERM: killed"
+    )
+    overdue = subprocess.Popen(
+        [sys.executable, "-c", _DEAF], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        text=True, start_new_session=True,
+    )  # fmt: skip
+    assert overdue.stdout is not None and overdue.stdout.readline() == "replaying\n"
+    _, stderr, interrupt = compare._finish(overdue, timeout_s=2)
+    assert interrupt is None and overdue.returncode == -signal.SIGKILL
+    assert stderr.strip().splitlines()[-2:] == [
+        "replay did not stop within 0.5 s of SIGTERM: killed",
+        "replay did not finish within 2 s",
+    ]

@@ -26,8 +26,10 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import re
 import selectors
+import signal
 import subprocess
 import sys
 import time
@@ -571,13 +573,28 @@ def _finish(
         return stdout, stderr, None
     except subprocess.TimeoutExpired:
         replay.terminate()
-        stdout, stderr = replay.communicate(timeout=_INTERRUPT_GRACE_S)
+        stdout, stderr = _within_grace(replay, "SIGTERM")
         return stdout, stderr + f"\nreplay did not finish within {timeout_s:g} s\n", None
     except KeyboardInterrupt as interrupt:
+        signum = lifetime.signal_of(interrupt)
         with contextlib.suppress(ProcessLookupError):
-            replay.send_signal(lifetime.signal_of(interrupt))
-        stdout, stderr = replay.communicate(timeout=_INTERRUPT_GRACE_S)
+            replay.send_signal(signum)
+        stdout, stderr = _within_grace(replay, lifetime.signal_name(signum))
         return stdout, stderr, interrupt
+
+
+def _within_grace(replay: subprocess.Popen[str], sent: str) -> tuple[str, str]:
+    """The output of a replay told to stop (``sent``), once it ended: given
+    ``_INTERRUPT_GRACE_S`` to write its partial results, then killed with its
+    process group (its last stderr line then says so)."""
+    try:
+        return replay.communicate(timeout=_INTERRUPT_GRACE_S)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(replay.pid, signal.SIGKILL)
+        stdout, stderr = replay.communicate()
+        late = f"replay did not stop within {_INTERRUPT_GRACE_S:g} s of {sent}: killed"
+        return stdout, f"{stderr}\n{late}"
 
 
 def _outcome(
