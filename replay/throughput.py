@@ -70,6 +70,10 @@ POLL_S = 0.5
 INTERRUPT_SIGNAL = signal.SIGUSR1
 #: How long the parent waits for interrupted workers' calls so far, past the call deadline.
 INTERRUPT_GRACE_S = 5.0
+#: How long workers told to stop have, all together, before they are terminated; and
+#: terminated ones before they are killed.
+STOP_GRACE_S = 10.0
+KILL_GRACE_S = 5.0
 
 
 def pack_samples(samples: Sequence[CallSample]) -> np.ndarray:
@@ -320,14 +324,25 @@ class _WorkerProcesses:
                     os.kill(process.pid, INTERRUPT_SIGNAL)
 
     def stop(self) -> None:
+        """Ask every worker to end, and end those still running after ``STOP_GRACE_S``
+        (all of them together: a worker in its warm-up reads "stop" only when the
+        warm-up is over, and one wait per worker in turn made a stop signal in the
+        warm-up take 10 s per process)."""
         for connection in self.connections:
             with contextlib.suppress(BrokenPipeError, OSError):
                 connection.send(("stop",))
-        for process in self.processes:
-            process.join(10)
-            if process.is_alive():
-                process.terminate()
-                process.join(5)
+        for ending, grace_s in (
+            ("", STOP_GRACE_S),
+            ("terminate", KILL_GRACE_S),
+            ("kill", KILL_GRACE_S),
+        ):
+            alive = [p for p in self.processes if p.is_alive()]
+            for process in alive if ending else ():
+                with contextlib.suppress(ProcessLookupError):
+                    getattr(process, ending)()
+            deadline = time.monotonic() + grace_s
+            for process in alive:
+                process.join(max(0.0, deadline - time.monotonic()))
         for connection in self.connections:
             connection.close()
 

@@ -11,12 +11,13 @@ import argparse
 import os
 from collections import Counter
 from collections.abc import Iterator
+from types import SimpleNamespace
 
 import pytest
 
 from tf_grpc_bench import trace_files
 from tf_grpc_bench.errors import ConfigError
-from tf_grpc_bench.replay import cli
+from tf_grpc_bench.replay import cli, throughput
 from tf_grpc_bench.replay.core.generators import GeneratorConfig, GeneratorKind
 from tf_grpc_bench.replay.core.measurement import Benchmark, BenchmarkResult, RunMeasurement
 from tf_grpc_bench.replay.core.pacing import Pacing, Timing
@@ -336,3 +337,40 @@ def test_a_synthetic_cycle_moves_the_same_rpcs_and_bytes_per_worker_and_ps_for_k
         seen[k] = (_per_pair(run), _server_counts(servers, session))
     assert seen[2] == seen[1]
     assert seen[3] == seen[1]
+
+
+class _Deaf:
+    """A worker process that reads no "stop" (one in its warm-up) and ends only when
+    terminated or killed; ``join`` advances the shared fake clock by what it waits."""
+
+    def __init__(self, clock: list[float]) -> None:
+        self.clock = clock
+        self.ended_by = ""
+
+    def is_alive(self) -> bool:
+        return not self.ended_by
+
+    def join(self, timeout: float) -> None:
+        if self.is_alive():
+            self.clock[0] += timeout
+
+    def terminate(self) -> None:
+        self.ended_by = "terminate"
+
+    def kill(self) -> None:
+        self.ended_by = "kill"
+
+
+def test_workers_told_to_stop_share_one_grace_not_one_each(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Four worker processes in their warm-up (two workers and two side clients): a stop
+    # signal used to wait 10 s for each in turn, 40 s, past network compare's 30 s grace.
+    clock = [0.0]
+    monkeypatch.setattr(throughput, "time", SimpleNamespace(monotonic=lambda: clock[0]))
+    workers = object.__new__(throughput._WorkerProcesses)
+    workers.processes = [_Deaf(clock) for _ in range(4)]
+    workers.connections = []
+    workers.stop()
+    assert [p.ended_by for p in workers.processes] == ["terminate"] * 4
+    assert clock[0] == throughput.STOP_GRACE_S
