@@ -299,7 +299,7 @@ class DilationLimit:
     before its first byte leaves and after its last arrives) by K, so a replay
     at K predicts ``step_s + overhead_s / K`` (the step's limit plus what is
     left of that overhead).  Fitted by least squares through the dilated
-    replays' steps (``dilations``); where the step did not fall with the
+    replays' steps (``points``); where the step did not fall with the
     dilation (``overhead_s`` would be 0 or less: the replay's speed no longer
     showed), nothing is extrapolated and ``step_s`` is the last replay's step.
     """
@@ -439,16 +439,15 @@ def _replay_profile(
     outcome = _run_profile(config, profile, on_line, dilation)
     tried: list[tuple[float, float | None]] = []
     #: (dilation, step) of the replays that did not keep the machine busy, for the limit.
-    unbound: list[tuple[float, float]] = []
+    fittable: list[tuple[float, float]] = []
     previous: results.ResultDocument | None = None
     while config.time_dilation is None and not outcome.error:
-        _keep_unbound(unbound, dilation, outcome.document)
+        _keep_fittable(fittable, dilation, outcome.document)
         following = next_dilation(outcome.document, dilation)
-        fittable = sum(1 for k, _ in unbound if k > 1)
         if following is None or (
             previous is not None
             and converged(previous, outcome.document)
-            and fittable >= MIN_DILATED_REPLAYS
+            and sum(1 for k, _ in fittable if k > 1) >= MIN_DILATED_REPLAYS
         ):
             break
         busy = _busy(outcome.document)
@@ -469,13 +468,13 @@ def _replay_profile(
         tried.append((dilation, step_s))
         previous, dilation = outcome.document, following
         outcome = _run_profile(config, profile, on_line, dilation)
-    limit = None if outcome.error else dilation_limit(unbound)
+    limit = None if outcome.error else dilation_limit(fittable)
     if limit is not None:
         on_line(f"{profile.name}: {limit.describe()}")
     return replace(outcome, tried=tuple(tried), limit=limit)
 
 
-def _keep_unbound(
+def _keep_fittable(
     kept: list[tuple[float, float]], dilation: float, document: results.ResultDocument | None
 ) -> None:
     """Add a replay's ``(dilation, step)`` to ``kept`` unless it predicts no step or kept
