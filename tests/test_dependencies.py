@@ -560,6 +560,44 @@ def test_an_empty_step_lasts_its_period() -> None:
     assert tracker.critical_path() == StepPath(step_ns=500, compute_ns=0, communication_ns=500)
 
 
+def test_in_a_round_a_worker_keeps_the_rounds_tail_not_its_wait_for_the_others() -> None:
+    # The trace: this worker's gradient arrived at +100, the round's last arrival (the
+    # other worker's) at +450, the round ended at +500.  Its own tail, 400, was mostly
+    # waiting for the other worker, which the replay's barrier waits for anew.
+    deps = [Dependencies(ready_offset_ns=0, arrival_offset_ns=100, lands_on_worker=False)]
+    own = _tracker(deps, [0])
+    own.complete(0, 1300)  # here it arrived last, 200 after the trace's
+    assert own.next_step_begin_ns() == 1300 + 400
+    in_round = _tracker(deps, [0], round_tail_ns=50)
+    in_round.complete(0, 1300)
+    assert in_round.next_step_begin_ns() == 1300 + 50
+    # The round's tail is compute, scaled like the rest.
+    slow = _tracker(deps, [0], round_tail_ns=50, compute_scale=4.0)
+    slow.complete(0, 1300)
+    assert slow.next_step_begin_ns() == 1300 + 200
+    assert slow.critical_path() == StepPath(step_ns=500, compute_ns=200, communication_ns=300)
+
+
+def test_in_a_round_control_calls_go_as_it_begins_and_end_the_step() -> None:
+    # The chief's control calls: in the trace the last went when the workers had finished
+    # there; their times, or the step's period, would hold every round to the trace's.
+    deps = [
+        Dependencies(
+            ready_offset_ns=300, arrival_offset_ns=310, lands_on_worker=True, is_arrival=False
+        )
+    ]
+    timed = _tracker(deps, [0])
+    assert timed.release_ns(0) == 1300
+    tracker = _tracker(deps, [0], round_tail_ns=0)
+    assert tracker.take_releasable() == [0]
+    assert tracker.release_ns(0) == 1000
+    tracker.complete(0, 1020)
+    assert tracker.next_step_begin_ns() == 1020
+    assert _tracker([], [], round_tail_ns=0).next_step_begin_ns() == 1000
+    with pytest.raises(ValueError, match=r"^round tail must be >= 0, got -1$"):
+        _tracker(deps, [0], round_tail_ns=-1)
+
+
 def test_a_pull_waits_for_its_workers_arrival_at_its_own_server_only() -> None:
     # Gradients to ps 0 and ps 1 (ranks 0 at each), then a read from ps 1 after its update.
     deps = [

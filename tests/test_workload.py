@@ -484,6 +484,27 @@ def test_steps_whose_transfers_do_not_overlap_are_rounds_with_a_barrier() -> Non
     ).round_barrier
 
 
+def test_a_rounds_tail_is_what_followed_its_last_arrival_of_any_worker() -> None:
+    workload = trace_workload(_ps_trace(), Benchmark.PS_THROUGHPUT, mode=Mode.NON_SERIALIZED)
+    first, last = workload.steps
+    # worker:1's last arrival is its pull (ends +1_200), worker:0's its gradient at the
+    # ps (+4_000): worker:1's own tail was mostly its wait for worker:0.
+    assert first.period_ns == 1_000_000 and last.period_ns == 900_000
+    for step in (first, last):
+        arrivals = [
+            c.dependencies.arrival_offset_ns
+            for c in step.calls
+            if c.dependencies is not None and c.dependencies.is_arrival
+        ]
+        assert max(arrivals) >= 4_000
+        assert step.round_tail_ns == step.period_ns - max(arrivals)
+        # A worker's part of the workload keeps the round's tail.
+        assert workload.for_worker(1).steps[step is last].round_tail_ns == step.round_tail_ns
+    # No rounds, no round's tail: one pair's replay, and steps that overlap.
+    pair = trace_workload(_ps_trace(), Benchmark.P2P_BANDWIDTH, mode=Mode.NON_SERIALIZED)
+    assert all(step.round_tail_ns is None for step in pair.steps)
+
+
 def test_steps_that_overlap_are_not_rounds() -> None:
     trace = _ps_trace()
     first, second = trace.steps
@@ -498,6 +519,8 @@ def test_steps_that_overlap_are_not_rounds() -> None:
     )
     assert not steps_are_rounds(overlapping)
     assert not steps_are_rounds(Trace(metadata=trace.metadata, tasks=trace.tasks, steps=(first,)))
+    workload = trace_workload(overlapping, Benchmark.PS_THROUGHPUT, mode=Mode.NON_SERIALIZED)
+    assert all(step.round_tail_ns is None for step in workload.steps)
 
 
 def test_captured_critical_paths_split_every_worker_step_into_compute_and_communication() -> None:

@@ -83,7 +83,11 @@ link arrive together at its end, and the whole forward pass follows): without
 it a TF1 replay kept a few ms where training on the link computed 30 to 125
 ms. The worker's next step begins after the step's last arrival in the replay
 plus what followed the step's last arrival in the trace until its end (the
-recorded tail), and not before every call completed.
+recorded tail), and not before every call completed.  Where the steps are
+rounds that a barrier ends (a synchronous coordinator's join), the tail is what
+followed the *round's* last arrival: a worker that finished early in the trace
+spent the rest of its step waiting for the others, and the replay's barrier
+waits for them anew.
 """
 
 from __future__ import annotations
@@ -344,14 +348,24 @@ class DependencyTracker:
         period_ns: int,
         compute_scale: float = 1.0,
         step_compute_ns: int = 0,
+        round_tail_ns: int | None = None,
     ) -> None:
         """``step_compute_ns``: the capture machine's compute of a whole training step
         run alone (the trace's calibration), 0 where unknown: the most compute the
-        replay keeps after the input that arrived last in the replay (``release_ns``)."""
+        replay keeps after the input that arrived last in the replay (``release_ns``).
+
+        ``round_tail_ns``: for a step that is a round ended by a barrier
+        (``Workload.round_barrier``), what followed the round's last arrival, of
+        any worker, in the trace until the round ended; the tail kept after this
+        worker's last arrival (``next_step_begin_ns``).  None: the step is this
+        worker's own, its tail is what followed its own last arrival until the
+        step's end."""
         if compute_scale < 0:
             raise ValueError(f"compute scale must be >= 0, got {compute_scale}")
         if step_compute_ns < 0:
             raise ValueError(f"step compute must be >= 0, got {step_compute_ns}")
+        if round_tail_ns is not None and round_tail_ns < 0:
+            raise ValueError(f"round tail must be >= 0, got {round_tail_ns}")
         if len(servers) != len(dependencies):
             raise ValueError("one server per call")
         self._deps = tuple(dependencies)
@@ -360,6 +374,7 @@ class DependencyTracker:
         self._period = period_ns
         self._scale = compute_scale
         self._step_compute = step_compute_ns
+        self._round_tail = round_tail_ns
         self._worker = _ArrivalList(
             sum(1 for d in self._deps if d.is_arrival and d.lands_on_worker)
         )
@@ -394,6 +409,9 @@ class DependencyTracker:
         self._last_arrival_offset = max(
             (d.arrival_offset_ns for d in self._deps if d.is_arrival), default=0
         )
+        #: In a round, a step of control calls only (the chief's) keeps none of the
+        #: trace's times: they were when the workers finished there (``release_ns``).
+        self._untimed = round_tail_ns is not None and not any(d.is_arrival for d in self._deps)
         self._advance()
 
     @property
@@ -462,6 +480,8 @@ class DependencyTracker:
             since_waited = deps.ready_offset_ns - self._deps[waited].arrival_offset_ns
             gap = max(gap, min(since_waited, self._step_compute))
             release = done + self._scaled(gap)
+        elif self._untimed:
+            release, waited = self._begin, -1
         else:
             release, waited = self._begin + self._scaled(deps.ready_offset_ns), -1
         self._released[index] = (release, waited)
@@ -499,16 +519,28 @@ class DependencyTracker:
     def next_step_begin_ns(self) -> int:
         """When the worker's next step begins: every call done, plus the step's recorded tail.
 
-        The tail is what followed the step's last arrival in the trace.  Call
-        once every call of the step has completed.
+        The tail is what followed the step's last arrival in the trace; in a
+        round (``round_tail_ns``), what followed the round's last arrival: the
+        rest of what followed this worker's own was its wait for the others,
+        which the replay's barrier makes anew (kept, it counted that wait twice
+        whenever the replay's workers finished in another order or closer
+        together than the trace's).  A step without arrivals lasts its recorded
+        period, or in a round until its calls are done, which go as the round
+        begins: the round's length is the workers'.  Call once every call of
+        the step has completed.
         """
         if len(self._completed) != len(self._deps):
             raise ValueError("the step still has calls in flight")
         owner = self._latest_arrival()
         last_done = max(self._completed.values(), default=self._begin)
         if owner < 0:
+            if self._round_tail is not None:
+                return last_done
             return max(self._begin + self._scaled(self._period), last_done)
-        tail = self._scaled(self._period - self._last_arrival_offset)
+        if self._round_tail is not None:
+            tail = self._scaled(self._round_tail)
+        else:
+            tail = self._scaled(self._period - self._last_arrival_offset)
         return max(self._completed[owner] + tail, last_done)
 
     def critical_path(self) -> StepPath:

@@ -323,6 +323,11 @@ class WorkloadStep:
     #: trace's calibration), 0 where the trace records none.  Used by
     #: dependencies pacing (``DependencyTracker``).
     step_compute_ns: int = 0
+    #: Where the steps are rounds ended by a barrier (``Workload.round_barrier``):
+    #: what followed the round's last arrival, of any worker, in the trace until
+    #: the step's end, the tail every worker keeps after its own last arrival
+    #: (``DependencyTracker``); None otherwise.
+    round_tail_ns: int | None = None
 
     @property
     def request_bytes(self) -> int:
@@ -965,6 +970,16 @@ def steps_are_rounds(trace: Trace) -> bool:
     return True
 
 
+def _round_tail_ns(calls: Sequence[Call], period_ns: int) -> int:
+    """What followed a round's last arrival, of any of its calls, until its period ended."""
+    arrivals = [
+        c.dependencies.arrival_offset_ns
+        for c in calls
+        if c.dependencies is not None and c.dependencies.is_arrival
+    ]
+    return max(period_ns - max(arrivals, default=period_ns), 0)
+
+
 def inexact_sizes(pairs: Iterable[tuple[tuple[int, int], tuple[int, int]]]) -> InexactSizes | None:
     """What differs between traced and replayed (request, response) sizes, or None."""
     changes: Counter[tuple[int, int]] = Counter()
@@ -1061,12 +1076,12 @@ def trace_workload(
     point_to_point = benchmark is not Benchmark.PS_THROUGHPUT
     if point_to_point:
         pair, steps, dropped = _pair_only(trace, roles, steps, dropped, pair)
-    periods = _step_periods(trace)
     step_compute = calibration_step_ns(trace.metadata.extra) or 0
+    rounds = not point_to_point and steps_are_rounds(trace)
     workload_steps = []
     #: (traced, replayed) (request, response) sizes of every call, to find inexact ones.
     sizes: list[tuple[tuple[int, int], tuple[int, int]]] = []
-    for trace_step, period, mapped in zip(trace.steps, periods, steps, strict=True):
+    for trace_step, period, mapped in zip(trace.steps, _step_periods(trace), steps, strict=True):
         calls = _step_calls(trace_step, mapped, roles, mode, point_to_point=point_to_point)
         # PS throughput keeps every trace step, even one without calls (a pass is
         # every step once, for every worker); a pair keeps the steps it talks in.
@@ -1077,6 +1092,7 @@ def trace_workload(
                     calls=calls,
                     period_ns=period,
                     step_compute_ns=step_compute,
+                    round_tail_ns=_round_tail_ns(calls, period) if rounds else None,
                 )
             )
         sizes += [
@@ -1097,7 +1113,7 @@ def trace_workload(
         "workers": 1 if point_to_point else len(roles.step_clients),
         "server_tasks": ",".join(trace.task_name(t) for t in roles.server_tasks),
         "shape": Shape.PULL.value,
-        "round_barrier": not point_to_point and steps_are_rounds(trace),
+        "round_barrier": rounds,
     }
     description.update(_tasks_description(trace, roles, pair if point_to_point else None))
     return Workload(

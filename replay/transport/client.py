@@ -722,6 +722,7 @@ class Driver:
             period_ns=step.period_ns,
             compute_scale=self.pacing.wall_compute_scale,
             step_compute_ns=step.step_compute_ns,
+            round_tail_ns=step.round_tail_ns,
         )
         if self.peers is None:
             replay = _DependentStep(self, step, tracker, run_begin_ns, samples)

@@ -12,7 +12,7 @@ import itertools
 import signal
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
 from tf_grpc_bench import lifetime
@@ -248,6 +248,12 @@ class WorkerLoop:
             steps = tuple(step for step in steps if step.calls)
         elif workload.source == "trace":
             steps = begin_mid_trace(steps)
+        if step_barrier is None:
+            # A round's tail assumes the barrier that waits for the other workers.
+            steps = tuple(
+                replace(step, round_tail_ns=None) if step.round_tail_ns is not None else step
+                for step in steps
+            )
         self._steps = steps
 
     def _cycle(self) -> Iterator[WorkloadStep]:
@@ -300,12 +306,15 @@ class WorkerLoop:
             own = bool(step.calls)
             if own:
                 last_end = outcome.last_end_ns
+            dependent = outcome.next_begin_ns is not None
             if outcome.next_begin_ns is not None:
-                # Dependencies pacing: the step lasts until the next may begin.
+                # Dependencies pacing: the step lasts until the next may begin; in a
+                # round, until every worker may begin the next (recorded below).
                 next_begin = outcome.next_begin_ns
-                _record_dependent_step(
-                    own, next_begin - step_begin, outcome, step_times, step_compute
-                )
+                if self.step_barrier is None:
+                    _record_dependent_step(
+                        own, next_begin - step_begin, outcome, step_times, step_compute
+                    )
             else:
                 if step_times is not None and not self._synthetic and own:
                     step_times.append(last_end - step_begin)
@@ -319,12 +328,28 @@ class WorkerLoop:
             # processes decide together (the leader's clock), every step.
             late = stop_at is not None and step_count is None and next_begin >= stop_at
             late = late and next_begin > self.clock()
+            in_round = dependent and self.step_barrier is not None
             if (late or self.driver.peers is not None) and self._stops(late):
+                if in_round:
+                    _record_dependent_step(
+                        own, next_begin - step_begin, outcome, step_times, step_compute
+                    )
                 break
             sleep_until(next_begin, self.clock)
             if self.step_barrier is not None and not self.step_barrier.wait():
+                if in_round:
+                    _record_dependent_step(
+                        own, next_begin - step_begin, outcome, step_times, step_compute
+                    )
                 break
-            step_begin = max(next_begin, self.clock())
+            following = max(next_begin, self.clock())
+            if in_round:
+                # The round: until the last worker may begin the next, as training's
+                # round lasts until its slowest worker's step is joined.
+                _record_dependent_step(
+                    own, following - step_begin, outcome, step_times, step_compute
+                )
+            step_begin = following
         return last_end
 
     def warm_up(self, duration_ns: int) -> None:
