@@ -632,6 +632,16 @@ def test_a_one_call_step_keeps_its_tail_as_compute() -> None:
     )
 
 
+def test_a_captured_round_counts_an_early_workers_wait_for_the_others_as_communication() -> None:
+    # The variable in from 0 to 10 ms, the gradient out at 20 and in at 30; the round's
+    # last arrival (the other worker's) at 90, its end at 100.
+    calls = (_pull(0, 0, 10), _push(5, 20, 30))
+    own = captured_critical_path(calls, period_ns=100 * MS)
+    assert own == StepPath(step_ns=100 * MS, compute_ns=80 * MS, communication_ns=20 * MS)
+    in_round = captured_critical_path(calls, period_ns=100 * MS, round_tail_ns=10 * MS)
+    assert in_round == StepPath(step_ns=100 * MS, compute_ns=20 * MS, communication_ns=80 * MS)
+
+
 def test_the_captured_path_takes_the_servers_it_is_given() -> None:
     calls = (_pull(0, 1, 5, server=0), _push(1, 8, 9, server=0))
     own = captured_critical_path(calls, period_ns=20 * MS)

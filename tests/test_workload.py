@@ -1405,16 +1405,18 @@ def test_captured_path_segments_of_the_ps_trace_in_trace_time() -> None:
         CapturedSegment(start_ns=1_004_000, end_ns=2_000_000, rpc_index=-1),
     )
     # worker:1, step 1 (starts at 2,000,000, lasts 900,000): its one pull (rpc 2, +200
-    # to +1,200) between compute.
+    # to +1,200) between compute.  The steps are rounds: its tail is the round's, what
+    # followed the round's last arrival (worker:0's gradient at +4,000), 896,000; the
+    # 2,800 before it, worker:1 waited for worker:0.
     assert segments[3][2] == (
         CapturedSegment(start_ns=2_000_000, end_ns=2_000_200, rpc_index=-1),
         CapturedSegment(start_ns=2_000_200, end_ns=2_001_200, rpc_index=2),
-        CapturedSegment(start_ns=2_001_200, end_ns=2_900_000, rpc_index=-1),
+        CapturedSegment(start_ns=2_001_200, end_ns=2_897_200, rpc_index=-1),
     )
     paths = captured_critical_paths(_ps_trace())
     assert [(p.step_ns, p.communication_ns, p.compute_ns) for _, _, p in paths[2:]] == [
         (900_000, 2_000, 898_000),
-        (900_000, 1_000, 899_000),
+        (900_000, 1_000 + 2_800, 899_000 - 2_800),
     ]
 
 

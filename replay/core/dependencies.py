@@ -575,21 +575,38 @@ class DependencyTracker:
 
 
 def captured_critical_path(
-    calls: Sequence[TimedCall], *, servers: Iterable[int] | None = None, period_ns: int
+    calls: Sequence[TimedCall],
+    *,
+    servers: Iterable[int] | None = None,
+    period_ns: int,
+    round_tail_ns: int | None = None,
 ) -> StepPath:
-    """The critical path of one worker's step as captured: the trace replayed onto itself."""
-    return _captured(calls, servers, period_ns).critical_path()
+    """The critical path of one worker's step as captured: the trace replayed onto itself.
+
+    In a round (``round_tail_ns``, ``DependencyTracker``) the step is the round,
+    ``period_ns``: what a worker that finished early spent waiting for the others
+    is communication (theirs), not its compute."""
+    path = _captured(calls, servers, period_ns, round_tail_ns).critical_path()
+    if round_tail_ns is None:
+        return path
+    step = max(period_ns, path.step_ns)
+    return StepPath(
+        step_ns=step, compute_ns=path.compute_ns, communication_ns=step - path.compute_ns
+    )
 
 
 def captured_critical_path_segments(
-    calls: Sequence[TimedCall], *, period_ns: int
+    calls: Sequence[TimedCall], *, period_ns: int, round_tail_ns: int | None = None
 ) -> tuple[PathSegment, ...]:
     """``captured_critical_path`` as stretches of compute and transfer (ns from the step start)."""
-    return _captured(calls, None, period_ns).critical_path_segments()
+    return _captured(calls, None, period_ns, round_tail_ns).critical_path_segments()
 
 
 def _captured(
-    calls: Sequence[TimedCall], servers: Iterable[int] | None, period_ns: int
+    calls: Sequence[TimedCall],
+    servers: Iterable[int] | None,
+    period_ns: int,
+    round_tail_ns: int | None = None,
 ) -> DependencyTracker:
     """A tracker that has replayed one worker's captured step onto itself."""
     dependencies = infer_dependencies(calls)
@@ -598,6 +615,7 @@ def _captured(
         servers=[c.server for c in calls] if servers is None else list(servers),
         step_begin_ns=0,
         period_ns=period_ns,
+        round_tail_ns=round_tail_ns,
     )
     # Replay the trace onto itself: completions at their end, releases at their
     # ready time; a completion at the same instant as a release is not waited for.

@@ -850,21 +850,42 @@ def _step_dependencies(
     return [d for d in result if d is not None]
 
 
-def _worker_steps(
-    trace: Trace,
-) -> Iterator[tuple[int, int, int, list[_Mapped], list[TimedCall]]]:
-    """(step position, client task, period, its mapped calls, their timings) per worker-step."""
+@dataclass(frozen=True, slots=True)
+class _WorkerStep:
+    """One client's calls in one captured step, as the captured paths need them."""
+
+    #: Position in ``trace.steps``.
+    number: int
+    client: int
+    period_ns: int
+    #: Where the steps are rounds: what followed the round's last arrival until its
+    #: period ended (``WorkloadStep.round_tail_ns``); None otherwise.
+    round_tail_ns: int | None
+    own: list[_Mapped]
+    timed: list[TimedCall]
+
+
+def _worker_steps(trace: Trace) -> Iterator[_WorkerStep]:
+    """Each client's calls and their timings, per captured step."""
     roles = trace_roles(trace)
     mapped_steps, _ = _mapped_steps(trace, roles)
-    periods = _step_periods(trace)
+    rounds = steps_are_rounds(trace)
     for number, (step, period, mapped) in enumerate(
-        zip(trace.steps, periods, mapped_steps, strict=True)
+        zip(trace.steps, _step_periods(trace), mapped_steps, strict=True)
     ):
+        by_client: dict[int, tuple[list[_Mapped], list[TimedCall]]] = {}
         for client in roles.step_clients:
             own = [m for m in mapped if m.client_task == client]
             timed = [_timed_call(m, roles.server_index(m.server_task), step.start_ns) for m in own]
             if timed:
-                yield number, client, period, own, timed
+                by_client[client] = (own, timed)
+        tail = None
+        if rounds:
+            # Arrivals are the tensors (``infer_dependencies``), of every client.
+            ends = [c.end_ns for _, timed in by_client.values() for c in timed if c.carries_tensor]
+            tail = max(period - max(ends, default=period), 0)
+        for client, (own, timed) in by_client.items():
+            yield _WorkerStep(number, client, period, tail, own, timed)
 
 
 def captured_critical_paths(trace: Trace) -> list[tuple[int, str, StepPath]]:
@@ -875,11 +896,13 @@ def captured_critical_paths(trace: Trace) -> list[tuple[int, str, StepPath]]:
     """
     return [
         (
-            trace.steps[number].index,
-            trace.task_name(client),
-            captured_critical_path(timed, period_ns=period),
+            trace.steps[step.number].index,
+            trace.task_name(step.client),
+            captured_critical_path(
+                step.timed, period_ns=step.period_ns, round_tail_ns=step.round_tail_ns
+            ),
         )
-        for number, client, period, _, timed in _worker_steps(trace)
+        for step in _worker_steps(trace)
     ]
 
 
@@ -900,17 +923,19 @@ def captured_path_segments(trace: Trace) -> list[tuple[int, int, tuple[CapturedS
     order).  ``TraceError`` if the trace has nothing to replay.
     """
     result = []
-    for number, client, period, own, timed in _worker_steps(trace):
-        begin = trace.steps[number].start_ns
+    for step in _worker_steps(trace):
+        begin = trace.steps[step.number].start_ns
         segments = tuple(
             CapturedSegment(
                 start_ns=begin + segment.start_ns,
                 end_ns=begin + segment.end_ns,
-                rpc_index=own[segment.call].rpc_index if segment.call >= 0 else -1,
+                rpc_index=step.own[segment.call].rpc_index if segment.call >= 0 else -1,
             )
-            for segment in captured_critical_path_segments(timed, period_ns=period)
+            for segment in captured_critical_path_segments(
+                step.timed, period_ns=step.period_ns, round_tail_ns=step.round_tail_ns
+            )
         )
-        result.append((number, client, segments))
+        result.append((step.number, step.client, segments))
     return result
 
 
