@@ -535,10 +535,12 @@ def test_captured_critical_paths_split_every_worker_step_into_compute_and_commun
     # worker:0, step 0 (offsets from the step start): the pulls are ready at 0 and 100
     # and arrive at 1000 and 1100; the gradient, ready at 3000 (1900 after the last
     # pull arrived), arrives at 4000; the step's period is 1,000,000 (to the next step).
+    # The steps are rounds: after the gradient, the 3000 until the round's last arrival
+    # (ps:0's pull from ps:1, at 7000) are another client's, then the round's tail.
     _, _, path = paths[0]
     assert path.step_ns == 1_000_000
-    assert path.communication_ns == 1_000 + 1_000
-    assert path.compute_ns == 100 + 1_900 + (1_000_000 - 4_000)
+    assert path.communication_ns == 1_000 + 1_000 + 3_000
+    assert path.compute_ns == 100 + 1_900 + (1_000_000 - 7_000)
 
 
 @pytest.mark.parametrize("name", ["resnet50-tf2ps", "resnet50-tf1ps"])
@@ -1396,27 +1398,34 @@ def test_captured_path_segments_of_the_ps_trace_in_trace_time() -> None:
     assert [(number, task) for number, task, _ in segments] == [(0, 2), (0, 3), (1, 2), (1, 3)]
     # worker:0, step 0 (starts at 1,000,000): compute to its second pull's request
     # (+100), that pull (rpc 1) to +1,100, compute to the gradient's push (+3,000),
-    # the push (rpc 3) to +4,000, then compute to the next step (+1,000,000).
+    # the push (rpc 3) to +4,000, then the round's tail (993,000: what followed its
+    # last arrival, the ps-to-ps pull's at +7,000).
     assert segments[0][2] == (
         CapturedSegment(start_ns=1_000_000, end_ns=1_000_100, rpc_index=-1),
         CapturedSegment(start_ns=1_000_100, end_ns=1_001_100, rpc_index=1),
         CapturedSegment(start_ns=1_001_100, end_ns=1_003_000, rpc_index=-1),
         CapturedSegment(start_ns=1_003_000, end_ns=1_004_000, rpc_index=3),
-        CapturedSegment(start_ns=1_004_000, end_ns=2_000_000, rpc_index=-1),
+        CapturedSegment(start_ns=1_004_000, end_ns=1_997_000, rpc_index=-1),
     )
     # worker:1, step 1 (starts at 2,000,000, lasts 900,000): its one pull (rpc 2, +200
     # to +1,200) between compute.  The steps are rounds: its tail is the round's, what
-    # followed the round's last arrival (worker:0's gradient at +4,000), 896,000; the
-    # 2,800 before it, worker:1 waited for worker:0.
+    # followed the round's last arrival (the ps-to-ps pull's, at +7,000; as the
+    # replay's ``round_tail_ns``), 893,000; the 5,800 before it, worker:1 waited.
     assert segments[3][2] == (
         CapturedSegment(start_ns=2_000_000, end_ns=2_000_200, rpc_index=-1),
         CapturedSegment(start_ns=2_000_200, end_ns=2_001_200, rpc_index=2),
-        CapturedSegment(start_ns=2_001_200, end_ns=2_897_200, rpc_index=-1),
+        CapturedSegment(start_ns=2_001_200, end_ns=2_894_200, rpc_index=-1),
+    )
+    assert (
+        trace_workload(_ps_trace(), Benchmark.PS_THROUGHPUT, mode=Mode.NON_SERIALIZED)
+        .steps[1]
+        .round_tail_ns
+        == 2_894_200 - 2_001_200
     )
     paths = captured_critical_paths(_ps_trace())
     assert [(p.step_ns, p.communication_ns, p.compute_ns) for _, _, p in paths[2:]] == [
-        (900_000, 2_000, 898_000),
-        (900_000, 1_000 + 2_800, 899_000 - 2_800),
+        (900_000, 2_000 + 3_000, 898_000 - 3_000),
+        (900_000, 1_000 + 5_800, 899_000 - 5_800),
     ]
 
 

@@ -881,8 +881,12 @@ def _worker_steps(trace: Trace) -> Iterator[_WorkerStep]:
                 by_client[client] = (own, timed)
         tail = None
         if rounds:
-            # Arrivals are the tensors (``infer_dependencies``), of every client.
-            ends = [c.end_ns for _, timed in by_client.values() for c in timed if c.carries_tensor]
+            # As the replay's (``_round_tail_ns``): arrivals are the tensors
+            # (``infer_dependencies``), of every client, side clients too.
+            every = (
+                _timed_call(m, roles.server_index(m.server_task), step.start_ns) for m in mapped
+            )
+            ends = [c.end_ns for c in every if c.carries_tensor]
             tail = max(period - max(ends, default=period), 0)
         for client, (own, timed) in by_client.items():
             yield _WorkerStep(number, client, period, tail, own, timed)
