@@ -328,27 +328,19 @@ class WorkerLoop:
             # processes decide together (the leader's clock), every step.
             late = stop_at is not None and step_count is None and next_begin >= stop_at
             late = late and next_begin > self.clock()
-            in_round = dependent and self.step_barrier is not None
-            if (late or self.driver.peers is not None) and self._stops(late):
-                if in_round:
-                    _record_dependent_step(
-                        own, next_begin - step_begin, outcome, step_times, step_compute
-                    )
-                break
-            sleep_until(next_begin, self.clock)
-            if self.step_barrier is not None and not self.step_barrier.wait():
-                if in_round:
-                    _record_dependent_step(
-                        own, next_begin - step_begin, outcome, step_times, step_compute
-                    )
-                break
-            following = max(next_begin, self.clock())
-            if in_round:
-                # The round: until the last worker may begin the next, as training's
-                # round lasts until its slowest worker's step is joined.
+            stopping = (late or self.driver.peers is not None) and self._stops(late)
+            if not stopping:
+                sleep_until(next_begin, self.clock)
+                stopping = self.step_barrier is not None and not self.step_barrier.wait()
+            following = next_begin if stopping else max(next_begin, self.clock())
+            if dependent and self.step_barrier is not None:
+                # The round: until the last worker may begin the next, as training's round
+                # lasts until its slowest worker's step is joined (its own, when stopping).
                 _record_dependent_step(
                     own, following - step_begin, outcome, step_times, step_compute
                 )
+            if stopping:
+                break
             step_begin = following
         return last_end
 
