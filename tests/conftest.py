@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import os
+import sys
 from collections.abc import Iterator, Sequence
 from pathlib import Path
+from types import ModuleType
 
 import hypothesis
 import pytest
@@ -77,6 +80,23 @@ def calibration_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path
         os.environ.pop(CACHE_ENV, None)
     else:
         os.environ[CACHE_ENV] = before
+
+
+#: The bench scripts, which import each other (``common``) with this folder on the path.
+BENCH = Path(__file__).resolve().parent.parent / "bench"
+
+
+def load_bench_script(file_name: str, module_name: str) -> ModuleType:
+    """A bench script loaded from its file as ``module_name``, with bench/ on the path as
+    when it runs."""
+    if str(BENCH) not in sys.path:
+        sys.path.insert(0, str(BENCH))
+    spec = importlib.util.spec_from_file_location(module_name, BENCH / file_name)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
 
 
 def environment_without_coverage() -> dict[str, str]:

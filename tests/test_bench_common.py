@@ -3,27 +3,14 @@ scripts import it as ``common`` with bench/ on the path, which tests do not have
 
 from __future__ import annotations
 
-import importlib.util
 import socket
-import sys
 from pathlib import Path
-from types import ModuleType
 
 import pytest
 
-BENCH = Path(__file__).resolve().parent.parent / "bench"
+from .conftest import BENCH, load_bench_script
 
-
-def _load() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("bench_common", BENCH / "common.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-common = _load()
+common = load_bench_script("common.py", "bench_common")
 
 SOCKPERF_OUTPUT = """\
 sockperf: == version #3.7-no.git ==

@@ -3,28 +3,11 @@ file with bench/ on the path, as the script runs)."""
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
-from types import ModuleType
-
 import pytest
 
-BENCH = Path(__file__).resolve().parent.parent / "bench"
+from .conftest import load_bench_script
 
-
-def _load() -> ModuleType:
-    if str(BENCH) not in sys.path:
-        sys.path.insert(0, str(BENCH))
-    spec = importlib.util.spec_from_file_location("bench_link_phases", BENCH / "link_phases.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-link_phases = _load()
+link_phases = load_bench_script("link_phases.py", "bench_link_phases")
 
 NET_DEV = """\
 Inter-|   Receive                        |  Transmit

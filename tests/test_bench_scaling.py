@@ -3,27 +3,11 @@
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
-from types import ModuleType
 from typing import Any
 
-BENCH = Path(__file__).resolve().parent.parent / "bench"
+from .conftest import load_bench_script
 
-
-def _load() -> ModuleType:
-    if str(BENCH) not in sys.path:
-        sys.path.insert(0, str(BENCH))
-    spec = importlib.util.spec_from_file_location("bench_scaling", BENCH / "scaling.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-scaling = _load()
+scaling = load_bench_script("scaling.py", "bench_scaling")
 
 
 def _document(client: float, server: float, cpu_count: int = 2) -> dict[str, Any]:

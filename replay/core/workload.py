@@ -886,8 +886,7 @@ def _worker_steps(trace: Trace) -> Iterator[_WorkerStep]:
             every = (
                 _timed_call(m, roles.server_index(m.server_task), step.start_ns) for m in mapped
             )
-            ends = [c.end_ns for c in every if c.carries_tensor]
-            tail = max(period - max(ends, default=period), 0)
+            tail = _round_tail_ns((c.end_ns for c in every if c.carries_tensor), period)
         for client, (own, timed) in by_client.items():
             yield _WorkerStep(number, client, period, tail, own, timed)
 
@@ -999,14 +998,16 @@ def steps_are_rounds(trace: Trace) -> bool:
     return True
 
 
-def _round_tail_ns(calls: Sequence[Call], period_ns: int) -> int:
-    """What followed a round's last arrival, of any of its calls, until its period ended."""
-    arrivals = [
-        c.dependencies.arrival_offset_ns
-        for c in calls
-        if c.dependencies is not None and c.dependencies.is_arrival
-    ]
-    return max(period_ns - max(arrivals, default=period_ns), 0)
+def _round_tail_ns(arrival_offsets: Iterable[int], period_ns: int) -> int:
+    """What followed a round's last arrival (offsets from its start) until its period ended."""
+    return max(period_ns - max(arrival_offsets, default=period_ns), 0)
+
+
+def _arrivals(calls: Sequence[Call]) -> Iterator[int]:
+    """When each call's data arrived, for the calls others wait for (``Dependencies``)."""
+    for call in calls:
+        if call.dependencies is not None and call.dependencies.is_arrival:
+            yield call.dependencies.arrival_offset_ns
 
 
 def inexact_sizes(pairs: Iterable[tuple[tuple[int, int], tuple[int, int]]]) -> InexactSizes | None:
@@ -1121,7 +1122,7 @@ def trace_workload(
                     calls=calls,
                     period_ns=period,
                     step_compute_ns=step_compute,
-                    round_tail_ns=_round_tail_ns(calls, period) if rounds else None,
+                    round_tail_ns=_round_tail_ns(_arrivals(calls), period) if rounds else None,
                 )
             )
         sizes += [
