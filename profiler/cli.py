@@ -48,6 +48,7 @@ from tf_grpc_bench.profiler.launch.user_job import (
 )
 from tf_grpc_bench.profiler.progress import terminal_display
 from tf_grpc_bench.profiler.recorders.recorder import DEFAULT_RECORDER, RECORDERS
+from tf_grpc_bench.profiler.recorders.wiretap import build_library
 from tf_grpc_bench.profiler.userjob import calibration_workload as user_calibration
 from tf_grpc_bench.profiler.userjob import capture_user_job
 
@@ -266,6 +267,7 @@ def run_capture(args: argparse.Namespace) -> int:
     network = _network(args)
     _check_outputs(args)
     logs.configure()
+    _build_recorder(args.recorder)
     measured = _calibrate(calibration_workload(config), args.quiet) if args.calibrate else None
     progress, close = terminal_display(args.quiet, f"capture {args.model}")
     try:
@@ -283,6 +285,14 @@ def run_capture(args: argparse.Namespace) -> int:
     finally:
         close()
     return _report(result, args.quiet)
+
+
+def _build_recorder(recorder: str) -> None:
+    """The in-process recorder's library built (or found in the cache) before the
+    calibration's local step, so that a machine without a C compiler is told so at once
+    rather than after it (CaptureError; the capture builds nothing again)."""
+    if recorder == "preload":
+        build_library()
 
 
 def _calibrate(workload: CalibrationWorkload, quiet: bool) -> Calibration | None:
@@ -383,6 +393,7 @@ def run_capture_job(args: argparse.Namespace) -> int:
     network = _network(args)
     _check_outputs(args)
     logs.configure()
+    _build_recorder(args.recorder)
     measured = _calibrate(user_calibration(job), args.quiet) if args.calibrate else None
     progress, close = terminal_display(args.quiet, "capture-job")
     try:
