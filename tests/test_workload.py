@@ -508,7 +508,8 @@ def test_a_rounds_tail_is_what_followed_its_last_arrival_of_any_worker() -> None
 def test_steps_that_overlap_are_not_rounds() -> None:
     trace = _ps_trace()
     first, second = trace.steps
-    late = _rpc(RECV_TENSOR, 2, 0, 120, 100, second.start_ns - 10)  # ends after step 1 began
+    # Recorded in step 0, it ends 101 us into step 1, 10% of step 0's 1 ms period.
+    late = _rpc(RECV_TENSOR, 2, 0, 120, 100, second.start_ns + 100_000)
     overlapping = Trace(
         metadata=trace.metadata,
         tasks=trace.tasks,
@@ -1448,7 +1449,11 @@ def test_steps_are_rounds_when_the_last_transfer_ends_as_the_next_begins() -> No
 
     touching = _trace(tasks, step(0, pull(0, 2_000)), step(2_000, pull(2_000, 2_500)))
     assert steps_are_rounds(touching)
-    overlapping = _trace(tasks, step(0, pull(0, 2_001)), step(2_000, pull(2_000, 2_500)))
+    # Up to 5% of the step's period (2 us here) into the next step still makes rounds
+    # (tf1-ps' looser barrier), more does not.
+    slightly = _trace(tasks, step(0, pull(0, 2_100)), step(2_000, pull(2_000, 2_500)))
+    assert steps_are_rounds(slightly)
+    overlapping = _trace(tasks, step(0, pull(0, 2_101)), step(2_000, pull(2_000, 2_500)))
     assert not steps_are_rounds(overlapping)
     # A control call running into the next step does not make it overlap...
     control = _trace(
