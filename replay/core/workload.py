@@ -873,22 +873,24 @@ def _worker_steps(trace: Trace) -> Iterator[_WorkerStep]:
     for number, (step, period, mapped) in enumerate(
         zip(trace.steps, _step_periods(trace), mapped_steps, strict=True)
     ):
-        by_client: dict[int, tuple[list[_Mapped], list[TimedCall]]] = {}
-        for client in roles.step_clients:
-            own = [m for m in mapped if m.client_task == client]
-            timed = [_timed_call(m, roles.server_index(m.server_task), step.start_ns) for m in own]
-            if timed:
-                by_client[client] = (own, timed)
-        tail = None
-        if rounds:
-            # As the replay's (``_round_tail_ns``): arrivals are the tensors
-            # (``infer_dependencies``), of every client, side clients too.
-            every = (
-                _timed_call(m, roles.server_index(m.server_task), step.start_ns) for m in mapped
-            )
-            tail = _round_tail_ns((c.end_ns for c in every if c.carries_tensor), period)
-        for client, (own, timed) in by_client.items():
-            yield _WorkerStep(number, client, period, tail, own, timed)
+        timed = [_timed_call(m, roles.server_index(m.server_task), step.start_ns) for m in mapped]
+        by_client: dict[int, tuple[list[_Mapped], list[TimedCall]]] = {
+            client: ([], []) for client in roles.step_clients
+        }
+        for call, timing in zip(mapped, timed, strict=True):
+            if call.client_task in by_client:
+                by_client[call.client_task][0].append(call)
+                by_client[call.client_task][1].append(timing)
+        # As the replay's (``_round_tail_ns``): arrivals are the tensors
+        # (``infer_dependencies``), of every client, side clients too.
+        tail = (
+            _round_tail_ns((c.end_ns for c in timed if c.carries_tensor), period)
+            if rounds
+            else None
+        )
+        for client, (own, own_timed) in by_client.items():
+            if own_timed:
+                yield _WorkerStep(number, client, period, tail, own, own_timed)
 
 
 def captured_critical_paths(trace: Trace) -> list[tuple[int, str, StepPath]]:
