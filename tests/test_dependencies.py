@@ -68,6 +68,7 @@ def test_a_gradient_waits_for_every_variable_that_arrived_before_it_left() -> No
         ready_offset_ns=50 * MS,
         arrival_offset_ns=60 * MS,
         lands_on_worker=False,
+        transfer_offset_ns=50 * MS,
         is_arrival=True,
         arrival_rank=0,
         after_worker_arrivals=2,
@@ -290,25 +291,28 @@ def test_an_early_arrival_that_comes_late_does_not_add_the_wait_it_overlapped() 
 
 # TF1's PS step on loopback: the forward pass ran while the last layer's variable b
 # was still on its way, so the first gradient left 5 ms after b arrived, 15 ms after
-# variable a (the first layer's).
+# variable a (the first layer's).  b is a variable read (ready when asked, at 1 ms);
+# its data was on the way for the last 2 ms only: the rest of the 10 ms from a's
+# arrival to b's was compute.
 FORWARD_OVERLAPPED = (
     _pull(1, 2, 10),  # 0: variable a, first layer
-    _pull(1, 3, 20),  # 1: variable b, last layer
+    _read(1, 18, 20),  # 1: variable b, last layer
     _push(2, 25, 60),  # 2: the first gradient
 )
 
 
 def test_the_input_last_here_keeps_what_followed_it_in_the_trace_up_to_a_step() -> None:
-    # Here a arrives last (150; b at 103): the forward pass that followed a in the
-    # trace (15 ms) runs after it.  Without a step's compute to bound it, the replay
-    # keeps only the 5 ms that followed the trace's last arrival.
+    # Here a arrives last (150; b at 101): the forward pass that followed a in the
+    # trace runs after it: 15 ms, less the 2 ms the trace spent receiving b.  Without
+    # a step's compute to bound it, the replay keeps only the 5 ms that followed the
+    # trace's last arrival.
     transfers = {0: 148 * MS, 1: 100 * MS, 2: 100 * MS}
     begin = 1000 * MS
     _, released, done = _replay(FORWARD_OVERLAPPED, transfer_ns=transfers)
-    assert (done[0] - begin, done[1] - begin) == (150 * MS, 103 * MS)
+    assert (done[0] - begin, done[1] - begin) == (150 * MS, 101 * MS)
     assert released[2] - begin == 155 * MS
     _, released, _ = _replay(FORWARD_OVERLAPPED, transfer_ns=transfers, step_compute_ns=30 * MS)
-    assert released[2] - begin == 165 * MS
+    assert released[2] - begin == 163 * MS
     # A whole step's compute bounds it: 8 ms here, so 150 + 8.
     _, released, _ = _replay(FORWARD_OVERLAPPED, transfer_ns=transfers, step_compute_ns=8 * MS)
     assert released[2] - begin == 158 * MS
@@ -316,22 +320,44 @@ def test_the_input_last_here_keeps_what_followed_it_in_the_trace_up_to_a_step() 
     _, released, _ = _replay(FORWARD_OVERLAPPED, transfer_ns=transfers, step_compute_ns=2 * MS)
     assert released[2] - begin == 155 * MS
     # Scaled like every gap: half the compute (a now leaves at 1 ms and arrives at
-    # 149), 149 + 7.5.
+    # 149), 149 + 6.5.
     _, released, done = _replay(
         FORWARD_OVERLAPPED, transfer_ns=transfers, step_compute_ns=30 * MS, scale=0.5
     )
     assert done[0] - begin == 149 * MS
-    assert released[2] - begin == 156.5 * MS
+    assert released[2] - begin == 155.5 * MS
+
+
+def test_the_time_the_trace_spent_receiving_later_inputs_is_not_kept_as_compute() -> None:
+    # On a link the later inputs are on the way for most of the time after a arrived:
+    # b from 12 to 16 ms, c from 14 to 20 (together 12 to 20: 8 ms, not 4 + 6).  Of
+    # the 15 ms from a's arrival to the gradient, 7 are kept when a arrives last here.
+    on_a_link = (
+        _pull(1, 2, 10),  # 0: variable a
+        _read(1, 12, 16),  # 1: variable b
+        _read(1, 14, 20),  # 2: variable c
+        _push(2, 25, 60),  # 3: the gradient
+    )
+    transfers = {0: 148 * MS, 1: 100 * MS, 2: 100 * MS, 3: 100 * MS}
+    _, released, done = _replay(on_a_link, transfer_ns=transfers, step_compute_ns=30 * MS)
+    assert done[0] - 1000 * MS == 150 * MS
+    assert released[3] - 1000 * MS == 157 * MS
+    # Inputs on the way the whole time (b's data from 3 ms on): only the 5 ms that
+    # followed the last arrival are sure to be compute.
+    busy = (_pull(1, 2, 10), _pull(1, 3, 20), _push(2, 25, 60))
+    _, released, done = _replay(busy, transfer_ns=transfers, step_compute_ns=30 * MS)
+    assert released[2] - 1000 * MS == 155 * MS
 
 
 def test_when_the_last_input_is_the_same_the_step_compute_changes_nothing() -> None:
-    # b arrives last here as in the trace: 103 + 5, whatever the step's compute.
-    transfers = dict.fromkeys(range(3), 100 * MS)
+    # b arrives last here as in the trace: 111 + 5, whatever the step's compute.
+    transfers = {0: 100 * MS, 1: 110 * MS, 2: 100 * MS}
     for step_compute in (0, 30 * MS):
-        _, released, _ = _replay(
+        _, released, done = _replay(
             FORWARD_OVERLAPPED, transfer_ns=transfers, step_compute_ns=step_compute
         )
-        assert released[2] - 1000 * MS == 108 * MS
+        assert done[1] - 1000 * MS == 111 * MS
+        assert released[2] - 1000 * MS == 116 * MS
 
 
 def test_compute_none_drops_every_gap_and_half_halves_them() -> None:
@@ -438,7 +464,14 @@ def test_no_call_is_released_before_what_it_waits_for_has_arrived(
             last = max(deps[j].arrival_offset_ns for j in waited)
             latest = max(done[j] for j in waited)
             binding = [j for j in waited if done[j] == latest]
-            since = dep.ready_offset_ns - max(deps[j].arrival_offset_ns for j in binding)
+            binding_arrival = max(deps[j].arrival_offset_ns for j in binding)
+            # Less the time the trace spent receiving waited-for inputs after it.
+            covered = set()
+            for j in waited:
+                if binding_arrival < deps[j].arrival_offset_ns <= last:
+                    start = max(deps[j].transfer_start_ns, binding_arrival)
+                    covered.update(range(start, deps[j].arrival_offset_ns))
+            since = dep.ready_offset_ns - binding_arrival - len(covered)
             gap = max(dep.ready_offset_ns - last, min(since, step_compute))
             assert released[index] == latest + round(scale * gap)
         else:

@@ -61,14 +61,17 @@ fast), a step begun at ``B`` and ``done(j)`` the replay's completion of call
 ``j``, a call is released at::
 
     done(j*) + s * max(ready(c) - max over waited-for j of arrival(j),
-                       min(ready(c) - arrival(j*), C))
+                       min(ready(c) - arrival(j*) - R(j*), C))
 
-with ``j*`` the waited-for call that completed last in the replay and ``C``
-the capture machine's compute of a whole training step (the trace's
-calibration; 0 where it records none): after the last of its inputs to arrive
-in the replay, the compute that followed the last of them to arrive in the
-trace, or, if more, what followed ``j*`` in the trace up to a whole step's
-compute; a call that waits for nothing is released at ``B + s * ready(c)``.
+with ``j*`` the waited-for call that completed last in the replay, ``R(j*)``
+the time the trace spent receiving the waited-for inputs that arrived after
+``j*`` (the union of their transfers, from ``arrival(j*)`` on), and ``C`` the
+capture machine's compute of a whole training step (the trace's calibration;
+0 where it records none): after the last of its inputs to arrive in the
+replay, the compute that followed the last of them to arrive in the trace,
+or, if more, what followed ``j*`` in the trace while no later input was on its
+way, up to a whole step's compute; a call that waits for nothing is released
+at ``B + s * ready(c)``.
 The first term keeps only the compute after the last input: TensorFlow's
 dataflow runs what an earlier input allows while later inputs are still on the way: in
 the trace the time from an early arrival to ``ready(c)`` is partly that
@@ -81,7 +84,12 @@ that arrives last here but early in the trace, whose compute overlapped the
 later inputs' transfers there and cannot here (variables that share a slow
 link arrive together at its end, and the whole forward pass follows): without
 it a TF1 replay kept a few ms where training on the link computed 30 to 125
-ms. The worker's next step begins after the step's last arrival in the replay
+ms.  Less ``R(j*)``: while a later input was on its way the trace may have been
+computing or waiting for it, and nothing tells which; on a link they are on
+their way almost all the time, and counted as compute that wait was carried
+into the replay whenever it delivered an early input last.
+
+The worker's next step begins after the step's last arrival in the replay
 plus what followed the step's last arrival in the trace until its end (the
 recorded tail), and not before every call completed.  Where the steps are
 rounds that a barrier ends (a synchronous coordinator's join), the tail is what
@@ -133,6 +141,9 @@ class Dependencies:
     ready_offset_ns: int
     arrival_offset_ns: int
     lands_on_worker: bool
+    #: When its data began to arrive (a tensor's response start), None: at its
+    #: arrival.  From then until ``arrival_offset_ns`` its receiver was receiving it.
+    transfer_offset_ns: int | None = None
     #: Whether others wait for this call's completion: only a tensor's arrival
     #: counts (a control call's completion marks the callee's work finishing,
     #: which the replay's server does not redo).
@@ -147,6 +158,17 @@ class Dependencies:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
         if self.arrival_offset_ns < self.ready_offset_ns:
             raise ValueError("a call's data cannot arrive before it left")
+        if self.transfer_offset_ns is not None and not (
+            self.ready_offset_ns <= self.transfer_offset_ns <= self.arrival_offset_ns
+        ):
+            raise ValueError("a call's data must begin to arrive between leaving and arriving")
+
+    @property
+    def transfer_start_ns(self) -> int:
+        """When the call's data began to arrive in the trace (ns from the step's start)."""
+        return (
+            self.arrival_offset_ns if self.transfer_offset_ns is None else self.transfer_offset_ns
+        )
 
 
 def ready_ns(call: TimedCall) -> int:
@@ -251,6 +273,9 @@ def infer_dependencies(calls: Sequence[TimedCall]) -> tuple[Dependencies, ...]:
             Dependencies(
                 ready_offset_ns=ready,
                 arrival_offset_ns=call.end_ns,
+                transfer_offset_ns=max(ready, call.response_start_ns)
+                if call.carries_tensor
+                else None,
                 lands_on_worker=not call.reversed_direction,
                 is_arrival=number in rank,
                 arrival_rank=rank.get(number, 0),
@@ -299,6 +324,19 @@ class _ArrivalList:
         if count > self._complete:
             return None
         return self._maxima[count], self._argmax[count]
+
+
+def _arrival_spans(
+    deps: Sequence[Dependencies], index_of: dict[tuple[bool, int, int], int]
+) -> dict[int, list[tuple[int, int]]]:
+    """Per arrival list (-1: the worker's, else a server's), its arrivals' (arrival,
+    transfer start) in the trace, in rank order (trace completion order)."""
+    spans: dict[int, list[tuple[int, int]]] = {}
+    for (_, server, _), index in sorted(index_of.items()):
+        spans.setdefault(server, []).append(
+            (deps[index].arrival_offset_ns, deps[index].transfer_start_ns)
+        )
+    return spans
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -397,6 +435,8 @@ class DependencyTracker:
             for i, (d, s) in enumerate(zip(self._deps, self._servers, strict=True))
             if d.is_arrival
         }
+        self._spans = _arrival_spans(self._deps, self._index_of)
+        self._receiving_cache: dict[tuple[int, int, int, int], int] = {}
         # Calls whose waited-for arrivals are not all in: first by how many of the
         # worker's arrivals they wait for, then by how many at their server.
         self._waiting_for_worker = [(d.after_worker_arrivals, i) for i, d in enumerate(self._deps)]
@@ -477,7 +517,10 @@ class DependencyTracker:
             # The input that arrived last here may have arrived early in the trace,
             # where the compute it needed overlapped later inputs' transfers: keep
             # what followed it in the trace, up to a whole step's compute.
+            # Less the time the trace spent receiving the inputs that arrived after
+            # it: there the compute it allowed and the wait for them overlapped.
             since_waited = deps.ready_offset_ns - self._deps[waited].arrival_offset_ns
+            since_waited -= self._receiving(index, waited)
             gap = max(gap, min(since_waited, self._step_compute))
             release = done + self._scaled(gap)
         elif self._untimed:
@@ -486,6 +529,30 @@ class DependencyTracker:
             release, waited = self._begin + self._scaled(deps.ready_offset_ns), -1
         self._released[index] = (release, waited)
         return release
+
+    def _receiving(self, index: int, waited: int) -> int:
+        """How long the trace spent receiving the inputs of call ``index`` that
+        arrived after ``waited`` did, from ``waited``'s arrival on (ns): the union
+        of their transfers (``Dependencies.transfer_start_ns`` to arrival)."""
+        deps = self._deps[index]
+        server = self._servers[index]
+        since = self._deps[waited].arrival_offset_ns
+        key = (deps.after_worker_arrivals, deps.after_server_arrivals, server, since)
+        if (cached := self._receiving_cache.get(key)) is not None:
+            return cached
+        spans: list[tuple[int, int]] = []
+        for name, count in ((-1, deps.after_worker_arrivals), (server, deps.after_server_arrivals)):
+            # Arrivals are listed in trace completion order: those after ``since``.
+            listed = self._spans.get(name, [])[:count]
+            first = bisect.bisect_right(listed, since, key=lambda span: span[0])
+            spans.extend((max(start, since), end) for end, start in listed[first:])
+        total, reached = 0, since
+        for start, end in sorted(spans):
+            if end > reached:
+                total += end - max(start, reached)
+                reached = end
+        self._receiving_cache[key] = total
+        return total
 
     def _owner_of_worker_rank(self, rank: int) -> int:
         return self._index_of[(True, -1, rank)]
