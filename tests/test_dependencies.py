@@ -497,6 +497,19 @@ def test_data_cannot_arrive_before_it_left() -> None:
     assert Dependencies(ready_offset_ns=5, arrival_offset_ns=5, lands_on_worker=True)
 
 
+@pytest.mark.parametrize("transfer", [4, 11])
+def test_dependencies_refuse_a_transfer_outside_leaving_and_arriving(transfer: int) -> None:
+    with pytest.raises(ValueError, match="must begin to arrive between leaving and arriving"):
+        Dependencies(
+            ready_offset_ns=5,
+            arrival_offset_ns=10,
+            lands_on_worker=True,
+            transfer_offset_ns=transfer,
+        )
+    ok = Dependencies(ready_offset_ns=5, arrival_offset_ns=10, lands_on_worker=True)
+    assert ok.transfer_start_ns == 10  # unknown: at its arrival
+
+
 def _tracker(deps: list[Dependencies], servers: list[int], **options: object) -> DependencyTracker:
     return DependencyTracker(
         deps,
