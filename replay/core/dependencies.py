@@ -519,9 +519,11 @@ class DependencyTracker:
             # what followed it in the trace, up to a whole step's compute.
             # Less the time the trace spent receiving the inputs that arrived after
             # it: there the compute it allowed and the wait for them overlapped.
+            # (Computed only where it can matter: the union costs a sort.)
             since_waited = deps.ready_offset_ns - self._deps[waited].arrival_offset_ns
-            since_waited -= self._receiving(index, waited)
-            gap = max(gap, min(since_waited, self._step_compute))
+            if min(since_waited, self._step_compute) > gap:
+                since_waited -= self._receiving(index, waited)
+                gap = max(gap, min(since_waited, self._step_compute))
             release = done + self._scaled(gap)
         elif self._untimed:
             release, waited = self._begin, -1
