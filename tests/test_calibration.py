@@ -367,8 +367,17 @@ def test_inspect_shows_the_calibration() -> None:
 @pytest.mark.tensorflow
 def test_a_machine_times_a_real_training_step(calibration_cache: Path) -> None:
     tiny = CalibrationWorkload("tiny", 8, 2, "keras")
-    measured = calibration.measure_here("Test machine, 2 CPUs", tiny)
-    assert measured.source == "measured now" and measured.steady and measured.step_ns > 0
+    # A step of a few ms on a shared machine: a busy moment can leave no two timings
+    # agreeing. Such a step is used but not cached; the machine is asked again, as a
+    # user would (the logic itself is tested with set timings above).
+    for _ in range(3):
+        measured = calibration.measure_here("Test machine, 2 CPUs", tiny)
+        assert measured.step_ns > 0
+        if measured.steady:
+            break
+        assert measured.source.startswith("measured now, unsteady: no two undisturbed timings")
+        assert calibration.cached("Test machine, 2 CPUs", tiny, calibration_cache) is None
+    assert measured.source == "measured now" and measured.steady, measured.source
     assert calibration.cached("Test machine, 2 CPUs", tiny, calibration_cache) == measured.step_ns
     again = calibration.measure_here("Test machine, 2 CPUs", tiny)
     assert again == StepHere(measured.step_ns, "cached")
