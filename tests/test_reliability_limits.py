@@ -14,6 +14,7 @@ import multiprocessing
 import multiprocessing.context
 import multiprocessing.process
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -273,6 +274,38 @@ def test_after_a_stop_signal_grpc_objects_failing_in_del_stay_off_stderr() -> No
     assert completed.returncode == 0, completed.stderr
     assert completed.stderr.count("Exception ignored in") == 1
     assert completed.stderr.count("half-built") == 1
+
+
+#: An info line of gRPC core (absl's format): "I1204 08:21:37.092384   21078 file.cc:1403] ...".
+_GRPC_INFO_LINE = re.compile(r"^I\d{4} \d\d:\d\d:\d\d\.\d+ +\d+ \S+:\d+\] ", re.MULTILINE)
+
+
+@pytest.mark.parametrize("user_verbosity", [None, "INFO"])
+def test_the_command_keeps_grpc_cores_info_lines_off_stderr_unless_the_user_asks(
+    tmp_path: Path, user_verbosity: str | None
+) -> None:
+    """gRPC core writes info lines to stderr when left to itself (a peer's "Got goaway"
+    during a stop did, beside the command's one line); the command asks it for errors
+    only, and a GRPC_VERBOSITY the user set is theirs.  GRPC_TRACE makes gRPC write
+    info lines on every connection, so their absence shows the level took."""
+    environment = {k: v for k, v in os.environ.items() if k != "GRPC_VERBOSITY"}
+    environment["GRPC_TRACE"] = "http"
+    if user_verbosity is not None:
+        environment["GRPC_VERBOSITY"] = user_verbosity
+    command = [
+        sys.executable, "-m", "tf_grpc_bench", "replay", "--benchmark", "p2p-latency",
+        "--warmup", "0", "--runs", "1", "--duration", "0.5", "--quiet",
+        "--output-dir", str(tmp_path / "out"),
+    ]  # fmt: skip
+    completed = subprocess.run(
+        command, capture_output=True, text=True, timeout=300, check=False, env=environment
+    )
+    assert completed.returncode == 0, completed.stderr[-2000:]
+    info_lines = _GRPC_INFO_LINE.findall(completed.stderr)
+    if user_verbosity is None:
+        assert info_lines == [], completed.stderr[:2000]
+    else:
+        assert info_lines, "GRPC_VERBOSITY=INFO set by the user was not kept"
 
 
 def test_a_stop_signal_while_server_processes_spawn_stops_every_one_started(

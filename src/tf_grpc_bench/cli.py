@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 from collections.abc import Sequence
 
@@ -89,7 +90,24 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     return parser
 
 
+#: gRPC core's log level for the command and the processes it starts, unless the user set one.
+GRPC_VERBOSITY = "ERROR"
+
+
+def quiet_grpc_core() -> None:
+    """Keep gRPC core's info lines off stderr (``GRPC_VERBOSITY``), unless the user set it.
+
+    Left unset, gRPC (1.6x, absl logging) writes info lines to stderr, such as
+    ``Got goaway [2] ...`` when a peer's connection ends during a stop: noise
+    beside a command's one line of outcome.  Errors still show.  Set before gRPC
+    starts, in the environment, so tasks this command starts inherit it.
+    """
+    os.environ.setdefault("GRPC_VERBOSITY", GRPC_VERBOSITY)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    if argv is None:
+        quiet_grpc_core()
     arguments = list(sys.argv[1:] if argv is None else argv)
     known = {name for name, _, _ in COMMANDS}
     # Build only the chosen subcommand's flags: other modules stay unimported.
