@@ -224,21 +224,11 @@ def test_the_shipped_sbatch_replay_example_runs(slurm: slurm_cluster.Slurm, tmp_
         "PORT_BASE": str(slurm_cluster.free_port_block(5)),
         "REPLAY_FLAGS": "--benchmark ps-throughput --steps 1 --runs 1 --warmup 0 --compute none",
     }
-    result = subprocess.run(
-        # The script asks for 3 nodes; this Slurm has one, which the command line overrides.
-        [
-            "sbatch",
-            "--wait",
-            "--nodes=1",
-            f"--chdir={tmp_path}",
-            f"--output={tmp_path}/job.out",
-            str(script),
-        ],
-        env=environment,
-        capture_output=True,
-        text=True,
-        timeout=STEP_LIMIT_S,
-        check=False,
+    # The script asks for 3 nodes; this Slurm has one, which the command line overrides.
+    result = slurm.batch(
+        ["--nodes=1", f"--chdir={tmp_path}", f"--output={tmp_path}/job.out", str(script)],
+        environment,
+        STEP_LIMIT_S,
     )
     log = (tmp_path / "job.out").read_text() if (tmp_path / "job.out").exists() else ""
     assert result.returncode == 0, result.stdout + result.stderr + log + slurm.logs()
@@ -391,13 +381,13 @@ def test_the_shipped_sbatch_capture_example_runs(
         "TRACE": str(trace_path),
     }
     before = frozenset(slurm_cluster.tagged_pids(slurm.root))
-    result = subprocess.run(
-        # The script asks for 3 nodes and 5 tasks; this Slurm has one node, and the job
-        # here has 4 tasks, which the command line overrides.
-        ["sbatch", "--wait", "--nodes=1", "--ntasks=4", f"--chdir={tmp_path}",
-         f"--output={tmp_path}/job.out", str(script),
-         "python", str(SCRIPT), "--rounds", "3", "--variables", str(variables)],
-        env=environment, capture_output=True, text=True, timeout=STEP_LIMIT_S, check=False,
+    # The script asks for 3 nodes and 5 tasks; this Slurm has one node, and the job
+    # here has 4 tasks, which the command line overrides.
+    result = slurm.batch(
+        ["--nodes=1", "--ntasks=4", f"--chdir={tmp_path}", f"--output={tmp_path}/job.out",
+         str(script), "python", str(SCRIPT), "--rounds", "3", "--variables", str(variables)],
+        environment,
+        STEP_LIMIT_S,
     )  # fmt: skip
     log = (tmp_path / "job.out").read_text() if (tmp_path / "job.out").exists() else ""
     assert result.returncode == 0, result.stdout + result.stderr + log + slurm.logs()
