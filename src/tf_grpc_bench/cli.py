@@ -97,7 +97,7 @@ GRPC_VERBOSITY = "ERROR"
 def quiet_grpc_core() -> None:
     """Keep gRPC core's info lines off stderr (``GRPC_VERBOSITY``), unless the user set it.
 
-    Left unset, gRPC (1.6x, absl logging) writes info lines to stderr, such as
+    Left unset, gRPC (1.85 here; absl logging since 1.6x) writes info lines to stderr, such as
     ``Got goaway [2] ...`` when a peer's connection ends during a stop: noise
     beside a command's one line of outcome.  Errors still show.  Set before gRPC
     starts, in the environment, so tasks this command starts inherit it.
