@@ -56,8 +56,11 @@ from common import (
     write_section,
 )
 
-from tf_grpc_bench import lifetime, trace_files
+from tf_grpc_bench import capture_cpu, lifetime, trace_files
+from tf_grpc_bench.capture_cpu import CaptureCpu
+from tf_grpc_bench.errors import TraceError
 from tf_grpc_bench.netns import parse_profile
+from tf_grpc_bench.replay.core.workload import captured_critical_paths
 from tf_grpc_bench.replay.network.compare import write_tensorboard_comparison
 from tf_grpc_bench.replay.output import document as results
 from tf_grpc_bench.trace import Trace
@@ -88,6 +91,21 @@ class Prediction:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class CaptureFacts:
+    """What one capture's training did with the machine (docs/fidelity.md, Limits)."""
+
+    link: str
+    round_s: float
+    #: The trace's capture CPU (``capture_cpu``), None where it records none.
+    cpu: CaptureCpu | None
+    #: The job's tasks' CPU seconds per round.
+    tasks_cpu_per_round_s: float | None
+    #: Means over the worker-steps of the captured critical path (``inspect``'s).
+    path_compute_s: float | None
+    path_communication_s: float | None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Row:
     model: str
     profile: str
@@ -95,6 +113,7 @@ class Row:
     link_bound_s: float | None
     from_loopback: Prediction | None
     from_link: Prediction | None
+    link_capture: CaptureFacts | None = None
 
 
 def run(command: list[str]) -> None:
@@ -133,6 +152,27 @@ def capture(
         command += ["--network", profile]
     run(command)
     return trace_files.read_trace(output)
+
+
+def capture_facts(trace: Trace, link: str) -> CaptureFacts:
+    cpu = capture_cpu.from_extra(trace.metadata.extra)
+    per_round = None
+    if cpu is not None and trace.steps:
+        per_round = cpu.tasks_cores * cpu.span_ns / 1e9 / len(trace.steps)
+    try:
+        paths = [path for _, _, path in captured_critical_paths(trace)]
+    except TraceError:
+        paths = []
+    compute = statistics.mean(p.compute_ns for p in paths) / 1e9 if paths else None
+    communication = statistics.mean(p.communication_ns for p in paths) / 1e9 if paths else None
+    return CaptureFacts(
+        link=link,
+        round_s=round_seconds(trace),
+        cpu=cpu,
+        tasks_cpu_per_round_s=per_round,
+        path_compute_s=compute,
+        path_communication_s=communication,
+    )
 
 
 def round_seconds(trace: Trace) -> float:
@@ -224,11 +264,14 @@ def cpu_per_round(benchmark: dict) -> float | None:
     return (client + server) * dilation / 1e9 / (steps / workers)
 
 
-def measure(model: str, setup: str, profiles: list[str], steps: int, logdir: Path) -> list[Row]:
+def measure(
+    model: str, setup: str, profiles: list[str], steps: int, logdir: Path
+) -> tuple[CaptureFacts, list[Row]]:
+    """The loopback capture's facts, and a row per profile."""
     folder = logdir / f"{model}-{setup}"
     loopback_trace = folder / f"{model}-loopback.tfgbtrace"
     folder.mkdir(parents=True, exist_ok=True)
-    capture(model, setup, steps, loopback_trace, None)
+    loopback = capture_facts(capture(model, setup, steps, loopback_trace, None), "loopback")
     rows = []
     for profile in profiles:
         link_trace = folder / f"{model}-{profile}.tfgbtrace"
@@ -241,11 +284,12 @@ def measure(model: str, setup: str, profiles: list[str], steps: int, logdir: Pat
                 link_bound_s=link_bound_seconds(trained, profile),
                 from_loopback=predict(loopback_trace, profile, folder / f"{profile}-lo"),
                 from_link=predict(link_trace, profile, folder / f"{profile}-link"),
+                link_capture=capture_facts(trained, profile),
             )
         )
         print(rows[-1], file=sys.stderr, flush=True)
     write_comparison(folder, rows)
-    return rows
+    return loopback, rows
 
 
 def write_comparison(directory: Path, rows: list[Row]) -> None:
@@ -284,7 +328,48 @@ def _prediction_cells(prediction: Prediction | None, training_s: float) -> list[
     return [f"{prediction.step_s:.2f} s{dilated}", f"{ratio:.2f}{bound}"]
 
 
-def report(rows: list[Row], setup: str, command: str, before: str, after: str) -> str:
+def _seconds(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f} s"
+
+
+def capture_table(captures: list[CaptureFacts]) -> list[str]:
+    """One row per capture: its round, the machine's and the tasks' CPU, the critical path."""
+    lines = [
+        "Each capture's training (docs/fidelity.md, Limits): its median round; the capture",
+        "machine's cores busy over its steps (every process and the kernel's work) and its",
+        "tasks' CPU seconds per round (`capture_cpu` in the trace); the captured critical path",
+        "per worker-step (`inspect`'s means): compute and communication.",
+        "",
+        *table_head(
+            "capture", "round", "cores busy", "tasks' CPU per round", "path compute",
+            "path communication",
+        ),
+    ]  # fmt: skip
+    for facts in captures:
+        busy = "-"
+        if facts.cpu is not None:
+            busy = f"{facts.cpu.busy_cores:.2f} of {facts.cpu.cores}"
+        lines.append(
+            table_row(
+                facts.link,
+                _seconds(facts.round_s),
+                busy,
+                _seconds(facts.tasks_cpu_per_round_s),
+                _seconds(facts.path_compute_s),
+                _seconds(facts.path_communication_s),
+            )
+        )
+    return lines
+
+
+def report(
+    rows: list[Row],
+    setup: str,
+    command: str,
+    before: str,
+    after: str,
+    loopback: CaptureFacts | None = None,
+) -> str:
     lines = [
         SECTION.format(model=rows[0].model if rows else "?", setup=setup),
         "",
@@ -324,6 +409,10 @@ def report(rows: list[Row], setup: str, command: str, before: str, after: str) -
                 *_cpu_cells(row.from_loopback),
             )
         )
+    captures = [loopback] if loopback is not None else []
+    captures += [row.link_capture for row in rows if row.link_capture is not None]
+    if captures:
+        lines += ["", *capture_table(captures)]
     return "\n".join(lines)
 
 
@@ -342,10 +431,10 @@ def main() -> int:
     with lifetime.interrupt_on_signals():
         for model in args.models.split(","):
             before = load_average()
-            rows = measure(
+            loopback, rows = measure(
                 model, args.setup, args.profiles.split(","), args.steps, Path(args.logdir)
             )  # fmt: skip
-            body = report(rows, args.setup, command, before, load_average())
+            body = report(rows, args.setup, command, before, load_average(), loopback)
             print(body)
             if not args.no_readme:
                 write_section(README, SECTION.format(model=model, setup=args.setup), body)

@@ -54,6 +54,7 @@ from tf_grpc_bench.calibration import Calibration, CalibrationWorkload
 from tf_grpc_bench.errors import BenchError, CaptureError, ConfigError, RunInterrupted
 from tf_grpc_bench.host import capture_machine
 from tf_grpc_bench.profiler.assembly.phases import assemble_trace, partial_reason
+from tf_grpc_bench.profiler.cpu_sampler import CpuSample, CpuSampler, summarize
 from tf_grpc_bench.profiler.launch.config import TrainingConfig
 from tf_grpc_bench.profiler.launch.hosts import (
     NetworkRequest,
@@ -206,8 +207,10 @@ def run_and_write(
     unless the capture failed and it holds logs to read.
     """
     error: BenchError | None = None
+    sampler = CpuSampler(lambda: {f"{name}:{i}": pid for (name, i), pid in job.pids().items()})
     try:
         recorder.start()
+        sampler.start()
         try:
             job.run(recorder, work)
         except BenchError as failure:
@@ -217,8 +220,10 @@ def run_and_write(
             signum = lifetime.signal_of(interrupt)
             error = RunInterrupted(f"interrupted ({lifetime.signal_name(signum)})", signum=signum)
         finally:
+            sampler.stop()
             job.stop()
     finally:
+        sampler.stop()
         recorder.stop()
     calls = recorder.collect(final=True)
     layout = job.layout()
@@ -241,7 +246,11 @@ def run_and_write(
         origin_ns=recorder.started_ns,
         metadata=layout.metadata,
     )
-    trace = assemble(partial_reason=partial_reason(error, recorder_errors))
+    trace = with_capture_cpu(
+        assemble(partial_reason=partial_reason(error, recorder_errors)),
+        sampler.samples,
+        origin_ns=recorder.started_ns,
+    )
     if error is None and not trace.steps:
         # The job "succeeded" without training (a command that exits at once).
         error = CaptureError(
@@ -266,6 +275,19 @@ def run_and_write(
         error=error,
         logs=work if keep_logs or not remove_work else None,
     )
+
+
+def with_capture_cpu(trace: Trace, samples: Sequence[CpuSample], *, origin_ns: int) -> Trace:
+    """``trace`` with the capture machine's CPU over its steps in its metadata
+    (``tf_grpc_bench.capture_cpu``); as it is when the samples do not cover its steps."""
+    windows = [(step.start_ns + origin_ns, step.end_ns + origin_ns) for step in trace.steps]
+    tasks = [f"{task.job}:{task.index}" for task in trace.tasks]
+    cpu = summarize(samples, windows, tasks)
+    if cpu is None:
+        return trace
+    extra = dict(trace.metadata.extra) | dict(cpu.extra())
+    metadata = dataclasses.replace(trace.metadata, extra=tuple(sorted(extra.items())))
+    return dataclasses.replace(trace, metadata=metadata)
 
 
 def _holds_logs(work: Path) -> bool:

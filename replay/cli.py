@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
 
-from tf_grpc_bench import calibration, host, lifetime, trace_files
+from tf_grpc_bench import calibration, capture_cpu, host, lifetime, trace_files
 from tf_grpc_bench.errors import ConfigError, RunInterrupted, TransportError, UsageError
 from tf_grpc_bench.replay import runner
 from tf_grpc_bench.replay.core import planning, whatif
@@ -798,6 +798,10 @@ def _trace_workloads(
         workloads = [
             replace(w, description=(*w.description, ("captured_on", machine))) for w in workloads
         ]
+    # How busy the capture machine was (``report.capture_cpu_note``).
+    cpu = capture_cpu.described(trace.metadata.extra)
+    if cpu:
+        workloads = [replace(w, description=(*w.description, *cpu)) for w in workloads]
     return workloads, derivation
 
 

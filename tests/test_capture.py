@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from tf_grpc_bench import calibration, trace_files
+from tf_grpc_bench import calibration, capture_cpu, trace_files
 from tf_grpc_bench import trace as trace_model
 from tf_grpc_bench.errors import ServeError
 from tf_grpc_bench.host import cpu_model, describe_machine
@@ -507,9 +507,17 @@ def test_capturing_the_tiny_model_gives_a_trace_that_obeys_physics(
             if rpc.method == RECV_TENSOR:
                 assert (rpc.caller_task in workers) == (rpc.callee_task in ps)
                 assert rpc.start_ns <= rpc.response_start_ns <= rpc.end_ns
+    # How busy the machine and each task were over the steps (capture_cpu).
+    cpu = capture_cpu.from_extra(meta.extra)
+    assert cpu is not None and cpu.cores == os.cpu_count()
+    span = max(s.end_ns for s in trace.steps) - min(s.start_ns for s in trace.steps)
+    assert cpu.span_ns == span > 0
+    assert [name for name, _ in cpu.task_cores] == ["ps:0", "worker:0", "worker:1", "chief:0"]
+    assert 0 < cpu.busy_cores <= cpu.cores and cpu.tasks_cores > 0
     shown = run_cli("inspect", str(output))
     assert shown.returncode == 0 and "RecvTensor=50" in shown.stdout
     assert "captured by: in-process-recorder" in shown.stdout
+    assert f"capture CPU: {cpu.text()}" in shown.stdout
 
 
 @pytest.mark.tensorflow

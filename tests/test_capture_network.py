@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from tf_grpc_bench import netns, trace_files, trace_summary
+from tf_grpc_bench import capture_cpu, netns, trace_files, trace_summary
 from tf_grpc_bench.errors import ConfigError, NetworkError
 from tf_grpc_bench.profiler.launch.hosts import (
     NetworkRequest,
@@ -196,6 +196,11 @@ def test_capture_job_runs_the_users_tasks_on_emulated_hosts(tmp_path: Path) -> N
     variables = [dict(v, trainable=True) for v in json.loads(variables_file.read_text())]
     report = check_physics(trace, {"variables": variables})
     assert report.ok, report.format()
+    # The CPU of the user's own processes, started inside the hosts' namespaces.
+    cpu = capture_cpu.from_extra(trace.metadata.extra)
+    assert cpu is not None
+    assert {name for name, _ in cpu.task_cores} == {"chief:0", "ps:0", "worker:0", "worker:1"}
+    assert cpu.tasks_cores > 0
 
 
 @pytest.mark.netns

@@ -13,7 +13,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from tf_grpc_bench import host
+from tf_grpc_bench import capture_cpu, host
 from tf_grpc_bench.replay.core.measurement import BenchmarkResult, LatencySummary
 from tf_grpc_bench.replay.output.document import ResultDocument, benchmark_labels
 from tf_grpc_bench.replay.output.statistics import run_statistics
@@ -122,8 +122,8 @@ def format_table(document: ResultDocument) -> str:
     lines += [f"{PARTIAL_MARK} partial: {note}" for note in notes]
     lines += _dropped_notes(document)
     lines += _inexact_notes(document)
-    note = compute_machine_note(document)
-    return "\n".join([*lines, note] if note else lines)
+    lines += [note for note in (compute_machine_note(document), capture_cpu_note(document)) if note]
+    return "\n".join(lines)
 
 
 def _keeps_compute(result: BenchmarkResult) -> bool:
@@ -154,6 +154,18 @@ def compute_machine_note(document: ResultDocument) -> str:
                 f"replayed on {here}; the step carries the capture machine's compute ({why}"
                 "capture on this machine to predict its training)"
             )
+    return ""
+
+
+def capture_cpu_note(document: ResultDocument) -> str:
+    """A line when the compute ``document``'s predicted step keeps was captured with the
+    machine's cores (nearly) all busy (``capture_cpu.contention_note``); "" otherwise."""
+    for result in document.benchmarks:
+        share = result.parameters.get("capture_cpu_busy_share")
+        if _keeps_compute(result) and isinstance(share, int | float):
+            note = capture_cpu.contention_note(str(result.parameters.get("capture_cpu", "")), share)
+            if note:
+                return note
     return ""
 
 
@@ -226,7 +238,10 @@ def format_markdown_table(items: Sequence[ResultDocument] | Sequence[BenchmarkRe
         lines.append("")
         lines += [f"{PARTIAL_MARK} partial: {note}" for note in notes]
     machines = {
-        compute_machine_note(item) for item in items if isinstance(item, ResultDocument)
+        note(item)
+        for item in items
+        if isinstance(item, ResultDocument)
+        for note in (compute_machine_note, capture_cpu_note)
     } - {""}
     if machines:
         lines += ["", *sorted(machines)]

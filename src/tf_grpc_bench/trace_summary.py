@@ -8,6 +8,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from tf_grpc_bench.calibration import calibration_line
+from tf_grpc_bench.capture_cpu import cpu_line
 from tf_grpc_bench.host import machine_line
 from tf_grpc_bench.sizes import SizeCategory, classify
 from tf_grpc_bench.trace import Rpc, Trace, payload_bytes
@@ -173,7 +174,11 @@ def format_summary(trace: Trace, *, source: str = "") -> str:
         lines.append("command: " + " ".join(meta.command))
     if meta.capture_method:
         lines.append(f"captured by: {meta.capture_method}")
-    lines.extend(line for line in (machine_line(meta.extra), calibration_line(meta.extra)) if line)
+    lines.extend(
+        line
+        for line in (machine_line(meta.extra), calibration_line(meta.extra), cpu_line(meta.extra))
+        if line
+    )
     network = network_line(trace)
     if network:
         lines.append(network)
