@@ -159,11 +159,17 @@ def compute_machine_note(document: ResultDocument) -> str:
 
 def capture_cpu_note(document: ResultDocument) -> str:
     """A line when the compute ``document``'s predicted step keeps was captured with the
-    machine's cores (nearly) all busy (``capture_cpu.contention_note``); "" otherwise."""
+    machine's cores (nearly) all busy, on another link than the replay's
+    (``capture_cpu.contention_note``); "" otherwise."""
+    network = document.network.name if document.network else None
     for result in document.benchmarks:
         share = result.parameters.get("capture_cpu_busy_share")
         if _keeps_compute(result) and isinstance(share, int | float):
-            note = capture_cpu.contention_note(str(result.parameters.get("capture_cpu", "")), share)
+            note = capture_cpu.contention_note(
+                str(result.parameters.get("capture_cpu", "")),
+                share,
+                same_link=network is not None and result.parameters.get("capture_link") == network,
+            )
             if note:
                 return note
     return ""

@@ -2,26 +2,25 @@
 
 A trace's compute gaps are what training took between an input's arrival at
 a task and the tensors computed from it leaving, on the capture's machine and
-link.  Where that machine's cores were all busy (training on loopback on 2
-cores: every task's transfers and compute contending for them), the gaps hold
-that contention, which belongs to that link: on a slower link the same work
-spreads out differently, and training's compute on its critical path was
-measured 20 to 45% longer there than in a loopback capture of the same job
-(docs/fidelity.md, Limits).  A replay keeps the gaps as the trace holds them,
-so a result says when its trace was captured so (``contention_note``).
-
-``capture`` samples the machine's CPU (``/proc/stat``) and every task's
-(``/proc/PID/stat``) while its job runs (``profiler.cpu_sampler``), and
-records over the span of the steady steps (``RunMetadata.extra``):
+link.  Whether that machine had cores to spare says how far those gaps are
+training's own work and how far its tasks waited for a core: a loopback
+capture on 2 cores keeps both busy (every task's transfers and compute
+contending for them).  ``capture`` samples the machine's CPU (``/proc/stat``)
+and every task's (``/proc/PID/stat``, its whole session) while its job runs
+(``profiler.cpu_sampler``), and records over the span of the steady steps
+(``RunMetadata.extra``):
 
 * ``capture_cpu_cores``: the cores the machine has;
 * ``capture_cpu_busy_cores``: the cores busy on average, every process's work
   and the kernel's and the hypervisor's steal;
-* ``capture_cpu_task_cores``: each task's own average (``ps:0=0.152,...``),
-  all its threads;
+* ``capture_cpu_task_cores``: each task's own average (``ps:0=0.152,...``);
 * ``capture_cpu_span_ns``: the span those averages are over.
 
-Pure: reads and writes the entries, says what they mean.
+``inspect`` prints them, and a replay that keeps the compute of a trace
+captured with the cores (nearly) all busy, on another link, says so
+(``contention_note``): loopback traces of such captures have predicted a
+link's training short (docs/fidelity.md, Limits).  Pure: reads and writes the
+entries, says what they mean.
 """
 
 from __future__ import annotations
@@ -156,34 +155,34 @@ def cpu_line(extra: tuple[tuple[str, str], ...]) -> str:
         return ""
     line = f"capture CPU: {recorded.text()}"
     if recorded.contended:
-        line += (
-            f"; bound by the machine's cores: the compute gaps hold contention on "
-            f"{captured_link(extra)} (docs/fidelity.md, Limits)"
-        )
+        line += "; bound by the machine's cores (docs/fidelity.md, Limits)"
     return line
 
 
 def described(extra: tuple[tuple[str, str], ...]) -> tuple[tuple[str, str | float], ...]:
     """A replay's result entries on its trace's capture CPU (``capture_cpu``: the text and
-    the link, ``capture_cpu_busy_share``); () for a trace recording none.  A malformed
-    entry raises ``ConfigError`` naming it."""
+    the link, ``capture_cpu_busy_share``, ``capture_link``); () for a trace recording none.
+    A malformed entry raises ``ConfigError`` naming it."""
     recorded = from_extra(extra)
     if recorded is None:
         return ()
+    link = captured_link(extra)
     return (
-        ("capture_cpu", f"{recorded.text()}, on {captured_link(extra)}"),
+        ("capture_cpu", f"{recorded.text()}, on {link}"),
         ("capture_cpu_busy_share", round(recorded.busy_share, 3)),
+        ("capture_link", link),
     )
 
 
-def contention_note(description: str, busy_share: float) -> str:
+def contention_note(description: str, busy_share: float, *, same_link: bool = False) -> str:
     """A replay result's line when its trace was captured with the machine's cores (nearly)
-    all busy (``described``'s two entries); "" otherwise."""
-    if busy_share < CONTENDED_SHARE:
+    all busy (``described``'s entries); "" otherwise, or when the replay's link is the one
+    the trace was captured on (``same_link``: the contention is that link's)."""
+    if busy_share < CONTENDED_SHARE or same_link:
         return ""
     return (
-        f"trace captured bound by its CPU ({description}): its compute gaps hold the "
-        "contention of that link; on another link training's compute may stretch or shrink "
-        "(docs/fidelity.md, Limits), and a trace captured on the link in question "
+        f"trace captured bound by its CPU ({description}): its compute gaps were measured with "
+        "the cores all busy, and such traces have predicted another link's training up to 15% "
+        "short (docs/fidelity.md, Limits); a trace captured on the link in question "
         "(capture --network PROFILE) predicts it better"
     )
