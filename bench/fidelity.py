@@ -60,10 +60,10 @@ from tf_grpc_bench import capture_cpu, lifetime, trace_files
 from tf_grpc_bench.capture_cpu import CaptureCpu
 from tf_grpc_bench.errors import TraceError
 from tf_grpc_bench.netns import parse_profile
-from tf_grpc_bench.replay.core.workload import captured_critical_paths
+from tf_grpc_bench.replay.core.workload import captured_critical_paths, captured_path_segments
 from tf_grpc_bench.replay.network.compare import write_tensorboard_comparison
 from tf_grpc_bench.replay.output import document as results
-from tf_grpc_bench.trace import Trace
+from tf_grpc_bench.trace import Rpc, Trace
 
 SECTION = "## Fidelity: {model}, {setup}"
 #: Warm-up and measured seconds of each replay (one run: the prediction is a median of steps).
@@ -103,6 +103,9 @@ class CaptureFacts:
     #: Means over the worker-steps of the captured critical path (``inspect``'s).
     path_compute_s: float | None
     path_communication_s: float | None
+    #: Of ``path_compute_s``, the time one of the worker's own sends (a tensor it answered
+    #: with: a gradient the ps pulled) was leaving it: compute or the link's queue.
+    path_compute_sending_s: float | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -161,8 +164,15 @@ def capture_facts(trace: Trace, link: str) -> CaptureFacts:
         per_round = cpu.tasks_cores * cpu.span_ns / 1e9 / len(trace.steps)
     try:
         paths = [path for _, _, path in captured_critical_paths(trace)]
+        sending = [
+            _overlap_ns(
+                [(seg.start_ns, seg.end_ns) for seg in segments if seg.rpc_index < 0],
+                _sends_of(trace.steps[number].rpcs, worker),
+            )
+            for number, worker, segments in captured_path_segments(trace)
+        ]
     except TraceError:
-        paths = []
+        paths, sending = [], []
     compute = statistics.mean(p.compute_ns for p in paths) / 1e9 if paths else None
     communication = statistics.mean(p.communication_ns for p in paths) / 1e9 if paths else None
     return CaptureFacts(
@@ -172,6 +182,30 @@ def capture_facts(trace: Trace, link: str) -> CaptureFacts:
         tasks_cpu_per_round_s=per_round,
         path_compute_s=compute,
         path_communication_s=communication,
+        path_compute_sending_s=statistics.mean(sending) / 1e9 if sending else None,
+    )
+
+
+def _sends_of(rpcs: tuple[Rpc, ...], task: int) -> list[tuple[int, int]]:
+    """When ``task``'s answers were leaving it: response start to arrival of every call
+    it answered with data (a tensor pulled from it)."""
+    return [
+        (rpc.response_start_ns, rpc.end_ns)
+        for rpc in rpcs
+        if rpc.callee_task == task and rpc.response_bytes > 0 and rpc.end_ns > rpc.response_start_ns
+    ]
+
+
+def _overlap_ns(spans: list[tuple[int, int]], others: list[tuple[int, int]]) -> int:
+    """How much of ``spans`` (disjoint) the union of ``others`` covers."""
+    merged: list[list[int]] = []
+    for start, end in sorted(others):
+        if merged and start <= merged[-1][1]:
+            merged[-1][1] = max(merged[-1][1], end)
+        else:
+            merged.append([start, end])
+    return sum(
+        max(0, min(end, stop) - max(start, begin)) for start, end in spans for begin, stop in merged
     )
 
 
@@ -338,11 +372,12 @@ def capture_table(captures: list[CaptureFacts]) -> list[str]:
         "Each capture's training (docs/fidelity.md, Limits): its median round; the capture",
         "machine's cores busy over its steps (every process and the kernel's work) and its",
         "tasks' CPU seconds per round (`capture_cpu` in the trace); the captured critical path",
-        "per worker-step (`inspect`'s means): compute and communication.",
+        "per worker-step (`inspect`'s means): compute, of it the time one of the worker's own",
+        "answers (a gradient the ps pulled) was leaving it, and communication.",
         "",
         *table_head(
             "capture", "round", "cores busy", "tasks' CPU per round", "path compute",
-            "path communication",
+            "of it, worker sending", "path communication",
         ),
     ]  # fmt: skip
     for facts in captures:
@@ -356,6 +391,7 @@ def capture_table(captures: list[CaptureFacts]) -> list[str]:
                 busy,
                 _seconds(facts.tasks_cpu_per_round_s),
                 _seconds(facts.path_compute_s),
+                _seconds(facts.path_compute_sending_s),
                 _seconds(facts.path_communication_s),
             )
         )

@@ -105,6 +105,7 @@ class CpuSampler:
         self._last: dict[int, int] = {}
         self._gone: dict[str, int] = {}
         self._count = 0
+        self._tasks: dict[str, int] = {}
         self.samples: list[CpuSample] = []
 
     def _task_ticks(self, tasks: Mapping[str, int]) -> dict[str, int]:
@@ -137,11 +138,15 @@ class CpuSampler:
         machine = host.read_machine_cpu(self._proc / "stat")
         if machine is None:
             return None
+        # RuntimeError: the job's table of tasks changed while read here (a task starting
+        # on the launcher's thread): the tasks known before, read again next time.
+        with contextlib.suppress(RuntimeError):
+            self._tasks = dict(self._pids())
         return CpuSample(
             monotonic_ns=time.monotonic_ns(),
             busy_ticks=machine.busy_ticks,
             total_ticks=machine.total_ticks,
-            task_ticks=self._task_ticks(dict(self._pids())),
+            task_ticks=self._task_ticks(self._tasks),
         )
 
     def _run(self) -> None:
@@ -151,6 +156,11 @@ class CpuSampler:
                 self.samples.append(taken)
             if self._stop.wait(self._interval_s):
                 break
+        # One last sample at the stop, so that the samples reach past everything before it
+        # (the job's last step ends just before its run returns).
+        taken = self.sample()
+        if taken is not None:
+            self.samples.append(taken)
 
     def start(self) -> None:
         self._thread = threading.Thread(target=self._run, name="cpu-sampler", daemon=True)

@@ -234,6 +234,22 @@ def test_a_tasks_count_is_its_sessions_and_keeps_what_its_ended_processes_used(
     # A task not started yet is left out; the machine unreadable: no sample.
     tasks["ps:0"] = 600
     assert sampler.sample().task_ticks == {"worker:0": 55}  # type: ignore[union-attr]
+    # The launcher's table of tasks changing while read (on another thread): the tasks
+    # known before are sampled, and the sampler goes on.
+    changing_now = [True]
+
+    def launcher_pids() -> dict[str, int]:
+        if changing_now[0]:
+            raise RuntimeError("dictionary changed size during iteration")
+        return dict(tasks)
+
+    changing = CpuSampler(launcher_pids, proc=proc)
+    assert changing.sample().task_ticks == {}  # type: ignore[union-attr]
+    changing_now[0] = False
+    assert changing.sample().task_ticks == {"worker:0": 35}  # type: ignore[union-attr]
+    changing_now[0] = True
+    tasks["worker:1"] = 900
+    assert changing.sample().task_ticks == {"worker:0": 35}  # type: ignore[union-attr]
     (proc / "stat").unlink()
     assert sampler.sample() is None
 
@@ -278,6 +294,18 @@ def test_a_real_task_counts_the_cpu_of_a_child_that_ended(tmp_path: Path) -> Non
         s.monotonic_ns for s in sampler.samples
     )
     assert sampler.samples[-1].monotonic_ns <= time.monotonic_ns()
+
+
+def test_the_last_sample_is_taken_at_the_stop() -> None:
+    # A job whose last step ended just before it stopped: the samples must reach past it,
+    # however long the interval between samples.
+    sampler = CpuSampler(dict, interval_s=3600)
+    sampler.start()
+    time.sleep(0.2)
+    stopped_ns = time.monotonic_ns()
+    sampler.stop()
+    assert len(sampler.samples) == 2
+    assert sampler.samples[-1].monotonic_ns >= stopped_ns
 
 
 # --------------------------------------------------------------------------
@@ -367,6 +395,17 @@ def test_the_fidelity_bench_lays_each_captures_cpu_beside_its_critical_path() ->
     bare = fidelity.capture_facts(trace, "5gbit")
     assert bare.cpu is None and bare.tasks_cpu_per_round_s is None
     table = fidelity.capture_table([facts, bare])
-    assert table[-3] == "|---|---|---|---|---|---|"
+    assert table[-3] == "|---|---|---|---|---|---|---|"
     assert table[-2].startswith("| loopback | ") and " 1.95 of 2 | " in table[-2]
     assert table[-1].startswith("| 5gbit | ") and "| - | - |" in table[-1]
+
+
+def test_the_fidelity_bench_counts_the_path_compute_while_the_worker_was_sending() -> None:
+    fidelity = load_bench_script("fidelity.py", "bench_fidelity")
+    # Compute 0-10 and 20-30; sends 5-8, 7-12 (merged: 5-12) and 25-40.
+    assert fidelity._overlap_ns([(0, 10), (20, 30)], [(7, 12), (5, 8), (25, 40)]) == 5 + 5
+    assert fidelity._overlap_ns([(0, 10)], []) == 0
+    trace = make_trace()
+    facts = fidelity.capture_facts(trace, "loopback")
+    assert facts.path_compute_sending_s is not None
+    assert 0 <= facts.path_compute_sending_s <= facts.path_compute_s
