@@ -1,13 +1,14 @@
 """The machine's and each task's CPU while a captured job runs (``tf_grpc_bench.capture_cpu``).
 
-``CpuSampler`` reads ``/proc/stat`` (the machine, every process) and each
-task's ``/proc/PID/stat`` (its user and system time, all its threads) ten
-times a second on a thread of the capture's own process, stamped with
-``CLOCK_MONOTONIC``: the clock the recorders stamp calls with, so a trace's
-steps (relative to the recorder's start) can be laid over the samples.
-Every task runs on this machine, emulated hosts too (network namespaces share
-the kernel and its clock).  Six small file reads a sample; nothing is sent to
-the tasks.
+``CpuSampler`` reads ``/proc/stat`` (the machine, every process) and the
+``/proc/PID/stat`` of every process of each task's session (user and system
+time, all threads) ten times a second on a thread of the capture's own
+process, stamped with ``CLOCK_MONOTONIC``: the clock the recorders stamp calls
+with, so a trace's steps (relative to the recorder's start) can be laid over
+the samples.  Every task runs on this machine, emulated hosts too (network
+namespaces share the kernel and its clock).  A few small file reads a sample
+and a look through ``/proc`` once a second (about 3.5 ms of CPU a second for a
+5-task job, measured); nothing is sent to the tasks.
 
 ``summarize`` is pure: the averages over the steady steps' span, each
 counter read at the span's ends by linear interpolation between the samples
