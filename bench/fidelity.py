@@ -36,6 +36,7 @@ different models do not overwrite each other.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import statistics
@@ -60,7 +61,11 @@ from tf_grpc_bench import capture_cpu, lifetime, trace_files
 from tf_grpc_bench.capture_cpu import CaptureCpu
 from tf_grpc_bench.errors import TraceError
 from tf_grpc_bench.netns import parse_profile
-from tf_grpc_bench.replay.core.workload import captured_critical_paths, captured_path_segments
+from tf_grpc_bench.replay.core.workload import (
+    CapturedSegment,
+    captured_critical_paths,
+    captured_path_segments,
+)
 from tf_grpc_bench.replay.network.compare import write_tensorboard_comparison
 from tf_grpc_bench.replay.output import document as results
 from tf_grpc_bench.trace import Rpc, Trace
@@ -106,6 +111,10 @@ class CaptureFacts:
     #: Of ``path_compute_s``, the time one of the worker's own sends (a tensor it answered
     #: with: a gradient the ps pulled) was leaving it: compute or the link's queue.
     path_compute_sending_s: float | None = None
+    #: Of ``path_compute_s``, the stretches right before the worker's pull of TF1's sync
+    #: token (``sync_token_q``), which a ps gives only once every worker's gradients reached
+    #: it and were applied: waiting for other tasks as much as computing.
+    path_compute_before_token_s: float | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -164,15 +173,20 @@ def capture_facts(trace: Trace, link: str) -> CaptureFacts:
         per_round = cpu.tasks_cores * cpu.span_ns / 1e9 / len(trace.steps)
     try:
         paths = [path for _, _, path in captured_critical_paths(trace)]
-        sending = [
-            _overlap_ns(
-                [(seg.start_ns, seg.end_ns) for seg in segments if seg.rpc_index < 0],
-                _sends_of(trace.steps[number].rpcs, worker),
-            )
-            for number, worker, segments in captured_path_segments(trace)
-        ]
+        segmented = captured_path_segments(trace)
     except TraceError:
-        paths, sending = [], []
+        paths, segmented = [], []
+    sending = [
+        _overlap_ns(
+            [(seg.start_ns, seg.end_ns) for seg in segments if seg.rpc_index < 0],
+            _sends_of(trace.steps[number].rpcs, worker),
+        )
+        for number, worker, segments in segmented
+    ]
+    before_token = [
+        _compute_before_token_ns(trace.steps[number].rpcs, segments)
+        for number, _, segments in segmented
+    ]
     compute = statistics.mean(p.compute_ns for p in paths) / 1e9 if paths else None
     communication = statistics.mean(p.communication_ns for p in paths) / 1e9 if paths else None
     return CaptureFacts(
@@ -183,7 +197,24 @@ def capture_facts(trace: Trace, link: str) -> CaptureFacts:
         path_compute_s=compute,
         path_communication_s=communication,
         path_compute_sending_s=statistics.mean(sending) / 1e9 if sending else None,
+        path_compute_before_token_s=statistics.mean(before_token) / 1e9 if before_token else None,
     )
+
+
+#: The rendezvous edge of TF1's ``SyncReplicasOptimizer`` token a worker pulls to end its step.
+SYNC_TOKEN = "sync_token_q"
+
+
+def _compute_before_token_ns(rpcs: tuple[Rpc, ...], segments: tuple[CapturedSegment, ...]) -> int:
+    """The compute stretches of a captured path that lead straight into a pull of TF1's sync
+    token."""
+    total = 0
+    for before, after in itertools.pairwise(segments):
+        if before.rpc_index < 0 <= after.rpc_index:
+            tensor = rpcs[after.rpc_index].tensor
+            if tensor is not None and SYNC_TOKEN in tensor.edge_name:
+                total += before.end_ns - before.start_ns
+    return total
 
 
 def _sends_of(rpcs: tuple[Rpc, ...], task: int) -> list[tuple[int, int]]:
@@ -373,11 +404,12 @@ def capture_table(captures: list[CaptureFacts]) -> list[str]:
         "machine's cores busy over its steps (every process and the kernel's work) and its",
         "tasks' CPU seconds per round (`capture_cpu` in the trace); the captured critical path",
         "per worker-step (`inspect`'s means): compute, of it the time one of the worker's own",
-        "answers (a gradient the ps pulled) was leaving it, and communication.",
+        "answers (a gradient the ps pulled) was leaving it and the stretches right before TF1's",
+        "sync token (given once every worker's gradients reached the ps), and communication.",
         "",
         *table_head(
             "capture", "round", "cores busy", "tasks' CPU per round", "path compute",
-            "of it, worker sending", "path communication",
+            "of it, worker sending", "of it, before the sync token", "path communication",
         ),
     ]  # fmt: skip
     for facts in captures:
@@ -392,6 +424,7 @@ def capture_table(captures: list[CaptureFacts]) -> list[str]:
                 _seconds(facts.tasks_cpu_per_round_s),
                 _seconds(facts.path_compute_s),
                 _seconds(facts.path_compute_sending_s),
+                _seconds(facts.path_compute_before_token_s),
                 _seconds(facts.path_communication_s),
             )
         )

@@ -22,6 +22,7 @@ from tf_grpc_bench.errors import ConfigError
 from tf_grpc_bench.profiler.capture import with_capture_cpu
 from tf_grpc_bench.profiler.cpu_sampler import CpuSample, CpuSampler, process_ticks, summarize
 from tf_grpc_bench.replay import cli as replay_cli
+from tf_grpc_bench.replay.core.workload import CapturedSegment
 from tf_grpc_bench.replay.output.document import ResultDocument, build_document
 from tf_grpc_bench.replay.output.machine import NetworkInfo
 from tf_grpc_bench.replay.output.report import (
@@ -29,6 +30,7 @@ from tf_grpc_bench.replay.output.report import (
     format_markdown_table,
     format_table,
 )
+from tf_grpc_bench.trace import RECV_TENSOR, Rpc, TensorInfo
 from tf_grpc_bench.trace_summary import format_summary
 
 SATURATED = CaptureCpu(
@@ -395,7 +397,7 @@ def test_the_fidelity_bench_lays_each_captures_cpu_beside_its_critical_path() ->
     bare = fidelity.capture_facts(trace, "5gbit")
     assert bare.cpu is None and bare.tasks_cpu_per_round_s is None
     table = fidelity.capture_table([facts, bare])
-    assert table[-3] == "|---|---|---|---|---|---|---|"
+    assert table[-3] == "|---|---|---|---|---|---|---|---|"
     assert table[-2].startswith("| loopback | ") and " 1.95 of 2 | " in table[-2]
     assert table[-1].startswith("| 5gbit | ") and "| - | - |" in table[-1]
 
@@ -409,3 +411,32 @@ def test_the_fidelity_bench_counts_the_path_compute_while_the_worker_was_sending
     facts = fidelity.capture_facts(trace, "loopback")
     assert facts.path_compute_sending_s is not None
     assert 0 <= facts.path_compute_sending_s <= facts.path_compute_s
+    # Synthetic traces carry no TF1 sync token.
+    assert facts.path_compute_before_token_s == 0
+
+
+def test_the_fidelity_bench_counts_the_path_compute_right_before_tf1s_sync_token() -> None:
+    fidelity = load_bench_script("fidelity.py", "bench_fidelity")
+
+    def pull(edge: str) -> Rpc:
+        devices = "/job:ps/replica:0/task:0/device:CPU:0;1;/job:worker/replica:0/task:0/cpu:0"
+        key = f"{devices};{edge};0:0"
+        return Rpc(
+            method=RECV_TENSOR,
+            caller_task=1,
+            callee_task=0,
+            request_bytes=150,
+            response_bytes=23,
+            tensor=TensorInfo(rendezvous_key=key),
+        )
+
+    rpcs = (pull("edge_3815_gradients/conv1/BiasAddGrad"), pull("edge_4040_sync_token_q_Dequeue"))
+    segments = (
+        CapturedSegment(start_ns=0, end_ns=10, rpc_index=-1),
+        CapturedSegment(start_ns=10, end_ns=12, rpc_index=0),  # after 10 of compute: not it
+        CapturedSegment(start_ns=12, end_ns=60, rpc_index=-1),
+        CapturedSegment(start_ns=60, end_ns=61, rpc_index=1),  # after 48: the token
+        CapturedSegment(start_ns=61, end_ns=70, rpc_index=-1),
+    )
+    assert fidelity._compute_before_token_ns(rpcs, segments) == 48
+    assert fidelity._compute_before_token_ns(rpcs[:1] * 2, segments) == 0
