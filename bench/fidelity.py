@@ -167,6 +167,7 @@ def capture(
 
 
 def capture_facts(trace: Trace, link: str) -> CaptureFacts:
+    """What ``trace``'s capture (on ``link``) did with the machine, and its captured path."""
     cpu = capture_cpu.from_extra(trace.metadata.extra)
     per_round = None
     if cpu is not None and trace.steps:
