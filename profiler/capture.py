@@ -223,7 +223,6 @@ def run_and_write(
             sampler.stop()
             job.stop()
     finally:
-        sampler.stop()
         recorder.stop()
     calls = recorder.collect(final=True)
     layout = job.layout()

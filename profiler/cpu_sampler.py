@@ -47,19 +47,9 @@ class CpuSample:
     task_ticks: Mapping[str, int]
 
 
-def _stat_fields(pid: int, proc: Path) -> list[str] | None:
-    """``/proc/PID/stat``'s fields after the command name (state first); None when gone."""
-    try:
-        text = (proc / str(pid) / "stat").read_text()
-    except OSError:
-        return None
-    # "pid (comm) state ppid ...": comm may hold spaces and parentheses.
-    return text[text.rfind(")") + 2 :].split()
-
-
 def process_ticks(pid: int, proc: Path = Path("/proc")) -> int | None:
     """User plus system clock ticks ``pid`` has used (all its threads); None when it is gone."""
-    fields = _stat_fields(pid, proc)
+    fields = host.process_stat_fields(pid, proc)
     try:
         return None if fields is None else int(fields[11]) + int(fields[12])  # utime, stime
     except (IndexError, ValueError):
@@ -75,7 +65,7 @@ def session_members(leaders: set[int], proc: Path = Path("/proc")) -> dict[int, 
     except OSError:
         return members
     for name in entries:
-        fields = _stat_fields(int(name), proc)
+        fields = host.process_stat_fields(int(name), proc)
         with contextlib.suppress(IndexError, ValueError):
             if fields is not None and int(fields[3]) in members:  # session id
                 members[int(fields[3])].add(int(name))

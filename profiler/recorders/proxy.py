@@ -41,6 +41,7 @@ from pathlib import Path
 from typing import Any
 
 from tf_grpc_bench.errors import ServeError
+from tf_grpc_bench.host import process_stat_fields
 from tf_grpc_bench.profiler.recorders.calls import CallTable, Direction, RecordedCall
 from tf_grpc_bench.profiler.recorders.http2 import MESSAGE_HEAD_BYTES, FramingError
 
@@ -556,13 +557,8 @@ def _holds_socket(pid: int, targets: set[str]) -> bool:
 
 
 def _parent(pid: int) -> int | None:
-    try:
-        stat = (_PROC / str(pid) / "stat").read_text()
-    except OSError:
-        return None
-    # The command name (field 2) is in parentheses and may hold spaces.
-    fields = stat[stat.rfind(")") + 2 :].split()
-    return int(fields[1]) if len(fields) > 1 else None
+    fields = process_stat_fields(pid, _PROC)
+    return int(fields[1]) if fields is not None and len(fields) > 1 else None
 
 
 def find_socket_owner(

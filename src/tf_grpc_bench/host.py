@@ -108,6 +108,17 @@ def parse_proc_stat(text: str) -> MachineCpuTimes:
 PROC_STAT = Path("/proc/stat")
 
 
+def process_stat_fields(pid: int, proc: Path = Path("/proc")) -> list[str] | None:
+    """``/proc/PID/stat``'s fields after the command name, the state first (so field N of
+    proc(5) is at index N - 3); None when the process is gone or cannot be read."""
+    try:
+        text = (proc / str(pid) / "stat").read_text()
+    except OSError:
+        return None
+    # "pid (comm) state ppid ...": the command name may hold spaces and parentheses.
+    return text[text.rfind(")") + 2 :].split()
+
+
 def read_machine_cpu(path: Path = PROC_STAT) -> MachineCpuTimes | None:
     """The machine's CPU times now (``parse_proc_stat``); None where there is no such file."""
     try:
