@@ -27,18 +27,17 @@ Usage: ``sudo .venv/bin/python bench/calibration.py [--profiles 1gbit,5gbit]
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
-import os
 import sys
 import tempfile
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 from common import (
     README,
+    calibration_cache,
     command_line,
+    cpu_cgroup,
     load_average,
     machine_line,
     table_head,
@@ -51,8 +50,6 @@ from tf_grpc_bench import calibration, lifetime, trace_files
 
 SECTION = "## Compute calibration: a trace from a slower machine"
 MODEL = "resnet50"
-#: The CPU controller's period; the quota is ``cores`` of it.
-PERIOD_US = 100_000
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -63,46 +60,6 @@ class Row:
     kept: Prediction | None
     scaled: Prediction | None
     shipped: Prediction | None
-
-
-@contextlib.contextmanager
-def slow_cgroup(cores: float) -> Iterator[list[str]]:
-    """A CPU cgroup capped at ``cores`` CPUs' worth of time; yields the command prefix
-    that starts a program inside it.  Removed at the end (its processes are gone)."""
-    name = f"tfgb-slow-{os.getpid()}"
-    quota = round(cores * PERIOD_US)
-    v1 = Path("/sys/fs/cgroup/cpu")
-    if (v1 / "cpu.cfs_quota_us").exists():
-        folder = v1 / name
-        folder.mkdir()
-        (folder / "cpu.cfs_period_us").write_text(str(PERIOD_US))
-        (folder / "cpu.cfs_quota_us").write_text(str(quota))
-    else:
-        root = Path("/sys/fs/cgroup")
-        with contextlib.suppress(OSError):
-            (root / "cgroup.subtree_control").write_text("+cpu")
-        folder = root / name
-        folder.mkdir()
-        (folder / "cpu.max").write_text(f"{quota} {PERIOD_US}")
-    try:
-        yield ["sh", "-c", 'echo $$ > "$0/cgroup.procs" && exec "$@"', str(folder)]
-    finally:
-        with contextlib.suppress(OSError):
-            folder.rmdir()
-
-
-@contextlib.contextmanager
-def calibration_cache(path: Path) -> Iterator[None]:
-    """Commands started inside keep their calibrations in ``path`` (a fresh one: measured now)."""
-    before = os.environ.get(calibration.CACHE_ENV)
-    os.environ[calibration.CACHE_ENV] = str(path)
-    try:
-        yield
-    finally:
-        if before is None:
-            os.environ.pop(calibration.CACHE_ENV, None)
-        else:
-            os.environ[calibration.CACHE_ENV] = before
 
 
 def capture_slowed(prefix: list[str], steps: int, output: Path, cache: Path) -> None:
@@ -119,7 +76,7 @@ def _scale(prediction: Prediction | None) -> str:
 
 def measure(profiles: list[str], cores: float, steps: int, scratch: Path) -> list[Row]:
     slow_trace = scratch / "slow-loopback.tfgbtrace"
-    with slow_cgroup(cores) as prefix:
+    with cpu_cgroup(cores) as prefix:
         capture_slowed(prefix, steps, slow_trace, scratch / "slow-calibrations.json")
     shipped = trace_files.shipped_trace_path("resnet50-tf2ps")
     rows = []

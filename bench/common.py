@@ -295,3 +295,52 @@ def sockperf_loopback(sizes: Sequence[int], seconds: float) -> list[SockperfRoun
     finally:
         stop_process(server)
     return figures
+
+
+# --------------------------------------------------------------------------
+# A slower machine out of this one.
+
+#: The CPU controller's period; a cgroup's quota is ``cores`` of it.
+PERIOD_US = 100_000
+
+
+@contextlib.contextmanager
+def cpu_cgroup(cores: float) -> Iterator[list[str]]:
+    """A CPU cgroup capped at ``cores`` CPUs' worth of time; yields the command prefix
+    that starts a program inside it.  Removed at the end (its processes are gone)."""
+    name = f"tfgb-slow-{os.getpid()}"
+    quota = round(cores * PERIOD_US)
+    v1 = Path("/sys/fs/cgroup/cpu")
+    if (v1 / "cpu.cfs_quota_us").exists():
+        folder = v1 / name
+        folder.mkdir()
+        (folder / "cpu.cfs_period_us").write_text(str(PERIOD_US))
+        (folder / "cpu.cfs_quota_us").write_text(str(quota))
+    else:
+        root = Path("/sys/fs/cgroup")
+        with contextlib.suppress(OSError):
+            (root / "cgroup.subtree_control").write_text("+cpu")
+        folder = root / name
+        folder.mkdir()
+        (folder / "cpu.max").write_text(f"{quota} {PERIOD_US}")
+    try:
+        yield ["sh", "-c", 'echo $$ > "$0/cgroup.procs" && exec "$@"', str(folder)]
+    finally:
+        with contextlib.suppress(OSError):
+            folder.rmdir()
+
+
+@contextlib.contextmanager
+def calibration_cache(path: Path) -> Iterator[None]:
+    """Commands started inside keep their calibrations in ``path`` (a fresh one: measured now)."""
+    from tf_grpc_bench import calibration
+
+    before = os.environ.get(calibration.CACHE_ENV)
+    os.environ[calibration.CACHE_ENV] = str(path)
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop(calibration.CACHE_ENV, None)
+        else:
+            os.environ[calibration.CACHE_ENV] = before

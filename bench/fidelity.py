@@ -28,14 +28,22 @@ script (root: it builds network namespaces):
 
 Usage: ``sudo .venv/bin/python bench/fidelity.py [--models resnet50,vgg16]
 [--setup tf2-ps|tf1-ps] [--profiles 1gbit,2.5gbit,5gbit,10gbit,unlimited] [--steps 8]
-[--no-readme] [--logdir runs/fidelity]`` (needs the profiler extra).  Each model
-and setup gets its own section, ``## Fidelity: MODEL, SETUP``, so runs of
-different models do not overwrite each other.
+[--cpu-cap CORES] [--no-readme] [--logdir runs/fidelity]`` (needs the profiler
+extra).  Each model and setup gets its own section, ``## Fidelity: MODEL,
+SETUP``, so runs of different models do not overwrite each other.
+
+``--cpu-cap CORES`` makes a slower machine out of this one for training: every
+capture runs in a CPU cgroup capped at CORES of this machine's CPUs (its
+calibration timed inside it), and the replays, uncapped, keep the traces'
+compute as recorded (``--compute recorded``; scaling it to this machine would
+undo the cap).  Such a run goes to a section of its own, ``## Fidelity on a
+slower machine: MODEL, SETUP, CORES cores``.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import itertools
 import json
 import os
@@ -47,7 +55,9 @@ from pathlib import Path
 
 from common import (
     README,
+    calibration_cache,
     command_line,
+    cpu_cgroup,
     load_average,
     machine_line,
     stop_process,
@@ -71,6 +81,8 @@ from tf_grpc_bench.replay.output import document as results
 from tf_grpc_bench.trace import Rpc, Trace
 
 SECTION = "## Fidelity: {model}, {setup}"
+#: The section of a run whose captures were capped (``--cpu-cap``): a slower machine.
+CAPPED_SECTION = "## Fidelity on a slower machine: {model}, {setup}, {cores:g} cores"
 #: Warm-up and measured seconds of each replay (one run: the prediction is a median of steps).
 REPLAY_WARMUP_S = "4"
 REPLAY_DURATION_S = "20"
@@ -331,29 +343,53 @@ def cpu_per_round(benchmark: dict) -> float | None:
 
 
 def measure(
-    model: str, setup: str, profiles: list[str], steps: int, logdir: Path
+    model: str,
+    setup: str,
+    profiles: list[str],
+    steps: int,
+    logdir: Path,
+    *,
+    cpu_cap: float | None = None,
 ) -> tuple[CaptureFacts, list[Row]]:
-    """The loopback capture's facts, and a row per profile."""
-    folder = logdir / f"{model}-{setup}"
+    """The loopback capture's facts, and a row per profile.  With ``cpu_cap``, every
+    capture runs in a CPU cgroup capped at that many cores (a slower machine; its
+    calibration timed inside it) and the replays keep the traces' compute as recorded."""
+    folder = logdir / (f"{model}-{setup}" if cpu_cap is None else f"{model}-{setup}-cap{cpu_cap:g}")
     loopback_trace = folder / f"{model}-loopback.tfgbtrace"
     folder.mkdir(parents=True, exist_ok=True)
-    loopback = capture_facts(capture(model, setup, steps, loopback_trace, None), "loopback")
-    rows = []
-    for profile in profiles:
-        link_trace = folder / f"{model}-{profile}.tfgbtrace"
-        trained = capture(model, setup, steps, link_trace, profile)
-        rows.append(
-            Row(
-                model=model,
-                profile=profile,
-                training_s=round_seconds(trained),
-                link_bound_s=link_bound_seconds(trained, profile),
-                from_loopback=predict(loopback_trace, profile, folder / f"{profile}-lo"),
-                from_link=predict(link_trace, profile, folder / f"{profile}-link"),
-                link_capture=capture_facts(trained, profile),
+    with contextlib.ExitStack() as stack:
+        prefix: tuple[str, ...] = ()
+        extra: tuple[str, ...] = ()
+        if cpu_cap is not None:
+            prefix = tuple(stack.enter_context(cpu_cgroup(cpu_cap)))
+            # The replays run uncapped: scaling the compute to this machine would undo the cap.
+            extra = ("--compute", "recorded")
+
+        def captured(output: Path, profile: str | None) -> Trace:
+            if cpu_cap is None:
+                return capture(model, setup, steps, output, profile)
+            with calibration_cache(folder / "capped-calibrations.json"):
+                return capture(model, setup, steps, output, profile, prefix=prefix)
+
+        loopback = capture_facts(captured(loopback_trace, None), "loopback")
+        rows = []
+        for profile in profiles:
+            link_trace = folder / f"{model}-{profile}.tfgbtrace"
+            trained = captured(link_trace, profile)
+            rows.append(
+                Row(
+                    model=model,
+                    profile=profile,
+                    training_s=round_seconds(trained),
+                    link_bound_s=link_bound_seconds(trained, profile),
+                    from_loopback=predict(
+                        loopback_trace, profile, folder / f"{profile}-lo", extra=extra
+                    ),
+                    from_link=predict(link_trace, profile, folder / f"{profile}-link", extra=extra),
+                    link_capture=capture_facts(trained, profile),
+                )
             )
-        )
-        print(rows[-1], file=sys.stderr, flush=True)
+            print(rows[-1], file=sys.stderr, flush=True)
     write_comparison(folder, rows)
     return loopback, rows
 
@@ -432,6 +468,12 @@ def capture_table(captures: list[CaptureFacts]) -> list[str]:
     return lines
 
 
+def section(model: str, setup: str, cpu_cap: float | None) -> str:
+    if cpu_cap is None:
+        return SECTION.format(model=model, setup=setup)
+    return CAPPED_SECTION.format(model=model, setup=setup, cores=cpu_cap)
+
+
 def report(
     rows: list[Row],
     setup: str,
@@ -439,14 +481,25 @@ def report(
     before: str,
     after: str,
     loopback: CaptureFacts | None = None,
+    *,
+    cpu_cap: float | None = None,
 ) -> str:
+    capped = []
+    if cpu_cap is not None:
+        capped = [
+            f"A slower machine: every capture (training) ran in a CPU cgroup capped at {cpu_cap:g}",
+            f"of this machine's {os.cpu_count()} CPUs; the replays ran uncapped and kept",
+            "the traces' compute as recorded (`--compute recorded`).",
+            "",
+        ]
     lines = [
-        SECTION.format(model=rows[0].model if rows else "?", setup=setup),
+        section(rows[0].model if rows else "?", setup, cpu_cap),
         "",
         f"`{command}`",
         "",
         machine_line(before, after),
         "",
+        *capped,
         f"Training: median steady round (a step on each of 2 workers, synchronous {setup}, 2 ps on",
         "one emulated host, chief and workers on another) captured on the link. Replay: the",
         "predicted step (dependencies pacing, compute kept) of the PS-throughput replay across",
@@ -492,6 +545,14 @@ def main() -> int:
     parser.add_argument("--setup", default="tf2-ps", choices=("tf2-ps", "tf1-ps"))
     parser.add_argument("--profiles", default="1gbit,2.5gbit,5gbit,10gbit,unlimited")
     parser.add_argument("--steps", type=int, default=8, help="steady rounds per capture")
+    parser.add_argument(
+        "--cpu-cap",
+        type=float,
+        default=None,
+        metavar="CORES",
+        help="capture training in a CPU cgroup capped at CORES (a slower machine); "
+        "replays keep the recorded compute",
+    )
     parser.add_argument("--no-readme", action="store_true")
     parser.add_argument(
         "--logdir", default="runs/fidelity", help="where the replays' runs and comparisons go"
@@ -502,12 +563,15 @@ def main() -> int:
         for model in args.models.split(","):
             before = load_average()
             loopback, rows = measure(
-                model, args.setup, args.profiles.split(","), args.steps, Path(args.logdir)
+                model, args.setup, args.profiles.split(","), args.steps, Path(args.logdir),
+                cpu_cap=args.cpu_cap,
             )  # fmt: skip
-            body = report(rows, args.setup, command, before, load_average(), loopback)
+            body = report(
+                rows, args.setup, command, before, load_average(), loopback, cpu_cap=args.cpu_cap
+            )
             print(body)
             if not args.no_readme:
-                write_section(README, SECTION.format(model=model, setup=args.setup), body)
+                write_section(README, section(model, args.setup, args.cpu_cap), body)
     return 0
 
 

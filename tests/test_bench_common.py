@@ -104,3 +104,39 @@ def test_parse_sockperf_says_what_is_missing() -> None:
         RuntimeError, match=r"sockperf -m 14: no mean_us .*\(sockperf: connection refused\)"
     ):
         common.parse_sockperf("sockperf: connection refused\n", 14)
+
+
+@pytest.mark.netns  # root: makes a CPU cgroup
+def test_cpu_cgroup_caps_what_its_prefix_starts_and_goes_away(tmp_path: Path) -> None:
+    import subprocess
+
+    with common.cpu_cgroup(0.5) as prefix:
+        folder = Path(prefix[-1])
+        quota = (
+            (folder / "cpu.cfs_quota_us").read_text()
+            if (folder / "cpu.cfs_quota_us").exists()
+            else (folder / "cpu.max").read_text().split()[0]
+        )
+        assert int(quota) == common.PERIOD_US // 2
+        shown = subprocess.run(
+            [*prefix, "cat", "/proc/self/cgroup"], capture_output=True, text=True, check=True
+        ).stdout
+        assert folder.name in shown
+    assert not folder.exists()
+
+
+def test_calibration_cache_points_commands_at_its_file_and_restores(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import os
+
+    from tf_grpc_bench import calibration
+
+    monkeypatch.setenv(calibration.CACHE_ENV, "/before.json")
+    with common.calibration_cache(tmp_path / "here.json"):
+        assert os.environ[calibration.CACHE_ENV] == str(tmp_path / "here.json")
+    assert os.environ[calibration.CACHE_ENV] == "/before.json"
+    monkeypatch.delenv(calibration.CACHE_ENV)
+    with common.calibration_cache(tmp_path / "here.json"):
+        pass
+    assert calibration.CACHE_ENV not in os.environ

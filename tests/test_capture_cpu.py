@@ -440,3 +440,15 @@ def test_the_fidelity_bench_counts_the_path_compute_right_before_tf1s_sync_token
     )
     assert fidelity._compute_before_token_ns(rpcs, segments) == 48
     assert fidelity._compute_before_token_ns(rpcs[:1] * 2, segments) == 0
+
+
+def test_the_fidelity_bench_puts_a_capped_run_in_a_section_of_its_own() -> None:
+    fidelity = load_bench_script("fidelity.py", "bench_fidelity")
+    assert fidelity.section("resnet50", "tf1-ps", None) == "## Fidelity: resnet50, tf1-ps"
+    capped = fidelity.section("resnet50", "tf1-ps", 1.2)
+    assert capped == "## Fidelity on a slower machine: resnet50, tf1-ps, 1.2 cores"
+    facts = fidelity.capture_facts(make_trace(), "loopback")
+    body = fidelity.report([], "tf1-ps", "cmd", "0", "0", facts, cpu_cap=1.2)
+    assert body.splitlines()[0] == "## Fidelity on a slower machine: ?, tf1-ps, 1.2 cores"
+    assert "capped at 1.2" in body and "`--compute recorded`" in body
+    assert "capped" not in fidelity.report([], "tf1-ps", "cmd", "0", "0", facts)
