@@ -15,6 +15,7 @@ from tf_grpc_bench.replay.core.dependencies import (
     TimedCall,
     captured_critical_path,
     infer_dependencies,
+    is_sync_token,
     is_variable_read,
     source_op,
 )
@@ -211,9 +212,10 @@ def _replay(
     period_ms: int = 100,
     begin: int = 1000 * MS,
     step_compute_ns: int = 0,
+    round_gradients: tuple[int, ...] = (),
 ) -> tuple[DependencyTracker, dict[int, int], dict[int, int]]:
     """Drive a tracker as the driver does, with each call taking ``transfer_ns[i]``."""
-    deps = infer_dependencies(calls)
+    deps = infer_dependencies(calls, round_gradient_arrivals=round_gradients)
     tracker = DependencyTracker(
         deps,
         servers=[c.server for c in calls],
@@ -730,3 +732,104 @@ def test_captured_path_segments_worked_out_by_hand() -> None:
     )
     path = captured_critical_path(calls, period_ns=10_000)
     assert (path.step_ns, path.communication_ns, path.compute_ns) == (10_000, 2_000, 8_000)
+
+
+# --------------------------------------------------------------------------
+# TF1's sync token: given once every worker's gradients are in.
+
+
+@pytest.mark.parametrize(
+    ("op", "token"),
+    [
+        ("sync_token_q_Dequeue", True),
+        ("GroupCrossDeviceControlEdges_0/sync_token_q_Dequeue", True),
+        ("sync_replicas/sync_token_q_Dequeue", True),
+        ("model/dense/ReadVariableOp", False),
+        ("sync_token_q_x/Identity", False),
+        ("", False),
+    ],
+)
+def test_which_ops_take_a_sync_token(op: str, token: bool) -> None:
+    assert is_sync_token(op) is token
+
+
+def _token(start: int, ready: int, end: int, server: int = 0) -> TimedCall:
+    """TF1's worker taking its sync token from the ps (``sync_token_q_Dequeue``)."""
+    return _call(start, ready, end, server=server, back=False, op="sync_token_q_Dequeue")
+
+
+# A TF1 worker's step in a round of two workers: this worker's gradient reached ps:0
+# at 60 ms, the other worker's at 190 and 195 ms; the ps applied them and gave the
+# token at 200 ms.  The 140 ms from this worker's gradient to its token were the wait
+# for the other worker, not compute.
+TF1_STEP = (
+    _pull(1, 2, 10),  # 0: variable
+    _push(2, 50, 60),  # 1: this worker's gradient
+    _token(3, 200, 201),  # 2: the sync token
+)
+OTHER_GRADIENTS = (190 * MS, 195 * MS)
+
+
+def test_a_sync_token_follows_the_last_gradient_of_any_worker_before_it_left() -> None:
+    gradients = (60 * MS, *OTHER_GRADIENTS, 250 * MS)  # 250: after the token, not waited for
+    deps = infer_dependencies(TF1_STEP, round_gradient_arrivals=gradients)
+    assert deps[2].others_arrival_offset_ns == 195 * MS
+    # The rule is the token's alone, and only where the round's gradients are given.
+    assert deps[0].others_arrival_offset_ns is None
+    assert deps[1].others_arrival_offset_ns is None
+    assert infer_dependencies(TF1_STEP)[2].others_arrival_offset_ns is None
+    # Not an arrival at the very instant the token left, as for every wait.
+    at_once = infer_dependencies(TF1_STEP, round_gradient_arrivals=(200 * MS,))
+    assert at_once[2].others_arrival_offset_ns is None
+
+
+def test_a_sync_token_keeps_the_apply_not_the_wait_for_the_other_workers() -> None:
+    # Every transfer takes 100 ms: the variable arrives at 102, the gradient leaves at
+    # 142 (40 ms of compute) and reaches the ps at 242.  The token keeps the 5 ms of
+    # apply after the round's last gradient (195 -> 200 ms): 247.  The round barrier
+    # waits for the other worker, whose gradients come over the replay's own link.
+    transfers = dict.fromkeys(range(3), 100 * MS)
+    begin = 1000 * MS
+    _, released, done = _replay(
+        TF1_STEP, transfer_ns=transfers, round_gradients=(60 * MS, *OTHER_GRADIENTS)
+    )
+    assert done[1] - begin == 242 * MS
+    assert released[2] - begin == 247 * MS
+    # Without the round's gradients the other worker's 140 ms are kept as compute:
+    # 242 + 140.
+    _, released, _ = _replay(TF1_STEP, transfer_ns=transfers)
+    assert released[2] - begin == 382 * MS
+    # Even when this worker's gradient arrives last here, a whole step's compute does
+    # not bring the wait back (what followed it in the trace is the wait).
+    _, released, _ = _replay(
+        TF1_STEP,
+        transfer_ns=transfers,
+        round_gradients=(60 * MS, *OTHER_GRADIENTS),
+        step_compute_ns=500 * MS,
+    )
+    assert released[2] - begin == 247 * MS
+
+
+def test_captured_path_counts_the_wait_for_the_other_workers_as_communication() -> None:
+    alone = captured_critical_path(TF1_STEP, period_ns=210 * MS, round_tail_ns=9 * MS)
+    rounds = captured_critical_path(
+        TF1_STEP,
+        period_ns=210 * MS,
+        round_tail_ns=9 * MS,
+        round_gradient_arrivals=(60 * MS, *OTHER_GRADIENTS),
+    )
+    assert rounds.step_ns == alone.step_ns == 210 * MS
+    # Compute: 2 before the first pull left, 40 before the gradient, the round's 9 ms
+    # tail, and 140 (alone) or 5 (the apply) before the token.
+    assert alone.compute_ns == (2 + 40 + 140 + 9) * MS
+    assert rounds.compute_ns == (2 + 40 + 5 + 9) * MS
+
+
+def test_dependencies_refuse_waiting_for_an_arrival_after_the_data_left() -> None:
+    with pytest.raises(ValueError, match="after its data left"):
+        Dependencies(
+            ready_offset_ns=10,
+            arrival_offset_ns=20,
+            lands_on_worker=True,
+            others_arrival_offset_ns=11,
+        )

@@ -48,6 +48,16 @@ is taken as what the data was *computed from*; the tensor identities in a
 PS step agree (every gradient depends on the whole forward pass), and an
 arrival that was in fact unrelated can only delay the call.
 
+One such ordering is TF1's sync token (``is_sync_token``), the last call of a
+``SyncReplicasOptimizer`` worker's step: the ps gives it once *every* worker's
+gradients have arrived and been applied.  Where the steps are rounds that a
+barrier ends, the replay's barrier already waits for the other workers, so the
+token keeps as compute only what followed the round's last gradient arrival
+before it left (the apply; ``others_arrival_offset_ns``), not the time from
+this worker's own gradients, which on a link is mostly the wait for the other
+worker's.  The round then ends at the last worker's gradients plus the apply,
+as training's does; the early worker's token goes early, a few bytes.
+
 Because every waited-for arrival completed strictly before the call's data
 left, sorting a step's calls by ``ready`` is a topological order, and the sets
 a call waits for are prefixes of the arrivals in completion order.  The
@@ -151,6 +161,12 @@ class Dependencies:
     arrival_rank: int = 0
     after_worker_arrivals: int = 0
     after_server_arrivals: int = 0
+    #: For TF1's sync token (``is_sync_token``): the latest arrival at a ps of any
+    #: worker's gradient before the token left, None for any other call.  The ps gives
+    #: the token once every worker's gradients are in and applied; the replay's round
+    #: barrier waits for the other workers, so only what followed this arrival (the
+    #: apply) is the token's compute.
+    others_arrival_offset_ns: int | None = None
 
     def __post_init__(self) -> None:
         for name in ("arrival_rank", "after_worker_arrivals", "after_server_arrivals"):
@@ -162,6 +178,11 @@ class Dependencies:
             self.ready_offset_ns <= self.transfer_offset_ns <= self.arrival_offset_ns
         ):
             raise ValueError("a call's data must begin to arrive between leaving and arriving")
+        if (
+            self.others_arrival_offset_ns is not None
+            and self.others_arrival_offset_ns > self.ready_offset_ns
+        ):
+            raise ValueError("a call cannot wait for an arrival after its data left")
 
     @property
     def transfer_start_ns(self) -> int:
@@ -192,6 +213,21 @@ def is_variable_read(op: str) -> bool:
     read waits for no update of its own step.
     """
     return op.rpartition("/")[2].startswith("ReadVariableOp")
+
+
+#: The queue of tokens ``tf.compat.v1.train.SyncReplicasOptimizer`` hands the workers.
+SYNC_TOKEN_QUEUE = "sync_token_q"
+
+
+def is_sync_token(op: str) -> bool:
+    """Whether ``op`` is TF1's take of a sync token (``sync_token_q_Dequeue``).
+
+    ``SyncReplicasOptimizer`` enqueues one token per worker once every worker's
+    gradients have reached the ps and been applied; a worker's step ends when it
+    has taken one.  So the token leaves the ps after *every* worker's
+    gradients arrived, not only the taking worker's.
+    """
+    return op.rpartition("/")[2].startswith(SYNC_TOKEN_QUEUE)
 
 
 def _ready_times(calls: Sequence[TimedCall]) -> list[int]:
@@ -231,8 +267,17 @@ def _ready_times(calls: Sequence[TimedCall]) -> list[int]:
     return ready
 
 
-def infer_dependencies(calls: Sequence[TimedCall]) -> tuple[Dependencies, ...]:
+def infer_dependencies(
+    calls: Sequence[TimedCall], *, round_gradient_arrivals: Sequence[int] = ()
+) -> tuple[Dependencies, ...]:
     """The dependencies of one worker's calls in one step, in the order given.
+
+    ``round_gradient_arrivals``: where the step is a round that a barrier ends
+    (``Workload.round_barrier``), when each worker's gradients (every reversed
+    tensor call of the round) arrived at their ps, in ns from the step's start;
+    a TF1 sync token (``is_sync_token``) keeps as its compute only what followed
+    the last of them before it left (``Dependencies.others_arrival_offset_ns``).
+    Empty: no such rule.
 
     See the module docstring for the rules.  Raises ``ValueError`` for a call
     whose times are out of order (end before response start before start).
@@ -258,6 +303,7 @@ def infer_dependencies(calls: Sequence[TimedCall]) -> tuple[Dependencies, ...]:
     rank = {i: r for r, i in enumerate(worker_order)}
     for order in server_orders.values():
         rank.update({i: r for r, i in enumerate(order)})
+    gradient_arrivals = sorted(round_gradient_arrivals)
 
     result = []
     for number, (call, ready) in enumerate(zip(calls, _ready_times(calls), strict=True)):
@@ -269,6 +315,15 @@ def infer_dependencies(calls: Sequence[TimedCall]) -> tuple[Dependencies, ...]:
             after_server = bisect.bisect_left(server_ends.get(call.server, []), ready)
             if call.carries_tensor and is_variable_read(call.source_op):
                 after_server = 0  # a read waits for no update of its own step
+        others = None
+        if (
+            gradient_arrivals
+            and call.carries_tensor
+            and not call.reversed_direction
+            and is_sync_token(call.source_op)
+        ):
+            before = bisect.bisect_left(gradient_arrivals, ready)
+            others = gradient_arrivals[before - 1] if before else None
         result.append(
             Dependencies(
                 ready_offset_ns=ready,
@@ -281,6 +336,7 @@ def infer_dependencies(calls: Sequence[TimedCall]) -> tuple[Dependencies, ...]:
                 arrival_rank=rank.get(number, 0),
                 after_worker_arrivals=after_worker,
                 after_server_arrivals=after_server,
+                others_arrival_offset_ns=others,
             )
         )
     return tuple(result)
@@ -513,6 +569,11 @@ class DependencyTracker:
             last_arrival = max(last_arrival, self._deps[last].arrival_offset_ns)
         if candidates:
             done, waited = max(candidates, key=lambda c: (c[0], self._deps[c[1]].arrival_offset_ns))
+            # TF1's sync token: the other workers' gradients arrived later in the trace;
+            # the round barrier waits for them in the replay, the apply followed them.
+            others = deps.others_arrival_offset_ns
+            if others is not None:
+                last_arrival = max(last_arrival, others)
             gap = deps.ready_offset_ns - last_arrival
             # The input that arrived last here may have arrived early in the trace,
             # where the compute it needed overlapped later inputs' transfers: keep
@@ -520,7 +581,9 @@ class DependencyTracker:
             # Less the time the trace spent receiving the inputs that arrived after
             # it: there the compute it allowed and the wait for them overlapped.
             # (Computed only where it can matter: the union costs a sort.)
-            since_waited = deps.ready_offset_ns - self._deps[waited].arrival_offset_ns
+            since_waited = deps.ready_offset_ns - max(
+                self._deps[waited].arrival_offset_ns, _NEVER if others is None else others
+            )
             if min(since_waited, self._step_compute) > gap:
                 since_waited -= self._receiving(index, waited)
                 gap = max(gap, min(since_waited, self._step_compute))
@@ -649,13 +712,17 @@ def captured_critical_path(
     servers: Iterable[int] | None = None,
     period_ns: int,
     round_tail_ns: int | None = None,
+    round_gradient_arrivals: Sequence[int] = (),
 ) -> StepPath:
     """The critical path of one worker's step as captured: the trace replayed onto itself.
 
     In a round (``round_tail_ns``, ``DependencyTracker``) the step is the round,
     ``period_ns``: what a worker that finished early spent waiting for the others
-    is communication (theirs), not its compute."""
-    path = _captured(calls, servers, period_ns, round_tail_ns).critical_path()
+    is communication (theirs), not its compute; so is a TF1 sync token's wait for
+    the other workers' gradients (``round_gradient_arrivals``, ``infer_dependencies``)."""
+    path = _captured(
+        calls, servers, period_ns, round_tail_ns, round_gradient_arrivals
+    ).critical_path()
     if round_tail_ns is None:
         return path
     step = max(period_ns, path.step_ns)
@@ -665,10 +732,16 @@ def captured_critical_path(
 
 
 def captured_critical_path_segments(
-    calls: Sequence[TimedCall], *, period_ns: int, round_tail_ns: int | None = None
+    calls: Sequence[TimedCall],
+    *,
+    period_ns: int,
+    round_tail_ns: int | None = None,
+    round_gradient_arrivals: Sequence[int] = (),
 ) -> tuple[PathSegment, ...]:
     """``captured_critical_path`` as stretches of compute and transfer (ns from the step start)."""
-    return _captured(calls, None, period_ns, round_tail_ns).critical_path_segments()
+    return _captured(
+        calls, None, period_ns, round_tail_ns, round_gradient_arrivals
+    ).critical_path_segments()
 
 
 def _captured(
@@ -676,9 +749,10 @@ def _captured(
     servers: Iterable[int] | None,
     period_ns: int,
     round_tail_ns: int | None = None,
+    round_gradient_arrivals: Sequence[int] = (),
 ) -> DependencyTracker:
     """A tracker that has replayed one worker's captured step onto itself."""
-    dependencies = infer_dependencies(calls)
+    dependencies = infer_dependencies(calls, round_gradient_arrivals=round_gradient_arrivals)
     tracker = DependencyTracker(
         dependencies,
         servers=[c.server for c in calls] if servers is None else list(servers),

@@ -832,20 +832,29 @@ def _timed_call(mapped: _Mapped, server_index: int, step_start_ns: int) -> Timed
     )
 
 
+def _gradient_arrivals(timed: Iterable[TimedCall]) -> list[int]:
+    """When the step's gradients (its reversed tensor calls: a ps pulling a worker's
+    tensor) arrived at their ps (``infer_dependencies``' ``round_gradient_arrivals``)."""
+    return [c.end_ns for c in timed if c.reversed_direction and c.carries_tensor]
+
+
 def _step_dependencies(
-    mapped: Sequence[_Mapped], roles: TraceRoles, step_start_ns: int
+    mapped: Sequence[_Mapped], roles: TraceRoles, step_start_ns: int, *, rounds: bool = False
 ) -> list[Dependencies]:
-    """Each call's dependencies, inferred per client task over its calls of the step."""
+    """Each call's dependencies, inferred per client task over its calls of the step;
+    in a round, a worker's TF1 sync token follows every worker's gradients."""
     by_client: dict[int, list[int]] = {}
     for position, m in enumerate(mapped):
         by_client.setdefault(m.client_task, []).append(position)
+    timed = [_timed_call(m, roles.server_index(m.server_task), step_start_ns) for m in mapped]
+    gradients = _gradient_arrivals(timed) if rounds else []
     result: list[Dependencies | None] = [None] * len(mapped)
-    for positions in by_client.values():
-        timed = [
-            _timed_call(mapped[p], roles.server_index(mapped[p].server_task), step_start_ns)
-            for p in positions
-        ]
-        for position, dependencies in zip(positions, infer_dependencies(timed), strict=True):
+    for client, positions in by_client.items():
+        inferred = infer_dependencies(
+            [timed[p] for p in positions],
+            round_gradient_arrivals=() if client in roles.side_clients else gradients,
+        )
+        for position, dependencies in zip(positions, inferred, strict=True):
             result[position] = dependencies
     return [d for d in result if d is not None]
 
@@ -863,6 +872,9 @@ class _WorkerStep:
     round_tail_ns: int | None
     own: list[_Mapped]
     timed: list[TimedCall]
+    #: Where the steps are rounds: when every worker's gradients arrived at their ps
+    #: (``infer_dependencies``' ``round_gradient_arrivals``); empty otherwise.
+    gradient_arrivals: tuple[int, ...] = ()
 
 
 def _worker_steps(trace: Trace) -> Iterator[_WorkerStep]:
@@ -888,9 +900,10 @@ def _worker_steps(trace: Trace) -> Iterator[_WorkerStep]:
             if rounds
             else None
         )
+        gradients = tuple(_gradient_arrivals(timed)) if rounds else ()
         for client, (own, own_timed) in by_client.items():
             if own_timed:
-                yield _WorkerStep(number, client, period, tail, own, own_timed)
+                yield _WorkerStep(number, client, period, tail, own, own_timed, gradients)
 
 
 def captured_critical_paths(trace: Trace) -> list[tuple[int, str, StepPath]]:
@@ -904,7 +917,10 @@ def captured_critical_paths(trace: Trace) -> list[tuple[int, str, StepPath]]:
             trace.steps[step.number].index,
             trace.task_name(step.client),
             captured_critical_path(
-                step.timed, period_ns=step.period_ns, round_tail_ns=step.round_tail_ns
+                step.timed,
+                period_ns=step.period_ns,
+                round_tail_ns=step.round_tail_ns,
+                round_gradient_arrivals=step.gradient_arrivals,
             ),
         )
         for step in _worker_steps(trace)
@@ -937,7 +953,10 @@ def captured_path_segments(trace: Trace) -> list[tuple[int, int, tuple[CapturedS
                 rpc_index=step.own[segment.call].rpc_index if segment.call >= 0 else -1,
             )
             for segment in captured_critical_path_segments(
-                step.timed, period_ns=step.period_ns, round_tail_ns=step.round_tail_ns
+                step.timed,
+                period_ns=step.period_ns,
+                round_tail_ns=step.round_tail_ns,
+                round_gradient_arrivals=step.gradient_arrivals,
             )
         )
         result.append((step.number, step.client, segments))
@@ -1061,10 +1080,11 @@ def _step_calls(
     mode: Mode,
     *,
     point_to_point: bool,
+    rounds: bool = False,
 ) -> tuple[Call, ...]:
     """One trace step's mapped RPCs as calls (one worker's when ``point_to_point``)."""
     outstanding = _with_pair_outstanding(mapped)
-    dependencies = _step_dependencies(mapped, roles, trace_step.start_ns)
+    dependencies = _step_dependencies(mapped, roles, trace_step.start_ns, rounds=rounds)
     return tuple(
         pull_call(
             method=m.rpc.method,
@@ -1128,7 +1148,9 @@ def trace_workload(
     #: (traced, replayed) (request, response) sizes of every call, to find inexact ones.
     sizes: list[tuple[tuple[int, int], tuple[int, int]]] = []
     for trace_step, period, mapped in zip(trace.steps, _step_periods(trace), steps, strict=True):
-        calls = _step_calls(trace_step, mapped, roles, mode, point_to_point=point_to_point)
+        calls = _step_calls(
+            trace_step, mapped, roles, mode, point_to_point=point_to_point, rounds=rounds
+        )
         # PS throughput keeps every trace step, even one without calls (a pass is
         # every step once, for every worker); a pair keeps the steps it talks in.
         if calls or not point_to_point:
