@@ -125,7 +125,8 @@ class CaptureFacts:
     path_compute_sending_s: float | None = None
     #: Of ``path_compute_s``, the stretches right before the worker's pull of TF1's sync
     #: token (``sync_token_q``), which a ps gives only once every worker's gradients reached
-    #: it and were applied: waiting for other tasks as much as computing.
+    #: it and were applied: under the sync-token rule the ps's apply after the round's last
+    #: gradient (the wait for the other workers is communication).
     path_compute_before_token_s: float | None = None
 
 
@@ -442,7 +443,7 @@ def capture_table(captures: list[CaptureFacts]) -> list[str]:
         "tasks' CPU seconds per round (`capture_cpu` in the trace); the captured critical path",
         "per worker-step (`inspect`'s means): compute, of it the time one of the worker's own",
         "answers (a gradient the ps pulled) was leaving it and the stretches right before TF1's",
-        "sync token (given once every worker's gradients reached the ps), and communication.",
+        "sync token (the ps's apply after the round's last gradient), and communication.",
         "",
         *table_head(
             "capture", "round", "cores busy", "tasks' CPU per round", "path compute",

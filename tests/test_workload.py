@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from tf_grpc_bench import trace_files
 from tf_grpc_bench.errors import ConfigError, TraceError
 from tf_grpc_bench.protos import bench_pb2
-from tf_grpc_bench.replay.core.dependencies import is_variable_read, source_op
+from tf_grpc_bench.replay.core.dependencies import is_sync_token, is_variable_read, source_op
 from tf_grpc_bench.replay.core.generators import GeneratorConfig, GeneratorKind, generate_payloads
 from tf_grpc_bench.replay.core.measurement import Benchmark
 from tf_grpc_bench.replay.core.pacing import (
@@ -575,6 +575,39 @@ def test_shipped_traces_take_reads_as_ready_when_asked_and_one_ops_outputs_toget
     for group in many:
         first = min(seen for _, _, seen in group)
         assert all(ready == max(first, asked) for ready, asked, _ in group)
+
+
+def test_a_tf1_workers_sync_token_follows_every_workers_gradients_in_the_round() -> None:
+    """Each worker's sync token (``is_sync_token``) keeps only what followed the round's last
+    gradient arrival, of any worker, before it left; no TF2 call has such a wait."""
+    for name, tokens_expected in (("resnet50-tf1ps", True), ("resnet50-tf2ps", False)):
+        trace = trace_files.read_trace(trace_files.shipped_trace_path(name))
+        workload = trace_workload(trace, Benchmark.PS_THROUGHPUT, mode=Mode.NON_SERIALIZED)
+        assert workload.round_barrier
+        roles = trace_roles(trace)
+        side = {roles.client_index(task) for task in roles.side_clients}
+        tokens = 0
+        for step in workload.steps:
+            gradients = sorted(
+                c.dependencies.arrival_offset_ns
+                for c in step.calls
+                if c.dependencies is not None and c.reversed_direction and c.dependencies.is_arrival
+            )
+            for call in step.calls:
+                rpc = trace.steps[call.step].rpcs[call.rpc_index]
+                op = source_op(rpc.tensor.edge_name) if rpc.tensor is not None else ""
+                deps = call.dependencies
+                assert deps is not None
+                if not is_sync_token(op) or call.worker_index in side:
+                    assert deps.others_arrival_offset_ns is None
+                    continue
+                tokens += 1
+                # The latest gradient of any worker that arrived before the token left.
+                assert deps.others_arrival_offset_ns == max(
+                    g for g in gradients if g < deps.ready_offset_ns
+                )
+        # A token per worker per step, none in a TF2 trace.
+        assert tokens == (2 * len(workload.steps) if tokens_expected else 0)
 
 
 # --------------------------------------------------------------------------
