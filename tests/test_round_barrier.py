@@ -42,12 +42,16 @@ class _Driver:
     def __init__(self, clock: _Clock) -> None:
         self.clock = clock
         self.round_tails: list[int | None] = []
+        #: Each step's first call's wait for the other workers' gradients (TF1's sync token).
+        self.others: list[int | None] = []
 
     def begin_run(self) -> None:
         pass
 
     def run_step(self, step: WorkloadStep, **_: Any) -> StepOutcome:
         self.round_tails.append(step.round_tail_ns)
+        deps = step.calls[0].dependencies
+        self.others.append(None if deps is None else deps.others_arrival_offset_ns)
         self.clock.now += WORK_NS
         path = StepPath(step_ns=WORK_NS, compute_ns=10, communication_ns=WORK_NS - 10)
         return StepOutcome(last_end_ns=self.clock.now, next_begin_ns=self.clock.now, path=path)
@@ -70,7 +74,10 @@ class _Barrier:
 
 
 def _workload(round_tails: Sequence[int | None]) -> Workload:
-    deps = Dependencies(ready_offset_ns=0, arrival_offset_ns=10, lands_on_worker=True)
+    # As a TF1 sync token: the round's last gradient arrived 2 ns before it left.
+    deps = Dependencies(
+        ready_offset_ns=5, arrival_offset_ns=10, lands_on_worker=True, others_arrival_offset_ns=3
+    )
     steps = tuple(
         WorkloadStep(
             index=index,
@@ -124,6 +131,9 @@ def test_in_a_round_a_workers_step_lasts_until_the_last_worker_may_begin_the_nex
     assert steps == (WORK_NS + OTHER_WORKER_LATER_NS,) * 3
     # The middle step first (a replay begins mid-trace), each with its round's tail.
     assert driver.round_tails == [7, 9, 5]
+    # TF1's sync token keeps only what followed every worker's gradients: the barrier
+    # waits for the others.
+    assert driver.others == [3, 3, 3]
 
 
 def test_without_a_barrier_a_step_is_the_workers_own_and_keeps_its_own_tail() -> None:
@@ -131,3 +141,5 @@ def test_without_a_barrier_a_step_is_the_workers_own_and_keeps_its_own_tail() ->
     steps, driver, _ = _measure(barrier=False)
     assert steps == (WORK_NS,) * 3
     assert driver.round_tails == [None, None, None]
+    # Nor does the sync token leave the wait for the other workers to a barrier.
+    assert driver.others == [None, None, None]

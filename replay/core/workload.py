@@ -337,6 +337,22 @@ class WorkloadStep:
     def response_bytes(self) -> int:
         return sum(c.response_bytes for c in self.calls)
 
+    def without_round_barrier(self) -> WorkloadStep:
+        """The step as a replay without the round barrier takes it (one worker, ``role``):
+        its own recorded tail, and TF1's sync token keeping the trace's wait for the
+        other workers' gradients (``Dependencies.others_arrival_offset_ns``), since no
+        barrier waits for them."""
+        if self.round_tail_ns is None:
+            return self
+        calls = tuple(
+            replace(call, dependencies=replace(call.dependencies, others_arrival_offset_ns=None))
+            if call.dependencies is not None
+            and call.dependencies.others_arrival_offset_ns is not None
+            else call
+            for call in self.calls
+        )
+        return replace(self, calls=calls, round_tail_ns=None)
+
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Workload:

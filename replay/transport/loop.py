@@ -12,7 +12,7 @@ import itertools
 import signal
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 from tf_grpc_bench import lifetime
@@ -249,11 +249,9 @@ class WorkerLoop:
         elif workload.source == "trace":
             steps = begin_mid_trace(steps)
         if step_barrier is None:
-            # A round's tail assumes the barrier that waits for the other workers.
-            steps = tuple(
-                replace(step, round_tail_ns=None) if step.round_tail_ns is not None else step
-                for step in steps
-            )
+            # A round's tail, and TF1's sync token keeping only the apply, assume the
+            # barrier that waits for the other workers.
+            steps = tuple(step.without_round_barrier() for step in steps)
         self._steps = steps
 
     def _cycle(self) -> Iterator[WorkloadStep]:
