@@ -1085,6 +1085,16 @@ def inexact_sizes(pairs: Iterable[tuple[tuple[int, int], tuple[int, int]]]) -> I
     )
 
 
+def _size_pairs(
+    mapped: Sequence[_Mapped], calls: Sequence[Call]
+) -> list[tuple[tuple[int, int], tuple[int, int]]]:
+    """Each call's traced and replayed (request, response) sizes, for ``inexact_sizes``."""
+    return [
+        ((m.request_bytes, m.response_bytes), (c.request_bytes, c.response_bytes))
+        for m, c in zip(mapped, calls, strict=True)
+    ]
+
+
 #: How many kinds of size change ``inexact_sizes`` names.
 _INEXACT_EXAMPLES = 3
 
@@ -1179,10 +1189,7 @@ def trace_workload(
                     round_tail_ns=_round_tail_ns(_arrivals(calls), period) if rounds else None,
                 )
             )
-        sizes += [
-            ((m.request_bytes, m.response_bytes), (c.request_bytes, c.response_bytes))
-            for m, c in zip(mapped, calls, strict=True)
-        ]
+        sizes += _size_pairs(mapped, calls)
     description: dict[str, ParameterValue] = {
         "trace_steps": len(trace.steps),
         "calls_per_pass": sum(len(s.calls) for s in workload_steps),
