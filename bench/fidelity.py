@@ -71,6 +71,7 @@ from tf_grpc_bench import capture_cpu, lifetime, trace_files
 from tf_grpc_bench.capture_cpu import CaptureCpu
 from tf_grpc_bench.errors import TraceError
 from tf_grpc_bench.netns import parse_profile
+from tf_grpc_bench.replay.core.dependencies import is_sync_token, source_op
 from tf_grpc_bench.replay.core.workload import (
     CapturedSegment,
     captured_critical_paths,
@@ -215,10 +216,6 @@ def capture_facts(trace: Trace, link: str) -> CaptureFacts:
     )
 
 
-#: The rendezvous edge of TF1's ``SyncReplicasOptimizer`` token a worker pulls to end its step.
-SYNC_TOKEN = "sync_token_q"
-
-
 def _compute_before_token_ns(rpcs: tuple[Rpc, ...], segments: tuple[CapturedSegment, ...]) -> int:
     """The compute stretches of a captured path that lead straight into a pull of TF1's sync
     token."""
@@ -226,7 +223,7 @@ def _compute_before_token_ns(rpcs: tuple[Rpc, ...], segments: tuple[CapturedSegm
     for before, after in itertools.pairwise(segments):
         if before.rpc_index < 0 <= after.rpc_index:
             tensor = rpcs[after.rpc_index].tensor
-            if tensor is not None and SYNC_TOKEN in tensor.edge_name:
+            if tensor is not None and is_sync_token(source_op(tensor.edge_name)):
                 total += before.end_ns - before.start_ns
     return total
 
