@@ -2,8 +2,8 @@
 
 Pure: no gRPC, no clocks, no IO.  Times are ns; the tracker is given them.
 
-Why (DESIGN.md section 4)
--------------------------
+Why (docs/design.md#trainings-causality)
+----------------------------------------
 In parameter-server training a tensor leaves a task only once what it is
 computed from has arrived there and the compute between them has run: a worker
 sends its gradients only after it has pulled the variables and run forward and

@@ -31,8 +31,8 @@ Serialized mode (``protos/bench.proto``):
   just past each varint-size step (e.g. 130 B, sent one byte short).  The call
   records what is sent.
 
-From a trace to calls (DESIGN.md section 4)
--------------------------------------------
+From a trace to calls (docs/design.md#replaying-a-trace)
+-------------------------------------------------------
 Only gRPC servers of the replay's own exist in a replay.  *Server tasks* are
 the trace's ``ps`` tasks; in a trace without ``ps`` tasks (e.g.
 MultiWorkerMirrored) every task that is called is a server task.  *Client
@@ -1154,7 +1154,7 @@ def trace_workload(
     source: str = "trace",
     whole_steps: WholeSteps = WHOLE_STEPS,
 ) -> Workload:
-    """The trace's steady-state steps as one benchmark's calls (DESIGN.md section 4).
+    """The trace's steady-state steps as one benchmark's calls (docs/design.md#replaying-a-trace).
 
     P2P benchmarks replay one (worker, ps) pair, ``pair`` as trace task
     indices (default: ``choose_pair``); PS throughput replays every worker

@@ -10,9 +10,11 @@ zlib's checksum makes truncation and corruption detectable, which a bare
 protobuf stream is not.  The format version lives in the message; see
 ``FORMAT_VERSION``.
 
-This module is pure: no TensorFlow, no gRPC, no clocks.  Readers and writers
-work on a caller's binary file object; ``read_trace``/``write_trace`` are thin
-path-based conveniences.
+This module is pure: no TensorFlow, no gRPC, no clocks, no files.  Its reader
+and writer (``load_trace``, ``dump_trace``) work on a caller's binary file
+object, and the JSON form (``trace_to_json_dict``, ``trace_from_json_dict``)
+on plain dicts; opening files by path, hashes and the shipped traces are
+``tf_grpc_bench.trace_files``.  See docs/trace-format.md.
 """
 
 from __future__ import annotations
