@@ -78,7 +78,7 @@ from tf_grpc_bench.replay.core.workload import (
     captured_path_segments,
 )
 from tf_grpc_bench.replay.network.compare import write_tensorboard_comparison
-from tf_grpc_bench.replay.output import document as results
+from tf_grpc_bench.replay.output.document_reader import read_document
 from tf_grpc_bench.trace import Rpc, Trace
 
 SECTION = "## Fidelity: {model}, {setup}"
@@ -395,9 +395,7 @@ def measure(
 def write_comparison(directory: Path, rows: list[Row]) -> None:
     """The TensorBoard comparison of one model: replays from the loopback trace, training."""
     documents = [
-        results.read_document(row.from_loopback.document)
-        for row in rows
-        if row.from_loopback is not None
+        read_document(row.from_loopback.document) for row in rows if row.from_loopback is not None
     ]
     if documents:
         training = {row.profile: row.training_s for row in rows}

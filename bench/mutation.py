@@ -74,6 +74,16 @@ TARGETS: dict[str, Target] = {
     "chunking": Target(path="replay/core/chunking.py", tests=("tests/test_chunking.py",)),
     "statistics": Target(path="replay/output/statistics.py", tests=("tests/test_measurement.py",)),
     "document": Target(path="replay/output/document.py", tests=("tests/test_results.py",)),
+    "document_reader": Target(
+        path="replay/output/document_reader.py", tests=("tests/test_results.py",)
+    ),
+    "document_writer": Target(
+        path="replay/output/document_writer.py", tests=("tests/test_results.py",)
+    ),
+    "prediction": Target(path="replay/output/prediction.py", tests=("tests/test_results.py",)),
+    "run_directories": Target(
+        path="replay/output/run_directories.py", tests=("tests/test_results.py",)
+    ),
     "physics": Target(path="profiler/physics.py", tests=("tests/test_physics.py",)),
     "http2": Target(path="profiler/recorders/http2.py", tests=("tests/test_http2_follower.py",)),
     "calls": Target(path="profiler/recorders/calls.py", tests=("tests/test_calls.py",)),

@@ -60,6 +60,7 @@ from tf_grpc_bench.replay.core.workload import Mode, trace_workload
 from tf_grpc_bench.replay.network import compare as network_compare
 from tf_grpc_bench.replay.network.netinfo import format_rate
 from tf_grpc_bench.replay.output import document as results
+from tf_grpc_bench.replay.output.document_reader import read_document
 from tf_grpc_bench.replay.output.machine import describe_machine
 from tf_grpc_bench.trace import RECV_TENSOR, Rpc, RunMetadata, Step, Task, TensorInfo, Trace
 
@@ -184,7 +185,7 @@ def replay_in(
     match = re.search(r"^results:\s+(\S+)", replay.stdout, re.MULTILINE)
     if replay.returncode != 0 or not match:
         raise RuntimeError(f"replay failed: {replay.stderr.strip()[-400:]}")
-    return results.read_document(match.group(1))
+    return read_document(match.group(1))
 
 
 def measure_profile(

@@ -42,6 +42,7 @@ from common import (
 from tf_grpc_bench import trace_files
 from tf_grpc_bench.replay.core.measurement import Benchmark
 from tf_grpc_bench.replay.output import document as results_module
+from tf_grpc_bench.replay.output.document_reader import read_document
 
 SECTION = "## Replay against training"
 
@@ -115,7 +116,7 @@ def main() -> int:
         run(replay)
         loads.append(load())
         document_path = next((Path(scratch) / "runs").glob(f"*/{results_module.RESULTS_FILE_NAME}"))
-        document = results_module.read_document(document_path)
+        document = read_document(document_path)
         result = next(r for r in document.benchmarks if r.benchmark is Benchmark.PS_THROUGHPUT)
         replay_ms = statistics.median(result.step_times_ns) / 1e6
     ratio = replay_ms / training_ms

@@ -820,11 +820,12 @@ def what_if_of(args: argparse.Namespace, trace: Trace) -> whatif.WhatIf | None:
 def run_replay(args: argparse.Namespace) -> int:
     from tf_grpc_bench.replay.output import document as results
     from tf_grpc_bench.replay.output import report
+    from tf_grpc_bench.replay.output.run_directories import discard_run_directory, new_run_directory
 
     request = build_request(args)
     # Made (and so checked writable) before anything is measured.
     base_existed = Path(args.output_dir).exists()
-    run_directory = results.new_run_directory(args.output_dir, runner.run_label(request))
+    run_directory = new_run_directory(args.output_dir, runner.run_label(request))
     tls_dir: Path | None = None
     if request.grpc.tls:
         tls_dir = Path(args.tls_dir) if args.tls_dir else run_directory / "tls"
@@ -837,7 +838,7 @@ def run_replay(args: argparse.Namespace) -> int:
             executed = runner.execute(request, tls_dir=tls_dir, on_progress=progress)
     except BaseException:
         # Nothing was measured: leave no empty run directory behind.
-        results.discard_run_directory(run_directory, base_existed=base_existed)
+        discard_run_directory(run_directory, base_existed=base_existed)
         raise
     document = runner.record(request, executed, run_directory, network_name=args.network_name)
     if not args.quiet:

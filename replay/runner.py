@@ -42,6 +42,7 @@ from tf_grpc_bench.replay.core.whatif import Derivation, derive_trace
 from tf_grpc_bench.replay.core.workload import Mode, Shape, Workload
 from tf_grpc_bench.replay.network import netinfo
 from tf_grpc_bench.replay.output import document as results
+from tf_grpc_bench.replay.output.document_writer import write_document
 from tf_grpc_bench.replay.output.machine import available_memory_bytes
 from tf_grpc_bench.replay.transport import grpc_settings
 from tf_grpc_bench.replay.transport.client import Driver, ReplayClient
@@ -591,7 +592,7 @@ def record(
             document = replace(
                 document, partial=True, partial_reason="; ".join(r for r in reasons if r)
             )
-        results.write_document(document, run_directory / results.RESULTS_FILE_NAME)
+        write_document(document, run_directory / results.RESULTS_FILE_NAME)
         tensorboard.write_run(document, run_directory)
         trace = None if request.trace_path is None else trace_files.read_trace(request.trace_path)
         if trace is not None and request.what_if is not None:

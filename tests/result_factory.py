@@ -228,7 +228,8 @@ if __name__ == "__main__":
     # Regenerate the golden document of the current format version:
     #   .venv/bin/python -m tests.result_factory
     # Only when the format version changes, as a NEW file: old ones stay.
-    from tf_grpc_bench.replay.output.document import FORMAT_VERSION, write_document
+    from tf_grpc_bench.replay.output.document import FORMAT_VERSION
+    from tf_grpc_bench.replay.output.document_writer import write_document
 
     target = Path(__file__).parent / "data" / f"results-v{FORMAT_VERSION}.json"
     if target.exists():

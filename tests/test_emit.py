@@ -19,7 +19,7 @@ from tests.test_placement import FLAGS, free_ports
 from tf_grpc_bench import manifests
 from tf_grpc_bench.errors import ConfigError
 from tf_grpc_bench.replay.core.measurement import Benchmark
-from tf_grpc_bench.replay.output import document as results
+from tf_grpc_bench.replay.output.document_reader import read_document
 from tf_grpc_bench.replay.placement import cluster
 from tf_grpc_bench.replay.placement.cluster import Role
 
@@ -279,6 +279,6 @@ def test_role_tasks_started_with_the_emitted_tf_configs_replay_together(tmp_path
     assert set(processes) == {"ps-0", "worker-0", "worker-1"}
     (path,) = tmp_path.glob("*/results.json")
     throughput = next(
-        r for r in results.read_document(path).benchmarks if r.benchmark is Benchmark.PS_THROUGHPUT
+        r for r in read_document(path).benchmarks if r.benchmark is Benchmark.PS_THROUGHPUT
     )
     assert {s.worker_index for run in throughput.runs for s in run.samples} == {0, 1}

@@ -12,7 +12,8 @@ import pytest
 from tests.result_factory import golden_document
 from tf_grpc_bench import trace_files
 from tf_grpc_bench.replay.core.measurement import SAMPLE_COLUMNS
-from tf_grpc_bench.replay.output import document as results
+from tf_grpc_bench.replay.output.document_reader import read_document
+from tf_grpc_bench.replay.output.document_writer import write_document
 
 from .conftest import make_trace
 
@@ -43,7 +44,7 @@ def test_export_writes_every_sample_and_the_summary_as_tables_pandas_reads(
 ) -> None:
     completed = _run("export", str(run_directory), "--csv", "tables", cwd=tmp_path)
     assert completed.returncode == 0, completed.stderr
-    document = results.read_document(run_directory / "results.json")
+    document = read_document(run_directory / "results.json")
     trace = trace_files.read_trace(run_directory.parent.parent / "toy.tfgbtrace")
     samples = pd.read_csv(tmp_path / "tables" / "samples.csv")
     expected = [
@@ -82,7 +83,7 @@ def test_export_writes_every_sample_and_the_summary_as_tables_pandas_reads(
 def test_export_of_a_run_whose_trace_is_gone_leaves_the_trace_columns_empty(
     tmp_path: Path,
 ) -> None:
-    path = results.write_document(golden_document(), tmp_path / "run" / "results.json")
+    path = write_document(golden_document(), tmp_path / "run" / "results.json")
     completed = _run("export", str(path), "--csv", "tables", cwd=tmp_path)
     assert completed.returncode == 0, completed.stderr
     assert "no longer there" in completed.stdout

@@ -15,7 +15,7 @@ import pytest
 from tensorboard.backend.event_processing import plugin_event_accumulator
 
 from tf_grpc_bench import netns, trace_files
-from tf_grpc_bench.replay.output import document as results
+from tf_grpc_bench.replay.output.document_reader import read_document
 
 from .conftest import environment_without_coverage, make_whole_step_trace
 
@@ -198,7 +198,7 @@ def test_compare_replays_across_rate_limited_links_under_their_rates(tmp_path: P
     assert steps == [100, 200]
     for name, rate in (("100mbit", 100e6), ("200mbit", 200e6)):
         (path,) = (compare_dir / name).glob("*/results.json")
-        document = results.read_document(path)
+        document = read_document(path)
         assert document.network is not None
         assert document.network.name == name
         assert document.network.emulated_rate_bits_per_s == rate
@@ -253,7 +253,7 @@ def test_compare_keeps_ps_to_ps_and_chief_to_worker_calls_off_the_link(
     assert result.returncode == 0, result.stdout + result.stderr
     assert set(netns.list_namespaces()) <= before
     (path,) = tmp_path.glob("*-compare/16mbit/*/results.json")
-    (throughput,) = results.read_document(path).benchmarks
+    (throughput,) = read_document(path).benchmarks
     parameters = throughput.parameters
     clients = str(parameters["client_tasks"]).split(",")
     servers = str(parameters["server_tasks"]).split(",")

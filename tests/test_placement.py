@@ -19,6 +19,7 @@ from tf_grpc_bench.replay.core.measurement import (
     RunMeasurement,
 )
 from tf_grpc_bench.replay.output import document as results
+from tf_grpc_bench.replay.output.document_reader import read_document
 from tf_grpc_bench.replay.placement import role as placement
 
 from .conftest import make_trace
@@ -104,7 +105,7 @@ def test_chief_gathers_the_results_of_workers_replaying_against_a_ps(tmp_path: P
     assert len(documents) == 1
     assert "results:" in outcomes["chief:0"][1]
     assert "stopped" in outcomes["ps:0"][1]
-    document = results.read_document(documents[0])
+    document = read_document(documents[0])
     by_benchmark = {r.benchmark: r for r in document.benchmarks}
     latency = by_benchmark[Benchmark.P2P_LATENCY]
     assert {s.worker_index for run in latency.runs for s in run.samples} == {0}
@@ -128,7 +129,7 @@ def test_without_a_chief_worker_zero_replays_and_gathers(tmp_path: Path) -> None
     for task, (code, stdout, stderr) in outcomes.items():
         assert code == 0, f"{task}: {stdout}{stderr}"
     assert "results:" in outcomes["worker:0"][1]
-    document = results.read_document(next(tmp_path.glob("*/results.json")))
+    document = read_document(next(tmp_path.glob("*/results.json")))
     throughput = next(r for r in document.benchmarks if r.benchmark is Benchmark.PS_THROUGHPUT)
     assert {s.worker_index for run in throughput.runs for s in run.samples} == {0, 1}
 
@@ -229,7 +230,7 @@ def test_a_ps_that_never_comes_up_leaves_a_partial_document_and_clear_errors(
         assert "Traceback" not in stderr[task], stderr[task]
         assert len(stderr[task].strip().splitlines()) == 1, stderr[task]
     assert "partial results written" in stderr["chief:0"]
-    document = results.read_document(next(tmp_path.glob("*/results.json")))
+    document = read_document(next(tmp_path.glob("*/results.json")))
     assert document.partial
     assert "worker:0" in document.partial_reason
 

@@ -27,6 +27,7 @@ from tf_grpc_bench import trace_files
 from tf_grpc_bench.errors import TransportError
 from tf_grpc_bench.replay.core.workload import Mode
 from tf_grpc_bench.replay.output import document as results
+from tf_grpc_bench.replay.output.document_reader import read_document
 from tf_grpc_bench.replay.transport.client import ReplayClient
 from tf_grpc_bench.replay.transport.wire import ChannelSettings, new_session_id
 
@@ -176,7 +177,7 @@ def _wait_for_calls(target: str) -> None:
 
 def _document(out: str, cwd: Path) -> results.ResultDocument:
     line = next(line for line in out.splitlines() if line.startswith("results: "))
-    return results.read_document(cwd / line.removeprefix("results: ").strip())
+    return read_document(cwd / line.removeprefix("results: ").strip())
 
 
 # --------------------------------------------------------------------------

@@ -30,6 +30,7 @@ from tf_grpc_bench.profiler.launch.processes import MAX_QUOTED_CHARS, meaningful
 from tf_grpc_bench.profiler.recorders.proxy import RecordingProxy
 from tf_grpc_bench.replay.core.workload import Mode, pull_call
 from tf_grpc_bench.replay.output import document as results
+from tf_grpc_bench.replay.output.document_reader import read_document
 from tf_grpc_bench.replay.transport import grpc_settings
 from tf_grpc_bench.replay.transport.client import ReplayClient
 from tf_grpc_bench.replay.transport.grpc_settings import GrpcSettings
@@ -43,7 +44,7 @@ MB = 1024 * 1024
 
 def _document(out: str, cwd: Path) -> results.ResultDocument:
     line = next(line for line in out.splitlines() if line.startswith("results: "))
-    return results.read_document(cwd / line.removeprefix("results: ").strip())
+    return read_document(cwd / line.removeprefix("results: ").strip())
 
 
 # --------------------------------------------------------------------------

@@ -17,6 +17,7 @@ from tf_grpc_bench import trace_files
 from tf_grpc_bench.replay.core.measurement import Benchmark
 from tf_grpc_bench.replay.core.workload import Mode
 from tf_grpc_bench.replay.output import document as results
+from tf_grpc_bench.replay.output.document_reader import read_document
 from tf_grpc_bench.replay.transport.client import ReplayClient
 from tf_grpc_bench.replay.transport.wire import ChannelSettings, new_session_id
 
@@ -46,7 +47,7 @@ def _free_port() -> int:
 def _document_from(output: str, cwd: Path) -> results.ResultDocument:
     """The result document whose path the command printed (relative to its cwd)."""
     line = next(line for line in output.splitlines() if line.startswith("results: "))
-    return results.read_document(cwd / line.removeprefix("results: ").strip())
+    return read_document(cwd / line.removeprefix("results: ").strip())
 
 
 def _results_path(output: str, cwd: Path) -> Path:

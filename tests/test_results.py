@@ -21,18 +21,12 @@ from tf_grpc_bench.replay.core.measurement import (
 )
 from tf_grpc_bench.replay.output import document as results
 from tf_grpc_bench.replay.output import machine
-from tf_grpc_bench.replay.output.document import (
-    FORMAT_VERSION,
-    ResultDocument,
-    build_document,
-    dumps_document,
-    loads_document,
-    new_run_directory,
-    read_document,
-    replay_bound_verdict,
-    write_document,
-)
+from tf_grpc_bench.replay.output.document import FORMAT_VERSION, ResultDocument, build_document
+from tf_grpc_bench.replay.output.document_reader import loads_document, read_document
+from tf_grpc_bench.replay.output.document_writer import dumps_document, write_document
 from tf_grpc_bench.replay.output.machine import NetworkInfo
+from tf_grpc_bench.replay.output.prediction import replay_bound_verdict
+from tf_grpc_bench.replay.output.run_directories import discard_run_directory, new_run_directory
 from tf_grpc_bench.sizes import SizeCategory
 
 DATA = Path(__file__).parent / "data"
@@ -569,17 +563,17 @@ def test_a_what_if_field_missing_is_named_by_its_path(path: str, key: str) -> No
 def test_a_discarded_run_directory_takes_its_base_only_if_the_run_made_it(tmp_path: Path) -> None:
     made = new_run_directory(tmp_path / "a" / "runs", "x")  # two levels made
     (made / "events.out.tfevents.1").write_bytes(b"\0")
-    results.discard_run_directory(made, base_existed=False)
+    discard_run_directory(made, base_existed=False)
     assert not (tmp_path / "a" / "runs").exists() and (tmp_path / "a").is_dir()
     kept = tmp_path / "kept"
     kept.mkdir()
     run = new_run_directory(kept, "y")
-    results.discard_run_directory(run, base_existed=True)
+    discard_run_directory(run, base_existed=True)
     assert kept.is_dir() and list(kept.iterdir()) == []
     # A base that holds other runs stays, whatever the caller thought.
     other = new_run_directory(kept, "z")
     third = new_run_directory(kept, "w")
-    results.discard_run_directory(third, base_existed=False)
+    discard_run_directory(third, base_existed=False)
     assert list(kept.iterdir()) == [other]
 
 

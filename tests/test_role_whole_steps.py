@@ -26,6 +26,7 @@ from tf_grpc_bench import trace_files
 from tf_grpc_bench.replay import cli
 from tf_grpc_bench.replay.core.measurement import Benchmark, BenchmarkResult
 from tf_grpc_bench.replay.output import document as results
+from tf_grpc_bench.replay.output.document_reader import read_document
 from tf_grpc_bench.replay.placement import cluster as placement_cluster
 from tf_grpc_bench.replay.placement import role
 from tf_grpc_bench.replay.placement.cluster import TaskId
@@ -230,7 +231,7 @@ def _one_host_replay(output: Path) -> results.ResultDocument:
         [*command, "--output-dir", str(output)], capture_output=True, text=True, timeout=600
     )
     assert completed.returncode == 0, completed.stdout + completed.stderr
-    return results.read_document(next(output.glob("*/results.json")))
+    return read_document(next(output.glob("*/results.json")))
 
 
 def _throughput(document: results.ResultDocument) -> BenchmarkResult:
@@ -254,7 +255,7 @@ def test_a_cluster_pass_replays_every_kind_of_call_as_a_one_host_replay_does(
     assert "stand-in server" in outcomes["worker:1"][1]
     assert "side client" not in outcomes["ps:1"][1]
 
-    gathered = results.read_document(next((tmp_path / "cluster").glob("*/results.json")))
+    gathered = read_document(next((tmp_path / "cluster").glob("*/results.json")))
     assert not gathered.partial, gathered.partial_reason
     local = _one_host_replay(tmp_path / "local")
     in_cluster, on_one_host = _throughput(gathered), _throughput(local)

@@ -28,7 +28,7 @@ from tf_grpc_bench.profiler.launch.user_job import UserJob
 from tf_grpc_bench.profiler.physics import check_physics
 from tf_grpc_bench.profiler.record import read_task_record
 from tf_grpc_bench.replay.core.measurement import Benchmark
-from tf_grpc_bench.replay.output import document as results
+from tf_grpc_bench.replay.output.document_reader import read_document
 from tf_grpc_bench.trace import Task
 
 # Root only, like the netns tests (and left out with them by -m "not netns").
@@ -129,7 +129,7 @@ def test_srun_places_five_tasks_and_the_chief_merges_every_workers_samples(
 
     documents = list(output.glob("*/results.json"))
     assert len(documents) == 1
-    document = results.read_document(documents[0])
+    document = read_document(documents[0])
     assert not document.partial
     assert document.config["cluster_workers"] == 2
     assert document.config["placement"] == "cluster"
@@ -233,7 +233,7 @@ def test_the_shipped_sbatch_replay_example_runs(slurm: slurm_cluster.Slurm, tmp_
     log = (tmp_path / "job.out").read_text() if (tmp_path / "job.out").exists() else ""
     assert result.returncode == 0, result.stdout + result.stderr + log + slurm.logs()
     (path,) = output.glob("*/results.json")
-    document = results.read_document(path)
+    document = read_document(path)
     assert not document.partial
     assert document.network is not None and document.network.name == "slurm-test"
     (throughput,) = document.benchmarks

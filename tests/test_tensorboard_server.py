@@ -23,6 +23,7 @@ import numpy as np
 import pytest
 
 from tf_grpc_bench.replay.output import document as results
+from tf_grpc_bench.replay.output.document_reader import read_document
 from tf_grpc_bench.replay.output.hparams import COMPARISON_HPARAMS, METRICS
 from tf_grpc_bench.replay.output.timeline import PROFILE_SESSION
 
@@ -77,7 +78,7 @@ def documents(logdir: Path) -> dict[str, tuple[dict[str, Any], results.ResultDoc
     """Run directory name -> (results.json as JSON, as a document)."""
     found = {}
     for path in sorted(logdir.glob("*/results.json")):
-        found[path.parent.name] = (json.loads(path.read_text()), results.read_document(path))
+        found[path.parent.name] = (json.loads(path.read_text()), read_document(path))
     assert len(found) == len(NETWORKS)
     return found
 

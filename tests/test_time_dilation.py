@@ -32,6 +32,7 @@ from tf_grpc_bench.replay.core.planning import parse_time_dilation
 from tf_grpc_bench.replay.network import compare
 from tf_grpc_bench.replay.network.netinfo import undilated
 from tf_grpc_bench.replay.output import document as results
+from tf_grpc_bench.replay.output.document_reader import read_document
 from tf_grpc_bench.replay.output.machine import NetworkInfo
 from tf_grpc_bench.replay.transport.loop import RunPlan
 from tf_grpc_bench.trace import Trace
@@ -404,7 +405,7 @@ def _replay(trace_path: Path, cwd: Path, *flags: str) -> results.ResultDocument:
     )  # fmt: skip
     assert completed.returncode == 0, completed.stderr
     line = next(s for s in completed.stdout.splitlines() if s.startswith("results: "))
-    return results.read_document(cwd / line.removeprefix("results: ").strip())
+    return read_document(cwd / line.removeprefix("results: ").strip())
 
 
 def test_a_dilated_replay_stretches_the_compute_and_reports_training_time(
@@ -474,7 +475,7 @@ def test_compare_replays_a_dilated_link_shaped_that_much_slower(tmp_path: Path) 
     assert "unlimited: no rate limit to dilate; replaying undilated" in completed.stdout
     (compare_dir,) = (tmp_path / "out").glob("*-compare")
     (limited,) = (compare_dir / "200mbit").glob("*/results.json")
-    document = results.read_document(limited)
+    document = read_document(limited)
     assert document.network is not None
     # Recorded as the link predicted; shaped at half its rate.
     assert document.network.emulated_rate_bits_per_s == 200_000_000
@@ -484,7 +485,7 @@ def test_compare_replays_a_dilated_link_shaped_that_much_slower(tmp_path: Path) 
     assert throughput.parameters["time_dilation"] == 2.0
     assert min(throughput.step_times_ns) >= PERIOD_NS - 1
     (unlimited,) = (compare_dir / "unlimited").glob("*/results.json")
-    (plain,) = results.read_document(unlimited).benchmarks
+    (plain,) = read_document(unlimited).benchmarks
     assert "time_dilation" not in plain.parameters
     text = (compare_dir / compare.COMPARISON_FILE).read_text()
     assert "- 200mbit: replayed 2 times slower, on a 100mbit link" in text

@@ -16,7 +16,7 @@ from tf_grpc_bench import trace_files
 from tf_grpc_bench.protos import xplane_pb2
 from tf_grpc_bench.replay.core.measurement import CallSample
 from tf_grpc_bench.replay.core.workload import captured_critical_paths
-from tf_grpc_bench.replay.output import document as results
+from tf_grpc_bench.replay.output.document_reader import read_document
 from tf_grpc_bench.replay.output.timeline import (
     Slice,
     _Replayed,
@@ -159,7 +159,7 @@ def replay_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def test_a_replay_draws_each_measured_call_named_by_the_trace_rpc_it_replayed(
     replay_run: Path,
 ) -> None:
-    document = results.read_document(replay_run / "results.json")
+    document = read_document(replay_run / "results.json")
     trace = trace_files.read_trace(replay_run.parent.parent / "toy.tfgbtrace")
     data = json.loads((replay_run / "timeline" / "ps-throughput.trace.json").read_text())
     events = data["traceEvents"]

@@ -14,7 +14,7 @@ import grpc
 import pytest
 
 from tf_grpc_bench.errors import ConfigError
-from tf_grpc_bench.replay.output import document as results
+from tf_grpc_bench.replay.output.document_reader import read_document
 from tf_grpc_bench.replay.transport import tls
 
 METHOD = "/test.Echo/Echo"
@@ -130,7 +130,7 @@ def test_a_replay_over_tls_reaches_a_tls_server_and_plaintext_does_not(tmp_path:
             check=False,
         )
         assert secure.returncode == 0, secure.stderr
-        document = results.read_document(next((tmp_path / "runs").glob("*/results.json")))
+        document = read_document(next((tmp_path / "runs").glob("*/results.json")))
         assert document.config["grpc_tls"] is True
         assert document.benchmarks[0].rpc_count > 0
         plain = subprocess.run(

@@ -28,7 +28,7 @@ from tf_grpc_bench.profiler.launch.user_job import (
     task_tf_config,
 )
 from tf_grpc_bench.profiler.physics import check_physics
-from tf_grpc_bench.replay.output import document as results
+from tf_grpc_bench.replay.output.document_reader import read_document
 from tf_grpc_bench.trace import RECV_BUF, RECV_TENSOR, ROUND, WORKER_STEP, Trace
 
 CLI = str(Path(sys.executable).parent / "tf-grpc-bench")
@@ -447,7 +447,7 @@ def test_an_asynchronous_tf1_trace_replays_one_pass_exactly(tmp_path: Path) -> N
     )  # fmt: skip
     assert result.returncode == 0, result.stderr
     (path,) = (tmp_path / "out").glob("*/results.json")
-    (benchmark,) = results.read_document(path).benchmarks
+    (benchmark,) = read_document(path).benchmarks
     (run,) = benchmark.runs
     rpcs = [r for step in trace.steps for r in step.rpcs]
     assert run.rpc_count == len(rpcs) == run.server_received_messages

@@ -23,7 +23,7 @@ from tf_grpc_bench.replay.core.whatif import (
     trace_variables,
 )
 from tf_grpc_bench.replay.core.workload import Mode, Workload, trace_workload
-from tf_grpc_bench.replay.output.document import read_document
+from tf_grpc_bench.replay.output.document_reader import read_document
 from tf_grpc_bench.trace import (
     RECV_TENSOR,
     Rpc,

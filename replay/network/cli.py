@@ -27,7 +27,7 @@ from tf_grpc_bench.replay.core.pacing import Pacing, Timing
 from tf_grpc_bench.replay.core.workload import Workload
 from tf_grpc_bench.replay.network import compare as network_compare
 from tf_grpc_bench.replay.network.netinfo import format_rate
-from tf_grpc_bench.replay.output import document as results
+from tf_grpc_bench.replay.output.run_directories import new_run_directory
 
 
 class ReplayRequest(Protocol):
@@ -208,7 +208,7 @@ def _compare(
         )
     )
     netns.require_root()
-    output_dir = results.new_run_directory(args.output_dir, "compare")
+    output_dir = new_run_directory(args.output_dir, "compare")
     config = network_compare.CompareConfig(
         profiles=profiles,
         output_dir=Path(output_dir),

@@ -45,6 +45,8 @@ from tf_grpc_bench.replay.core.workload import Workload
 from tf_grpc_bench.replay.network.netinfo import format_rate
 from tf_grpc_bench.replay.output import comparison, report, timeline
 from tf_grpc_bench.replay.output import document as results
+from tf_grpc_bench.replay.output.document_reader import read_document
+from tf_grpc_bench.replay.output.prediction import prediction_json
 
 #: Port the servers listen on inside host 0 (each network is private, so fixed is fine).
 SERVE_PORT = 50001
@@ -347,7 +349,7 @@ def _prediction(document: results.ResultDocument | None) -> dict[str, Any] | Non
     if document is None:
         return None
     for result in document.benchmarks:
-        prediction = results.prediction_json(result, document.machine.cpu_count)
+        prediction = prediction_json(result, document.machine.cpu_count)
         if prediction is not None:
             return prediction
     return None
@@ -604,7 +606,7 @@ def _outcome(
     document = None
     if path is not None:
         try:
-            document = results.read_document(path)
+            document = read_document(path)
         except ResultError as unreadable:
             return ProfileOutcome(
                 profile=profile, results_path=path, document=None, error=str(unreadable)

@@ -8,6 +8,8 @@ from pathlib import Path
 from tf_grpc_bench.errors import ResultError, UsageError
 from tf_grpc_bench.replay.output import document as results
 from tf_grpc_bench.replay.output import export, timeline
+from tf_grpc_bench.replay.output.document_reader import read_document
+from tf_grpc_bench.replay.output.run_directories import new_run_directory
 
 DEFAULT_OUTPUT_DIR = "runs"
 
@@ -29,7 +31,7 @@ def _run_document(text: str) -> tuple[Path, results.ResultDocument] | None:
             raise ResultError(f"{text}: a directory without {results.RESULTS_FILE_NAME}")
     elif path.suffix != ".json":
         return None
-    return path.parent, results.read_document(path)
+    return path.parent, read_document(path)
 
 
 def configure_timeline(parser: argparse.ArgumentParser) -> None:
@@ -98,7 +100,7 @@ def _trace_timeline(source: str, steps: int | None, output_dir: Path) -> int:
     drawn = timeline.trace_timeline(trace, title=f"{stem}: captured steps", steps=steps)
     if not drawn.groups:
         raise ResultError(f"{path}: no steady-state steps to draw")
-    directory = results.new_run_directory(output_dir, f"timeline-{stem}")
+    directory = new_run_directory(output_dir, f"timeline-{stem}")
     written = timeline.write_timeline(
         drawn,
         events_path=directory / f"{stem}{timeline.TRACE_EVENTS_SUFFIX}",

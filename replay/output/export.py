@@ -34,7 +34,8 @@ from tf_grpc_bench.errors import ResultError
 from tf_grpc_bench.files import write_atomically
 from tf_grpc_bench.replay.core.measurement import SAMPLE_COLUMNS, BenchmarkResult, LatencySummary
 from tf_grpc_bench.replay.output import hparams
-from tf_grpc_bench.replay.output.document import ResultDocument, prediction_json
+from tf_grpc_bench.replay.output.document import ResultDocument
+from tf_grpc_bench.replay.output.prediction import prediction_json
 from tf_grpc_bench.replay.output.statistics import cpu_utilization, run_statistics
 from tf_grpc_bench.replay.output.timeline import tensor_label
 from tf_grpc_bench.sizes import SizeCategory, classify

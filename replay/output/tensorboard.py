@@ -53,8 +53,9 @@ from tensorboard.plugins.text import summary_v2 as text_summary
 from tf_grpc_bench.errors import ResultError
 from tf_grpc_bench.replay.core.measurement import BenchmarkResult, CallSample, LatencySummary
 from tf_grpc_bench.replay.output import hparams, report
-from tf_grpc_bench.replay.output.document import ResultDocument, prediction_json
+from tf_grpc_bench.replay.output.document import ResultDocument
 from tf_grpc_bench.replay.output.events import EventFile
+from tf_grpc_bench.replay.output.prediction import prediction_json
 from tf_grpc_bench.replay.output.statistics import cpu_utilization, run_statistics
 from tf_grpc_bench.sizes import classify
 

@@ -60,6 +60,9 @@ from tf_grpc_bench.replay.core.workload import (
 )
 from tf_grpc_bench.replay.network import netinfo
 from tf_grpc_bench.replay.output import document as results
+from tf_grpc_bench.replay.output.document_reader import loads_document
+from tf_grpc_bench.replay.output.document_writer import dumps_document, write_document
+from tf_grpc_bench.replay.output.run_directories import discard_run_directory, new_run_directory
 from tf_grpc_bench.replay.placement import cluster, gather
 from tf_grpc_bench.replay.placement.cluster import (
     PS,
@@ -443,7 +446,7 @@ def _measure(
         network=network,
         what_if=request.what_if,
     )
-    return results.dumps_document(document)
+    return dumps_document(document)
 
 
 def _replay(
@@ -576,7 +579,7 @@ def _gather(
     workers += [str(task) for task in parts.side_tasks]
     # Made (and so checked writable) before anything is measured.
     base_existed = Path(args.output_dir).exists()
-    run_directory = results.new_run_directory(args.output_dir, "cluster")
+    run_directory = new_run_directory(args.output_dir, "cluster")
     errors: list[BaseException] = []
     try:
         with gather.GatherServer(
@@ -594,7 +597,7 @@ def _gather(
                     errors.append(error)
             texts, failures = _wait_for_workers(server, args.job_timeout)
     except BaseException:
-        results.discard_run_directory(run_directory, base_existed=base_existed)
+        discard_run_directory(run_directory, base_existed=base_existed)
         raise
     document = _gathered_document(placement, workers, texts, failures)
     _write_gathered(document, run_directory)
@@ -629,8 +632,7 @@ def _gathered_document(
 ) -> results.ResultDocument:
     """One result document of the job from what the workers sent."""
     documents = {
-        task: results.loads_document(text, source=f"results of {task}")
-        for task, text in texts.items()
+        task: loads_document(text, source=f"results of {task}") for task, text in texts.items()
     }
     missing = sorted(set(workers) - set(documents) - set(failures))
     all_failures = {**failures, **{task: "sent no results in time" for task in missing}}
@@ -665,7 +667,7 @@ def _write_gathered(document: results.ResultDocument, run_directory: Path) -> No
     with contextlib.suppress(ResultError):
         trace = timeline.replayed_trace(document)
     with lifetime.deferred_signals():
-        path = results.write_document(document, run_directory / results.RESULTS_FILE_NAME)
+        path = write_document(document, run_directory / results.RESULTS_FILE_NAME)
         tensorboard_output.write_run(document, run_directory)
         timeline.write_run_timelines(document, run_directory, trace)
     print(f"results: {path}")

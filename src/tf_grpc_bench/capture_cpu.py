@@ -39,7 +39,7 @@ EXTRA_KEYS = (CORES_EXTRA, BUSY_EXTRA, TASKS_EXTRA, SPAN_EXTRA)
 
 #: Share of the machine's cores busy over the steps from which a capture is
 #: taken as bound by its CPU (``CaptureCpu.contended``), as a replay's
-#: ``replay_bound`` takes the whole machine (replay/output/document.py).
+#: ``replay_bound`` takes the whole machine (replay/output/prediction.py).
 CONTENDED_SHARE = 0.9
 
 _TASK = re.compile(r"^([A-Za-z_][\w-]*):(\d+)=(\d+(?:\.\d+)?)$")

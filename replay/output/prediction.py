@@ -1,0 +1,85 @@
+"""What a dependencies-paced replay predicts of a training step, and whether the
+replay's machine rather than the link bounds that prediction.  Pure."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from tf_grpc_bench.replay.core.measurement import BenchmarkResult, machine_cpu_busy_share
+from tf_grpc_bench.replay.output.statistics import cpu_utilization
+
+
+def _median_or_none(values: Sequence[int]) -> float | None:
+    return float(np.median(values)) if values else None
+
+
+#: Share of the machine's cores the replay's own processes may use before its
+#: prediction is flagged as bound by the replay rather than by the link.
+REPLAY_BOUND_CPU_SHARE = 0.7
+#: Share of all the machine's cores busy (any process) from which the prediction
+#: is flagged even when the replay's own processes used less: others took the cores.
+MACHINE_BUSY_CPU_SHARE = 0.9
+
+
+def replay_cpu_cores(result: BenchmarkResult) -> float:
+    """Cores the replay's client and (local or reporting) server processes kept busy."""
+    total = cpu_utilization(result.client_cpu_ns + result.server_cpu_ns, result)
+    return 0.0 if math.isnan(total) else total
+
+
+def replay_bound_verdict(
+    replay_cores: float, cpu_count: int, machine_busy_share: float | None
+) -> tuple[bool, str]:
+    """Whether a prediction is bound by the replay's machine rather than the link, and why.
+
+    Bound when the replay's own processes kept at least ``REPLAY_BOUND_CPU_SHARE``
+    of the ``cpu_count`` cores busy, or when the whole machine was at least
+    ``MACHINE_BUSY_CPU_SHARE`` busy (None: not known) whoever used it.
+    """
+    own = cpu_count > 0 and replay_cores >= REPLAY_BOUND_CPU_SHARE * cpu_count
+    machine = machine_busy_share is not None and machine_busy_share >= MACHINE_BUSY_CPU_SHARE
+    evidence = f"replay client and server processes used {replay_cores:.2f} of {cpu_count} cores"
+    if machine_busy_share is not None:
+        evidence += (
+            f"; the machine's cores were {100 * machine_busy_share:.0f}% busy "
+            f"({machine_busy_share * cpu_count:.2f} of {cpu_count}, every process)"
+        )
+    if own:
+        evidence += " (the step may be the replay's CPU, not the link)"
+    elif machine:
+        evidence += (
+            " (other processes took the cores the replay needed: the step may be the "
+            "machine's load, not the link)"
+        )
+    return own or machine, evidence
+
+
+def prediction_json(result: BenchmarkResult, cpu_count: int) -> dict[str, Any] | None:
+    """What the replay predicts of a training step (dependencies pacing), else None.
+
+    ``step_ns``: median replayed worker-step, compute kept; ``compute_ns`` and
+    ``communication_ns``: medians of the critical path's two parts.
+    ``replay_bound`` (``replay_bound_verdict``): the replay's own processes
+    (``replay_cpu_cores``) or every process together (``machine_cpu_busy_share``,
+    null when unknown) kept the machine's cores busy, so the step may be the
+    replay's machine rather than the network; ``replay_bound_evidence`` says which.
+    """
+    if not result.step_compute_ns:
+        return None
+    cores = replay_cpu_cores(result)
+    machine = machine_cpu_busy_share(result.runs)
+    bound, evidence = replay_bound_verdict(cores, cpu_count, machine)
+    return {
+        "step_ns": _median_or_none(result.step_times_ns),
+        "compute_ns": _median_or_none(result.step_compute_ns),
+        "communication_ns": _median_or_none(result.step_communication_ns),
+        "steps": len(result.step_compute_ns),
+        "replay_bound": bound,
+        "replay_bound_evidence": evidence,
+        "replay_cpu_cores": cores,
+        "machine_cpu_busy_share": machine,
+    }
