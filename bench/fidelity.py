@@ -70,7 +70,7 @@ from common import (
 from tf_grpc_bench import capture_cpu, lifetime, trace_files
 from tf_grpc_bench.capture_cpu import CaptureCpu
 from tf_grpc_bench.errors import TraceError
-from tf_grpc_bench.netns import parse_profile
+from tf_grpc_bench.netns.links import parse_profile
 from tf_grpc_bench.replay.core.dependencies import is_sync_token, source_op
 from tf_grpc_bench.replay.core.workload import (
     CapturedSegment,

@@ -36,8 +36,8 @@ import threading
 import time
 from dataclasses import dataclass
 
-from tf_grpc_bench import netns
 from tf_grpc_bench.errors import NetworkError
+from tf_grpc_bench.netns import links, topology
 
 #: Emulated hosts' namespaces are named PREFIX<run>-h<index>.
 HOST0_SUFFIX = "-h0"
@@ -118,7 +118,7 @@ class Sampler:
                 hosts = [
                     n
                     for n in _namespaces()
-                    if n.startswith(netns.PREFIX) and n.endswith(HOST0_SUFFIX)
+                    if n.startswith(topology.PREFIX) and n.endswith(HOST0_SUFFIX)
                 ]
                 path = _counters_file(hosts[0]) if hosts else None
                 if path is None:
@@ -199,7 +199,7 @@ def main(argv: list[str] | None = None) -> int:
     if not command:
         parser.error("a command to run is expected after --")
     try:
-        rate_bits = netns.parse_profile(arguments.rate).rate_bits_per_s
+        rate_bits = links.parse_profile(arguments.rate).rate_bits_per_s
     except NetworkError as error:
         parser.error(f"--rate: {error}")
     if rate_bits is None:

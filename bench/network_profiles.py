@@ -53,8 +53,9 @@ from common import (
     write_section,
 )
 
-from tf_grpc_bench import netns, trace_files
 from tf_grpc_bench import trace as trace_model
+from tf_grpc_bench import trace_files
+from tf_grpc_bench.netns import emulated, links, namespaces
 from tf_grpc_bench.replay.core.measurement import Benchmark
 from tf_grpc_bench.replay.core.workload import Mode, trace_workload
 from tf_grpc_bench.replay.network import compare as network_compare
@@ -126,7 +127,7 @@ def synthetic_trace(steps: int = 4) -> Trace:
 
 @dataclass
 class ProfileFigures:
-    profile: netns.LinkProfile
+    profile: links.LinkProfile
     iperf3_bits_per_s: float | None = None
     replay_bits_per_s: float | None = None
     step_time_s: float | None = None
@@ -134,7 +135,7 @@ class ProfileFigures:
     note: str = ""
 
 
-def measure_iperf3(network: netns.EmulatedNetwork, seconds: float) -> float | None:
+def measure_iperf3(network: emulated.EmulatedNetwork, seconds: float) -> float | None:
     if shutil.which("iperf3") is None:
         return None
     server = network.spawn(0, iperf3_server_command(IPERF_PORT), stdout=subprocess.DEVNULL)
@@ -151,7 +152,7 @@ def measure_iperf3(network: netns.EmulatedNetwork, seconds: float) -> float | No
 
 
 def replay_in(
-    network: netns.EmulatedNetwork,
+    network: emulated.EmulatedNetwork,
     arguments: list[str],
     output: Path,
     timeout_s: float,
@@ -189,10 +190,10 @@ def replay_in(
 
 
 def measure_profile(
-    profile: netns.LinkProfile, *, seconds: float, trace_path: Path, output: Path
+    profile: links.LinkProfile, *, seconds: float, trace_path: Path, output: Path
 ) -> ProfileFigures:
     figures = ProfileFigures(profile=profile)
-    with netns.EmulatedNetwork(hosts=2, profile=profile) as network:
+    with emulated.EmulatedNetwork(hosts=2, profile=profile) as network:
         figures.iperf3_bits_per_s = measure_iperf3(network, seconds)
         bandwidth = replay_in(
             network,
@@ -374,8 +375,8 @@ def main() -> int:
     )
     parser.add_argument("--no-readme", action="store_true", help="print only, do not touch README")
     args = parser.parse_args()
-    profiles = netns.parse_profiles(args.profiles)
-    netns.require_root()
+    profiles = links.parse_profiles(args.profiles)
+    namespaces.require_root()
     with tempfile.TemporaryDirectory(prefix="tfgb-bench-") as scratch:
         if args.trace:
             trace_path = Path(args.trace)

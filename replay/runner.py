@@ -27,8 +27,9 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from tf_grpc_bench import lifetime, netns, trace_files
+from tf_grpc_bench import lifetime, trace_files
 from tf_grpc_bench.errors import ConfigError, NetworkError, TransportError, UsageError
+from tf_grpc_bench.netns import namespaces
 from tf_grpc_bench.replay.core import planning
 from tf_grpc_bench.replay.core.measurement import (
     Benchmark,
@@ -369,7 +370,7 @@ def parse_client_namespaces(
             raise UsageError(f"{flag}: no client stands for a task of job {job!r}; jobs: {named}")
     for namespace in placed.values():
         try:
-            netns.namespace_path(namespace)
+            namespaces.namespace_path(namespace)
         except NetworkError as missing:
             raise NetworkError(f"{flag}: {missing}") from None
     if os.geteuid() != 0:

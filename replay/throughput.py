@@ -31,9 +31,10 @@ from typing import Any
 
 import numpy as np
 
-from tf_grpc_bench import lifetime, netns
+from tf_grpc_bench import lifetime
 from tf_grpc_bench.errors import NetworkError, TransportError
 from tf_grpc_bench.host import MachineCpuTimes
+from tf_grpc_bench.netns import namespaces
 from tf_grpc_bench.replay.core.measurement import (
     SAMPLE_COLUMNS,
     CallSample,
@@ -182,7 +183,7 @@ def _worker_main(
     if spec.netns:
         # Before any channel: gRPC's threads, made later, follow this thread there.
         try:
-            netns.enter_namespace(spec.netns)
+            namespaces.enter_namespace(spec.netns)
         except NetworkError as error:
             connection.send(("error", f"worker {spec.worker_index}: {error}"))
             connection.close()

@@ -18,8 +18,9 @@ from pathlib import Path
 
 import pytest
 
-from tf_grpc_bench import capture_cpu, netns, trace_files, trace_summary
+from tf_grpc_bench import capture_cpu, trace_files, trace_summary
 from tf_grpc_bench.errors import ConfigError, NetworkError
+from tf_grpc_bench.netns import links, topology
 from tf_grpc_bench.profiler.launch.hosts import (
     NetworkRequest,
     TaskHosts,
@@ -90,7 +91,7 @@ def test_a_user_cluster_moves_to_the_hosts_keeping_its_ports() -> None:
 
 def test_the_network_is_recorded_in_the_metadata() -> None:
     hosts = TaskHosts(
-        request=NetworkRequest(profile=netns.PROFILES["1gbit"], layout="ps-together"),
+        request=NetworkRequest(profile=links.PROFILES["1gbit"], layout="ps-together"),
         host_of={("ps", 0): 0, ("worker", 0): 1},
         addresses=("10.233.0.1", "10.233.0.2"),
         namespaces=("tfgb-1-a-h0", "tfgb-1-a-h1"),
@@ -215,7 +216,7 @@ def test_an_interrupted_capture_removes_its_hosts(tmp_path: Path, signum: int) -
         stderr=subprocess.PIPE,
         text=True,
     )
-    mine = f"{netns.PREFIX}{capture.pid}-"
+    mine = f"{topology.PREFIX}{capture.pid}-"
     try:
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline:

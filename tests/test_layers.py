@@ -37,7 +37,7 @@ REPLAY_FORBIDDEN = ("tf_grpc_bench.profiler", "tensorflow")
 PROFILER_FORBIDDEN = ("tf_grpc_bench.replay",)
 #: Shared by capture and replay (emulated hosts), so it imports neither.
 SHARED_FORBIDDEN = ("tf_grpc_bench.replay", "tf_grpc_bench.profiler", "tensorflow")
-SHARED_MODULES = ("netns.py", "lifetime.py", "launchers.py", "host.py")
+SHARED_MODULES = ("netns", "lifetime.py", "launchers.py", "host.py")
 #: Folders whose functions must stay short (extend as other folders are cleaned up).
 SHORT_FUNCTION_FOLDERS = ["replay", "profiler", "src/tf_grpc_bench"]
 MAX_FUNCTION_LINES = 80
@@ -193,7 +193,10 @@ def _foreign_imports(path: Path, forbidden: tuple[str, ...]) -> Iterator[str]:
 def test_the_profiler_never_imports_replay_and_shared_modules_import_neither() -> None:
     profiler = sorted(p for p in (ROOT / "profiler").rglob("*.py") if "__pycache__" not in p.parts)
     problems = [p for path in profiler for p in _foreign_imports(path, PROFILER_FORBIDDEN)]
-    shared = [ROOT / "src" / "tf_grpc_bench" / name for name in SHARED_MODULES]
+    shared = []
+    for name in SHARED_MODULES:
+        path = ROOT / "src" / "tf_grpc_bench" / name
+        shared += sorted(path.rglob("*.py")) if path.is_dir() else [path]
     problems += [p for path in shared for p in _foreign_imports(path, SHARED_FORBIDDEN)]
     assert not problems, "forbidden imports:\n" + "\n".join(problems)
 

@@ -12,8 +12,8 @@ import textwrap
 
 import pytest
 
-from tf_grpc_bench import netns
 from tf_grpc_bench.errors import NetworkError
+from tf_grpc_bench.netns import emulated, links, namespaces, topology
 
 # A receiver that counts the bytes of one TCP connection and reports the rate
 # between its first and last byte; a sender that pushes a fixed number of bytes.
@@ -49,7 +49,7 @@ SENDER = textwrap.dedent(
 
 
 def tcp_throughput_bits_per_s(
-    network: netns.EmulatedNetwork, sender: int, receiver: int, total_bytes: int
+    network: emulated.EmulatedNetwork, sender: int, receiver: int, total_bytes: int
 ) -> float:
     port = 5201
     listener = network.spawn(
@@ -75,10 +75,10 @@ pytestmark = pytest.mark.netns
 
 
 def test_two_hosts_on_a_rate_limited_link_carry_at_most_the_configured_rate() -> None:
-    profile = netns.parse_profile("100mbit")
-    with netns.EmulatedNetwork(hosts=2, profile=profile) as network:
+    profile = links.parse_profile("100mbit")
+    with emulated.EmulatedNetwork(hosts=2, profile=profile) as network:
         run_id = network.run_id
-        assert set(netns.run_namespaces(run_id)) == set(network.plan.namespaces)
+        assert set(namespaces.run_namespaces(run_id)) == set(network.plan.namespaces)
         measured = tcp_throughput_bits_per_s(network, sender=0, receiver=1, total_bytes=6_000_000)
     assert profile.rate_bits_per_s is not None
     ratio = measured / profile.rate_bits_per_s
@@ -86,19 +86,19 @@ def test_two_hosts_on_a_rate_limited_link_carry_at_most_the_configured_rate() ->
     # allows a little over).  How much of the rate it reaches depends on the machine's
     # load; bench/network_profiles.py measures that, not this test.
     assert ratio <= 1.1, f"measured {measured / 1e6:.1f} Mbit/s on a 100 Mbit/s link"
-    assert netns.run_namespaces(run_id) == []
+    assert namespaces.run_namespaces(run_id) == []
 
 
 def test_both_directions_of_a_link_are_limited() -> None:
-    profile = netns.parse_profile("100mbit")
-    with netns.EmulatedNetwork(hosts=2, profile=profile) as network:
+    profile = links.parse_profile("100mbit")
+    with emulated.EmulatedNetwork(hosts=2, profile=profile) as network:
         measured = tcp_throughput_bits_per_s(network, sender=1, receiver=0, total_bytes=6_000_000)
     assert measured <= 1.1 * 100e6
 
 
 def test_three_hosts_reach_each_other_through_the_switch_namespace() -> None:
-    with netns.EmulatedNetwork(hosts=3, profile=netns.parse_profile("200mbit")) as network:
-        assert network.plan.switch_namespace in netns.run_namespaces(network.run_id)
+    with emulated.EmulatedNetwork(hosts=3, profile=links.parse_profile("200mbit")) as network:
+        assert network.plan.switch_namespace in namespaces.run_namespaces(network.run_id)
         qdiscs = network.run(0, ["tc", "qdisc", "show", "dev", "eth0"]).stdout
         assert "tbf" in qdiscs and "200Mbit" in qdiscs
         measured = tcp_throughput_bits_per_s(network, sender=2, receiver=0, total_bytes=2_000_000)
@@ -107,22 +107,22 @@ def test_three_hosts_reach_each_other_through_the_switch_namespace() -> None:
             1, [sys.executable, "-c", "import socket; socket.create_server(('127.0.0.1', 0))"]
         )
         assert loopback.returncode == 0, loopback.stderr
-    assert netns.run_namespaces(network.run_id) == []
+    assert namespaces.run_namespaces(network.run_id) == []
 
 
 def test_unlimited_profile_adds_no_qdisc() -> None:
-    with netns.EmulatedNetwork(hosts=2, profile=netns.parse_profile("unlimited")) as network:
+    with emulated.EmulatedNetwork(hosts=2, profile=links.parse_profile("unlimited")) as network:
         assert "tbf" not in network.run(0, ["tc", "qdisc", "show", "dev", "eth0"]).stdout
 
 
 def test_a_failure_during_setup_removes_what_was_made() -> None:
-    network = netns.EmulatedNetwork(hosts=2, profile=netns.parse_profile("1gbit"))
+    network = emulated.EmulatedNetwork(hosts=2, profile=links.parse_profile("1gbit"))
     blocker = network.hosts[1].namespace
     subprocess.run(["ip", "netns", "add", blocker], check=True)
     try:
         with pytest.raises(NetworkError, match="netns add"), network:
             pass
-        assert netns.run_namespaces(network.run_id) == []
+        assert namespaces.run_namespaces(network.run_id) == []
     finally:
         subprocess.run(["ip", "netns", "del", blocker], check=False, capture_output=True)
 
@@ -131,8 +131,8 @@ def test_sigterm_removes_the_network_and_what_runs_in_it() -> None:
     script = textwrap.dedent(
         """
         import sys, time
-        from tf_grpc_bench import netns
-        with netns.EmulatedNetwork(hosts=2, profile=netns.parse_profile("1gbit")) as net:
+        from tf_grpc_bench.netns import emulated, links, namespaces, topology
+        with emulated.EmulatedNetwork(hosts=2, profile=links.parse_profile("1gbit")) as net:
             net.spawn(0, ["sleep", "600"])
             print(net.run_id, flush=True)
             time.sleep(600)
@@ -141,10 +141,10 @@ def test_sigterm_removes_the_network_and_what_runs_in_it() -> None:
     owner = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
     assert owner.stdout is not None
     run_id = owner.stdout.readline().strip()
-    assert len(netns.run_namespaces(run_id)) == 2
+    assert len(namespaces.run_namespaces(run_id)) == 2
     owner.send_signal(signal.SIGTERM)
     assert owner.wait(timeout=60) == 128 + signal.SIGTERM
-    assert netns.run_namespaces(run_id) == []
+    assert namespaces.run_namespaces(run_id) == []
 
 
 def test_ctrl_c_removes_the_network() -> None:
@@ -156,8 +156,8 @@ def test_ctrl_c_removes_the_network() -> None:
         import signal, time
         signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
         signal.signal(signal.SIGINT, signal.default_int_handler)
-        from tf_grpc_bench import netns
-        with netns.EmulatedNetwork(hosts=3, profile=netns.parse_profile("1gbit")) as net:
+        from tf_grpc_bench.netns import emulated, links, namespaces, topology
+        with emulated.EmulatedNetwork(hosts=3, profile=links.parse_profile("1gbit")) as net:
             print(net.run_id, flush=True)
             time.sleep(600)
         """
@@ -167,16 +167,16 @@ def test_ctrl_c_removes_the_network() -> None:
     )
     assert owner.stdout is not None
     run_id = owner.stdout.readline().strip()
-    assert len(netns.run_namespaces(run_id)) == 4
+    assert len(namespaces.run_namespaces(run_id)) == 4
     owner.send_signal(signal.SIGINT)
     _, stderr = owner.communicate(timeout=60)
     assert "KeyboardInterrupt" in stderr
-    assert netns.run_namespaces(run_id) == []
+    assert namespaces.run_namespaces(run_id) == []
 
 
 def test_cleanup_removes_a_namespace_left_by_a_crashed_run() -> None:
     # pid 99999999 is above any pid_max: the run that "made" it is certainly gone.
-    leftover = netns.namespace_name("99999999-beef", "h0")
+    leftover = topology.namespace_name("99999999-beef", "h0")
     subprocess.run(["ip", "netns", "add", leftover], check=True)
     subprocess.run(
         ["ip", "-n", leftover, "link", "add", "eth0", "type", "veth", "peer", "name", "eth1"],
@@ -184,9 +184,9 @@ def test_cleanup_removes_a_namespace_left_by_a_crashed_run() -> None:
     )
     stray = subprocess.Popen(["ip", "netns", "exec", leftover, "sleep", "600"])
     try:
-        removed = netns.cleanup_leftovers()
+        removed = namespaces.cleanup_leftovers()
         assert leftover in removed
-        assert leftover not in netns.list_namespaces()
+        assert leftover not in namespaces.list_namespaces()
         assert stray.wait(timeout=10) != 0
     finally:
         if stray.poll() is None:
@@ -195,10 +195,10 @@ def test_cleanup_removes_a_namespace_left_by_a_crashed_run() -> None:
 
 
 def test_cleanup_keeps_the_namespaces_of_a_run_in_progress() -> None:
-    with netns.EmulatedNetwork(hosts=2, profile=netns.parse_profile("1gbit")) as network:
-        removed = netns.cleanup_leftovers()
+    with emulated.EmulatedNetwork(hosts=2, profile=links.parse_profile("1gbit")) as network:
+        removed = namespaces.cleanup_leftovers()
         assert not set(removed) & set(network.plan.namespaces)
-        assert len(netns.run_namespaces(network.run_id)) == 2
+        assert len(namespaces.run_namespaces(network.run_id)) == 2
 
 
 def test_a_client_inside_a_host_describes_its_link_and_its_rate_limit() -> None:
@@ -208,7 +208,7 @@ def test_a_client_inside_a_host_describes_its_link_and_its_rate_limit() -> None:
         "print(json.dumps({'name': info.name, 'rate': info.emulated_rate_bits_per_s, "
         "'interfaces': [[i.name, i.mtu_bytes, i.namespace] for i in info.interfaces]}))"
     )
-    with netns.EmulatedNetwork(hosts=2, profile=netns.parse_profile("1gbit")) as network:
+    with emulated.EmulatedNetwork(hosts=2, profile=links.parse_profile("1gbit")) as network:
         server = network.hosts[0]
         result = network.run(1, [sys.executable, "-c", describe, f"{server.address}:50001"])
         assert result.returncode == 0, result.stderr
@@ -223,7 +223,7 @@ def test_local_addresses_name_every_interface_of_a_host() -> None:
         "from tf_grpc_bench.replay.network import netinfo; "
         "print(' '.join(netinfo.local_addresses()))"
     )
-    with netns.EmulatedNetwork(hosts=2, profile=netns.PROFILES["unlimited"]) as network:
+    with emulated.EmulatedNetwork(hosts=2, profile=links.PROFILES["unlimited"]) as network:
         result = network.run(0, [sys.executable, "-c", show])
     assert result.returncode == 0, result.stderr
     assert {"127.0.0.1", network.hosts[0].address} <= set(result.stdout.split())

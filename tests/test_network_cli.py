@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 from tensorboard.backend.event_processing import plugin_event_accumulator
 
-from tf_grpc_bench import netns, trace_files
+from tf_grpc_bench import trace_files
+from tf_grpc_bench.netns import links, namespaces, topology
 from tf_grpc_bench.replay.output.document_reader import read_document
 
 from .conftest import environment_without_coverage, make_whole_step_trace
@@ -68,11 +69,11 @@ def test_up_leaves_a_network_that_down_removes() -> None:
     assert match, up.stdout
     run_id = match.group(1)
     try:
-        assert len(netns.run_namespaces(run_id)) == 4
+        assert len(namespaces.run_namespaces(run_id)) == 4
         listed = tool("network", "list")
         assert run_id in listed.stdout
         shaped = subprocess.run(
-            ["tc", "-n", netns.namespace_name(run_id, "h1"), "qdisc", "show", "dev", "eth0"],
+            ["tc", "-n", topology.namespace_name(run_id, "h1"), "qdisc", "show", "dev", "eth0"],
             capture_output=True,
             text=True,
             check=True,
@@ -80,21 +81,21 @@ def test_up_leaves_a_network_that_down_removes() -> None:
         assert "100Mbit" in shaped.stdout
         down = tool("network", "down", run_id)
         assert down.returncode == 0, down.stderr
-        assert netns.run_namespaces(run_id) == []
+        assert namespaces.run_namespaces(run_id) == []
     finally:
-        for name in netns.run_namespaces(run_id):
-            netns.delete_namespace(name)
+        for name in namespaces.run_namespaces(run_id):
+            namespaces.delete_namespace(name)
 
 
 @pytest.mark.netns
 def test_cleanup_removes_what_a_crashed_run_left() -> None:
-    leftover = netns.namespace_name("99999998-dead", "h1")
+    leftover = topology.namespace_name("99999998-dead", "h1")
     subprocess.run(["ip", "netns", "add", leftover], check=True)
     try:
         result = tool("network", "cleanup")
         assert result.returncode == 0, result.stderr
         assert leftover in result.stdout
-        assert leftover not in netns.list_namespaces()
+        assert leftover not in namespaces.list_namespaces()
     finally:
         subprocess.run(["ip", "netns", "del", leftover], check=False, capture_output=True)
 
@@ -161,7 +162,7 @@ def test_without_root_the_command_says_so_in_one_line() -> None:
 
 @pytest.mark.netns
 def test_compare_replays_across_rate_limited_links_under_their_rates(tmp_path: Path) -> None:
-    before = set(netns.list_namespaces())
+    before = set(namespaces.list_namespaces())
     result = tool(
         "network",
         "compare",
@@ -185,7 +186,7 @@ def test_compare_replays_across_rate_limited_links_under_their_rates(tmp_path: P
         timeout_s=300,
     )
     assert result.returncode == 0, result.stdout + result.stderr
-    assert set(netns.list_namespaces()) <= before
+    assert set(namespaces.list_namespaces()) <= before
     (compare_dir,) = tmp_path.glob("*-compare")
     assert (compare_dir / "comparison.md").read_text().count("| p2p-bandwidth |") == 2
     assert "| 100mbit |" in result.stdout
@@ -203,7 +204,7 @@ def test_compare_replays_across_rate_limited_links_under_their_rates(tmp_path: P
         assert document.network.name == name
         assert document.network.emulated_rate_bits_per_s == rate
         (interface,) = document.network.interfaces
-        assert interface.name == "eth0" and interface.namespace.startswith(netns.PREFIX)
+        assert interface.name == "eth0" and interface.namespace.startswith(topology.PREFIX)
         assert list(path.parent.glob("p2p-bandwidth/events.out.tfevents.*"))
         (bandwidth,) = document.benchmarks
         # Never over the link's rate (tbf's first burst allows a little over); how close
@@ -228,7 +229,7 @@ def test_compare_keeps_ps_to_ps_and_chief_to_worker_calls_off_the_link(
     With TLS the certificate covers both hosts (the stand-ins serve from host 1)."""
     trace = make_whole_step_trace(pull=(_LARGE, _LARGE), ps_to_ps=_LARGE, enqueue=_LARGE)
     path = trace_files.write_trace(trace, tmp_path / "whole-steps.tfgbtrace")
-    before = set(netns.list_namespaces())
+    before = set(namespaces.list_namespaces())
     result = tool(
         "network",
         "compare",
@@ -251,7 +252,7 @@ def test_compare_keeps_ps_to_ps_and_chief_to_worker_calls_off_the_link(
         timeout_s=300,
     )
     assert result.returncode == 0, result.stdout + result.stderr
-    assert set(netns.list_namespaces()) <= before
+    assert set(namespaces.list_namespaces()) <= before
     (path,) = tmp_path.glob("*-compare/16mbit/*/results.json")
     (throughput,) = read_document(path).benchmarks
     parameters = throughput.parameters
@@ -263,13 +264,13 @@ def test_compare_keeps_ps_to_ps_and_chief_to_worker_calls_off_the_link(
         "/job:worker/task:0",
         "/job:worker/task:1",
     ]
-    assert str(parameters["client_netns"]).startswith(f"ps={netns.PREFIX}")
+    assert str(parameters["client_netns"]).startswith(f"ps={topology.PREFIX}")
     # The ps servers on host 0, the stand-ins on host 1 (the replay's own).
     hosts = [target.rsplit(":", 1)[0] for target in str(parameters["targets"]).split(",")]
     assert hosts[0] == hosts[1] != hosts[2] == hosts[3]
     # A megabyte over 16 Mbit/s takes at least (1 MB - tbf's bucket) x 8 / rate; a call
     # kept on its host's loopback takes a small part of that.
-    crossing_s = (_LARGE - netns.MIN_BURST_BYTES) * 8 / _SLOW_LINK_BITS_PER_S
+    crossing_s = (_LARGE - links.MIN_BURST_BYTES) * 8 / _SLOW_LINK_BITS_PER_S
     (run,) = throughput.runs
     seen: dict[tuple[str, str], list[float]] = {}
     for sample in run.samples:
@@ -287,8 +288,8 @@ def test_compare_keeps_ps_to_ps_and_chief_to_worker_calls_off_the_link(
 
 
 def test_compare_refuses_an_unknown_profile_before_making_anything() -> None:
-    before = set(netns.list_namespaces())
+    before = set(namespaces.list_namespaces())
     result = tool("network", "compare", "--profiles", "1gbit,warp9", "--synthetic")
     assert result.returncode == 5
     assert "unknown network profile 'warp9'" in result.stderr
-    assert set(netns.list_namespaces()) == before
+    assert set(namespaces.list_namespaces()) == before

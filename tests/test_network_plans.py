@@ -10,8 +10,8 @@ import textwrap
 
 import pytest
 
-from tf_grpc_bench import netns
 from tf_grpc_bench.errors import NetworkError
+from tf_grpc_bench.netns import links, topology
 from tf_grpc_bench.replay.network import netinfo
 
 from .conftest import environment_without_coverage
@@ -23,10 +23,10 @@ def test_non_root_gets_a_one_line_network_error() -> None:
         f"""
         import os
         from tf_grpc_bench.errors import NetworkError
-        from tf_grpc_bench import netns
+        from tf_grpc_bench.netns import emulated, links, topology
         {drop}
         try:
-            netns.EmulatedNetwork(hosts=2).up()
+            emulated.EmulatedNetwork(hosts=2).up()
         except NetworkError as error:
             print(error)
         """
@@ -47,19 +47,21 @@ def test_non_root_gets_a_one_line_network_error() -> None:
 
 @pytest.mark.parametrize("hosts", [2, 3, 5])
 def test_plan_shapes_every_link_on_both_ends(hosts: int) -> None:
-    plan = netns.plan_network(
-        hosts=hosts, profile=netns.parse_profile("10gbit"), run_id="12-ab", hz=250
+    plan = topology.plan_network(
+        hosts=hosts, profile=links.parse_profile("10gbit"), run_id="12-ab", hz=250
     )
     shaping = [c for c in plan.setup_commands if c[0] == "tc"]
-    links = 1 if hosts == 2 else hosts
-    assert len(shaping) == 2 * links
+    shaped_links = 1 if hosts == 2 else hosts
+    assert len(shaping) == 2 * shaped_links
     assert len({h.address for h in plan.hosts}) == hosts
-    assert all(n.startswith(netns.PREFIX) for n in plan.namespaces)
+    assert all(n.startswith(topology.PREFIX) for n in plan.namespaces)
     assert bool(plan.switch_namespace) == (hosts > 2)
 
 
 def test_a_point_to_point_plan_is_exactly_these_commands() -> None:
-    plan = netns.plan_network(hosts=2, profile=netns.parse_profile("1gbit"), run_id="12-ab", hz=250)
+    plan = topology.plan_network(
+        hosts=2, profile=links.parse_profile("1gbit"), run_id="12-ab", hz=250
+    )
     h0, h1 = "tfgb-12-ab-h0", "tfgb-12-ab-h1"
     tbf = ("tbf", "rate", "1000000000bit", "burst", "500000", "latency", "20000us")
     assert plan.namespaces == (h0, h1)
@@ -98,8 +100,8 @@ def test_a_point_to_point_plan_is_exactly_these_commands() -> None:
 
 
 def test_three_hosts_meet_on_a_bridge_in_a_switch_namespace() -> None:
-    plan = netns.plan_network(
-        hosts=3, profile=netns.PROFILES["unlimited"], run_id="7-f", subnet="192.168.5.0/29"
+    plan = topology.plan_network(
+        hosts=3, profile=links.PROFILES["unlimited"], run_id="7-f", subnet="192.168.5.0/29"
     )
     sw = "tfgb-7-f-sw"
     assert plan.switch_namespace == sw
@@ -122,16 +124,16 @@ def test_three_hosts_meet_on_a_bridge_in_a_switch_namespace() -> None:
 
 
 def test_token_bucket_holds_one_tick_of_the_rate_and_at_least_two_gso_packets() -> None:
-    assert netns.token_bucket_for(10 * 10**9, hz=250).burst_bytes == 5_000_000
-    assert netns.token_bucket_for(10**9, hz=100).burst_bytes == 1_250_000
-    assert netns.MIN_BURST_BYTES == 131_072
-    assert netns.token_bucket_for(10**6, hz=1000).burst_bytes == 131_072
+    assert links.token_bucket_for(10 * 10**9, hz=250).burst_bytes == 5_000_000
+    assert links.token_bucket_for(10**9, hz=100).burst_bytes == 1_250_000
+    assert links.MIN_BURST_BYTES == 131_072
+    assert links.token_bucket_for(10**6, hz=1000).burst_bytes == 131_072
     # The edge: one tick of 131,072 B is the minimum itself; one byte more is the tick.
-    assert netns.token_bucket_for(131_072 * 8 * 250, hz=250).burst_bytes == 131_072
-    assert netns.token_bucket_for(131_073 * 8 * 250, hz=250).burst_bytes == 131_073
+    assert links.token_bucket_for(131_072 * 8 * 250, hz=250).burst_bytes == 131_072
+    assert links.token_bucket_for(131_073 * 8 * 250, hz=250).burst_bytes == 131_073
     # A rate that does not divide evenly rounds the tick up.
-    assert netns.token_bucket_for(8 * 1_000_001 * 100 + 8, hz=100).burst_bytes == 1_000_002
-    bucket = netns.token_bucket_for(10**9, hz=250, latency_us=5000)
+    assert links.token_bucket_for(8 * 1_000_001 * 100 + 8, hz=100).burst_bytes == 1_000_002
+    bucket = links.token_bucket_for(10**9, hz=250, latency_us=5000)
     assert bucket.tc_arguments() == [
         "tbf",
         "rate",
@@ -142,9 +144,9 @@ def test_token_bucket_holds_one_tick_of_the_rate_and_at_least_two_gso_packets() 
         "5000us",
     ]
     with pytest.raises(ValueError, match=r"^hz must be > 0, got 0$"):
-        netns.token_bucket_for(10**9, hz=0)
+        links.token_bucket_for(10**9, hz=0)
     with pytest.raises(ValueError, match=r"^tbf rate, burst and latency must all be > 0$"):
-        netns.TokenBucket(rate_bits_per_s=1, burst_bytes=1, latency_us=0)
+        links.TokenBucket(rate_bits_per_s=1, burst_bytes=1, latency_us=0)
 
 
 def test_unknown_profile_error_lists_the_named_profiles() -> None:
@@ -153,7 +155,7 @@ def test_unknown_profile_error_lists_the_named_profiles() -> None:
         match=r"^unknown network profile 'fast': expected one of 1gbit, 10gbit, 25gbit, "
         r"40gbit, unlimited or a rate such as 100mbit$",
     ):
-        netns.parse_profile("fast")
+        links.parse_profile("fast")
 
 
 @pytest.mark.parametrize(
@@ -169,55 +171,55 @@ def test_unknown_profile_error_lists_the_named_profiles() -> None:
     ],
 )
 def test_profiles_are_names_or_rates_in_tc_units(text: str, rate: int | None) -> None:
-    assert netns.parse_profile(text).rate_bits_per_s == rate
+    assert links.parse_profile(text).rate_bits_per_s == rate
 
 
 @pytest.mark.parametrize("text", ["0mbit", "0bit", "1tbit", "-1gbit", "1 gbit", "gbit", ""])
 def test_rates_that_are_not_positive_tc_rates_are_refused(text: str) -> None:
     with pytest.raises(NetworkError, match=rf"^unknown network profile {text!r}"):
-        netns.parse_profile(text)
+        links.parse_profile(text)
 
 
 def test_profiles_parse_names_and_rates() -> None:
-    profiles = netns.parse_profiles("1gbit, 2.5gbit,unlimited")
+    profiles = links.parse_profiles("1gbit, 2.5gbit,unlimited")
     assert [p.rate_bits_per_s for p in profiles] == [10**9, 2_500_000_000, None]
     assert [p.name for p in profiles] == ["1gbit", "2.5gbit", "unlimited"]
     with pytest.raises(NetworkError, match=r"^network profile listed twice: 1gbit$"):
-        netns.parse_profiles("1gbit,1gbit")
+        links.parse_profiles("1gbit,1gbit")
     with pytest.raises(NetworkError, match=r"^no network profile given"):
-        netns.parse_profiles(" , ")
+        links.parse_profiles(" , ")
 
 
 def test_bad_host_count_and_subnet_are_refused() -> None:
     with pytest.raises(NetworkError, match=r"^--hosts must be >= 2, got 1$"):
-        netns.plan_network(hosts=1, profile=netns.PROFILES["1gbit"], run_id="1-a")
+        topology.plan_network(hosts=1, profile=links.PROFILES["1gbit"], run_id="1-a")
     with pytest.raises(NetworkError, match=r"^--subnet 10.0.0.1/33: "):
-        netns.plan_network(
-            hosts=2, profile=netns.PROFILES["1gbit"], run_id="1-a", subnet="10.0.0.1/33"
+        topology.plan_network(
+            hosts=2, profile=links.PROFILES["1gbit"], run_id="1-a", subnet="10.0.0.1/33"
         )
     with pytest.raises(NetworkError, match=r"^--subnet 10.0.0.0/30 has room for 2 hosts, not 3$"):
-        netns.plan_network(
-            hosts=3, profile=netns.PROFILES["1gbit"], run_id="1-a", subnet="10.0.0.0/30"
+        topology.plan_network(
+            hosts=3, profile=links.PROFILES["1gbit"], run_id="1-a", subnet="10.0.0.0/30"
         )
     with pytest.raises(NetworkError, match=r"^--hosts 201: at most 200 emulated hosts$"):
-        netns.plan_network(
-            hosts=201, profile=netns.PROFILES["1gbit"], run_id="1-a", subnet="10.0.0.0/16"
+        topology.plan_network(
+            hosts=201, profile=links.PROFILES["1gbit"], run_id="1-a", subnet="10.0.0.0/16"
         )
     with pytest.raises(NetworkError, match=r"^run id 'x-1': expected <pid>-<hex>$"):
-        netns.plan_network(hosts=2, profile=netns.PROFILES["1gbit"], run_id="x-1")
+        topology.plan_network(hosts=2, profile=links.PROFILES["1gbit"], run_id="x-1")
     # The edges: exactly as many hosts as the subnet holds, and 200 hosts.
     assert (
         len(
-            netns.plan_network(
-                hosts=2, profile=netns.PROFILES["1gbit"], run_id="1-a", subnet="10.0.0.0/30"
+            topology.plan_network(
+                hosts=2, profile=links.PROFILES["1gbit"], run_id="1-a", subnet="10.0.0.0/30"
             ).hosts
         )
         == 2
     )
     assert (
         len(
-            netns.plan_network(
-                hosts=200, profile=netns.PROFILES["1gbit"], run_id="1-a", subnet="10.0.0.0/16"
+            topology.plan_network(
+                hosts=200, profile=links.PROFILES["1gbit"], run_id="1-a", subnet="10.0.0.0/16"
             ).hosts
         )
         == 200
@@ -225,8 +227,8 @@ def test_bad_host_count_and_subnet_are_refused() -> None:
 
 
 def test_namespace_names_carry_the_run_and_the_role() -> None:
-    assert netns.namespace_name("123-beef", "h4") == "tfgb-123-beef-h4"
-    pid, _, token = netns.new_run_id().partition("-")
+    assert topology.namespace_name("123-beef", "h4") == "tfgb-123-beef-h4"
+    pid, _, token = topology.new_run_id().partition("-")
     assert pid == str(os.getpid())
     assert len(token) == 4 and int(token, 16) >= 0
 

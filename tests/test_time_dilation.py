@@ -18,8 +18,9 @@ from pathlib import Path
 
 import pytest
 
-from tf_grpc_bench import lifetime, netns, trace_files
+from tf_grpc_bench import lifetime, trace_files
 from tf_grpc_bench.errors import ConfigError, UsageError
+from tf_grpc_bench.netns import links, namespaces
 from tf_grpc_bench.replay.core.measurement import (
     Benchmark,
     BenchmarkResult,
@@ -235,7 +236,7 @@ def _automatic(
     replayed: list[float] = []
 
     def run_profile(
-        config: compare.CompareConfig, profile: netns.LinkProfile, on_line: object, k: float
+        config: compare.CompareConfig, profile: links.LinkProfile, on_line: object, k: float
     ) -> compare.ProfileOutcome:
         replayed.append(k)
         busy = cores[k] if isinstance(cores, dict) else cores
@@ -245,7 +246,7 @@ def _automatic(
         )
 
     monkeypatch.setattr(compare, "_run_profile", run_profile)
-    profile = netns.LinkProfile(name="1gbit", rate_bits_per_s=10**9)
+    profile = links.LinkProfile(name="1gbit", rate_bits_per_s=10**9)
     config = compare.CompareConfig(profiles=(profile,), output_dir=tmp_path, dilatable=dilatable)
     lines: list[str] = []
     outcome = compare._replay_profile(config, profile, lines.append)
@@ -459,7 +460,7 @@ def test_a_misused_time_dilation_is_one_line(
 
 @pytest.mark.netns
 def test_compare_replays_a_dilated_link_shaped_that_much_slower(tmp_path: Path) -> None:
-    before = set(netns.list_namespaces())
+    before = set(namespaces.list_namespaces())
     path = tmp_path / "paced.tfgbtrace"
     trace_files.write_trace(_paced_trace(steps=4), path)
     completed = subprocess.run(
@@ -471,7 +472,7 @@ def test_compare_replays_a_dilated_link_shaped_that_much_slower(tmp_path: Path) 
         capture_output=True, text=True, timeout=600, check=False,
     )  # fmt: skip
     assert completed.returncode == 0, completed.stdout + completed.stderr
-    assert set(netns.list_namespaces()) <= before
+    assert set(namespaces.list_namespaces()) <= before
     assert "unlimited: no rate limit to dilate; replaying undilated" in completed.stdout
     (compare_dir,) = (tmp_path / "out").glob("*-compare")
     (limited,) = (compare_dir / "200mbit").glob("*/results.json")

@@ -23,8 +23,9 @@ import os
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
-from tf_grpc_bench import lifetime, netns
+from tf_grpc_bench import lifetime
 from tf_grpc_bench.errors import ConfigError, NetworkError
+from tf_grpc_bench.netns import emulated, links
 
 LAYOUTS = ("ps-together", "one-per-host")
 DEFAULT_LAYOUT = "ps-together"
@@ -36,7 +37,7 @@ TaskKey = tuple[str, int]
 class NetworkRequest:
     """What ``--network`` and ``--layout`` asked for: a link profile and a layout."""
 
-    profile: netns.LinkProfile
+    profile: links.LinkProfile
     layout: str = DEFAULT_LAYOUT
 
     def __post_init__(self) -> None:
@@ -47,7 +48,7 @@ class NetworkRequest:
     def parse(cls, profile: str, layout: str = DEFAULT_LAYOUT) -> NetworkRequest:
         """From flag text; ConfigError naming ``--network`` for an unknown profile."""
         try:
-            link = netns.parse_profile(profile)
+            link = links.parse_profile(profile)
         except NetworkError as error:
             raise ConfigError(f"--network: {error}") from None
         return cls(profile=link, layout=layout)
@@ -127,7 +128,7 @@ def emulated_hosts(request: NetworkRequest, keys: Sequence[TaskKey]) -> Iterator
     """
     host_of = place_tasks(keys, request.layout)
     count = max(2, len(set(host_of.values())))
-    with netns.EmulatedNetwork(hosts=count, profile=request.profile) as network:
+    with emulated.EmulatedNetwork(hosts=count, profile=request.profile) as network:
         hosts = network.hosts
         # Ctrl-C, SIGTERM and SIGHUP interrupt the capture alike: its tasks stop and
         # its partial trace is written, then the network is torn down.

@@ -4,7 +4,8 @@ The recording proxy (``proxy.py``) puts a second TCP hop on every connection;
 on a 2-core machine that hop alone costs more step time than the capture is
 allowed (bench/README.md, "Capture overhead").  This recorder instead loads a
 small C library into every task process (``LD_PRELOAD``; source in
-``wiretap.c``, built here with the system's C compiler on first use and cached).
+``wiretap.c``, built on first use with the system's C compiler and cached by
+``tf_grpc_bench.native``).
 The library wraps the send calls, and after each send on a cluster connection
 walks the sent bytes with just enough HTTP/2 and gRPC framing to tell which
 bytes a trace needs (frame headers, header blocks, message prefixes and the
@@ -31,19 +32,14 @@ began (``TapFile.began``); version 1 files are still read.
 from __future__ import annotations
 
 import dataclasses
-import hashlib
-import os
-import shutil
 import struct
-import subprocess
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from absl import logging
-
 from tf_grpc_bench.errors import CaptureError
+from tf_grpc_bench.native import NativeSource, build
 from tf_grpc_bench.profiler.recorders.calls import CallTable, Direction, RecordedCall
 from tf_grpc_bench.profiler.recorders.http2 import (
     MESSAGE_HEAD_BYTES,
@@ -83,64 +79,20 @@ _AF_INET = 2
 # The library.
 
 
-def _cache_directory() -> Path:
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "tf-grpc-bench"
+LIBRARY = NativeSource(
+    name="wiretap",
+    source=LIBRARY_SOURCE,
+    kind="shared",
+    link_flags=("-ldl", "-pthread"),
+    purpose="the in-process recorder (--recorder preload)",
+    alternative="--recorder proxy needs no compiler",
+)
 
 
 def build_library(cache_directory: Path | None = None) -> Path:
-    """The compiled recorder library, built from ``wiretap.c`` if not cached yet.
-
-    The file name carries a hash of the source, so an edited source is rebuilt.
-    Uses ``$CC``, else ``cc`` or ``gcc``.  CaptureError if no compiler is found
-    or the build fails.  Safe to call from several processes at once (the
-    library is written to a temporary name and renamed into place).
-    """
-    source = LIBRARY_SOURCE.read_bytes()
-    digest = hashlib.sha256(source).hexdigest()[:16]
-    directory = cache_directory or _cache_directory()
-    library = directory / f"wiretap-{digest}.so"
-    if library.is_file():
-        return library
-    compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
-    if not compiler:
-        raise CaptureError(
-            "the in-process recorder (--recorder preload) needs a C compiler to build its "
-            "library, and none was found (set CC, or install gcc); --recorder proxy needs none"
-        )
-    try:
-        directory.mkdir(parents=True, exist_ok=True)
-    except OSError as error:
-        raise CaptureError(f"cache directory {directory}: {error.strerror}") from None
-    temporary = directory / f".wiretap-{digest}.{os.getpid()}.so"
-    command = [
-        compiler,
-        "-O2",
-        "-fPIC",
-        "-shared",
-        "-o",
-        str(temporary),
-        str(LIBRARY_SOURCE),
-        "-ldl",
-        "-pthread",
-    ]
-    try:
-        built = subprocess.run(command, capture_output=True, text=True, check=False)
-    except OSError as error:
-        raise CaptureError(
-            f"cannot run the C compiler {compiler} ({error.strerror}): the in-process recorder "
-            "needs one to build its library; set CC, install gcc, or use --recorder proxy"
-        ) from None
-    if built.returncode != 0:
-        temporary.unlink(missing_ok=True)
-        first = (built.stderr.strip().splitlines() or ["no output"])[0]
-        raise CaptureError(
-            f"building the in-process recorder with {compiler} failed: {first} "
-            "(--recorder proxy needs no compiler)"
-        )
-    os.replace(temporary, library)
-    logging.info("built the in-process recorder's library %s", library)
-    return library
+    """The compiled recorder library, built from ``wiretap.c`` if not cached yet
+    (``native.build``: CaptureError if no compiler is found or the build fails)."""
+    return build(LIBRARY, error=CaptureError, cache=cache_directory)
 
 
 def recorder_environment(

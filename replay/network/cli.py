@@ -20,8 +20,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Protocol
 
-from tf_grpc_bench import lifetime, netns
+from tf_grpc_bench import lifetime
 from tf_grpc_bench.errors import NetworkError, RunInterrupted, UsageError
+from tf_grpc_bench.netns import emulated, links, namespaces, topology
 from tf_grpc_bench.replay.core import planning
 from tf_grpc_bench.replay.core.pacing import Pacing, Timing
 from tf_grpc_bench.replay.core.workload import Workload
@@ -59,10 +60,10 @@ def configure_network(parser: argparse.ArgumentParser, *, replay_flags: Flags) -
     up.add_argument(
         "--profile",
         default="1gbit",
-        help=f"link profile: {', '.join(netns.PROFILES)} or a rate like 100mbit (default 1gbit)",
+        help=f"link profile: {', '.join(links.PROFILES)} or a rate like 100mbit (default 1gbit)",
     )
     up.add_argument(
-        "--subnet", default=netns.DEFAULT_SUBNET, help="private /24 used inside the namespaces"
+        "--subnet", default=topology.DEFAULT_SUBNET, help="private /24 used inside the namespaces"
     )
 
     down = commands.add_parser("down", help="remove a network made by 'network up'")
@@ -89,7 +90,7 @@ def configure_network(parser: argparse.ArgumentParser, *, replay_flags: Flags) -
     compare.add_argument(
         "--profiles",
         default="1gbit,10gbit,unlimited",
-        help=f"comma-separated link profiles ({', '.join(netns.PROFILES)}, or rates "
+        help=f"comma-separated link profiles ({', '.join(links.PROFILES)}, or rates "
         "like 100mbit; default 1gbit,10gbit,unlimited)",
     )
     replay_flags(compare)
@@ -120,13 +121,13 @@ def run_network(
 
 
 def _profiles() -> int:
-    hz = netns.kernel_hz()
+    hz = namespaces.kernel_hz()
     print(f"named link profiles (tbf on both ends of each link; kernel HZ {hz}):")
-    for profile in netns.PROFILES.values():
+    for profile in links.PROFILES.values():
         if profile.rate_bits_per_s is None:
             print(f"  {profile.name:<10} no rate limit")
             continue
-        bucket = netns.token_bucket_for(profile.rate_bits_per_s, hz=hz)
+        bucket = links.token_bucket_for(profile.rate_bits_per_s, hz=hz)
         print(
             f"  {profile.name:<10} tbf rate {format_rate(profile.rate_bits_per_s)} "
             f"burst {bucket.burst_bytes} B latency {bucket.latency_us // 1000} ms"
@@ -136,8 +137,8 @@ def _profiles() -> int:
 
 
 def _up(args: argparse.Namespace) -> int:
-    profile = netns.parse_profile(args.profile)
-    network = netns.EmulatedNetwork(hosts=args.hosts, profile=profile, subnet=args.subnet)
+    profile = links.parse_profile(args.profile)
+    network = emulated.EmulatedNetwork(hosts=args.hosts, profile=profile, subnet=args.subnet)
     network.up()
     rate = "unlimited" if profile.rate_bits_per_s is None else format_rate(profile.rate_bits_per_s)
     print(f"run {network.run_id}: {len(network.hosts)} hosts, links {rate}")
@@ -152,13 +153,13 @@ def _up(args: argparse.Namespace) -> int:
 
 
 def _down(run_id: str) -> int:
-    names = netns.remove_run(run_id)
+    names = namespaces.remove_run(run_id)
     print(f"removed {len(names)} namespaces of run {run_id}")
     return 0
 
 
 def _list() -> int:
-    by_run = netns.namespaces_by_run()
+    by_run = namespaces.namespaces_by_run()
     if not by_run:
         print("no tf-grpc-bench namespaces")
     for run, names in by_run.items():
@@ -167,7 +168,7 @@ def _list() -> int:
 
 
 def _cleanup(*, include_live: bool) -> int:
-    removed = netns.cleanup_leftovers(include_live=include_live)
+    removed = namespaces.cleanup_leftovers(include_live=include_live)
     if removed:
         print(f"removed {len(removed)} namespaces: {' '.join(removed)}")
     else:
@@ -198,7 +199,7 @@ def _compare(
         raise UsageError(
             "network compare places the clients on its emulated hosts itself; drop --client-netns"
         )
-    profiles = netns.parse_profiles(args.profiles)
+    profiles = links.parse_profiles(args.profiles)
     dilation = planning.parse_time_dilation(args.time_dilation, allow_auto=True)
     # Validate every replay flag here, before any namespace exists (and without root);
     # a dilation goes to each profile's replay only where its link is limited.
@@ -207,7 +208,7 @@ def _compare(
             **{**vars(args), "time_dilation": None if dilation is None else str(dilation)}
         )
     )
-    netns.require_root()
+    namespaces.require_root()
     output_dir = new_run_directory(args.output_dir, "compare")
     config = network_compare.CompareConfig(
         profiles=profiles,

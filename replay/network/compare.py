@@ -1,7 +1,7 @@
 """One replay across several emulated links, compared side by side.
 
 For each link profile: build two hosts on a link of that rate
-(``netns.EmulatedNetwork``), start ``tf-grpc-bench serve`` in host 0, run
+(``emulated.EmulatedNetwork``), start ``tf-grpc-bench serve`` in host 0, run
 ``tf-grpc-bench replay --target <host 0>`` in host 1 (so the client reads and
 records its own link: interface, MTU, tbf rate), then tear the network down.
 Host 0 stands for training's ps tasks, host 1 for its workers and chief, as
@@ -38,8 +38,9 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from tf_grpc_bench import lifetime, netns
+from tf_grpc_bench import lifetime
 from tf_grpc_bench.errors import NetworkError, ResultError
+from tf_grpc_bench.netns import emulated, links, namespaces, topology
 from tf_grpc_bench.replay.core.measurement import Benchmark
 from tf_grpc_bench.replay.core.workload import Workload
 from tf_grpc_bench.replay.network.netinfo import format_rate
@@ -96,7 +97,7 @@ def host_layout(workloads: Sequence[Workload]) -> HostLayout:
 
 
 def start_servers(
-    network: netns.EmulatedNetwork,
+    network: emulated.EmulatedNetwork,
     layout: HostLayout,
     serve_arguments: Sequence[str],
     *,
@@ -143,14 +144,14 @@ _LOCAL_ADDRESSES = (
 ADDRESSES_SETTLE_S = 10.0
 
 
-def _listed_addresses(network: netns.EmulatedNetwork, host: netns.Host) -> list[str]:
+def _listed_addresses(network: emulated.EmulatedNetwork, host: topology.Host) -> list[str]:
     listed = network.run(host, [sys.executable, "-c", _LOCAL_ADDRESSES])
     if listed.returncode != 0:
         raise NetworkError(f"could not list {host.namespace}'s addresses: {listed.stderr}")
     return listed.stdout.split()
 
 
-def serving_addresses(network: netns.EmulatedNetwork) -> list[str]:
+def serving_addresses(network: emulated.EmulatedNetwork) -> list[str]:
     """Every address a ``serve --host 0.0.0.0`` in either host names in its TLS certificate
     (``runner.serving_hosts``, read inside each host): one certificate made for all of
     them is the one both serves reuse.  Made for one host only, the other's serve would
@@ -174,7 +175,7 @@ def serving_addresses(network: netns.EmulatedNetwork) -> list[str]:
     return addresses
 
 
-def client_placement(network: netns.EmulatedNetwork, layout: HostLayout) -> list[str]:
+def client_placement(network: emulated.EmulatedNetwork, layout: HostLayout) -> list[str]:
     """The replay flags that run ``layout``'s ps clients in host 0 (none without)."""
     if not layout.ps_clients:
         return []
@@ -187,7 +188,7 @@ class CompareConfig:
     of ``tf-grpc-bench replay`` / ``serve`` passed through unchanged (trace,
     benchmark, durations, mode, gRPC settings ...)."""
 
-    profiles: tuple[netns.LinkProfile, ...]
+    profiles: tuple[links.LinkProfile, ...]
     output_dir: Path
     #: Which servers and clients go to which host (``host_layout``).
     layout: HostLayout = ONE_PS
@@ -215,7 +216,7 @@ class CompareConfig:
 class ProfileOutcome:
     """One profile's replay: its result document (None if none was written)."""
 
-    profile: netns.LinkProfile
+    profile: links.LinkProfile
     results_path: Path | None
     document: results.ResultDocument | None
     error: str = ""
@@ -427,7 +428,7 @@ def converged(before: results.ResultDocument | None, after: results.ResultDocume
 
 
 def _replay_profile(
-    config: CompareConfig, profile: netns.LinkProfile, on_line: Callable[[str], None]
+    config: CompareConfig, profile: links.LinkProfile, on_line: Callable[[str], None]
 ) -> ProfileOutcome:
     """``profile``'s replay: at ``config.time_dilation``, or, automatically (a limited
     link only), undilated, then dilated (``next_dilation``) until the predicted step
@@ -498,7 +499,7 @@ def _step_s(document: results.ResultDocument | None) -> float | None:
 
 def _run_profile(
     config: CompareConfig,
-    profile: netns.LinkProfile,
+    profile: links.LinkProfile,
     on_line: Callable[[str], None],
     dilation: float,
 ) -> ProfileOutcome:
@@ -506,11 +507,11 @@ def _run_profile(
     shaped = profile
     dilation_arguments: list[str] = []
     if dilation != 1.0 and profile.rate_bits_per_s is not None:
-        shaped = netns.LinkProfile(
+        shaped = links.LinkProfile(
             name=profile.name, rate_bits_per_s=max(1, round(profile.rate_bits_per_s / dilation))
         )
         dilation_arguments = ["--time-dilation", f"{dilation:g}"]
-    with netns.EmulatedNetwork(hosts=2, profile=shaped) as network:
+    with emulated.EmulatedNetwork(hosts=2, profile=shaped) as network:
         client_host = network.hosts[1]
         tls_arguments: list[str] = []
         if config.tls:
@@ -599,7 +600,7 @@ def _within_grace(replay: subprocess.Popen[str], sent: str) -> tuple[str, str]:
 
 
 def _outcome(
-    profile: netns.LinkProfile, stdout: str, stderr: str, returncode: int | None
+    profile: links.LinkProfile, stdout: str, stderr: str, returncode: int | None
 ) -> ProfileOutcome:
     match = _RESULTS_LINE.search(stdout)
     path = Path(match["path"].strip()) if match else None
@@ -626,7 +627,7 @@ def compare_networks(
     Needs root (NetworkError otherwise, before anything is made).  Writes
     ``comparison.md`` into ``config.output_dir``.
     """
-    netns.require_root()
+    namespaces.require_root()
     config.output_dir.mkdir(parents=True, exist_ok=True)
     outcomes: list[ProfileOutcome] = []
     interrupted: int | None = None
