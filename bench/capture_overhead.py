@@ -73,7 +73,7 @@ VARIANTS: dict[str, tuple[str, dict[str, object]]] = {
 }
 
 
-#: What the variants are and what was tried before this run (written under the table).
+#: What the variants are, and where their history is (written under the table).
 NOTES = (
     "Variants: `preload` is the in-process recorder, `tf-grpc-bench capture`'s default "
     "(a C library preloaded into every task follows HTTP/2 and gRPC framing over what the "
@@ -91,36 +91,8 @@ NOTES = (
     "and with each variant back to back, so that the load of other work on this shared "
     "machine, which moves the step time by tens of percent over minutes, cancels out.",
     "",
-    "How the proxy got here (earlier runs on this machine, 2026-11-29, ResNet-50 as above):",
-    "",
-    "- A first pure-Python asyncio proxy that forwarded then parsed (an earlier session's, "
-    "TENSORFLOW-NOTES.md) slowed steps about 2x; forwarding alone about 1.4x.",
-    "- One thread per direction on blocking sockets with TCP_NODELAY, forwarding before "
-    "following, and HPACK decoding, call assembly and TensorFlow message decoding deferred "
-    "until the job is over (nothing but a list append happens per event during training).",
-    "- `os.splice` instead of copying: 95% of the bytes never enter Python; `copy` was the "
-    "slowest variant in every run (about 1.39x against 1.29x for `splice` in the first).",
-    "- hyperframe builds an object per frame (about 2.3 us a frame header, a third of the "
-    "follower's time): DATA frames and gRPC's plain HEADERS frames (no PADDED or PRIORITY "
-    "flag) are followed from their 9-byte header, with hyperframe's flag definitions; every "
-    "other frame whose payload matters goes through hyperframe. The follower went from "
-    "9.4 us to 5.4 us per request (HEADERS + DATA).",
-    "- HPACK: every block goes through `hpack`'s decoder; a block that leaves the dynamic table "
-    "unchanged (gRPC's steady state: 1 to 8 bytes of table references) is served from a cache "
-    "(about 10 us a block otherwise).",
-    "- Congestion control cubic on the proxy's sockets: in one noisy run, 436/448/420 ms "
-    "against 632/476/471 ms with BBR in the same repetitions.",
-    "- Dropped: nice -10 for the forwarding threads (1.40x against 1.29x) and SCHED_FIFO "
-    "(no difference within the noise on the tiny model).",
-    "- Where the proxy's CPU goes (perf on the capture process, ResNet-50 steady state): about "
-    "70% in the kernel, mostly TCP transmit and loopback receive of the second hop, IRQ "
-    "restores (a VM) and context switches; about 27% in Python. `forward`, which runs no "
-    "Python per frame, shows what no user-space TCP proxy can avoid here.",
-    "- Hence the in-process recorder (`preload`), now the default: no second hop at all. What it "
-    "adds to a task's send call is a walk over the frame headers of the bytes just sent and a "
-    "`memcpy` of the kept ones (about 0.4% of a ResNet-50 step's bytes: `not copied` above) "
-    "into a shared file mapping; parsing happens after the run. Its step time is within the "
-    "run-to-run noise of `off`.",
+    "How the proxy reached this form, and why the in-process recorder became the default: "
+    'docs/history.md, "Capture overhead".',
 )
 
 

@@ -1,8 +1,9 @@
 """Does a replay predict training's step on a link?  Training and replay side by side, in one run.
 
-DESIGN.md section 7: "the replayed step predicts training's step on every
-emulated link where training is link-bound, within 10%, and says so when the
-replay itself is the bound".  For each model and each link profile, this
+The project's figure (docs/design.md#figures-the-project-holds-itself-to):
+the replayed step predicts training's step on every emulated link where
+training is link-bound, within 10%, and says so when the replay itself is the
+bound.  For each model and each link profile, this
 script (root: it builds network namespaces):
 
 1. captures real distributed training on that emulated link

@@ -13,7 +13,7 @@ before the next phase in either direction.
 What it is for: telling a replay's transfers from its waits.  A step that is
 longer than training's either moves its bytes more slowly on the wire or
 leaves the link idle longer between transfers; the counters say which
-(docs/fidelity.md, Measured, "Rounds").  A dilated replay (``network compare``
+(docs/history.md: the rounds rule of 41ed473).  A dilated replay (``network compare``
 at time dilation K) runs on a link K times slower: pass that link's rate, and
 divide the times by K to compare them with training's.
 

@@ -1,8 +1,9 @@
 """What makes the replay fast or slow: its alternatives side by side, against raw TCP, in one run.
 
-DESIGN.md section 7 asks that the replay not be the bottleneck: P2P bandwidth
-with 1 MB+ messages at least half of iperf3's single stream on the same link,
-and a small-message round trip driven toward what C++ gRPC achieves.  This
+The project's figures (docs/design.md#figures-the-project-holds-itself-to)
+ask that the replay not be the bottleneck: P2P bandwidth with 1 MB+ messages
+at least half of iperf3's single stream on the same link, and a small-message
+round trip driven toward what C++ gRPC achieves.  This
 script measures, interleaved in every repetition (so that a shared machine's
 load hits all of them alike):
 

@@ -475,7 +475,7 @@ def format_report(figures: Figures) -> list[str]:
 
 
 def findings(figures: Figures) -> list[str]:
-    """Sentences computed from the figures: the targets of DESIGN.md section 7, and how
+    """Sentences computed from the figures: the targets of docs/design.md's figures, and how
     much of the replay's small-message round trip grpcio itself accounts for."""
     lines = []
     iperf = figures.best_bandwidth("iperf3")

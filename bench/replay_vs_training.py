@@ -1,7 +1,8 @@
 """Does the replay keep up with TensorFlow?  Capture a training job, replay its trace, in one run.
 
-DESIGN.md section 7: "a captured ResNet-50 step replayed on loopback takes no
-longer than TensorFlow's own C++ runtime took to move the same tensors".
+Replay keeps up with TensorFlow (docs/design.md#figures-the-project-holds-itself-to):
+a captured ResNet-50 step replayed on loopback should take no longer than
+TensorFlow's own C++ runtime took to move the same tensors.
 This script, in one run and on one machine:
 
 1. captures real distributed training (``tf-grpc-bench capture``, default

@@ -1,10 +1,11 @@
 """Result documents: what a replay measured, self-described.
 
 A ``ResultDocument`` holds everything needed to understand, compare and
-re-render a run later without the machine it ran on (STYLE.md principle 4):
-the format version, the tool version, the UTC time, the machine, the trace's
-path, hash and model, the network, every parameter, the raw samples of every
-run and the statistics derived from them.
+re-render a run later without the machine it ran on (self-describing results,
+docs/design.md#rules-each-layer-keeps): the format version, the tool version,
+the UTC time, the machine, the trace's path, hash and model, the network,
+every parameter, the raw samples of every run and the statistics derived from
+them.
 
 On disk a document is one JSON object (``docs/results.md`` describes it field
 by field): ``document_writer`` writes it, ``document_reader`` is the one place
