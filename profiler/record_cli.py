@@ -90,7 +90,8 @@ def configure_record(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def run_record(args: argparse.Namespace) -> int:
+def check_record(args: argparse.Namespace) -> list[str]:
+    """The task's command, once the flags that need no host are checked (UsageError)."""
     command = list(args.job_command)
     if command and command[0] == "--":
         command = command[1:]
@@ -98,6 +99,11 @@ def run_record(args: argparse.Namespace) -> int:
         raise UsageError("no command to run: put it after '--', e.g. -- python train.py")
     if args.port_base is not None and not args.slurm_jobs:
         raise UsageError("--port-base lays out a Slurm step: give it with --slurm-jobs")
+    return command
+
+
+def run_record(args: argparse.Namespace) -> int:
+    command = check_record(args)
     task = identify_task(
         os.environ,
         job=args.job,

@@ -578,6 +578,24 @@ def compute_to_here(
     )
 
 
+def check_replay_flags(args: argparse.Namespace) -> None:
+    """The checks of ``build_request`` that need neither the trace nor this machine:
+    what any host refuses at start (``emit`` runs them on the pods' flags).
+    Raises UsageError/ConfigError."""
+    _parse_benchmarks(args.benchmark)
+    if args.trace is not None and args.synthetic:
+        raise UsageError("give a TRACE or --synthetic, not both")
+    _check_counts(args)
+    _run_plan(args)
+    _targets(args)
+    grpc_settings.settings_from_args(args)
+    parse_procs_per_worker(args.procs_per_worker)
+    if args.compute not in (None, COMPUTE_AUTO, COMPUTE_HERE):
+        parse_compute(args.compute)
+    if args.synthetic:
+        _generator_config(args)
+
+
 def build_request(
     args: argparse.Namespace, *, whole_steps: WholeSteps = WHOLE_STEPS
 ) -> ReplayRequest:
@@ -875,6 +893,12 @@ def _raise_if_partial(partial: bool, reason: str, run_directory: Path) -> None:
 def configure_role(parser: argparse.ArgumentParser) -> None:
     role.add_placement_flags(parser)
     configure_replay(parser)
+
+
+def check_role(args: argparse.Namespace) -> None:
+    """What every ``role`` task refuses at start, whatever its host (``cli.check_command``)."""
+    role.check_flags(args)
+    check_replay_flags(args)
 
 
 def run_role(args: argparse.Namespace) -> int:

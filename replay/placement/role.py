@@ -144,6 +144,21 @@ MAX_JOB_TIMEOUT_S = 86_400.0
 INTERRUPT_GRACE_S = 10.0
 
 
+def check_flags(args: argparse.Namespace) -> None:
+    """The flags ``role`` refuses beside the replay's own (UsageError/ConfigError)."""
+    if args.target is not None:
+        raise UsageError("role takes its targets from the cluster's ps tasks; drop --target")
+    if args.client_netns:
+        raise UsageError(
+            "role runs each client in the task it stands for, on that task's host; "
+            "drop --client-netns"
+        )
+    if not 0 < args.job_timeout <= MAX_JOB_TIMEOUT_S:
+        raise ConfigError(
+            f"--job-timeout must be in (0, {MAX_JOB_TIMEOUT_S:g}] seconds, got {args.job_timeout:g}"
+        )
+
+
 def run_role(args: argparse.Namespace, *, build_request: RequestBuilder) -> int:
     """Do this task's part of the replay job; ``build_request`` validates the replay flags.
 
@@ -159,17 +174,7 @@ def run_role(args: argparse.Namespace, *, build_request: RequestBuilder) -> int:
                 "no placement: under srun, give --slurm-jobs (e.g. ps:1,worker:2), or set TF_CONFIG"
             )
         raise UsageError("no placement: set TF_CONFIG, or give --cluster and --task")
-    if args.target is not None:
-        raise UsageError("role takes its targets from the cluster's ps tasks; drop --target")
-    if args.client_netns:
-        raise UsageError(
-            "role runs each client in the task it stands for, on that task's host; "
-            "drop --client-netns"
-        )
-    if not 0 < args.job_timeout <= MAX_JOB_TIMEOUT_S:
-        raise ConfigError(
-            f"--job-timeout must be in (0, {MAX_JOB_TIMEOUT_S:g}] seconds, got {args.job_timeout:g}"
-        )
+    check_flags(args)
     request, parts = cluster_request(placement, args, build_request)
     roles = placement.roles
     side = placement.task in parts.side_tasks

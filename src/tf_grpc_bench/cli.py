@@ -20,9 +20,10 @@ import importlib
 import os
 import sys
 from collections.abc import Sequence
+from typing import NoReturn
 
 from tf_grpc_bench import __version__, lifetime
-from tf_grpc_bench.errors import BenchError, RunInterrupted
+from tf_grpc_bench.errors import BenchError, RunInterrupted, UsageError
 
 PROGRAM = "tf-grpc-bench"
 
@@ -71,8 +72,25 @@ class _Parser(argparse.ArgumentParser):
         raise SystemExit(2)
 
 
-def build_parser(only: str | None = None) -> argparse.ArgumentParser:
-    parser = _Parser(
+class _CheckingParser(_Parser):
+    """argparse whose refusals raise UsageError and which prints nothing: a command line
+    checked, not run (``check_command``)."""
+
+    def error(self, message: str) -> NoReturn:
+        raise UsageError(message)
+
+    def exit(self, status: int = 0, message: str | None = None) -> NoReturn:
+        # --help or --version: the command would print and stop, running nothing.
+        raise UsageError("asks for help or the version: the command would run nothing")
+
+    def _print_message(self, message: str, file: object = None) -> None:
+        pass
+
+
+def build_parser(
+    only: str | None = None, *, parser_class: type[argparse.ArgumentParser] = _Parser
+) -> argparse.ArgumentParser:
+    parser = parser_class(
         prog=PROGRAM,
         description=(
             "Capture the tensor traffic of distributed TensorFlow training and replay it "
@@ -80,7 +98,7 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
         ),
     )
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
-    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=parser_class)
     for name, module_name, help_text in COMMANDS:
         sub = subparsers.add_parser(name, help=help_text, description=help_text)
         if only is None or only == name:
@@ -105,14 +123,38 @@ def quiet_grpc_core() -> None:
     os.environ.setdefault("GRPC_VERBOSITY", GRPC_VERBOSITY)
 
 
+def _parser_for(
+    arguments: Sequence[str], parser_class: type[argparse.ArgumentParser] = _Parser
+) -> argparse.ArgumentParser:
+    known = {name for name, _, _ in COMMANDS}
+    # Build only the chosen subcommand's flags: other modules stay unimported.
+    chosen = next((a for a in arguments if not a.startswith("-")), None)
+    return build_parser(chosen if chosen in known else None, parser_class=parser_class)
+
+
+def check_command(arguments: Sequence[str]) -> argparse.Namespace:
+    """Check ``tf-grpc-bench ARGUMENTS`` as ``main`` would start it, without running it.
+
+    The arguments are parsed by the same parser, then the command's module runs its
+    ``check_<command>(args)``, where it has one: the checks that need neither the
+    command's inputs nor the machine it runs on.  Raises UsageError/ConfigError for
+    what the command would refuse at start; prints nothing.
+    """
+    args = _parser_for(arguments, _CheckingParser).parse_args(list(arguments))
+    if not getattr(args, "_command", None):
+        raise UsageError("expected a tf-grpc-bench command")
+    module = importlib.import_module(args._module)
+    check = getattr(module, f"check_{args._command}", None)
+    if check is not None:
+        check(args)
+    return args
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     if argv is None:
         quiet_grpc_core()
     arguments = list(sys.argv[1:] if argv is None else argv)
-    known = {name for name, _, _ in COMMANDS}
-    # Build only the chosen subcommand's flags: other modules stay unimported.
-    chosen = next((a for a in arguments if not a.startswith("-")), None)
-    parser = build_parser(chosen if chosen in known else None)
+    parser = _parser_for(arguments)
     args = parser.parse_args(arguments)
     if not getattr(args, "_command", None):
         parser.print_help(sys.stderr)

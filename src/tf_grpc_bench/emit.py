@@ -12,10 +12,12 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 
 from tf_grpc_bench import launchers, manifests
-from tf_grpc_bench.errors import ConfigError, UsageError
+from tf_grpc_bench.cli import check_command
+from tf_grpc_bench.errors import BenchError, ConfigError, UsageError
 
 KINDS = ("jobset", "tfjob", "tf-config")
 
@@ -120,9 +122,19 @@ def run_emit(args: argparse.Namespace) -> int:
         port=args.port,
         namespace=args.namespace,
     )
+    _check_pod_command(manifests.pod_arguments(job))
     document = manifests.jobset(job) if args.kind == "jobset" else manifests.tfjob(job)
     _write(manifests.to_yaml([document]), args.output)
     return 0
+
+
+def _check_pod_command(arguments: Sequence[str]) -> None:
+    """Refuse here what every pod would refuse at start: its arguments parsed and checked
+    as ``tf-grpc-bench`` will parse and check them in the pod."""
+    try:
+        check_command(arguments)
+    except BenchError as error:
+        raise type(error)(f"the pods' command: {error}") from None
 
 
 def _write(text: str, output: str) -> None:

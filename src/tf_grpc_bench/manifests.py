@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import json
 import re
+import unicodedata
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -45,8 +46,65 @@ TFJOB_REPLICA_TYPES = {"chief": "Chief", "ps": "PS", "worker": "Worker"}
 #: Longest job name: pod host names ``NAME-worker-0-INDEX`` must stay within 63 characters.
 MAX_NAME_LENGTH = 40
 
-_DNS_LABEL = re.compile(r"[a-z]([-a-z0-9]*[a-z0-9])?$")
-_HOST = re.compile(r"[A-Za-z0-9]([-A-Za-z0-9.]*[A-Za-z0-9])?$|\[[0-9A-Fa-f:.]+\]$")
+#: Longest DNS label (RFC 1123) and DNS subdomain, Kubernetes' limits for names.
+MAX_LABEL_LENGTH = 63
+MAX_SUBDOMAIN_LENGTH = 253
+#: Longest image repository name (the reference grammar's limit, tag and digest excluded).
+MAX_IMAGE_NAME_LENGTH = 255
+
+# Every pattern is matched whole (``fullmatch``): ``$`` would let a trailing newline through.
+#: RFC 1035 label: what a JobSet's name becomes (its headless service and pod host names).
+_DNS_1035_LABEL = re.compile(r"[a-z]([-a-z0-9]*[a-z0-9])?", re.ASCII)
+#: RFC 1123 label: a namespace.
+_DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?", re.ASCII)
+#: RFC 1123 subdomain: dot-separated labels, a PersistentVolumeClaim's name.
+_DNS_SUBDOMAIN = re.compile(
+    r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*", re.ASCII
+)
+_HOST = re.compile(r"[A-Za-z0-9]([-A-Za-z0-9.]*[A-Za-z0-9])?|\[[0-9A-Fa-f:.]+\]", re.ASCII)
+# A container image reference, the grammar container registries and runtimes share:
+# [DOMAIN[:PORT]/]PATH[:TAG][@DIGEST], the path's components lower case.
+_IMAGE_DOMAIN_PART = r"(?:[A-Za-z0-9]|[A-Za-z0-9][-A-Za-z0-9]*[A-Za-z0-9])"
+_IMAGE_DOMAIN = rf"{_IMAGE_DOMAIN_PART}(?:\.{_IMAGE_DOMAIN_PART})*|\[[0-9A-Fa-f:]+\]"
+_IMAGE_COMPONENT = r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
+_IMAGE = re.compile(
+    rf"(?P<name>(?:(?:{_IMAGE_DOMAIN})(?::[0-9]+)?/)?{_IMAGE_COMPONENT}(?:/{_IMAGE_COMPONENT})*)"
+    r"(?::[A-Za-z0-9_][A-Za-z0-9_.-]{0,127})?"
+    r"(?:@[A-Za-z][A-Za-z0-9]*(?:[-_+.][A-Za-z][A-Za-z0-9]*)*:[0-9A-Fa-f]{32,})?",
+    re.ASCII,
+)
+
+
+def has_control_character(text: str) -> bool:
+    """Whether ``text`` holds a newline, tab or any other control character."""
+    return any(unicodedata.category(c) == "Cc" for c in text)
+
+
+def _check_dns_name(flag: str, value: str, pattern: re.Pattern[str], what: str, limit: int) -> None:
+    if not pattern.fullmatch(value) or len(value) > limit:
+        raise ValueError(f"{flag} {value!r}: expected {what} of at most {limit} characters")
+
+
+def _check_image(image: str) -> None:
+    match = _IMAGE.fullmatch(image)
+    if not match or len(match.group("name")) > MAX_IMAGE_NAME_LENGTH:
+        raise ValueError(
+            f"--image {image!r}: expected an image reference, [REGISTRY[:PORT]/]PATH[:TAG]"
+            "[@DIGEST] with a lower-case path (e.g. registry.example/tf-grpc-bench:0.1)"
+        )
+
+
+def _check_mount_path(path: str) -> None:
+    if (
+        not path.startswith("/")
+        or has_control_character(path)
+        or ".." in path.split("/")
+        or ":" in path
+    ):
+        raise ValueError(
+            f"--mount-path {path!r}: expected an absolute path without '..', ':' or "
+            "control characters"
+        )
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -65,27 +123,44 @@ class PodJob:
     namespace: str = ""
 
     def __post_init__(self) -> None:
-        for flag, value in (("--name", self.name), ("--claim", self.claim)):
-            if not _DNS_LABEL.match(value) or len(value) > MAX_NAME_LENGTH:
-                raise ValueError(
-                    f"{flag} {value!r}: expected a DNS label (a-z, 0-9, '-', starting with a "
-                    f"letter) of at most {MAX_NAME_LENGTH} characters"
-                )
-        if self.namespace and not _DNS_LABEL.match(self.namespace):
-            raise ValueError(f"--namespace {self.namespace!r}: expected a DNS label")
-        if not self.image.strip() or any(c.isspace() for c in self.image):
-            raise ValueError(f"--image {self.image!r}: expected a container image reference")
+        _check_dns_name(
+            "--name",
+            self.name,
+            _DNS_1035_LABEL,
+            "a DNS label (a-z, 0-9, '-', starting with a letter)",
+            MAX_NAME_LENGTH,
+        )
+        if self.namespace:
+            _check_dns_name(
+                "--namespace",
+                self.namespace,
+                _DNS_LABEL,
+                "a DNS label (a-z, 0-9, '-')",
+                MAX_LABEL_LENGTH,
+            )
+        _check_dns_name(
+            "--claim",
+            self.claim,
+            _DNS_SUBDOMAIN,
+            "a DNS subdomain (DNS labels of a-z, 0-9, '-', joined by '.')",
+            MAX_SUBDOMAIN_LENGTH,
+        )
+        _check_image(self.image)
         if self.ps < 1 or self.workers < 1:
             raise ValueError(f"--ps {self.ps}, --workers {self.workers}: each must be >= 1")
         if not 0 < self.port < 65_536:
             raise ValueError(f"--port {self.port}: expected 1..65535")
-        if not self.mount_path.startswith("/"):
-            raise ValueError(f"--mount-path {self.mount_path!r}: expected an absolute path")
+        _check_mount_path(self.mount_path)
         if not self.arguments or self.arguments[0] not in POD_COMMANDS:
             raise ValueError(
                 "the pods' command: expected `-- role ...` or `-- record ...` after the flags, "
                 f"got {' '.join(self.arguments) or 'nothing'}"
             )
+        for argument in self.arguments:
+            if has_control_character(argument):
+                raise ValueError(
+                    f"the pods' command: argument {argument!r} holds a control character"
+                )
 
     @property
     def jobs(self) -> tuple[tuple[str, int], ...]:
@@ -243,7 +318,12 @@ def parse_address_list(text: str, *, flag: str) -> list[str]:
     addresses = [item.strip() for item in text.split(",")]
     for address in addresses:
         host, _, port = address.rpartition(":")
-        if not _HOST.match(host) or not port.isdigit() or not 0 < int(port) < 65_536:
+        if (
+            not _HOST.fullmatch(host)
+            or not port.isascii()
+            or not port.isdigit()
+            or not 0 < int(port) < 65_536
+        ):
             raise ConfigError(f"{flag} {text!r}: {address!r} is not 'host:port'")
     return addresses
 
@@ -255,6 +335,11 @@ def tf_configs(cluster: Mapping[str, Sequence[str]]) -> dict[str, str]:
     if len(cluster.get("chief", ())) > 1:
         raise ConfigError("tf-config: --chief: there must be at most one chief task")
     plain = {name: list(addresses) for name, addresses in cluster.items() if addresses}
+    seen: set[str] = set()
+    for address in (a for addresses in plain.values() for a in addresses):
+        if address in seen:
+            raise ConfigError(f"tf-config: {address!r} is given twice (each task needs its own)")
+        seen.add(address)
     return {
         f"{name}:{index}": json.dumps(
             {"cluster": plain, "task": {"type": name, "index": index}}, sort_keys=True
