@@ -73,16 +73,16 @@ TARGETS: dict[str, Target] = {
     ),
     "chunking": Target(path="replay/core/chunking.py", tests=("tests/test_chunking.py",)),
     "statistics": Target(path="replay/output/statistics.py", tests=("tests/test_measurement.py",)),
-    "document": Target(path="replay/output/document.py", tests=("tests/test_results.py",)),
+    "document": Target(path="replay/output/document.py", tests=("tests/test_document.py",)),
     "document_reader": Target(
-        path="replay/output/document_reader.py", tests=("tests/test_results.py",)
+        path="replay/output/document_reader.py", tests=("tests/test_document.py",)
     ),
     "document_writer": Target(
-        path="replay/output/document_writer.py", tests=("tests/test_results.py",)
+        path="replay/output/document_writer.py", tests=("tests/test_document.py",)
     ),
-    "prediction": Target(path="replay/output/prediction.py", tests=("tests/test_results.py",)),
+    "prediction": Target(path="replay/output/prediction.py", tests=("tests/test_document.py",)),
     "run_directories": Target(
-        path="replay/output/run_directories.py", tests=("tests/test_results.py",)
+        path="replay/output/run_directories.py", tests=("tests/test_document.py",)
     ),
     "physics": Target(path="profiler/physics.py", tests=("tests/test_physics.py",)),
     "http2": Target(path="profiler/recorders/http2.py", tests=("tests/test_http2_follower.py",)),

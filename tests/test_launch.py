@@ -1,4 +1,4 @@
-"""The launcher runs real distributed TensorFlow training, one process per task."""
+"""``profiler/launch/`` runs real distributed TensorFlow training, one process per task."""
 
 from __future__ import annotations
 
