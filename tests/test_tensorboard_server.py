@@ -160,7 +160,13 @@ def test_hparams_compare_in_order_with_metrics(
     assert [i["name"] for i in infos[: len(COMPARISON_HPARAMS)]] == [
         name for name, _, _ in COMPARISON_HPARAMS
     ]
-    assert [i["displayName"] for i in infos[:4]] == ["network", "link rate", "trace", "benchmark"]
+    assert [i["displayName"] for i in infos[:5]] == [
+        "network",
+        "benchmark",
+        "rpc",
+        "pacing",
+        "compute",
+    ]
     assert infos[len(COMPARISON_HPARAMS)]["displayName"].startswith("grpc ")
     assert [m["name"]["tag"] for m in experiment["metricInfos"]] == [tag for tag, _ in METRICS]
 
@@ -171,7 +177,7 @@ def test_hparams_compare_in_order_with_metrics(
             "allowedStatuses": ["STATUS_UNKNOWN", "STATUS_SUCCESS", "STATUS_RUNNING"],
             "colParams": [
                 {"hparam": "01 network", "includeInResult": True},
-                {"hparam": "04 benchmark", "includeInResult": True},
+                {"hparam": "02 benchmark", "includeInResult": True},
                 {"hparam": "runs", "includeInResult": True},
                 *(
                     {"metric": {"tag": tag, "group": ""}, "includeInResult": True}
@@ -183,7 +189,7 @@ def test_hparams_compare_in_order_with_metrics(
         },
     )
     rows = {
-        (g["hparams"]["01 network"], g["hparams"]["04 benchmark"]): g
+        (g["hparams"]["01 network"], g["hparams"]["02 benchmark"]): g
         for g in groups["sessionGroups"]
     }
     assert set(rows) == {(n, b) for n in NETWORKS for b in ("p2p-latency", "p2p-bandwidth",

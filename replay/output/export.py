@@ -17,7 +17,9 @@ samples as a frame.
   ``step_compute_ns`` under dependencies pacing);
 - ``summary.csv``: one row per benchmark: its context (network, link rate,
   trace, benchmark, mode, rpc, pacing) and its figures (latency per size class,
-  MB/s, RPCs/s, step time, prediction, CPU);
+  MB/s, RPCs/s, step time, prediction, CPU); every latency and step-time
+  summary has the columns ``results.json`` has: count, mean, min, p50, p90,
+  p99, p99.9 and max;
 - ``parameters.csv``: every parameter of every benchmark, one per row
   (``benchmark``, ``name``, ``value``), the invocation's config included.
 """
@@ -46,6 +48,7 @@ Cell = str | int | float | bool | None
 SUMMARY_STATISTICS = (
     ("count", "count"),
     ("mean_ns", "mean_ns"),
+    ("min_ns", "min_ns"),
     ("p50_ns", "p50_ns"),
     ("p90_ns", "p90_ns"),
     ("p99_ns", "p99_ns"),
@@ -158,8 +161,8 @@ def _summary_row(document: ResultDocument, result: BenchmarkResult, label: str) 
         result.benchmark.value,
         label,
         result.workload,
-        *(values[name] for name in ("01 network", "02 link rate", "03 trace", "05 mode")),
-        *(values[name] for name in ("06 rpc", "07 pacing", "08 compute")),
+        *(values[hparams.HPARAM[name]] for name in ("network", "link rate", "trace", "mode")),
+        *(values[hparams.HPARAM[name]] for name in ("rpc", "pacing", "compute")),
         result.rpc_count,
         result.rpcs_per_s,
         result.bandwidth_mb_per_s,

@@ -6,10 +6,16 @@ configuration (``Experiment`` proto) TensorBoard reads.
 Order.  TensorBoard sorts hyperparameters by name wherever it lists them
 (``backend_context._sort_and_reduce_to_hparams_limit`` runs even on a written
 configuration), so the order users compare runs by is carried by the names:
-``COMPARISON_HPARAMS`` are numbered (``01 network`` ... ``08 compute``,
+``COMPARISON_HPARAMS`` are numbered (``01 network`` ... ``08 mode``,
 ``09 grpc ...`` for every gRPC setting), and every other parameter keeps its
 own name, which sorts after them.  The configuration gives each a display
 name without the number.
+
+What is ticked.  The dashboard shows the first five hparams and the first
+five metrics of the configuration and leaves the rest for the user to tick:
+the first five hparams are network, benchmark, rpc, pacing and compute, and
+the first metrics are those a user compares runs by (MB/s, RPCs/s, step p50,
+predicted step), then the latencies.
 
 Values.  The dashboard shows every number as a float (``1890.0``) and cannot
 tell an integer from a float, so every value that is not a boolean is written
@@ -41,31 +47,36 @@ from tf_grpc_bench.replay.output.document import ParameterValue, ResultDocument
 #: The hyperparameters users compare runs by, in that order: (name, display name, description).
 COMPARISON_HPARAMS = (
     ("01 network", "network", "network the run went over (--network-name, or what was found)"),
-    ("02 link rate", "link rate", "emulated link rate (tbf); 'unlimited' when not emulated"),
-    ("03 trace", "trace", "model of the replayed trace, or 'synthetic'"),
-    ("04 benchmark", "benchmark", "p2p-latency, p2p-bandwidth or ps-throughput"),
-    ("05 mode", "mode", "non-serialized (raw bytes) or serialized (protobuf)"),
-    ("06 rpc", "rpc", "unary or streaming, as the calls travelled"),
-    ("07 pacing", "pacing", "dependencies, asap, recorded or rate"),
-    ("08 compute", "compute", "dependencies pacing: recorded, none or a scale; '-' otherwise"),
+    ("02 benchmark", "benchmark", "p2p-latency, p2p-bandwidth or ps-throughput"),
+    ("03 rpc", "rpc", "unary or streaming, as the calls travelled"),
+    ("04 pacing", "pacing", "dependencies, asap, recorded or rate"),
+    ("05 compute", "compute", "dependencies pacing: recorded, none or a scale; '-' otherwise"),
+    ("06 link rate", "link rate", "emulated link rate (tbf); 'unlimited' when not emulated"),
+    ("07 trace", "trace", "model of the replayed trace, or 'synthetic'"),
+    ("08 mode", "mode", "non-serialized (raw bytes) or serialized (protobuf)"),
 )
+#: A comparison hparam's numbered name by its display name (``HPARAM["rpc"]`` is ``03 rpc``).
+HPARAM = {shown: name for name, shown, _ in COMPARISON_HPARAMS}
 #: Prefix of the gRPC settings' names: they sort right after the comparison hparams.
 GRPC_PREFIX = "09 grpc "
 #: Parameters left out of the hparams: the same facts are in other columns or in
 #: ``results.json`` (the channel description string, the trace path).
 LEFT_OUT = frozenset({"grpc", "trace", "benchmark", "mode", "rpc", "pacing", "compute_scale"})
 
-#: The metrics of every session: (scalar tag, display name).
+#: The metrics of every session: (scalar tag, display name).  The dashboard ticks the
+#: first five: the figures runs are compared by, then the median latency.
 METRICS = (
-    *(
-        (f"latency_us/{size}/{stat}", f"{size} {stat} (us)")
-        for size in ("small", "medium", "large", "all")
-        for stat in ("p50", "p99")
-    ),
     ("throughput/bandwidth_mb_per_s", "MB/s"),
     ("throughput/rpcs_per_s", "RPCs/s"),
     ("step_time_ms/p50", "step p50 (ms)"),
     ("prediction/step_ms", "predicted step (ms)"),
+    ("latency_us/all/p50", "all p50 (us)"),
+    ("latency_us/all/p99", "all p99 (us)"),
+    *(
+        (f"latency_us/{size}/{stat}", f"{size} {stat} (us)")
+        for size in ("small", "medium", "large")
+        for stat in ("p50", "p99")
+    ),
     ("cpu/client_utilization", "client CPU (cores)"),
     ("cpu/server_utilization", "server CPU (cores)"),
 )
@@ -110,14 +121,16 @@ def hparam_values(
     network = document.network
     trace = document.trace
     values: dict[str, str | bool] = {
-        "01 network": network.name if network else "unrecorded",
-        "02 link rate": format_rate(network.emulated_rate_bits_per_s) if network else "unrecorded",
-        "03 trace": (trace.model or Path(trace.path).name) if trace else "synthetic",
-        "04 benchmark": result.benchmark.value,
-        "05 mode": as_text(parameters.get("mode", "")),
-        "06 rpc": as_text(parameters.get("rpc", "unary")),
-        "07 pacing": as_text(parameters.get("pacing", "")),
-        "08 compute": compute_mode(parameters),
+        HPARAM["network"]: network.name if network else "unrecorded",
+        HPARAM["benchmark"]: result.benchmark.value,
+        HPARAM["rpc"]: as_text(parameters.get("rpc", "unary")),
+        HPARAM["pacing"]: as_text(parameters.get("pacing", "")),
+        HPARAM["compute"]: compute_mode(parameters),
+        HPARAM["link rate"]: (
+            format_rate(network.emulated_rate_bits_per_s) if network else "unrecorded"
+        ),
+        HPARAM["trace"]: (trace.model or Path(trace.path).name) if trace else "synthetic",
+        HPARAM["mode"]: as_text(parameters.get("mode", "")),
     }
     for name, value in parameters.items():
         if _is_grpc_setting(name):

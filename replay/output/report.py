@@ -1,10 +1,15 @@
 """Tables of results: a short one for the terminal, markdown ones for comparisons.
 
 Pure functions from result objects to text.  Latencies are shown in
-microseconds, bandwidth in MB/s (10**6 bytes), step communication time in
-milliseconds; "-" marks a figure that does not apply (no samples of that size
-class, no replayed steps).  A benchmark that stopped early is marked ``*``
-and its reason follows the table.
+microseconds, bandwidth in MB/s (10**6 bytes), step time in milliseconds;
+"-" marks a figure that does not apply (no samples of that size class, no
+replayed steps).  Every column names its statistic: latencies are p50/p99 of
+each size class, the step is the median replayed step (``step p50 ms``), and
+``in flight p50`` is the median number of the benchmark's calls open when each
+call was issued (1 when calls go one at a time): a latency measured with many
+calls in flight includes the wait behind them, which a line below the table
+says.  A benchmark that stopped early is marked ``*`` and its reason follows
+the table.
 """
 
 from __future__ import annotations
@@ -13,10 +18,16 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import numpy as np
+
 from tf_grpc_bench import capture_cpu, host
 from tf_grpc_bench.replay.core.measurement import BenchmarkResult, LatencySummary
 from tf_grpc_bench.replay.output.document import ResultDocument, benchmark_labels
-from tf_grpc_bench.replay.output.statistics import run_statistics
+from tf_grpc_bench.replay.output.statistics import (
+    calls_in_flight,
+    median_in_flight,
+    run_statistics,
+)
 from tf_grpc_bench.sizes import SizeCategory
 
 PARTIAL_MARK = "*"
@@ -50,10 +61,11 @@ _RESULT_HEADER = (
     "benchmark",
     "workload",
     "rpcs",
+    "in flight p50",
     *(f"{category.value} p50/p99 us" for category in SizeCategory),
     "MB/s",
     "RPCs/s",
-    "step ms",
+    "step p50 ms",
 )
 
 
@@ -69,10 +81,11 @@ def _result_row(result: BenchmarkResult, label: str) -> _Row:
             label + (PARTIAL_MARK if partial else ""),
             result.workload,
             str(result.rpc_count),
+            format_number(median_in_flight(result)),
             *(_latency_cell(by_category.get(category)) for category in SizeCategory),
             format_number(result.bandwidth_mb_per_s),
             format_number(result.rpcs_per_s),
-            format_number(step.mean_ns / 1e6) if step.count else "-",
+            format_number(step.p50_ns / 1e6) if step.count else "-",
         ),
         partial_note=f"{label}: {reason or 'stopped early'}" if partial else "",
     )
@@ -116,6 +129,7 @@ def format_table(document: ResultDocument) -> str:
     if document.what_if is not None:
         lines.append(document.what_if.describe())
     lines += _align(_RESULT_HEADER, [row.cells for row in rows])
+    lines += in_flight_notes(document.benchmarks, document.labels)
     notes = [row.partial_note for row in rows if row.partial_note]
     if document.partial and not notes:
         notes.append(document.partial_reason or "stopped early")
@@ -124,6 +138,22 @@ def format_table(document: ResultDocument) -> str:
     lines += _inexact_notes(document)
     lines += [note for note in (compute_machine_note(document), capture_cpu_note(document)) if note]
     return "\n".join(lines)
+
+
+def in_flight_notes(results: Sequence[BenchmarkResult], labels: Sequence[str]) -> list[str]:
+    """A line naming the benchmarks whose latencies were measured with more than one
+    call in flight (their median ``calls_in_flight``); none when every call went alone."""
+    crowded = [
+        f"{label} {format_number(count)}"
+        for result, label in zip(results, labels, strict=True)
+        if (count := median_in_flight(result)) > 1
+    ]
+    if not crowded:
+        return []
+    return [
+        "latency with calls in flight (median open when each call was issued): "
+        + ", ".join(crowded)
+    ]
 
 
 def _keeps_compute(result: BenchmarkResult) -> bool:
@@ -222,12 +252,15 @@ def format_markdown_table(items: Sequence[ResultDocument] | Sequence[BenchmarkRe
     if all(isinstance(item, BenchmarkResult) for item in items):
         results = [item for item in items if isinstance(item, BenchmarkResult)]
         header: tuple[str, ...] = _RESULT_HEADER
-        for result, label in zip(results, benchmark_labels(results), strict=True):
+        labels = benchmark_labels(results)
+        for result, label in zip(results, labels, strict=True):
             row = _result_row(result, label)
             table_rows.append(row.cells)
             notes += [row.partial_note] if row.partial_note else []
+        crowded = in_flight_notes(results, labels)
     elif all(isinstance(item, ResultDocument) for item in items):
         header = ("network", "trace", *_RESULT_HEADER)
+        crowded = []
         for document in items:
             assert isinstance(document, ResultDocument)
             network = document.network.name if document.network else "-"
@@ -237,12 +270,17 @@ def format_markdown_table(items: Sequence[ResultDocument] | Sequence[BenchmarkRe
                 table_rows.append((network, trace, *row.cells))
                 if row.partial_note:
                     notes.append(f"{network}, {row.partial_note}")
+            crowded += [
+                f"{network}: {line}"
+                for line in in_flight_notes(document.benchmarks, document.labels)
+            ]
     else:
         raise TypeError("format_markdown_table takes result documents or benchmark results")
     lines = _markdown(header, table_rows)
-    if notes:
+    if crowded or notes:
         lines.append("")
-        lines += [f"{PARTIAL_MARK} partial: {note}" for note in notes]
+    lines += crowded
+    lines += [f"{PARTIAL_MARK} partial: {note}" for note in notes]
     machines = {
         note(item)
         for item in items
@@ -292,9 +330,10 @@ def format_benchmark_markdown(result: BenchmarkResult) -> str:
         "seconds",
         "MB/s",
         "RPCs/s",
+        "in flight p50",
         "p50 us",
         "p99 us",
-        "step ms",
+        "step p50 ms",
         "partial",
     )
     run_rows = []
@@ -307,9 +346,12 @@ def format_benchmark_markdown(result: BenchmarkResult) -> str:
                 format_number(stats.duration_ns / 1e9),
                 format_number(stats.bandwidth_mb_per_s),
                 format_number(stats.rpcs_per_s),
+                format_number(float(np.median(calls_in_flight(run.samples))))
+                if run.samples
+                else "-",
                 format_number(stats.latency.p50_ns / 1e3),
                 format_number(stats.latency.p99_ns / 1e3),
-                format_number(stats.step_time.mean_ns / 1e6),
+                format_number(stats.step_time.p50_ns / 1e6),
                 (run.partial_reason or "yes") if run.partial else "",
             )
         )
