@@ -55,7 +55,7 @@ PATH_CITATION = re.compile(
 )
 #: A Markdown link's target.
 LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")
-#: A bare Markdown file name (``DESIGN.md``), not part of a path.
+#: A bare Markdown file name (``NOTES.md``), not part of a path.
 BARE_MARKDOWN = re.compile(r"(?<![\w./-])([\w-]+\.md)\b")
 #: Markdown files the tool writes (``network compare``'s ``comparison.md``), not the repository's.
 WRITTEN_MARKDOWN = frozenset({"comparison.md"})
@@ -186,6 +186,6 @@ def test_the_checker_finds_a_missing_path_a_missing_heading_and_a_bare_name(tmp_
         "replay/core/pacing.py",
         "bench/fidelity.py",
     ]
-    assert [m.group(1) for m in BARE_MARKDOWN.finditer("DESIGN.md and docs/design.md")] == [
-        "DESIGN.md"
+    assert [m.group(1) for m in BARE_MARKDOWN.finditer("NOTES.md and docs/design.md")] == [
+        "NOTES.md"
     ]
