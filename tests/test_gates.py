@@ -91,3 +91,11 @@ def test_mypy_is_clean_on_the_package(tmp_path: Path) -> None:
     ]
     result = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, check=False)
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_docs_cite_only_what_the_repository_has_and_results_pages_stay_short() -> None:
+    # The checks of tests/test_docs.py, here too so that every landing runs them.
+    from .test_docs import all_problems
+
+    problems = all_problems()
+    assert not problems, "\n".join(problems)
