@@ -70,14 +70,14 @@ from common import (
 
 from tf_grpc_bench import capture_cpu, lifetime, trace_files
 from tf_grpc_bench.capture_cpu import CaptureCpu
-from tf_grpc_bench.errors import TraceError
-from tf_grpc_bench.netns.links import parse_profile
-from tf_grpc_bench.replay.core.dependencies import is_sync_token, source_op
-from tf_grpc_bench.replay.core.workload import (
+from tf_grpc_bench.critical_path import (
     CapturedSegment,
     captured_critical_paths,
     captured_path_segments,
 )
+from tf_grpc_bench.dependencies import is_sync_token, source_op
+from tf_grpc_bench.errors import TraceError
+from tf_grpc_bench.netns.links import parse_profile
 from tf_grpc_bench.replay.network.compare import write_tensorboard_comparison
 from tf_grpc_bench.replay.output.document_reader import read_document
 from tf_grpc_bench.trace import Rpc, Trace

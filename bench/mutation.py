@@ -63,9 +63,23 @@ TARGETS: dict[str, Target] = {
     "workload": Target(
         path="replay/core/workload.py", tests=("tests/test_workload.py", "tests/test_chunking.py")
     ),
+    "messages": Target(path="replay/core/messages.py", tests=("tests/test_workload.py",)),
+    "trace_workload": Target(
+        path="replay/core/trace_workload.py", tests=("tests/test_workload.py",)
+    ),
+    "trace_mapping": Target(
+        path="src/tf_grpc_bench/trace_mapping.py", tests=("tests/test_workload.py",)
+    ),
     "pacing": Target(path="replay/core/pacing.py", tests=("tests/test_pacing.py",)),
     "dependencies": Target(
-        path="replay/core/dependencies.py", tests=("tests/test_dependencies.py",)
+        path="src/tf_grpc_bench/dependencies.py", tests=("tests/test_dependencies.py",)
+    ),
+    "dependency_tracker": Target(
+        path="src/tf_grpc_bench/dependency_tracker.py", tests=("tests/test_dependencies.py",)
+    ),
+    "critical_path": Target(
+        path="src/tf_grpc_bench/critical_path.py",
+        tests=("tests/test_dependencies.py", "tests/test_workload.py"),
     ),
     "measurement": Target(
         path="replay/core/measurement.py",

@@ -194,7 +194,8 @@ def replay_once(
 ) -> Any:
     from tf_grpc_bench.replay.core.measurement import Benchmark
     from tf_grpc_bench.replay.core.pacing import Pacing
-    from tf_grpc_bench.replay.core.workload import Mode, synthetic_workload
+    from tf_grpc_bench.replay.core.synthetic import synthetic_workload
+    from tf_grpc_bench.replay.core.workload import Mode
     from tf_grpc_bench.replay.runner import RunPlan, run_benchmark
     from tf_grpc_bench.replay.transport.wire import ChannelSettings, RpcKind
 

@@ -333,7 +333,8 @@ def measure_replay(seconds: float, runs: int, figures: Figures) -> None:
     from tf_grpc_bench.replay.core.generators import BufferSizes, GeneratorConfig
     from tf_grpc_bench.replay.core.measurement import Benchmark
     from tf_grpc_bench.replay.core.pacing import Pacing
-    from tf_grpc_bench.replay.core.workload import Mode, synthetic_workload
+    from tf_grpc_bench.replay.core.synthetic import synthetic_workload
+    from tf_grpc_bench.replay.core.workload import Mode
     from tf_grpc_bench.replay.runner import RunPlan, default_rpc, default_window, run_benchmark
     from tf_grpc_bench.replay.transport.server import LocalServers
     from tf_grpc_bench.replay.transport.wire import ChannelSettings, RpcKind

@@ -31,12 +31,7 @@ from tf_grpc_bench.replay.core.generators import (
 from tf_grpc_bench.replay.core.measurement import Benchmark
 from tf_grpc_bench.replay.core.pacing import MAX_COMPUTE_SCALE, Pacing, Timing
 from tf_grpc_bench.replay.core.processes import parse_procs_per_worker
-from tf_grpc_bench.replay.core.workload import (
-    WHOLE_STEPS,
-    Mode,
-    WholeSteps,
-    Workload,
-)
+from tf_grpc_bench.replay.core.workload import Mode, Workload
 from tf_grpc_bench.replay.network import cli as network_cli
 from tf_grpc_bench.replay.output.progress import ProgressBar
 from tf_grpc_bench.replay.placement import role
@@ -48,6 +43,7 @@ from tf_grpc_bench.replay.transport.server import DEFAULT_PORT
 from tf_grpc_bench.replay.transport.wire import RpcKind, read_token_file
 from tf_grpc_bench.sizes import SizeCategory, parse_size
 from tf_grpc_bench.trace import Trace
+from tf_grpc_bench.trace_mapping import WHOLE_STEPS, WholeSteps
 
 #: Benchmarks in the order ``--benchmark all`` runs them.
 ALL_BENCHMARKS = (Benchmark.P2P_LATENCY, Benchmark.P2P_BANDWIDTH, Benchmark.PS_THROUGHPUT)

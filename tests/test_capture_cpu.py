@@ -18,11 +18,11 @@ from tests.conftest import load_bench_script, make_trace
 from tests.result_factory import make_results
 from tf_grpc_bench import capture_cpu, trace_files
 from tf_grpc_bench.capture_cpu import CaptureCpu
+from tf_grpc_bench.critical_path import CapturedSegment
 from tf_grpc_bench.errors import ConfigError
 from tf_grpc_bench.profiler.capture import with_capture_cpu
 from tf_grpc_bench.profiler.cpu_sampler import CpuSample, CpuSampler, process_ticks, summarize
 from tf_grpc_bench.replay import cli as replay_cli
-from tf_grpc_bench.replay.core.workload import CapturedSegment
 from tf_grpc_bench.replay.output.document import ResultDocument, build_document
 from tf_grpc_bench.replay.output.machine import NetworkInfo
 from tf_grpc_bench.replay.output.report import (

@@ -13,6 +13,8 @@ from tf_grpc_bench import trace_files
 from tf_grpc_bench.replay.core.chunking import chunk_call, chunk_sizes, chunk_workload
 from tf_grpc_bench.replay.core.generators import GeneratorConfig
 from tf_grpc_bench.replay.core.measurement import Benchmark
+from tf_grpc_bench.replay.core.synthetic import synthetic_workload
+from tf_grpc_bench.replay.core.trace_workload import trace_workload
 from tf_grpc_bench.replay.core.workload import (
     Call,
     Mode,
@@ -22,8 +24,6 @@ from tf_grpc_bench.replay.core.workload import (
     ack_call,
     echo_call,
     pull_call,
-    synthetic_workload,
-    trace_workload,
 )
 from tf_grpc_bench.replay.runner import RunPlan, run_benchmark
 from tf_grpc_bench.replay.transport.grpc_settings import GrpcSettings

@@ -8,17 +8,16 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tf_grpc_bench.replay.core.dependencies import (
+from tf_grpc_bench.critical_path import captured_critical_path
+from tf_grpc_bench.dependencies import (
     Dependencies,
-    DependencyTracker,
-    StepPath,
     TimedCall,
-    captured_critical_path,
     infer_dependencies,
     is_sync_token,
     is_variable_read,
     source_op,
 )
+from tf_grpc_bench.dependency_tracker import DependencyTracker, StepPath
 
 MS = 1_000_000
 
@@ -709,7 +708,8 @@ def _timed_tensor(start: int, end: int, *, reversed_direction: bool = False) -> 
 
 
 def test_captured_path_segments_worked_out_by_hand() -> None:
-    from tf_grpc_bench.replay.core.dependencies import PathSegment, captured_critical_path_segments
+    from tf_grpc_bench.critical_path import captured_critical_path_segments
+    from tf_grpc_bench.dependency_tracker import PathSegment
 
     # Two pulls (0-1,000 and 100-1,100), then the gradient (3,000-4,000), which waits for
     # both; the later pull is the binding one.  The step lasts 10,000.

@@ -28,7 +28,13 @@ LAYERS = {
     "cli": 7,
 }
 #: What ``core`` may import from the project outside itself.
-CORE_ALLOWED_PROJECT = ("tf_grpc_bench.errors", "tf_grpc_bench.sizes", "tf_grpc_bench.trace")
+CORE_ALLOWED_PROJECT = (
+    "tf_grpc_bench.errors",
+    "tf_grpc_bench.sizes",
+    "tf_grpc_bench.trace",
+    "tf_grpc_bench.dependencies",
+    "tf_grpc_bench.trace_mapping",
+)
 #: Modules that would give ``core`` IO, clocks, concurrency or the network.
 CORE_FORBIDDEN = ("grpc", "socket", "time", "os", "threading", "subprocess", "multiprocessing")
 #: Never imported by anything in ``replay``: a replay host has no TensorFlow.

@@ -9,14 +9,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from tf_grpc_bench.replay.core.dependencies import Dependencies, StepPath
+from tf_grpc_bench.dependencies import Dependencies
+from tf_grpc_bench.dependency_tracker import StepPath
 from tf_grpc_bench.replay.core.measurement import Benchmark
-from tf_grpc_bench.replay.core.workload import (
-    Mode,
-    Workload,
-    WorkloadStep,
-    pull_call,
-)
+from tf_grpc_bench.replay.core.workload import Mode, Workload, WorkloadStep, pull_call
 from tf_grpc_bench.replay.transport.client import StepOutcome
 from tf_grpc_bench.replay.transport.loop import WorkerLoop
 

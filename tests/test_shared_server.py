@@ -23,7 +23,8 @@ import pytest
 from tf_grpc_bench import trace_files
 from tf_grpc_bench.profiler.launch.ports import free_ports
 from tf_grpc_bench.protos import bench_pb2
-from tf_grpc_bench.replay.core.workload import ECHO_METHOD, Mode, echo_call, pull_call
+from tf_grpc_bench.replay.core.messages import ECHO_METHOD
+from tf_grpc_bench.replay.core.workload import Mode, echo_call, pull_call
 from tf_grpc_bench.replay.transport.client import ReplayClient
 from tf_grpc_bench.replay.transport.server import ReplayServer
 from tf_grpc_bench.replay.transport.wire import (

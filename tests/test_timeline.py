@@ -13,9 +13,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from tf_grpc_bench import trace_files
+from tf_grpc_bench.critical_path import captured_critical_paths
 from tf_grpc_bench.protos import xplane_pb2
 from tf_grpc_bench.replay.core.measurement import CallSample
-from tf_grpc_bench.replay.core.workload import captured_critical_paths
 from tf_grpc_bench.replay.output.document_reader import read_document
 from tf_grpc_bench.replay.output.timeline import (
     Slice,

@@ -14,6 +14,7 @@ import pytest
 from tf_grpc_bench import trace_files
 from tf_grpc_bench.errors import ConfigError
 from tf_grpc_bench.replay.core.measurement import Benchmark
+from tf_grpc_bench.replay.core.trace_workload import trace_workload
 from tf_grpc_bench.replay.core.whatif import (
     Placement,
     WhatIf,
@@ -22,7 +23,7 @@ from tf_grpc_bench.replay.core.whatif import (
     place_variables,
     trace_variables,
 )
-from tf_grpc_bench.replay.core.workload import Mode, Workload, trace_workload
+from tf_grpc_bench.replay.core.workload import Mode, Workload
 from tf_grpc_bench.replay.output.document_reader import read_document
 from tf_grpc_bench.trace import (
     RECV_TENSOR,

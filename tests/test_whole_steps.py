@@ -16,7 +16,8 @@ from tf_grpc_bench.host import PROC_STAT
 from tf_grpc_bench.replay import cli
 from tf_grpc_bench.replay.core.measurement import Benchmark
 from tf_grpc_bench.replay.core.pacing import Pacing, Timing
-from tf_grpc_bench.replay.core.workload import WORKERS_AND_PS_ONLY, Mode, trace_workload
+from tf_grpc_bench.replay.core.trace_workload import trace_workload
+from tf_grpc_bench.replay.core.workload import Mode
 from tf_grpc_bench.replay.network import compare as network_compare
 from tf_grpc_bench.replay.runner import RunPlan, run_benchmark
 from tf_grpc_bench.replay.transport.client import ReplayClient
@@ -24,6 +25,7 @@ from tf_grpc_bench.replay.transport.loop import begin_mid_trace
 from tf_grpc_bench.replay.transport.server import LocalServers
 from tf_grpc_bench.replay.transport.wire import ChannelSettings
 from tf_grpc_bench.trace import Trace
+from tf_grpc_bench.trace_mapping import WORKERS_AND_PS_ONLY
 
 from .conftest import make_whole_step_trace
 

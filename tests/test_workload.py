@@ -9,11 +9,19 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tf_grpc_bench import trace_files
+from tf_grpc_bench.critical_path import captured_critical_paths
+from tf_grpc_bench.dependencies import is_sync_token, is_variable_read, source_op
 from tf_grpc_bench.errors import ConfigError, TraceError
 from tf_grpc_bench.protos import bench_pb2
-from tf_grpc_bench.replay.core.dependencies import is_sync_token, is_variable_read, source_op
 from tf_grpc_bench.replay.core.generators import GeneratorConfig, GeneratorKind, generate_payloads
 from tf_grpc_bench.replay.core.measurement import Benchmark
+from tf_grpc_bench.replay.core.messages import (
+    ECHO_METHOD,
+    PUSH_METHOD,
+    ack_message_bytes,
+    pull_response_content_bytes,
+    uint_field_bytes,
+)
 from tf_grpc_bench.replay.core.pacing import (
     Pacing,
     Timing,
@@ -21,29 +29,9 @@ from tf_grpc_bench.replay.core.pacing import (
     next_step_begin_ns,
     release_time_ns,
 )
-from tf_grpc_bench.replay.core.workload import (
-    ECHO_METHOD,
-    PUSH_METHOD,
-    WHOLE_STEPS,
-    WORKERS_AND_PS_ONLY,
-    Call,
-    Mode,
-    Shape,
-    WholeSteps,
-    Workload,
-    WorkloadStep,
-    ack_message_bytes,
-    captured_critical_paths,
-    choose_pair,
-    parse_pair,
-    pull_call,
-    pull_response_content_bytes,
-    steps_are_rounds,
-    synthetic_workload,
-    trace_roles,
-    trace_workload,
-    uint_field_bytes,
-)
+from tf_grpc_bench.replay.core.synthetic import synthetic_workload
+from tf_grpc_bench.replay.core.trace_workload import trace_workload
+from tf_grpc_bench.replay.core.workload import Call, Mode, Shape, Workload, WorkloadStep, pull_call
 from tf_grpc_bench.replay.transport.wire import (
     PayloadBytes,
     serialized_payload,
@@ -51,6 +39,15 @@ from tf_grpc_bench.replay.transport.wire import (
 )
 from tf_grpc_bench.sizes import SizeCategory
 from tf_grpc_bench.trace import RECV_TENSOR, Rpc, RunMetadata, Step, Task, Trace
+from tf_grpc_bench.trace_mapping import (
+    WHOLE_STEPS,
+    WORKERS_AND_PS_ONLY,
+    WholeSteps,
+    choose_pair,
+    parse_pair,
+    steps_are_rounds,
+    trace_roles,
+)
 
 from .conftest import make_trace
 
@@ -736,7 +733,7 @@ def test_every_rpc_is_replayed_or_counted_as_dropped_and_each_server_moves_its_b
 
 
 def test_a_pair_is_named_by_job_and_index() -> None:
-    from tf_grpc_bench.replay.core.workload import parse_pair
+    from tf_grpc_bench.trace_mapping import parse_pair
 
     trace = make_trace(workers=2, ps=2)
     assert parse_pair("worker:1,ps:0", trace) == (3, 0)
@@ -809,7 +806,7 @@ def test_one_workers_part_of_a_workload() -> None:
 
 
 def test_what_a_replay_cannot_send_is_summed_up_by_kind() -> None:
-    from tf_grpc_bench.replay.core.workload import unreplayed_summary
+    from tf_grpc_bench.trace_mapping import unreplayed_summary
 
     base = make_trace(steps=1, workers=1, ps=2)
     extra = (
@@ -856,7 +853,7 @@ def test_what_a_replay_cannot_send_is_summed_up_by_kind() -> None:
 
 
 def test_protobuf_field_sizes_at_each_varint_step() -> None:
-    from tf_grpc_bench.replay.core.workload import (
+    from tf_grpc_bench.replay.core.messages import (
         bytes_field_bytes,
         payload_message_bytes,
         varint_bytes,
@@ -887,7 +884,7 @@ def test_pull_response_lengths_around_each_varint_step() -> None:
 
 
 def test_a_pull_request_keeps_what_fits_of_its_tensor_name_and_pads() -> None:
-    from tf_grpc_bench.replay.core.workload import PullRequestLayout, pull_request_layout
+    from tf_grpc_bench.replay.core.messages import PullRequestLayout, pull_request_layout
 
     # response_bytes 100 -> 2 B; "abc" -> 5 B; 3 B left: a padding field of 1 B content.
     assert pull_request_layout(10, 100, "abc") == PullRequestLayout(
@@ -919,7 +916,7 @@ def test_a_pull_request_keeps_what_fits_of_its_tensor_name_and_pads() -> None:
 
 
 def test_a_tensor_name_is_only_cut_between_whole_characters() -> None:
-    from tf_grpc_bench.replay.core.workload import PullRequestLayout, pull_request_layout
+    from tf_grpc_bench.replay.core.messages import PullRequestLayout, pull_request_layout
 
     name = "a\u00e9"  # 3 bytes in UTF-8: "a", then 2 for the accented e.
     assert pull_request_layout(5, 0, name).tensor_name == name
@@ -1355,7 +1352,7 @@ def test_outstanding_calls_are_counted_per_pair_and_a_call_ending_as_one_starts_
 
 
 def test_calls_of_the_conftest_trace_carry_names_offsets_and_dependencies() -> None:
-    from tf_grpc_bench.replay.core.dependencies import Dependencies
+    from tf_grpc_bench.dependencies import Dependencies
 
     # One worker pulls 21 B, 4 KiB and 1 MiB from one ps, 2,000 ns apart; each response
     # starts 500 ns and ends 1,000 ns after its request.
@@ -1427,7 +1424,7 @@ def test_a_control_calls_data_leaves_with_its_request_and_an_early_rpc_starts_it
 
 
 def test_captured_path_segments_of_the_ps_trace_in_trace_time() -> None:
-    from tf_grpc_bench.replay.core.workload import CapturedSegment, captured_path_segments
+    from tf_grpc_bench.critical_path import CapturedSegment, captured_path_segments
 
     segments = captured_path_segments(_ps_trace())
     assert [(number, task) for number, task, _ in segments] == [(0, 2), (0, 3), (1, 2), (1, 3)]
@@ -1578,7 +1575,7 @@ def test_serialized_trace_calls_say_which_sizes_they_could_not_keep() -> None:
 
 def test_inexact_sizes_rank_the_commonest_changes_and_name_three() -> None:
     from tf_grpc_bench.replay.core.measurement import InexactSizes
-    from tf_grpc_bench.replay.core.workload import inexact_sizes
+    from tf_grpc_bench.replay.core.trace_workload import inexact_sizes
 
     assert inexact_sizes([]) is None
     assert inexact_sizes([((5, 5), (5, 5))]) is None
@@ -1623,7 +1620,7 @@ def test_a_pull_calls_defaults_are_a_synthetic_calls() -> None:
 
 
 def test_a_pull_request_name_may_lose_one_character_or_two() -> None:
-    from tf_grpc_bench.replay.core.workload import PullRequestLayout, pull_request_layout
+    from tf_grpc_bench.replay.core.messages import PullRequestLayout, pull_request_layout
 
     # 9 B: "abc" leaves 2 B (no field), "ab" leaves 3 B (1 B of padding).
     assert pull_request_layout(9, 100, "abc") == PullRequestLayout(
@@ -1682,7 +1679,7 @@ def test_a_throughput_replay_ignores_a_pair_and_says_who_it_replays() -> None:
 
 
 def test_bytes_per_pair_of_the_ps_trace() -> None:
-    from tf_grpc_bench.replay.core.workload import pair_bytes
+    from tf_grpc_bench.trace_mapping import pair_bytes
 
     # Per step: worker:0 <-> ps:0 120 + 4,000,000 + 121 + 300 + 130 + 4,000,000 (the
     # gradient ps:0 pulled, replayed by worker:0); worker:1 -> ps:1 122 + 2,000; chief ->
@@ -1696,7 +1693,7 @@ def test_bytes_per_pair_of_the_ps_trace() -> None:
 
 
 def test_what_a_replay_cannot_send_is_ranked_by_bytes_then_by_name() -> None:
-    from tf_grpc_bench.replay.core.workload import unreplayed_summary
+    from tf_grpc_bench.trace_mapping import unreplayed_summary
 
     tasks = (
         Task(job="ps", index=0),
@@ -1728,8 +1725,8 @@ def test_what_a_replay_cannot_send_is_ranked_by_bytes_then_by_name() -> None:
 
 
 def test_a_pull_waits_only_for_arrivals_at_its_own_server() -> None:
-    from tf_grpc_bench.replay.core.dependencies import Dependencies
-    from tf_grpc_bench.replay.core.workload import CapturedSegment, captured_path_segments
+    from tf_grpc_bench.critical_path import CapturedSegment, captured_path_segments
+    from tf_grpc_bench.dependencies import Dependencies
 
     tasks = (Task(job="ps", index=0), Task(job="ps", index=1), Task(job="worker", index=0))
     rpcs = (
@@ -1814,7 +1811,7 @@ def test_inexact_sizes_are_summed_over_every_step() -> None:
 
 
 def test_a_pull_request_without_a_tensor_name_is_padding() -> None:
-    from tf_grpc_bench.replay.core.workload import PullRequestLayout, pull_request_layout
+    from tf_grpc_bench.replay.core.messages import PullRequestLayout, pull_request_layout
 
     assert pull_request_layout(5, 0) == PullRequestLayout(
         response_content_bytes=0, tensor_name="", padding_bytes=3, message_bytes=5
@@ -1836,7 +1833,7 @@ def test_a_pairs_dropped_rpcs_add_the_other_pairs_to_what_no_replay_can_send() -
 
 def test_inexact_sizes_of_equal_counts_go_by_size_not_by_first_seen() -> None:
     from tf_grpc_bench.replay.core.measurement import InexactSizes
-    from tf_grpc_bench.replay.core.workload import inexact_sizes
+    from tf_grpc_bench.replay.core.trace_workload import inexact_sizes
 
     assert inexact_sizes([((5, 5), (5, 6)), ((1, 1), (0, 1))]) == InexactSizes(
         calls_per_pass=2,
@@ -1847,7 +1844,7 @@ def test_inexact_sizes_of_equal_counts_go_by_size_not_by_first_seen() -> None:
 
 
 def test_a_pull_request_that_cannot_be_encoded_goes_one_byte_short_after_its_length_field() -> None:
-    from tf_grpc_bench.replay.core.workload import PullRequestLayout, pull_request_layout
+    from tf_grpc_bench.replay.core.messages import PullRequestLayout, pull_request_layout
 
     # response_bytes 100 takes 2 B; the 130 B left cannot be one field: 127 B of padding
     # (129 B), 131 B in all.

@@ -28,17 +28,11 @@ from tf_grpc_bench.replay.core.pacing import (
     Pacing,
     Timing,
 )
-from tf_grpc_bench.replay.core.workload import (
-    WHOLE_STEPS,
-    Call,
-    Mode,
-    WholeSteps,
-    Workload,
-    parse_pair,
-    synthetic_workload,
-    trace_workload,
-)
+from tf_grpc_bench.replay.core.synthetic import synthetic_workload
+from tf_grpc_bench.replay.core.trace_workload import trace_workload
+from tf_grpc_bench.replay.core.workload import Call, Mode, Workload
 from tf_grpc_bench.trace import Trace
+from tf_grpc_bench.trace_mapping import WHOLE_STEPS, WholeSteps, parse_pair
 
 #: Most calls one pass of a chunked workload may become (each call is an object in memory).
 MAX_CALLS_PER_PASS = 1_000_000

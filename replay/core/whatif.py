@@ -2,7 +2,7 @@
 
 Pure: no gRPC, no clocks, no IO.  ``derive_trace`` turns a captured trace into
 the trace the larger (or different) cluster would have given; the replay then
-builds its workload from it exactly as from a captured one (``workload``), so
+builds its workload from it exactly as from a captured one (``trace_workload``), so
 the derived step keeps the dependency edges, compute gaps and round barrier
 that model infers (``dependencies``).
 
@@ -72,8 +72,8 @@ from collections import Counter
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 
+from tf_grpc_bench.dependencies import source_op
 from tf_grpc_bench.errors import ConfigError
-from tf_grpc_bench.replay.core.dependencies import source_op
 from tf_grpc_bench.trace import RECV_TENSOR, TENSOR_METHODS, Phase, Rpc, Step, Task, Trace
 
 #: Largest ``--scale-tensors``: beyond, a typo (a 100x wider ResNet-50 is 10 GB a step).

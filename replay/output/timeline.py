@@ -8,7 +8,7 @@ played that task.  Its rows, top to bottom:
 - ``steps``: one slice per step (captured: the trace's step windows;
   replayed: from a worker's first call of a step to the end of its last);
 - ``critical path`` (captured workers): the step's critical path under the
-  dependency model (``core.dependencies``): *compute* slices (the recorded
+  dependency model (``tf_grpc_bench.dependencies``): *compute* slices (the recorded
   compute between a tensor's arrival and the next tensor leaving, which
   ``inspect`` sums per step) and the transfers between them;
 - ``no call in flight`` (replayed workers): the gaps in which the worker had
@@ -39,12 +39,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tf_grpc_bench import trace_files
+from tf_grpc_bench.critical_path import captured_path_segments
 from tf_grpc_bench.errors import ResultError, TraceError
 from tf_grpc_bench.files import write_atomically
 from tf_grpc_bench.protos import xplane_pb2
 from tf_grpc_bench.replay.core.measurement import BenchmarkResult, CallSample, RunMeasurement
 from tf_grpc_bench.replay.core.whatif import derive_trace
-from tf_grpc_bench.replay.core.workload import captured_path_segments
 from tf_grpc_bench.replay.output.document import ResultDocument
 from tf_grpc_bench.trace import Rpc, Trace
 

@@ -17,7 +17,7 @@ script) starts ``tf-grpc-bench role`` in every task instead, with the same
   every worker's runs merged (samples of all workers, a run lasting as long as
   its slowest worker), plus the TensorBoard logs.
 
-A trace's PS throughput is replayed in whole steps (``core.workload``): a ps
+A trace's PS throughput is replayed in whole steps (``core.trace_workload``): a ps
 task whose trace task called another ps also runs that *side client*, the
 chief runs the chief's side client (its calls to workers), and each worker the
 chief called serves a *stand-in* on its own cluster port while it replays and
@@ -51,13 +51,7 @@ from tf_grpc_bench.errors import (
     UsageError,
 )
 from tf_grpc_bench.replay.core.measurement import Benchmark, BenchmarkResult, RunMeasurement
-from tf_grpc_bench.replay.core.workload import (
-    WHOLE_STEPS,
-    WORKERS_AND_PS_ONLY,
-    Mode,
-    WholeSteps,
-    Workload,
-)
+from tf_grpc_bench.replay.core.workload import Mode, Workload
 from tf_grpc_bench.replay.network import netinfo
 from tf_grpc_bench.replay.output import document as results
 from tf_grpc_bench.replay.output.document_reader import loads_document
@@ -78,6 +72,7 @@ from tf_grpc_bench.replay.transport.client import split_address
 from tf_grpc_bench.replay.transport.loop import interrupted_reason
 from tf_grpc_bench.replay.transport.server import ReplayServer
 from tf_grpc_bench.replay.transport.wire import read_token_file
+from tf_grpc_bench.trace_mapping import WHOLE_STEPS, WORKERS_AND_PS_ONLY, WholeSteps
 
 #: Seconds a task waits for the others (barriers, submissions, job end).
 DEFAULT_JOB_TIMEOUT_S = 3600.0

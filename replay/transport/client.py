@@ -24,9 +24,10 @@ from typing import TYPE_CHECKING, Any
 import grpc
 import numpy as np
 
+from tf_grpc_bench.dependencies import Dependencies
+from tf_grpc_bench.dependency_tracker import DependencyTracker, StepPath
 from tf_grpc_bench.errors import ConfigError, TransportError
 from tf_grpc_bench.protos import bench_pb2
-from tf_grpc_bench.replay.core.dependencies import Dependencies, DependencyTracker, StepPath
 from tf_grpc_bench.replay.core.measurement import CallSample
 from tf_grpc_bench.replay.core.pacing import (
     Pacing,

@@ -54,13 +54,13 @@ import grpc
 from tf_grpc_bench import lifetime
 from tf_grpc_bench.errors import ServeError, TransportError
 from tf_grpc_bench.protos import bench_pb2, bench_pb2_grpc
-from tf_grpc_bench.replay.core.workload import (
+from tf_grpc_bench.replay.core.messages import (
     ECHO_METHOD,
     PULL_METHOD,
     PUSH_METHOD,
     RAW_PULL_HEADER_BYTES,
-    Mode,
 )
+from tf_grpc_bench.replay.core.workload import Mode
 from tf_grpc_bench.replay.transport.siblings import SIBLING_METADATA, Siblings, merge_stats
 from tf_grpc_bench.replay.transport.wire import (
     CONTROL_SERVICE,

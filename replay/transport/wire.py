@@ -3,7 +3,7 @@
 Method paths, message encodings, gRPC settings (message size limits, TLS),
 the control service that reports what a server received, preallocated
 payload bytes, and the one place where ``grpc.RpcError`` becomes
-``TransportError``.  Message layouts are described in ``workload``.
+``TransportError``.  Message layouts are described in ``messages``.
 
 RPC kinds
 ---------
@@ -37,14 +37,14 @@ import grpc
 
 from tf_grpc_bench.errors import ConfigError, TransportError
 from tf_grpc_bench.protos import bench_pb2
-from tf_grpc_bench.replay.core.workload import (
+from tf_grpc_bench.replay.core.messages import (
     ECHO_METHOD,
     PUSH_METHOD,
     RAW_PULL_HEADER_BYTES,
-    Mode,
     pull_request_layout,
     pull_response_content_bytes,
 )
+from tf_grpc_bench.replay.core.workload import Mode
 
 #: Largest message either end accepts: TensorFlow tensors reach ~50 MB, and a
 #: payload of 10 Large buffers at their 10 MiB maximum is 100 MiB.
@@ -403,7 +403,7 @@ def raw_ack(received_bytes: int) -> bytes:
 def serialized_pull_request(
     request_bytes: int, response_bytes: int, tensor_name: str, padding: PayloadBytes
 ) -> bench_pb2.PullRequest:
-    """The ``PullRequest`` whose encoding is ``request_bytes`` long (see ``workload``)."""
+    """The ``PullRequest`` whose encoding is ``request_bytes`` long (see ``messages``)."""
     content = pull_response_content_bytes(response_bytes)
     layout = pull_request_layout(request_bytes, content, tensor_name)
     return bench_pb2.PullRequest(

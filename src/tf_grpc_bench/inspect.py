@@ -42,7 +42,7 @@ def resolve_trace_argument(text: str) -> Path:
 
 def _critical_paths(trace: trace_model.Trace) -> str:
     """Per step and worker: the captured critical path, compute against communication."""
-    from tf_grpc_bench.replay.core.workload import captured_critical_paths
+    from tf_grpc_bench.critical_path import captured_critical_paths
 
     try:
         paths = captured_critical_paths(trace)
