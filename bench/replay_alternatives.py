@@ -499,7 +499,7 @@ def _bandwidths(
 
 def measure(seconds: float, reps: int, with_bare: bool, with_options: bool) -> Results:
     from tf_grpc_bench.replay.core.workload import Mode
-    from tf_grpc_bench.replay.transport.server import LocalServers
+    from tf_grpc_bench.replay.transport.local_servers import LocalServers
     from tf_grpc_bench.replay.transport.wire import ServerSettings
 
     results = Results()

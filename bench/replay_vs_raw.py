@@ -336,7 +336,7 @@ def measure_replay(seconds: float, runs: int, figures: Figures) -> None:
     from tf_grpc_bench.replay.core.synthetic import synthetic_workload
     from tf_grpc_bench.replay.core.workload import Mode
     from tf_grpc_bench.replay.runner import RunPlan, default_rpc, default_window, run_benchmark
-    from tf_grpc_bench.replay.transport.server import LocalServers
+    from tf_grpc_bench.replay.transport.local_servers import LocalServers
     from tf_grpc_bench.replay.transport.wire import ChannelSettings, RpcKind
     from tf_grpc_bench.sizes import classify
 

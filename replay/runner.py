@@ -46,7 +46,9 @@ from tf_grpc_bench.replay.output import document as results
 from tf_grpc_bench.replay.output.document_writer import write_document
 from tf_grpc_bench.replay.output.machine import available_memory_bytes
 from tf_grpc_bench.replay.transport import grpc_settings
-from tf_grpc_bench.replay.transport.client import Driver, ReplayClient
+from tf_grpc_bench.replay.transport.client import ReplayClient
+from tf_grpc_bench.replay.transport.driver import Driver
+from tf_grpc_bench.replay.transport.local_servers import LocalServers, serve_until
 from tf_grpc_bench.replay.transport.loop import (
     ProgressCallback,
     ProgressEvent,
@@ -58,7 +60,6 @@ from tf_grpc_bench.replay.transport.loop import (
     open_clients,
     run_each,
 )
-from tf_grpc_bench.replay.transport.server import LocalServers, serve_until
 from tf_grpc_bench.replay.transport.wire import (
     ChannelSettings,
     RpcKind,

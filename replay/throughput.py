@@ -43,7 +43,8 @@ from tf_grpc_bench.replay.core.measurement import (
 from tf_grpc_bench.replay.core.pacing import Pacing
 from tf_grpc_bench.replay.core.processes import split_worker
 from tf_grpc_bench.replay.core.workload import Workload
-from tf_grpc_bench.replay.transport.client import Driver, ReplayClient
+from tf_grpc_bench.replay.transport.client import ReplayClient
+from tf_grpc_bench.replay.transport.driver import Driver
 from tf_grpc_bench.replay.transport.loop import (
     ProgressCallback,
     ProgressEvent,

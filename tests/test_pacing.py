@@ -17,7 +17,7 @@ from tf_grpc_bench.replay.core.pacing import (
     release_time_ns,
 )
 from tf_grpc_bench.replay.core.workload import Call, Shape
-from tf_grpc_bench.replay.transport.client import sleep_until
+from tf_grpc_bench.replay.transport.driver import sleep_until
 
 _times = st.integers(min_value=0, max_value=10**12)
 

@@ -18,7 +18,7 @@ from tf_grpc_bench.replay.core.synthetic import synthetic_workload
 from tf_grpc_bench.replay.core.workload import Mode, echo_call
 from tf_grpc_bench.replay.runner import RunPlan, run_benchmark
 from tf_grpc_bench.replay.transport.client import ReplayClient
-from tf_grpc_bench.replay.transport.server import LocalServers
+from tf_grpc_bench.replay.transport.local_servers import LocalServers
 from tf_grpc_bench.replay.transport.siblings import merge_stats
 from tf_grpc_bench.replay.transport.wire import ChannelSettings, ServerStats
 

@@ -35,8 +35,8 @@ from tf_grpc_bench.replay.core.workload import Mode, Workload
 from tf_grpc_bench.replay.runner import RunPlan, procs_per_worker_for, run_benchmark
 from tf_grpc_bench.replay.throughput import measure_throughput
 from tf_grpc_bench.replay.transport.client import ReplayClient
+from tf_grpc_bench.replay.transport.local_servers import LocalServers
 from tf_grpc_bench.replay.transport.loop import open_clients
-from tf_grpc_bench.replay.transport.server import LocalServers
 from tf_grpc_bench.replay.transport.wire import ChannelSettings
 
 from .conftest import make_trace

@@ -34,7 +34,8 @@ from tf_grpc_bench.replay.output.document_reader import read_document
 from tf_grpc_bench.replay.transport import grpc_settings
 from tf_grpc_bench.replay.transport.client import ReplayClient
 from tf_grpc_bench.replay.transport.grpc_settings import GrpcSettings
-from tf_grpc_bench.replay.transport.server import LocalServers, ReplayServer
+from tf_grpc_bench.replay.transport.local_servers import LocalServers
+from tf_grpc_bench.replay.transport.server import ReplayServer
 
 from .conftest import make_trace
 

@@ -13,7 +13,7 @@ from tf_grpc_bench.dependencies import Dependencies
 from tf_grpc_bench.dependency_tracker import StepPath
 from tf_grpc_bench.replay.core.measurement import Benchmark
 from tf_grpc_bench.replay.core.workload import Mode, Workload, WorkloadStep, pull_call
-from tf_grpc_bench.replay.transport.client import StepOutcome
+from tf_grpc_bench.replay.transport.driver import StepOutcome
 from tf_grpc_bench.replay.transport.loop import WorkerLoop
 
 #: Each step's work on the fake clock, and how much later the other worker reaches the barrier.

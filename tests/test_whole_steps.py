@@ -21,8 +21,8 @@ from tf_grpc_bench.replay.core.workload import Mode
 from tf_grpc_bench.replay.network import compare as network_compare
 from tf_grpc_bench.replay.runner import RunPlan, run_benchmark
 from tf_grpc_bench.replay.transport.client import ReplayClient
+from tf_grpc_bench.replay.transport.local_servers import LocalServers
 from tf_grpc_bench.replay.transport.loop import begin_mid_trace
-from tf_grpc_bench.replay.transport.server import LocalServers
 from tf_grpc_bench.replay.transport.wire import ChannelSettings
 from tf_grpc_bench.trace import Trace
 from tf_grpc_bench.trace_mapping import WORKERS_AND_PS_ONLY

@@ -20,8 +20,8 @@ from tf_grpc_bench.replay.core.pacing import Pacing, Timing
 from tf_grpc_bench.replay.core.trace_workload import trace_workload
 from tf_grpc_bench.replay.core.workload import Mode, WorkloadStep
 from tf_grpc_bench.replay.runner import RunPlan, run_benchmark
+from tf_grpc_bench.replay.transport.local_servers import LocalServers
 from tf_grpc_bench.replay.transport.loop import begin_mid_trace
-from tf_grpc_bench.replay.transport.server import LocalServers
 from tf_grpc_bench.trace import (
     RECV_TENSOR,
     WORKER_STEP,

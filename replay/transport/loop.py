@@ -25,12 +25,8 @@ from tf_grpc_bench.replay.core.measurement import (
 )
 from tf_grpc_bench.replay.core.pacing import next_step_begin_ns
 from tf_grpc_bench.replay.core.workload import Workload, WorkloadStep
-from tf_grpc_bench.replay.transport.client import (
-    Driver,
-    ReplayClient,
-    StepOutcome,
-    sleep_until,
-)
+from tf_grpc_bench.replay.transport.client import ReplayClient
+from tf_grpc_bench.replay.transport.driver import Driver, StepOutcome, sleep_until
 from tf_grpc_bench.replay.transport.wire import ChannelSettings, ServerStats
 
 NS_PER_S = 1_000_000_000
