@@ -19,7 +19,7 @@ from tf_grpc_bench.replay.output.document import ResultDocument, build_document
 from tf_grpc_bench.replay.output.events import log_buckets
 from tf_grpc_bench.replay.output.hparams import COMPARISON_HPARAMS
 from tf_grpc_bench.replay.output.machine import NetworkInfo
-from tf_grpc_bench.replay.output.tensorboard import write_run
+from tf_grpc_bench.replay.output.tensorboard import FLAT_STEPS, write_run
 from tf_grpc_bench.sizes import SizeCategory
 
 CREATED = datetime(2026, 11, 29, 12, 30, 5, tzinfo=timezone.utc)
@@ -36,7 +36,10 @@ def _document(network: NetworkInfo | None = None, seed: int = 7) -> ResultDocume
 
 
 def _load(directory: Path) -> plugin_event_accumulator.EventAccumulator:
-    accumulator = plugin_event_accumulator.EventAccumulator(str(directory))
+    # Every value of every tag (the loader's default keeps a sample of 10 per tag).
+    accumulator = plugin_event_accumulator.EventAccumulator(
+        str(directory), size_guidance={"tensors": 0}
+    )
     accumulator.Reload()
     return accumulator
 
@@ -53,23 +56,30 @@ def _f32(value: float) -> float:
     return float(np.float32(value))
 
 
+def _flat(value: float) -> dict[int, float]:
+    """A figure over all runs as written: the same value at every step of ``FLAT_STEPS``."""
+    return dict.fromkeys(range(FLAT_STEPS), value)
+
+
 def test_tensorboard_loader_reads_back_the_figures_of_the_document(tmp_path: Path) -> None:
     document = _document()
     write_run(document, tmp_path)
     for result, label in zip(document.benchmarks, document.labels, strict=True):
         run = _load(tmp_path / label)
-        assert _scalar(run, "latency_us/all/p50") == {0: _f32(result.latency_all.p50_ns / 1e3)}
-        assert _scalar(run, "latency_us/all/p99.9") == {0: _f32(result.latency_all.p999_ns / 1e3)}
+        assert _scalar(run, "latency_us/all/p50") == _flat(_f32(result.latency_all.p50_ns / 1e3))
+        assert _scalar(run, "latency_us/all/p99.9") == _flat(_f32(result.latency_all.p999_ns / 1e3))
         for category, summary in result.latency_by_category:
-            assert _scalar(run, f"latency_us/{category.value}/p99") == {
-                0: _f32(summary.p99_ns / 1e3)
-            }
-            assert _scalar(run, f"latency_us/{category.value}/mean") == {
-                0: _f32(summary.mean_ns / 1e3)
-            }
-        assert _scalar(run, "throughput/bandwidth_mb_per_s") == {0: _f32(result.bandwidth_mb_per_s)}
-        assert _scalar(run, "throughput/rpcs_per_s") == {0: _f32(result.rpcs_per_s)}
-        assert _scalar(run, "rpcs/count") == {0: result.rpc_count}
+            assert _scalar(run, f"latency_us/{category.value}/p99") == _flat(
+                _f32(summary.p99_ns / 1e3)
+            )
+            assert _scalar(run, f"latency_us/{category.value}/mean") == _flat(
+                _f32(summary.mean_ns / 1e3)
+            )
+        assert _scalar(run, "throughput/bandwidth_mb_per_s") == _flat(
+            _f32(result.bandwidth_mb_per_s)
+        )
+        assert _scalar(run, "throughput/rpcs_per_s") == _flat(_f32(result.rpcs_per_s))
+        assert _scalar(run, "rpcs/count") == _flat(result.rpc_count)
         per_run = _scalar(run, "per_run/bandwidth_mb_per_s")
         assert sorted(per_run) == [r.run_index for r in result.runs]
         first = result.runs[0]
@@ -92,7 +102,7 @@ def test_trace_replay_step_times_are_scalars_and_histograms(tmp_path: Path) -> N
     write_run(document, tmp_path)
     result = document.benchmarks[2]
     run = _load(tmp_path / "ps-throughput")
-    assert _scalar(run, "step_time_ms/mean") == {0: _f32(result.step_time.mean_ns / 1e6)}
+    assert _scalar(run, "step_time_ms/mean") == _flat(_f32(result.step_time.mean_ns / 1e6))
     per_step = _scalar(run, "per_step/communication_time_ms")
     assert list(per_step.values()) == [_f32(t / 1e6) for t in result.step_times_ns]
     assert run.SummaryMetadata("histogram/step_time_ms").plugin_data.plugin_name == "histograms"
@@ -182,7 +192,7 @@ def test_writing_a_document_again_replaces_its_event_files(tmp_path: Path) -> No
     write_run(document, tmp_path)
     files = sorted(p.relative_to(tmp_path).as_posix() for p in tmp_path.rglob("*") if p.is_file())
     assert len(files) == 4, files
-    assert _scalar(_load(tmp_path / "p2p-latency"), "rpcs/count") == {0: 90}
+    assert _scalar(_load(tmp_path / "p2p-latency"), "rpcs/count") == _flat(90)
 
 
 def test_writing_tensorboard_logs_does_not_import_tensorflow(tmp_path: Path) -> None:
@@ -193,7 +203,7 @@ import sys
 sys.path.insert(0, {str(Path(__file__).parent.parent)!r})
 from pathlib import Path
 from tests.result_factory import golden_document
-from tf_grpc_bench.replay.output.tensorboard import write_run
+from tf_grpc_bench.replay.output.tensorboard import FLAT_STEPS, write_run
 write_run(golden_document(), Path({str(tmp_path)!r}))
 loaded = sorted(name for name in sys.modules if name.split(".")[0] == "tensorflow")
 print("tensorflow modules:", loaded)

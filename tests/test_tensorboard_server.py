@@ -25,6 +25,7 @@ import pytest
 from tf_grpc_bench.replay.output import document as results
 from tf_grpc_bench.replay.output.document_reader import read_document
 from tf_grpc_bench.replay.output.hparams import COMPARISON_HPARAMS, METRICS
+from tf_grpc_bench.replay.output.tensorboard import FLAT_STEPS
 from tf_grpc_bench.replay.output.timeline import PROFILE_SESSION
 
 from .browser import browser_page, colored_share, keep, serving
@@ -137,7 +138,10 @@ def test_every_scalar_equals_results_json(board: TensorBoard, documents: dict[st
                     expected[f"latency_us/{size}/{stat}"] = summary[f"{key}_ns"] / 1e3
             for tag, value in expected.items():
                 points = board.get("data/plugin/scalars/scalars", run=run, tag=tag)
-                assert [(step, shown) for _, step, shown in points] == [(0, _f32(value))], tag
+                # A flat line (tensorboard.FLAT_STEPS; the server samples up to 1000 points).
+                assert [(step, shown) for _, step, shown in points] == [
+                    (step, _f32(value)) for step in range(FLAT_STEPS)
+                ], tag
                 checked += 1
             per_run = board.get("data/plugin/scalars/scalars", run=run, tag="per_run/rpcs_per_s")
             assert [shown for _, _, shown in per_run] == [
@@ -398,3 +402,36 @@ def test_headless_chromium_shows_scalars_and_hparams_in_comparison_order(
         hparams = tmp_path / "hparams.png"
         page.screenshot(path=str(hparams))
         keep(hparams)
+
+
+def test_a_default_hparams_table_shows_the_figures_users_compare_without_ticking(
+    board: TensorBoard, tmp_path: Path
+) -> None:
+    """The HParams table as it first opens, nothing ticked: its columns (to the right of the
+    pane listing what can be ticked) include MB/s, RPCs/s and step p50, and the hparams
+    that tell rows apart: network, benchmark, rpc, pacing, compute."""
+    shown = (
+        "network", "benchmark", "rpc", "pacing", "compute",
+        "MB/s", "RPCs/s", "step p50 (ms)", "predicted step (ms)",
+    )  # fmt: skip
+    with browser_page(width=2600) as page:
+        page.goto(board.url + "#hparams")
+        page.get_by_text("Show Metrics").first.wait_for(timeout=120_000)
+        pane = page.get_by_text("Hyperparameters", exact=True).first.bounding_box()
+        header = page.get_by_text("Show Metrics").first.bounding_box()
+        columns = {}
+        for name in shown:
+            found = page.get_by_text(name, exact=True)
+            boxes = [found.nth(i).bounding_box() for i in range(found.count())]
+            # A column header: on the table's header row, right of the pane's checkboxes.
+            columns[name] = [
+                box
+                for box in boxes
+                if box and box["x"] > pane["x"] + 300 and abs(box["y"] - header["y"]) < 40
+            ]
+        table = tmp_path / "hparams-default-table.png"
+        page.screenshot(path=str(table))
+        keep(table)
+    assert all(columns.values()), {name: bool(boxes) for name, boxes in columns.items()}
+    lefts = [columns[name][0]["x"] for name in shown]
+    assert lefts == sorted(lefts), dict(zip(shown, lefts, strict=True))

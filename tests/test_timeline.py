@@ -225,12 +225,20 @@ def test_a_call_is_drawn_as_pushed_only_when_its_server_stood_for_the_trace_call
 
 
 def test_timeline_command_redraws_a_run_and_draws_a_trace(replay_run: Path, tmp_path: Path) -> None:
-    completed = _run(
-        "timeline", str(replay_run), "--steps", "all", "--benchmark", "p2p-latency", cwd=tmp_path
-    )
+    before = {p: p.read_bytes() for p in replay_run.rglob("*") if p.is_file()}
+    arguments = ("timeline", str(replay_run), "--steps", "all", "--benchmark", "p2p-latency")
+    completed = _run(*arguments, "--output-dir", "drawn", cwd=tmp_path)
     assert completed.returncode == 0, completed.stderr
-    assert "p2p-latency.trace.json" in completed.stdout
-    data = json.loads((replay_run / "timeline" / "p2p-latency.trace.json").read_text())
+    # Where --output-dir says, in a directory of its own; the run's own files untouched.
+    (drawn_run,) = (tmp_path / "drawn").glob(f"*-timeline-{replay_run.name}")
+    written = drawn_run.relative_to(tmp_path) / "timeline" / "p2p-latency.trace.json"
+    assert f"written: {written}" in completed.stdout
+    assert {p: p.read_bytes() for p in replay_run.rglob("*") if p.is_file()} == before
+    assert list(drawn_run.glob("p2p-latency/plugins/profile/timeline/*.xplane.pb"))
+    # Again: another directory, never over the first.
+    assert _run(*arguments, "--output-dir", "drawn", cwd=tmp_path).returncode == 0
+    assert len(list((tmp_path / "drawn").glob(f"*-timeline-{replay_run.name}"))) == 2
+    data = json.loads((drawn_run / "timeline" / "p2p-latency.trace.json").read_text())
     steps = [e for e in data["traceEvents"] if e["ph"] == "X" and e["cat"] == "step"]
     assert [e["name"] for e in steps if e["name"].startswith("replayed")] == [
         f"replayed step {n}" for n in (1, 2, 0)

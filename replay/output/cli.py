@@ -64,7 +64,8 @@ def configure_timeline(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--output-dir",
         default=DEFAULT_OUTPUT_DIR,
-        help=f"TRACE: where the timeline's directory is made (default {DEFAULT_OUTPUT_DIR}/)",
+        help="where a new directory for the timeline is made, never over an existing one "
+        f"(default {DEFAULT_OUTPUT_DIR}/)",
     )
 
 
@@ -79,14 +80,18 @@ def run_timeline(args: argparse.Namespace) -> int:
     run_directory, document = run
     trace = timeline.replayed_trace(document, Path(args.trace) if args.trace else None)
     labels = args.benchmark.split(",") if args.benchmark else None
+    # A new directory, so the run's own timelines (drawn by the replay) stay as they were.
+    output_dir = Path(args.output_dir)
+    directory = new_run_directory(output_dir, f"timeline-{run_directory.name}")
     written = timeline.write_run_timelines(
-        document, run_directory, trace, steps=steps, run_index=args.run, labels=labels
+        document, directory, trace, steps=steps, run_index=args.run, labels=labels
     )
     if not written:
+        directory.rmdir()
         raise ResultError(f"{args.source}: no benchmark with measured calls to draw")
     for path in written:
         print(f"written: {path}")
-    _print_view(run_directory.parent)
+    _print_view(output_dir)
     return 0
 
 

@@ -20,7 +20,8 @@ What each benchmark run holds:
 
 - hparams: ``hparams.hparam_values`` (network, link rate, trace, benchmark,
   mode, rpc, pacing, compute, the gRPC settings, then every other parameter);
-- scalars at step 0, the figures over all runs: ``latency_us/<class>/<stat>``
+- scalars drawn as flat lines (the same value at steps 0 to ``FLAT_STEPS`` - 1),
+  the figures over all runs: ``latency_us/<class>/<stat>``
   (class ``all``, ``small``, ``medium``, ``large``; stat ``mean``, ``p50``,
   ``p90``, ``p99``, ``p99.9``, ``max``), ``throughput/bandwidth_mb_per_s``,
   ``throughput/rpcs_per_s``, ``rpcs/count``, ``step_time_ms/<stat>`` (trace
@@ -38,6 +39,15 @@ What each benchmark run holds:
 
 Scalars are float32, what TensorBoard's own ``scalar_pb`` writes and what its
 default (Rust) loader reads; see ``events``.
+
+Why flat lines.  A figure over all runs is one value, but a chart holds one
+series per benchmark run (every benchmark, every run directory), and
+TensorBoard scales its y axis ignoring outliers by default: it keeps the values
+between the 5th and 95th percentile of all the chart's points.  With one point
+per series, a chart of three series keeps only the middle one; the others are
+drawn off the chart.  Each figure written ``FLAT_STEPS`` times makes every
+series' value at least 5% of the chart's points while a chart holds fewer than
+20 series, so none is cut.
 """
 
 from __future__ import annotations
@@ -70,6 +80,16 @@ LATENCY_STATISTICS = (
 )
 
 
+#: Steps each figure over all runs is written at (a flat line; see the module docstring).
+FLAT_STEPS = 20
+
+
+def _figure(events: EventFile, tag: str, value: float, description: str = "") -> None:
+    """A figure over all runs: the same value at steps 0 .. ``FLAT_STEPS`` - 1."""
+    for step in range(FLAT_STEPS):
+        events.scalar(tag, value, step, description=description)
+
+
 def document_time_s(document: ResultDocument) -> float:
     """The document's creation time as seconds since the epoch (event wall time)."""
     return datetime.fromisoformat(document.created_utc.replace("Z", "+00:00")).timestamp()
@@ -86,36 +106,38 @@ def session_name(run_directory: Path, label: str) -> str:
 
 def _write_latency(events: EventFile, prefix: str, summary: LatencySummary) -> None:
     for name, attribute in LATENCY_STATISTICS:
-        events.scalar(f"{prefix}/{name}", getattr(summary, attribute) / 1e3)
+        _figure(events, f"{prefix}/{name}", getattr(summary, attribute) / 1e3)
 
 
 def _write_figures(events: EventFile, result: BenchmarkResult, cpu_count: int) -> None:
-    """The step-0 scalars: figures over all runs."""
-    events.scalar("rpcs/count", result.rpc_count)
+    """The figures over all runs, each a flat line (``_figure``)."""
+    _figure(events, "rpcs/count", result.rpc_count)
     _write_latency(events, "latency_us/all", result.latency_all)
     for category, summary in result.latency_by_category:
         _write_latency(events, f"latency_us/{category.value}", summary)
-    events.scalar(
+    _figure(
+        events,
         "throughput/bandwidth_mb_per_s",
         result.bandwidth_mb_per_s,
         description="Request plus response payload, MB (10**6 bytes) per second, mean over runs.",
     )
-    events.scalar(
+    _figure(
+        events,
         "throughput/rpcs_per_s",
         result.rpcs_per_s,
         description="Completed RPCs per second over all workers, mean over runs.",
     )
     step_time = result.step_time
     for name, attribute in LATENCY_STATISTICS:
-        events.scalar(f"step_time_ms/{name}", getattr(step_time, attribute) / 1e6)
+        _figure(events, f"step_time_ms/{name}", getattr(step_time, attribute) / 1e6)
     predicted = prediction_json(result, cpu_count)
     if predicted is not None:
         for name in ("step", "compute", "communication"):
             value = predicted[f"{name}_ns"]
             if value is not None:
-                events.scalar(f"prediction/{name}_ms", value / 1e6)
-    events.scalar("cpu/client_utilization", cpu_utilization(result.client_cpu_ns, result))
-    events.scalar("cpu/server_utilization", cpu_utilization(result.server_cpu_ns, result))
+                _figure(events, f"prediction/{name}_ms", value / 1e6)
+    _figure(events, "cpu/client_utilization", cpu_utilization(result.client_cpu_ns, result))
+    _figure(events, "cpu/server_utilization", cpu_utilization(result.server_cpu_ns, result))
 
 
 def _write_runs(events: EventFile, result: BenchmarkResult) -> None:
