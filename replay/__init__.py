@@ -8,6 +8,8 @@ The package is layered; a module imports only from its own layer or lower ones
    Pure: no gRPC, no sockets, no clocks, no processes or threads, no IO.
 1. ``transport``: gRPC clients and servers, the wire formats, TLS, gRPC
    settings, and the measuring loop the runner and the throughput workers share.
+   ``native``, beside it: the gRPC C++ engine (its program's sources, build,
+   frames, driver and servers).
 2. ``output``: the result document (the one parse point of result files),
    machine probes, statistics, the text report, TensorBoard logs, step
    timelines, comparison plots, CSV tables, the progress bar, and the

@@ -20,6 +20,7 @@ PACKAGE = "tf_grpc_bench.replay"
 LAYERS = {
     "core": 0,
     "transport": 1,
+    "native": 1,
     "output": 2,
     "network": 3,
     "throughput": 4,

@@ -39,6 +39,11 @@ COMMANDS: tuple[tuple[str, str, str], ...] = (
     ),
     ("role", "tf_grpc_bench.replay.cli", "run one replay task placed by TF_CONFIG or srun"),
     (
+        "engine",
+        "tf_grpc_bench.replay.native.cli",
+        "the replay engines this host has; 'engine build' builds the gRPC C++ one",
+    ),
+    (
         "emit",
         "tf_grpc_bench.emit",
         "write a JobSet, a TFJob or TF_CONFIG documents for a replay or a capture",

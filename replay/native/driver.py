@@ -1,0 +1,449 @@
+"""One worker's calls through the engine program: ``NativeDriver``, a ``Driver`` for the
+measuring loop (``transport.loop.WorkerLoop``).
+
+What Python decides, it decides with the grpcio engine's own code: a call's
+release time under recorded and rate pacing (``pacing.release_time_ns``), the
+dependency model's releases (``DependencyTracker``, fed with the program's
+completions as they happen), the window (``window_limits``, which
+``pacing.may_issue`` is tested to agree with), the steps, their ends, the
+worker's other processes (``peers``).  The program waits for those release
+times and windows, issues, times each call with ``CLOCK_MONOTONIC`` and reports
+it; a sample is made here from the call the report names.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import numpy as np
+
+from tf_grpc_bench.dependencies import Dependencies
+from tf_grpc_bench.dependency_tracker import DependencyTracker
+from tf_grpc_bench.errors import ConfigError, TransportError
+from tf_grpc_bench.replay.core.measurement import CallSample
+from tf_grpc_bench.replay.core.messages import pull_request_layout, pull_response_content_bytes
+from tf_grpc_bench.replay.core.pacing import (
+    OPEN_LOOP_MAX_IN_FLIGHT,
+    Pacing,
+    Timing,
+    release_time_ns,
+)
+from tf_grpc_bench.replay.core.workload import Call, Mode, Shape, WorkloadStep
+from tf_grpc_bench.replay.native.process import EngineProcess
+from tf_grpc_bench.replay.native.protocol import (
+    NO_LIMIT,
+    PROTOCOL_VERSION,
+    Encoder,
+    StepReport,
+    unique_options,
+)
+from tf_grpc_bench.replay.transport.driver import StepOutcome
+from tf_grpc_bench.replay.transport.peers import PEER_POLL_S, Peers, perf_minus_monotonic_ns
+from tf_grpc_bench.replay.transport.wire import ChannelSettings, RpcKind
+
+_SHAPES = {Shape.ECHO: 0, Shape.ACK: 1, Shape.PULL: 2}
+#: A call's row in the program's table: what is sent, to whom, under which window.
+Row = tuple[str, Shape, int, int, int, int, tuple[int, ...], int, str, int]
+
+
+def window_limits(pacing: Pacing, call: Call) -> tuple[int, int]:
+    """The window as the program applies it: (most calls in flight in all, 0 for no
+    limit; most *earlier* calls in flight to the call's server, ``NO_LIMIT`` for none).
+
+    A call may go when ``in_flight < first`` (or ``first`` is 0) and
+    ``in_flight_to_server <= second``: exactly when ``pacing.may_issue`` says so
+    (tests hold the two together).
+    """
+    if pacing.window is not None:
+        return pacing.window, NO_LIMIT
+    if pacing.timing in (Timing.RATE, Timing.DEPENDENCIES):
+        return OPEN_LOOP_MAX_IN_FLIGHT, NO_LIMIT
+    return 0, call.outstanding_at_start
+
+
+def call_row(call: Call, mode: Mode, pacing: Pacing) -> Row:
+    """``call`` as the program's table holds it (equal rows share one entry)."""
+    content, name, padding = 0, "", 0
+    buffers: tuple[int, ...] = ()
+    if mode is Mode.SERIALIZED:
+        if call.shape is Shape.PULL:
+            content = pull_response_content_bytes(call.response_bytes)
+            layout = pull_request_layout(call.request_bytes, content, call.tensor_name)
+            name, padding = layout.tensor_name, layout.padding_bytes
+        else:
+            buffers = tuple(call.buffers)
+    return (
+        call.method,
+        call.shape,
+        call.server_index,
+        call.request_bytes,
+        call.response_bytes,
+        window_limits(pacing, call)[1],
+        buffers,
+        content,
+        name,
+        padding,
+    )
+
+
+class EngineClient:
+    """A ``tfgb-engine client`` process set up with one worker's calls (``rows``)."""
+
+    def __init__(
+        self,
+        program: Path,
+        *,
+        rows: Sequence[Row],
+        targets: Sequence[str],
+        mode: Mode,
+        settings: ChannelSettings,
+        pacing: Pacing,
+        deadline_s: float,
+        connect_timeout_s: float,
+    ) -> None:
+        self.process = EngineProcess(program, "client")
+        try:
+            self.process.send(
+                _setup_frame(rows, targets, mode, settings, pacing, deadline_s, connect_timeout_s)
+            )
+            answer = self.process.receive()
+        except BaseException:
+            self.process.close()
+            raise
+        if answer.kind == "E":
+            message = answer.text()
+            self.process.close()
+            raise TransportError(message)
+        self._cpu_ns = 0
+
+    def cpu_ns(self) -> int:
+        """The program's CPU time so far (the last known, once it has stopped answering)."""
+        try:
+            self.process.send(Encoder("U").frame())
+            while (frame := self.process.receive()).kind != "U":
+                pass
+            self._cpu_ns = frame.i64()
+        except TransportError:
+            pass
+        return self._cpu_ns
+
+    def close(self) -> None:
+        self.process.close()
+
+
+def _setup_frame(
+    rows: Sequence[Row],
+    targets: Sequence[str],
+    mode: Mode,
+    settings: ChannelSettings,
+    pacing: Pacing,
+    deadline_s: float,
+    connect_timeout_s: float,
+) -> bytes:
+    methods = sorted({row[0] for row in rows})
+    method_ids = {method: index for index, method in enumerate(methods)}
+    window = window_limits(pacing, _ANY_CALL)[0]
+    frame = (
+        Encoder("S")
+        .u32(PROTOCOL_VERSION)
+        .u8(mode is Mode.SERIALIZED)
+        .u8(settings.rpc is RpcKind.STREAMING)
+        .u32(settings.channels_per_server)
+        .i64(round(deadline_s * 1e9))
+        .i64(round(connect_timeout_s * 1e9))
+        .u32(window)
+        .text(settings.session)
+        .texts(list(targets))
+        .options(unique_options(settings.all_options()))
+        .text(settings.root_certificates or b"")
+        .text(settings.private_key or b"")
+        .text(settings.certificate_chain or b"")
+        .texts(methods)
+        .u32(len(rows))
+    )
+    for method, shape, server, request, response, limit, buffers, content, name, pad in rows:
+        frame.u32(method_ids[method]).u8(_SHAPES[shape]).u32(server).i64(request).i64(response)
+        frame.u32(limit).u32(len(buffers))
+        for size in buffers:
+            frame.i64(size)
+        frame.i64(content).text(name).i64(pad)
+    return frame.frame()
+
+
+#: Any call, for the window's first limit (the same for every call of a pacing).
+_ANY_CALL = Call(shape=Shape.PULL, method="/any", request_bytes=0, response_bytes=0)
+
+
+class NativeDriver:
+    """Issues a worker's calls through an ``EngineClient`` under a pacing, recording samples.
+
+    Stands where ``transport.client.Driver`` stands (``run_step``, ``begin_run``,
+    ``prepare``, ``pacing``, ``peers``); ``cpu_ns`` is this process's CPU time
+    and the program's, for the loop's ``cpu_clock``.  One thread drives it.
+    """
+
+    def __init__(
+        self,
+        engine: EngineClient,
+        steps: Sequence[WorkloadStep],
+        mode: Mode,
+        pacing: Pacing,
+        *,
+        clock: Callable[[], int] = time.perf_counter_ns,
+        peers: Peers | None = None,
+    ) -> None:
+        self.engine = engine
+        self.pacing = pacing
+        self.peers = peers
+        self.clock = clock
+        self._mode = mode
+        #: perf_counter_ns - CLOCK_MONOTONIC ns: the program's times are monotonic.
+        self._offset = perf_minus_monotonic_ns()
+        self._ids = {row: index for index, row in enumerate(rows_of(steps, mode, pacing))}
+        #: Per step object (kept alive here): its calls' rows in the program's table.
+        self._step_ids: dict[int, tuple[WorkloadStep, tuple[int, ...]]] = {}
+        self._issued_in_run = 0
+
+    def prepare(self, steps: Sequence[WorkloadStep]) -> None:
+        """Check that dependencies pacing has what it needs (requests were built at set-up)."""
+        if self.pacing.timing is Timing.DEPENDENCIES:
+            for step in steps:
+                dependencies_of(step)
+
+    def begin_run(self) -> None:
+        self._issued_in_run = 0
+
+    def cpu_ns(self) -> int:
+        """This process's CPU time and the program's (ns)."""
+        return time.process_time_ns() + self.engine.cpu_ns()
+
+    def ids(self, step: WorkloadStep) -> tuple[int, ...]:
+        """The rows of ``step``'s calls in the program's table."""
+        known = self._step_ids.get(id(step))
+        if known is None or known[0] is not step:
+            rows = (call_row(call, self._mode, self.pacing) for call in step.calls)
+            known = self._step_ids[id(step)] = (step, tuple(self._ids[row] for row in rows))
+        return known[1]
+
+    def to_monotonic(self, perf_ns: int) -> int:
+        return perf_ns - self._offset
+
+    def to_perf(self, monotonic_ns: int) -> int:
+        return monotonic_ns + self._offset
+
+    def run_step(
+        self,
+        step: WorkloadStep,
+        *,
+        run_begin_ns: int,
+        step_begin_ns: int,
+        stop_at_ns: int | None = None,
+        samples: list[CallSample] | None = None,
+    ) -> StepOutcome:
+        """As ``Driver.run_step``: issue the step's calls, wait for all, say when the last
+        one completed; samples appended as they are reported (so a ``TransportError``
+        keeps them)."""
+        if self.pacing.timing is Timing.DEPENDENCIES:
+            return _DependentStep(self, step, step_begin_ns).run(run_begin_ns, samples)
+        peers = self.peers
+        if peers is not None:
+            peers.begin_step()
+            step = peers.local_step(step)
+        ids = self.ids(step)
+        order = []
+        for number, (call, row) in enumerate(zip(step.calls, ids, strict=True)):
+            release = release_time_ns(
+                self.pacing,
+                call,
+                call_number=self._issued_in_run + number,
+                step_begin_ns=step_begin_ns,
+                run_begin_ns=run_begin_ns,
+            )
+            order.append((number, row, -1 if release is None else self.to_monotonic(release)))
+        end = self.clock()
+        stop = -1 if stop_at_ns is None else self.to_monotonic(stop_at_ns)
+        self.engine.process.send(Encoder("R").i64(stop).u8(0).u32(0).entries(order).frame())
+        report = self.finish(step.calls, run_begin_ns, samples)
+        self._issued_in_run += report.issued
+        end = max([end, *(self.to_perf(sample[2]) for sample in report.samples)])
+        if report.error:
+            raise TransportError(report.error)
+        if peers is not None:
+            end = peers.end_step(end)
+        return StepOutcome(last_end_ns=end)
+
+    def finish(
+        self, calls: Sequence[Call], run_begin_ns: int, samples: list[CallSample] | None
+    ) -> StepReport:
+        """Wait for the step's ``F`` frame (a stop signal: the step ends early, its calls
+        so far kept); its samples appended to ``samples``."""
+        try:
+            report = self._await_report()
+        except KeyboardInterrupt:
+            self.engine.process.send(Encoder("X").frame())
+            report = self._await_report()
+            self._keep(report, calls, run_begin_ns, samples)
+            raise
+        self._keep(report, calls, run_begin_ns, samples)
+        return report
+
+    def _await_report(self) -> StepReport:
+        while (frame := self.engine.process.receive()).kind != "F":
+            pass
+        return StepReport.read(frame)
+
+    def _keep(
+        self,
+        report: StepReport,
+        calls: Sequence[Call],
+        run_begin_ns: int,
+        samples: list[CallSample] | None,
+    ) -> None:
+        if samples is None:
+            return
+        for tag, start, end, release in report.samples:
+            call = calls[tag]
+            start_ns = self.to_perf(start)
+            samples.append(
+                CallSample(
+                    start_ns=start_ns - run_begin_ns,
+                    latency_ns=end - start,
+                    request_bytes=call.request_bytes,
+                    response_bytes=call.response_bytes,
+                    payload_bytes=call.payload_bytes,
+                    server_index=call.server_index,
+                    worker_index=call.worker_index,
+                    step=call.step,
+                    release_lag_ns=0 if release < 0 else max(start - release, 0),
+                    rpc_index=call.rpc_index,
+                )
+            )
+
+
+def rows_of(steps: Sequence[WorkloadStep], mode: Mode, pacing: Pacing) -> list[Row]:
+    """The distinct rows of every call in ``steps``, in a stable order."""
+    seen: dict[Row, None] = {}
+    for step in steps:
+        for call in step.calls:
+            seen.setdefault(call_row(call, mode, pacing), None)
+    return list(seen)
+
+
+def dependencies_of(step: WorkloadStep) -> list[Dependencies]:
+    dependencies = [call.dependencies for call in step.calls]
+    if any(d is None for d in dependencies):
+        raise ConfigError(
+            "--pacing dependencies needs a trace's calls (synthetic payloads have no dependencies)"
+        )
+    return [d for d in dependencies if d is not None]
+
+
+class _DependentStep:
+    """One step under dependencies pacing: the program reports each arrival, the tracker
+    (here) finds the calls that may go and when, the program issues them."""
+
+    def __init__(self, driver: NativeDriver, step: WorkloadStep, step_begin_ns: int) -> None:
+        self.driver = driver
+        self.step = step
+        pacing = driver.pacing
+        self.tracker = DependencyTracker(
+            dependencies_of(step),
+            servers=[call.server_index for call in step.calls],
+            step_begin_ns=step_begin_ns,
+            period_ns=step.period_ns,
+            compute_scale=pacing.wall_compute_scale,
+            step_compute_ns=step.step_compute_ns,
+            round_tail_ns=step.round_tail_ns,
+        )
+        self.ids = driver.ids(step)
+        peers = driver.peers
+        self.owned = frozenset(range(len(step.calls)) if peers is None else peers.owned(step))
+        #: Calls whose completion the tracker has (this process's own count from the start:
+        #: they come from the program, not from the peers).
+        self.fed = np.zeros(len(step.calls), dtype=bool)
+        self.fed[list(self.owned)] = True
+        self.last_end_ns = step_begin_ns
+        #: Guards the tracker; notified when another process's call completes.
+        self.lock = threading.Condition()
+
+    def _release_ready(self) -> None:
+        """Send the program the owned calls that became releasable (hold ``lock``)."""
+        entries = []
+        for index in self.tracker.take_releasable():
+            release = self.tracker.release_ns(index)
+            assert release is not None
+            if index in self.owned:
+                entries.append((index, self.ids[index], self.driver.to_monotonic(release)))
+        if entries:
+            self.driver.engine.process.send(Encoder("D").entries(entries).frame())
+
+    def _arrived(self, index: int, end_ns: int) -> None:
+        """Call ``index`` completed at ``end_ns`` (perf ns; hold ``lock``)."""
+        self.last_end_ns = max(self.last_end_ns, end_ns)
+        self.tracker.complete(index, end_ns)
+        self._release_ready()
+
+    def _take_remote(self) -> None:
+        """The worker's other processes' completions (on the peers' thread)."""
+        peers = self.driver.peers
+        assert peers is not None
+        with self.lock:
+            for index, end_ns in peers.arrivals(self.fed):
+                self._arrived(index, end_ns)
+            self.lock.notify_all()
+
+    def run(self, run_begin_ns: int, samples: list[CallSample] | None) -> StepOutcome:
+        peers = self.driver.peers
+        if peers is not None:
+            peers.begin_step()
+            peers.on_arrivals(self._take_remote)
+        try:
+            report = self._replay(run_begin_ns, samples)
+            if report.error:
+                raise TransportError(report.error)
+            if peers is not None:
+                self._take_remote()
+                with self.lock:
+                    while self.tracker.completed_count < len(self.step.calls):
+                        if peers.broken:
+                            raise TransportError(
+                                "another client process of this worker stopped mid-step"
+                            )
+                        self.lock.wait(PEER_POLL_S)
+        finally:
+            if peers is not None:
+                peers.on_arrivals(None)
+        last_end = self.last_end_ns
+        if peers is not None:
+            last_end = peers.end_step(last_end)
+        return StepOutcome(
+            last_end_ns=last_end,
+            next_begin_ns=self.tracker.next_step_begin_ns(),
+            path=self.tracker.critical_path(),
+        )
+
+    def _replay(self, run_begin_ns: int, samples: list[CallSample] | None) -> StepReport:
+        """This process's calls of the step, released as their inputs arrive."""
+        driver = self.driver
+        process = driver.engine.process
+        with self.lock:
+            process.send(Encoder("R").i64(-1).u8(1).u32(len(self.owned)).entries([]).frame())
+            self._release_ready()
+        try:
+            while (frame := process.receive()).kind == "C":
+                with self.lock:
+                    for tag, end in frame.arrivals():
+                        if driver.peers is not None:
+                            driver.peers.publish(tag, driver.to_perf(end))
+                        self._arrived(tag, driver.to_perf(end))
+        except KeyboardInterrupt:
+            process.send(Encoder("X").frame())
+            report = driver._await_report()
+            driver._keep(report, self.step.calls, run_begin_ns, samples)
+            raise
+        report = StepReport.read(frame)
+        driver._keep(report, self.step.calls, run_begin_ns, samples)
+        return report
