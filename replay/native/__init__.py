@@ -7,6 +7,6 @@ them alone.  The program (``engine/*.cc``, built on first use by ``build``)
 executes: it opens gRPC C++ channels (generic stub, completion queues), sends
 each call's request the way TensorFlow sends tensors, waits for the release
 times and windows Python gives it, and reports each call's timing back
-(``protocol``).  ``driver.NativeDriver`` stands where ``transport.client.Driver``
+(``protocol``).  ``driver.NativeDriver`` stands where ``transport.driver.Driver``
 stands for the measuring loop; ``servers`` runs the program's server side.
 """

@@ -180,7 +180,7 @@ _ANY_CALL = Call(shape=Shape.PULL, method="/any", request_bytes=0, response_byte
 class NativeDriver:
     """Issues a worker's calls through an ``EngineClient`` under a pacing, recording samples.
 
-    Stands where ``transport.client.Driver`` stands (``run_step``, ``begin_run``,
+    Stands where ``transport.driver.Driver`` stands (``run_step``, ``begin_run``,
     ``prepare``, ``pacing``, ``peers``); ``cpu_ns`` is this process's CPU time
     and the program's, for the loop's ``cpu_clock``.  One thread drives it.
     """

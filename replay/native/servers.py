@@ -1,6 +1,6 @@
 """Replay servers of the gRPC C++ engine: ``tfgb-engine serve`` processes.
 
-``NativeServers`` is ``transport.server.LocalServers`` for this engine: the
+``NativeServers`` is ``transport.local_servers.LocalServers`` for this engine: the
 same constructor, ``targets``, ``pids``, ``start``/``stop`` and context
 manager, each server a program of its own (``--procs-per-server`` K: K
 programs sharing its port, told of each other's loopback ports for control

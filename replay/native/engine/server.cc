@@ -1,5 +1,6 @@
 // The replay server on gRPC C++'s async generic service: the same method paths,
-// sessions, control calls and refusals as replay/transport/server.py.
+// sessions, control calls and refusals as the grpcio server (replay/transport/
+// handlers.py, sessions.py).
 //
 // Every call is one `ServerCall` driven by its completion-queue events (one
 // polling thread per queue; one queue unless asked for more).  Payload calls
