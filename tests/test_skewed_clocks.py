@@ -1,0 +1,190 @@
+"""Records of tasks whose clocks differ assemble to the trace their aligned clocks give.
+
+A real job (``tests/data/tensor_exchange_job.py``: a ps and two workers moving
+tensors over real gRPC with TensorFlow's RecvTensor messages, no TensorFlow) runs
+with every task under ``tf-grpc-bench record``, on this machine, so every task
+reads the same clock.  Then each task's records are copied as if its host's clock
+were seconds off (worker 0 ahead, worker 1 behind: every recorded time, the
+manifest's clock readings and the step markers moved by the task's offset, and a
+boot id of its own), and both sets are assembled, with the driving task's step
+markers and without them.  The skewed copy must give the aligned trace: the
+offsets found by the wire bound the true ones, and every call lands in the same
+step with the same sizes, tensor and tasks, at the same time up to the wire's
+bounds.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import struct
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tf_grpc_bench.profiler.assemble import assemble_records
+from tf_grpc_bench.profiler.launch.ports import free_ports
+from tf_grpc_bench.trace import Rpc, Trace
+
+DATA = Path(__file__).parent / "data"
+JOB = DATA / "tensor_exchange_job.py"
+CLI = str(Path(sys.executable).with_name("tf-grpc-bench"))
+STEPS = 6
+#: How far each task's clock is off (ns): the reference ps:0 none, worker 0 ahead by
+#: 3.2 s, worker 1 behind by 2.7 s.
+OFFSETS = {"ps:0": 0, "worker:0": 3_200_000_000, "worker:1": -2_700_000_000}
+
+# The record file layout (``wiretap.c``): a 64-byte header whose last field is its
+# creation time, then records of a 24-byte head: length, kind, 0, connection,
+# duration, time (ns).
+_HEADER = struct.Struct("<8sIIIIQQQQ")
+_RECORD = struct.Struct("<IHHIIQ")
+
+
+@pytest.fixture(scope="module")
+def records(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The job's records, every task under ``record``, all on this machine's clock."""
+    out = tmp_path_factory.mktemp("aligned") / "records"
+    ports = free_ports(3)
+    cluster = {
+        "ps": [f"127.0.0.1:{ports[0]}"],
+        "worker": [f"127.0.0.1:{ports[1]}", f"127.0.0.1:{ports[2]}"],
+    }
+    command = [sys.executable, str(JOB), "--steps", str(STEPS), "--markers"]
+    processes = []
+    for job, index in (("ps", 0), ("worker", 0), ("worker", 1)):
+        environment = dict(os.environ)
+        environment["TF_CONFIG"] = json.dumps(
+            {"cluster": cluster, "task": {"type": job, "index": index}}
+        )
+        processes.append(
+            subprocess.Popen(
+                [CLI, "record", "--out", str(out), "--", *command],
+                env=environment,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+        )
+    try:
+        for process in processes:
+            _, stderr = process.communicate(timeout=240)
+            assert process.returncode == 0, stderr
+    finally:
+        for process in processes:
+            process.kill()
+            process.wait()
+    return out
+
+
+def _shift_record_file(source: Path, target: Path, offset_ns: int) -> None:
+    """A copy of a record file with every time in it moved by ``offset_ns``; only its
+    written part (the recorder makes the file as large as its capacity, sparse)."""
+    with source.open("rb") as stream:
+        fields = list(_HEADER.unpack(stream.read(_HEADER.size)))
+        stream.seek(0)
+        data = bytearray(stream.read(min(fields[6], fields[5])))
+    fields[-1] += offset_ns
+    _HEADER.pack_into(data, 0, *fields)
+    end = len(data)
+    position = 64
+    while position + _RECORD.size <= end:
+        length, kind, zero, connection, took, time_ns = _RECORD.unpack_from(data, position)
+        if length == 0:
+            break
+        _RECORD.pack_into(data, position, length, kind, zero, connection, took, time_ns + offset_ns)
+        position += length
+    target.write_bytes(bytes(data))
+
+
+def _task_folders(records: Path) -> Iterator[tuple[str, Path]]:
+    for manifest in sorted(records.glob("*/manifest.json")):
+        task = json.loads(manifest.read_text())["task"]
+        yield f"{task['job']}:{task['index']}", manifest.parent
+
+
+def _copy(records: Path, target: Path, *, markers: bool, skewed: bool) -> Path:
+    """``records`` with or without the step markers; ``skewed``: as if each task's host
+    clock were off by ``OFFSETS`` (and each host had its own boot id)."""
+    for name, folder in _task_folders(records):
+        offset = OFFSETS[name] if skewed else 0
+        copy = target / folder.name
+        (copy / "wiretap").mkdir(parents=True)
+        manifest = json.loads((folder / "manifest.json").read_text())
+        for reading in ("start", "end"):
+            manifest["clock"][reading]["monotonic_ns"] += offset
+        if skewed:
+            manifest["boot_id"] = f"host-of-{name}"
+        (copy / "manifest.json").write_text(json.dumps(manifest))
+        for path in (folder / "wiretap").glob("tap-*.bin"):
+            _shift_record_file(path, copy / "wiretap" / path.name, offset)
+        written = folder / "steps.jsonl"
+        lines = written.read_text().splitlines() if markers and written.exists() else []
+        if lines:
+            shifted = []
+            for line in lines:
+                marker = json.loads(line)
+                marker["start_ns"] += offset
+                marker["end_ns"] += offset
+                shifted.append(json.dumps(marker) + "\n")
+            (copy / "steps.jsonl").write_text("".join(shifted))
+    return target
+
+
+def _call(rpc: Rpc, trace: Trace) -> tuple[object, ...]:
+    return (
+        rpc.method, rpc.request_bytes, rpc.response_bytes, rpc.tensor, rpc.status_code,
+        trace.task_name(rpc.caller_task), trace.task_name(rpc.callee_task),
+    )  # fmt: skip
+
+
+def _assert_same_trace(skewed: Trace, aligned: Trace) -> None:
+    """The same steps, each with the same calls, at the same times up to the wire's
+    bounds on the clocks."""
+    assert [t.name for t in skewed.tasks] == [t.name for t in aligned.tasks]
+    slack = max((o.upper_ns or 0) - (o.lower_ns or 0) for o in skewed.clock_alignment.tasks)
+    assert [s.index for s in skewed.steps] == [s.index for s in aligned.steps]
+    assert len(aligned.steps) >= 3
+    for ours, theirs in zip(skewed.steps, aligned.steps, strict=True):
+        assert abs(ours.start_ns - theirs.start_ns) <= slack
+        assert abs(ours.end_ns - theirs.end_ns) <= slack
+        assert sorted(map(repr, (_call(r, skewed) for r in ours.rpcs))) == sorted(
+            map(repr, (_call(r, aligned) for r in theirs.rpcs))
+        )
+        starts = sorted((repr(_call(r, skewed)), r.start_ns) for r in ours.rpcs)
+        expected = sorted((repr(_call(r, aligned)), r.start_ns) for r in theirs.rpcs)
+        for (call, start), (_, start_then) in zip(starts, expected, strict=True):
+            assert abs(start - start_then) <= slack, call
+
+
+def _assert_offsets_found(skewed: Trace) -> None:
+    """The wire bounds each task's true offset: reference time = own time + offset."""
+    alignment = skewed.clock_alignment
+    assert alignment.reference == "ps:0"
+    for found in alignment.tasks:
+        true = -OFFSETS[found.task]
+        assert found.lower_ns is not None and found.upper_ns is not None, found
+        assert found.lower_ns <= true <= found.upper_ns, found
+        # Loopback calls bound a clock to well under a millisecond.
+        assert found.upper_ns - found.lower_ns < 10_000_000, found
+
+
+@pytest.mark.parametrize("markers", [True, False], ids=["markers", "no-markers"])
+def test_records_of_clocks_seconds_apart_assemble_to_the_aligned_trace(
+    records: Path, tmp_path: Path, markers: bool
+) -> None:
+    aligned = assemble_records(
+        [_copy(records, tmp_path / "aligned", markers=markers, skewed=False)]
+    )
+    assert not aligned.partial, aligned.partial_reason
+    assert {o.offset_ns for o in aligned.clock_alignment.tasks} == {0}
+    skewed = assemble_records([_copy(records, tmp_path / "skewed", markers=markers, skewed=True)])
+    assert not skewed.partial, skewed.partial_reason
+    _assert_offsets_found(skewed)
+    _assert_same_trace(skewed, aligned)
+    detection = aligned.step_detection
+    assert detection is not None
+    assert ("marker" in detection.source) == markers, detection
