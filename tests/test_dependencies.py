@@ -89,6 +89,33 @@ def test_a_pull_waits_for_gradients_that_reached_its_ps_before_the_variable_left
     assert (deps[1].after_worker_arrivals, deps[1].after_server_arrivals) == (0, 0)
 
 
+def test_each_wait_is_keyed_on_its_own_timestamp_of_the_call() -> None:
+    """A pull asked for before an arrival at its worker and answered after it, and a
+    gradient reaching the ps between a pull's request and its response and another
+    after it: start, response start and end of each call give different counts, and
+    each wait takes the one the rule names (worked out by hand)."""
+    deps = infer_dependencies(
+        (
+            _pull(1, 2, 10),  # 0: variable a, at the worker at 10 ms
+            _pull(1, 3, 20),  # 1: variable b, at 20 ms
+            _push(2, 12, 18),  # 2: gradient g leaves at 12 ms, at the ps at 18 ms
+            _pull(15, 25, 30),  # 3: asked at 15 ms (a in), answered at 25 ms (b and g in)
+            _push(2, 26, 27),  # 4: gradient h leaves at 26 ms, at the ps at 27 ms
+        )
+    )
+    # (waits for worker arrivals, for server arrivals, place in its arrival list):
+    # a pull waits for the worker's arrivals before its request left (start) and the
+    # ps's before its response left (response start); a gradient for the worker's
+    # arrivals before it left (response start).
+    assert [(d.after_worker_arrivals, d.after_server_arrivals, d.arrival_rank) for d in deps] == [
+        (0, 0, 0),
+        (0, 0, 1),
+        (1, 0, 0),
+        (1, 1, 2),
+        (2, 0, 1),
+    ]
+
+
 def test_an_arrival_at_the_very_instant_data_leaves_is_not_waited_for() -> None:
     deps = infer_dependencies((_pull(0, 0, 10), _push(0, 10, 12)))
     assert deps[1].after_worker_arrivals == 0
