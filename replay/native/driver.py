@@ -38,6 +38,7 @@ from tf_grpc_bench.replay.native.protocol import (
     PROTOCOL_VERSION,
     Encoder,
     StepReport,
+    pack_entries,
     unique_options,
 )
 from tf_grpc_bench.replay.transport.driver import StepOutcome
@@ -206,6 +207,7 @@ class NativeDriver:
         #: Per step object (kept alive here): its calls' rows in the program's table.
         self._step_ids: dict[int, tuple[WorkloadStep, tuple[int, ...]]] = {}
         self._issued_in_run = 0
+        self._asap_orders: dict[int, tuple[WorkloadStep, bytes]] = {}
 
     def prepare(self, steps: Sequence[WorkloadStep]) -> None:
         """Check that dependencies pacing has what it needs (requests were built at set-up)."""
@@ -252,20 +254,10 @@ class NativeDriver:
         if peers is not None:
             peers.begin_step()
             step = peers.local_step(step)
-        ids = self.ids(step)
-        order = []
-        for number, (call, row) in enumerate(zip(step.calls, ids, strict=True)):
-            release = release_time_ns(
-                self.pacing,
-                call,
-                call_number=self._issued_in_run + number,
-                step_begin_ns=step_begin_ns,
-                run_begin_ns=run_begin_ns,
-            )
-            order.append((number, row, -1 if release is None else self.to_monotonic(release)))
+        order = self._order(step, run_begin_ns=run_begin_ns, step_begin_ns=step_begin_ns)
         end = self.clock()
         stop = -1 if stop_at_ns is None else self.to_monotonic(stop_at_ns)
-        self.engine.process.send(Encoder("R").i64(stop).u8(0).u32(0).entries(order).frame())
+        self.engine.process.send(Encoder("R").i64(stop).u8(0).u32(0).raw(order).frame())
         report = self.finish(step.calls, run_begin_ns, samples)
         self._issued_in_run += report.issued
         end = max([end, *(self.to_perf(sample[2]) for sample in report.samples)])
@@ -274,6 +266,28 @@ class NativeDriver:
         if peers is not None:
             end = peers.end_step(end)
         return StepOutcome(last_end_ns=end)
+
+    def _order(self, step: WorkloadStep, *, run_begin_ns: int, step_begin_ns: int) -> bytes:
+        """The step's calls in issue order with their releases (``pacing.release_time_ns``),
+        encoded; kept per step where the pacing plans no release (closed loop)."""
+        if self.pacing.timing is Timing.ASAP:
+            cached = self._asap_orders.get(id(step))
+            if cached is not None and cached[0] is step:
+                return cached[1]
+        order = []
+        for number, (call, row) in enumerate(zip(step.calls, self.ids(step), strict=True)):
+            release = release_time_ns(
+                self.pacing,
+                call,
+                call_number=self._issued_in_run + number,
+                step_begin_ns=step_begin_ns,
+                run_begin_ns=run_begin_ns,
+            )
+            order.append((number, row, -1 if release is None else self.to_monotonic(release)))
+        packed = pack_entries(order)
+        if self.pacing.timing is Timing.ASAP:
+            self._asap_orders[id(step)] = (step, packed)
+        return packed
 
     def finish(
         self, calls: Sequence[Call], run_begin_ns: int, samples: list[CallSample] | None

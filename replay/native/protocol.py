@@ -113,9 +113,11 @@ class Encoder:
 
     def entries(self, entries: Sequence[tuple[int, int, int]]) -> Encoder:
         """(tag, call, release ns) triples."""
-        self.u32(len(entries))
-        for entry in entries:
-            self._out.write(_ENTRY.pack(*entry))
+        return self.raw(pack_entries(entries))
+
+    def raw(self, data: bytes) -> Encoder:
+        """Bytes encoded before (``pack_entries``)."""
+        self._out.write(data)
         return self
 
     def frame(self) -> bytes:
@@ -161,6 +163,11 @@ class Decoder:
         count = self.u32()
         data = self._take(count * _SAMPLE.size)
         return [(int(t), int(s), int(e), int(r)) for t, s, e, r in _SAMPLE.iter_unpack(data)]
+
+
+def pack_entries(entries: Sequence[tuple[int, int, int]]) -> bytes:
+    """A list of (tag, call, release ns) triples, encoded (kept by callers that repeat it)."""
+    return _U32.pack(len(entries)) + b"".join(_ENTRY.pack(*entry) for entry in entries)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

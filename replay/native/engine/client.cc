@@ -9,9 +9,10 @@
 // decided in Python alone; this program waits for the release time and for the
 // window (calls in flight in all, and to the call's server), issues, and times.
 //
-// Threads: the main thread issues; one thread polls the completion queue (and
-// issues the next call itself when nothing holds it back, so a closed loop does
-// not pay a thread hand-off per call); one reads frames from Python.
+// Threads: one reads Python's frames and issues what they let go at once; one polls
+// the completion queue and issues what a completion lets go (a closed loop pays no
+// thread hand-off per call); the main thread issues what falls due at a release
+// time later.
 
 #include <grpcpp/generic/generic_stub.h>
 #include <signal.h>
@@ -224,6 +225,7 @@ class Engine {
   void ReadCommands();
   void Apply(const std::string& frame);
   void Pump();
+  void WakeTimerIfSooner();
   bool WindowAllows(uint32_t call) const;
   void Issue(uint32_t tag, uint32_t call, int64_t release_ns);
   grpc::ByteBuffer RequestOf(uint32_t call) const;
@@ -237,7 +239,6 @@ class Engine {
   std::vector<grpc::ByteBuffer> raw_requests_;
   grpc::CompletionQueue cq_;
   std::condition_variable changed_;
-  std::deque<std::string> commands_;
   StepState step_;
   int64_t in_flight_ = 0;
   int64_t wake_at_ns_ = -1;
@@ -473,9 +474,7 @@ void Engine::CompletedLocked(uint32_t tag, uint32_t id, int64_t start_ns, int64_
     if (step_.dependent) step_.arrivals.emplace_back(tag, end_ns);
   }
   Pump();
-  if (wake_at_ns_ >= 0 && (sleeping_until_ns_ < 0 || wake_at_ns_ < sleeping_until_ns_)) {
-    changed_.notify_all();
-  }
+  WakeTimerIfSooner();
 }
 
 // Reports completions (dependencies pacing) and a finished step, in that order.
@@ -528,21 +527,40 @@ void Engine::PollCompletions() {
   }
 }
 
+// Takes Python's frames and acts on them at once, on this thread: a step's first calls
+// go from here, with no hand-off to another thread.
 void Engine::ReadCommands() {
   std::string frame;
-  while (ReadFrame(0, &frame)) {
-    if (frame[0] == 'Q') break;
-    if (frame[0] == 'U') {
-      Encoder reply('U');
-      reply.I64(ProcessCpuNs());
-      WriteFrame(1, reply.body());
-      continue;
+  try {
+    while (ReadFrame(0, &frame)) {
+      if (frame[0] == 'Q') break;
+      if (frame[0] == 'U') {
+        Encoder reply('U');
+        reply.I64(ProcessCpuNs());
+        WriteFrame(1, reply.body());
+        continue;
+      }
+      {
+        std::lock_guard<std::mutex> hold(lock);
+        Apply(frame);
+        Pump();
+        WakeTimerIfSooner();
+      }
+      Flush();
     }
-    std::lock_guard<std::mutex> hold(lock);
-    commands_.push_back(frame);
-    changed_.notify_all();
+  } catch (const ProtocolError& error) {
+    fprintf(stderr, "tfgb-engine client: %s\n", error.what());
+    _exit(2);
   }
   _exit(0);  // the Python side is gone or done: nothing of this process is worth keeping
+}
+
+// The timer thread sleeps until the next release it knows of: wake it if there is a
+// sooner one now (hold the lock).
+void Engine::WakeTimerIfSooner() {
+  if (wake_at_ns_ >= 0 && (sleeping_until_ns_ < 0 || wake_at_ns_ < sleeping_until_ns_)) {
+    changed_.notify_all();
+  }
 }
 
 // A command from Python (hold the lock).
@@ -578,16 +596,13 @@ void Engine::Apply(const std::string& frame) {
   }
 }
 
+// The timer thread: issues what falls due at a release time, and watches the streams'
+// deadlines; completions and Python's frames issue the rest on their own threads.
 void Engine::Serve() {
   std::thread(&Engine::PollCompletions, this).detach();
   std::thread(&Engine::ReadCommands, this).detach();
   std::unique_lock<std::mutex> hold(lock);
   while (true) {
-    while (!commands_.empty()) {
-      std::string frame = std::move(commands_.front());
-      commands_.pop_front();
-      Apply(frame);
-    }
     Pump();
     int64_t wake = wake_at_ns_;
     bool watching = false;
@@ -600,7 +615,6 @@ void Engine::Serve() {
     hold.unlock();
     Flush();
     hold.lock();
-    if (!commands_.empty()) continue;
     if (watching) {
       int64_t watch = MonotonicNs() + kWatchPeriodNs;
       wake = wake < 0 ? watch : std::min(wake, watch);
@@ -751,12 +765,7 @@ int RunClient() {
     return 1;
   }
   WriteFrame(1, Encoder('K').body());
-  try {
-    engine.Serve();
-  } catch (const ProtocolError& error) {
-    fprintf(stderr, "tfgb-engine client: %s\n", error.what());
-    _exit(2);
-  }
+  engine.Serve();
   return 0;
 }
 
