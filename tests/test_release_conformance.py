@@ -143,9 +143,8 @@ def _index_of(step: WorkloadStep, sample: CallSample, taken: set[int]) -> int:
     for index, call in enumerate(step.calls):
         if index in taken:
             continue
-        if call.rpc_index == sample.rpc_index and call.request_bytes == sample.request_bytes and (
-            call.server_index == sample.server_index
-        ):
+        same = (call.rpc_index, call.request_bytes, call.server_index)
+        if same == (sample.rpc_index, sample.request_bytes, sample.server_index):
             taken.add(index)
             return index
     raise AssertionError(f"no call of the step for {sample}")
@@ -297,7 +296,5 @@ def test_the_programs_window_is_the_pacings_window(pacing: Pacing) -> None:
                 program = (total == 0 or in_flight < total) and (
                     to_server_limit == NO_LIMIT or to_server <= to_server_limit
                 )
-                rule = may_issue(
-                    pacing, call, in_flight=in_flight, in_flight_to_server=to_server
-                )
+                rule = may_issue(pacing, call, in_flight=in_flight, in_flight_to_server=to_server)
                 assert program == rule, (in_flight, to_server, outstanding)
