@@ -33,7 +33,7 @@ from tf_grpc_bench.replay.output import comparison, export, report, timeline
 from tf_grpc_bench.replay.output.document import ResultDocument
 from tf_grpc_bench.replay.output.tensorboard import write_run
 from tf_grpc_bench.replay.runner import RunPlan, run_benchmark
-from tf_grpc_bench.replay.transport.server import LocalServers
+from tf_grpc_bench.replay.transport.local_servers import LocalServers
 
 SIZES = ("small", "medium", "large")
 #: Tag and table names of the latency statistics, by the oracle's names.
