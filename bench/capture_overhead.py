@@ -54,12 +54,13 @@ from pathlib import Path
 
 from common import README, command_line, load_average, machine_line, table_head, write_section
 
+from tf_grpc_bench import capture_cpu, lifetime
 from tf_grpc_bench.errors import BenchError
 from tf_grpc_bench.profiler.capture import capture_training
 from tf_grpc_bench.profiler.launch.config import TrainingConfig
-from tf_grpc_bench.profiler.launch.job import TrainingJob
-from tf_grpc_bench.profiler.launch.plan import plan_tasks
+from tf_grpc_bench.profiler.launch.hosts import NetworkRequest
 from tf_grpc_bench.profiler.progress import Progress
+from tf_grpc_bench.profiler.uncaptured import train_uncaptured
 
 SECTION = "## Capture overhead"
 OFF = "off"
@@ -103,6 +104,8 @@ class VariantFigures:
     name: str
     steps_ms: list[list[float]] = field(default_factory=list)  # per repetition
     cpu_ms_per_step: list[float] = field(default_factory=list)
+    #: The job's tasks' CPU per steady step (all tasks, from /proc), per repetition.
+    task_cpu_ms_per_step: list[float] = field(default_factory=list)
     forwarded_bytes: int = 0
     spliced_bytes: int = 0
     physics: str = ""
@@ -129,15 +132,24 @@ class VariantFigures:
         ]
 
 
-def run_without_capture(config: TrainingConfig, workdir: Path) -> list[float]:
-    with TrainingJob(config, plan_tasks(config), workdir) as job:
-        job.start()
-        outcome = job.wait(timeout_s=1800)
-    return [d / 1e6 for d in outcome.steady_step_durations_ns]
+def run_without_capture(
+    config: TrainingConfig, workdir: Path, figures: VariantFigures, network: NetworkRequest | None
+) -> list[float]:
+    """The launcher's job with no recorder (``profiler.uncaptured``), on ``network``'s link
+    if given; its steady rounds in ms.  Its tasks' CPU per round goes into ``figures``."""
+    run = train_uncaptured(config, network=network, workdir=workdir, timeout_s=1800)
+    per_task = run.task_cpu_per_round_s()
+    if per_task:
+        figures.task_cpu_ms_per_step.append(sum(per_task.values()) * 1e3)
+    return [d / 1e6 for d in run.rounds_ns]
 
 
 def run_with_capture(
-    config: TrainingConfig, workdir: Path, variant: str, figures: VariantFigures
+    config: TrainingConfig,
+    workdir: Path,
+    variant: str,
+    figures: VariantFigures,
+    network: NetworkRequest | None = None,
 ) -> list[float]:
     samples: list[tuple[int, float]] = []
     warmup = config.warmup_steps
@@ -155,9 +167,14 @@ def run_with_capture(
         progress=progress,
         recorder=VARIANTS[variant][0],
         proxy_options=VARIANTS[variant][1] or None,
+        network=network,
     )
     if result.error is not None:
         raise result.error
+    cpu = capture_cpu.from_extra(result.trace.metadata.extra)
+    if cpu is not None and result.trace.steps:
+        seconds = cpu.tasks_cores * cpu.span_ns / 1e9
+        figures.task_cpu_ms_per_step.append(seconds * 1e3 / len(result.trace.steps))
     steady = [(n, cpu) for n, cpu in samples if n >= warmup]
     if len(steady) >= 2 and steady[-1][0] > steady[0][0]:
         figures.cpu_ms_per_step.append(
@@ -177,13 +194,45 @@ def _format_ms(values: Sequence[float]) -> str:
     return ", ".join(f"{v:.0f}" for v in values)
 
 
-def _table(config: TrainingConfig, figures: dict[str, VariantFigures]) -> list[str]:
+@dataclass(frozen=True, slots=True)
+class Job:
+    """One job measured: its training and the link its tasks run on (None: loopback)."""
+
+    config: TrainingConfig
+    network: NetworkRequest | None = None
+
+    @property
+    def name(self) -> str:
+        link = "loopback" if self.network is None else self.network.profile.name
+        return f"{self.config.model}, {link}"
+
+
+def _cpu_cell(figure: VariantFigures, off: VariantFigures) -> str:
+    """The tasks' CPU per step (median over repetitions) and its ratio to the uncaptured."""
+    if not figure.task_cpu_ms_per_step:
+        return "-"
+    mine = statistics.median(figure.task_cpu_ms_per_step)
+    if figure is off or not off.task_cpu_ms_per_step:
+        return f"{mine:.0f}"
+    return f"{mine:.0f} ({mine / statistics.median(off.task_cpu_ms_per_step):.3f}x)"
+
+
+def _table(job: Job, figures: dict[str, VariantFigures]) -> list[str]:
+    config = job.config
     off = figures[OFF]
+    where = (
+        "on loopback"
+        if job.network is None
+        else (
+            f"across a {job.network.profile.name} link (ps tasks on one emulated host, the other "
+            "tasks on another, as `capture --network` places them)"
+        )
+    )
     lines = [
-        f"### {config.model}",
+        f"### {job.name}",
         "",
         f"{config.model} at {config.image_size}x{config.image_size}, {config.setup}, "
-        f"{config.ps} ps + {config.workers} workers, batch {config.batch_size}.",
+        f"{config.ps} ps + {config.workers} workers, batch {config.batch_size}, {where}.",
         "",
         *table_head(
             "variant",
@@ -193,6 +242,7 @@ def _table(config: TrainingConfig, figures: dict[str, VariantFigures]) -> list[s
             "median of those",
             "pooled ratio",
             "capture process CPU per step (ms)",
+            "tasks' CPU per step (ms)",
             "not copied",
             "physics",
         ),
@@ -208,26 +258,26 @@ def _table(config: TrainingConfig, figures: dict[str, VariantFigures]) -> list[s
         lines.append(
             f"| {name} | {figure.median_ms:.0f} | {_format_ms(figure.repetition_medians())} | "
             f"{', '.join(f'{r:.2f}' for r in ratios)} | {statistics.median(ratios):.2f}x | "
-            f"{figure.median_ms / off.median_ms:.2f}x | {cpu} | {spliced} | "
-            f"{figure.physics or '-'} |"
+            f"{figure.median_ms / off.median_ms:.2f}x | {cpu} | {_cpu_cell(figure, off)} | "
+            f"{spliced} | {figure.physics or '-'} |"
         )
     return [*lines, ""]
 
 
 def write_readme(
     command: str,
-    jobs: Sequence[tuple[TrainingConfig, dict[str, VariantFigures]]],
+    jobs: Sequence[tuple[Job, dict[str, VariantFigures]]],
     load_before: str,
     load_after: str,
     repetitions: int,
 ) -> None:
-    first = jobs[0][0]
+    first = jobs[0][0].config
     lines = [
         SECTION,
         "",
         "(written by `bench/capture_overhead.py`; rerun it to replace this section)",
         "",
-        f"Command: `{command}`. Jobs: {', '.join(config.model for config, _ in jobs)}, "
+        f"Command: `{command}`. Jobs: {'; '.join(job.name for job, _ in jobs)}, "
         f"{'synchronous' if first.synchronous else 'asynchronous'}, {first.warmup_steps} warm-up "
         f"+ {first.steps} steady steps per run; {repetitions} repetitions per job, each running "
         "every variant once in a rotating order; all figures from one run.",
@@ -235,32 +285,33 @@ def write_readme(
         machine_line(load_before, load_after),
         "",
     ]
-    for config, figures in jobs:
-        lines += _table(config, figures)
+    for job, figures in jobs:
+        lines += _table(job, figures)
     lines += [*NOTES, ""]
     write_section(README, SECTION, "\n".join(lines))
 
 
 def measure_job(
-    config: TrainingConfig,
+    job: Job,
     figures: dict[str, VariantFigures],
     order: Sequence[str],
     repetitions: int,
 ) -> None:
     """Every variant of ``order`` once per repetition, in a rotating order."""
+    config = job.config
     for repetition in range(repetitions):
         shift = repetition % len(order)
         for name in [*order[shift:], *order[:shift]]:
             with tempfile.TemporaryDirectory(prefix="tfgb-overhead-") as temporary:
                 workdir = Path(temporary)
                 if name == OFF:
-                    steps = run_without_capture(config, workdir)
+                    steps = run_without_capture(config, workdir, figures[name], job.network)
                 else:
-                    steps = run_with_capture(config, workdir, name, figures[name])
+                    steps = run_with_capture(config, workdir, name, figures[name], job.network)
             figures[name].steps_ms.append(steps)
             cpu = figures[name].cpu_ms_per_step
             print(
-                f"{config.model} repetition {repetition + 1}/{repetitions} {name:>13}: median "
+                f"{job.name} repetition {repetition + 1}/{repetitions} {name:>13}: median "
                 f"{statistics.median(steps):.0f} ms  [{_format_ms(steps)}]"
                 + (f"  capture process CPU {cpu[-1]:.0f} ms/step" if cpu else ""),
                 flush=True,
@@ -288,12 +339,29 @@ def main(argv: Sequence[str] | None = None) -> int:
         help=f"capture variants, comma-separated, of: {', '.join(VARIANTS)} "
         "(default preload,splice,forward)",
     )
+    parser.add_argument(
+        "--network",
+        default=None,
+        metavar="PROFILES",
+        help="run every job across each of these emulated links, comma-separated (root; "
+        "only the preload variant: the proxies cannot reach tasks inside emulated hosts)",
+    )
     parser.add_argument("--no-readme", action="store_true", help="print only")
     args = parser.parse_args(argv)
     variants = [v.strip() for v in args.variants.split(",") if v.strip()]
     unknown = [v for v in variants if v not in VARIANTS]
     if unknown:
         parser.error(f"unknown variants {unknown}; known: {', '.join(VARIANTS)}")
+    if args.network and any(VARIANTS[v][0] != "preload" for v in variants):
+        parser.error("--network measures only the preload variant: add --variants preload")
+    try:
+        networks = [
+            NetworkRequest.parse(profile.strip())
+            for profile in (args.network or "").split(",")
+            if profile.strip()
+        ] or [None]
+    except BenchError as error:
+        parser.error(str(error))
     configs = [
         TrainingConfig(
             model=model.strip(),
@@ -310,22 +378,27 @@ def main(argv: Sequence[str] | None = None) -> int:
     ]
     command = command_line(__file__, sys.argv[1:])
     order = [OFF, *variants]
-    jobs = [(config, {name: VariantFigures(name) for name in order}) for config in configs]
+    jobs = [
+        (Job(config, network), {name: VariantFigures(name) for name in order})
+        for config in configs
+        for network in networks
+    ]
     load_before = load_average()
     try:
-        for config, figures in jobs:
-            measure_job(config, figures, order, args.repetitions)
+        with lifetime.interrupt_on_signals():
+            for job, figures in jobs:
+                measure_job(job, figures, order, args.repetitions)
     except BenchError as error:
         print(f"capture_overhead: error: {error}", file=sys.stderr)
         return 1
     load_after = load_average()
-    for config, figures in jobs:
+    for job, figures in jobs:
         off = figures[OFF]
         for name in order:
             figure = figures[name]
             ratios = figure.paired_ratios(off)
             print(
-                f"{config.model} {name:>16}: median {figure.median_ms:.0f} ms; ratio to off: "
+                f"{job.name} {name:>16}: median {figure.median_ms:.0f} ms; ratio to off: "
                 f"pooled {figure.median_ms / off.median_ms:.3f}, per repetition "
                 f"[{', '.join(f'{r:.3f}' for r in ratios)}], median "
                 f"{statistics.median(ratios):.3f}"

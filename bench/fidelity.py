@@ -110,6 +110,17 @@ class Prediction:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class Uncaptured:
+    """Training with no recorder (``python -m tf_grpc_bench.profiler.uncaptured``): the same
+    launcher, tasks and link as the capture, its rounds timed by its own step markers."""
+
+    round_s: float
+    #: The job's tasks' CPU seconds per round (None: not sampled).
+    tasks_cpu_per_round_s: float | None
+    rounds: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class CaptureFacts:
     """What one capture's training did with the machine (docs/fidelity.md, Limits)."""
 
@@ -130,31 +141,38 @@ class CaptureFacts:
     #: it and were applied: under the sync-token rule the ps's apply after the round's last
     #: gradient (the wait for the other workers is communication).
     path_compute_before_token_s: float | None = None
+    #: The same training with no recorder, run right before the capture.
+    uncaptured: Uncaptured | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Row:
     model: str
     profile: str
+    #: Training's median round as the capture on the link measured it.
     training_s: float
     link_bound_s: float | None
     from_loopback: Prediction | None
     from_link: Prediction | None
     link_capture: CaptureFacts | None = None
+    #: The same training with no recorder, right before the capture (None: not run).
+    uncaptured: Uncaptured | None = None
 
 
-def run(command: list[str]) -> None:
-    """Run one capture or comparison; stopped (Ctrl-C, SIGTERM, SIGHUP), stop it too,
-    so that it tears down its training tasks and namespaces instead of outliving us."""
+def run(command: list[str]) -> str:
+    """Run one capture, training or comparison, and return what it printed; stopped
+    (Ctrl-C, SIGTERM, SIGHUP), stop it too, so that it tears down its training tasks and
+    namespaces instead of outliving us."""
     print("+", " ".join(command), file=sys.stderr, flush=True)
     process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        _, stderr = process.communicate()
+        stdout, stderr = process.communicate()
     except BaseException:
         stop_process(process, timeout_s=120.0)
         raise
     if process.returncode != 0:
         raise SystemExit(f"failed ({process.returncode}): {stderr.strip()[-2000:]}")
+    return stdout
 
 
 def capture(
@@ -170,19 +188,46 @@ def capture(
 ) -> Trace:
     """Capture ``model`` (on ``profile``'s link, or loopback); ``prefix`` starts the command
     (``bench/calibration.py``: inside a CPU cgroup)."""
-    command = [*prefix, *tf_grpc_bench_command(
-        "capture", "--model", model, "--setup", setup, "--ps", str(ps), "--workers", str(workers),
-        "--steps", str(steps), "--warmup-steps", "2", "--batch-size", "4",
-        "--input-size", "32", "--output", str(output), "--quiet",
-    )]  # fmt: skip
+    shape = job_arguments(model, setup, steps, workers=workers, ps=ps)
+    command = [
+        *prefix,
+        *tf_grpc_bench_command("capture", *shape, "--output", str(output), "--quiet"),
+    ]
     if profile is not None:
         command += ["--network", profile]
     run(command)
     return trace_files.read_trace(output)
 
 
-def capture_facts(trace: Trace, link: str) -> CaptureFacts:
-    """What ``trace``'s capture (on ``link``) did with the machine, and its captured path."""
+def job_arguments(
+    model: str, setup: str, steps: int, *, workers: int = 2, ps: int = 2
+) -> list[str]:
+    """The job's shape as ``capture`` and ``profiler.uncaptured`` both take it."""
+    return [
+        "--model", model, "--setup", setup, "--ps", str(ps), "--workers", str(workers),
+        "--steps", str(steps), "--warmup-steps", "2", "--batch-size", "4", "--input-size", "32",
+    ]  # fmt: skip
+
+
+def train_uncaptured(
+    arguments: list[str], profile: str | None, *, prefix: tuple[str, ...] = ()
+) -> Uncaptured:
+    """Run the job of ``arguments`` (``job_arguments``) with no recorder, on ``profile``'s
+    link (None: loopback), as ``capture`` would place it; its median steady round."""
+    command = [*prefix, sys.executable, "-m", "tf_grpc_bench.profiler.uncaptured", *arguments]
+    if profile is not None:
+        command += ["--network", profile]
+    printed = json.loads(run(command).strip().splitlines()[-1])
+    return Uncaptured(
+        round_s=printed["round_ns"] / 1e9,
+        tasks_cpu_per_round_s=printed.get("tasks_cpu_per_round_s"),
+        rounds=len(printed["rounds_ns"]),
+    )
+
+
+def capture_facts(trace: Trace, link: str, uncaptured: Uncaptured | None = None) -> CaptureFacts:
+    """What ``trace``'s capture (on ``link``) did with the machine, and its captured path;
+    ``uncaptured`` is the same training run with no recorder."""
     cpu = capture_cpu.from_extra(trace.metadata.extra)
     per_round = None
     if cpu is not None and trace.steps:
@@ -214,6 +259,7 @@ def capture_facts(trace: Trace, link: str) -> CaptureFacts:
         path_communication_s=communication,
         path_compute_sending_s=statistics.mean(sending) / 1e9 if sending else None,
         path_compute_before_token_s=statistics.mean(before_token) / 1e9 if before_token else None,
+        uncaptured=uncaptured,
     )
 
 
@@ -364,28 +410,32 @@ def measure(
             # The replays run uncapped: scaling the compute to this machine would undo the cap.
             extra = ("--compute", "recorded")
 
-        def captured(output: Path, profile: str | None) -> Trace:
+        def trained(output: Path, profile: str | None) -> tuple[Trace, Uncaptured]:
+            """The job with no recorder, then captured: side by side, in that order."""
+            plain = train_uncaptured(job_arguments(model, setup, steps), profile, prefix=prefix)
             if cpu_cap is None:
-                return capture(model, setup, steps, output, profile)
+                return capture(model, setup, steps, output, profile), plain
             with calibration_cache(folder / "capped-calibrations.json"):
-                return capture(model, setup, steps, output, profile, prefix=prefix)
+                return capture(model, setup, steps, output, profile, prefix=prefix), plain
 
-        loopback = capture_facts(captured(loopback_trace, None), "loopback")
+        loopback_capture, loopback_plain = trained(loopback_trace, None)
+        loopback = capture_facts(loopback_capture, "loopback", loopback_plain)
         rows = []
         for profile in profiles:
             link_trace = folder / f"{model}-{profile}.tfgbtrace"
-            trained = captured(link_trace, profile)
+            link_capture, plain = trained(link_trace, profile)
             rows.append(
                 Row(
                     model=model,
                     profile=profile,
-                    training_s=round_seconds(trained),
-                    link_bound_s=link_bound_seconds(trained, profile),
+                    training_s=round_seconds(link_capture),
+                    uncaptured=plain,
+                    link_bound_s=link_bound_seconds(link_capture, profile),
                     from_loopback=predict(
                         loopback_trace, profile, folder / f"{profile}-lo", extra=extra
                     ),
                     from_link=predict(link_trace, profile, folder / f"{profile}-link", extra=extra),
-                    link_capture=capture_facts(trained, profile),
+                    link_capture=capture_facts(link_capture, profile, plain),
                 )
             )
             print(rows[-1], file=sys.stderr, flush=True)
@@ -399,7 +449,10 @@ def write_comparison(directory: Path, rows: list[Row]) -> None:
         read_document(row.from_loopback.document) for row in rows if row.from_loopback is not None
     ]
     if documents:
-        training = {row.profile: row.training_s for row in rows}
+        training = {
+            row.profile: row.training_s if row.uncaptured is None else row.uncaptured.round_s
+            for row in rows
+        }
         predicted = {
             row.profile: row.from_loopback.step_s for row in rows if row.from_loopback is not None
         }
@@ -416,15 +469,27 @@ def _cpu_cells(prediction: Prediction | None) -> list[str]:
     return [f"{prediction.cpu_per_round_s:.2f} s", f"{floor:.2f} s"]
 
 
-def _prediction_cells(prediction: Prediction | None, training_s: float) -> list[str]:
+def _prediction_cells(
+    prediction: Prediction | None, training_s: float, uncaptured_s: float | None = None
+) -> list[str]:
+    """The predicted step, and its ratios to uncaptured training and to the captured one
+    ("uncaptured / captured"; the captured alone where no uncaptured run was made)."""
     if prediction is None:
         return ["failed", "-"]
-    ratio = prediction.step_s / training_s
     bound = " (replay CPU-bound)" if prediction.cpu_cores >= CPU_BOUND_CORES else ""
     dilated = f" (x{prediction.time_dilation:g})" if prediction.time_dilation != 1 else ""
     if prediction.last_step_s is not None:
         dilated = f" (limit; x{prediction.time_dilation:g}: {prediction.last_step_s:.2f} s)"
-    return [f"{prediction.step_s:.2f} s{dilated}", f"{ratio:.2f}{bound}"]
+    ratio = f"{prediction.step_s / training_s:.2f}"
+    if uncaptured_s is not None:
+        ratio = f"**{prediction.step_s / uncaptured_s:.2f}** / {ratio}"
+    return [f"{prediction.step_s:.2f} s{dilated}", f"{ratio}{bound}"]
+
+
+def _ratio(numerator: float | None, denominator: float | None) -> str:
+    if numerator is None or not denominator:
+        return "-"
+    return f"{numerator / denominator:.3f}"
 
 
 def _seconds(value: float | None) -> str:
@@ -440,10 +505,15 @@ def capture_table(captures: list[CaptureFacts]) -> list[str]:
         "per worker-step (`inspect`'s means): compute, of it the time one of the worker's own",
         "answers (a gradient the ps pulled) was leaving it and the stretches right before TF1's",
         "sync token (the ps's apply after the round's last gradient), and communication.",
+        "The same training with no recorder, run right before each capture on the same link",
+        "(`python -m tf_grpc_bench.profiler.uncaptured`: the launcher's job, its rounds timed",
+        "by its step markers): its median round and tasks' CPU per round, and what the",
+        "capture cost: captured over uncaptured, round and tasks' CPU.",
         "",
         *table_head(
             "capture", "round", "cores busy", "tasks' CPU per round", "path compute",
             "of it, worker sending", "of it, before the sync token", "path communication",
+            "uncaptured round", "uncaptured tasks' CPU", "capture cost: round", "CPU",
         ),
     ]  # fmt: skip
     for facts in captures:
@@ -460,9 +530,23 @@ def capture_table(captures: list[CaptureFacts]) -> list[str]:
                 _seconds(facts.path_compute_sending_s),
                 _seconds(facts.path_compute_before_token_s),
                 _seconds(facts.path_communication_s),
+                *_uncaptured_cells(facts),
             )
         )
     return lines
+
+
+def _uncaptured_cells(facts: CaptureFacts) -> list[str]:
+    """The uncaptured run's round and tasks' CPU per round, and the capture's over them."""
+    plain = facts.uncaptured
+    if plain is None:
+        return ["-", "-", "-", "-"]
+    return [
+        _seconds(plain.round_s),
+        _seconds(plain.tasks_cpu_per_round_s),
+        _ratio(facts.round_s, plain.round_s),
+        _ratio(facts.tasks_cpu_per_round_s, plain.tasks_cpu_per_round_s),
+    ]
 
 
 def section(model: str, setup: str, cpu_cap: float | None) -> str:
@@ -498,7 +582,9 @@ def report(
         "",
         *capped,
         f"Training: median steady round (a step on each of 2 workers, synchronous {setup}, 2 ps on",
-        "one emulated host, chief and workers on another) captured on the link. Replay: the",
+        "one emulated host, chief and workers on another) on the link, uncaptured (the same",
+        "launcher with no recorder, right before the capture) and captured. Ratios: the",
+        "prediction over **uncaptured** training / over captured training. Replay: the",
         "predicted step (dependencies pacing, compute kept) of the PS-throughput replay across",
         "the same link, of a trace captured on loopback and of the one captured on the link,",
         "with network compare's default automatic time dilation: '(xK)' marks a replay run K",
@@ -512,20 +598,23 @@ def report(
         "time dilation is for).",
         "",
         *table_head(
-            "model", "link", "training round", "link bound", "replay (loopback trace)",
-            "ratio", "replay (link trace)", "ratio", "replay CPU", "CPU floor",
+            "model", "link", "training round, uncaptured", "captured", "link bound",
+            "replay (loopback trace)", "ratio", "replay (link trace)", "ratio", "replay CPU",
+            "CPU floor",
         ),
     ]  # fmt: skip
     for row in rows:
         bound = "-" if row.link_bound_s is None else f"{row.link_bound_s:.2f} s"
+        plain = None if row.uncaptured is None else row.uncaptured.round_s
         lines.append(
             table_row(
                 row.model,
                 row.profile,
+                _seconds(plain),
                 f"{row.training_s:.2f} s",
                 bound,
-                *_prediction_cells(row.from_loopback, row.training_s),
-                *_prediction_cells(row.from_link, row.training_s),
+                *_prediction_cells(row.from_loopback, row.training_s, plain),
+                *_prediction_cells(row.from_link, row.training_s, plain),
                 *_cpu_cells(row.from_loopback),
             )
         )

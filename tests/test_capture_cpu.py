@@ -397,7 +397,7 @@ def test_the_fidelity_bench_lays_each_captures_cpu_beside_its_critical_path() ->
     bare = fidelity.capture_facts(trace, "5gbit")
     assert bare.cpu is None and bare.tasks_cpu_per_round_s is None
     table = fidelity.capture_table([facts, bare])
-    assert table[-3] == "|---|---|---|---|---|---|---|---|"
+    assert table[-3] == "|" + "---|" * 12
     assert table[-2].startswith("| loopback | ") and " 1.95 of 2 | " in table[-2]
     assert table[-1].startswith("| 5gbit | ") and "| - | - |" in table[-1]
 

@@ -29,6 +29,7 @@ calibrate (``CalibrationUnavailable``) and keeps the recorded compute.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import importlib.util
 import itertools
@@ -37,11 +38,11 @@ import os
 import re
 import subprocess
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from tf_grpc_bench import files, host, lifetime
+from tf_grpc_bench import cross_machine, files, host, lifetime
 from tf_grpc_bench.errors import BenchError, ConfigError
 from tf_grpc_bench.trace import CALIBRATION_STEP_EXTRA, calibration_step_ns
 
@@ -369,6 +370,27 @@ class ComputeToHere:
 
 
 def compute_to_here(
+    extra: tuple[tuple[str, str], ...],
+    here: str,
+    *,
+    required: bool,
+    max_scale: float,
+    measure: Callable[[str, CalibrationWorkload], StepHere] = measure_here,
+    pairs: Sequence[cross_machine.MeasuredPair] | None = None,
+) -> ComputeToHere | None:
+    """``scale_to_here``, and for a trace from another machine, how uncertain that
+    makes the prediction: the spread measured across pairs of CPU models (``pairs``,
+    default the package's ``cross_machine.read_pairs()``), said in the description."""
+    to_here = scale_to_here(extra, here, required=required, max_scale=max_scale, measure=measure)
+    captured = host.captured_on(extra)
+    if to_here is None or not captured or captured == here:
+        return to_here
+    known = cross_machine.read_pairs() if pairs is None else pairs
+    uncertainty = cross_machine.uncertainty_text(captured, here, known)
+    return dataclasses.replace(to_here, description=f"{to_here.description}; {uncertainty}")
+
+
+def scale_to_here(
     extra: tuple[tuple[str, str], ...],
     here: str,
     *,

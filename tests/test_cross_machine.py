@@ -1,0 +1,109 @@
+"""Predictions across machines: the pairs measured, their spread, and what a replay says of it."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from tf_grpc_bench import cross_machine
+from tf_grpc_bench.calibration import Calibration, CalibrationWorkload, StepHere, compute_to_here
+from tf_grpc_bench.cross_machine import MeasuredPair
+from tf_grpc_bench.errors import ConfigError
+
+EPYC, XEON = "AMD EPYC, 2 CPUs", "Intel(R) Xeon(R) Processor, 2 CPUs"
+RESNET = CalibrationWorkload("resnet50", 32, 4, "keras")
+
+
+def _pair(link: str, ratio: float, captured: str = EPYC, replayed: str = XEON) -> MeasuredPair:
+    return MeasuredPair(
+        captured_on=captured, replayed_on=replayed, trace="resnet50-tf2ps", link=link, ratio=ratio
+    )
+
+
+def test_pairs_are_written_read_back_and_the_latest_of_a_pair_stands(tmp_path: Path) -> None:
+    old = [_pair("1gbit", 1.04), _pair("5gbit", 1.22)]
+    new = [_pair("5gbit", 0.99), _pair("5gbit", 1.01, captured=XEON, replayed=EPYC)]
+    pairs = cross_machine.merged(old, new)
+    assert [(p.captured_on, p.link, p.ratio) for p in pairs] == [
+        (EPYC, "1gbit", 1.04),
+        (EPYC, "5gbit", 0.99),
+        (XEON, "5gbit", 1.01),
+    ]
+    path = tmp_path / "pairs.json"
+    path.write_text(cross_machine.pairs_document(pairs))
+    assert cross_machine.read_pairs(path) == tuple(pairs)
+    assert cross_machine.read_pairs(tmp_path / "none.json") == ()
+
+
+@pytest.mark.parametrize(
+    ("document", "message"),
+    [
+        ("[]", "format must be"),
+        ('{"format": "tf-grpc-bench-cross-machine-pairs", "pairs": {}}', "'pairs' must be a list"),
+        (
+            '{"format": "tf-grpc-bench-cross-machine-pairs", "pairs": [{"captured_on": "a"}]}',
+            r"pairs\[0\]: not a measured pair",
+        ),
+        (
+            '{"format": "tf-grpc-bench-cross-machine-pairs", "pairs": [{"captured_on": "a", '
+            '"replayed_on": "b", "trace": "t", "link": "l", "ratio": -1}]}',
+            r"pairs\[0\]: ratio must be > 0",
+        ),
+        ("{", "not a file of measured pairs"),
+    ],
+)
+def test_a_bad_pairs_file_is_one_error_naming_it(
+    tmp_path: Path, document: str, message: str
+) -> None:
+    path = tmp_path / "pairs.json"
+    path.write_text(document)
+    with pytest.raises(ConfigError, match=message):
+        cross_machine.read_pairs(path)
+
+
+def test_the_spread_counts_only_pairs_across_machines() -> None:
+    same = _pair("5gbit", 1.40, captured=EPYC, replayed=EPYC)
+    pairs = [_pair("1gbit", 1.04), _pair("5gbit", 1.22), same]
+    measured = cross_machine.spread(pairs)
+    assert measured == cross_machine.Spread(1.04, 1.22, 2, ((EPYC, XEON),))
+    assert cross_machine.spread([same]) is None
+    text = cross_machine.uncertainty_text(EPYC, XEON, pairs)
+    assert text == (
+        "uncertain across CPU models: predictions of traces from another CPU model have been "
+        "1.04 to 1.22 of training (2 measured, 1 pair of machines, this pair among them; "
+        "bench/README.md)"
+    )
+    other = cross_machine.uncertainty_text(XEON, "Other, 4 CPUs", pairs)
+    assert "this pair" not in other and "1.04 to 1.22" in other
+    assert cross_machine.uncertainty_text(EPYC, EPYC, pairs) == ""
+    assert cross_machine.uncertainty_text("", XEON, pairs) == ""
+
+
+def test_a_replay_of_a_trace_from_another_cpu_says_how_uncertain_it_is() -> None:
+    extra = (("cpu_model", "AMD EPYC"), ("cpus", "2"), *Calibration(RESNET, 60_000_000).extra())
+
+    def measure(machine: str, workload: CalibrationWorkload) -> StepHere:
+        return StepHere(99_000_000, "cached")
+
+    pairs = [_pair("1gbit", 1.04), _pair("5gbit", 1.22)]
+    to_here = compute_to_here(
+        extra, XEON, required=False, max_scale=100.0, measure=measure, pairs=pairs
+    )
+    assert to_here is not None and to_here.scale == pytest.approx(1.65)
+    assert to_here.description.endswith(
+        "compute x1.65; uncertain across CPU models: predictions of traces from another CPU "
+        "model have been 1.04 to 1.22 of training (2 measured, 1 pair of machines, this pair "
+        "among them; bench/README.md)"
+    )
+    # On the capture's own machine there is nothing to say.
+    assert compute_to_here(extra, EPYC, required=False, max_scale=100.0, pairs=pairs) is None
+
+
+def test_the_shipped_pairs_file_reads() -> None:
+    pairs = cross_machine.read_pairs()
+    assert pairs, "the package ships the pairs measured so far"
+    assert all(pair.source for pair in pairs)
+    document = json.loads(cross_machine.PAIRS_FILE.read_text())
+    assert document["version"] == cross_machine.VERSION
