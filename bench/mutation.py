@@ -1,32 +1,43 @@
-"""Mutation testing of the modules that decide results, one module at a time, with mutmut.
+"""Mutation testing of the result path, one module at a time: mutmut's operators and our own.
 
-Usage (from the repository root, in the test venv; mutmut comes with the ``test`` extra)::
+Usage (from the repository root, in the test venv; mutmut comes with the ``test`` extra).
+Runs are long and CPU-heavy: on a shared machine run them one module at a time, niced::
 
-    .venv/bin/python bench/mutation.py                 # every listed module, one after another
-    .venv/bin/python bench/mutation.py generators trace  # only these
-    .venv/bin/python bench/mutation.py --list            # the modules and the tests each one runs
-    .venv/bin/python bench/mutation.py physics --survivors  # also print every survivor's diff
+    nice -n 10 .venv/bin/python bench/mutation.py report       # one module (or several)
+    .venv/bin/python bench/mutation.py --list                  # modules, tests, table state
+    .venv/bin/python bench/mutation.py --stale                 # modules whose row is not current
+    .venv/bin/python bench/mutation.py --named                 # the hand-made bugs, each caught
+    .venv/bin/python bench/mutation.py report --no-swaps       # mutmut's operators only
 
-mutmut imports the code it mutates by the file's path, so the repository's
-folders (``src/tf_grpc_bench``, ``replay/``, ``profiler/``, ... mapped onto one
-package by setuptools) cannot be mutated in place.  For each module the script
-lays out the installed package as plain folders under
+The modules are ``mutation_targets.TARGETS``: everything from the samples to a figure
+a user reads.  mutmut imports the code it mutates by the file's path, so the
+repository's folders (``src/tf_grpc_bench``, ``replay/``, ``profiler/``, ... mapped
+onto one package by setuptools) cannot be mutated in place.  For each module the
+script lays out the installed package as plain folders under
 ``build/mutation/<module>/src/tf_grpc_bench/`` with a copy of ``tests/``, writes a
-``pyproject.toml`` naming the one file to mutate and the few fast test files
-that pin it, and runs ``mutmut run`` there.  mutmut then runs, for each
-mutant, only the selected tests that call the mutated function.
+``pyproject.toml`` naming the one file to mutate and the few fast test files that
+pin it, and runs ``mutmut run`` there (only the named functions' mutants for a
+module listing some); mutmut runs, for each mutant, only the selected tests that
+call the mutated function.
 
-The score is killed / (all mutants - skipped): a mutant that no selected test
-reaches counts as a survivor, a timeout as killed.  Each module's figures go to
-``build/mutation/<module>/score.json``, its surviving mutants to
-``survivors.txt`` beside it; the table at the end is what docs/testing.md
-shows.  Exit status: 0 when every module run reached ``--floor`` (85% by
-default), 1 otherwise.
+Then our own operators, for bugs mutmut cannot make (``swap_mutants``): an attribute
+read swapped for another of the same kind (a call's start for its end, a request's
+bytes for its response's, the p90 for the p99, the caller for the callee), and the
+sign of an offset or origin flipped.  Each is put into the laid-out copy and the
+module's test files run against it.
+
+The score is killed / (all mutants - skipped), mutmut's and ours together: a mutant
+that no selected test reaches counts as a survivor, a timeout as killed.  Each
+module's figures go to ``build/mutation/<module>/score.json``, its survivors to
+``survivors.txt`` beside it, and its row of the table in docs/testing.md (the commit
+measured and the hash of the code; ``mutation_table``).  Exit status: 0 when every
+module run reached ``--floor`` (85% by default), 1 otherwise.
 """
 
 from __future__ import annotations
 
 import argparse
+import io
 import json
 import os
 import re
@@ -34,206 +45,40 @@ import shutil
 import subprocess
 import sys
 import time
+import tokenize
 from dataclasses import dataclass
 from pathlib import Path
 
+import mutation_table
+from mutation_targets import HAND_MUTANTS, TARGETS, Target
+
 ROOT = Path(__file__).resolve().parent.parent
 WORK = ROOT / "build" / "mutation"
+DOCS = ROOT / "docs" / "testing.md"
 #: Repository folders that become subpackages of ``tf_grpc_bench`` when installed.
 SUBPACKAGES = ("replay", "profiler", "protos", "models", "traces")
 DEFAULT_FLOOR = 85.0
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Target:
-    """One module to mutate: its path in the repository and the test files that pin it."""
-
-    path: str
-    tests: tuple[str, ...]
-    #: Which of the tests run (pytest -m): by default neither TensorFlow nor namespaces.
-    markers: str = "not tensorflow and not netns"
-
-
-#: The modules that decide results, with the fast tests that pin each.  Keep a
-#: module's test list to files that run in seconds without TensorFlow or root.
-TARGETS: dict[str, Target] = {
-    "trace": Target(path="src/tf_grpc_bench/trace.py", tests=("tests/test_trace.py",)),
-    "sizes": Target(path="src/tf_grpc_bench/sizes.py", tests=("tests/test_sizes.py",)),
-    "generators": Target(path="replay/core/generators.py", tests=("tests/test_generators.py",)),
-    "workload": Target(
-        path="replay/core/workload.py", tests=("tests/test_workload.py", "tests/test_chunking.py")
-    ),
-    "messages": Target(path="replay/core/messages.py", tests=("tests/test_workload.py",)),
-    "trace_workload": Target(
-        path="replay/core/trace_workload.py", tests=("tests/test_workload.py",)
-    ),
-    "trace_mapping": Target(
-        path="src/tf_grpc_bench/trace_mapping.py", tests=("tests/test_workload.py",)
-    ),
-    "pacing": Target(path="replay/core/pacing.py", tests=("tests/test_pacing.py",)),
-    "dependencies": Target(
-        path="src/tf_grpc_bench/dependencies.py", tests=("tests/test_dependencies.py",)
-    ),
-    "dependency_tracker": Target(
-        path="src/tf_grpc_bench/dependency_tracker.py", tests=("tests/test_dependencies.py",)
-    ),
-    "critical_path": Target(
-        path="src/tf_grpc_bench/critical_path.py",
-        tests=("tests/test_dependencies.py", "tests/test_workload.py"),
-    ),
-    "measurement": Target(
-        path="replay/core/measurement.py",
-        tests=("tests/test_measurement.py", "tests/test_machine_cpu.py"),
-    ),
-    "chunking": Target(path="replay/core/chunking.py", tests=("tests/test_chunking.py",)),
-    "statistics": Target(path="replay/output/statistics.py", tests=("tests/test_measurement.py",)),
-    "document": Target(path="replay/output/document.py", tests=("tests/test_document.py",)),
-    "document_reader": Target(
-        path="replay/output/document_reader.py", tests=("tests/test_document.py",)
-    ),
-    "document_writer": Target(
-        path="replay/output/document_writer.py", tests=("tests/test_document.py",)
-    ),
-    "prediction": Target(path="replay/output/prediction.py", tests=("tests/test_document.py",)),
-    "run_directories": Target(
-        path="replay/output/run_directories.py", tests=("tests/test_document.py",)
-    ),
-    "physics": Target(path="profiler/physics.py", tests=("tests/test_physics.py",)),
-    "http2": Target(path="profiler/recorders/http2.py", tests=("tests/test_http2_follower.py",)),
-    "calls": Target(path="profiler/recorders/calls.py", tests=("tests/test_calls.py",)),
-    "rpcs": Target(
-        path="profiler/assembly/rpcs.py", tests=("tests/test_assembly.py", "tests/test_capture.py")
-    ),
-    "steps": Target(
-        path="profiler/assembly/steps.py",
-        tests=("tests/test_steps.py", "tests/test_assembly.py", "tests/test_capture.py"),
-    ),
-    # Its tests decode messages that TensorFlow's own protobuf modules wrote (imported,
-    # nothing trained): they run too.
-    "tf_messages": Target(
-        path="profiler/assembly/tf_messages.py",
-        tests=("tests/test_tf_messages.py",),
-        markers="not netns",
-    ),
-}
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class HandMutant:
-    """A small bug put in by hand (issue 15), and the test file that must catch it."""
-
-    name: str
-    path: str
-    original: str
-    mutated: str
-    tests: str
-
-
-#: The bugs that once survived the suite; ``--named`` checks that each is now caught.
-HAND_MUTANTS = (
-    HandMutant(
-        name="trace: a binary trace's version checked with > max instead of not in",
-        path="src/tf_grpc_bench/trace.py",
-        original="    if message.format_version not in READABLE_VERSIONS:",
-        mutated="    if message.format_version > max(READABLE_VERSIONS):",
-        tests="tests/test_trace.py",
-    ),
-    HandMutant(
-        name="trace: a JSON trace's version checked with > max instead of not in",
-        path="src/tf_grpc_bench/trace.py",
-        original="    if version not in READABLE_VERSIONS:",
-        mutated="    if version > max(READABLE_VERSIONS):",
-        tests="tests/test_trace.py",
-    ),
-    HandMutant(
-        name="generators: two-category skew 3:1 instead of 2:1",
-        path="replay/core/generators.py",
-        original="        return tuple(zip(ordered, SKEW_SHARES, strict=False))",
-        mutated="        return tuple(zip(ordered, SKEW_SHARES if len(ordered) != 2 else (6, 2), "
-        "strict=False))",
-        tests="tests/test_generators.py",
-    ),
-    HandMutant(
-        name="generators: the deal order reversed",
-        path="replay/core/generators.py",
-        original="key=lambda i: (deficits[i], -i))",
-        mutated="key=lambda i: (deficits[i], i))",
-        tests="tests/test_generators.py",
-    ),
-    HandMutant(
-        name="physics: extra bytes never flagged (-err > tol)",
-        path="profiler/physics.py",
-        original="        if abs(self.relative_error) > tolerance:",
-        mutated="        if -self.relative_error > tolerance:",
-        tests="tests/test_physics.py",
-    ),
-    HandMutant(
-        name="physics: tolerance widened from 0.01 to 0.2",
-        path="profiler/physics.py",
-        original="DEFAULT_TOLERANCE = 0.01",
-        mutated="DEFAULT_TOLERANCE = 0.2",
-        tests="tests/test_physics.py",
-    ),
-    HandMutant(
-        name="run measurement: lost server statistics with `and partial`",
-        path="replay/transport/loop.py",
-        original="    if stats is None and not partial:",
-        mutated="    if stats is None and partial:",
-        tests="tests/test_run_measurement.py",
-    ),
-    HandMutant(
-        name="http2: padding checked with > left instead of > left - 1",
-        path="profiler/recorders/http2.py",
-        original="                if padding > self._left - 1:",
-        mutated="                if padding > self._left:",
-        tests="tests/test_http2_follower.py",
-    ),
+#: Examples per property test while mutants are tested: a mutant a property catches is
+#: usually caught by its first examples; the full counts run in the test suite.
+MUTATION_EXAMPLES = 8
+#: Attributes of one kind: reading one where another was meant gives a wrong figure,
+#: not a crash, and mutmut has no operator for it.
+SWAP_FAMILIES = (
+    ("start_ns", "response_start_ns", "end_ns"),
+    ("request_bytes", "response_bytes", "payload_bytes"),
+    ("server_index", "worker_index"),
+    ("caller_task", "callee_task"),
+    ("mean_ns", "min_ns", "p50_ns", "p90_ns", "p99_ns", "p999_ns", "max_ns"),
+    ("lower_ns", "upper_ns"),
+    ("before_ns", "after_ns"),
+    ("client_cpu_ns", "server_cpu_ns"),
+    ("rpcs_per_s", "bytes_per_s", "bandwidth_mb_per_s"),
+    ("step_times_ns", "step_compute_ns"),
+    ("machine_cpu_busy_ticks", "machine_cpu_total_ticks"),
+    ("latency_ns", "release_lag_ns"),
 )
-
-
-def run_hand_mutants() -> int:
-    """Apply each hand mutant to a copy of the package and run its test file: 0 if all fail."""
-    folder = _lay_out("named", Target(path="src/tf_grpc_bench/trace.py", tests=()), sys.executable)
-    survivors = 0
-    for mutant in HAND_MUTANTS:
-        source = folder / "src" / _installed_path(mutant.path)
-        original = source.read_text()
-        if original.count(mutant.original) != 1:
-            raise SystemExit(f"{mutant.path}: the text to mutate is gone: {mutant.original!r}")
-        source.write_text(original.replace(mutant.original, mutant.mutated))
-        try:
-            finished = subprocess.run(
-                [
-                    sys.executable,
-                    "-m",
-                    "pytest",
-                    "-q",
-                    "-x",
-                    "-p",
-                    "no:cacheprovider",
-                    mutant.tests,
-                ],
-                cwd=folder,
-                env={**os.environ, "PYTHONPATH": str(folder / "src")},
-                capture_output=True,
-                text=True,
-                check=False,
-            )
-        finally:
-            source.write_text(original)
-        failed = [line for line in finished.stdout.splitlines() if line.startswith("FAILED")]
-        caught = finished.returncode == 1 and bool(failed)
-        survivors += not caught
-        print(f"{'caught' if caught else 'SURVIVED'}: {mutant.name}", flush=True)
-        if failed:
-            print(f"    {failed[0][:150]}", flush=True)
-    return 1 if survivors else 0
-
-
-#: mutmut's exit codes per mutant, by what they mean for the score.
-_KILLED = {1, 3, 36, 37, -24, 24, 152, 255}
-_SURVIVED = {0, 5, 33}
-_SKIPPED = {34}
+#: Names whose sign decides a figure: ``+ offset`` made ``- offset`` and back.
+SIGNED = re.compile(r"offset|origin")
 
 
 def _installed_path(repository_path: str) -> Path:
@@ -244,7 +89,17 @@ def _installed_path(repository_path: str) -> Path:
     return Path("tf_grpc_bench") / first / rest
 
 
-def _lay_out(name: str, target: Target, python: str) -> Path:
+def _module_name(repository_path: str) -> str:
+    return str(_installed_path(repository_path).with_suffix("")).replace("/", ".")
+
+
+def _patterns(target: Target) -> list[str]:
+    """mutmut's names of the mutants of ``target``'s listed functions (empty: all)."""
+    module = _module_name(target.path)
+    return [f"{module}.x_{function}__mutmut_*" for function in target.functions]
+
+
+def _lay_out(name: str, target: Target) -> Path:
     """A fresh folder holding the package as installed, the tests and mutmut's settings."""
     folder = WORK / name
     if folder.exists():
@@ -254,7 +109,9 @@ def _lay_out(name: str, target: Target, python: str) -> Path:
     shutil.copytree(ROOT / "src" / "tf_grpc_bench", package, ignore=ignore)
     for subpackage in SUBPACKAGES:
         shutil.copytree(ROOT / subpackage, package / subpackage, ignore=ignore)
+    # The tests, and the bench scripts some of them load from their files.
     shutil.copytree(ROOT / "tests", folder / "tests", ignore=ignore)
+    shutil.copytree(ROOT / "bench", folder / "bench", ignore=ignore)
     _fewer_examples(folder / "tests")
     mutated = "src/" + str(_installed_path(target.path))
     tests = ", ".join(json.dumps(t) for t in target.tests)
@@ -262,21 +119,17 @@ def _lay_out(name: str, target: Target, python: str) -> Path:
         "[tool.mutmut]\n"
         'source_paths = ["src/tf_grpc_bench"]\n'
         f"only_mutate = [{json.dumps(mutated)}]\n"
+        'also_copy = ["bench"]\n'
         f"pytest_add_cli_args_test_selection = [{tests}]\n"
         'pytest_add_cli_args = ["-p", "no:cacheprovider", "-x", "-q", '
         f'"-m", {json.dumps(target.markers)}]\n'
         "\n"
         "[tool.pytest.ini_options]\n"
         'addopts = "--strict-markers"\n'
-        'markers = ["tensorflow: real TensorFlow", "netns: network namespaces"]\n'
+        'markers = ["tensorflow: real TensorFlow", "netns: network namespaces", '
+        '"slurm: a single-machine Slurm"]\n'
     )
-    del python
     return folder
-
-
-#: Examples per property test while mutants are tested: a mutant a property catches is
-#: usually caught by its first examples; the full counts run in the test suite.
-MUTATION_EXAMPLES = 8
 
 
 def _fewer_examples(tests: Path) -> None:
@@ -296,24 +149,24 @@ def _fewer_examples(tests: Path) -> None:
         )
 
 
-def _score(folder: Path, target: Target) -> dict[str, object]:
+# --------------------------------------------------------------------------
+# mutmut's operators.
+
+#: mutmut's exit codes per mutant, by what they mean for the score.
+_KILLED = {1, 3, 36, 37, -24, 24, 152, 255}
+_SURVIVED = {0, 5, 33}
+_SKIPPED = {34}
+
+
+def _mutmut_codes(folder: Path, target: Target) -> dict[str, int | None]:
     meta = folder / "mutants" / ("src/" + str(_installed_path(target.path)) + ".meta")
     codes: dict[str, int | None] = json.loads(meta.read_text())["exit_code_by_key"]
-    killed = sorted(k for k, c in codes.items() if c in _KILLED)
-    survived = sorted(k for k, c in codes.items() if c in _SURVIVED or c is None)
-    skipped = sorted(k for k, c in codes.items() if c in _SKIPPED)
-    other = sorted(k for k in codes if k not in {*killed, *survived, *skipped})
-    counted = len(codes) - len(skipped)
-    return {
-        "module": target.path,
-        "mutants": len(codes),
-        "killed": len(killed),
-        "survived": len(survived),
-        "skipped": len(skipped),
-        "suspicious": len(other),
-        "score_percent": round(100.0 * len(killed) / counted, 1) if counted else 100.0,
-        "survivors": survived + other,
-    }
+    patterns = _patterns(target)
+    if patterns:
+        import fnmatch
+
+        codes = {k: c for k, c in codes.items() if any(fnmatch.fnmatch(k, p) for p in patterns)}
+    return codes
 
 
 #: Prints the diff of each mutant named on the command line, in one process.
@@ -329,82 +182,298 @@ for name in sys.argv[1:]:
 """
 
 
-def _write_survivors(folder: Path, survivors: list[str]) -> None:
-    """``survivors.txt``: every surviving mutant's diff (what ``mutmut show`` prints)."""
-    with (folder / "survivors.txt").open("w") as report:
-        if survivors:
-            subprocess.run(
-                [sys.executable, "-c", _SHOW, *survivors],
-                cwd=folder,
-                stdout=report,
-                stderr=subprocess.STDOUT,
-                check=False,
-            )
-
-
-def run_module(name: str, target: Target, *, jobs: int, show: bool) -> dict[str, object]:
-    """Mutate one module and run its tests against every mutant; return its figures."""
-    python = sys.executable
-    folder = _lay_out(name, target, python)
-    mutmut = [python, "-m", "mutmut"]
-    environment = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1"}
-    started = time.monotonic()
+def run_mutmut(folder: Path, target: Target, jobs: int) -> dict[str, list[str]]:
+    """mutmut over ``target`` in ``folder``: its mutants' names by outcome."""
     log = folder / "mutmut.log"
     with log.open("w") as output:
         finished = subprocess.run(
-            [*mutmut, "run", "--max-children", str(jobs)],
+            [
+                sys.executable,
+                "-m",
+                "mutmut",
+                "run",
+                "--max-children",
+                str(jobs),
+                *_patterns(target),
+            ],
             cwd=folder,
-            env=environment,
+            env={**os.environ, "PYTHONDONTWRITEBYTECODE": "1"},
             stdout=output,
             stderr=subprocess.STDOUT,
             check=False,
         )
     if finished.returncode != 0:
         raise SystemExit(f"mutmut failed on {target.path} (see {log})")
-    result = _score(folder, target)
-    result["seconds"] = round(time.monotonic() - started)
-    result["tests"] = list(target.tests)
+    codes = _mutmut_codes(folder, target)
+    outcome: dict[str, list[str]] = {"killed": [], "survived": [], "skipped": []}
+    for key, code in sorted(codes.items()):
+        if code in _KILLED:
+            outcome["killed"].append(key)
+        elif code in _SKIPPED:
+            outcome["skipped"].append(key)
+        else:  # survived, not reached (None) or an exit code mutmut calls suspicious
+            outcome["survived"].append(key)
+    with (folder / "survivors.txt").open("w") as report:
+        if outcome["survived"]:
+            subprocess.run(
+                [sys.executable, "-c", _SHOW, *outcome["survived"]],
+                cwd=folder,
+                stdout=report,
+                stderr=subprocess.STDOUT,
+                check=False,
+            )
+    return outcome
+
+
+# --------------------------------------------------------------------------
+# Our own operators.
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SwapMutant:
+    """One token of a module replaced: ``line`` (1-based), ``column``, what by what."""
+
+    line: int
+    column: int
+    original: str
+    replacement: str
+
+    def apply(self, source: str) -> str:
+        lines = source.splitlines(keepends=True)
+        text = lines[self.line - 1]
+        assert text[self.column : self.column + len(self.original)] == self.original
+        end = self.column + len(self.original)
+        lines[self.line - 1] = text[: self.column] + self.replacement + text[end:]
+        return "".join(lines)
+
+    def describe(self, path: str) -> str:
+        return f"{path}:{self.line}: {self.original} -> {self.replacement}"
+
+
+def swap_mutants(source: str, functions: tuple[str, ...] = ()) -> list[SwapMutant]:
+    """Every attribute read of ``SWAP_FAMILIES`` swapped for each other of its family, and
+    every ``+``/``-`` before a name of an offset or origin flipped (inside ``functions``
+    only, if given)."""
+    family_of = {name: family for family in SWAP_FAMILIES for name in family}
+    tokens = [
+        t
+        for t in tokenize.generate_tokens(io.StringIO(source).readline)
+        if t.type not in (tokenize.COMMENT, tokenize.NL, tokenize.NEWLINE)
+    ]
+    spans = _function_lines(source, functions)
+    found = []
+    for index, token in enumerate(tokens):
+        line, column = token.start
+        if spans is not None and not any(a <= line <= b for a, b in spans):
+            continue
+        previous = tokens[index - 1] if index else None
+        following = tokens[index + 1] if index + 1 < len(tokens) else None
+        if token.type == tokenize.NAME and token.string in family_of:
+            if previous is not None and previous.string == ".":
+                found += [
+                    SwapMutant(line=line, column=column, original=token.string, replacement=other)
+                    for other in family_of[token.string]
+                    if other != token.string
+                ]
+        elif token.type == tokenize.OP and token.string in ("+", "-"):
+            binary = previous is not None and (
+                previous.type in (tokenize.NAME, tokenize.NUMBER) or previous.string in ")]"
+            )
+            named = following is not None and following.type == tokenize.NAME
+            if binary and named and SIGNED.search(following.string):  # type: ignore[union-attr]
+                flipped = "-" if token.string == "+" else "+"
+                found.append(
+                    SwapMutant(line=line, column=column, original=token.string, replacement=flipped)
+                )
+    return found
+
+
+def _function_lines(source: str, functions: tuple[str, ...]) -> list[tuple[int, int]] | None:
+    """(first, last) line of each of ``functions`` in ``source``; None for no limit."""
+    if not functions:
+        return None
+    import ast
+
+    return [
+        (node.lineno, node.end_lineno or node.lineno)
+        for node in ast.walk(ast.parse(source))
+        if isinstance(node, ast.FunctionDef) and node.name in functions
+    ]
+
+
+def _pytest(folder: Path, tests: tuple[str, ...], markers: str, timeout_s: float) -> int | None:
+    """Run ``tests`` in ``folder`` on its plain copy of the package: the exit status, None
+    on a timeout."""
+    try:
+        return subprocess.run(
+            [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider",
+             "-m", markers, *tests],
+            cwd=folder,
+            env={**os.environ, "PYTHONPATH": str(folder / "src"), "PYTHONDONTWRITEBYTECODE": "1"},
+            capture_output=True,
+            timeout=timeout_s,
+            check=False,
+        ).returncode  # fmt: skip
+    except subprocess.TimeoutExpired:
+        return None
+
+
+def run_swaps(folder: Path, target: Target) -> dict[str, list[str]]:
+    """Our operators over ``target``: each mutant put into the laid-out copy in turn and
+    the module's tests run against it.  A timeout counts as killed."""
+    path = folder / "src" / _installed_path(target.path)
+    original = path.read_text()
+    started = time.monotonic()
+    if _pytest(folder, target.tests, target.markers, 3600) != 0:
+        raise SystemExit(f"{target.path}: its tests fail unmutated in {folder}")
+    limit = max(60.0, 10 * (time.monotonic() - started))
+    outcome: dict[str, list[str]] = {"killed": [], "survived": []}
+    try:
+        for mutant in swap_mutants(original, target.functions):
+            path.write_text(mutant.apply(original))
+            status = _pytest(folder, target.tests, target.markers, limit)
+            killed = status is None or status not in (0, 5)
+            outcome["killed" if killed else "survived"].append(mutant.describe(target.path))
+    finally:
+        path.write_text(original)
+    return outcome
+
+
+# --------------------------------------------------------------------------
+# Runs, the table, the hand-made bugs.
+
+
+def _git(*arguments: str) -> str:
+    return subprocess.run(
+        ["git", *arguments], cwd=ROOT, capture_output=True, text=True, check=True
+    ).stdout.strip()
+
+
+def run_module(name: str, target: Target, *, jobs: int, swaps: bool) -> dict[str, object]:
+    """Mutate one module, run its tests against every mutant; its figures (and its row)."""
+    source = (ROOT / target.path).read_text()
+    commit = _git("rev-parse", "--short", "HEAD")
+    if _git("status", "--porcelain", "--", target.path):
+        commit += " (uncommitted changes)"
+    folder = _lay_out(name, target)
+    started = time.monotonic()
+    mutmut = run_mutmut(folder, target, jobs)
+    ours = run_swaps(folder, target) if swaps else {"killed": [], "survived": []}
+    killed = len(mutmut["killed"]) + len(ours["killed"])
+    survived = len(mutmut["survived"]) + len(ours["survived"])
+    result: dict[str, object] = {
+        "module": target.path,
+        "functions": list(target.functions),
+        "mutants": killed + survived + len(mutmut["skipped"]),
+        "killed": killed,
+        "survived": survived,
+        "skipped": len(mutmut["skipped"]),
+        "swaps_killed": len(ours["killed"]),
+        "swaps": len(ours["killed"]) + len(ours["survived"]),
+        "score": mutation_table.percent(killed, killed + survived),
+        "tests": list(target.tests),
+        "commit": commit,
+        "code": mutation_table.code_hash(source),
+        "seconds": round(time.monotonic() - started),
+        "survivors": mutmut["survived"],
+        "swap_survivors": ours["survived"],
+    }
     (folder / "score.json").write_text(json.dumps(result, indent=1) + "\n")
-    _write_survivors(folder, result["survivors"])  # type: ignore[arg-type]
-    if show:
-        print((folder / "survivors.txt").read_text())
+    with (folder / "survivors.txt").open("a") as report:
+        report.writelines(f"# swap survived: {line}\n" for line in ours["survived"])
     return result
 
 
-def _table(results: list[dict[str, object]]) -> str:
-    lines = [
-        "| module | mutants | killed | survived | score | tests | seconds |",
-        "|---|---|---|---|---|---|---|",
-    ]
-    for r in results:
-        tests = ", ".join(Path(t).name for t in r["tests"])  # type: ignore[attr-defined]
-        lines.append(
-            f"| `{r['module']}` | {r['mutants']} | {r['killed']} | "
-            f"{int(r['survived']) + int(r['suspicious'])} | {r['score_percent']}% | "  # type: ignore[call-overload]
-            f"{tests} | {r['seconds']} |"
+def table_row(result: dict[str, object]) -> mutation_table.Row:
+    module = str(result["module"])
+    functions = result["functions"]
+    if functions:
+        module += " (" + ", ".join(f"{f}" for f in functions) + ")"  # type: ignore[attr-defined]
+    swaps = f"{result['swaps_killed']}/{result['swaps']}" if result["swaps"] else "-"
+    return mutation_table.Row(
+        module=module,
+        mutants=str(result["mutants"]),
+        killed=str(result["killed"]),
+        survived=str(result["survived"]),
+        score=str(result["score"]),
+        swaps=swaps,
+        tests=", ".join(Path(t).name for t in result["tests"]),  # type: ignore[attr-defined]
+        commit=str(result["commit"]),
+        code=str(result["code"]),
+    )
+
+
+def row_module(target: Target) -> str:
+    """How the table names a target: its path, and its functions when it lists some."""
+    return target.path + (f" ({', '.join(target.functions)})" if target.functions else "")
+
+
+def stale_targets() -> list[str]:
+    """The targets whose row is missing or measured another code than the module's now."""
+    rows = {row.module: row for row in mutation_table.parse_rows(DOCS.read_text())}
+    stale = []
+    for name, target in TARGETS.items():
+        row = rows.get(row_module(target))
+        code = mutation_table.code_hash((ROOT / target.path).read_text())
+        if row is None or row.code != code:
+            stale.append(name)
+    return stale
+
+
+def run_hand_mutants() -> int:
+    """Apply each hand mutant to a copy of the package and run its test file: 0 if all fail."""
+    folder = _lay_out("named", TARGETS["trace"])
+    survivors = 0
+    for mutant in HAND_MUTANTS:
+        source = folder / "src" / _installed_path(mutant.path)
+        original = source.read_text()
+        if original.count(mutant.original) != 1:
+            raise SystemExit(f"{mutant.path}: the text to mutate is gone: {mutant.original!r}")
+        source.write_text(original.replace(mutant.original, mutant.mutated))
+        try:
+            finished = subprocess.run(
+                [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m",
+                 "not tensorflow and not netns", mutant.tests],
+                cwd=folder,
+                env={**os.environ, "PYTHONPATH": str(folder / "src")},
+                capture_output=True,
+                text=True,
+                check=False,
+            )  # fmt: skip
+        finally:
+            source.write_text(original)
+        failed = [line for line in finished.stdout.splitlines() if line.startswith("FAILED")]
+        caught = finished.returncode == 1 and bool(failed)
+        survivors += not caught
+        print(f"{'caught' if caught else 'SURVIVED'}: issue {mutant.issue}: {mutant.name}")
+        for line in failed:
+            print(f"    {line[:160]}", flush=True)
+    return 1 if survivors else 0
+
+
+def _list() -> None:
+    rows = {row.module: row for row in mutation_table.parse_rows(DOCS.read_text())}
+    stale = set(stale_targets())
+    for name, target in TARGETS.items():
+        row = rows.get(row_module(target))
+        state = (
+            "to run"
+            if name in stale
+            else f"{row.score if row else '?'} at {row.commit if row else '?'}"
         )
-    return "\n".join(lines)
+        print(f"{name}: {row_module(target)} <- {' '.join(target.tests)} [{state}]")
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
-    parser.add_argument("modules", nargs="*", help=f"any of: {', '.join(TARGETS)} (default: all)")
-    parser.add_argument("--list", action="store_true", help="print the modules and their tests")
-    parser.add_argument(
-        "--jobs", type=int, default=2, help="mutants tested at once (default: 2, the cores here)"
-    )
+    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n", 1)[0])
+    parser.add_argument("modules", nargs="*", help=f"any of: {', '.join(TARGETS)}")
+    parser.add_argument("--list", action="store_true", help="the modules, tests and rows")
+    parser.add_argument("--stale", action="store_true", help="the modules whose row is stale")
+    parser.add_argument("--jobs", type=int, default=1, help="mutants tested at once (default 1)")
     parser.add_argument("--floor", type=float, default=DEFAULT_FLOOR, help="score to reach (%%)")
-    parser.add_argument("--survivors", action="store_true", help="print every survivor's diff")
-    parser.add_argument(
-        "--table",
-        action="store_true",
-        help="instead: the table of each module's last run (build/mutation/*/score.json)",
-    )
-    parser.add_argument(
-        "--named",
-        action="store_true",
-        help="instead: check that each of issue 15's hand-made mutants is caught",
-    )
+    parser.add_argument("--no-swaps", action="store_true", help="mutmut's operators only")
+    parser.add_argument("--named", action="store_true", help="check the hand-made bugs")
+    parser.add_argument("--no-table", action="store_true", help="leave docs/testing.md as it is")
     arguments = parser.parse_args(argv)
     unknown = [m for m in arguments.modules if m not in TARGETS]
     if unknown:
@@ -413,28 +482,26 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--jobs must be >= 1, got {arguments.jobs}")
     if arguments.named:
         return run_hand_mutants()
-    names = arguments.modules or list(TARGETS)
-    if arguments.table:
-        stored = [WORK / name / "score.json" for name in names]
-        print(_table([json.loads(path.read_text()) for path in stored if path.exists()]))
-        return 0
     if arguments.list:
-        for name in names:
-            print(f"{name}: {TARGETS[name].path} <- {' '.join(TARGETS[name].tests)}")
+        _list()
         return 0
-    results = []
-    for name in names:
-        result = run_module(name, TARGETS[name], jobs=arguments.jobs, show=arguments.survivors)
-        print(
-            f"{name}: {result['killed']}/{result['mutants']} killed, "
-            f"{result['score_percent']}% ({result['seconds']} s)",
-            flush=True,
-        )
-        results.append(result)
-    print(_table(results))
-    below = [r for r in results if float(r["score_percent"]) < arguments.floor]  # type: ignore[arg-type]
-    for r in below:
-        print(f"below {arguments.floor}%: {r['module']} ({r['score_percent']}%)", file=sys.stderr)
+    if arguments.stale:
+        print(" ".join(stale_targets()))
+        return 0
+    if not arguments.modules:
+        parser.error("name the modules to run (--stale lists those whose row is not current)")
+    below = []
+    for name in arguments.modules:
+        target = TARGETS[name]
+        result = run_module(name, target, jobs=arguments.jobs, swaps=not arguments.no_swaps)
+        row = table_row(result)
+        print(row.render(), f"({result['seconds']} s)", flush=True)
+        if not arguments.no_table:
+            mutation_table.update(DOCS, row, [row_module(t) for t in TARGETS.values()])
+        if (mutation_table.score_value(row) or 0.0) < arguments.floor:
+            below.append(f"below {arguments.floor}%: {target.path} ({row.score})")
+    for line in below:
+        print(line, file=sys.stderr)
     return 1 if below else 0
 
 

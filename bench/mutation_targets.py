@@ -1,0 +1,291 @@
+"""What ``bench/mutation.py`` mutates: every module on the path from samples to a figure a
+user reads, the fast tests that pin each, and the hand-made bugs that must be caught.
+
+The result path, in order: the trace model and its size classes; the workload the
+replay plays and its pacing and dependencies (core); the samples the transport
+builds from each call and the run it makes of them; the statistics, the prediction
+and every writer (the result document, the terminal and markdown tables,
+TensorBoard's scalars, hparams and text, the CSV tables, the step timeline, the
+comparison); the assembly of a trace from what the profiler recorded; and the plan
+of an emulated network's links.  A module's test list holds files that run in
+seconds without TensorFlow or root.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Target:
+    """One module to mutate: its path in the repository and the test files that pin it."""
+
+    path: str
+    tests: tuple[str, ...]
+    #: Which of the tests run (pytest -m): by default neither TensorFlow nor namespaces.
+    markers: str = "not tensorflow and not netns"
+    #: Only these functions of the module are mutated and scored (a module whose other
+    #: functions are no part of the result path); empty: all of it.
+    functions: tuple[str, ...] = ()
+
+
+_ORACLES = "tests/test_output_oracles.py"
+
+#: The modules of the result path, by short name, with the fast tests that pin each.
+TARGETS: dict[str, Target] = {
+    # The trace and the size classes.
+    "trace": Target(path="src/tf_grpc_bench/trace.py", tests=("tests/test_trace.py",)),
+    "sizes": Target(path="src/tf_grpc_bench/sizes.py", tests=("tests/test_sizes.py",)),
+    # Core: what is replayed, when, and what waits for what.
+    "generators": Target(path="replay/core/generators.py", tests=("tests/test_generators.py",)),
+    "workload": Target(
+        path="replay/core/workload.py", tests=("tests/test_workload.py", "tests/test_chunking.py")
+    ),
+    "messages": Target(path="replay/core/messages.py", tests=("tests/test_workload.py",)),
+    "synthetic": Target(path="replay/core/synthetic.py", tests=("tests/test_workload.py",)),
+    "trace_workload": Target(
+        path="replay/core/trace_workload.py", tests=("tests/test_workload.py",)
+    ),
+    "trace_mapping": Target(
+        path="src/tf_grpc_bench/trace_mapping.py", tests=("tests/test_workload.py",)
+    ),
+    "pacing": Target(path="replay/core/pacing.py", tests=("tests/test_pacing.py",)),
+    "dependencies": Target(
+        path="src/tf_grpc_bench/dependencies.py", tests=("tests/test_dependencies.py",)
+    ),
+    "dependency_tracker": Target(
+        path="src/tf_grpc_bench/dependency_tracker.py", tests=("tests/test_dependencies.py",)
+    ),
+    "critical_path": Target(
+        path="src/tf_grpc_bench/critical_path.py",
+        tests=("tests/test_dependencies.py", "tests/test_workload.py"),
+    ),
+    "measurement": Target(
+        path="replay/core/measurement.py",
+        tests=("tests/test_measurement.py", "tests/test_machine_cpu.py", _ORACLES),
+    ),
+    "chunking": Target(path="replay/core/chunking.py", tests=("tests/test_chunking.py",)),
+    # The transport's samples: one per call, the worker processes' merged into a run.
+    "transport_samples": Target(
+        path="replay/transport/driver.py", tests=(_ORACLES,), functions=("_sample",)
+    ),
+    "sample_arrays": Target(
+        path="replay/throughput.py",
+        tests=("tests/test_benchmarks_loopback.py",),
+        functions=("pack_samples", "unpack_samples"),
+    ),
+    "run_samples": Target(
+        path="replay/transport/loop.py",
+        tests=("tests/test_run_measurement.py",),
+        functions=("run_measurement", "machine_cpu_over"),
+    ),
+    # Figures and every writer of them.
+    "statistics": Target(
+        path="replay/output/statistics.py", tests=("tests/test_measurement.py", _ORACLES)
+    ),
+    "prediction": Target(
+        path="replay/output/prediction.py", tests=("tests/test_document.py", _ORACLES)
+    ),
+    "document": Target(path="replay/output/document.py", tests=("tests/test_document.py",)),
+    "document_reader": Target(
+        path="replay/output/document_reader.py", tests=("tests/test_document.py",)
+    ),
+    "document_writer": Target(
+        path="replay/output/document_writer.py", tests=("tests/test_document.py",)
+    ),
+    "run_directories": Target(
+        path="replay/output/run_directories.py", tests=("tests/test_document.py",)
+    ),
+    "report": Target(
+        path="replay/output/report.py",
+        tests=(_ORACLES, "tests/test_report.py", "tests/test_capture_cpu.py"),
+    ),
+    "tensorboard": Target(
+        path="replay/output/tensorboard.py",
+        tests=(_ORACLES, "tests/test_tensorboard_output.py"),
+    ),
+    "hparams": Target(
+        path="replay/output/hparams.py", tests=(_ORACLES, "tests/test_tensorboard_output.py")
+    ),
+    "events": Target(
+        path="replay/output/events.py", tests=(_ORACLES, "tests/test_tensorboard_output.py")
+    ),
+    "export": Target(path="replay/output/export.py", tests=(_ORACLES,)),
+    "timeline": Target(
+        path="replay/output/timeline.py", tests=(_ORACLES, "tests/test_timeline.py")
+    ),
+    "comparison": Target(
+        path="replay/output/comparison.py", tests=(_ORACLES, "tests/test_comparison.py")
+    ),
+    # Assembly of a trace from what the profiler recorded.
+    "physics": Target(path="profiler/physics.py", tests=("tests/test_physics.py",)),
+    "http2": Target(path="profiler/recorders/http2.py", tests=("tests/test_http2_follower.py",)),
+    "calls": Target(path="profiler/recorders/calls.py", tests=("tests/test_calls.py",)),
+    "clocks": Target(
+        path="profiler/assembly/clocks.py",
+        tests=("tests/test_record.py", "tests/test_skewed_clocks.py"),
+    ),
+    "assemble": Target(path="profiler/assemble.py", tests=("tests/test_skewed_clocks.py",)),
+    "phases": Target(
+        path="profiler/assembly/phases.py",
+        tests=("tests/test_assembly.py", "tests/test_skewed_clocks.py"),
+    ),
+    "rpcs": Target(
+        path="profiler/assembly/rpcs.py", tests=("tests/test_assembly.py", "tests/test_capture.py")
+    ),
+    "steps": Target(
+        path="profiler/assembly/steps.py",
+        tests=("tests/test_steps.py", "tests/test_assembly.py", "tests/test_capture.py"),
+    ),
+    "variables": Target(
+        path="profiler/assembly/variables.py",
+        tests=("tests/test_record.py", "tests/test_physics.py"),
+    ),
+    # Its tests decode messages that TensorFlow's own protobuf modules wrote (imported,
+    # nothing trained): they run too.
+    "tf_messages": Target(
+        path="profiler/assembly/tf_messages.py",
+        tests=("tests/test_tf_messages.py",),
+        markers="not netns",
+    ),
+    # The plan of an emulated network's links.
+    "links": Target(
+        path="src/tf_grpc_bench/netns/links.py",
+        tests=("tests/test_network_plans.py", "tests/test_tbf_buckets.py"),
+    ),
+    "topology": Target(
+        path="src/tf_grpc_bench/netns/topology.py",
+        tests=("tests/test_network_plans.py", "tests/test_tbf_buckets.py"),
+    ),
+}
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class HandMutant:
+    """A small bug put in by hand, the issue that found it, and the test file that must
+    catch it."""
+
+    name: str
+    issue: int
+    path: str
+    original: str
+    mutated: str
+    tests: str
+
+
+#: The bugs that once survived the suite; ``--named`` checks that each is now caught.
+HAND_MUTANTS = (
+    HandMutant(
+        name="trace: a binary trace's version checked with > max instead of not in",
+        issue=15,
+        path="src/tf_grpc_bench/trace.py",
+        original="    if message.format_version not in READABLE_VERSIONS:",
+        mutated="    if message.format_version > max(READABLE_VERSIONS):",
+        tests="tests/test_trace.py",
+    ),
+    HandMutant(
+        name="trace: a JSON trace's version checked with > max instead of not in",
+        issue=15,
+        path="src/tf_grpc_bench/trace.py",
+        original="    if version not in READABLE_VERSIONS:",
+        mutated="    if version > max(READABLE_VERSIONS):",
+        tests="tests/test_trace.py",
+    ),
+    HandMutant(
+        name="generators: two-category skew 3:1 instead of 2:1",
+        issue=15,
+        path="replay/core/generators.py",
+        original="        return tuple(zip(ordered, SKEW_SHARES, strict=False))",
+        mutated="        return tuple(zip(ordered, SKEW_SHARES if len(ordered) != 2 else (6, 2), "
+        "strict=False))",
+        tests="tests/test_generators.py",
+    ),
+    HandMutant(
+        name="generators: the deal order reversed",
+        issue=15,
+        path="replay/core/generators.py",
+        original="key=lambda i: (deficits[i], -i))",
+        mutated="key=lambda i: (deficits[i], i))",
+        tests="tests/test_generators.py",
+    ),
+    HandMutant(
+        name="physics: extra bytes never flagged (-err > tol)",
+        issue=15,
+        path="profiler/physics.py",
+        original="        if abs(self.relative_error) > tolerance:",
+        mutated="        if -self.relative_error > tolerance:",
+        tests="tests/test_physics.py",
+    ),
+    HandMutant(
+        name="physics: tolerance widened from 0.01 to 0.2",
+        issue=15,
+        path="profiler/physics.py",
+        original="DEFAULT_TOLERANCE = 0.01",
+        mutated="DEFAULT_TOLERANCE = 0.2",
+        tests="tests/test_physics.py",
+    ),
+    HandMutant(
+        name="run measurement: lost server statistics with `and partial`",
+        issue=15,
+        path="replay/transport/loop.py",
+        original="    if stats is None and not partial:",
+        mutated="    if stats is None and partial:",
+        tests="tests/test_run_measurement.py",
+    ),
+    HandMutant(
+        name="http2: padding checked with > left instead of > left - 1",
+        issue=15,
+        path="profiler/recorders/http2.py",
+        original="                if padding > self._left - 1:",
+        mutated="                if padding > self._left:",
+        tests="tests/test_http2_follower.py",
+    ),
+    HandMutant(
+        name="transport: a sample's size class by its response, not its larger message",
+        issue=41,
+        path="replay/transport/driver.py",
+        original="        payload_bytes=call.payload_bytes,",
+        mutated="        payload_bytes=call.response_bytes,",
+        tests=_ORACLES,
+    ),
+    HandMutant(
+        name="report: the text summary's p90 column shows the p99",
+        issue=41,
+        path="replay/output/report.py",
+        original="                    summary.p90_ns,",
+        mutated="                    summary.p99_ns,",
+        tests=_ORACLES,
+    ),
+    HandMutant(
+        name="assemble: step markers moved by minus their task's clock offset",
+        issue=41,
+        path="profiler/assemble.py",
+        original="marker, start_ns=marker.start_ns + offset, end_ns=marker.end_ns + offset",
+        mutated="marker, start_ns=marker.start_ns - offset, end_ns=marker.end_ns - offset",
+        tests="tests/test_skewed_clocks.py",
+    ),
+    HandMutant(
+        name="netns: the tbf burst at the fallback HZ instead of the kernel's",
+        issue=41,
+        path="src/tf_grpc_bench/netns/emulated.py",
+        original="            hz=kernel_hz(),\n",
+        mutated="",
+        tests="tests/test_tbf_buckets.py",
+    ),
+    HandMutant(
+        name="export: samples.csv's trace_callee holds the caller task",
+        issue=41,
+        path="replay/output/export.py",
+        original="                trace.task_name(rpc.callee_task),",
+        mutated="                trace.task_name(rpc.caller_task),",
+        tests=_ORACLES,
+    ),
+    HandMutant(
+        name="dependencies: a pull's wait for its worker keyed on its response start",
+        issue=41,
+        path="src/tf_grpc_bench/dependencies.py",
+        original="after_worker = bisect.bisect_left(worker_ends, call.start_ns)",
+        mutated="after_worker = bisect.bisect_left(worker_ends, call.response_start_ns)",
+        tests="tests/test_dependencies.py",
+    ),
+)
