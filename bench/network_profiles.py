@@ -60,7 +60,6 @@ from tf_grpc_bench.replay.core.measurement import Benchmark
 from tf_grpc_bench.replay.core.trace_workload import trace_workload
 from tf_grpc_bench.replay.core.workload import Mode
 from tf_grpc_bench.replay.network import compare as network_compare
-from tf_grpc_bench.replay.network.netinfo import format_rate
 from tf_grpc_bench.replay.output import document as results
 from tf_grpc_bench.replay.output.document_reader import read_document
 from tf_grpc_bench.replay.output.machine import describe_machine
@@ -400,7 +399,7 @@ def main() -> int:
     print(text)
     for f in figures:
         rate = f.profile.rate_bits_per_s
-        print(f"{f.profile.name}: configured {format_rate(rate) if rate else 'unlimited'}")
+        print(f"{f.profile.name}: configured {links.format_rate(rate) if rate else 'unlimited'}")
     if not args.no_readme:
         write_section(README, SECTION, text)
     return 0

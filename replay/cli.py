@@ -858,6 +858,11 @@ def run_replay(args: argparse.Namespace) -> int:
     if not args.quiet:
         print(report.format_table(document))
     print(f"results: {run_directory / results.RESULTS_FILE_NAME}")
+    if document.network is not None and document.network.relay_behind:
+        print(
+            f"warning: the link's relay fell behind its profile: {document.network.relay_behind}",
+            file=sys.stderr,
+        )
     timelines = run_directory / "timeline"
     if timelines.is_dir():
         print(f"timeline: {timelines}/ (Perfetto, chrome://tracing; TensorBoard's Profile tab)")

@@ -22,7 +22,12 @@ from tf_grpc_bench.replay.core.measurement import (
 )
 from tf_grpc_bench.replay.core.whatif import Derivation
 from tf_grpc_bench.replay.output.document import ResultDocument, TraceInfo, build_document
-from tf_grpc_bench.replay.output.machine import InterfaceInfo, MachineInfo, NetworkInfo
+from tf_grpc_bench.replay.output.machine import (
+    InterfaceInfo,
+    MachineInfo,
+    NetworkInfo,
+    RelayDirection,
+)
 
 #: Round-trip latency model: fixed cost plus a per-byte cost, in ns.
 _BASE_NS = 180_000
@@ -193,10 +198,36 @@ def golden_document() -> ResultDocument:
         results,
         config={"command": "replay", "runs": 2, "warmup_s": 0.0, "target": "127.0.0.1:50001"},
         trace_path=None,
+        # An emulated link with a delay: its profile and its relay's lateness (version 6).
         network=NetworkInfo(
-            name="loopback",
-            addresses=("127.0.0.1:50001",),
-            interfaces=(InterfaceInfo(name="lo", mtu_bytes=65536),),
+            name="10gbit-crossrack",
+            addresses=("10.233.0.1:50001",),
+            interfaces=(
+                InterfaceInfo(
+                    name="eth0", mtu_bytes=1500, speed_mbit_per_s=10, namespace="tfgb-12-ab-h1"
+                ),
+            ),
+            emulated_rate_bits_per_s=10**10,
+            emulation="tbf rate 10gbit burst 5000000B on eth0; relay 50us +- 10us one way",
+            emulated_delay_ns=50_000,
+            emulated_jitter_ns=10_000,
+            emulated_loss=0.001,
+            relays=(
+                RelayDirection(
+                    link="h0-h1",
+                    direction="tfgb-12-ab-h1:eth0 -> tfgb-12-ab-h0:eth0",
+                    delay_ns=50_000,
+                    jitter_ns=10_000,
+                    packets=1200,
+                    bytes=9_000_000,
+                    late_p50_ns=1_279,
+                    late_p99_ns=30_719,
+                    late_max_ns=41_000,
+                    late_mean_ns=2_100,
+                    late_histogram=((1216, 700), (1280, 480), (28672, 18), (40960, 2)),
+                    behind="99% of releases within 31 us of their time, not 20 us",
+                ),
+            ),
         ),
         machine=GOLDEN_MACHINE,
         created=datetime(2026, 11, 29, 18, 0, 0, tzinfo=timezone.utc),

@@ -31,34 +31,70 @@ def tool(*arguments: str, timeout_s: float = 120) -> subprocess.CompletedProcess
     )
 
 
-def test_profiles_lists_every_named_profile_with_its_burst() -> None:
+def test_profiles_lists_every_named_profile_with_its_burst_delay_jitter_and_loss() -> None:
     result = tool("network", "profiles")
     assert result.returncode == 0, result.stderr
     lines = result.stdout.splitlines()
     header = re.fullmatch(
-        r"named link profiles \(tbf on both ends of each link; kernel HZ ([0-9]+)\):", lines[0]
+        r"named link profiles \(tbf rate on both ends of each link, kernel HZ ([0-9]+); delay "
+        r"and jitter one way, by a relay; loss at each receiver\):",
+        lines[0],
     )
     assert header, lines[0]
     hz = int(header.group(1))
+    assert lines[1].split() == [
+        "profile",
+        "rate",
+        "tbf",
+        "burst",
+        "delay",
+        "jitter",
+        "loss",
+        "stands",
+        "for",
+    ]
+    rows = {line.split()[0]: line.split() for line in lines[2:-1]}
+    assert list(rows) == list(links.PROFILES)
     # tc-tbf(8): the bucket holds one tick of the rate, and never less than two 64 KiB packets.
-    for line, (name, gbit) in zip(
-        lines[1:5], [("1gbit", 1), ("10gbit", 10), ("25gbit", 25), ("40gbit", 40)], strict=True
-    ):
+    for name, gbit in [("1gbit", 1), ("10gbit", 10), ("25gbit", 25), ("40gbit", 40)]:
         burst = max(-(-gbit * 10**9 // (8 * hz)), 131_072)
-        assert line.split() == [
-            name,
-            "tbf",
-            "rate",
-            name,
-            "burst",
-            str(burst),
-            "B",
-            "latency",
-            "20",
-            "ms",
-        ]
-    assert lines[5].split() == ["unlimited", "no", "rate", "limit"]
-    assert len(lines) == 7
+        assert rows[name] == [name, name, str(burst), "B", "-", "-", "-"]
+    assert rows["unlimited"] == ["unlimited", "unlimited", "-", "-", "-", "-"]
+    assert rows["10gbit-crossrack"][:7] == [
+        "10gbit-crossrack",
+        "10gbit",
+        "5000000",
+        "B",
+        "50us",
+        "10us",
+        "-",
+    ]
+    assert rows["1gbit-wan"][4:7] == ["25ms", "500us", "-"]
+    assert "IPoIB" in " ".join(rows["ipoib-edr"])
+    assert ":delay=D:jitter=J:loss=P%" in lines[-1]
+
+
+@pytest.mark.netns
+def test_up_with_a_delay_leaves_its_relay_running_until_down() -> None:
+    up = tool("network", "up", "--profile", "100mbit", "--delay", "2ms", "--loss", "1%")
+    assert up.returncode == 0, up.stderr
+    match = re.search(
+        r"^run ([0-9]+-[0-9a-f]+): 2 hosts, links 100mbit, 2ms one way, 1% loss$",
+        up.stdout,
+        re.MULTILINE,
+    )
+    assert match, up.stdout
+    run_id = match.group(1)
+    try:
+        pids = namespaces.run_pids(run_id)
+        assert len(pids) == 1, "the relay outlives 'network up', in its hosts' namespaces"
+        down = tool("network", "down", run_id)
+        assert down.returncode == 0, down.stderr
+        assert namespaces.run_namespaces(run_id) == []
+        assert not namespaces.pid_alive(pids[0])
+    finally:
+        for name in namespaces.run_namespaces(run_id):
+            namespaces.delete_namespace(name)
 
 
 @pytest.mark.netns
@@ -105,8 +141,17 @@ def test_cleanup_removes_what_a_crashed_run_left() -> None:
     [
         (
             ("network", "up", "--profile", "fast"),
-            "unknown network profile 'fast': expected one of 1gbit, 10gbit, 25gbit, 40gbit, "
-            "unlimited or a rate such as 100mbit",
+            f"unknown network profile 'fast': expected one of {', '.join(links.PROFILES)}, "
+            "or a rate such as 100mbit, optionally followed by :delay=50us:jitter=10us:loss=0.1%",
+        ),
+        (
+            ("network", "up", "--profile", "1gbit", "--delay", "1ms", "--jitter", "2ms"),
+            "profile 1gbit:delay=1ms:jitter=2ms: jitter 2ms must be in [0, the delay 1ms]: a "
+            "packet cannot leave before it arrived",
+        ),
+        (
+            ("network", "compare", "--profiles", "1gbit", "--loss", "0.1"),
+            "--loss '0.1': expected a percentage in [0%, 100%), such as 0.1%",
         ),
         (("network", "up", "--hosts", "1"), "--hosts must be >= 2, got 1"),
     ],

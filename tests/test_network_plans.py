@@ -153,7 +153,8 @@ def test_unknown_profile_error_lists_the_named_profiles() -> None:
     with pytest.raises(
         NetworkError,
         match=r"^unknown network profile 'fast': expected one of 1gbit, 10gbit, 25gbit, "
-        r"40gbit, unlimited or a rate such as 100mbit$",
+        r"40gbit, unlimited, 10gbit-samerack, .*, ipoib-edr, or a rate such as 100mbit, "
+        r"optionally followed by :delay=50us:jitter=10us:loss=0.1%$",
     ):
         links.parse_profile("fast")
 

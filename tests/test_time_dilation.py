@@ -473,7 +473,7 @@ def test_compare_replays_a_dilated_link_shaped_that_much_slower(tmp_path: Path) 
     )  # fmt: skip
     assert completed.returncode == 0, completed.stdout + completed.stderr
     assert set(namespaces.list_namespaces()) <= before
-    assert "unlimited: no rate limit to dilate; replaying undilated" in completed.stdout
+    assert "unlimited: no rate limit or delay to dilate; replaying undilated" in completed.stdout
     (compare_dir,) = (tmp_path / "out").glob("*-compare")
     (limited,) = (compare_dir / "200mbit").glob("*/results.json")
     document = read_document(limited)

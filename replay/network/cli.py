@@ -27,7 +27,6 @@ from tf_grpc_bench.replay.core import planning
 from tf_grpc_bench.replay.core.pacing import Pacing, Timing
 from tf_grpc_bench.replay.core.workload import Workload
 from tf_grpc_bench.replay.network import compare as network_compare
-from tf_grpc_bench.replay.network.netinfo import format_rate
 from tf_grpc_bench.replay.output.run_directories import new_run_directory
 
 
@@ -60,8 +59,10 @@ def configure_network(parser: argparse.ArgumentParser, *, replay_flags: Flags) -
     up.add_argument(
         "--profile",
         default="1gbit",
-        help=f"link profile: {', '.join(links.PROFILES)} or a rate like 100mbit (default 1gbit)",
+        help=f"link profile: {', '.join(links.PROFILES)}, or a rate like 100mbit, each "
+        "optionally followed by :delay=D:jitter=J:loss=P%% (default 1gbit)",
     )
+    _timing_flags(up)
     up.add_argument(
         "--subnet", default=topology.DEFAULT_SUBNET, help="private /24 used inside the namespaces"
     )
@@ -91,9 +92,45 @@ def configure_network(parser: argparse.ArgumentParser, *, replay_flags: Flags) -
         "--profiles",
         default="1gbit,10gbit,unlimited",
         help=f"comma-separated link profiles ({', '.join(links.PROFILES)}, or rates "
-        "like 100mbit; default 1gbit,10gbit,unlimited)",
+        "like 100mbit, each optionally followed by :delay=D:jitter=J:loss=P%%; default "
+        "1gbit,10gbit,unlimited)",
     )
+    _timing_flags(compare)
     replay_flags(compare)
+
+
+def _timing_flags(parser: argparse.ArgumentParser) -> None:
+    """``--delay``, ``--jitter``, ``--loss``: they replace the profile's own figures."""
+    parser.add_argument(
+        "--delay",
+        metavar="DURATION",
+        help="one-way delay of every packet, each direction (e.g. 50us, 10ms), by a relay "
+        "between two tap devices; replaces the profile's (docs/networks.md)",
+    )
+    parser.add_argument(
+        "--jitter",
+        metavar="DURATION",
+        help="each packet's delay drawn uniformly from delay +- jitter, packet order kept "
+        "(at most the delay)",
+    )
+    parser.add_argument(
+        "--loss",
+        metavar="PERCENT",
+        help="probability that a packet is lost, e.g. 0.1%% (a BPF filter at each receiver)",
+    )
+
+
+def _with_timing_flags(profile: links.LinkProfile, args: argparse.Namespace) -> links.LinkProfile:
+    """``profile`` with ``--delay``, ``--jitter`` and ``--loss`` applied (NetworkError
+    naming the flag for a bad value)."""
+    return links.with_timing(
+        profile,
+        delay_ns=None if args.delay is None else links.parse_duration(args.delay, what="--delay"),
+        jitter_ns=None
+        if args.jitter is None
+        else links.parse_duration(args.jitter, what="--jitter"),
+        loss=None if args.loss is None else links.parse_loss(args.loss, what="--loss"),
+    )
 
 
 def run_network(
@@ -122,26 +159,43 @@ def run_network(
 
 def _profiles() -> int:
     hz = namespaces.kernel_hz()
-    print(f"named link profiles (tbf on both ends of each link; kernel HZ {hz}):")
+    print(
+        f"named link profiles (tbf rate on both ends of each link, kernel HZ {hz}; delay "
+        "and jitter one way, by a relay; loss at each receiver):"
+    )
+    rows = [("profile", "rate", "tbf burst", "delay", "jitter", "loss", "stands for")]
     for profile in links.PROFILES.values():
-        if profile.rate_bits_per_s is None:
-            print(f"  {profile.name:<10} no rate limit")
-            continue
-        bucket = links.token_bucket_for(profile.rate_bits_per_s, hz=hz)
-        print(
-            f"  {profile.name:<10} tbf rate {format_rate(profile.rate_bits_per_s)} "
-            f"burst {bucket.burst_bytes} B latency {bucket.latency_us // 1000} ms"
+        rate = profile.rate_bits_per_s
+        burst = "-" if rate is None else f"{links.token_bucket_for(rate, hz=hz).burst_bytes} B"
+        rows.append(
+            (
+                profile.name,
+                "unlimited" if rate is None else links.format_rate(rate),
+                burst,
+                links.format_duration(profile.delay_ns) if profile.delay_ns else "-",
+                links.format_duration(profile.jitter_ns) if profile.jitter_ns else "-",
+                links.format_loss(profile.loss) if profile.loss else "-",
+                profile.note,
+            )
         )
-    print("any rate such as 100mbit or 2.5gbit is accepted too; no delay emulation (no netem)")
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]) - 1)]
+    for row in rows:
+        cells = [cell.ljust(width) for cell, width in zip(row, widths, strict=False)]
+        print("  " + "  ".join([*cells, row[-1]]).rstrip())
+    print(
+        "any rate such as 100mbit or 2.5gbit is accepted too; any profile takes "
+        ":delay=D:jitter=J:loss=P% (or --delay, --jitter, --loss), e.g. 10gbit:delay=50us"
+    )
     return 0
 
 
 def _up(args: argparse.Namespace) -> int:
-    profile = links.parse_profile(args.profile)
-    network = emulated.EmulatedNetwork(hosts=args.hosts, profile=profile, subnet=args.subnet)
+    profile = _with_timing_flags(links.parse_profile(args.profile), args)
+    network = emulated.EmulatedNetwork(
+        hosts=args.hosts, profile=profile, subnet=args.subnet, detached=True
+    )
     network.up()
-    rate = "unlimited" if profile.rate_bits_per_s is None else format_rate(profile.rate_bits_per_s)
-    print(f"run {network.run_id}: {len(network.hosts)} hosts, links {rate}")
+    print(f"run {network.run_id}: {len(network.hosts)} hosts, links {profile.describe()}")
     for host in network.hosts:
         print(f"  h{host.index}  {host.namespace:<24} {host.interface} {host.cidr}")
     if network.plan.switch_namespace:
@@ -180,7 +234,7 @@ def _cleanup(*, include_live: bool) -> int:
 #: replay flags that ``compare`` sets itself for each profile.
 _COMPARE_OWNS = (
     "target", "output_dir", "quiet", "tls", "tls_dir", "network_name", "procs_per_server",
-    "time_dilation", "client_netns",
+    "time_dilation", "client_netns", "delay", "jitter", "loss",
 )  # fmt: skip
 #: serve flags that ``compare`` sets itself.
 _SERVE_OWNS = ("host", "port", "servers", "tls", "tls_dir")
@@ -199,7 +253,7 @@ def _compare(
         raise UsageError(
             "network compare places the clients on its emulated hosts itself; drop --client-netns"
         )
-    profiles = links.parse_profiles(args.profiles)
+    profiles = tuple(_with_timing_flags(p, args) for p in links.parse_profiles(args.profiles))
     dilation = planning.parse_time_dilation(args.time_dilation, allow_auto=True)
     # Validate every replay flag here, before any namespace exists (and without root);
     # a dilation goes to each profile's replay only where its link is limited.

@@ -43,7 +43,6 @@ from tf_grpc_bench.errors import NetworkError, ResultError
 from tf_grpc_bench.netns import emulated, links, namespaces, topology
 from tf_grpc_bench.replay.core.measurement import Benchmark
 from tf_grpc_bench.replay.core.workload import Workload
-from tf_grpc_bench.replay.network.netinfo import format_rate
 from tf_grpc_bench.replay.output import comparison, report, timeline
 from tf_grpc_bench.replay.output import document as results
 from tf_grpc_bench.replay.output.document_reader import read_document
@@ -434,9 +433,9 @@ def _replay_profile(
     link only), undilated, then dilated (``next_dilation``) until the predicted step
     moves less than ``CONVERGED_STEP_CHANGE`` from the previous dilation's
     (``converged``) or the dilation reaches ``MAX_AUTO_DILATION``."""
-    if not profile.limited:
+    if not (profile.limited or profile.delayed):
         if config.time_dilation not in (None, 1.0):
-            on_line(f"{profile.name}: no rate limit to dilate; replaying undilated")
+            on_line(f"{profile.name}: no rate limit or delay to dilate; replaying undilated")
         return _run_profile(config, profile, on_line, 1.0)
     dilation = config.time_dilation or 1.0
     outcome = _run_profile(config, profile, on_line, dilation)
@@ -506,10 +505,9 @@ def _run_profile(
     profile_dir = config.output_dir / profile.name
     shaped = profile
     dilation_arguments: list[str] = []
-    if dilation != 1.0 and profile.rate_bits_per_s is not None:
-        shaped = links.LinkProfile(
-            name=profile.name, rate_bits_per_s=max(1, round(profile.rate_bits_per_s / dilation))
-        )
+    if dilation != 1.0 and (profile.limited or profile.delayed):
+        # The link K times slower: its rate divided by K, its delay and jitter K times longer.
+        shaped = profile.dilated(dilation)
         dilation_arguments = ["--time-dilation", f"{dilation:g}"]
     with emulated.EmulatedNetwork(hosts=2, profile=shaped) as network:
         client_host = network.hosts[1]
@@ -649,6 +647,11 @@ def compare_networks(
     markdown = report.format_markdown_table(documents) if documents else "(no results)"
     failures = [f"- {o.profile.name}: {o.error}" for o in outcomes if o.error]
     dilations = [_dilation_line(o) for o in outcomes if o.time_dilation != 1 or o.tried]
+    behind = [f"- {o.profile.name}: {_relay_behind(o)}" for o in outcomes if _relay_behind(o)]
+    if behind:
+        on_line("links whose relay fell behind their profile (delays longer than asked):")
+        for line in behind:
+            on_line(line)
     stopped = (
         [] if interrupted is None else ["", f"Interrupted ({lifetime.signal_name(interrupted)})."]
     )
@@ -659,6 +662,7 @@ def compare_networks(
             markdown,
             *(["", "Time dilation (docs/fidelity.md):", *dilations] if dilations else []),
             *(["", "Failed:", *failures] if failures else []),
+            *(["", "Relays that fell behind their profile:", *behind] if behind else []),
             *stopped,
             "",
         ]
@@ -680,6 +684,12 @@ def compare_networks(
     )
 
 
+def _relay_behind(outcome: ProfileOutcome) -> str:
+    """Why the link's relay did not hold the profile over the replay ("" if it did)."""
+    network = None if outcome.document is None else outcome.document.network
+    return "" if network is None else network.relay_behind
+
+
 def comparison_json(
     outcomes: Sequence[ProfileOutcome], interrupted: int | None = None
 ) -> dict[str, Any]:
@@ -692,6 +702,10 @@ def comparison_json(
         return {
             "profile": outcome.profile.name,
             "rate_bits_per_s": outcome.profile.rate_bits_per_s,
+            "delay_ns": outcome.profile.delay_ns,
+            "jitter_ns": outcome.profile.jitter_ns,
+            "loss": outcome.profile.loss,
+            "relay_behind": _relay_behind(outcome),
             "results": None if outcome.results_path is None else str(outcome.results_path),
             "error": outcome.error,
             "time_dilation": outcome.time_dilation,
@@ -710,7 +724,9 @@ def comparison_json(
 
     return {
         "format": "tf-grpc-bench network comparison",
-        "format_version": 1,
+        # 1: first version; 2 (2026-12): each profile gains delay_ns, jitter_ns, loss
+        # and relay_behind.
+        "format_version": 2,
         "interrupted": None if interrupted is None else lifetime.signal_name(interrupted),
         "profiles": [profile_json(o) for o in outcomes],
     }
@@ -721,7 +737,7 @@ def _dilation_line(outcome: ProfileOutcome) -> str:
     rate = outcome.profile.rate_bits_per_s or 0
     line = (
         f"- {outcome.profile.name}: replayed {outcome.time_dilation:g} times slower, on a "
-        f"{format_rate(round(rate / outcome.time_dilation))} link with compute "
+        f"{links.format_rate(round(rate / outcome.time_dilation))} link with compute "
         f"{outcome.time_dilation:g} times longer; every time above is divided by "
         f"{outcome.time_dilation:g}"
     )

@@ -4,7 +4,9 @@ Given the targets a client connects to, find the local interface each one is
 reached through (the kernel's choice of source address), and read what the
 kernel says of it: MTU and link speed from ``/sys/class/net/<if>``, any ``tbf``
 rate limit on it (``tc -j qdisc show``), and the network namespace the process
-runs in.  The result is the ``NetworkInfo`` every result document carries.
+runs in; inside an emulated host, also its link's delay, jitter and loss and
+what its relays did so far (``netns.state``, ``netns.relay``).  The result is
+the ``NetworkInfo`` every result document carries.
 
 Reads are from the calling process's own view: a client started inside an
 emulated host's namespace (``ip netns exec``) describes that host's link.  Note
@@ -26,8 +28,17 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from tf_grpc_bench.errors import ConfigError
-from tf_grpc_bench.replay.output.machine import InterfaceInfo, NetworkInfo, describe_interface
+from tf_grpc_bench.errors import ConfigError, NetworkError
+from tf_grpc_bench.netns.links import format_duration, format_loss, format_rate
+from tf_grpc_bench.netns.relay import RelayStats, bucket_bounds, read_relay_stats
+from tf_grpc_bench.netns.state import read_record
+from tf_grpc_bench.netns.topology import PREFIX
+from tf_grpc_bench.replay.output.machine import (
+    InterfaceInfo,
+    NetworkInfo,
+    RelayDirection,
+    describe_interface,
+)
 from tf_grpc_bench.replay.transport.client import split_address
 
 #: ioctl(2) request that reads an interface's IPv4 address (linux/sockios.h).
@@ -45,14 +56,6 @@ class Shaping:
     def describe(self) -> str:
         rate = format_rate(self.rate_bits_per_s)
         return f"tbf rate {rate} burst {self.burst_bytes}B on {self.interface}"
-
-
-def format_rate(bits_per_s: int) -> str:
-    """``1000000000`` -> ``1gbit``, ``2500000000`` -> ``2.5gbit``, ``100000000`` -> ``100mbit``."""
-    for factor, unit in ((10**9, "gbit"), (10**6, "mbit"), (10**3, "kbit")):
-        if bits_per_s >= factor:
-            return f"{bits_per_s / factor:g}{unit}"
-    return f"{bits_per_s}bit"
 
 
 def local_address_for(host: str, port: int) -> str:
@@ -172,6 +175,85 @@ def current_namespace() -> str:
     return ""
 
 
+def relay_directions(link: str, stats: RelayStats) -> tuple[RelayDirection, ...]:
+    """``stats`` (a relay's statistics file, as read) as the result document records it."""
+    directions = []
+    for (source, target), direction in zip(
+        (stats.sides, stats.sides[::-1]), stats.directions, strict=True
+    ):
+        directions.append(
+            RelayDirection(
+                link=link,
+                direction=f"{source.rsplit('/', 1)[-1]} -> {target.rsplit('/', 1)[-1]}",
+                delay_ns=direction.delay_ns,
+                jitter_ns=direction.jitter_ns,
+                packets=direction.packets,
+                bytes=direction.bytes,
+                queue_drops=direction.queue_drops,
+                write_errors=direction.write_errors,
+                late_p50_ns=direction.late_percentile_ns(0.5),
+                late_p99_ns=direction.late_percentile_ns(0.99),
+                late_max_ns=direction.late_max_ns,
+                late_mean_ns=direction.late_mean_ns,
+                late_histogram=tuple(
+                    (bucket_bounds(bucket)[0], count)
+                    for bucket, count in enumerate(direction.histogram)
+                    if count
+                ),
+                behind=direction.behind(),
+            )
+        )
+    return tuple(directions)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class LinkEmulation:
+    """What an emulated host's record and relays say of its link ("" / 0 / () if none)."""
+
+    delay_ns: int = 0
+    jitter_ns: int = 0
+    loss: float = 0.0
+    relays: tuple[RelayDirection, ...] = ()
+    #: What to add to the network's ``emulation`` description.
+    description: str = ""
+
+
+def read_link_emulation(namespace: str) -> LinkEmulation:
+    """The delay, jitter, loss and relay statistics of emulated host ``namespace``'s link
+    (``netns.state``), now; nothing for a namespace that is not an emulated host.  A
+    record or statistics file that cannot be read is said in the description."""
+    if not namespace.startswith(PREFIX):
+        return LinkEmulation()
+    try:
+        record = read_record(namespace)
+    except NetworkError as error:
+        return LinkEmulation(description=str(error))
+    if record is None:
+        return LinkEmulation()
+    profile = record.profile
+    relays: list[RelayDirection] = []
+    notes = []
+    for path in record.relay_stats:
+        link = path.name.removesuffix(".relay").split("-", 3)[-1]
+        try:
+            relays += relay_directions(link, read_relay_stats(path))
+        except NetworkError as error:
+            notes.append(str(error))
+    parts = []
+    if profile.delayed:
+        jitter = f" +- {format_duration(profile.jitter_ns)}" if profile.jitter_ns else ""
+        parts.append(f"relay {format_duration(profile.delay_ns)}{jitter} one way")
+    if profile.lossy:
+        parts.append(f"{format_loss(profile.loss)} loss at each receiver")
+    return LinkEmulation(
+        delay_ns=profile.delay_ns,
+        jitter_ns=profile.jitter_ns,
+        loss=profile.loss,
+        relays=tuple(relays),
+        description="; ".join([*parts, *notes]),
+    )
+
+
 def describe_network(targets: Sequence[str], *, name: str = "") -> NetworkInfo:
     """The NetworkInfo of a client reaching ``targets`` (``host:port`` each).
 
@@ -193,6 +275,7 @@ def describe_network(targets: Sequence[str], *, name: str = "") -> NetworkInfo:
         if shaping is not None:
             shapings.append(shaping)
     rate = min((s.rate_bits_per_s for s in shapings), default=0)
+    link = read_link_emulation(namespace)
     if not name:
         if interfaces and all(i.name == "lo" for i in interfaces):
             name = "loopback"
@@ -200,24 +283,38 @@ def describe_network(targets: Sequence[str], *, name: str = "") -> NetworkInfo:
             name = "-".join(i.name for i in interfaces) or "network"
             if rate:
                 name += f"-tbf-{format_rate(rate)}"
+            if link.delay_ns:
+                name += f"-delay-{format_duration(link.delay_ns)}"
     return NetworkInfo(
         name=name,
         addresses=tuple(targets),
         interfaces=tuple(interfaces),
         emulated_rate_bits_per_s=rate,
-        emulation="; ".join(s.describe() for s in shapings),
+        emulation="; ".join([*(s.describe() for s in shapings), *filter(None, [link.description])]),
+        emulated_delay_ns=link.delay_ns,
+        emulated_jitter_ns=link.jitter_ns,
+        emulated_loss=link.loss,
+        relays=link.relays,
     )
 
 
 def undilated(network: NetworkInfo, time_dilation: float) -> NetworkInfo:
     """``network`` as the link a replay ``time_dilation`` times slower predicts: its rate
-    times the dilation (the rate actually shaped stays in ``emulation``)."""
-    if time_dilation == 1 or not network.emulated_rate_bits_per_s:
+    times the dilation, its delay and jitter divided by it (the link actually shaped
+    stays in ``emulation``, and the relays' figures are the dilated link's)."""
+    rate, delay = network.emulated_rate_bits_per_s, network.emulated_delay_ns
+    if time_dilation == 1 or not (rate or delay or network.emulated_jitter_ns):
         return network
-    predicted = round(network.emulated_rate_bits_per_s * time_dilation)
+    predicted = round(rate * time_dilation)
+    delay = round(delay / time_dilation)
+    said = [format_rate(predicted)] if predicted else []
+    if delay:
+        said.append(f"{format_duration(delay)} one way")
     return replace(
         network,
         emulated_rate_bits_per_s=predicted,
+        emulated_delay_ns=delay,
+        emulated_jitter_ns=round(network.emulated_jitter_ns / time_dilation),
         emulation=f"{network.emulation}; time dilation {time_dilation:g}: replays a "
-        f"{format_rate(predicted)} link",
+        f"{', '.join(said)} link",
     )

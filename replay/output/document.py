@@ -56,9 +56,14 @@ FORMAT = "tf-grpc-bench-results"
 #:       Documents also gain ``what_if``: the cluster a what-if replay asked
 #:       about and the trace it was derived from (``core.whatif``), or null;
 #:       versions 1 to 4 read with null.
-FORMAT_VERSION = 5
+#:   6 (2026-12): the network gains ``emulated_delay_ns``, ``emulated_jitter_ns``,
+#:       ``emulated_loss`` (an emulated link's profile) and ``relays`` (what each
+#:       direction of its delay relay did: packets, drops, release lateness
+#:       percentiles and histogram, and why it fell behind).  Versions 1 to 5 read
+#:       with 0 and no relays.
+FORMAT_VERSION = 6
 #: Versions ``read_document`` can read.
-READABLE_VERSIONS = frozenset({1, 2, 3, 4, 5})
+READABLE_VERSIONS = frozenset({1, 2, 3, 4, 5, 6})
 #: The sample columns each version stores.
 SAMPLE_COLUMNS_BY_VERSION = {
     1: tuple(c for c in SAMPLE_COLUMNS if c not in ("release_lag_ns", "rpc_index")),
@@ -66,6 +71,7 @@ SAMPLE_COLUMNS_BY_VERSION = {
     3: tuple(c for c in SAMPLE_COLUMNS if c != "rpc_index"),
     4: SAMPLE_COLUMNS,
     5: SAMPLE_COLUMNS,
+    6: SAMPLE_COLUMNS,
 }
 #: Conventional name of the result document inside a run directory.
 RESULTS_FILE_NAME = "results.json"

@@ -32,7 +32,12 @@ from tf_grpc_bench.replay.output.document import (
     ResultDocument,
     TraceInfo,
 )
-from tf_grpc_bench.replay.output.machine import InterfaceInfo, MachineInfo, NetworkInfo
+from tf_grpc_bench.replay.output.machine import (
+    InterfaceInfo,
+    MachineInfo,
+    NetworkInfo,
+    RelayDirection,
+)
 
 
 class _Invalid(Exception):
@@ -129,7 +134,56 @@ def _trace_from_json(obj: dict[str, Any], where: str) -> TraceInfo:
     )
 
 
-def _network_from_json(obj: dict[str, Any], where: str) -> NetworkInfo:
+def _float(obj: Mapping[str, Any], key: str, where: str) -> float:
+    value = _field(obj, key, where)
+    if not isinstance(value, int | float) or isinstance(value, bool):
+        raise _Invalid(f"{where}.{key}: expected a number, got {json.dumps(value)[:40]}")
+    return float(value)
+
+
+_RELAY_COUNTS = (
+    "delay_ns", "jitter_ns", "packets", "bytes", "queue_drops", "write_errors", "late_p50_ns",
+    "late_p99_ns", "late_max_ns", "late_mean_ns",
+)  # fmt: skip
+
+
+def _relay_from_json(obj: dict[str, Any], where: str) -> RelayDirection:
+    histogram = []
+    for index, bucket in enumerate(_list(obj, "late_histogram", where)):
+        if not (
+            isinstance(bucket, list)
+            and len(bucket) == 2
+            and all(isinstance(v, int) and not isinstance(v, bool) for v in bucket)
+        ):
+            raise _Invalid(f"{where}.late_histogram[{index}]: expected [lower_ns, count]")
+        histogram.append((bucket[0], bucket[1]))
+    return RelayDirection(
+        link=_str(obj, "link", where),
+        direction=_str(obj, "direction", where),
+        **{key: _int(obj, key, where) for key in _RELAY_COUNTS},
+        late_histogram=tuple(histogram),
+        behind=_str(obj, "behind", where),
+    )
+
+
+def _emulation_from_json(obj: dict[str, Any], where: str, version: int) -> dict[str, Any]:
+    """A version 6 network's delay, jitter, loss and relays (none before version 6)."""
+    if version < 6:
+        return {}
+    relays = []
+    for index, item in enumerate(_list(obj, "relays", where)):
+        if not isinstance(item, dict):
+            raise _Invalid(f"{where}.relays[{index}]: expected an object")
+        relays.append(_relay_from_json(item, f"{where}.relays[{index}]"))
+    return {
+        "emulated_delay_ns": _int(obj, "emulated_delay_ns", where),
+        "emulated_jitter_ns": _int(obj, "emulated_jitter_ns", where),
+        "emulated_loss": _float(obj, "emulated_loss", where),
+        "relays": tuple(relays),
+    }
+
+
+def _network_from_json(obj: dict[str, Any], where: str, version: int) -> NetworkInfo:
     interfaces = []
     for index, item in enumerate(_list(obj, "interfaces", where)):
         at = f"{where}.interfaces[{index}]"
@@ -152,6 +206,7 @@ def _network_from_json(obj: dict[str, Any], where: str) -> NetworkInfo:
         interfaces=tuple(interfaces),
         emulated_rate_bits_per_s=_int(obj, "emulated_rate_bits_per_s", where),
         emulation=_str(obj, "emulation", where),
+        **_emulation_from_json(obj, where, version),
     )
 
 
@@ -276,7 +331,7 @@ def document_from_json_dict(data: Any, *, source: str = "results") -> ResultDocu
             config=_parameters(data, "config", where),
             benchmarks=tuple(benchmarks),
             trace=None if trace is None else _trace_from_json(trace, "trace"),
-            network=None if network is None else _network_from_json(network, "network"),
+            network=None if network is None else _network_from_json(network, "network", version),
             partial=_bool(data, "partial", where),
             partial_reason=_str(data, "partial_reason", where),
             what_if=None if what_if is None else _what_if_from_json(what_if, "what_if"),

@@ -24,6 +24,7 @@ from tf_grpc_bench.replay.core.measurement import (
 )
 from tf_grpc_bench.replay.core.whatif import Derivation
 from tf_grpc_bench.replay.output.document import FORMAT, ResultDocument
+from tf_grpc_bench.replay.output.machine import NetworkInfo
 from tf_grpc_bench.replay.output.prediction import prediction_json
 from tf_grpc_bench.replay.output.statistics import cpu_utilization, run_statistics
 
@@ -145,6 +146,46 @@ def _what_if_json(what_if: Derivation | None) -> dict[str, Any] | None:
     }
 
 
+def _network_json(network: NetworkInfo) -> dict[str, Any]:
+    return {
+        "name": network.name,
+        "addresses": list(network.addresses),
+        "interfaces": [
+            {
+                "name": interface.name,
+                "mtu_bytes": interface.mtu_bytes,
+                "speed_mbit_per_s": interface.speed_mbit_per_s,
+                "namespace": interface.namespace,
+            }
+            for interface in network.interfaces
+        ],
+        "emulated_rate_bits_per_s": network.emulated_rate_bits_per_s,
+        "emulation": network.emulation,
+        "emulated_delay_ns": network.emulated_delay_ns,
+        "emulated_jitter_ns": network.emulated_jitter_ns,
+        "emulated_loss": network.emulated_loss,
+        "relays": [
+            {
+                "link": relay.link,
+                "direction": relay.direction,
+                "delay_ns": relay.delay_ns,
+                "jitter_ns": relay.jitter_ns,
+                "packets": relay.packets,
+                "bytes": relay.bytes,
+                "queue_drops": relay.queue_drops,
+                "write_errors": relay.write_errors,
+                "late_p50_ns": relay.late_p50_ns,
+                "late_p99_ns": relay.late_p99_ns,
+                "late_max_ns": relay.late_max_ns,
+                "late_mean_ns": relay.late_mean_ns,
+                "late_histogram": [list(bucket) for bucket in relay.late_histogram],
+                "behind": relay.behind,
+            }
+            for relay in network.relays
+        ],
+    }
+
+
 def document_to_json_dict(document: ResultDocument) -> dict[str, Any]:
     """The JSON object ``write_document`` writes (plain dicts, lists and scalars)."""
     machine = document.machine
@@ -181,23 +222,7 @@ def document_to_json_dict(document: ResultDocument) -> dict[str, Any]:
             "format_version": trace.format_version,
             "step_count": trace.step_count,
         },
-        "network": None
-        if network is None
-        else {
-            "name": network.name,
-            "addresses": list(network.addresses),
-            "interfaces": [
-                {
-                    "name": interface.name,
-                    "mtu_bytes": interface.mtu_bytes,
-                    "speed_mbit_per_s": interface.speed_mbit_per_s,
-                    "namespace": interface.namespace,
-                }
-                for interface in network.interfaces
-            ],
-            "emulated_rate_bits_per_s": network.emulated_rate_bits_per_s,
-            "emulation": network.emulation,
-        },
+        "network": None if network is None else _network_json(network),
         "what_if": _what_if_json(document.what_if),
         "config": dict(document.config),
         "benchmarks": [

@@ -54,6 +54,32 @@ class InterfaceInfo:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class RelayDirection:
+    """One direction of an emulated link's relay over the run (``netns.relay``): what it
+    moved and how late its releases were, as its histogram gives them."""
+
+    #: The link within its network ("h0-h1", "h2-sw") and the direction
+    #: ("tfgb-...-h0:eth0 -> tfgb-...-h1:eth0").
+    link: str
+    direction: str
+    delay_ns: int
+    jitter_ns: int
+    packets: int
+    bytes: int
+    #: Packets its full queue dropped; failed writes to the receiving side.
+    queue_drops: int = 0
+    write_errors: int = 0
+    late_p50_ns: int = 0
+    late_p99_ns: int = 0
+    late_max_ns: int = 0
+    late_mean_ns: int = 0
+    #: The lateness histogram's non-empty buckets: (lower bound in ns, count).
+    late_histogram: tuple[tuple[int, int], ...] = ()
+    #: Why this direction did not hold its profile ("" if it did).
+    behind: str = ""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class NetworkInfo:
     """The network a run went over (filled by whoever set the network up)."""
 
@@ -66,15 +92,28 @@ class NetworkInfo:
     emulated_rate_bits_per_s: int = 0
     #: How the link was emulated, e.g. "tbf rate 1gbit burst 128kb latency 50ms".
     emulation: str = ""
+    #: An emulated link's one-way delay and jitter (ns) and loss probability (0 none).
+    emulated_delay_ns: int = 0
+    emulated_jitter_ns: int = 0
+    emulated_loss: float = 0.0
+    #: What the link's relays did over the run (none without a delay or jitter).
+    relays: tuple[RelayDirection, ...] = ()
 
     def __post_init__(self) -> None:
         if not self.name:
             raise ValueError("NetworkInfo.name must not be empty")
-        if self.emulated_rate_bits_per_s < 0:
+        for field in ("emulated_rate_bits_per_s", "emulated_delay_ns", "emulated_jitter_ns"):
+            if getattr(self, field) < 0:
+                raise ValueError(f"NetworkInfo.{field} must be >= 0, got {getattr(self, field)}")
+        if not 0 <= self.emulated_loss < 1:
             raise ValueError(
-                f"NetworkInfo.emulated_rate_bits_per_s must be >= 0, "
-                f"got {self.emulated_rate_bits_per_s}"
+                f"NetworkInfo.emulated_loss must be in [0, 1), got {self.emulated_loss}"
             )
+
+    @property
+    def relay_behind(self) -> str:
+        """Why the link's relays did not hold its profile over the run ("" if they did)."""
+        return "; ".join(f"{r.direction}: {r.behind}" for r in self.relays if r.behind)
 
 
 def _package_version(name: str) -> str:

@@ -20,7 +20,11 @@ The modules, by concept:
 - ``namespaces``: operations on the machine's namespaces (run a command,
   list, enter, delete, clean up what crashed runs left);
 - ``emulated``: ``EmulatedNetwork``, a network brought up and torn down
-  around a ``with`` block, and the processes started inside its hosts.
+  around a ``with`` block, and the processes started inside its hosts;
+- ``relay`` (and ``relay.c``): the process that gives a link its delay and
+  jitter, and its statistics;
+- ``state``: what a running network leaves in ``/run`` for the processes
+  inside it (each host's link record, each relay's statistics).
 
 Everything that touches the machine needs root.
 """

@@ -14,6 +14,7 @@ import signal
 import subprocess
 import threading
 from collections.abc import Iterator, Sequence
+from pathlib import Path
 from types import FrameType
 from typing import Any
 
@@ -28,7 +29,14 @@ from tf_grpc_bench.netns.namespaces import (
     require_root,
     run_command,
 )
-from tf_grpc_bench.netns.topology import DEFAULT_SUBNET, Host, new_run_id, plan_network
+from tf_grpc_bench.netns.relay import RelayStats, build_relay, read_relay_stats, start_relay
+from tf_grpc_bench.netns.state import (
+    STATE_DIRECTORY,
+    relay_stats_path,
+    remove_namespace_state,
+    write_records,
+)
+from tf_grpc_bench.netns.topology import DEFAULT_SUBNET, Host, RelayPlan, new_run_id, plan_network
 
 
 class _Terminated(SystemExit):
@@ -74,13 +82,16 @@ def _signals_blocked() -> Iterator[None]:
 
 
 class EmulatedNetwork:
-    """Hosts as namespaces on a rate-limited link; a context manager.
+    """Hosts as namespaces on an emulated link; a context manager.
 
     ``with EmulatedNetwork(hosts=2, profile=parse_profile("1gbit")) as net:``
     builds the network, and removes everything it made (processes it spawned,
-    namespaces, links, qdiscs) when the block ends: normally, by an exception,
-    by Ctrl-C, or by SIGTERM/SIGHUP (which then exit with 128+signal).
-    ``up``/``down`` do the same without the context manager.  Not thread-safe.
+    relays, namespaces, links, qdiscs, the state files in ``state``) when the
+    block ends: normally, by an exception, by Ctrl-C, or by SIGTERM/SIGHUP
+    (which then exit with 128+signal).  ``up``/``down`` do the same without the
+    context manager.  After ``down``, ``relay_stats`` holds each relay's final
+    statistics by link.  ``detached`` relays (``network up``) outlive this
+    process and end when their namespaces are deleted.  Not thread-safe.
     """
 
     def __init__(
@@ -92,9 +103,11 @@ class EmulatedNetwork:
         run_id: str = "",
         tbf_latency_us: int = DEFAULT_TBF_LATENCY_US,
         runner: CommandRunner = run_command,
+        detached: bool = False,
     ) -> None:
         self.run_id = run_id or new_run_id()
         self.runner = runner
+        self.detached = detached
         self.plan = plan_network(
             hosts=hosts,
             profile=profile,
@@ -104,6 +117,8 @@ class EmulatedNetwork:
             tbf_latency_us=tbf_latency_us,
         )
         self._processes: list[subprocess.Popen[Any]] = []
+        self._relays: dict[str, tuple[subprocess.Popen[bytes], Path]] = {}
+        self.relay_stats: dict[str, RelayStats] = {}
         self._signals: contextlib.ExitStack | None = None
 
     @property
@@ -119,26 +134,48 @@ class EmulatedNetwork:
         return self.plan.token_bucket
 
     def up(self) -> EmulatedNetwork:
-        """Create everything; on any failure remove what was made and raise NetworkError."""
+        """Create everything; on any failure remove what was made and raise NetworkError.
+
+        A delayed link's relay is built first (NetworkError without a compiler,
+        before anything is made)."""
         require_root()
+        executable = build_relay() if self.plan.relays else None
         try:
-            for command in self.plan.setup_commands:
-                self.runner(command)
+            STATE_DIRECTORY.mkdir(parents=True, exist_ok=True)
+            for step in self.plan.steps:
+                if isinstance(step, RelayPlan):
+                    assert executable is not None
+                    path = relay_stats_path(self.plan, step)
+                    process = start_relay(step, executable, path, detached=self.detached)
+                    self._relays[step.link] = (process, path)
+                else:
+                    self.runner(step)
+            write_records(self.plan, [path for _, path in self._relays.values()])
+        except OSError as error:
+            self.down()
+            raise NetworkError(f"{STATE_DIRECTORY}: {error.strerror}") from None
         except BaseException:
             self.down()
             raise
         return self
 
     def down(self) -> None:
-        """Stop spawned processes and delete this run's namespaces.  Idempotent."""
+        """Stop spawned processes and relays (keeping the relays' final statistics in
+        ``relay_stats``) and delete this run's namespaces.  Idempotent."""
         with _signals_blocked():
             for process in self._processes:
                 _stop_process(process)
             self._processes.clear()
+            for link, (relay, path) in self._relays.items():
+                _stop_process(relay)
+                with contextlib.suppress(NetworkError):
+                    self.relay_stats[link] = read_relay_stats(path)
+            self._relays.clear()
             existing = set(list_namespaces(self.runner))
             for name in self.plan.namespaces:
                 if name in existing:
                     delete_namespace(name, self.runner)
+                remove_namespace_state(name)
 
     def __enter__(self) -> EmulatedNetwork:
         stack = contextlib.ExitStack()

@@ -9,26 +9,54 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from tf_grpc_bench.errors import NetworkError
 
 _RATE = re.compile(r"^(?P<number>[0-9]+(?:\.[0-9]+)?)(?P<unit>[kmg]?)bit$")
 _UNITS = {"": 1, "k": 10**3, "m": 10**6, "g": 10**9}
+_DURATION = re.compile(r"^(?P<number>[0-9]+(?:\.[0-9]*)?)(?P<unit>ns|us|ms|s)$")
+_DURATION_UNITS = {"ns": 1, "us": 10**3, "ms": 10**6, "s": 10**9}
+_LOSS = re.compile(r"^(?P<number>[0-9]+(?:\.[0-9]*)?)%$")
+#: The longest one-way delay a link may have.
+MAX_DELAY_NS = 10 * 10**9
+#: A profile string's parts after the base: ``BASE:delay=50us:jitter=10us:loss=0.1%``.
+MODIFIERS = ("delay", "jitter", "loss")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class LinkProfile:
-    """A link speed to emulate.  ``rate_bits_per_s`` is None for no limit."""
+    """A link to emulate: its rate (None: no limit), one-way delay, jitter and loss.
+
+    ``delay_ns`` is added to every packet in each direction; each packet's delay
+    is drawn uniformly from ``delay_ns +- jitter_ns`` (never below the previous
+    packet's release: order is kept); ``loss`` is the probability, in [0, 1),
+    that a packet is dropped on arrival.  ``note`` says where a named profile's
+    figures come from.
+    """
 
     name: str
     rate_bits_per_s: int | None
+    delay_ns: int = 0
+    jitter_ns: int = 0
+    loss: float = 0.0
+    note: str = ""
 
     def __post_init__(self) -> None:
         if not self.name:
             raise ValueError("profile name must not be empty")
         if self.rate_bits_per_s is not None and self.rate_bits_per_s <= 0:
             raise ValueError(f"profile {self.name}: rate must be > 0 bit/s")
+        if not 0 <= self.delay_ns <= MAX_DELAY_NS:
+            raise ValueError(f"profile {self.name}: delay must be in [0, 10 s]")
+        if not 0 <= self.jitter_ns <= self.delay_ns:
+            raise ValueError(
+                f"profile {self.name}: jitter {format_duration(self.jitter_ns)} must be in "
+                f"[0, the delay {format_duration(self.delay_ns)}]: a packet cannot leave "
+                "before it arrived"
+            )
+        if not 0 <= self.loss < 1:
+            raise ValueError(f"profile {self.name}: loss must be in [0%, 100%)")
 
     @property
     def limited(self) -> bool:
@@ -38,10 +66,104 @@ class LinkProfile:
     def rate_bytes_per_s(self) -> float | None:
         return None if self.rate_bits_per_s is None else self.rate_bits_per_s / 8
 
+    @property
+    def delayed(self) -> bool:
+        """Whether packets wait in a relay (a delay or a jitter)."""
+        return self.delay_ns > 0 or self.jitter_ns > 0
 
-#: The named profiles.  Note: an unshaped veth pair on a 2-CPU machine carried
-#: 9-23 Gbit/s in our runs, so 25gbit and 40gbit do not bind there (measured;
-#: see docs/networks.md and bench/README.md).
+    @property
+    def lossy(self) -> bool:
+        return self.loss > 0
+
+    @property
+    def shaped(self) -> bool:
+        """Whether the link is anything but a plain, unlimited one."""
+        return self.limited or self.delayed or self.lossy
+
+    def dilated(self, factor: float) -> LinkProfile:
+        """The link ``factor`` times slower (time dilation): the rate divided by it, the
+        delay and jitter multiplied by it; the loss and the name unchanged."""
+        if factor <= 0:
+            raise ValueError(f"dilation must be > 0, got {factor}")
+        rate = self.rate_bits_per_s
+        return replace(
+            self,
+            rate_bits_per_s=None if rate is None else max(1, round(rate / factor)),
+            delay_ns=min(MAX_DELAY_NS, round(self.delay_ns * factor)),
+            jitter_ns=min(MAX_DELAY_NS, round(self.jitter_ns * factor)),
+        )
+
+    def describe(self) -> str:
+        """``10gbit, 50us +- 10us one way, 0.1% loss``."""
+        parts = [
+            "no rate limit" if self.rate_bits_per_s is None else format_rate(self.rate_bits_per_s)
+        ]
+        if self.delayed:
+            jitter = f" +- {format_duration(self.jitter_ns)}" if self.jitter_ns else ""
+            parts.append(f"{format_duration(self.delay_ns)}{jitter} one way")
+        if self.lossy:
+            parts.append(f"{format_loss(self.loss)} loss")
+        return ", ".join(parts)
+
+
+def format_rate(bits_per_s: int) -> str:
+    """``1000000000`` -> ``1gbit``, ``2500000000`` -> ``2.5gbit``, ``100000000`` -> ``100mbit``."""
+    for factor, unit in ((10**9, "gbit"), (10**6, "mbit"), (10**3, "kbit")):
+        if bits_per_s >= factor:
+            return f"{bits_per_s / factor:g}{unit}"
+    return f"{bits_per_s}bit"
+
+
+def format_duration(ns: int) -> str:
+    """``50000`` -> ``50us``, ``25000000`` -> ``25ms``, ``1500`` -> ``1.5us``: the largest
+    unit that keeps the number at least 1, as ``parse_duration`` reads it back."""
+    for factor, unit in ((10**9, "s"), (10**6, "ms"), (10**3, "us")):
+        if ns >= factor:
+            return f"{ns / factor:g}{unit}"
+    return f"{ns}ns"
+
+
+def format_loss(loss: float) -> str:
+    """``0.001`` -> ``0.1%``."""
+    return f"{loss * 100:g}%"
+
+
+def parse_duration(text: str, *, what: str = "delay") -> int:
+    """``50us``, ``1.5ms``, ``20ms``, ``1s``, ``800ns`` in nanoseconds; NetworkError naming
+    ``what`` otherwise."""
+    match = _DURATION.match(text.strip().lower())
+    if not match:
+        raise NetworkError(f"{what} {text!r}: expected a duration such as 50us, 1.5ms or 20ms")
+    ns = round(float(match["number"]) * _DURATION_UNITS[match["unit"]])
+    if ns > MAX_DELAY_NS:
+        raise NetworkError(f"{what} {text}: at most {format_duration(MAX_DELAY_NS)}")
+    return ns
+
+
+def parse_loss(text: str, *, what: str = "loss") -> float:
+    """``0.1%`` as 0.001; NetworkError naming ``what`` unless a percentage in [0%, 100%)."""
+    match = _LOSS.match(text.strip())
+    loss = float(match["number"]) / 100 if match else -1.0
+    if not 0 <= loss < 1:
+        raise NetworkError(f"{what} {text!r}: expected a percentage in [0%, 100%), such as 0.1%")
+    return loss
+
+
+def _timing_profile(
+    name: str, rate_gbit: float, delay: str, jitter: str = "0ns", note: str = ""
+) -> LinkProfile:
+    return LinkProfile(
+        name=name,
+        rate_bits_per_s=round(rate_gbit * 10**9),
+        delay_ns=parse_duration(delay),
+        jitter_ns=parse_duration(jitter),
+        note=note,
+    )
+
+
+#: The named profiles; docs/networks.md says where each figure comes from.  An
+#: unshaped link between two namespaces on a 2-CPU machine carried 9-23 Gbit/s in
+#: our runs, so rates of 25 Gbit/s and more do not bind there (bench/README.md).
 PROFILES: Mapping[str, LinkProfile] = {
     p.name: p
     for p in (
@@ -50,31 +172,107 @@ PROFILES: Mapping[str, LinkProfile] = {
         LinkProfile(name="25gbit", rate_bits_per_s=25 * 10**9),
         LinkProfile(name="40gbit", rate_bits_per_s=40 * 10**9),
         LinkProfile(name="unlimited", rate_bits_per_s=None),
+        _timing_profile("10gbit-samerack", 10, "5us", note="NICs and one top-of-rack switch"),
+        _timing_profile("25gbit-samerack", 25, "5us", note="NICs and one top-of-rack switch"),
+        _timing_profile(
+            "10gbit-crossrack", 10, "50us", "10us", note="through the spine, with its queues"
+        ),
+        _timing_profile("1gbit-wan", 1, "25ms", "500us", note="a cross-region WAN link"),
+        _timing_profile("40gbit-ethernet", 40, "24us", note="the paper's 40G Ethernet (Cluster A)"),
+        _timing_profile(
+            "ipoib-edr", 100, "30us", note="the paper's IPoIB over EDR InfiniBand (Cluster A)"
+        ),
     )
 }
 
 
-def parse_profile(text: str) -> LinkProfile:
-    """A named profile, or a rate written like tc's (``100mbit``, ``2.5gbit``).
-
-    Raises NetworkError listing the named profiles when ``text`` is neither.
-    """
-    name = text.strip().lower()
-    if name in PROFILES:
-        return PROFILES[name]
-    match = _RATE.match(name)
-    if match:
-        rate = round(float(match["number"]) * _UNITS[match["unit"]])
-        if rate > 0:
-            return LinkProfile(name=name, rate_bits_per_s=rate)
+def _modifier(key: str, value: str) -> int | float:
+    if key == "delay":
+        return parse_duration(value, what="delay")
+    if key == "jitter":
+        return parse_duration(value, what="jitter")
+    if key == "loss":
+        return parse_loss(value)
     raise NetworkError(
-        f"unknown network profile {text!r}: expected one of {', '.join(PROFILES)} "
-        "or a rate such as 100mbit"
+        f"network profile modifier {key!r}: expected {', '.join(m + '=' for m in MODIFIERS)}"
     )
 
 
+def _base_profile(base: str, text: str) -> LinkProfile:
+    if base in PROFILES:
+        return PROFILES[base]
+    match = _RATE.match(base)
+    if match:
+        rate = round(float(match["number"]) * _UNITS[match["unit"]])
+        if rate > 0:
+            return LinkProfile(name=base, rate_bits_per_s=rate)
+    raise NetworkError(
+        f"unknown network profile {text!r}: expected one of {', '.join(PROFILES)}, "
+        "or a rate such as 100mbit, optionally followed by :delay=50us:jitter=10us:loss=0.1%"
+    )
+
+
+def parse_profile(text: str) -> LinkProfile:
+    """A named profile or a rate written like tc's (``100mbit``, ``2.5gbit``), each
+    optionally followed by ``:delay=D``, ``:jitter=J`` and ``:loss=P%`` (these replace
+    the named profile's own).  The profile's name is the text in its canonical form
+    (``10gbit-crossrack:loss=0.1%``).  NetworkError names what is wrong.
+    """
+    base, *modifiers = [part.strip() for part in text.strip().lower().split(":")]
+    profile = _base_profile(base, text)
+    given: dict[str, int | float] = {}
+    for modifier in modifiers:
+        key, equals, value = modifier.partition("=")
+        if not equals:
+            raise NetworkError(f"network profile {text!r}: {modifier!r} is not KEY=VALUE")
+        given[key] = _modifier(key, value)
+    return with_timing(
+        profile,
+        delay_ns=None if "delay" not in given else int(given["delay"]),
+        jitter_ns=None if "jitter" not in given else int(given["jitter"]),
+        loss=given.get("loss"),
+    )
+
+
+def with_timing(
+    profile: LinkProfile,
+    *,
+    delay_ns: int | None = None,
+    jitter_ns: int | None = None,
+    loss: float | None = None,
+) -> LinkProfile:
+    """``profile`` with the given delay, jitter or loss (None: its own), named canonically:
+    the base profile's name, then the figures that differ from the base's
+    (``1gbit:delay=1ms``).  NetworkError if the jitter exceeds the delay."""
+    delay = profile.delay_ns if delay_ns is None else delay_ns
+    jitter = profile.jitter_ns if jitter_ns is None else jitter_ns
+    lost = profile.loss if loss is None else loss
+    base_name = profile.name.split(":")[0]
+    base = PROFILES.get(base_name, LinkProfile(name=base_name, rate_bits_per_s=None))
+    suffix = [
+        f"{key}={text}"
+        for key, text, differs in (
+            ("delay", format_duration(delay), delay != base.delay_ns),
+            ("jitter", format_duration(jitter), jitter != base.jitter_ns),
+            ("loss", format_loss(lost), lost != base.loss),
+        )
+        if differs
+    ]
+    try:
+        return replace(
+            profile,
+            name=":".join([base_name, *suffix]),
+            delay_ns=delay,
+            jitter_ns=jitter,
+            loss=lost,
+        )
+    except ValueError as error:
+        raise NetworkError(str(error)) from None
+
+
 def parse_profiles(text: str) -> tuple[LinkProfile, ...]:
-    """Comma-separated profiles, e.g. ``1gbit,10gbit,unlimited``; no duplicates."""
+    """Comma-separated profiles, e.g. ``1gbit,10gbit-crossrack,1gbit:delay=1ms``; no
+    duplicates."""
     profiles = tuple(parse_profile(part) for part in text.split(",") if part.strip())
     if not profiles:
         raise NetworkError("no network profile given: expected e.g. 1gbit,10gbit,unlimited")
@@ -139,3 +337,28 @@ def token_bucket_for(
         burst_bytes=max(per_tick_bytes, MIN_BURST_BYTES),
         latency_us=latency_us,
     )
+
+
+#: Direct-action verdicts of a tc filter (linux/pkt_cls.h): let the packet through, drop it.
+TC_ACT_OK = 0
+TC_ACT_SHOT = 2
+#: Classic BPF's ``ld rand`` (``BPF_LD|BPF_W|BPF_ABS`` at SKF_AD_OFF + SKF_AD_RANDOM):
+#: loads a fresh random 32-bit number.
+_LOAD_RANDOM = (0x20, 0, 0, 0xFFFFF038)
+
+
+def loss_filter_bytecode(loss: float) -> str:
+    """tc's ``bytecode`` argument for a classic-BPF direct-action filter that drops a
+    packet with probability ``loss``: load a random 32-bit number, drop it when below
+    ``loss * 2**32`` (``TC_ACT_SHOT``), else let it through (``TC_ACT_OK``).  Needs no
+    compiler: classic BPF is written as numbers."""
+    if not 0 < loss < 1:
+        raise ValueError(f"loss must be in (0, 1), got {loss}")
+    threshold = min(2**32 - 1, round(loss * 2**32))
+    program = (
+        _LOAD_RANDOM,
+        (0x35, 1, 0, threshold),  # BPF_JMP|BPF_JGE|BPF_K: >= threshold jumps to "keep"
+        (0x06, 0, 0, TC_ACT_SHOT),  # BPF_RET|BPF_K
+        (0x06, 0, 0, TC_ACT_OK),
+    )
+    return f"{len(program)}," + ",".join(f"{c} {jt} {jf} {k}" for c, jt, jf, k in program)

@@ -20,6 +20,7 @@ from pathlib import Path
 
 from tf_grpc_bench.errors import NetworkError
 from tf_grpc_bench.netns.links import FALLBACK_HZ
+from tf_grpc_bench.netns.state import remove_namespace_state
 from tf_grpc_bench.netns.topology import NAMESPACE_NAME, PREFIX, RUN_ID
 
 
@@ -116,14 +117,20 @@ def enter_namespace(name: str) -> None:
         os.close(descriptor)
 
 
-def _pid_alive(pid: int) -> bool:
+def pid_alive(pid: int) -> bool:
+    """Whether process ``pid`` still runs.  A zombie does not: it has ended, and only
+    waits for a parent to reap it (an orphan's new parent may never do so)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:
         return True
-    return True
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return True
+    return stat.rpartition(")")[2].split()[:1] != ["Z"]
 
 
 def _namespace_pids(namespace: str, runner: CommandRunner) -> list[int]:
@@ -145,7 +152,7 @@ def _kill_namespace_processes(namespace: str, runner: CommandRunner, grace_s: fl
             os.kill(pid, signal.SIGTERM)
     deadline = time.monotonic() + grace_s
     while pids and time.monotonic() < deadline:
-        pids = [p for p in pids if _pid_alive(p) and p in _namespace_pids(namespace, runner)]
+        pids = [p for p in pids if pid_alive(p) and p in _namespace_pids(namespace, runner)]
         if pids:
             time.sleep(0.05)
     for pid in pids:
@@ -159,6 +166,7 @@ def delete_namespace(namespace: str, runner: CommandRunner = run_command) -> Non
         raise NetworkError(f"{namespace}: not a tf-grpc-bench namespace (prefix {PREFIX})")
     _kill_namespace_processes(namespace, runner, grace_s=3.0)
     runner(("ip", "netns", "del", namespace))
+    remove_namespace_state(namespace)
 
 
 def cleanup_leftovers(
@@ -180,7 +188,7 @@ def cleanup_leftovers(
         match = NAMESPACE_NAME.match(name)
         if match and not include_live:
             run_match = RUN_ID.match(match["run"])
-            if run_match and _pid_alive(int(run_match["pid"])):
+            if run_match and pid_alive(int(run_match["pid"])):
                 continue
         delete_namespace(name, runner)
         removed.append(name)
@@ -194,6 +202,14 @@ def run_namespaces(run_id: str, runner: CommandRunner = run_command) -> list[str
         for name in list_namespaces(runner)
         if (m := NAMESPACE_NAME.match(name)) is not None and m["run"] == run_id
     ]
+
+
+def run_pids(run_id: str, runner: CommandRunner = run_command) -> list[int]:
+    """The processes inside the namespaces of one run (its relays, what runs in its
+    hosts), sorted."""
+    return sorted(
+        {pid for name in run_namespaces(run_id, runner) for pid in _namespace_pids(name, runner)}
+    )
 
 
 def remove_run(run_id: str, runner: CommandRunner = run_command) -> list[str]:
@@ -222,15 +238,3 @@ def namespaces_by_run(runner: CommandRunner = run_command) -> dict[str, list[str
             run = name[len(PREFIX) :].rsplit("-", 1)[0]
             by_run.setdefault(run, []).append(name)
     return {run: sorted(names) for run, names in sorted(by_run.items())}
-
-
-def netem_available(namespace: str, runner: CommandRunner = run_command) -> bool:
-    """Whether ``tc ... netem`` (delay/loss emulation) works, tried on ``lo`` of ``namespace``."""
-    try:
-        runner(
-            ("tc", "-n", namespace, "qdisc", "add", "dev", "lo", "root", "netem", "delay", "1ms")
-        )
-    except NetworkError:
-        return False
-    runner(("tc", "-n", namespace, "qdisc", "del", "dev", "lo", "root"))
-    return True

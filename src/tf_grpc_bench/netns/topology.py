@@ -26,6 +26,7 @@ from tf_grpc_bench.netns.links import (
     FALLBACK_HZ,
     LinkProfile,
     TokenBucket,
+    loss_filter_bytecode,
     token_bucket_for,
 )
 
@@ -71,9 +72,77 @@ def namespace_name(run_id: str, role: str) -> str:
     return f"{PREFIX}{run_id}-{role}"
 
 
+#: One command line (argv) of a plan.
+Command = tuple[str, ...]
+#: Where ``ip netns add`` binds a named namespace (what ``setns`` opens).
+NAMED_NAMESPACES_DIR = "/run/netns"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RelayPlan:
+    """One relay (``relay.c``): a link's two tap devices, made by the relay itself
+    in their namespaces, and each direction's delay and jitter in nanoseconds."""
+
+    #: The link's name within its network: ``h0-h1``, ``h2-sw``.
+    link: str
+    #: (namespace, interface) of each end.
+    side_a: tuple[str, str]
+    side_b: tuple[str, str]
+    #: (delay_ns, jitter_ns) from a to b, and from b to a.
+    a_to_b: tuple[int, int]
+    b_to_a: tuple[int, int]
+    #: Each direction's queue bound (bytes); what does not fit is dropped.
+    queue_bytes: int
+    #: Whether 64 KiB offload packets cross whole (off on a lossy link: loss is per
+    #: wire-sized packet).
+    offload: bool = True
+    #: Seeds the jitter's random numbers (the same plan gives the same draws).
+    seed: int = 0
+
+    def argv(
+        self,
+        executable: str,
+        *,
+        stats_path: str,
+        spin_ns: int,
+        priority: int,
+        namespaces_dir: str = NAMED_NAMESPACES_DIR,
+    ) -> list[str]:
+        """The relay's command line."""
+        a_namespace, a_interface = self.side_a
+        b_namespace, b_interface = self.side_b
+        return [
+            executable,
+            "run",
+            "--a",
+            f"{namespaces_dir}/{a_namespace}:{a_interface}",
+            "--b",
+            f"{namespaces_dir}/{b_namespace}:{b_interface}",
+            "--ab",
+            f"{self.a_to_b[0]}:{self.a_to_b[1]}",
+            "--ba",
+            f"{self.b_to_a[0]}:{self.b_to_a[1]}",
+            "--queue-bytes",
+            str(self.queue_bytes),
+            "--seed",
+            str(self.seed),
+            "--spin-ns",
+            str(spin_ns),
+            "--priority",
+            str(priority),
+            "--stats",
+            stats_path,
+            *([] if self.offload else ["--no-offload"]),
+        ]
+
+
+#: A step of a plan: a command, or a relay to start (which makes its link's devices).
+Step = Command | RelayPlan
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class NetworkPlan:
-    """What an emulated network consists of, and the commands that build it.
+    """What an emulated network consists of, and the steps that build it.
 
     Pure data: ``plan_network`` computes it, ``EmulatedNetwork`` executes it.
     """
@@ -84,12 +153,23 @@ class NetworkPlan:
     #: The switch namespace for three or more hosts; "" for a point-to-point link.
     switch_namespace: str
     token_bucket: TokenBucket | None
-    setup_commands: tuple[tuple[str, ...], ...]
+    #: In order: commands, and the relays of a delayed link (started where they
+    #: stand: the commands after them configure the devices they make).
+    steps: tuple[Step, ...]
 
     @property
     def namespaces(self) -> tuple[str, ...]:
         names = tuple(h.namespace for h in self.hosts)
         return (*names, self.switch_namespace) if self.switch_namespace else names
+
+    @property
+    def setup_commands(self) -> tuple[Command, ...]:
+        """The plan's commands, in order, without its relays."""
+        return tuple(step for step in self.steps if not isinstance(step, RelayPlan))
+
+    @property
+    def relays(self) -> tuple[RelayPlan, ...]:
+        return tuple(step for step in self.steps if isinstance(step, RelayPlan))
 
 
 def _plan_hosts(hosts: int, run_id: str, subnet: str) -> tuple[Host, ...]:
@@ -125,32 +205,115 @@ def _plan_hosts(hosts: int, run_id: str, subnet: str) -> tuple[Host, ...]:
     )
 
 
-def _link_commands(
-    host_list: tuple[Host, ...], switch: str
-) -> tuple[list[tuple[str, ...]], list[tuple[str, str]]]:
-    """Commands making the namespaces and their links (through a bridge in ``switch``, if
-    any), and the (namespace, interface) pairs a rate limit goes on."""
-    commands: list[tuple[str, ...]] = []
-    for host in host_list:
-        commands.append(("ip", "netns", "add", host.namespace))
+#: The rate a relay's queue is sized for on a link without a rate limit: about
+#: the most an unshaped link between two namespaces carried here.
+UNLIMITED_QUEUE_RATE_BITS_PER_S = 25 * 10**9
+#: A relay queue's bounds (bytes): room for a few 64 KiB packets at least, and
+#: never more than this however long the link.
+MIN_RELAY_QUEUE_BYTES = 8 << 20
+MAX_RELAY_QUEUE_BYTES = 1 << 30
+
+
+def relay_queue_bytes(profile: LinkProfile) -> int:
+    """A relay direction's queue bound: twice what the link holds in flight (its rate
+    times its longest delay), within [MIN_RELAY_QUEUE_BYTES, MAX_RELAY_QUEUE_BYTES]."""
+    rate = profile.rate_bits_per_s or UNLIMITED_QUEUE_RATE_BITS_PER_S
+    in_flight = rate / 8 * (profile.delay_ns + profile.jitter_ns) / 1e9
+    return int(min(MAX_RELAY_QUEUE_BYTES, max(MIN_RELAY_QUEUE_BYTES, 2 * in_flight)))
+
+
+def _namespace_commands(host_list: tuple[Host, ...], switch: str) -> list[Step]:
+    steps: list[Step] = [("ip", "netns", "add", host.namespace) for host in host_list]
     if switch:
-        commands.append(("ip", "netns", "add", switch))
-        commands.append(("ip", "-n", switch, "link", "add", BRIDGE, "type", "bridge"))
-        commands.append(("ip", "-n", switch, "link", "set", "lo", "up"))
-        commands.append(("ip", "-n", switch, "link", "set", BRIDGE, "up"))
-    shaped: list[tuple[str, str]] = []
+        steps.append(("ip", "netns", "add", switch))
+        steps.append(("ip", "-n", switch, "link", "add", BRIDGE, "type", "bridge"))
+        steps.append(("ip", "-n", switch, "link", "set", "lo", "up"))
+        steps.append(("ip", "-n", switch, "link", "set", BRIDGE, "up"))
+    return steps
+
+
+def _link_steps(
+    host_list: tuple[Host, ...], switch: str, profile: LinkProfile
+) -> tuple[list[Step], list[tuple[str, str]], list[tuple[str, str]]]:
+    """Steps making the namespaces and their links (through a bridge in ``switch``, if
+    any): veth pairs, or relays for a delayed link; the (namespace, interface) ends a
+    rate limit goes on, and the ends a lossy link drops arriving packets at (one per
+    path between two hosts)."""
+    steps = _namespace_commands(host_list, switch)
+    timing = (profile.delay_ns, profile.jitter_ns)
+    queue = relay_queue_bytes(profile)
+    ends: list[tuple[str, str]] = []
     if switch:
         for host in host_list:
             port = f"p{host.index}"
-            commands.append(_veth(host.namespace, host.interface, switch, port))
-            commands.append(("ip", "-n", switch, "link", "set", port, "master", BRIDGE))
-            commands.append(("ip", "-n", switch, "link", "set", port, "up"))
-            shaped += [(host.namespace, host.interface), (switch, port)]
+            if profile.delayed:
+                # Delayed host -> switch only, so a packet between two hosts waits once.
+                steps.append(
+                    RelayPlan(
+                        link=f"h{host.index}-sw",
+                        side_a=(host.namespace, host.interface),
+                        side_b=(switch, port),
+                        a_to_b=timing,
+                        b_to_a=(0, 0),
+                        queue_bytes=queue,
+                        offload=not profile.lossy,
+                        seed=host.index,
+                    )
+                )
+            else:
+                steps.append(_veth(host.namespace, host.interface, switch, port))
+            steps.append(("ip", "-n", switch, "link", "set", port, "master", BRIDGE))
+            steps.append(("ip", "-n", switch, "link", "set", port, "up"))
+            ends += [(host.namespace, host.interface), (switch, port)]
+        return steps, ends, [(switch, f"p{host.index}") for host in host_list]
+    a, b = host_list
+    if profile.delayed:
+        steps.append(
+            RelayPlan(
+                link="h0-h1",
+                side_a=(a.namespace, a.interface),
+                side_b=(b.namespace, b.interface),
+                a_to_b=timing,
+                b_to_a=timing,
+                queue_bytes=queue,
+                offload=not profile.lossy,
+            )
+        )
     else:
-        a, b = host_list
-        commands.append(_veth(a.namespace, a.interface, b.namespace, b.interface))
-        shaped += [(a.namespace, a.interface), (b.namespace, b.interface)]
-    return commands, shaped
+        steps.append(_veth(a.namespace, a.interface, b.namespace, b.interface))
+    ends += [(a.namespace, a.interface), (b.namespace, b.interface)]
+    return steps, ends, list(ends)
+
+
+def _loss_commands(
+    loss: float, ends: list[tuple[str, str]], receivers: list[tuple[str, str]]
+) -> list[Step]:
+    """A lossy link: every end sends one wire-sized packet per skb (``gso_max_segs 1``,
+    so that a drop is one packet's, not a 64 KiB offload packet's), and each receiving
+    end drops arrivals with probability ``loss`` (``loss_filter_bytecode``)."""
+    steps: list[Step] = [
+        ("ip", "-n", namespace, "link", "set", "dev", interface, "gso_max_segs", "1")
+        for namespace, interface in ends
+    ]
+    for namespace, interface in receivers:
+        steps.append(("tc", "-n", namespace, "qdisc", "add", "dev", interface, "clsact"))
+        steps.append(
+            (
+                "tc",
+                "-n",
+                namespace,
+                "filter",
+                "add",
+                "dev",
+                interface,
+                "ingress",
+                "bpf",
+                "da",
+                "bytecode",
+                loss_filter_bytecode(loss),
+            )
+        )
+    return steps
 
 
 def plan_network(
@@ -162,7 +325,7 @@ def plan_network(
     hz: int = FALLBACK_HZ,
     tbf_latency_us: int = DEFAULT_TBF_LATENCY_US,
 ) -> NetworkPlan:
-    """The namespaces, addresses and ``ip``/``tc`` commands for ``hosts`` hosts."""
+    """The namespaces, addresses, relays and ``ip``/``tc`` commands for ``hosts`` hosts."""
     host_list = _plan_hosts(hosts, run_id, subnet)
     bucket = (
         None
@@ -170,16 +333,14 @@ def plan_network(
         else token_bucket_for(profile.rate_bits_per_s, hz=hz, latency_us=tbf_latency_us)
     )
     switch = namespace_name(run_id, "sw") if hosts > 2 else ""
-    commands, shaped = _link_commands(host_list, switch)
+    steps, ends, receivers = _link_steps(host_list, switch, profile)
     for host in host_list:
-        commands.append(("ip", "-n", host.namespace, "link", "set", "lo", "up"))
-        commands.append(
-            ("ip", "-n", host.namespace, "addr", "add", host.cidr, "dev", host.interface)
-        )
-        commands.append(("ip", "-n", host.namespace, "link", "set", host.interface, "up"))
+        steps.append(("ip", "-n", host.namespace, "link", "set", "lo", "up"))
+        steps.append(("ip", "-n", host.namespace, "addr", "add", host.cidr, "dev", host.interface))
+        steps.append(("ip", "-n", host.namespace, "link", "set", host.interface, "up"))
     if bucket is not None:
-        for namespace, interface in shaped:
-            commands.append(
+        for namespace, interface in ends:
+            steps.append(
                 (
                     "tc",
                     "-n",
@@ -192,13 +353,15 @@ def plan_network(
                     *bucket.tc_arguments(),
                 )
             )
+    if profile.lossy:
+        steps += _loss_commands(profile.loss, ends, receivers)
     return NetworkPlan(
         run_id=run_id,
         profile=profile,
         hosts=host_list,
         switch_namespace=switch,
         token_bucket=bucket,
-        setup_commands=tuple(commands),
+        steps=tuple(steps),
     )
 
 

@@ -1,0 +1,303 @@
+"""Links with delay, jitter and loss: real namespaces, the relay, tap devices, BPF loss.
+
+Root only (``netns``).  Each test brings up its own networks and takes a few
+seconds.  Times are compared with an undelayed link measured in the same test,
+so the machine's own load cancels out: what is checked is what the profile
+adds, within the link's specification (max(20 us, 5%) of the added round trip).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+
+from tf_grpc_bench.netns import emulated, links, namespaces, state, topology
+from tf_grpc_bench.netns.relay import read_relay_stats
+
+from .test_netns import tcp_throughput_bits_per_s
+
+pytestmark = pytest.mark.netns
+
+ECHO_SERVER = textwrap.dedent(
+    """
+    import socket, sys
+    kind = socket.SOCK_DGRAM if sys.argv[1] == "udp" else socket.SOCK_STREAM
+    server = socket.socket(socket.AF_INET, kind)
+    server.bind(("0.0.0.0", 9000))
+    if kind == socket.SOCK_STREAM:
+        server.listen()
+    print("ready", flush=True)
+    if kind == socket.SOCK_DGRAM:
+        while True:
+            data, peer = server.recvfrom(2048)
+            server.sendto(data, peer)
+    connection, _ = server.accept()
+    connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    while data := connection.recv(2048):
+        connection.sendall(data)
+    """
+)
+# Round trips of 64 bytes, one at a time: prints the median in ns and, over TCP, the
+# kernel's smoothed RTT (TCP_INFO's tcpi_rtt, in us, at byte 68 of struct tcp_info).
+PING = textwrap.dedent(
+    """
+    import json, socket, struct, sys, time
+    kind, address, count = sys.argv[1], sys.argv[2], int(sys.argv[3])
+    if kind == "udp":
+        s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        s.connect((address, 9000))
+    else:
+        s = socket.create_connection((address, 9000))
+        s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    s.settimeout(5)
+    rtts = []
+    for _ in range(count):
+        start = time.perf_counter_ns()
+        s.send(b"x" * 64)
+        received = 0
+        while received < 64:
+            received += len(s.recv(2048))
+        rtts.append(time.perf_counter_ns() - start)
+        time.sleep(0.0005)
+    rtts.sort()
+    info = None
+    if kind == "tcp":
+        raw = s.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 104)
+        info = struct.unpack_from("I", raw, 68)[0]
+    print(json.dumps({"median_ns": rtts[len(rtts) // 2], "tcpi_rtt_us": info}))
+    """
+)
+
+
+def round_trip(profile: str, kind: str, count: int = 300) -> tuple[float, float | None]:
+    """Median round trip (ns) of 64-byte pings over a fresh two-host link, and over TCP
+    the kernel's smoothed RTT (ns) at the end."""
+    with emulated.EmulatedNetwork(hosts=2, profile=links.parse_profile(profile)) as network:
+        server = network.spawn(
+            0, [sys.executable, "-c", ECHO_SERVER, kind], stdout=subprocess.PIPE, text=True
+        )
+        assert server.stdout is not None and server.stdout.readline().strip() == "ready"
+        pinged = network.run(
+            1, [sys.executable, "-c", PING, kind, network.hosts[0].address, str(count)]
+        )
+        assert pinged.returncode == 0, pinged.stderr
+    report = json.loads(pinged.stdout)
+    tcp = report["tcpi_rtt_us"]
+    return float(report["median_ns"]), None if tcp is None else tcp * 1000.0
+
+
+def within_specification(added_ns: float, expected_ns: float) -> bool:
+    return abs(added_ns - expected_ns) <= max(20_000, 0.05 * expected_ns)
+
+
+def test_a_udp_round_trip_rises_by_twice_the_delay() -> None:
+    delay_ns = 1_000_000
+    # The undelayed link goes through the same relay (a 1 ns delay), so only the
+    # profile's delay differs between the two.
+    baseline, _ = round_trip("unlimited:delay=1ns", "udp")
+    delayed, _ = round_trip(f"unlimited:delay={delay_ns}ns", "udp")
+    added = delayed - baseline
+    assert within_specification(added, 2 * delay_ns), (
+        f"round trip rose by {added / 1000:.0f} us, expected {2 * delay_ns / 1000:.0f} us"
+    )
+
+
+def test_tcp_info_sees_the_same_round_trip() -> None:
+    delay_ns = 1_000_000
+    baseline_median, baseline_tcp = round_trip("unlimited:delay=1ns", "tcp")
+    median, tcp = round_trip(f"unlimited:delay={delay_ns}ns", "tcp")
+    assert baseline_tcp is not None and tcp is not None
+    assert within_specification(median - baseline_median, 2 * delay_ns)
+    # The kernel's smoothed RTT of the same connection: what TCP itself paces by.
+    added = tcp - baseline_tcp
+    assert within_specification(added, 2 * delay_ns), (
+        f"tcpi_rtt rose by {added / 1000:.0f} us, expected {2 * delay_ns / 1000:.0f} us"
+    )
+
+
+def test_a_long_fat_link_carries_at_least_80_percent_of_its_rate_on_one_connection() -> None:
+    """200 Mbit/s with 10 ms each way: 500 kB in flight, which TCP's small-queue limit
+    would cap if the relay held the sender's packets (tun orphans them)."""
+    profile = links.parse_profile("200mbit:delay=10ms")
+    with emulated.EmulatedNetwork(hosts=2, profile=profile) as network:
+        measured = tcp_throughput_bits_per_s(network, sender=0, receiver=1, total_bytes=40_000_000)
+    assert measured >= 0.8 * 200e6, f"{measured / 1e6:.0f} Mbit/s of 200"
+    assert measured <= 1.1 * 200e6
+    (stats,) = network.relay_stats.values()
+    forward = stats.directions[0]
+    assert forward.queue_drops == 0
+    assert forward.bytes / forward.packets > 1500, "offload packets should cross whole"
+
+
+COUNTER = textwrap.dedent(
+    """
+    import socket, sys
+    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1 << 22)
+    s.bind(("0.0.0.0", 9001))
+    s.settimeout(2)
+    print("ready", flush=True)
+    seen = set()
+    try:
+        while True:
+            seen.add(int(s.recv(64)))
+    except TimeoutError:
+        pass
+    print(len(seen), flush=True)
+    """
+)
+BLASTER = textwrap.dedent(
+    """
+    import socket, sys, time
+    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    for i in range(int(sys.argv[2])):
+        s.sendto(str(i).encode(), (sys.argv[1], 9001))
+        time.sleep(0.0002)
+    """
+)
+
+
+@pytest.mark.parametrize("profile", ["unlimited:loss=10%", "unlimited:delay=200us:loss=10%"])
+def test_loss_drops_packets_within_a_binomial_bound(profile: str) -> None:
+    sent, loss = 3000, 0.10
+    with emulated.EmulatedNetwork(hosts=2, profile=links.parse_profile(profile)) as network:
+        counter = network.spawn(
+            1, [sys.executable, "-c", COUNTER], stdout=subprocess.PIPE, text=True
+        )
+        assert counter.stdout is not None and counter.stdout.readline().strip() == "ready"
+        blasted = network.run(
+            0, [sys.executable, "-c", BLASTER, network.hosts[1].address, str(sent)]
+        )
+        assert blasted.returncode == 0, blasted.stderr
+        received = int(counter.stdout.readline())
+        filters = network.run(1, ["tc", "filter", "show", "dev", "eth0", "ingress"]).stdout
+    assert "bpf" in filters and "direct-action" in filters
+    lost = sent - received
+    mean, deviation = sent * loss, (sent * loss * (1 - loss)) ** 0.5
+    assert abs(lost - mean) <= 5 * deviation, f"{lost} of {sent} lost, expected about {mean:.0f}"
+
+
+def _root_links() -> set[str]:
+    listed = subprocess.run(["ip", "-o", "link", "show"], capture_output=True, text=True)
+    return {line.split(":")[1].strip() for line in listed.stdout.splitlines()}
+
+
+def _alive(pid: int) -> bool:
+    return namespaces.pid_alive(pid)
+
+
+def test_teardown_leaves_no_namespace_link_process_or_state() -> None:
+    before_links = _root_links()
+    profile = links.parse_profile("100mbit:delay=1ms:jitter=100us:loss=1%")
+    with emulated.EmulatedNetwork(hosts=3, profile=profile) as network:
+        relays = [p.pid for p, _ in network._relays.values()]
+        assert len(relays) == 3 and all(_alive(pid) for pid in relays)
+        assert all(isinstance(step, topology.RelayPlan) for step in network.plan.relays)
+        record = state.read_record(network.hosts[0].namespace)
+        assert record is not None and record.profile.name == profile.name
+        assert len(record.relay_stats) == 3 and all(p.exists() for p in record.relay_stats)
+        assert _root_links() == before_links, "a link appeared in the root namespace"
+    assert namespaces.run_namespaces(network.run_id) == []
+    assert not any(_alive(pid) for pid in relays)
+    assert not list(state.STATE_DIRECTORY.glob(f"tfgb-{network.run_id}-*"))
+    assert set(network.relay_stats) == {"h0-sw", "h1-sw", "h2-sw"}
+    assert all(stats.stopped for stats in network.relay_stats.values())
+    assert _root_links() == before_links
+
+
+HOLDER = textwrap.dedent(
+    """
+    import json, time
+    from tf_grpc_bench.netns import emulated, links
+    network = emulated.EmulatedNetwork(hosts=2, profile=links.parse_profile("1gbit:delay=1ms"))
+    network.up()
+    relays = [p.pid for p, _ in network._relays.values()]
+    print(json.dumps({"run_id": network.run_id, "relays": relays}), flush=True)
+    time.sleep(600)
+    """
+)
+
+
+def test_a_killed_parent_takes_its_relays_with_it_and_cleanup_removes_the_rest() -> None:
+    holder = subprocess.Popen(
+        [sys.executable, "-c", HOLDER], stdout=subprocess.PIPE, text=True, start_new_session=True
+    )
+    assert holder.stdout is not None
+    started = json.loads(holder.stdout.readline())
+    assert all(_alive(pid) for pid in started["relays"])
+    os.kill(holder.pid, signal.SIGKILL)
+    holder.wait()
+    deadline = time.monotonic() + 5
+    while any(_alive(pid) for pid in started["relays"]) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not any(_alive(pid) for pid in started["relays"])
+    run_id = started["run_id"]
+    assert namespaces.run_namespaces(run_id), "a SIGKILLed run leaves its namespaces"
+    removed = namespaces.cleanup_leftovers()
+    assert {topology.namespace_name(run_id, r) for r in ("h0", "h1")} <= set(removed)
+    assert namespaces.run_namespaces(run_id) == []
+    assert not list(state.STATE_DIRECTORY.glob(f"tfgb-{run_id}-*"))
+
+
+def test_the_relay_reports_its_lateness_while_it_runs() -> None:
+    with emulated.EmulatedNetwork(
+        hosts=2, profile=links.parse_profile("1gbit:delay=500us")
+    ) as network:
+        server = network.spawn(
+            0, [sys.executable, "-c", ECHO_SERVER, "udp"], stdout=subprocess.PIPE, text=True
+        )
+        assert server.stdout is not None and server.stdout.readline().strip() == "ready"
+        network.run(1, [sys.executable, "-c", PING, "udp", network.hosts[0].address, "50"])
+        record = state.read_record(network.hosts[1].namespace)
+        assert record is not None
+        (path,) = record.relay_stats
+        running = read_relay_stats(path)
+        assert not running.stopped
+        assert [d.packets >= 50 for d in running.directions] == [True, True]
+        assert all(d.delay_ns == 500_000 for d in running.directions)
+        assert statistics.fmean(d.late_mean_ns for d in running.directions) < 500_000
+    assert network.relay_stats["h0-h1"].stopped
+
+
+DESCRIBE = (
+    "import dataclasses, json, sys; from tf_grpc_bench.replay.network import netinfo; "
+    "info = netinfo.describe_network([sys.argv[1]]); "
+    "print(json.dumps(dataclasses.asdict(info)))"
+)
+
+
+def test_a_client_inside_a_delayed_host_records_the_link_and_its_relay() -> None:
+    profile = links.parse_profile("1gbit:delay=300us:jitter=50us:loss=0.5%")
+    with emulated.EmulatedNetwork(hosts=2, profile=profile) as network:
+        server = network.spawn(
+            0, [sys.executable, "-c", ECHO_SERVER, "tcp"], stdout=subprocess.PIPE, text=True
+        )
+        assert server.stdout is not None and server.stdout.readline().strip() == "ready"
+        pinged = network.run(1, [sys.executable, "-c", PING, "tcp", network.hosts[0].address, "40"])
+        assert pinged.returncode == 0, pinged.stderr
+        described = network.run(
+            1, [sys.executable, "-c", DESCRIBE, f"{network.hosts[0].address}:9000"]
+        )
+        assert described.returncode == 0, described.stderr
+    info = json.loads(described.stdout)
+    assert info["name"] == "eth0-tbf-1gbit-delay-300us"
+    assert (info["emulated_delay_ns"], info["emulated_jitter_ns"]) == (300_000, 50_000)
+    assert info["emulated_loss"] == 0.005
+    assert "relay 300us +- 50us one way" in info["emulation"]
+    assert "0.5% loss at each receiver" in info["emulation"]
+    forward, backward = info["relays"]
+    assert forward["link"] == backward["link"] == "h0-h1"
+    assert forward["direction"] == (
+        f"{network.hosts[0].namespace}:eth0 -> {network.hosts[1].namespace}:eth0"
+    )
+    assert forward["packets"] >= 40 and backward["packets"] >= 40
+    assert sum(count for _, count in forward["late_histogram"]) == forward["packets"]
+    assert forward["late_p50_ns"] <= forward["late_p99_ns"] <= forward["late_max_ns"]
