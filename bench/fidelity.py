@@ -16,7 +16,8 @@ script (root: it builds network namespaces):
    pacing, compute kept) and takes each replay's predicted step
    (``statistics.prediction.step_ns``);
 4. writes the ratios, the link's physical bound (the heavier direction's
-   bytes of a round over the link rate) and the replay's CPU into the
+   bytes of a round over the link rate, plus twice its one-way delay on a
+   delayed link) and the replay's CPU into the
    ``## Fidelity`` section of ``bench/README.md``;
 5. keeps the traces (``MODEL-loopback.tfgbtrace``, ``MODEL-PROFILE.tfgbtrace``)
    and every replay's run directory (``PROFILE-lo``, ``PROFILE-link``) under
@@ -28,7 +29,7 @@ script (root: it builds network namespaces):
    size class per link (``tensorboard --logdir runs/fidelity``).
 
 Usage: ``sudo .venv/bin/python bench/fidelity.py [--models resnet50,vgg16]
-[--setup tf2-ps|tf1-ps] [--profiles 1gbit,2.5gbit,5gbit,10gbit,unlimited] [--steps 8]
+[--setup tf2-ps|tf1-ps] [--profiles 1gbit,...,1gbit:delay=1ms,10gbit:delay=100us] [--steps 8]
 [--cpu-cap CORES] [--no-readme] [--logdir runs/fidelity]`` (needs the profiler
 extra).  Each model and setup gets its own section, ``## Fidelity: MODEL,
 SETUP``, so runs of different models do not overwrite each other.
@@ -303,10 +304,13 @@ def round_seconds(trace: Trace) -> float:
 
 
 def link_bound_seconds(trace: Trace, profile: str) -> float | None:
-    """The heavier direction's tensor bytes of a round (ps host <-> worker host) over the rate."""
-    rate = parse_profile(profile).rate_bits_per_s
+    """The heavier direction's tensor bytes of a round (ps host <-> worker host) over the
+    rate, plus twice the link's one-way delay (a round's weights cross to the workers,
+    then its gradients back: at least one crossing each); None without either."""
+    link = parse_profile(profile)
+    rate, delay_s = link.rate_bits_per_s, 2 * link.delay_ns / 1e9
     if rate is None:
-        return None
+        return delay_s or None
     ps = set(trace.tasks_of_job("ps"))
     down, up = [], []
     for step in trace.steps:
@@ -324,7 +328,7 @@ def link_bound_seconds(trace: Trace, profile: str) -> float | None:
                 to_workers += rpc.request_bytes
         down.append(to_workers)
         up.append(to_ps)
-    return max(statistics.median(down), statistics.median(up)) * 8 / rate
+    return max(statistics.median(down), statistics.median(up)) * 8 / rate + delay_s
 
 
 def predict(
@@ -595,7 +599,8 @@ def report(
         "'replay CPU': the loopback-trace replay's client and server CPU seconds per replayed",
         "round; 'CPU floor': that over this machine's cores, the shortest round it could replay",
         "undilated even with the work spread perfectly (a floor near training's round is what",
-        "time dilation is for).",
+        "time dilation is for). 'link bound': the heavier direction's bytes of a round over the",
+        "link's rate, plus twice its one-way delay on a delayed link (docs/networks.md).",
         "",
         *table_head(
             "model", "link", "training round, uncaptured", "captured", "link bound",
@@ -629,7 +634,11 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--models", default="resnet50,vgg16")
     parser.add_argument("--setup", default="tf2-ps", choices=("tf2-ps", "tf1-ps"))
-    parser.add_argument("--profiles", default="1gbit,2.5gbit,5gbit,10gbit,unlimited")
+    parser.add_argument(
+        "--profiles",
+        default="1gbit,2.5gbit,5gbit,10gbit,unlimited,1gbit:delay=1ms,10gbit:delay=100us",
+        help="link profiles, with delays as well (docs/networks.md, Profiles)",
+    )
     parser.add_argument("--steps", type=int, default=8, help="steady rounds per capture")
     parser.add_argument(
         "--cpu-cap",
