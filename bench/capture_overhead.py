@@ -60,6 +60,7 @@ from tf_grpc_bench.profiler.capture import capture_training
 from tf_grpc_bench.profiler.launch.config import TrainingConfig
 from tf_grpc_bench.profiler.launch.hosts import NetworkRequest
 from tf_grpc_bench.profiler.progress import Progress
+from tf_grpc_bench.profiler.recorders.wiretap import read_tap_file
 from tf_grpc_bench.profiler.uncaptured import train_uncaptured
 
 SECTION = "## Capture overhead"
@@ -87,7 +88,12 @@ NOTES = (
     "control cubic on the proxy's sockets); `splice-system-cc` the same with the system's "
     "congestion control (BBR on this machine); `copy` reads every byte into Python "
     "(`recv_into` a 64 KiB buffer, `sendall` of a memoryview); `forward` splices everything "
-    "and records nothing: the cost of the extra TCP hop alone. The ratio column that counts "
+    "and records nothing: the cost of the extra TCP hop alone. 'tasks' CPU per step': every "
+    "task's CPU (all its processes, from /proc, sampled from outside) over the steady steps, "
+    "with its ratio to the uncaptured run's; 'recorded send calls per step': the send calls "
+    "in the in-process recorder's files over the steps (start-up included), what its work "
+    "per call (bench/README.md, 'Recorder cost') is multiplied by. "
+    "The ratio column that counts "
     "is the median of the per-repetition ratios: each repetition runs the job without capture "
     "and with each variant back to back, so that the load of other work on this shared "
     "machine, which moves the step time by tens of percent over minutes, cancels out.",
@@ -106,6 +112,8 @@ class VariantFigures:
     cpu_ms_per_step: list[float] = field(default_factory=list)
     #: The job's tasks' CPU per steady step (all tasks, from /proc), per repetition.
     task_cpu_ms_per_step: list[float] = field(default_factory=list)
+    #: The in-process recorder's send calls over the run's steps, per repetition.
+    send_calls_per_step: list[float] = field(default_factory=list)
     forwarded_bytes: int = 0
     spliced_bytes: int = 0
     physics: str = ""
@@ -130,6 +138,16 @@ class VariantFigures:
                 self.repetition_medians(), baseline.repetition_medians(), strict=True
             )
         ]
+
+
+def recorded_send_calls(workdir: Path) -> int:
+    """How many send calls the in-process recorder recorded in ``workdir`` (every task's
+    record file): what its per-call work is multiplied by (bench/recorder_cost.py)."""
+    total = 0
+    for path in workdir.rglob("tap-*.bin"):
+        tap = read_tap_file(path)
+        total += sum(len(sends) for sends in tap.sends.values())
+    return total
 
 
 def run_without_capture(
@@ -182,6 +200,10 @@ def run_with_capture(
         )
     figures.forwarded_bytes += result.recorded_bytes
     figures.spliced_bytes += result.uncopied_bytes
+    sends = recorded_send_calls(workdir)
+    if sends and result.trace.steps:
+        # Every send call of the run (start-up too) over its steps: an upper bound per step.
+        figures.send_calls_per_step.append(sends / len(result.trace.steps))
     if variant != "forward":
         from tf_grpc_bench.profiler.physics import check_physics
 
@@ -243,6 +265,7 @@ def _table(job: Job, figures: dict[str, VariantFigures]) -> list[str]:
             "pooled ratio",
             "capture process CPU per step (ms)",
             "tasks' CPU per step (ms)",
+            "recorded send calls per step",
             "not copied",
             "physics",
         ),
@@ -250,6 +273,8 @@ def _table(job: Job, figures: dict[str, VariantFigures]) -> list[str]:
     for name, figure in figures.items():
         ratios = figure.paired_ratios(off)
         cpu = f"{statistics.median(figure.cpu_ms_per_step):.0f}" if figure.cpu_ms_per_step else "-"
+        calls = figure.send_calls_per_step
+        sends = f"{statistics.median(calls):,.0f}" if calls else "-"
         spliced = (
             f"{figure.spliced_bytes / figure.forwarded_bytes:.1%}"
             if figure.forwarded_bytes
@@ -259,7 +284,7 @@ def _table(job: Job, figures: dict[str, VariantFigures]) -> list[str]:
             f"| {name} | {figure.median_ms:.0f} | {_format_ms(figure.repetition_medians())} | "
             f"{', '.join(f'{r:.2f}' for r in ratios)} | {statistics.median(ratios):.2f}x | "
             f"{figure.median_ms / off.median_ms:.2f}x | {cpu} | {_cpu_cell(figure, off)} | "
-            f"{spliced} | {figure.physics or '-'} |"
+            f"{sends} | {spliced} | {figure.physics or '-'} |"
         )
     return [*lines, ""]
 
@@ -403,6 +428,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 f"[{', '.join(f'{r:.3f}' for r in ratios)}], median "
                 f"{statistics.median(ratios):.3f}"
             )
+        print("\n".join(_table(job, figures)))
     if not args.no_readme:
         write_readme(command, jobs, load_before, load_after, args.repetitions)
     return 0

@@ -30,9 +30,20 @@ script (root: it builds network namespaces):
 
 Usage: ``sudo .venv/bin/python bench/fidelity.py [--models resnet50,vgg16]
 [--setup tf2-ps|tf1-ps] [--profiles 1gbit,...,1gbit:delay=1ms,10gbit:delay=100us] [--steps 8]
-[--cpu-cap CORES] [--no-readme] [--logdir runs/fidelity]`` (needs the profiler
-extra).  Each model and setup gets its own section, ``## Fidelity: MODEL,
-SETUP``, so runs of different models do not overwrite each other.
+[--cpu-cap CORES] [--cross-machine TRACES] [--no-readme] [--logdir runs/fidelity]``
+(needs the profiler extra).
+
+Every training shape is run twice side by side on each link: first uncaptured
+(``python -m tf_grpc_bench.profiler.uncaptured``: the same launcher, tasks and
+placement with no recorder, its rounds timed by its own step markers), then
+captured; the tables give the prediction over both, and the capture's cost
+(captured over uncaptured round and tasks' CPU per round).
+
+``--cross-machine TRACES`` replays traces captured on other instances (a shipped
+trace, an earlier run's) against their jobs trained here (``cross_machine.py``).
+
+Each model and setup gets its own section, ``## Fidelity: MODEL, SETUP``, so
+runs of different models do not overwrite each other.
 
 ``--cpu-cap CORES`` makes a slower machine out of this one for training: every
 capture runs in a CPU cgroup capped at CORES of this machine's CPUs (its
@@ -190,6 +201,13 @@ def capture(
     """Capture ``model`` (on ``profile``'s link, or loopback); ``prefix`` starts the command
     (``bench/calibration.py``: inside a CPU cgroup)."""
     shape = job_arguments(model, setup, steps, workers=workers, ps=ps)
+    return capture_job(shape, output, profile, prefix=prefix)
+
+
+def capture_job(
+    shape: list[str], output: Path, profile: str | None, *, prefix: tuple[str, ...] = ()
+) -> Trace:
+    """Capture the job of ``shape`` (``job_arguments``) on ``profile``'s link, or loopback."""
     command = [
         *prefix,
         *tf_grpc_bench_command("capture", *shape, "--output", str(output), "--quiet"),
@@ -201,12 +219,20 @@ def capture(
 
 
 def job_arguments(
-    model: str, setup: str, steps: int, *, workers: int = 2, ps: int = 2
+    model: str,
+    setup: str,
+    steps: int,
+    *,
+    workers: int = 2,
+    ps: int = 2,
+    batch_size: int = 4,
+    input_size: int = 32,
 ) -> list[str]:
     """The job's shape as ``capture`` and ``profiler.uncaptured`` both take it."""
     return [
         "--model", model, "--setup", setup, "--ps", str(ps), "--workers", str(workers),
-        "--steps", str(steps), "--warmup-steps", "2", "--batch-size", "4", "--input-size", "32",
+        "--steps", str(steps), "--warmup-steps", "2", "--batch-size", str(batch_size),
+        "--input-size", str(input_size),
     ]  # fmt: skip
 
 
@@ -648,12 +674,28 @@ def main() -> int:
         help="capture training in a CPU cgroup capped at CORES (a slower machine); "
         "replays keep the recorded compute",
     )
+    parser.add_argument(
+        "--cross-machine",
+        default=None,
+        metavar="TRACES",
+        help="replay these traces captured on other instances (shipped names or files, "
+        "comma-separated) against their jobs trained here (bench/cross_machine.py)",
+    )
     parser.add_argument("--no-readme", action="store_true")
     parser.add_argument(
         "--logdir", default="runs/fidelity", help="where the replays' runs and comparisons go"
     )
     args = parser.parse_args()
     command = command_line("bench/fidelity.py", sys.argv[1:])
+    if args.cross_machine:
+        from cross_machine import run_cross
+
+        with lifetime.interrupt_on_signals():
+            run_cross(
+                args.cross_machine.split(","), args.profiles.split(","), args.steps,
+                Path(args.logdir), command, readme=not args.no_readme,
+            )  # fmt: skip
+        return 0
     with lifetime.interrupt_on_signals():
         for model in args.models.split(","):
             before = load_average()

@@ -310,8 +310,14 @@ static struct connection *connection_of(int fd) {
 }
 
 static void forget(int fd) {
-    if (!enabled || fd < 0 || fd >= MAX_FDS || getpid() != owner) return;
-    struct connection *c = __atomic_exchange_n(&fds[fd], NULL, __ATOMIC_ACQ_REL);
+    if (!enabled || fd < 0 || fd >= MAX_FDS) return;
+    struct connection *c = fds[fd];
+    if (!c) return;
+    /* A vfork child (posix_spawn closing descriptors before its exec) shares these tables:
+       it must not end the parent's connections.  getpid() is a system call, so it is asked
+       only of a followed connection's close, never of a send. */
+    if (c != IGNORED && getpid() != owner) return;
+    c = __atomic_exchange_n(&fds[fd], NULL, __ATOMIC_ACQ_REL);
     if (c && c != IGNORED) {
         emit(RECORD_CLOSED, c->number, now_ns(), NULL, 0);
         /* Not freed: a send racing with close may still hold it (a few KB per connection). */
@@ -540,8 +546,10 @@ static uint64_t began(int fd) {
 static void record_sent(int fd, const struct iovec *iov, int iovcnt, ssize_t sent,
                         uint64_t began_ns) {
     if (sent <= 0) return;
+    /* No getpid() check here (a system call per send doubled the tasks' system calls on a
+       shaped link): a vfork child does not send on its parent's gRPC connections. */
     struct connection *c = connection_of(fd);
-    if (!c || getpid() != owner) return;
+    if (!c) return;
     uint64_t t = now_ns();
     uint64_t took = began_ns && t > began_ns ? t - began_ns : 0;
     if (took > 0xffffffffULL) took = 0xffffffffULL;

@@ -1,0 +1,267 @@
+"""The cross-machine mode of bench/fidelity.py: a trace from another instance against training here.
+
+    sudo .venv/bin/python bench/fidelity.py --cross-machine resnet50-tf2ps,/tmp/fid/x.tfgbtrace \\
+        --profiles 1gbit,5gbit,10gbit
+
+For each trace (a shipped trace's name, or the file of an earlier run's
+capture on another instance), on each link profile, in one run:
+
+1. trains the trace's job here (its model, setup, cluster, batch and image size,
+   from the trace's metadata) on the emulated link, uncaptured (the launcher
+   with no recorder) and then captured, as the own-machine mode does;
+2. replays the trace across the same link with ``network compare``'s defaults
+   (``--compute auto``: a trace from another machine has its compute scaled by
+   the two machines' calibrations) and takes the predicted step;
+3. writes the section ``## Fidelity across machines: TRACE`` of bench/README.md
+   (the capture machine and this one named), and records each link's ratio as a
+   measured pair of machines in ``src/tf_grpc_bench/cross_machine_pairs.json``
+   (the latest measurement of a pair, trace and link replaces the one before),
+   from which a replay says how uncertain a cross-machine prediction is and the
+   section ``## Fidelity across machines: every pair of CPU models`` is written.
+"""
+
+from __future__ import annotations
+
+import datetime
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from common import README, ROOT, load_average, machine_line, table_head, table_row, write_section
+from fidelity import (
+    Prediction,
+    Uncaptured,
+    capture_job,
+    job_arguments,
+    link_bound_seconds,
+    predict,
+    round_seconds,
+    train_uncaptured,
+)
+
+from tf_grpc_bench import cross_machine, host, trace_files
+from tf_grpc_bench.cross_machine import MeasuredPair
+from tf_grpc_bench.trace import Trace
+
+SECTION = "## Fidelity across machines: {trace}"
+PAIRS_SECTION = "## Fidelity across machines: every pair of CPU models"
+#: ``RunMetadata.strategy`` -> the launcher's setup.
+SETUPS = {"tf2-parameter-server": "tf2-ps", "tf1-parameter-server": "tf1-ps"}
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CrossRow:
+    profile: str
+    uncaptured: Uncaptured
+    #: Training's median round captured here on the link.
+    captured_s: float
+    link_bound_s: float | None
+    prediction: Prediction | None
+    #: The replay's ``compute_calibration`` (how the trace's compute was scaled).
+    compute: str
+
+    @property
+    def ratio(self) -> float | None:
+        if self.prediction is None:
+            return None
+        return self.prediction.step_s / self.uncaptured.round_s
+
+
+def trace_path(name: str) -> Path:
+    """A shipped trace's file, or the file named."""
+    path = Path(name)
+    return path if path.exists() else trace_files.shipped_trace_path(name)
+
+
+def trace_label(name: str) -> str:
+    """How tables name a trace: a shipped one by its name, a file by its file name."""
+    path = Path(name)
+    return path.name if path.exists() else name
+
+
+def job_shape(trace: Trace, steps: int) -> list[str]:
+    """The trace's job as ``capture`` takes it (its setup, cluster, batch and image side)."""
+    extra = dict(trace.metadata.extra)
+    setup = extra.get("setup") or SETUPS.get(trace.metadata.strategy, "")
+    if setup not in SETUPS.values():
+        raise SystemExit(f"{trace.metadata.model}: a trace of {setup or 'an unknown setup'} "
+                         "(the cross-machine mode trains tf2-ps and tf1-ps jobs)")  # fmt: skip
+    return job_arguments(
+        trace.metadata.model,
+        setup,
+        steps,
+        workers=int(extra.get("workers") or len(trace.tasks_of_job("worker"))),
+        ps=int(extra.get("ps") or len(trace.tasks_of_job("ps"))),
+        batch_size=trace.metadata.batch_size,
+        input_size=trace.metadata.input_shape[0],
+    )
+
+
+def _compute(prediction: Prediction | None) -> str:
+    import json
+
+    if prediction is None:
+        return "-"
+    benchmark = json.loads(prediction.document.read_text())["benchmarks"][0]
+    return str(benchmark["parameters"].get("compute_calibration", "not scaled (same machine)"))
+
+
+def measure_cross(name: str, profiles: list[str], steps: int, logdir: Path) -> list[CrossRow]:
+    """Training here, uncaptured and captured, and the trace's prediction, per profile."""
+    path = trace_path(name)
+    trace = trace_files.read_trace(path)
+    shape = job_shape(trace, steps)
+    folder = logdir / f"cross-{trace_label(name).removesuffix('.tfgbtrace')}"
+    folder.mkdir(parents=True, exist_ok=True)
+    rows = []
+    for profile in profiles:
+        plain = train_uncaptured(shape, profile)
+        captured = capture_job(shape, folder / f"here-{profile}.tfgbtrace", profile)
+        prediction = predict(path, profile, folder / f"{profile}-cross")
+        rows.append(
+            CrossRow(
+                profile=profile,
+                uncaptured=plain,
+                captured_s=round_seconds(captured),
+                link_bound_s=link_bound_seconds(captured, profile),
+                prediction=prediction,
+                compute=_compute(prediction),
+            )
+        )
+        print(rows[-1], file=sys.stderr, flush=True)
+    return rows
+
+
+def code_version() -> str:
+    """The checkout's commit (short), "" outside a git checkout."""
+    try:
+        completed = subprocess.run(
+            ["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"],
+            capture_output=True, text=True, check=False,
+        )  # fmt: skip
+    except OSError:
+        return ""
+    return completed.stdout.strip()
+
+
+def measured_pairs(
+    name: str, trace: Trace, rows: list[CrossRow], command: str
+) -> list[MeasuredPair]:
+    """Each link's prediction over uncaptured training here, as a measured pair."""
+    extra = trace.metadata.extra
+    when = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M")
+    return [
+        MeasuredPair(
+            captured_on=host.captured_on(extra) or "?",
+            replayed_on=host.this_machine(),
+            trace=trace_label(name),
+            link=row.profile,
+            ratio=ratio,
+            compute=row.compute,
+            calibration=dict(extra).get("calibration_method", "one process, the whole local step"),
+            measured_utc=when,
+            code=code_version(),
+            source=command,
+        )
+        for row in rows
+        if (ratio := row.ratio) is not None
+    ]
+
+
+def report(name: str, trace: Trace, rows: list[CrossRow], command: str, before: str) -> str:
+    captured_on = host.captured_on(trace.metadata.extra) or "an unnamed machine"
+    lines = [
+        SECTION.format(trace=trace_label(name)),
+        "",
+        f"`{command}`",
+        "",
+        machine_line(before, load_average()),
+        "",
+        f"The trace `{trace_label(name)}` ({trace.metadata.model}, captured on {captured_on},",
+        f"{trace.metadata.created_utc}) replayed here ({host.this_machine()}) across each link",
+        "with network compare's defaults, against the same job trained here on that link:",
+        "uncaptured (the launcher with no recorder) and captured, side by side. Ratios: the",
+        "prediction over **uncaptured** training / over captured training.",
+        "",
+        *table_head(
+            "link", "training, uncaptured", "captured", "link bound", "prediction", "ratio",
+            "compute",
+        ),
+    ]  # fmt: skip
+    for row in rows:
+        prediction = row.prediction
+        step = "failed" if prediction is None else f"{prediction.step_s:.2f} s"
+        ratio = "-"
+        if prediction is not None and row.ratio is not None:
+            ratio = f"**{row.ratio:.2f}** / {prediction.step_s / row.captured_s:.2f}"
+        bound = "-" if row.link_bound_s is None else f"{row.link_bound_s:.2f} s"
+        lines.append(
+            table_row(
+                row.profile,
+                f"{row.uncaptured.round_s:.2f} s",
+                f"{row.captured_s:.2f} s",
+                bound,
+                step,
+                ratio,
+                row.compute,
+            )
+        )
+    return "\n".join(lines)
+
+
+def pairs_section(pairs: list[MeasuredPair]) -> str:
+    """Every pair of machines measured so far (the package's pairs file), as a table."""
+    measured = cross_machine.spread(pairs)
+    summary = "No pair of different CPU models measured yet."
+    if measured is not None:
+        summary = (
+            f"Across CPU models: {measured.low:.2f} to {measured.high:.2f} of uncaptured training "
+            f"({measured.count} measured); a replay of a trace from another CPU model says so "
+            "under its table (`compute_calibration`)."
+        )
+    lines = [
+        PAIRS_SECTION,
+        "",
+        "Written by `bench/fidelity.py --cross-machine` from",
+        "`src/tf_grpc_bench/cross_machine_pairs.json` (the latest measurement of each pair of",
+        "machines, trace and link). Ratio: the replay's prediction over uncaptured training on",
+        "the replaying machine.",
+        "",
+        summary,
+        "",
+        *table_head(
+            "captured on", "replayed on", "trace", "link", "ratio", "compute", "calibration",
+            "measured (UTC)", "code",
+        ),
+    ]  # fmt: skip
+    for pair in pairs:
+        lines.append(
+            table_row(
+                pair.captured_on, pair.replayed_on, pair.trace, pair.link, f"{pair.ratio:.2f}",
+                pair.compute.split(": compute ")[-1].split(";")[0] or "-", pair.calibration or "-",
+                pair.measured_utc or "-", pair.code or "-",
+            )
+        )  # fmt: skip
+    return "\n".join(lines)
+
+
+def run_cross(
+    names: list[str], profiles: list[str], steps: int, logdir: Path, command: str, readme: bool
+) -> None:
+    """The cross-machine mode: measure every trace, then write the sections and the pairs."""
+    for name in names:
+        before = load_average()
+        rows = measure_cross(name, profiles, steps, logdir)
+        trace = trace_files.read_trace(trace_path(name))
+        body = report(name, trace, rows, command, before)
+        print(body)
+        pairs = cross_machine.merged(
+            cross_machine.read_pairs(), measured_pairs(name, trace, rows, command)
+        )
+        if readme:
+            write_section(README, SECTION.format(trace=trace_label(name)), body)
+            cross_machine.PAIRS_FILE.write_text(cross_machine.pairs_document(pairs))
+            write_section(README, PAIRS_SECTION, pairs_section(pairs))
+        else:
+            print(pairs_section(pairs))
