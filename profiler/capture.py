@@ -542,12 +542,14 @@ def capture_training(
 
 def calibration_workload(config: TrainingConfig) -> CalibrationWorkload:
     """What a capture of ``config`` times for its compute calibration: a local training step
-    of its model, image size, per-worker batch and Keras flavour (``profiler.calibrate``)."""
+    of its model, image size, per-worker batch and Keras flavour, in as many processes at
+    once as it has workers, sharing the cores as they do (``profiler.calibrate``)."""
     return CalibrationWorkload(
         model=config.model,
         input_size=config.image_size,
         batch_size=config.batch_size,
         keras=config.keras,
+        processes=config.workers,
     )
 
 

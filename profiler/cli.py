@@ -311,7 +311,7 @@ def _calibrate(workload: CalibrationWorkload, quiet: bool) -> Calibration | None
     if not measured.steady:
         # Said even under --quiet: the trace carries this step to every replay elsewhere.
         print(f"warning: compute calibration {measured.source}", file=sys.stderr)
-    return Calibration(workload, measured.step_ns)
+    return Calibration.measured(workload, measured)
 
 
 def configure_capture_job(parser: argparse.ArgumentParser) -> None:

@@ -205,6 +205,8 @@ def calibration_workload(job: UserJob) -> CalibrationWorkload:
         input_size=model_spec(model).minimum_input_size,
         batch_size=job.batch_size if model == job.model and job.batch_size > 0 else 4,
         keras="keras",
+        # As many processes at once as the job has workers, sharing the cores as they do.
+        processes=max(1, len(job.cluster.get("worker", ()))),
     )
 
 

@@ -64,7 +64,7 @@ def test_a_workload_is_written_and_read_back() -> None:
     [
         ("resnet50", "expected 'MODEL SIZExSIZE batch N KERAS'"),
         ("resnet50 32x16 batch 4 keras", "expected 'MODEL SIZExSIZE"),
-        ("resnet50 32x32 batch 0 keras", "sizes must be >= 1"),
+        ("resnet50 32x32 batch 0 keras", "sizes and processes must be >= 1"),
         ("resnet50 32x32 batch 4 jax", "keras must be one of keras, tf_keras"),
     ],
 )
@@ -191,7 +191,8 @@ def test_only_a_steady_step_is_cached(tmp_path: Path, monkeypatch: pytest.Monkey
     # The next asks again, and keeps a steady step for good.
     time_once, asked = _timings((120.0, 0.0), (110.0, 0.01))
     steady = calibration.measure_here("Xeon, 2 CPUs", RESNET, time_once)
-    assert steady == StepHere(110_000_000, "measured now") and len(asked) == 2
+    assert steady == StepHere(110_000_000, "measured now", spread=pytest.approx(120 / 110))
+    assert len(asked) == 2
     assert calibration.cached("Xeon, 2 CPUs", RESNET) == 110_000_000
     entry = json.loads((tmp_path / "calibrations.json").read_text())
     assert entry["Xeon, 2 CPUs | resnet50 32x32 batch 4 keras"]["timings"] == [
@@ -413,6 +414,9 @@ def test_a_user_job_is_calibrated_on_its_model_if_known_else_the_reference() -> 
     cluster = parse_cluster('{"ps": ["localhost:1"], "worker": ["localhost:2"]}')
     job = UserJob(cluster=cluster, command=("true",))
     assert calibration_workload(job).text == "resnet50 32x32 batch 4 keras"
+    two = parse_cluster('{"ps": ["localhost:1"], "worker": ["localhost:2", "localhost:3"]}')
+    both = calibration_workload(UserJob(cluster=two, command=("true",)))
+    assert both.text == "resnet50 32x32 batch 4 keras, 2 processes at once"
     named = dataclasses.replace(job, model="vgg16", batch_size=16)
     assert calibration_workload(named).text == "vgg16 32x32 batch 16 keras"
     # The batch of a model we do not know says nothing of the reference workload's.
@@ -425,8 +429,12 @@ def test_a_capture_is_calibrated_on_its_own_job() -> None:
     from tf_grpc_bench.profiler.launch.config import TrainingConfig
 
     config = TrainingConfig(model="resnet50", setup="tf1-ps", batch_size=8, input_size=64)
-    assert calibration_workload(config).text == "resnet50 64x64 batch 8 tf_keras"
-    assert calibration_workload(TrainingConfig(model="tiny")).text == "tiny 8x8 batch 4 keras"
+    # As many processes at once as the job has workers (2 by default).
+    assert calibration_workload(config).text == (
+        "resnet50 64x64 batch 8 tf_keras, 2 processes at once"
+    )
+    alone = TrainingConfig(model="tiny", workers=1)
+    assert calibration_workload(alone).text == "tiny 8x8 batch 4 keras"
 
 
 def test_a_trace_workload_carries_its_calibrated_step_to_the_dependency_model() -> None:

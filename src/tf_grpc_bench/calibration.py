@@ -63,8 +63,41 @@ MAX_TIMINGS = 4
 KERAS_FLAVOURS = ("keras", "tf_keras")
 
 _WORKLOAD = re.compile(
-    r"^(?P<model>[a-z0-9_]+) (?P<size>\d+)x(?P=size) batch (?P<batch>\d+) (?P<keras>\S+)$"
+    r"^(?P<model>[a-z0-9_]+) (?P<size>\d+)x(?P=size) batch (?P<batch>\d+) (?P<keras>[a-z_]+)"
+    r"(?:, (?P<processes>\d+) processes at once)?$"
 )
+#: ``RunMetadata.extra`` keys of the parts of a calibrated step and how far apart the two
+#: timings that confirmed it were (the slower over the faster).
+CALIBRATION_PARTS_EXTRA = "calibration_parts_ns"
+CALIBRATION_SPREAD_EXTRA = "calibration_spread"
+#: The kinds of work a calibration times apart (``profiler.calibrate``), and their names.
+PART_NAMES = {
+    "forward_backward": "forward/backward",
+    "apply": "apply",
+    "serialize": "serialization",
+}
+
+#: A step's parts: (kind of work, median ns), in ``PART_NAMES``' order.
+Parts = tuple[tuple[str, int], ...]
+
+
+def parts_text(parts: Parts) -> str:
+    """How traces write a step's parts: ``forward_backward=51000000,apply=...``."""
+    return ",".join(f"{name}={ns}" for name, ns in parts)
+
+
+def parse_parts(text: str, *, where: str) -> Parts:
+    """``parts_text`` read back; ConfigError naming ``where`` when it is not one."""
+    parts = []
+    for item in text.split(","):
+        name, _, value = item.partition("=")
+        if name not in PART_NAMES or not value.isdigit() or int(value) <= 0:
+            raise ConfigError(
+                f"{where}={text!r}: expected NAME=NANOSECONDS, comma-separated, NAME one of "
+                f"{', '.join(PART_NAMES)}"
+            )
+        parts.append((name, int(value)))
+    return tuple(parts)
 
 
 class CalibrationUnavailable(BenchError):
@@ -78,6 +111,8 @@ class Timing:
 
     step_ns: int
     others_share: float | None = None
+    #: The step's kinds of work timed apart (none from a calibration that does not time them).
+    parts: Parts = ()
 
     @property
     def disturbed(self) -> bool:
@@ -98,6 +133,9 @@ class StepHere:
     source: str
     #: False: no two undisturbed timings agreed (the step is the best there was).
     steady: bool = True
+    parts: Parts = ()
+    #: The slower of the two timings that agreed over the faster (None: not known).
+    spread: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,6 +145,10 @@ class Measured:
     step_ns: int
     timings: tuple[Timing, ...]
     steady: bool
+    #: The parts of the timing taken.
+    parts: Parts = ()
+    #: The slower of the agreeing pair over the faster (None: unsteady).
+    spread: float | None = None
 
     def unsteady_text(self) -> str:
         """Why the step is not to be trusted (for a steady one, "")."""
@@ -128,10 +170,14 @@ class CalibrationWorkload:
     input_size: int
     batch_size: int
     keras: str
+    #: How many processes time the step at once, sharing the cores (a job's workers).
+    processes: int = 1
 
     def __post_init__(self) -> None:
-        if self.input_size < 1 or self.batch_size < 1:
-            raise ConfigError(f"calibration workload {self.text!r}: sizes must be >= 1")
+        if self.input_size < 1 or self.batch_size < 1 or self.processes < 1:
+            raise ConfigError(
+                f"calibration workload {self.text!r}: sizes and processes must be >= 1"
+            )
         if self.keras not in KERAS_FLAVOURS:
             raise ConfigError(
                 f"calibration workload {self.text!r}: keras must be one of "
@@ -142,7 +188,8 @@ class CalibrationWorkload:
     def text(self) -> str:
         """How traces and results write it: ``"resnet50 32x32 batch 4 keras"``."""
         size = self.input_size
-        return f"{self.model} {size}x{size} batch {self.batch_size} {self.keras}"
+        text = f"{self.model} {size}x{size} batch {self.batch_size} {self.keras}"
+        return text if self.processes == 1 else f"{text}, {self.processes} processes at once"
 
     @classmethod
     def parse(cls, text: str) -> CalibrationWorkload:
@@ -150,13 +197,14 @@ class CalibrationWorkload:
         if match is None:
             raise ConfigError(
                 f"calibration workload {text!r}: expected 'MODEL SIZExSIZE batch N KERAS', "
-                "such as 'resnet50 32x32 batch 4 keras'"
+                "such as 'resnet50 32x32 batch 4 keras', and optionally ', P processes at once'"
             )
         return cls(
             model=match["model"],
             input_size=int(match["size"]),
             batch_size=int(match["batch"]),
             keras=match["keras"],
+            processes=int(match["processes"] or 1),
         )
 
 
@@ -166,13 +214,27 @@ class Calibration:
 
     workload: CalibrationWorkload
     step_ns: int
+    #: The step's kinds of work timed apart (none from older captures).
+    parts: Parts = ()
+    #: How far apart the two timings that confirmed the step were (None: not recorded).
+    spread: float | None = None
+
+    @classmethod
+    def measured(cls, workload: CalibrationWorkload, here: StepHere) -> Calibration:
+        """What ``measure_here`` found, to record in a trace."""
+        return cls(workload, here.step_ns, parts=here.parts, spread=here.spread)
 
     def extra(self) -> tuple[tuple[str, str], ...]:
         """The trace's ``extra`` entries recording it."""
-        return (
+        entries = [
             (CALIBRATION_STEP_EXTRA, str(self.step_ns)),
             (CALIBRATION_WORKLOAD_EXTRA, self.workload.text),
-        )
+        ]
+        if self.parts:
+            entries.append((CALIBRATION_PARTS_EXTRA, parts_text(self.parts)))
+        if self.spread is not None:
+            entries.append((CALIBRATION_SPREAD_EXTRA, f"{self.spread:.4f}"))
+        return tuple(entries)
 
 
 def from_extra(extra: tuple[tuple[str, str], ...]) -> Calibration | None:
@@ -189,7 +251,22 @@ def from_extra(extra: tuple[tuple[str, str], ...]) -> Calibration | None:
     step_ns = calibration_step_ns(((CALIBRATION_STEP_EXTRA, ""), *extra))
     assert step_ns is not None
     workload = CalibrationWorkload.parse(entries.get(CALIBRATION_WORKLOAD_EXTRA, ""))
-    return Calibration(workload, step_ns)
+    parts: Parts = ()
+    if CALIBRATION_PARTS_EXTRA in entries:
+        where = f"trace metadata {CALIBRATION_PARTS_EXTRA}"
+        parts = parse_parts(entries[CALIBRATION_PARTS_EXTRA], where=where)
+    spread = None
+    if CALIBRATION_SPREAD_EXTRA in entries:
+        text = entries[CALIBRATION_SPREAD_EXTRA]
+        try:
+            spread = float(text)
+        except ValueError:
+            spread = 0.0
+        if not spread >= 1.0:
+            raise ConfigError(
+                f"trace metadata {CALIBRATION_SPREAD_EXTRA}={text!r}: expected a ratio >= 1"
+            )
+    return Calibration(workload, step_ns, parts=parts, spread=spread)
 
 
 def cache_path() -> Path:
@@ -216,9 +293,32 @@ def _read_cache(path: Path) -> dict[str, dict[str, object]]:
 
 def cached(machine: str, workload: CalibrationWorkload, path: Path | None = None) -> int | None:
     """The step ``machine`` measured for ``workload`` before, if the cache has it."""
+    known = cached_step(machine, workload, path)
+    return None if known is None else known.step_ns
+
+
+def cached_step(
+    machine: str, workload: CalibrationWorkload, path: Path | None = None
+) -> StepHere | None:
+    """What the cache keeps of ``machine``'s step for ``workload``: the step, its parts and
+    spread (an entry whose parts or spread cannot be read keeps the step alone)."""
     entry = _read_cache(path or cache_path()).get(_cache_key(machine, workload))
     step = entry.get("step_ns") if isinstance(entry, dict) else None
-    return step if isinstance(step, int) and step > 0 else None
+    if not isinstance(entry, dict) or not isinstance(step, int) or step <= 0:
+        return None
+    try:
+        parts = (
+            parse_parts(str(entry.get("parts") or ""), where="cache") if entry.get("parts") else ()
+        )
+    except ConfigError:
+        parts = ()
+    spread = entry.get("spread")
+    return StepHere(
+        step,
+        "cached",
+        parts=parts,
+        spread=float(spread) if isinstance(spread, (int, float)) and spread >= 1 else None,
+    )
 
 
 def remember(
@@ -228,6 +328,8 @@ def remember(
     path: Path | None = None,
     *,
     timings: tuple[Timing, ...] = (),
+    parts: Parts = (),
+    spread: float | None = None,
 ) -> None:
     """Keep a measured step in the cache, with the timings it was taken from (each step
     and others' share of the CPU, for whoever reads the file); a cache that cannot be
@@ -242,6 +344,10 @@ def remember(
             for timing in timings
         ],
     }
+    if parts:
+        data[_cache_key(machine, workload)]["parts"] = parts_text(parts)
+    if spread is not None:
+        data[_cache_key(machine, workload)]["spread"] = round(spread, 4)
     try:
         text = json.dumps(data, indent=2, sort_keys=True) + "\n"
         files.write_atomically(
@@ -291,12 +397,13 @@ def run_calibration(workload: CalibrationWorkload, *, timeout_s: float = TIMEOUT
         step = int(printed["step_ns"])
         others = printed.get("others_cpu_share")
         share = None if others is None else float(others)
+        parts = tuple((name, int(printed["parts_ns"][name])) for name in PART_NAMES)
     except (IndexError, KeyError, TypeError, ValueError, AttributeError):
-        step, share = 0, None
+        step, share, parts = 0, None, ()
     if step <= 0:
         reason = (completed.stderr.strip().splitlines() or ["no output"])[-1]
         raise CalibrationUnavailable(f"timing {workload.text} failed: {reason}")
-    return Timing(step, share)
+    return Timing(step, share, parts)
 
 
 def time_steadily(
@@ -314,12 +421,18 @@ def time_steadily(
     timings: list[Timing] = []
     while len(timings) < MAX_TIMINGS:
         timings.append(time_once(workload))
-        steps = sorted(timing.step_ns for timing in timings if not timing.disturbed)
-        for faster, slower in itertools.pairwise(steps):
-            if slower <= faster * AGREE_RATIO:
-                return Measured(faster, tuple(timings), steady=True)
+        steady = sorted(
+            (timing for timing in timings if not timing.disturbed), key=lambda t: t.step_ns
+        )
+        for faster, slower in itertools.pairwise(steady):
+            if slower.step_ns <= faster.step_ns * AGREE_RATIO:
+                spread = slower.step_ns / faster.step_ns
+                return Measured(
+                    faster.step_ns, tuple(timings), steady=True, parts=faster.parts, spread=spread
+                )
     pool = [timing for timing in timings if not timing.disturbed] or timings
-    return Measured(min(timing.step_ns for timing in pool), tuple(timings), steady=False)
+    best = min(pool, key=lambda timing: timing.step_ns)
+    return Measured(best.step_ns, tuple(timings), steady=False, parts=best.parts)
 
 
 def measure_here(
@@ -329,15 +442,22 @@ def measure_here(
 ) -> StepHere:
     """This machine's step for ``workload``: from the cache, else timed now
     (``time_steadily``) and cached if steady; an unsteady step is used but not cached."""
-    known = cached(machine, workload)
+    known = cached_step(machine, workload)
     if known is not None:
-        return StepHere(known, "cached")
+        return known
     measured = time_steadily(workload, time_once)
     if not measured.steady:
         source = f"measured now, {measured.unsteady_text()}, not cached"
-        return StepHere(measured.step_ns, source, steady=False)
-    remember(machine, workload, measured.step_ns, timings=measured.timings)
-    return StepHere(measured.step_ns, "measured now")
+        return StepHere(measured.step_ns, source, steady=False, parts=measured.parts)
+    remember(
+        machine,
+        workload,
+        measured.step_ns,
+        timings=measured.timings,
+        parts=measured.parts,
+        spread=measured.spread,
+    )
+    return StepHere(measured.step_ns, "measured now", parts=measured.parts, spread=measured.spread)
 
 
 def calibration_line(extra: tuple[tuple[str, str], ...]) -> str:
@@ -348,13 +468,28 @@ def calibration_line(extra: tuple[tuple[str, str], ...]) -> str:
     except ConfigError as error:
         return f"compute calibration: unreadable ({error})"
     if recorded is not None:
+        details = [", ".join(f"{PART_NAMES[n]} {ns / 1e6:.1f} ms" for n, ns in recorded.parts)]
+        details = [text for text in details if text]
+        if recorded.spread is not None:
+            details.append(f"confirmed by a timing {recorded.spread - 1:.0%} slower")
+        kinds = f" ({'; '.join(details)})" if details else ""
         return (
             f"compute calibration: {recorded.workload.text}, {recorded.step_ns / 1e6:.1f} ms "
-            "a step (a replay on another machine scales the compute by its own step / this)"
+            f"a step{kinds} (a replay on another machine scales the compute by its own step "
+            "/ this)"
         )
     if host.captured_on(extra):
         return "compute calibration: none (a replay on another machine keeps this one's compute)"
     return ""
+
+
+def part_scales(there: Parts, here: Parts) -> tuple[tuple[str, float], ...]:
+    """Each kind of work's scale, here over there; none unless both timed the same kinds."""
+    if not there or [name for name, _ in there] != [name for name, _ in here]:
+        return ()
+    return tuple(
+        (name, mine / theirs) for (name, theirs), (_, mine) in zip(there, here, strict=True)
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -432,6 +567,12 @@ def scale_to_here(
         f"{captured or 'the capture machine'}, {measured.step_ns / 1e6:.1f} ms on {here} "
         f"({measured.source})"
     )
+    by_part = part_scales(recorded.parts, measured.parts)
+    if by_part:
+        # The path computes each kind of work: scale by their sum, say each kind's.
+        scale = sum(ns for _, ns in measured.parts) / sum(ns for _, ns in recorded.parts)
+        kinds = ", ".join(f"{PART_NAMES[name]} x{ratio:.3g}" for name, ratio in by_part)
+        steps = f"{steps}; by kind of work: {kinds}; their sum"
     if scale > max_scale:
         why = (
             f"trace metadata {CALIBRATION_STEP_EXTRA}={recorded.step_ns}: this machine's step is "
