@@ -7,6 +7,7 @@ network namespaces (root and TensorFlow).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shutil
@@ -104,6 +105,23 @@ def test_the_network_is_recorded_in_the_metadata() -> None:
     assert hosts.prefix(("worker", 0)) == ("ip", "netns", "exec", "tfgb-1-a-h1")
     assert trace_summary.format_rate("1000000000") == "1 Gbit/s"
     assert trace_summary.format_rate("unlimited") == "unlimited"
+    assert (extra["network_delay_ns"], extra["network_jitter_ns"], extra["network_loss"]) == (
+        "0",
+        "0",
+        "0",
+    )
+    delayed = dataclasses.replace(
+        hosts,
+        request=NetworkRequest(
+            profile=links.parse_profile("10gbit-crossrack:loss=0.1%"), layout="ps-together"
+        ),
+    )
+    extra = dict(delayed.metadata())
+    assert (extra["network_delay_ns"], extra["network_jitter_ns"], extra["network_loss"]) == (
+        "50000",
+        "10000",
+        "0.001",
+    )
 
 
 # --------------------------------------------------------------------------

@@ -110,9 +110,13 @@ class TaskHosts:
         placement = ", ".join(
             f"{job}:{index}=h{host}" for (job, index), host in sorted(self.host_of.items())
         )
+        profile = self.request.profile
         return (
-            ("network", self.request.profile.name),
+            ("network", profile.name),
             ("network_rate_bits_per_s", "unlimited" if rate is None else str(rate)),
+            ("network_delay_ns", str(profile.delay_ns)),
+            ("network_jitter_ns", str(profile.jitter_ns)),
+            ("network_loss", f"{profile.loss:g}"),
             ("network_layout", self.request.layout),
             ("network_hosts", str(len(self.addresses))),
             ("network_placement", placement),

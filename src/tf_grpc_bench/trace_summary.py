@@ -72,9 +72,11 @@ def network_line(trace: Trace) -> str | None:
     if "network" not in extra:
         return None
     addresses = ", ".join(f"{t.job}:{t.index} {t.address}" for t in trace.tasks)
+    delay = int(extra.get("network_delay_ns", "0") or 0)
+    delayed = f", {_microseconds(delay)} one way" if delay else ""
     return (
         f"network: emulated {extra['network']} "
-        f"({format_rate(extra.get('network_rate_bits_per_s', '?'))} per link), "
+        f"({format_rate(extra.get('network_rate_bits_per_s', '?'))} per link{delayed}), "
         f"layout {extra.get('network_layout', '?')}, {extra.get('network_hosts', '?')} hosts; "
         f"tasks at {addresses}"
     )
