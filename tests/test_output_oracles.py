@@ -787,7 +787,7 @@ def test_the_comparison_shows_each_links_step_and_latency_by_value(
         return "-" if value is None else f"{value:.3f} s"
 
     assert lines[:4] == [
-        "| link | rate | replay step | training step | link bound |",
+        "| link | rate | replay step p50 | training step p50 | link bound |",
         "|---|---|---|---|---|",
         *(
             f"| {name} | {'1 Gbit/s' if rate else 'unlimited'} | {seconds(step)} | "

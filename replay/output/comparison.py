@@ -252,10 +252,16 @@ def layout_summary(labels: Sequence[str]) -> summary_pb2.Summary:
 
 
 def points_markdown(points: Sequence[LinkPoint]) -> str:
+    """The points as a table: the replay's step is a median (the predicted step is the
+    median replayed worker-step, compute kept), and so is training's."""
+
     def seconds(value: float | None) -> str:
         return "-" if value is None else f"{value:.3f} s"
 
-    lines = ["| link | rate | replay step | training step | link bound |", "|---|---|---|---|---|"]
+    lines = [
+        "| link | rate | replay step p50 | training step p50 | link bound |",
+        "|---|---|---|---|---|",
+    ]
     lines += [
         f"| {p.name} | {format_rate(p.rate_bits_per_s)} | {seconds(p.replay_step_s)} | "
         f"{seconds(p.training_step_s)} | {seconds(p.link_bound_s)} |"
