@@ -7,9 +7,16 @@ from datetime import datetime, timezone
 
 import pytest
 
-from tests.result_factory import make_results
+from tests.result_factory import GOLDEN_MACHINE, make_results
+from tf_grpc_bench.replay.core.measurement import (
+    Benchmark,
+    BenchmarkResult,
+    CallSample,
+    RunMeasurement,
+)
+from tf_grpc_bench.replay.core.whatif import Derivation
 from tf_grpc_bench.replay.output import machine
-from tf_grpc_bench.replay.output.document import ResultDocument, build_document
+from tf_grpc_bench.replay.output.document import ResultDocument, TraceInfo, build_document
 from tf_grpc_bench.replay.output.machine import NetworkInfo
 from tf_grpc_bench.replay.output.report import (
     compute_machine_note,
@@ -216,3 +223,145 @@ def test_a_step_whose_compute_was_scaled_to_this_machine_says_by_what() -> None:
     # Communication only: no compute, nothing to say of it.
     dropped = _replayed_on("AMD EPYC", 2, **{**calibrated, "compute_scale": 0})
     assert compute_machine_note(dropped) == ""
+
+
+# Exact renderings of a document's edges, worked out by hand (the mutation run of
+# report.py showed these unpinned).
+
+
+def _one_call(*, partial: bool = True) -> BenchmarkResult:
+    """One 500 B echo taking 2 ms in a 1 s run: a small class of exactly one call, the
+    others absent, no steps; stopped early without a reason, as its run."""
+    run = RunMeasurement(
+        run_index=0,
+        duration_ns=1_000_000_000,
+        samples=(
+            CallSample(
+                start_ns=0, latency_ns=2_000_000, request_bytes=500, response_bytes=500,
+                payload_bytes=500,
+            ),
+        ),
+        partial=partial,
+    )  # fmt: skip
+    return BenchmarkResult(
+        benchmark=Benchmark.P2P_LATENCY,
+        workload="synthetic",
+        parameters={},
+        runs=(run,),
+        partial=partial,
+    )
+
+
+def _aligned(*rows: tuple[str, ...]) -> list[str]:
+    """Columns two spaces apart, the first two left-aligned, the rest right-aligned."""
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    return [
+        "  ".join(
+            cell.ljust(widths[i]) if i < 2 else cell.rjust(widths[i]) for i, cell in enumerate(row)
+        ).rstrip()
+        for row in rows
+    ]
+
+
+HEADER = (
+    "benchmark", "workload", "rpcs", "in flight p50", "small p50/p99 us", "medium p50/p99 us",
+    "large p50/p99 us", "MB/s", "RPCs/s", "step p50 ms",
+)  # fmt: skip
+ONE_CALL_ROW = ("synthetic", "1", "1.00", "2000 / 2000", "-", "-", "0.00", "1.00", "-")
+
+
+def test_the_terminal_table_of_an_unrecorded_network_without_a_trace_is_exactly_this() -> None:
+    document = build_document(
+        [_one_call()], config={}, trace_path=None, machine=GOLDEN_MACHINE, created=CREATED
+    )
+    assert format_table(document).splitlines() == [
+        "2026-11-29T12:30:05.000Z on golden-host (2 CPUs), unrecorded network, synthetic workload",
+        *_aligned(HEADER, ("p2p-latency*", *ONE_CALL_ROW)),
+        "* partial: p2p-latency: stopped early",
+    ]
+    # A document stopped early with no benchmark marked partial says why (or that it did).
+    complete = build_document([_one_call(partial=False)], config={}, trace_path=None,
+                              machine=GOLDEN_MACHINE, created=CREATED, partial=True)  # fmt: skip
+    assert format_table(complete).splitlines()[-1] == "* partial: stopped early"
+    told = dataclasses.replace(complete, partial_reason="interrupted (SIGINT)")
+    assert format_table(told).splitlines()[-1] == "* partial: interrupted (SIGINT)"
+    # A what-if replay says what it asked, right below the context.
+    asked = Derivation(
+        workers=4, ps=1, placement="size", scale_tensors=1.0, trace="t", captured_workers=2,
+        captured_ps=2, variables=10,
+    )  # fmt: skip
+    lines = format_table(dataclasses.replace(document, what_if=asked)).splitlines()
+    assert lines[1] == asked.describe() and lines[2].startswith("benchmark")
+
+
+def test_the_markdown_tables_of_edges_are_exactly_these() -> None:
+    unnamed = TraceInfo(
+        path="/t.tfgbtrace", sha256="0" * 64, model="", strategy="", tensorflow_version="",
+        format_version=3, step_count=1,
+    )  # fmt: skip
+    plain = build_document(
+        [_one_call()], config={}, trace_path=None, machine=GOLDEN_MACHINE, created=CREATED
+    )
+    piped = dataclasses.replace(plain, network=NetworkInfo(name="lab|10g"), trace=unnamed)
+    row = ("p2p-latency*", *ONE_CALL_ROW)
+    assert format_markdown_table([plain, piped]).splitlines() == [
+        "| network | trace | " + " | ".join(HEADER) + " |",
+        "|" + "|".join(["---"] * 12) + "|",
+        "| - | synthetic | " + " | ".join(row) + " |",
+        "| lab\\|10g | ? | " + " | ".join(row) + " |",
+        "",
+        "* partial: -, p2p-latency: stopped early",
+        "* partial: lab|10g, p2p-latency: stopped early",
+    ]
+    assert format_table(piped).splitlines()[0].endswith(", lab|10g, trace ? (000000000000)")
+    # Benchmark results: every partial one noted, in order.
+    second = dataclasses.replace(_one_call(), benchmark=Benchmark.P2P_BANDWIDTH)
+    assert format_markdown_table([_one_call(), second]).splitlines()[-3:] == [
+        "",
+        "* partial: p2p-latency: stopped early",
+        "* partial: p2p-bandwidth: stopped early",
+    ]
+    # Nothing to note: the table alone.
+    assert len(format_markdown_table([_one_call(partial=False)]).splitlines()) == 3
+
+
+def test_the_markdown_table_notes_calls_in_flight_and_whose_compute_apart() -> None:
+    crowded = dataclasses.replace(
+        _one_call(partial=False),
+        runs=(
+            dataclasses.replace(
+                _one_call().runs[0],
+                partial=False,
+                samples=_one_call().runs[0].samples * 3,  # three calls open at once
+            ),
+        ),
+    )
+    document = build_document([crowded], config={}, trace_path=None,
+                              network=NetworkInfo(name="n"), machine=GOLDEN_MACHINE,
+                              created=CREATED)  # fmt: skip
+    note = (
+        "n: latency with calls in flight (median open when each call was issued): p2p-latency 3.00"
+    )
+    assert format_markdown_table([document]).splitlines()[-2:] == ["", note]
+    kept = {"pacing": "recorded", "captured_on": "Other CPU, 8 CPUs"}
+    elsewhere = dataclasses.replace(
+        document, benchmarks=(dataclasses.replace(crowded, parameters=kept),)
+    )
+    lines = format_markdown_table([elsewhere]).splitlines()
+    assert lines[-4:-2] == ["", note]
+    assert lines[-2] == "" and lines[-1].startswith("compute kept from another machine:")
+
+
+def test_a_partial_run_without_a_reason_says_yes_in_the_detail() -> None:
+    lines = format_benchmark_markdown(_one_call()).splitlines()
+    assert lines[2] == "| small | 1 | 2000 | 2000 | 2000 | 2000 | 2000 | 2000 |"
+    assert lines[-1] == "| 0 | 1 | 1.00 | 0.00 | 1.00 | 1.00 | 2000 | 2000 | - | yes |"
+
+
+@pytest.mark.parametrize(
+    ("value", "shown"),
+    [(100.0, "100"), (-100.0, "-100"), (99.99, "100.0"), (10.0, "10.0"), (-10.0, "-10.0"),
+     (9.999, "10.00"), (0.0, "0.00")],
+)  # fmt: skip
+def test_numbers_change_their_decimals_exactly_at_100_and_10(value: float, shown: str) -> None:
+    assert format_number(value) == shown
