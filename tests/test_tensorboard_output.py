@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import dataclasses
 import subprocess
 import sys
 from datetime import datetime, timezone
 from pathlib import Path
 
 import numpy as np
+import pytest
 from tensorboard.backend.event_processing import plugin_event_accumulator
 from tensorboard.compat.proto import types_pb2
+from tensorboard.plugins.hparams import api_pb2
 from tensorboard.plugins.hparams import metadata as hparams_metadata
 from tensorboard.util import tensor_util
 
@@ -17,7 +20,14 @@ from tests.result_factory import make_results
 from tf_grpc_bench.replay.output import machine
 from tf_grpc_bench.replay.output.document import ResultDocument, build_document
 from tf_grpc_bench.replay.output.events import log_buckets
-from tf_grpc_bench.replay.output.hparams import COMPARISON_HPARAMS
+from tf_grpc_bench.replay.output.hparams import (
+    COMPARISON_HPARAMS,
+    as_text,
+    compute_mode,
+    experiment_summary,
+    format_rate,
+    hparam_values,
+)
 from tf_grpc_bench.replay.output.machine import NetworkInfo
 from tf_grpc_bench.replay.output.tensorboard import FLAT_STEPS, write_run
 from tf_grpc_bench.sizes import SizeCategory
@@ -214,3 +224,69 @@ sys.exit(1 if loaded else 0)
     )
     assert completed.returncode == 0, completed.stdout + completed.stderr
     assert (tmp_path / "p2p-latency").is_dir()
+
+
+@pytest.mark.parametrize(
+    ("bits_per_s", "shown"),
+    [(0, "unlimited"), (-1, "unlimited"), (10**9, "1 Gbit/s"), (2_500_000_000, "2.5 Gbit/s"),
+     (999_999_999, "1000 Mbit/s"), (10**6, "1 Mbit/s"), (64_000, "64 kbit/s"), (999, "999 bit/s"),
+     (1000, "1 kbit/s"), (1, "1 bit/s")],
+)  # fmt: skip
+def test_link_rates_read_in_their_largest_whole_unit(bits_per_s: int, shown: str) -> None:
+    assert format_rate(bits_per_s) == shown
+
+
+@pytest.mark.parametrize(
+    ("value", "shown"),
+    [(True, True), (False, False), ("x", "x"), (3, "3"), (2.5, "2.5"), (2.0, "2"),
+     (1e-7, "1e-07"), (float("inf"), "inf"), (float("nan"), "nan")],
+)  # fmt: skip
+def test_parameters_show_as_text_and_booleans_stay(value: object, shown: object) -> None:
+    assert as_text(value) == shown  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("parameters", "shown"),
+    [({"pacing": "asap", "compute_scale": 0.0}, "-"), ({"pacing": "dependencies"}, "recorded"),
+     ({"pacing": "dependencies", "compute_scale": 1}, "recorded"),
+     ({"pacing": "dependencies", "compute_scale": 0}, "none"),
+     ({"pacing": "dependencies", "compute_scale": 0.5}, "0.5"),
+     ({"pacing": "dependencies", "compute_scale": True}, "True"),
+     ({"pacing": "dependencies", "compute_scale": "here"}, "here")],
+)  # fmt: skip
+def test_the_compute_column_says_whose_compute_the_step_keeps(
+    parameters: dict[str, object], shown: str
+) -> None:
+    assert compute_mode(parameters) == shown  # type: ignore[arg-type]
+
+
+def test_grpc_settings_and_raw_channel_options_sort_after_the_comparison_columns(
+    tmp_path: Path,
+) -> None:
+    document = _document()
+    result = dataclasses.replace(
+        document.benchmarks[0],
+        parameters={
+            **document.benchmarks[0].parameters,
+            "grpc_compression": "gzip",
+            "grpc.keepalive_time_ms": 1000,
+            "grpcx": "kept",
+            "trace": "/x.tfgbtrace",
+        },
+    )
+    values = hparam_values(document, result, "p2p-latency")
+    assert values["09 grpc compression"] == "gzip"
+    assert values["09 grpc keepalive_time_ms"] == "1000"
+    assert values["grpcx"] == "kept" and "trace" not in values and "grpc" not in values
+    summary = experiment_summary(values)
+    content = summary.value[0].metadata.plugin_data.content
+    experiment = hparams_metadata.parse_experiment_plugin_data(content)
+    infos = {info.name: info for info in experiment.hparam_infos}
+    assert infos["09 grpc compression"].display_name == "grpc compression"
+    assert infos["grpcx"].display_name == "grpcx"
+    assert infos["02 benchmark"].description == "p2p-latency, p2p-bandwidth or ps-throughput"
+    assert infos["serialized"].type == api_pb2.DATA_TYPE_BOOL
+    assert infos["01 network"].type == api_pb2.DATA_TYPE_STRING
+    assert [m.display_name for m in experiment.metric_infos][:4] == [
+        "MB/s", "RPCs/s", "step p50 (ms)", "predicted step (ms)",
+    ]  # fmt: skip
