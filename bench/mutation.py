@@ -318,20 +318,62 @@ def _pytest(folder: Path, tests: tuple[str, ...], markers: str, timeout_s: float
         return None
 
 
+def _enclosing_functions(source: str, module: str) -> list[tuple[int, int, str]]:
+    """(first line, last line, mutmut's name) of every function mutmut mutates in ``source``:
+    top-level functions (``<module>.x_<name>``) and methods (``<module>.xǁ<class>ǁ<name>``)."""
+    import ast
+
+    spans = []
+    for node in ast.parse(source).body:
+        members = [(node, f"x_{getattr(node, 'name', '')}")]
+        if isinstance(node, ast.ClassDef):
+            members = [
+                (item, f"x\u01c1{node.name}\u01c1{getattr(item, 'name', '')}") for item in node.body
+            ]
+        for item, name in members:
+            if isinstance(item, ast.FunctionDef | ast.AsyncFunctionDef):
+                spans.append((item.lineno, item.end_lineno or item.lineno, f"{module}.{name}"))
+    return spans
+
+
+def _tests_of(folder: Path, target: Target, source: str) -> dict[int, list[str] | None]:
+    """For each line of ``source``, the tests mutmut saw call its function, fastest first
+    (None: not in a function mutmut knows, run every test file)."""
+    stats_path = folder / "mutants" / "mutmut-stats.json"
+    if not stats_path.exists():
+        return {}
+    stats = json.loads(stats_path.read_text())
+    by_function = stats["tests_by_mangled_function_name"]
+    duration = stats.get("duration_by_test", {})
+    lines: dict[int, list[str] | None] = {}
+    for first, last, name in _enclosing_functions(source, _module_name(target.path)):
+        tests = sorted(by_function.get(name, ()), key=lambda t: duration.get(t, 0.0))
+        for line in range(first, last + 1):
+            lines[line] = tests
+    return lines
+
+
 def run_swaps(folder: Path, target: Target) -> dict[str, list[str]]:
     """Our operators over ``target``: each mutant put into the laid-out copy in turn and
-    the module's tests run against it.  A timeout counts as killed."""
+    the tests that call its function (as mutmut found them; the module's test files
+    where mutmut says nothing) run against it.  A mutant in a function no test calls
+    survives; a timeout counts as killed."""
     path = folder / "src" / _installed_path(target.path)
     original = path.read_text()
     started = time.monotonic()
     if _pytest(folder, target.tests, target.markers, 3600) != 0:
         raise SystemExit(f"{target.path}: its tests fail unmutated in {folder}")
     limit = max(60.0, 10 * (time.monotonic() - started))
+    tests_of = _tests_of(folder, target, original)
     outcome: dict[str, list[str]] = {"killed": [], "survived": []}
     try:
         for mutant in swap_mutants(original, target.functions):
+            tests = tests_of.get(mutant.line)
+            if tests == []:
+                outcome["survived"].append(mutant.describe(target.path))
+                continue
             path.write_text(mutant.apply(original))
-            status = _pytest(folder, target.tests, target.markers, limit)
+            status = _pytest(folder, tuple(tests or target.tests), target.markers, limit)
             killed = status is None or status not in (0, 5)
             outcome["killed" if killed else "survived"].append(mutant.describe(target.path))
     finally:
