@@ -185,7 +185,8 @@ def _trace_run(run_index: int, trace: Trace, factor: int, *, partial: bool) -> R
             )
             ends[worker_task] = max(ends[worker_task], start + latency)
         for worker in (2, 3):
-            step_times.append(ends[worker] - clock + 7_000 * step.index)
+            # Skewed: worker 1's later steps longer, so mean and median differ.
+            step_times.append(ends[worker] - clock + 1_500_000 * (worker - 2) * step.index)
             computes.append(2_000 * step.index + 500 * worker)
         clock = max(ends.values()) + 20_000
     return RunMeasurement(
