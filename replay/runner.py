@@ -29,6 +29,7 @@ from pathlib import Path
 
 from tf_grpc_bench import lifetime, trace_files
 from tf_grpc_bench.errors import ConfigError, NetworkError, TransportError, UsageError
+from tf_grpc_bench.host import memory_room
 from tf_grpc_bench.netns import namespaces
 from tf_grpc_bench.replay.core import planning
 from tf_grpc_bench.replay.core.measurement import (
@@ -44,7 +45,6 @@ from tf_grpc_bench.replay.core.workload import Mode, Shape, Workload
 from tf_grpc_bench.replay.network import netinfo
 from tf_grpc_bench.replay.output import document as results
 from tf_grpc_bench.replay.output.document_writer import write_document
-from tf_grpc_bench.replay.output.machine import available_memory_bytes
 from tf_grpc_bench.replay.transport import grpc_settings
 from tf_grpc_bench.replay.transport.client import ReplayClient
 from tf_grpc_bench.replay.transport.driver import Driver
@@ -739,7 +739,9 @@ def plan_workloads(
     check_stream_threads(fitted, rpcs, channels=settings.channels)
     pacings = tuple(pacing_for(w, kind, pacing) for w, kind in zip(fitted, rpcs, strict=True))
     planning.check_target_count(None if targets is None else len(targets), fitted)
-    planning.check_memory(fitted, pacings, available_memory_bytes())
+    room = memory_room()
+    if room is not None:
+        planning.check_memory(fitted, pacings, room.available_bytes, bound=room.bound)
     return Planned(workloads=tuple(fitted), rpcs=rpcs, pacings=pacings)
 
 

@@ -60,9 +60,11 @@ def test_memory_check_refuses_what_does_not_fit_and_names_the_step() -> None:
     in_flight, _ = planning.in_flight_bytes(workload, pacing)
     needed = in_flight * planning.MESSAGE_COPIES
     planning.check_memory([workload], [pacing], needed)
-    planning.check_memory([workload], [pacing], 0)  # unknown memory: no check
+    planning.check_memory([workload], [pacing], None)  # unknown memory: no check
     with pytest.raises(ConfigError, match=r"messages in flight at once \(trace step 0\)"):
         planning.check_memory([workload], [pacing], needed - 1)
+    with pytest.raises(ConfigError, match="bounded by its memory cgroup /job"):
+        planning.check_memory([workload], [pacing], 0, bound="its memory cgroup /job")
 
 
 def test_payloads_over_the_message_limit_are_refused_unless_chunked() -> None:

@@ -11,9 +11,11 @@ from __future__ import annotations
 import collections
 import json
 import signal
+import socket
 import struct
 import subprocess
 import sys
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -21,12 +23,18 @@ import grpc
 import pytest
 
 from tf_grpc_bench import trace_files
+from tf_grpc_bench.errors import TransportError
 from tf_grpc_bench.profiler.launch.ports import free_ports
 from tf_grpc_bench.protos import bench_pb2
 from tf_grpc_bench.replay.core.messages import ECHO_METHOD
 from tf_grpc_bench.replay.core.workload import Mode, echo_call, pull_call
 from tf_grpc_bench.replay.transport.client import ReplayClient
 from tf_grpc_bench.replay.transport.server import ReplayServer
+from tf_grpc_bench.replay.transport.sessions import (
+    PER_CLIENT_LIMIT,
+    established_connections,
+    tcp_endpoint,
+)
 from tf_grpc_bench.replay.transport.wire import (
     MAX_COUNTED_METHODS,
     MAX_METHOD_CHARS,
@@ -35,6 +43,7 @@ from tf_grpc_bench.replay.transport.wire import (
     SESSION_METADATA,
     STATS_METHOD,
     ChannelSettings,
+    RpcKind,
     ServerSettings,
     new_session_id,
     raw_pull_request,
@@ -226,6 +235,26 @@ def test_clients_sharing_a_server_each_get_their_own_counts_and_resets(mode: Mod
         assert server.stats().received_messages == 0  # nobody called without a session
 
 
+@pytest.mark.parametrize("rpc", list(RpcKind), ids=lambda kind: kind.value)
+def test_a_sessions_first_call_makes_it_whatever_the_call(mode: Mode, rpc: RpcKind) -> None:
+    echo = echo_call((100, 10_000), mode)
+    with ReplayServer(mode=mode) as server:
+        client = ReplayClient(
+            server.address,
+            mode=mode,
+            settings=ChannelSettings(session=new_session_id(), rpc=rpc),
+        )
+        try:
+            client.prepare([echo])
+            for _ in range(3):  # the first one makes the session on the server
+                client.invoke(echo, timeout_s=10)
+            stats = client.stats()
+        finally:
+            client.close()
+    assert stats.received_messages == 3 and stats.received_bytes == 3 * echo.request_bytes
+    assert server.session_count == 1
+
+
 def test_a_client_naming_no_session_is_answered_as_before_sessions() -> None:
     with ReplayServer() as server:
         client = _client(server)  # no session: the default one
@@ -257,31 +286,135 @@ def _raw_outcome(
     return "OK", ""
 
 
-def test_bad_session_names_and_sessions_beyond_the_limit_are_refused() -> None:
-    pull_request = struct.pack("<Q", 10)
-    with ReplayServer(settings=ServerSettings(max_sessions=2)) as server:
+def test_bad_session_names_are_refused() -> None:
+    with ReplayServer() as server:
         for bad in ("has space", "x" * 65, "semi;colon"):
             for method in (RECV_TENSOR, STATS_METHOD):
                 code, details = _raw_outcome(
-                    server.address, method, pull_request, ((SESSION_METADATA, bad),)
+                    server.address, method, struct.pack("<Q", 10), ((SESSION_METADATA, bad),)
                 )
                 assert code == "INVALID_ARGUMENT" and SESSION_METADATA in details
-        for session in ("one", "two"):
-            assert _raw_outcome(
-                server.address, RECV_TENSOR, pull_request, ((SESSION_METADATA, session),)
-            ) == ("OK", "")
-        for method in (RECV_TENSOR, STATS_METHOD):
-            code, details = _raw_outcome(
-                server.address, method, pull_request, ((SESSION_METADATA, "three"),)
+
+
+def _session_call(
+    channel: grpc.Channel, session: str, method: str = RECV_TENSOR
+) -> tuple[str, str]:
+    """(status name, details) of one 10-byte raw pull (or control call) naming ``session``."""
+    try:
+        channel.unary_unary(method, None, None)(
+            struct.pack("<Q", 10), timeout=30, metadata=((SESSION_METADATA, session),)
+        )
+    except grpc.RpcError as error:
+        return error.code().name, error.details() or ""
+    return "OK", ""
+
+
+def test_a_full_table_keeps_the_sessions_of_connected_clients_and_reclaims_those_that_left() -> (
+    None
+):
+    with ReplayServer(settings=ServerSettings(max_sessions=2)) as server:
+        one, two, three = (_connection(server.address) for _ in range(3))
+        try:
+            assert _session_call(one, "one") == ("OK", "")
+            assert _session_call(two, "two", STATS_METHOD) == ("OK", "")
+            for method in (RECV_TENSOR, STATS_METHOD):
+                code, details = _session_call(three, "three", method)
+                assert code == "RESOURCE_EXHAUSTED"
+                assert "at most 2 client sessions at once" in details
+                assert "still connected" in details
+            # Those it has, and calls naming none, are still served.
+            assert _session_call(one, "one") == ("OK", "")
+            assert _raw_outcome(server.address, RECV_TENSOR, struct.pack("<Q", 10), None) == (
+                "OK",
+                "",
             )
-            assert code == "RESOURCE_EXHAUSTED" and "at most 2 client sessions" in details
-        # Those it has, and calls naming none, are still served.
-        assert _raw_outcome(
-            server.address, RECV_TENSOR, pull_request, ((SESSION_METADATA, "one"),)
-        ) == ("OK", "")
-        assert _raw_outcome(server.address, RECV_TENSOR, pull_request, None) == ("OK", "")
-        assert server.session_count == 2
-        assert server.stats("one").received_messages == 2
+            one.close()  # its client leaves: its session's room is free again
+            assert _until_served(three, "three") == ("OK", "")
+            assert server.session_count == 2
+            assert server.stats("two").received_messages == 0
+        finally:
+            for channel in (one, two, three):
+                channel.close()
+
+
+def _connection(address: str) -> grpc.Channel:
+    """A channel of its own TCP connection (grpcio shares one between channels otherwise)."""
+    return grpc.insecure_channel(address, options=[("grpc.use_local_subchannel_pool", 1)])
+
+
+def _until_served(channel: grpc.Channel, session: str) -> tuple[str, str]:
+    """A call naming ``session`` repeated until it is served (the server sees a
+    connection end once the kernel has closed it), at most for a minute."""
+    outcome = ("", "")
+    for _ in range(600):
+        outcome = _session_call(channel, session)
+        if outcome[0] != "RESOURCE_EXHAUSTED":
+            return outcome
+        time.sleep(0.1)
+    return outcome
+
+
+def test_one_client_inventing_sessions_is_refused_past_its_share_and_others_are_served() -> None:
+    with ReplayServer() as server, grpc.insecure_channel(server.address) as flood:
+        outcomes = [_session_call(flood, f"flood-{n}") for n in range(300)]
+        assert [code for code, _ in outcomes[:PER_CLIENT_LIMIT]] == ["OK"] * PER_CLIENT_LIMIT
+        for code, details in outcomes[PER_CLIENT_LIMIT:]:
+            assert code == "RESOURCE_EXHAUSTED"
+            assert f"at most {PER_CLIENT_LIMIT} per client" in details
+        # The sessions it has still work; another client is served as ever.
+        assert _session_call(flood, "flood-0") == ("OK", "")
+        assert server.session_count == PER_CLIENT_LIMIT
+        call = pull_call(
+            method=RECV_TENSOR, request_bytes=64, response_bytes=100, mode=Mode.NON_SERIALIZED
+        )
+        client = _client(server, session=new_session_id())
+        try:
+            client.invoke(call, timeout_s=10)
+            assert client.stats().received_messages == 1
+        finally:
+            client.close()
+
+
+def test_a_session_flood_then_a_normal_replay_on_the_same_serve(
+    tmp_path: Path, start_serve: ServeFactory
+) -> None:
+    _, target = start_serve()
+    # Hundreds of one-byte calls, each naming a session of its own: from one client
+    # that stays connected, then from as many clients that come and go.
+    with _connection(target) as flood:
+        from_one = [_session_call(flood, f"one-{n}")[0] for n in range(300)]
+        from_many = []
+        for n in range(300):
+            with _connection(target) as passing:
+                from_many.append(_session_call(passing, f"many-{n}")[0])
+        completed = subprocess.run(
+            [CLI, "replay", "--synthetic", "--duration", "0.3", "--warmup", "0", "--runs", "1",
+             "--quiet", "--target", target, "--output-dir", str(tmp_path / "out")],
+            capture_output=True, text=True, timeout=300, check=False,
+        )  # fmt: skip
+    assert completed.returncode == 0, completed.stderr
+    assert from_one.count("OK") == PER_CLIENT_LIMIT
+    assert from_many == ["OK"] * 300
+
+
+def test_a_locked_out_client_is_told_the_session_limit_not_the_message_size() -> None:
+    settings = ServerSettings(max_sessions=1)
+    with ReplayServer(settings=settings) as server, _connection(server.address) as holder:
+        assert _session_call(holder, "holder") == ("OK", "")
+        client = ReplayClient(
+            server.address,
+            mode=Mode.NON_SERIALIZED,
+            settings=ChannelSettings(session=new_session_id()),
+        )
+        try:
+            with pytest.raises(TransportError) as refused:
+                client.check_server(10)
+        finally:
+            client.close()
+    message = str(refused.value)
+    assert "refused by the server [RESOURCE_EXHAUSTED]" in message
+    assert "at most 1 client sessions at once" in message
+    assert "message too large" not in message
 
 
 def test_made_up_method_paths_are_counted_within_bounds() -> None:
@@ -554,3 +687,25 @@ def test_one_serve_under_four_clients_keeps_flat_memory_after_warm_up(
         f"serve grew {grown / MIB:.1f} MiB over {trace_calls} trace calls and the synthetic "
         f"clients' after warm-up (from {baseline / MIB:.1f} MiB)"
     )
+
+
+@pytest.mark.parametrize("host", ["127.0.0.1", "::1"])
+def test_the_kernels_table_lists_a_connection_while_it_is_established(host: str) -> None:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family) as listener:
+        listener.bind((host, 0))
+        listener.listen()
+        client = socket.socket(family)
+        client.connect(listener.getsockname()[:2])
+        accepted, _ = listener.accept()
+        port = client.getsockname()[1]
+        peer = f"ipv6:[{host}]:{port}" if family == socket.AF_INET6 else f"ipv4:{host}:{port}"
+        endpoint = tcp_endpoint(peer)
+        try:
+            assert endpoint is not None and endpoint in (established_connections() or ())
+        finally:
+            client.close()
+        assert endpoint not in (established_connections() or ())
+        accepted.close()
+    assert tcp_endpoint("unix:/tmp/socket") is None
+    assert tcp_endpoint("ipv6:[::ffff:10.1.2.3]:80") == tcp_endpoint("ipv4:10.1.2.3:80")

@@ -206,11 +206,16 @@ def _recorded_window(pacing: Pacing) -> bool:
 
 
 def check_memory(
-    workloads: Sequence[Workload], pacings: Sequence[Pacing], available_bytes: int
+    workloads: Sequence[Workload],
+    pacings: Sequence[Pacing],
+    available_bytes: int | None,
+    *,
+    bound: str = "the machine's MemAvailable",
 ) -> None:
     """ConfigError if the messages a workload can have in flight (times the copies a
-    host holds of each) do not fit in ``available_bytes`` (0 or less: unknown, no check)."""
-    if available_bytes <= 0:
+    host holds of each) do not fit in ``available_bytes`` (None: unknown, no check),
+    the memory this process may take as ``bound`` says (``host.memory_room``)."""
+    if available_bytes is None:
         return
     for workload, pacing in zip(workloads, pacings, strict=True):
         in_flight, step = in_flight_bytes(workload, pacing)
@@ -221,8 +226,9 @@ def check_memory(
                 f"the {workload.benchmark.value} workload can have {in_flight / 1e9:.2f} GB of "
                 f"messages in flight at once{where}; with the copies sender, gRPC and receiver "
                 f"hold that needs about {needed / 1e9:.1f} GB, more than the "
-                f"{available_bytes / 1e9:.1f} GB of memory this machine has available "
-                "(smaller messages, fewer workers or a smaller --outstanding)"
+                f"{available_bytes / 1e9:.1f} GB of memory this process may take "
+                f"(bounded by {bound}; smaller messages, fewer workers or a smaller "
+                "--outstanding)"
             )
 
 

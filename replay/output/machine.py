@@ -137,11 +137,6 @@ def _memory_bytes(meminfo: Path, field: str = "MemTotal") -> int:
     return -1
 
 
-def available_memory_bytes(*, proc: Path = Path("/proc")) -> int:
-    """Memory the kernel says new work can have now (``MemAvailable``); -1 if unknown."""
-    return _memory_bytes(proc / "meminfo", "MemAvailable")
-
-
 def describe_machine(*, proc: Path = Path("/proc")) -> MachineInfo:
     """Describe this host.  Reads ``/proc`` and installed package metadata."""
     return MachineInfo(

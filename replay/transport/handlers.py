@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import hmac
 import os
-import threading
 import time
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
@@ -20,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 import grpc
 
 from tf_grpc_bench.errors import TransportError
+from tf_grpc_bench.host import memory_room
 from tf_grpc_bench.protos import bench_pb2, bench_pb2_grpc
 from tf_grpc_bench.replay.core.messages import (
     ECHO_METHOD,
@@ -28,7 +28,12 @@ from tf_grpc_bench.replay.core.messages import (
     RAW_PULL_HEADER_BYTES,
 )
 from tf_grpc_bench.replay.core.workload import Mode
-from tf_grpc_bench.replay.transport.sessions import Session, Sessions, cpu_ns
+from tf_grpc_bench.replay.transport.response_memory import (
+    MEMORY_CHECKED_BYTES,
+    Refused,
+    ResponseMemory,
+)
+from tf_grpc_bench.replay.transport.sessions import Refusal, Session, Sessions, cpu_ns
 from tf_grpc_bench.replay.transport.siblings import SIBLING_METADATA, Siblings, merge_stats
 from tf_grpc_bench.replay.transport.wire import (
     CONTROL_SERVICE,
@@ -53,9 +58,6 @@ from tf_grpc_bench.replay.transport.wire import (
 
 #: Method handlers kept per session (beyond them, handlers are made per call).
 MAX_CACHED_HANDLERS = 64
-#: Responses at least this large that are not already made are checked against
-#: the memory the machine has available before they are made.
-MEMORY_CHECKED_BYTES = 64 * 1024 * 1024
 #: Most bytes of responses a server makes once and keeps (``PayloadBytes``).
 PAYLOAD_CACHE_BYTES = 2 * 1024**3
 
@@ -65,13 +67,12 @@ class ServerState:
 
     def __init__(self, mode: Mode, settings: ServerSettings) -> None:
         self.mode = mode
-        available = _available_memory_bytes()
-        # Responses made once and kept: at most a quarter of the memory available
-        # at start, so that clients asking for many sizes cannot hold the machine's.
-        self.payloads = PayloadBytes(
-            PAYLOAD_CACHE_BYTES if available is None else min(PAYLOAD_CACHE_BYTES, available // 4)
-        )
-        self._large_responses = threading.Lock()
+        room = memory_room()
+        # Responses made once and kept: at most a quarter of the memory this process
+        # may take at start, so that clients asking for many sizes cannot hold it.
+        cache_bytes = PAYLOAD_CACHE_BYTES if room is None else room.available_bytes // 4
+        self.payloads = PayloadBytes(min(PAYLOAD_CACHE_BYTES, cache_bytes))
+        self.memory = ResponseMemory()
         self.address = ""
         #: The other processes serving the same address (``--procs-per-server``), if any.
         self.siblings: Siblings | None = None
@@ -103,7 +104,9 @@ class ServerState:
         self, content_bytes: int, message_bytes: int, context: grpc.ServicerContext
     ) -> bytes:
         """The ``content_bytes`` a pull asks for (a ``message_bytes`` response), or an
-        abort with RESOURCE_EXHAUSTED saying why not, before anything is allocated."""
+        abort with RESOURCE_EXHAUSTED saying why not, before anything is allocated.
+
+        A large response holds its memory (``ResponseMemory``) until its call ends."""
         if content_bytes > self.max_response or message_bytes > self.send_limit:
             context.abort(
                 grpc.StatusCode.RESOURCE_EXHAUSTED,
@@ -111,31 +114,17 @@ class ServerState:
                 f"at most {min(self.max_response, self.send_limit)} (serve --max-response, "
                 "--max-message-size)",
             )
-        if content_bytes < MEMORY_CHECKED_BYTES or self.payloads.holds(content_bytes):
+        if content_bytes < MEMORY_CHECKED_BYTES:
             return self.payloads.get(content_bytes)
-        # One large response made at a time, each against what the ones before left.
-        with self._large_responses:
-            available = _available_memory_bytes()
-            # The response's bytes and gRPC's copy of them.
-            if available is not None and 2 * content_bytes > available:
-                context.abort(
-                    grpc.StatusCode.RESOURCE_EXHAUSTED,
-                    f"a response of {content_bytes} bytes was asked for; this server's "
-                    f"machine has {available} bytes of memory available",
-                )
-            return self.payloads.get(content_bytes)
-
-
-def _available_memory_bytes() -> int | None:
-    """``MemAvailable`` of /proc/meminfo, or None where there is none."""
-    try:
-        with open("/proc/meminfo", encoding="ascii") as meminfo:
-            for line in meminfo:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        return None
-    return None
+        client = context.peer()
+        try:
+            held = self.memory.reserve(content_bytes, client)
+        except Refused as refusal:
+            context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(refusal))
+            raise AssertionError("abort returned") from None  # grpc's abort always raises
+        if not context.add_callback(lambda: self.memory.release(client, held)):
+            self.memory.release(client, held)  # the call has ended already
+        return self.payloads.get(content_bytes)
 
 
 def _serialized_response_bytes(content_bytes: int) -> int:
@@ -246,14 +235,7 @@ class Handlers(_GenericHandler):
             grpc.StatusCode.INVALID_ARGUMENT,
             f"{SESSION_METADATA}: expected 1-64 letters, digits, '-' or '_'",
         )
-        self._no_room = (
-            grpc.StatusCode.RESOURCE_EXHAUSTED,
-            f"this server counts at most {state.sessions.limit} client sessions at once, "
-            "all busy; try again later",
-        )
-        self._refusals = {
-            refusal: _refusal_handler(*refusal) for refusal in (self._bad_session, self._no_room)
-        }
+        self._bad_session_handler = _refusal_handler(*self._bad_session)
 
     def service(
         self, handler_call_details: grpc.HandlerCallDetails
@@ -275,9 +257,15 @@ class Handlers(_GenericHandler):
         control = self._control.get(method)
         if control is not None:
             return control  # it finds the session (and checks the token) itself
-        session = self._admit(session_id)
-        if isinstance(session, tuple):
-            return self._refusals[session]
+        if session_id and not SESSION_ID.fullmatch(session_id):
+            return self._bad_session_handler
+        session = self._sessions.known(session_id)
+        if session is not None:
+            return self._cached(method, session)
+        return self._admitting(method, session_id)
+
+    def _cached(self, method: str, session: Session) -> grpc.RpcMethodHandler[Any, Any] | None:
+        """``session``'s handler of ``method``, kept for its next calls while there is room."""
         handler = self._make(method, session)
         if (
             handler is not None
@@ -296,14 +284,51 @@ class Handlers(_GenericHandler):
             return _raw_handler(self._state, session.counters, method)
         return _serialized_handler(self._state, session, method)
 
-    def _admit(self, session_id: str) -> Session | tuple[grpc.StatusCode, str]:
-        """A session met for the first time, or why it is refused."""
-        if session_id and not SESSION_ID.fullmatch(session_id):
-            return self._bad_session
-        return self._state.sessions.get(session_id) or self._no_room
+    def _admitting(self, method: str, session_id: str) -> grpc.RpcMethodHandler[Any, Any] | None:
+        """The handler of a new session's first call: it makes the session for the
+        calling client (the call's context names it), or refuses the call saying why,
+        and then answers as the session's own handler does."""
+        template = self._make(method, Session(session_id))  # its (de)serializers only
+        if template is None:
+            return None
+
+        def admitted(context: grpc.ServicerContext) -> grpc.RpcMethodHandler[Any, Any]:
+            try:
+                session = self._sessions.get(session_id, context.peer())
+            except Refusal as refusal:
+                context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(refusal))
+                raise AssertionError("abort returned") from None  # grpc's abort always raises
+            handler = session.handlers.get(method) or self._cached(method, session)
+            assert handler is not None  # the template was made for the same method
+            return handler
+
+        if template.response_streaming:
+
+            def each(requests: Iterator[Any], context: grpc.ServicerContext) -> Iterator[Any]:
+                behaviour = admitted(context).stream_stream
+                assert behaviour is not None  # a streaming template's method streams
+                yield from behaviour(requests, context)
+
+            return grpc.stream_stream_rpc_method_handler(
+                each,
+                request_deserializer=template.request_deserializer,
+                response_serializer=template.response_serializer,
+            )
+
+        def one(request: Any, context: grpc.ServicerContext) -> Any:
+            behaviour = admitted(context).unary_unary
+            assert behaviour is not None  # a unary template's method is unary
+            return behaviour(request, context)
+
+        return grpc.unary_unary_rpc_method_handler(
+            one,
+            request_deserializer=template.request_deserializer,
+            response_serializer=template.response_serializer,
+        )
 
     def _control_session(self, context: grpc.ServicerContext) -> Session:
-        """The session a control call names, once its token is checked (aborts otherwise)."""
+        """The session a control call names, once its token is checked (aborts otherwise);
+        made for the calling client if new."""
         metadata = context.invocation_metadata()
         token = self._state.control_token
         if token is not None:
@@ -313,11 +338,18 @@ class Handlers(_GenericHandler):
                     grpc.StatusCode.UNAUTHENTICATED,
                     f"missing or wrong token ({TOKEN_METADATA})",
                 )
-        session = self._admit(session_of(metadata))
-        if isinstance(session, tuple):
-            context.abort(*session)
-            raise AssertionError("abort returned")  # grpc's abort always raises
-        session.control_ns = time.monotonic_ns()
+        session_id = session_of(metadata)
+        if session_id and not SESSION_ID.fullmatch(session_id):
+            context.abort(*self._bad_session)
+        # A call another process serving this address passes on is not its client's.
+        forwarded = any(key == SIBLING_METADATA for key, _ in metadata)
+        peer = None if forwarded else context.peer()
+        try:
+            session = self._sessions.get(session_id, peer)
+        except Refusal as refusal:
+            context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(refusal))
+            raise AssertionError("abort returned") from None  # grpc's abort always raises
+        self._sessions.touch(session, peer)
         return session
 
     def _to_siblings(self, context: grpc.ServicerContext) -> Siblings | None:

@@ -34,6 +34,7 @@ What each call gets is in ``handlers`` (the sessions in ``sessions``);
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import socket
 from collections.abc import Sequence
@@ -45,6 +46,7 @@ import grpc
 from tf_grpc_bench.errors import ServeError
 from tf_grpc_bench.replay.core.workload import Mode
 from tf_grpc_bench.replay.transport.handlers import Handlers, ServerState
+from tf_grpc_bench.replay.transport.sessions import Refusal
 from tf_grpc_bench.replay.transport.siblings import Siblings
 from tf_grpc_bench.replay.transport.wire import ServerSettings, ServerStats
 
@@ -198,9 +200,10 @@ class ReplayServer:
 
     def stats(self, session: str = "") -> ServerStats:
         """What ``session`` (default: calls naming none) counted since its reset."""
-        found = self._state.sessions.get(session)
-        if found is None:
-            raise ServeError(f"no room for session {session!r}")
+        try:
+            found = self._state.sessions.get(session)
+        except Refusal as refusal:
+            raise ServeError(f"session {session!r}: {refusal}") from None
         return self._state.stats(found)
 
     def reset(self, session: str | None = None) -> None:
@@ -208,8 +211,9 @@ class ReplayServer:
         if session is None:
             for each in self._state.sessions.all():
                 each.reset()
-        elif (found := self._state.sessions.get(session)) is not None:
-            found.reset()
+        else:
+            with contextlib.suppress(Refusal):  # no room: nothing of it to reset
+                self._state.sessions.get(session).reset()
 
     def received(self) -> tuple[int, int]:
         """Bytes and messages received from every client over the server's life."""

@@ -115,8 +115,20 @@ MAX_PENDING_CALLS = 16384
 #: reason).  A client's deadline ends a call that waits too long, visibly.
 MAX_PENDING_CALL_WAIT_S = 3600
 
+#: A server pings each client this often (even one with no call in flight) and closes
+#: the connection of a client that does not answer within the timeout, so a client
+#: that vanished (its host down, its network gone) leaves no connection behind and
+#: its sessions are free to be reclaimed (``sessions``).
+SERVER_KEEPALIVE_MS = 60_000
+SERVER_KEEPALIVE_TIMEOUT_MS = 20_000
+
 _SERVER_DEFAULTS: tuple[tuple[str, int], ...] = (
     *_SIZE_OPTIONS,
+    ("grpc.keepalive_time_ms", SERVER_KEEPALIVE_MS),
+    ("grpc.keepalive_timeout_ms", SERVER_KEEPALIVE_TIMEOUT_MS),
+    ("grpc.keepalive_permit_without_calls", 1),
+    # Else it stops pinging a connection after two pings that carried no data.
+    ("grpc.http2.max_pings_without_data", 0),
     # gRPC sets SO_REUSEPORT by default, which lets a second server bind a
     # port already in use and silently share it: refuse that.
     ("grpc.so_reuseport", 0),
@@ -435,7 +447,11 @@ def translate_rpc_error(error: grpc.RpcError, *, target: str, method: str) -> Tr
     elif code is grpc.StatusCode.DEADLINE_EXCEEDED:
         what = "no answer within the deadline (--deadline)"
     elif code is grpc.StatusCode.RESOURCE_EXHAUSTED:
-        what = "message too large or server overloaded"
+        # gRPC's own refusal of a message past a size limit says "larger than max";
+        # a tf-grpc-bench server's refusals say which of its limits (sessions,
+        # response size, memory) the call met.
+        too_large = "larger than max" in detail
+        what = "message too large (--max-message-size)" if too_large else "refused by the server"
     elif code is grpc.StatusCode.UNAUTHENTICATED:
         what = (
             "the server's control calls need its token: give replay --token-file the file "

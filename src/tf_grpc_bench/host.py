@@ -3,14 +3,17 @@
 A trace's compute is the capture machine's: the trace names that machine so
 that a replay elsewhere knows to scale it (``calibration``) or to say whose
 compute its prediction carries; and how busy the machine is (``/proc/stat``),
-so that a measurement can tell whether it had the machine to itself.  Reads
-``/proc`` only.
+so that a measurement can tell whether it had the machine to itself; and how
+much memory this process may still take (``memory_room``: its memory cgroup's
+limit, where it has one, or the machine's).  Reads ``/proc`` and the cgroup
+file systems only.
 """
 
 from __future__ import annotations
 
 import os
 import platform
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -146,3 +149,161 @@ def others_cpu_share(
     hertz = ticks_per_s or os.sysconf("SC_CLK_TCK")
     others = end.busy_ticks - begin.busy_ticks - own_cpu_ns * hertz / 1e9
     return min(1.0, max(0.0, others / total))
+
+
+# --------------------------------------------------------------------------
+# Memory: what this process may still take before something stops it.
+
+#: A cgroup v1 memory limit at or above this is no limit (the kernel writes its
+#: largest page count times the page size, 0x7ffffffffffff000 on x86-64).
+_V1_NO_LIMIT_BYTES = 1 << 62
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class MemoryRoom:
+    """How many more bytes this process may take now, and what bounds them."""
+
+    available_bytes: int
+    #: The bound, as a sentence's end reads it: "the machine's MemAvailable" or
+    #: "its memory cgroup /job (limit 3221225472 B)".
+    bound: str
+
+    def __post_init__(self) -> None:
+        if self.available_bytes < 0:
+            raise ValueError(f"available_bytes must be >= 0, got {self.available_bytes}")
+
+
+def memory_room(*, proc: Path = Path("/proc")) -> MemoryRoom | None:
+    """The least room of the machine (``MemAvailable``) and of every memory cgroup this
+    process is in, up to the root (cgroup v2 ``memory.max`` less ``memory.current``,
+    v1 ``memory.limit_in_bytes`` less ``memory.usage_in_bytes``, each less the page
+    cache it can drop at once): what a container, a Kubernetes pod or a Slurm job
+    with ``--mem`` leaves.  None where none of them can be read.
+
+    Reads a handful of small files (microseconds); call it when sizing, not per call.
+    """
+    rooms = _cgroup_rooms(proc)
+    machine = _meminfo_bytes(proc / "meminfo", "MemAvailable")
+    if machine is not None:
+        rooms.append(MemoryRoom(available_bytes=machine, bound="the machine's MemAvailable"))
+    return min(rooms, key=lambda room: room.available_bytes, default=None)
+
+
+def _meminfo_bytes(meminfo: Path, field: str) -> int | None:
+    """A ``/proc/meminfo`` field in bytes; None where there is none."""
+    try:
+        text = meminfo.read_text(errors="replace")
+    except OSError:
+        return None
+    for line in text.splitlines():
+        fields = line.split()
+        if fields[:1] == [f"{field}:"] and len(fields) >= 2 and fields[1].isdigit():
+            return int(fields[1]) * (1024 if fields[2:3] == ["kB"] else 1)
+    return None
+
+
+@dataclass(frozen=True, slots=True)
+class _Hierarchy:
+    """One mounted cgroup hierarchy holding this process's memory cgroup."""
+
+    #: This process's cgroup folder, and the hierarchy's mount point above it.
+    folder: Path
+    mount: Path
+    #: The cgroup's path as ``/proc/self/cgroup`` names it.
+    name: str
+    version: int
+
+
+def _cgroup_rooms(proc: Path) -> list[MemoryRoom]:
+    """The room each limited memory cgroup this process is in leaves it."""
+    rooms = []
+    for hierarchy in _memory_hierarchies(proc):
+        folder = hierarchy.folder
+        while True:
+            room = _cgroup_room(folder, hierarchy)
+            if room is not None:
+                rooms.append(room)
+            if folder == hierarchy.mount or folder.parent == folder:
+                break
+            folder = folder.parent
+    return rooms
+
+
+def _memory_hierarchies(proc: Path) -> list[_Hierarchy]:
+    """Where this process's memory cgroups are mounted: the v2 one and the v1 memory one."""
+    try:
+        membership = (proc / "self" / "cgroup").read_text()
+        mounts = (proc / "self" / "mountinfo").read_text()
+    except OSError:
+        return []
+    names: dict[int, str] = {}
+    for line in membership.splitlines():
+        number, _, rest = line.partition(":")
+        controllers, _, name = rest.partition(":")
+        if number == "0" and not controllers:
+            names[2] = name
+        elif "memory" in controllers.split(","):
+            names[1] = name
+    found = []
+    for line in mounts.splitlines():
+        fields = line.split()
+        if "-" not in fields[6:]:
+            continue
+        after = fields.index("-", 6)
+        kind, options = fields[after + 1], fields[after + 3 : after + 4]
+        version = 2 if kind == "cgroup2" else 1 if kind == "cgroup" else 0
+        if version == 1 and "memory" not in ",".join(options).split(","):
+            continue
+        if version not in names:
+            continue
+        name = names.pop(version)
+        root, mount = _unescape(fields[3]).rstrip("/"), Path(_unescape(fields[4]))
+        if name != root and not name.startswith(root + "/"):
+            continue  # the process's cgroup lies outside what is mounted here
+        relative = name[len(root) :].strip("/")
+        found.append(_Hierarchy(mount / relative if relative else mount, mount, name, version))
+    return found
+
+
+def _unescape(field: str) -> str:
+    """A ``mountinfo`` path field, whose spaces and the like are octal escapes (``\\040``)."""
+    return re.sub(r"\\([0-7]{3})", lambda match: chr(int(match[1], 8)), field)
+
+
+def _cgroup_room(folder: Path, hierarchy: _Hierarchy) -> MemoryRoom | None:
+    """What the cgroup at ``folder`` leaves, if it has a memory limit."""
+    if hierarchy.version == 2:
+        files = ("memory.max", "memory.current", "inactive_file")
+    else:
+        files = ("memory.limit_in_bytes", "memory.usage_in_bytes", "total_inactive_file")
+    limit, used = _read_count(folder / files[0]), _read_count(folder / files[1])
+    if limit is None or used is None or limit >= _V1_NO_LIMIT_BYTES:
+        return None
+    droppable = _memory_stat(folder / "memory.stat", files[2])
+    name = "/" + str(folder.relative_to(hierarchy.mount)).removeprefix(".").lstrip("/")
+    return MemoryRoom(
+        available_bytes=max(0, limit - max(0, used - droppable)),
+        bound=f"its memory cgroup {name} (limit {limit} B)",
+    )
+
+
+def _read_count(path: Path) -> int | None:
+    """A cgroup file holding one count; None where it is missing, unlimited ("max") or not one."""
+    try:
+        text = path.read_text().strip()
+    except OSError:
+        return None
+    return int(text) if text.isdigit() else None
+
+
+def _memory_stat(path: Path, field: str) -> int:
+    """One field of a cgroup's ``memory.stat``; 0 where it has none."""
+    try:
+        text = path.read_text()
+    except OSError:
+        return 0
+    for line in text.splitlines():
+        key, _, value = line.partition(" ")
+        if key == field and value.strip().isdigit():
+            return int(value)
+    return 0
