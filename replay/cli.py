@@ -352,7 +352,10 @@ def _add_timing_flags(parser: argparse.ArgumentParser) -> None:
         "--speedup", type=float, default=None, help="recorded pacing: replay N times faster"
     )
     timing.add_argument(
-        "--deadline", type=float, default=60.0, help="deadline of each call, seconds (default 60)"
+        "--deadline",
+        type=float,
+        default=60.0,
+        help="deadline of each call (the chunks of one payload share one), seconds (default 60)",
     )
     timing.add_argument(
         "--connect-timeout",

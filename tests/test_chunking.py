@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from dataclasses import replace
 from pathlib import Path
 
@@ -26,11 +28,14 @@ from tf_grpc_bench.replay.core.workload import (
     pull_call,
 )
 from tf_grpc_bench.replay.runner import RunPlan, run_benchmark
+from tf_grpc_bench.replay.transport.driver import EXPIRED_TIMEOUT_S, PayloadDeadlines
 from tf_grpc_bench.replay.transport.grpc_settings import GrpcSettings
 from tf_grpc_bench.replay.transport.server import ReplayServer
 from tf_grpc_bench.sizes import SizeCategory
 
 from .conftest import make_trace
+
+CLI = str(Path(sys.executable).parent / "tf-grpc-bench")
 
 CHUNK = 256 * 1024
 
@@ -162,9 +167,11 @@ def test_a_pull_is_cut_into_pulls_of_the_same_tensor_step_and_pair(mode: Mode) -
             1,
             True,
         )
+    assert [(c.chunk_index, c.chunk_count) for c in chunks] == [(0, 3), (1, 3), (2, 3)]
     fits = _pull(mode, response_bytes=1000)
     assert chunk_call(fits, Limit(1000), mode) == (fits,)
     assert chunk_call(fits, Limit(0), mode) == (fits,)
+    assert (fits.chunk_index, fits.chunk_count) == (0, 1)
 
 
 def test_an_ack_payload_is_cut_across_its_buffers() -> None:
@@ -325,3 +332,36 @@ def test_a_serialized_workload_is_cut_in_serialized_mode() -> None:
     )
     chunked = chunk_workload(workload, Limit(1000))
     assert [c.response_bytes for c in chunked.calls] == [1000, 1000, 0]
+
+
+# --------------------------------------------------------------------------
+# One deadline for the chunks of one payload.
+
+
+def test_the_chunks_of_a_payload_share_the_deadline_its_first_chunk_got() -> None:
+    now = [0]
+    deadlines = PayloadDeadlines(2.0, lambda: now[0])
+    whole = _pull(Mode.NON_SERIALIZED, response_bytes=10)
+    first, second, third = chunk_call(_pull(Mode.NON_SERIALIZED), Limit(1000), Mode.NON_SERIALIZED)
+    assert deadlines.timeout_s(first, 5) == 2.0
+    now[0] = 1_500_000_000
+    assert deadlines.timeout_s(whole, 8) == 2.0  # a whole payload gets its own
+    assert deadlines.timeout_s(second, 6) == pytest.approx(0.5)
+    now[0] = 3_000_000_000
+    assert deadlines.timeout_s(third, 7) == EXPIRED_TIMEOUT_S
+    # Another payload's chunks start a deadline of their own.
+    assert deadlines.timeout_s(first, 9) == 2.0
+
+
+def test_a_payload_of_a_terabyte_in_chunks_ends_at_its_deadline(tmp_path: Path) -> None:
+    path = tmp_path / "huge.tfgbtrace"
+    trace_files.write_trace(make_trace(steps=1, sizes=(10**12,)), path)
+    completed = subprocess.run(
+        [CLI, "replay", str(path), "--benchmark", "p2p-latency", "--chunk-size", "64MB",
+         "--deadline", "2", "--output-dir", str(tmp_path / "out"), "--quiet"],
+        capture_output=True, text=True, timeout=600, check=False,
+    )  # fmt: skip
+    assert completed.returncode != 0
+    (line,) = completed.stderr.splitlines()
+    assert "[DEADLINE_EXCEEDED]" in line and "--deadline bounds them together" in line
+    assert f"of the {-(-(10**12) // 2**26)} that carry one payload" in line  # 64 MiB chunks

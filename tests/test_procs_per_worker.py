@@ -18,6 +18,7 @@ import pytest
 from tf_grpc_bench import trace_files
 from tf_grpc_bench.errors import ConfigError
 from tf_grpc_bench.replay import cli, throughput
+from tf_grpc_bench.replay.core.chunking import chunk_workload
 from tf_grpc_bench.replay.core.generators import GeneratorConfig, GeneratorKind
 from tf_grpc_bench.replay.core.measurement import Benchmark, BenchmarkResult, RunMeasurement
 from tf_grpc_bench.replay.core.pacing import Pacing, Timing
@@ -35,6 +36,7 @@ from tf_grpc_bench.replay.core.workload import Mode, Workload
 from tf_grpc_bench.replay.runner import RunPlan, procs_per_worker_for, run_benchmark
 from tf_grpc_bench.replay.throughput import measure_throughput
 from tf_grpc_bench.replay.transport.client import ReplayClient
+from tf_grpc_bench.replay.transport.grpc_settings import GrpcSettings
 from tf_grpc_bench.replay.transport.local_servers import LocalServers
 from tf_grpc_bench.replay.transport.loop import open_clients
 from tf_grpc_bench.replay.transport.wire import ChannelSettings
@@ -106,6 +108,24 @@ def test_fewer_ps_than_processes_spread_one_ps_by_tensor_balanced_by_bytes() -> 
     assert process_loads(workload, split) == (2 * 1120, 2 * 1120)
     # More processes than tensors: a process per tensor, no idle ones.
     assert split_worker(workload, 7).count == 4
+
+
+def test_the_chunks_of_one_payload_stay_in_one_process() -> None:
+    synthetic = synthetic_workload(
+        Benchmark.PS_THROUGHPUT,
+        GeneratorConfig(payload_count=5, buffers_per_payload=3),
+        mode=Mode.NON_SERIALIZED,
+        ps_count=1,
+        worker_count=1,
+    )
+    workload = chunk_workload(synthetic, GrpcSettings(chunk_bytes=1024)).for_worker(0)
+    split = split_worker(workload, 3)
+    assert split.count > 1
+    for step, owners in zip(workload.steps, split.owners, strict=True):
+        for position, call in enumerate(step.calls):
+            first = position - call.chunk_index
+            assert owners[position] == owners[first]
+    assert any(call.chunk_count > 1 for call in workload.calls)
 
 
 @pytest.mark.parametrize("text", ["0", "-1", "65", "1.5", "two", ""])

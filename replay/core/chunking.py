@@ -10,7 +10,8 @@ chunk's call.  ``limit`` is anything with a ``chunk_bytes`` (``GrpcSettings``
 is one).  The bytes of the cut direction add up to the original's (less
 per-message overhead in serialized mode, where sizes are as close as protobuf
 allows); order within a step is kept, the chunks of one tensor next to each
-other.
+other, numbered (``Call.chunk_index`` of ``chunk_count``) so that the
+driver gives the chunks of one payload one deadline together.
 
 This is chunking by several unary calls, the form TensorFlow's own transfers
 take when a tensor is cut (and what gRPC's message limit forces on a client
@@ -137,7 +138,18 @@ def chunk_count(call: Call, chunk_bytes: int) -> int:
 
 
 def chunk_call(call: Call, limit: ChunkLimit, mode: Mode) -> tuple[Call, ...]:
-    """One call as the calls that carry it in chunks (itself when it fits)."""
+    """One call as the calls that carry it in chunks (itself when it fits), each
+    numbered (``Call.chunk_index`` of ``chunk_count``)."""
+    chunks = _chunks(call, limit, mode)
+    if len(chunks) == 1:
+        return chunks
+    return tuple(
+        replace(chunk, chunk_index=index, chunk_count=len(chunks))
+        for index, chunk in enumerate(chunks)
+    )
+
+
+def _chunks(call: Call, limit: ChunkLimit, mode: Mode) -> tuple[Call, ...]:
     if call.shape is Shape.PULL:
         return _chunk_pull(call, limit.chunk_bytes, mode)
     payload = sum(call.buffers)

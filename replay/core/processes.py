@@ -71,7 +71,8 @@ def lane_of(call: Call, position: int, *, by_server: bool) -> tuple[int, str]:
         return call.server_index, ""
     if call.tensor_name:
         return call.server_index, call.tensor_name
-    place = call.rpc_index if call.rpc_index >= 0 else position
+    # The chunks of one payload share the lane of its first chunk.
+    place = call.rpc_index if call.rpc_index >= 0 else position - call.chunk_index
     return call.server_index, f"#{place}"
 
 

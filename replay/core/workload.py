@@ -81,6 +81,10 @@ class Call:
     dependencies: Dependencies | None = None
     #: Trace calls: index of the RPC in its trace step's ``rpcs``; -1 for synthetic calls.
     rpc_index: int = -1
+    #: A payload cut into chunks (``chunking``) travels as ``chunk_count`` consecutive
+    #: calls; this is the ``chunk_index``-th.  One whole payload: 0 of 1.
+    chunk_index: int = 0
+    chunk_count: int = 1
 
     def __post_init__(self) -> None:
         if not self.method.startswith("/"):
@@ -97,6 +101,11 @@ class Call:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
         if any(size < 0 for size in self.buffers):
             raise ValueError("buffer sizes must be >= 0")
+        if not 0 <= self.chunk_index < self.chunk_count:
+            raise ValueError(
+                f"chunk_index must be in [0, chunk_count), got {self.chunk_index} of "
+                f"{self.chunk_count}"
+            )
         if self.shape is not Shape.PULL and not self.buffers:
             raise ValueError(f"a {self.shape.value} call needs its payload's buffers")
 

@@ -263,7 +263,7 @@ class ReplayClient:
             try:
                 response = self._callable(call)(request, timeout=timeout_s, metadata=metadata)
             except grpc.RpcError as error:
-                raise translate_rpc_error(error, target=self.target, method=call.method) from None
+                raise self._failure(call, error) from None
         self.check_response(call, response)
 
     def start(self, call: Call, timeout_s: float) -> grpc.Future[Any]:
@@ -281,7 +281,7 @@ class ReplayClient:
         except TransportError as error:
             return error
         except grpc.RpcError as error:
-            return translate_rpc_error(error, target=self.target, method=call.method)
+            return self._failure(call, error)
         except grpc.FutureCancelledError:
             return TransportError(f"{self.target}{call.method}: call cancelled")
         try:
@@ -289,6 +289,16 @@ class ReplayClient:
         except TransportError as error:
             return error
         return None
+
+    def _failure(self, call: Call, error: grpc.RpcError) -> TransportError:
+        failure = translate_rpc_error(error, target=self.target, method=call.method)
+        late = isinstance(error, grpc.Call) and error.code() is grpc.StatusCode.DEADLINE_EXCEEDED
+        if late and call.chunk_count > 1:
+            return TransportError(
+                f"{failure} (chunk {call.chunk_index + 1} of the {call.chunk_count} that carry "
+                "one payload: --deadline bounds them together)"
+            )
+        return failure
 
     # -- control --------------------------------------------------------------
 

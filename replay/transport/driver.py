@@ -53,6 +53,33 @@ def sleep_until(
         sleep(remaining_ns / 1e9)
 
 
+#: Timeout of a chunk whose payload's deadline has passed: gRPC fails it at once with
+#: DEADLINE_EXCEEDED, as the payload has failed.
+EXPIRED_TIMEOUT_S = 1e-6
+
+
+class PayloadDeadlines:
+    """The timeout of each call of one step: ``timeout_s`` (``--deadline``) from when it is
+    issued, except that the chunks of one payload (``Call.chunk_index`` of ``chunk_count``,
+    consecutive in the step) share the deadline their first chunk got, so that a
+    payload cut into many chunks is bounded as a whole.  Not thread-safe."""
+
+    def __init__(self, timeout_s: float, clock: Callable[[], int]) -> None:
+        self._timeout_s = timeout_s
+        self._clock = clock
+        #: Deadline (clock ns) of each chunked payload, by its first chunk's position.
+        self._by_first: dict[int, int] = {}
+
+    def timeout_s(self, call: Call, position: int) -> float:
+        """The timeout of ``call``, at ``position`` in its step, issued now."""
+        if call.chunk_count == 1:
+            return self._timeout_s
+        now = self._clock()
+        first = position - call.chunk_index
+        deadline = self._by_first.setdefault(first, now + int(self._timeout_s * 1e9))
+        return max((deadline - now) / 1e9, EXPIRED_TIMEOUT_S)
+
+
 class Driver:
     """Issues a worker's calls to its servers' clients under a pacing, recording samples.
 
@@ -151,13 +178,14 @@ class Driver:
     ) -> int:
         clock = self.clock
         end = clock()
-        for call in step.calls:
+        deadlines = PayloadDeadlines(self.timeout_s, clock)
+        for position, call in enumerate(step.calls):
             if stop_at_ns is not None and clock() >= stop_at_ns:
                 break
             release = self._release(call, run_begin_ns, step_begin_ns)
             client = self.clients[call.server_index]
             start = clock()
-            client.invoke(call, self.timeout_s)
+            client.invoke(call, deadlines.timeout_s(call, position))
             end = clock()
             if samples is not None:
                 samples.append(_sample(call, start - run_begin_ns, end - start, start, release))
@@ -172,7 +200,7 @@ class Driver:
         samples: list[CallSample] | None,
     ) -> int:
         flight = _CallsInFlight(self, run_begin_ns, samples, self.clock())
-        for call in step.calls:
+        for position, call in enumerate(step.calls):
             if flight.errors or (stop_at_ns is not None and self.clock() >= stop_at_ns):
                 break
             release = self._release(call, run_begin_ns, step_begin_ns)
@@ -181,7 +209,7 @@ class Driver:
                     flight.condition.wait()
                 if flight.errors:
                     break
-            flight.start(call, release)
+            flight.start(call, release, position=position)
         flight.drain()
         return flight.last_end_ns
 
@@ -242,6 +270,7 @@ class _CallsInFlight:
         self.count = 0
         self.to_server: dict[int, int] = dict.fromkeys(driver.clients, 0)
         self.errors: list[TransportError] = []
+        self.deadlines = PayloadDeadlines(driver.timeout_s, driver.clock)
 
     def window_allows(self, call: Call) -> bool:
         """Whether the pacing's window lets ``call`` go now (hold ``condition``)."""
@@ -252,13 +281,15 @@ class _CallsInFlight:
             in_flight_to_server=self.to_server[call.server_index],
         )
 
-    def start(self, call: Call, release: int | None, key: int = -1) -> None:
-        """Start ``call`` (planned for ``release``, if any); ``key`` is passed to ``on_success``."""
+    def start(self, call: Call, release: int | None, *, position: int, key: int = -1) -> None:
+        """Start ``call``, at ``position`` in its step (planned for ``release``, if any);
+        ``key`` is passed to ``on_success``."""
         with self.condition:
             self.count += 1
             self.to_server[call.server_index] += 1
         start = self.driver.clock()
-        future = self.driver.clients[call.server_index].start(call, self.driver.timeout_s)
+        timeout_s = self.deadlines.timeout_s(call, position)
+        future = self.driver.clients[call.server_index].start(call, timeout_s)
         future.add_done_callback(lambda f: self._completed(call, key, start, release, f))
 
     def _completed(
@@ -359,7 +390,7 @@ class _DependentStep:
             if chosen is None:
                 break
             release, index = chosen
-            self.flight.start(self.calls[index], release, key=index)
+            self.flight.start(self.calls[index], release, position=index, key=index)
         self.flight.drain()
 
 
