@@ -734,10 +734,9 @@ def comparison_json(
 
 def _dilation_line(outcome: ProfileOutcome) -> str:
     """How ``outcome``'s replay was dilated, for ``comparison.md``."""
-    rate = outcome.profile.rate_bits_per_s or 0
     line = (
         f"- {outcome.profile.name}: replayed {outcome.time_dilation:g} times slower, on a "
-        f"{links.format_rate(round(rate / outcome.time_dilation))} link with compute "
+        f"{outcome.profile.dilated(outcome.time_dilation).describe()} link with compute "
         f"{outcome.time_dilation:g} times longer; every time above is divided by "
         f"{outcome.time_dilation:g}"
     )
