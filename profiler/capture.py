@@ -195,6 +195,22 @@ def open_recorder(
         recorder.stop()
 
 
+#: The tasks' own temporary directory under the work directory (``TMPDIR``): what
+#: TensorFlow leaves there (autograph's generated modules) goes with it after the job.
+TASK_TMP = "tmp"
+
+
+def task_environment(base: Mapping[str, str], work: Path) -> dict[str, str]:
+    """``base`` with ``TMPDIR`` (and Python's ``TEMP``/``TMP``) set to the tasks' own
+    directory under ``work``, made here and removed by ``run_and_write``."""
+    private = work / TASK_TMP
+    try:
+        private.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        raise CaptureError(f"{private}: cannot make the tasks' TMPDIR ({error.strerror})") from None
+    return {**base, "TMPDIR": str(private), "TEMP": str(private), "TMP": str(private)}
+
+
 def run_and_write(
     recorder: Recorder, job: CapturedJob, *, output: Path, work: Path, remove_work: bool
 ) -> CaptureResult:
@@ -222,6 +238,8 @@ def run_and_write(
         finally:
             sampler.stop()
             job.stop()
+            # Whatever the tasks left in their TMPDIR goes, kept logs or not.
+            shutil.rmtree(work / TASK_TMP, ignore_errors=True)
     finally:
         recorder.stop()
     calls = recorder.collect(final=True)
@@ -396,7 +414,7 @@ class _TrainingRun:
             self.config,
             tasks,
             work,
-            environment=recorder.environment(os.environ),
+            environment=task_environment(recorder.environment(os.environ), work),
             prefixes=prefixes,
         )
         job.start()

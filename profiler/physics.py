@@ -183,7 +183,12 @@ class PhysicsReport:
                 f"step {step.index}: {step.tensor_bytes:,} B moved, expected "
                 f"{step.expected_bytes:,} B ({step.relative_error:+.3%}){crossing}"
             )
-        lines.append("OK" if self.ok else "MISMATCH: " + "; ".join(self.problems))
+        if self.unchecked_reason:
+            lines.append(f"cannot check: {self.unchecked_reason}")
+        elif not self.steps:
+            lines.append("cannot check: the trace has no steady-state steps")
+        else:
+            lines.append("OK" if self.ok else "MISMATCH: " + "; ".join(self.problems))
         return "\n".join(lines)
 
 

@@ -49,7 +49,7 @@ from absl import logging
 
 from tf_grpc_bench import launchers, lifetime
 from tf_grpc_bench.errors import CaptureError, ConfigError, UsageError
-from tf_grpc_bench.files import write_atomically
+from tf_grpc_bench.files import loads_json, write_atomically
 from tf_grpc_bench.profiler.launch.identity import TaskIdentity, expand_placeholders
 from tf_grpc_bench.profiler.launch.user_job import MARKERS_VARIABLE, split_address
 from tf_grpc_bench.profiler.recorders.wiretap import build_library, recorder_environment
@@ -351,7 +351,7 @@ def read_task_record(folder: Path) -> TaskRecord:
     and the field when it is not one this tool wrote."""
     path = folder / MANIFEST_NAME
     try:
-        document = json.loads(path.read_text(encoding="utf-8"))
+        document = loads_json(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
         raise CaptureError(
             f"{folder}: no {MANIFEST_NAME} (not a folder written by record)"

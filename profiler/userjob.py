@@ -55,6 +55,7 @@ from tf_grpc_bench.profiler.capture import (
     TraceLayout,
     capture_job,
     check_recorder,
+    task_environment,
 )
 from tf_grpc_bench.profiler.launch.hosts import (
     NetworkRequest,
@@ -149,7 +150,9 @@ class _UserRun:
             for name, index, address in self.job.tasks
         }
         self.tasks.start(
-            recorder.environment(self.environment), peers, started=recorder.expect_process
+            task_environment(recorder.environment(self.environment), work),
+            peers,
+            started=recorder.expect_process,
         )
         self.tasks.wait(self.progress, recorder.activity)
 

@@ -860,6 +860,8 @@ def run_replay(args: argparse.Namespace) -> int:
     document = runner.record(request, executed, run_directory, network_name=args.network_name)
     if not args.quiet:
         print(report.format_table(document))
+    if document.trace is not None and document.trace.partial_reason:
+        print(f"partial trace: {document.trace.partial_reason}; its last step may be cut short")
     print(f"results: {run_directory / results.RESULTS_FILE_NAME}")
     if document.network is not None and document.network.relay_behind:
         print(

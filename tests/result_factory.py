@@ -240,6 +240,8 @@ def golden_document() -> ResultDocument:
         tensorflow_version="2.21.0",
         format_version=1,
         step_count=4,
+        # A partial trace (format version 6).
+        partial_reason="the job looks hung: its tasks exchanged nothing for 120 s",
     )
     # A what-if replay of a larger cluster than captured (format version 5).
     what_if = Derivation(

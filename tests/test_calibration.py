@@ -371,19 +371,20 @@ def test_inspect_shows_the_calibration() -> None:
 def test_a_machine_times_a_real_training_step(calibration_cache: Path) -> None:
     tiny = CalibrationWorkload("tiny", 8, 2, "keras")
     # A step of a few ms on a shared machine: a busy moment can leave no two timings
-    # agreeing. Such a step is used but not cached; the machine is asked again, as a
-    # user would (the logic itself is tested with set timings above).
-    for _ in range(3):
-        measured = calibration.measure_here("Test machine, 2 CPUs", tiny)
-        assert measured.step_ns > 0
-        if measured.steady:
-            break
+    # agreeing, however often it is asked.  What holds either way: a real, positive step;
+    # a steady one is cached and served from the cache, an unsteady one is used but not
+    # cached (the agreement logic itself is tested with set timings above).
+    measured = calibration.measure_here("Test machine, 2 CPUs", tiny)
+    assert measured.step_ns > 0
+    cached = calibration.cached("Test machine, 2 CPUs", tiny, calibration_cache)
+    if measured.steady:
+        assert measured.source == "measured now"
+        assert cached == measured.step_ns
+        again = calibration.measure_here("Test machine, 2 CPUs", tiny)
+        assert again == StepHere(measured.step_ns, "cached")
+    else:
         assert measured.source.startswith("measured now, unsteady: no two undisturbed timings")
-        assert calibration.cached("Test machine, 2 CPUs", tiny, calibration_cache) is None
-    assert measured.source == "measured now" and measured.steady, measured.source
-    assert calibration.cached("Test machine, 2 CPUs", tiny, calibration_cache) == measured.step_ns
-    again = calibration.measure_here("Test machine, 2 CPUs", tiny)
-    assert again == StepHere(measured.step_ns, "cached")
+        assert cached is None
     with pytest.raises(CalibrationUnavailable, match="timing nosuchmodel 8x8 batch 2 keras failed"):
         calibration.run_calibration(dataclasses.replace(tiny, model="nosuchmodel"))
 

@@ -361,6 +361,10 @@ def test_a_trace_without_steps_or_variables_is_not_ok() -> None:
     assert not unchecked.ok and unchecked.steps == ()
     assert unchecked.unchecked_reason.startswith("the trace does not record the model's")
     assert unchecked.problems == [f"cannot check: {unchecked.unchecked_reason}"]
+    # What cannot be checked is said so, and is no mismatch.
+    assert unchecked.format().splitlines()[-1] == f"cannot check: {unchecked.unchecked_reason}"
+    assert report.format().splitlines()[-1] == ("cannot check: the trace has no steady-state steps")
+    assert "MISMATCH" not in unchecked.format() + report.format()
 
 
 def test_the_module_reads_its_variables_under_one_key() -> None:

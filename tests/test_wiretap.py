@@ -241,6 +241,20 @@ def test_calls_from_a_tasks_child_process_are_the_tasks(tmp_path: Path) -> None:
     assert {call.caller_pid for call in calls} == {parent.pid}
 
 
+def test_activity_counts_only_what_a_process_sends_to_another(tmp_path: Path) -> None:
+    """A task calling itself (a coordination service's heartbeat, say) is no sign that the
+    job moves: only bytes between different processes count as activity."""
+    client, server = conversation()
+    alone = record_conversation(tmp_path / "alone", client, server, seed=9, ways=["send"])
+    assert alone.forwarded_bytes()[0] == len(client) + len(server)  # recorded all the same
+    assert alone.activity() == 0
+    apart = record_conversation(
+        tmp_path / "apart", client, server, seed=9, ways=["send"], client_in_child=True
+    )
+    assert apart.activity() == len(client) + len(server)
+    assert apart.activity() == len(client) + len(server)  # read once, counted once
+
+
 def test_a_record_cut_short_by_a_killed_process_ends_the_file_and_is_reported(
     tmp_path: Path,
 ) -> None:

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 
 from tf_grpc_bench import launchers
 from tf_grpc_bench.errors import ConfigError
+from tf_grpc_bench.files import loads_json
 from tf_grpc_bench.profiler.launch.user_job import parse_cluster, split_address
 
 #: Where a ``TaskIdentity`` came from.
@@ -178,7 +179,7 @@ def _from_slurm(environment: Mapping[str, str], jobs: str, port_base: int) -> Ta
 
 def _from_tf_config(text: str) -> TaskIdentity:
     try:
-        document = json.loads(text)
+        document = loads_json(text)
     except ValueError as error:
         raise ConfigError(f"TF_CONFIG: not JSON ({error})") from None
     task = document.get("task") if isinstance(document, dict) else None

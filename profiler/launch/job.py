@@ -11,7 +11,6 @@ do, in their own processes.
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
@@ -26,6 +25,7 @@ from absl import logging
 
 from tf_grpc_bench import lifetime
 from tf_grpc_bench.errors import CaptureError, ServeError
+from tf_grpc_bench.files import loads_json
 from tf_grpc_bench.profiler.launch.config import TrainingConfig
 from tf_grpc_bench.profiler.launch.markers import MARKERS_FILE, StepMarker, read_step_markers
 from tf_grpc_bench.profiler.launch.plan import (
@@ -217,7 +217,7 @@ class TrainingJob:
         """job.json as written by the first driving task; CaptureError if not there yet."""
         path = self.plan.job_info_path
         try:
-            return dict(json.loads(path.read_text(encoding="utf-8")))
+            return dict(loads_json(path.read_text(encoding="utf-8")))
         except FileNotFoundError:
             raise CaptureError(f"{path} not written yet: the job has not built its model") from None
         except ValueError as error:

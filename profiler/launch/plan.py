@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from tf_grpc_bench.errors import ConfigError
+from tf_grpc_bench.files import loads_json
 from tf_grpc_bench.profiler.launch.config import TrainingConfig
 from tf_grpc_bench.profiler.launch.markers import MARKERS_FILE
 from tf_grpc_bench.profiler.launch.ports import free_ports
@@ -168,7 +169,7 @@ class JobPlan:
     @classmethod
     def read(cls, path: Path) -> JobPlan:
         try:
-            data = json.loads(path.read_text(encoding="utf-8"))
+            data = loads_json(path.read_text(encoding="utf-8"))
         except (OSError, ValueError) as error:
             raise ConfigError(f"{path}: cannot read the job plan ({error})") from None
         if data.get("version") != PLAN_VERSION:

@@ -37,6 +37,7 @@ from absl import logging
 
 from tf_grpc_bench import lifetime
 from tf_grpc_bench.errors import BenchError, CaptureError, ConfigError, ServeError
+from tf_grpc_bench.files import loads_json
 from tf_grpc_bench.profiler.launch.markers import StepMarker, read_step_markers
 from tf_grpc_bench.profiler.launch.processes import meaningful_line, stop_groups, tail_lines
 from tf_grpc_bench.profiler.progress import Progress, ProgressCallback
@@ -139,7 +140,7 @@ def parse_cluster(text: str) -> dict[str, tuple[str, ...]]:
         except OSError as error:
             raise ConfigError(f"{source}: cannot read the cluster ({error.strerror})") from None
     try:
-        document = json.loads(text)
+        document = loads_json(text)
     except ValueError as error:
         raise ConfigError(f"{source}: not JSON ({error})") from None
     if isinstance(document, dict) and isinstance(document.get("cluster"), dict):

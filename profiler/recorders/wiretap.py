@@ -202,6 +202,60 @@ def _read_records(path: Path) -> tuple[tuple[int, int, int, int], bytes]:
     return (pid, parent, head, dropped), data
 
 
+@dataclass(frozen=True, slots=True)
+class _Record:
+    kind: int
+    connection: int
+    took_ns: int
+    time_ns: int
+    payload: bytes
+
+
+def _walk(data: bytes, *, dropped: int) -> tuple[list[_Record], int, str]:
+    """(the whole records in ``data``, the bytes they take, what cut the walk short or "")."""
+    records = []
+    position = 0
+    while position < len(data):
+        if len(data) - position < _RECORD_HEAD.size:
+            return (
+                records,
+                position,
+                f"record at offset {FILE_HEADER_BYTES + position} is cut short",
+            )
+        length, kind, _, number, took_ns, time_ns = _RECORD_HEAD.unpack_from(data, position)
+        if length == 0:
+            if dropped:
+                break  # the records that did not fit left their room unwritten
+            return (
+                records,
+                position,
+                (
+                    f"record at offset {FILE_HEADER_BYTES + position} was never finished "
+                    "(the process was stopped while writing it)"
+                ),
+            )
+        if length < _RECORD_HEAD.size or length % 8 or position + length > len(data):
+            damage = f"record at offset {FILE_HEADER_BYTES + position} has a bad length {length}"
+            return records, position, damage
+        payload = data[position + _RECORD_HEAD.size : position + length]
+        records.append(_Record(kind, number, took_ns, time_ns, payload))
+        position += length
+    return records, position, ""
+
+
+def _connection(record: _Record) -> TapConnection:
+    family, side, local_port, peer_port, local, peer, _fd, _ = _CONNECTION.unpack_from(
+        record.payload
+    )
+    return TapConnection(
+        number=record.connection,
+        server_side=side == 1,
+        local=_address(family, local, local_port),
+        peer=_address(family, peer, peer_port),
+        opened_ns=record.time_ns,
+    )
+
+
 def read_tap_file(path: Path) -> TapFile:
     """Parse one record file.  CaptureError if it is not one (magic, version)."""
     (pid, parent, head, dropped), data = _read_records(path)
@@ -210,49 +264,21 @@ def read_tap_file(path: Path) -> TapFile:
     began: dict[int, list[int]] = {}
     lost: set[int] = set()
     sent_bytes = skipped_bytes = 0
-    damage = ""
-    position = 0
-    view = memoryview(data)
-    while position < len(data):
-        if len(data) - position < _RECORD_HEAD.size:
-            damage = f"record at offset {FILE_HEADER_BYTES + position} is cut short"
-            break
-        length, kind, _, number, took_ns, time_ns = _RECORD_HEAD.unpack_from(data, position)
-        if length == 0:
-            if dropped:
-                break  # the records that did not fit left their room unwritten
-            damage = (
-                f"record at offset {FILE_HEADER_BYTES + position} was never finished "
-                "(the process was stopped while writing it)"
-            )
-            break
-        if length < _RECORD_HEAD.size or length % 8 or position + length > len(data):
-            damage = f"record at offset {FILE_HEADER_BYTES + position} has a bad length {length}"
-            break
-        payload = view[position + _RECORD_HEAD.size : position + length]
-        if kind == _RECORD_SENT:
-            operations = bytes(payload)
-            sends.setdefault(number, []).append((time_ns, operations))
-            began.setdefault(number, []).append(time_ns - took_ns)
-            sent, skipped = _operation_bytes(operations)
+    records, _, damage = _walk(data, dropped=dropped)
+    for record in records:
+        number = record.connection
+        if record.kind == _RECORD_SENT:
+            sends.setdefault(number, []).append((record.time_ns, record.payload))
+            began.setdefault(number, []).append(record.time_ns - record.took_ns)
+            sent, skipped = _operation_bytes(record.payload)
             sent_bytes += sent
             skipped_bytes += skipped
-        elif kind == _RECORD_CONNECTION:
-            family, side, local_port, peer_port, local, peer, _fd, _ = _CONNECTION.unpack_from(
-                payload
-            )
-            connections[number] = TapConnection(
-                number=number,
-                server_side=side == 1,
-                local=_address(family, local, local_port),
-                peer=_address(family, peer, peer_port),
-                opened_ns=time_ns,
-            )
-        elif kind == _RECORD_LOST:
+        elif record.kind == _RECORD_CONNECTION:
+            connections[number] = _connection(record)
+        elif record.kind == _RECORD_LOST:
             lost.add(number)
-        elif kind == _RECORD_CLOSED and number in connections:
-            connections[number] = dataclasses.replace(connections[number], closed_ns=time_ns)
-        position += length
+        elif record.kind == _RECORD_CLOSED and number in connections:
+            connections[number] = dataclasses.replace(connections[number], closed_ns=record.time_ns)
     return TapFile(
         path=path,
         pid=pid,
@@ -267,6 +293,48 @@ def read_tap_file(path: Path) -> TapFile:
         sent_bytes=sent_bytes,
         skipped_bytes=skipped_bytes,
     )
+
+
+@dataclass
+class _Growth:
+    """What ``TapRecorder.activity`` has read of one record file so far."""
+
+    offset: int = FILE_HEADER_BYTES
+    local: dict[int, tuple[str, int]] = field(default_factory=dict)
+    peer: dict[int, tuple[str, int]] = field(default_factory=dict)
+    sent: dict[int, int] = field(default_factory=dict)
+
+    def read_more(self, path: Path) -> None:
+        """Read the records written since the last call (whole records only)."""
+        try:
+            with open(path, "rb") as handle:
+                header = handle.read(FILE_HEADER_BYTES)
+                if len(header) < _FILE_HEADER.size:
+                    return
+                _magic, _version, _pid, _parent, _head, capacity, end, dropped, _created = (
+                    _FILE_HEADER.unpack_from(header)
+                )
+                handle.seek(self.offset)
+                data = handle.read(max(0, min(end, capacity) - self.offset))
+        except OSError:
+            return
+        records, used, _ = _walk(data, dropped=dropped)
+        self.offset += used
+        for record in records:
+            if record.kind == _RECORD_CONNECTION:
+                connection = _connection(record)
+                self.local[record.connection] = connection.local
+                self.peer[record.connection] = connection.peer
+            elif record.kind == _RECORD_SENT:
+                sent = self.sent.get(record.connection, 0)
+                self.sent[record.connection] = sent + _operation_bytes(record.payload)[0]
+
+    def between_processes(self) -> int:
+        """Bytes sent on connections whose other end is not in this same process: a
+        task's calls to itself (a coordination service's heartbeat, say) are not the
+        job making progress."""
+        own = set(self.local.values())
+        return sum(n for c, n in self.sent.items() if self.peer.get(c) not in own)
 
 
 def _operation_bytes(operations: bytes) -> tuple[int, int]:
@@ -360,6 +428,7 @@ class TapRecorder:
         self._files: list[TapFile] | None = None
         self._calls: list[RecordedCall] | None = None
         self._errors: list[str] = []
+        self._growth: dict[Path, _Growth] = {}
 
     def environment(self, base: Mapping[str, str]) -> dict[str, str]:
         """The environment to start every task of the job with."""
@@ -385,6 +454,7 @@ class TapRecorder:
         """Prepare the record directory (emptied of earlier files); note the start time."""
         try:
             self.directory.mkdir(parents=True, exist_ok=True)
+            self._growth.clear()
             for stale in self.directory.glob("tap-*.bin"):
                 stale.unlink()
         except OSError as error:
@@ -395,18 +465,15 @@ class TapRecorder:
         """Nothing to stop: the library lives and ends with each task."""
 
     def activity(self) -> int:
-        """Bytes of records written so far, over every process's file: each file's
-        header says where its records end (the library advances it with every
-        send on a cluster connection).  Reads 64 bytes per file."""
+        """Bytes the tasks have sent to other processes so far, over every record file
+        (read as the files grow: each call reads only the records written since the
+        last).  A task talking to itself does not count, so a job whose tasks wait for a
+        peer that never came shows no activity however often each calls itself."""
         total = 0
         for path in self.directory.glob("tap-*.bin"):
-            try:
-                with open(path, "rb") as handle:
-                    header = handle.read(FILE_HEADER_BYTES)
-            except OSError:
-                continue
-            if len(header) >= _FILE_HEADER.size:
-                total += _FILE_HEADER.unpack_from(header)[6]
+            growth = self._growth.setdefault(path, _Growth())
+            growth.read_more(path)
+            total += growth.between_processes()
         return total
 
     # -- reading -----------------------------------------------------------

@@ -20,7 +20,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Protocol
 
-from tf_grpc_bench import lifetime
+from tf_grpc_bench import lifetime, trace_files
 from tf_grpc_bench.errors import NetworkError, RunInterrupted, UsageError
 from tf_grpc_bench.netns import emulated, links, namespaces, topology
 from tf_grpc_bench.replay.core import planning
@@ -262,6 +262,11 @@ def _compare(
             **{**vars(args), "time_dilation": None if dilation is None else str(dilation)}
         )
     )
+    if request.trace_path is not None and not trace_files.is_regular_file(request.trace_path):
+        raise UsageError(
+            f"{request.trace_path}: network compare replays the trace in a process per "
+            "profile, which a pipe cannot feed; give a trace file"
+        )
     namespaces.require_root()
     output_dir = new_run_directory(args.output_dir, "compare")
     config = network_compare.CompareConfig(

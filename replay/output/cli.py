@@ -22,16 +22,26 @@ def _steps(text: str) -> int | None:
     return int(text)
 
 
-def _run_document(text: str) -> tuple[Path, results.ResultDocument] | None:
-    """(run directory, document) when ``text`` names a run directory or its results file."""
+def _run_documents(text: str) -> list[tuple[Path, results.ResultDocument]] | None:
+    """(run directory, document) of each run ``text`` names: a run directory or its
+    results file (one run), or a directory holding run directories one level down (each
+    of them, by name).  None when ``text`` names neither a directory nor a .json file."""
     path = Path(text)
     if path.is_dir():
-        path = path / results.RESULTS_FILE_NAME
-        if not path.is_file():
-            raise ResultError(f"{text}: a directory without {results.RESULTS_FILE_NAME}")
-    elif path.suffix != ".json":
+        if (path / results.RESULTS_FILE_NAME).is_file():
+            paths = [path / results.RESULTS_FILE_NAME]
+        else:
+            paths = sorted(path.glob(f"*/{results.RESULTS_FILE_NAME}"))
+            if not paths:
+                raise ResultError(
+                    f"{text}: a directory without {results.RESULTS_FILE_NAME}, nor run "
+                    "directories holding one"
+                )
+    elif path.suffix == ".json":
+        paths = [path]
+    else:
         return None
-    return path.parent, read_document(path)
+    return [(found.parent, read_document(found)) for found in paths]
 
 
 def configure_timeline(parser: argparse.ArgumentParser) -> None:
@@ -71,26 +81,31 @@ def configure_timeline(parser: argparse.ArgumentParser) -> None:
 
 def run_timeline(args: argparse.Namespace) -> int:
     steps = _steps(args.steps)
-    run = _run_document(args.source)
-    if run is None:
+    runs = _run_documents(args.source)
+    if runs is None:
         for flag, value in (("--run", args.run), ("--benchmark", args.benchmark)):
             if value is not None:
                 raise UsageError(f"{flag} applies to a run directory, not to a trace")
         return _trace_timeline(args.source, steps, Path(args.output_dir))
-    run_directory, document = run
-    trace = timeline.replayed_trace(document, Path(args.trace) if args.trace else None)
     labels = args.benchmark.split(",") if args.benchmark else None
-    # A new directory, so the run's own timelines (drawn by the replay) stay as they were.
+    # New directories, so each run's own timelines (drawn by the replay) stay as they were.
     output_dir = Path(args.output_dir)
-    directory = new_run_directory(output_dir, f"timeline-{run_directory.name}")
-    written = timeline.write_run_timelines(
-        document, directory, trace, steps=steps, run_index=args.run, labels=labels
-    )
-    if not written:
-        directory.rmdir()
-        raise ResultError(f"{args.source}: no benchmark with measured calls to draw")
-    for path in written:
-        print(f"written: {path}")
+    for run_directory, document in runs:
+        try:
+            trace = timeline.replayed_trace(document, Path(args.trace) if args.trace else None)
+            directory = new_run_directory(output_dir, f"timeline-{run_directory.name}")
+            written = timeline.write_run_timelines(
+                document, directory, trace, steps=steps, run_index=args.run, labels=labels
+            )
+        except ResultError as error:
+            if len(runs) == 1:
+                raise
+            raise ResultError(f"{run_directory}: {error}") from None
+        if not written:
+            directory.rmdir()
+            raise ResultError(f"{run_directory}: no benchmark with measured calls to draw")
+        for path in written:
+            print(f"written: {path}")
     _print_view(output_dir)
     return 0
 
@@ -143,10 +158,17 @@ def configure_export(parser: argparse.ArgumentParser) -> None:
 
 
 def run_export(args: argparse.Namespace) -> int:
-    run = _run_document(args.run)
-    if run is None:
+    runs = _run_documents(args.run)
+    if runs is None:
         raise UsageError(f"RUN {args.run!r}: expected a run directory or its results.json")
-    _, document = run
+    if len(runs) > 1:
+        names = ", ".join(directory.name for directory, _ in runs[:3])
+        raise UsageError(
+            f"RUN {args.run!r}: holds {len(runs)} run directories ({names}"
+            f"{', ...' if len(runs) > 3 else ''}); export one at a time, as its tables "
+            "would overwrite another's"
+        )
+    ((_, document),) = runs
     trace = None
     try:
         trace = timeline.replayed_trace(document, Path(args.trace) if args.trace else None)

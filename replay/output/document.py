@@ -61,9 +61,12 @@ FORMAT = "tf-grpc-bench-results"
 #:       direction of its delay relay did: packets, drops, release lateness
 #:       percentiles and histogram, and why it fell behind).  Versions 1 to 5 read
 #:       with 0 and no relays.
-FORMAT_VERSION = 6
+#:   7 (2026-12): the trace gains ``partial_reason``: why the replayed trace is
+#:       partial (a capture stopped early), "" for a whole trace.  Versions 1 to 6
+#:       read with "".
+FORMAT_VERSION = 7
 #: Versions ``read_document`` can read.
-READABLE_VERSIONS = frozenset({1, 2, 3, 4, 5, 6})
+READABLE_VERSIONS = frozenset({1, 2, 3, 4, 5, 6, 7})
 #: The sample columns each version stores.
 SAMPLE_COLUMNS_BY_VERSION = {
     1: tuple(c for c in SAMPLE_COLUMNS if c not in ("release_lag_ns", "rpc_index")),
@@ -72,6 +75,7 @@ SAMPLE_COLUMNS_BY_VERSION = {
     4: SAMPLE_COLUMNS,
     5: SAMPLE_COLUMNS,
     6: SAMPLE_COLUMNS,
+    7: SAMPLE_COLUMNS,
 }
 #: Conventional name of the result document inside a run directory.
 RESULTS_FILE_NAME = "results.json"
@@ -98,6 +102,8 @@ class TraceInfo:
     tensorflow_version: str
     format_version: int
     step_count: int
+    #: Why the trace is partial (its capture stopped early); "" for a whole trace.
+    partial_reason: str = ""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -182,13 +188,15 @@ def describe_trace(path: str | os.PathLike[str]) -> TraceInfo:
     path = Path(path)
     trace = trace_files.read_trace(path)
     return TraceInfo(
-        path=str(path.resolve()),
+        # A pipe (``<(cat trace)``) resolves to no path worth recording: as given.
+        path=str(path.resolve() if trace_files.is_regular_file(path) else path),
         sha256=trace_files.file_sha256(path),
         model=trace.metadata.model,
         strategy=trace.metadata.strategy,
         tensorflow_version=trace.metadata.tensorflow_version,
         format_version=trace.format_version,
         step_count=len(trace.steps),
+        partial_reason=(trace.partial_reason or "capture ended early") if trace.partial else "",
     )
 
 

@@ -16,6 +16,7 @@ from typing import Any
 
 import tf_grpc_bench
 from tf_grpc_bench.errors import ResultError, UnsupportedResultVersionError
+from tf_grpc_bench.files import loads_json
 from tf_grpc_bench.replay.core.measurement import (
     Benchmark,
     BenchmarkResult,
@@ -122,7 +123,7 @@ def _machine_from_json(obj: dict[str, Any], where: str) -> MachineInfo:
     )
 
 
-def _trace_from_json(obj: dict[str, Any], where: str) -> TraceInfo:
+def _trace_from_json(obj: dict[str, Any], where: str, version: int) -> TraceInfo:
     return TraceInfo(
         path=_str(obj, "path", where),
         sha256=_str(obj, "sha256", where),
@@ -131,6 +132,7 @@ def _trace_from_json(obj: dict[str, Any], where: str) -> TraceInfo:
         tensorflow_version=_str(obj, "tensorflow_version", where),
         format_version=_int(obj, "format_version", where),
         step_count=_int(obj, "step_count", where),
+        partial_reason=_str(obj, "partial_reason", where) if version >= 7 else "",
     )
 
 
@@ -330,7 +332,7 @@ def document_from_json_dict(data: Any, *, source: str = "results") -> ResultDocu
             machine=_machine_from_json(_object(data, "machine", where), "machine"),
             config=_parameters(data, "config", where),
             benchmarks=tuple(benchmarks),
-            trace=None if trace is None else _trace_from_json(trace, "trace"),
+            trace=None if trace is None else _trace_from_json(trace, "trace", version),
             network=None if network is None else _network_from_json(network, "network", version),
             partial=_bool(data, "partial", where),
             partial_reason=_str(data, "partial_reason", where),
@@ -347,7 +349,7 @@ def loads_document(text: str, *, source: str = "results") -> ResultDocument:
     if not text.strip():
         raise ResultError(f"{source}: file is empty (expected a tf-grpc-bench result document)")
     try:
-        data = json.loads(text, parse_constant=_refuse_constant)
+        data = loads_json(text, parse_constant=_refuse_constant)
     except json.JSONDecodeError as error:
         if not text[error.pos :].strip():
             raise ResultError(

@@ -221,6 +221,7 @@ def document_to_json_dict(document: ResultDocument) -> dict[str, Any]:
             "tensorflow_version": trace.tensorflow_version,
             "format_version": trace.format_version,
             "step_count": trace.step_count,
+            "partial_reason": trace.partial_reason,
         },
         "network": None if network is None else _network_json(network),
         "what_if": _what_if_json(document.what_if),

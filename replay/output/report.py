@@ -111,6 +111,8 @@ def describe_context(document: ResultDocument) -> str:
     network = document.network.name if document.network else "unrecorded network"
     if document.trace:
         trace = f"trace {document.trace.model or '?'} ({document.trace.sha256[:12]})"
+        if document.trace.partial_reason:
+            trace += f", PARTIAL trace ({document.trace.partial_reason})"
     else:
         trace = "synthetic workload"
     return (

@@ -38,6 +38,7 @@ def new_run_directory(
     safe = safe_name(label)
     if safe:
         stem = f"{stem}-{safe}"
+    made = _missing_parents(base)
     try:
         base.mkdir(parents=True, exist_ok=True)
         for number in range(1, 10_000):
@@ -48,7 +49,29 @@ def new_run_directory(
                 continue
             return candidate
     except OSError as error:
+        _remove_empty(made)
         raise ResultError(
             f"{base}: cannot create a run directory ({error.strerror or error})"
         ) from None
+    _remove_empty(made)
     raise ResultError(f"{base}: cannot create a run directory (too many named {stem!r})")
+
+
+def _missing_parents(base: Path) -> list[Path]:
+    """``base`` and its ancestors that do not exist yet, deepest first."""
+    missing = []
+    for path in (base, *base.parents):
+        try:
+            if path.exists() or path.is_symlink():
+                break
+        except OSError:
+            break
+        missing.append(path)
+    return missing
+
+
+def _remove_empty(paths: list[Path]) -> None:
+    """Remove the directories a failed ``new_run_directory`` made (deepest first)."""
+    for path in paths:
+        with contextlib.suppress(OSError):
+            path.rmdir()

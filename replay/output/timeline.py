@@ -34,9 +34,10 @@ from __future__ import annotations
 import heapq
 import json
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import IO
 
 from tf_grpc_bench import trace_files
 from tf_grpc_bench.critical_path import captured_path_segments
@@ -224,7 +225,8 @@ def _captured_paths(trace: Trace, drawn: int, origin: int) -> dict[int, list[Sli
 def captured_groups(
     trace: Trace, *, steps: int | None = DEFAULT_STEPS, tasks: Iterable[int] | None = None
 ) -> tuple[Group, ...]:
-    """One group per task of the trace's first ``steps`` steps (None: all), workers first.
+    """One group per task that made or served a call in the trace's first ``steps`` steps
+    (None: all), workers first.
 
     ``tasks`` limits the groups and calls to those between the given tasks.
     """
@@ -247,25 +249,30 @@ def captured_groups(
         ),
     )
     paths = _captured_paths(trace, drawn, origin)
-    groups = []
-    for task in _task_order(trace, wanted):
-        calls = [
-            Slice(
-                name=rpc_name(rpc),
-                start_ns=rpc.start_ns - origin,
-                end_ns=rpc.end_ns - origin,
-                category="rpc",
-                args=rpc_args(trace, rpc, step.index),
+    # One pass over the drawn calls; only tasks that made or served one get a group, so
+    # the work and memory follow the calls drawn, not the tasks a trace lists.
+    calls: dict[int, list[Slice]] = {}
+    for step in trace.steps[:drawn]:
+        for rpc in step.rpcs:
+            if rpc.caller_task not in wanted or rpc.callee_task not in wanted:
+                continue
+            calls.setdefault(rpc.callee_task, [])
+            calls.setdefault(rpc.caller_task, []).append(
+                Slice(
+                    name=rpc_name(rpc),
+                    start_ns=rpc.start_ns - origin,
+                    end_ns=rpc.end_ns - origin,
+                    category="rpc",
+                    args=rpc_args(trace, rpc, step.index),
+                )
             )
-            for step in trace.steps[:drawn]
-            for rpc in step.rpcs
-            if rpc.caller_task == task and rpc.callee_task in wanted
-        ]
+    groups = []
+    for task in _task_order(trace, set(calls) | set(paths)):
         rows = [step_row]
         if task in paths:
             # Consecutive stretches; a step's tail may reach into the next step.
             rows += pack("critical path", paths[task])
-        rows += pack("calls", calls)
+        rows += pack("calls", calls.get(task, []))
         groups.append(Group(name=f"captured {trace.task_name(task)}", rows=tuple(rows)))
     return tuple(groups)
 
@@ -455,35 +462,28 @@ def run_timeline(
 # Renderings.
 
 
-def trace_events(timeline: Timeline) -> dict[str, object]:
-    """Chrome's Trace Event Format: a process per group, a thread per row, ``X`` slices (us)."""
-    events: list[dict[str, object]] = []
+def _events(timeline: Timeline) -> Iterator[dict[str, object]]:
+    """The timeline's trace events one at a time (see ``trace_events``)."""
     for pid, group in enumerate(timeline.groups, start=1):
-        events.append({"ph": "M", "pid": pid, "name": "process_name", "args": {"name": group.name}})
-        events.append(
-            {"ph": "M", "pid": pid, "name": "process_sort_index", "args": {"sort_index": pid}}
-        )
+        yield {"ph": "M", "pid": pid, "name": "process_name", "args": {"name": group.name}}
+        yield {"ph": "M", "pid": pid, "name": "process_sort_index", "args": {"sort_index": pid}}
         for tid, row in enumerate(group.rows, start=1):
-            events.append(
-                {
-                    "ph": "M",
-                    "pid": pid,
-                    "tid": tid,
-                    "name": "thread_name",
-                    "args": {"name": row.name},
-                }
-            )
-            events.append(
-                {
-                    "ph": "M",
-                    "pid": pid,
-                    "tid": tid,
-                    "name": "thread_sort_index",
-                    "args": {"sort_index": tid},
-                }
-            )
-            events += (
-                {
+            yield {
+                "ph": "M",
+                "pid": pid,
+                "tid": tid,
+                "name": "thread_name",
+                "args": {"name": row.name},
+            }
+            yield {
+                "ph": "M",
+                "pid": pid,
+                "tid": tid,
+                "name": "thread_sort_index",
+                "args": {"sort_index": tid},
+            }
+            for item in row.slices:
+                yield {
                     "ph": "X",
                     "pid": pid,
                     "tid": tid,
@@ -493,17 +493,36 @@ def trace_events(timeline: Timeline) -> dict[str, object]:
                     "dur": (item.end_ns - item.start_ns) / 1e3,
                     "args": dict(item.args),
                 }
-                for item in row.slices
-            )
+
+
+def _other_data(timeline: Timeline) -> dict[str, object]:
+    return {"title": timeline.title, "written_by": "tf-grpc-bench"}
+
+
+def trace_events(timeline: Timeline) -> dict[str, object]:
+    """Chrome's Trace Event Format: a process per group, a thread per row, ``X`` slices (us)."""
     return {
-        "traceEvents": events,
+        "traceEvents": list(_events(timeline)),
         "displayTimeUnit": "ms",
-        "otherData": {"title": timeline.title, "written_by": "tf-grpc-bench"},
+        "otherData": _other_data(timeline),
     }
 
 
+def _dumps(value: object) -> str:
+    return json.dumps(value, separators=(",", ":"), allow_nan=False)
+
+
+def write_trace_events(timeline: Timeline, stream: IO[bytes]) -> None:
+    """``trace_events_json`` written event by event: memory for one event, not the file."""
+    stream.write(b'{"traceEvents":[')
+    for number, event in enumerate(_events(timeline)):
+        stream.write((b"," if number else b"") + _dumps(event).encode("utf-8"))
+    tail = f'],"displayTimeUnit":"ms","otherData":{_dumps(_other_data(timeline))}}}'
+    stream.write(tail.encode("utf-8"))
+
+
 def trace_events_json(timeline: Timeline) -> str:
-    return json.dumps(trace_events(timeline), separators=(",", ":"), allow_nan=False)
+    return _dumps(trace_events(timeline))
 
 
 def _stat(
@@ -567,9 +586,11 @@ def write_timeline(
 
     Atomic writes; ``ResultError`` naming the file if one cannot be written.
     """
-    text = trace_events_json(timeline).encode("utf-8")
     written = write_atomically(
-        events_path, lambda stream: stream.write(text), error=ResultError, what="timeline"
+        events_path,
+        lambda stream: write_trace_events(timeline, stream),
+        error=ResultError,
+        what="timeline",
     )
     data = profile_bytes(timeline, host)
     profile = write_atomically(

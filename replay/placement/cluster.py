@@ -35,6 +35,7 @@ from typing import Any
 
 from tf_grpc_bench import launchers
 from tf_grpc_bench.errors import ConfigError, UsageError
+from tf_grpc_bench.files import loads_json
 from tf_grpc_bench.replay.transport.client import split_address
 
 TF_CONFIG = "TF_CONFIG"
@@ -247,7 +248,7 @@ def parse_task_flag(text: str) -> TaskId:
 
 def _decode(text: str, *, source: str) -> Any:
     try:
-        return json.loads(text)
+        return loads_json(text)
     except json.JSONDecodeError as error:
         raise ConfigError(f"{source}: not valid JSON ({error.msg} at char {error.pos})") from None
 

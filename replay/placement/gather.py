@@ -30,6 +30,7 @@ from typing import Any
 import grpc
 
 from tf_grpc_bench.errors import ServeError, TransportError
+from tf_grpc_bench.files import loads_json
 from tf_grpc_bench.replay.transport.server import STOP_WAIT_S
 
 SERVICE = "tf_grpc_bench.Gather"
@@ -44,7 +45,7 @@ def _identity(data: bytes) -> bytes:
 
 def _decode(data: bytes, *, source: str) -> dict[str, Any]:
     try:
-        value = json.loads(data)
+        value = loads_json(data)
     except (ValueError, UnicodeDecodeError):
         raise TransportError(f"{source}: not a JSON message") from None
     if not isinstance(value, dict):

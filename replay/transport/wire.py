@@ -36,6 +36,7 @@ from typing import Any
 import grpc
 
 from tf_grpc_bench.errors import ConfigError, TransportError
+from tf_grpc_bench.files import loads_json
 from tf_grpc_bench.protos import bench_pb2
 from tf_grpc_bench.replay.core.messages import (
     ECHO_METHOD,
@@ -350,7 +351,7 @@ class ServerStats:
     @classmethod
     def from_json(cls, data: bytes, *, source: str) -> ServerStats:
         try:
-            document: dict[str, Any] = json.loads(data)
+            document: dict[str, Any] = loads_json(data)
             known = {f.name for f in fields(cls)}
             # Fields a newer server adds are left for a newer client.
             return cls(**{key: value for key, value in document.items() if key in known})

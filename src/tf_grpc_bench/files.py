@@ -9,11 +9,12 @@ traces and results are documents to share, not secrets.
 
 from __future__ import annotations
 
+import json
 import os
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
 
 from tf_grpc_bench.errors import BenchError
 
@@ -83,3 +84,14 @@ def write_atomically(
         Path(temporary).unlink(missing_ok=True)
         raise
     return path
+
+
+def loads_json(text: str | bytes, **options: Any) -> Any:
+    """``json.loads``, but a document nested past Python's recursion limit raises
+    ``json.JSONDecodeError`` (a ``ValueError``) like any other malformed JSON, not
+    ``RecursionError``.  ``options`` go to ``json.loads``."""
+    try:
+        return json.loads(text, **options)
+    except RecursionError:
+        document = text if isinstance(text, str) else text.decode("utf-8", "replace")
+        raise json.JSONDecodeError("nested too deeply", document, 0) from None

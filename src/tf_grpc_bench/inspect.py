@@ -29,7 +29,8 @@ def configure_inspect(parser: argparse.ArgumentParser) -> None:
 def resolve_trace_argument(text: str) -> Path:
     """A path if it exists, else a shipped trace of that name."""
     path = Path(text)
-    if path.exists() or "/" in text or text.endswith(trace_model.SUFFIX):
+    # A symbolic link is a path even when it leads nowhere (read_trace says why).
+    if path.exists() or path.is_symlink() or "/" in text or text.endswith(trace_model.SUFFIX):
         return path
     try:
         return trace_files.shipped_trace_path(text)

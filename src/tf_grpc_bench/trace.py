@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import zlib
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import IO, Any
 
@@ -340,6 +340,64 @@ class Trace:
         )
 
 
+#: Longest time a trace may span, from its first timestamp to its last: 30 days.  A
+#: capture lasts minutes; the bound keeps every difference of two timestamps far inside
+#: int64, in the picoseconds TensorBoard's profile timelines count in too, and every
+#: recorded gap a sleep the operating system accepts.
+MAX_SPAN_NS = 30 * 86_400 * 10**9
+#: Most tasks a trace may list.  Far beyond any cluster a replay can stand in for, and a
+#: bound on what reading, inspecting and drawing a trace may hold per task.
+MAX_TASKS = 10_000
+#: Timestamps are int64 nanoseconds on the wire.
+_INT64 = range(-(2**63), 2**63)
+
+
+def _timestamps(trace: Trace) -> Iterator[tuple[str, int]]:
+    """(where, timestamp) of every time the trace records; an absent phase has none."""
+    phases = [("startup", trace.startup), ("teardown", trace.teardown)]
+    for where, phase in phases:
+        if phase.rpcs or phase.start_ns or phase.end_ns:
+            yield f"{where}.start_ns", phase.start_ns
+            yield f"{where}.end_ns", phase.end_ns
+    for number, step in enumerate(trace.steps):
+        yield f"steps[{number}].start_ns", step.start_ns
+        yield f"steps[{number}].end_ns", step.end_ns
+    for where, rpcs in (
+        ("startup", trace.startup.rpcs),
+        ("teardown", trace.teardown.rpcs),
+        *((f"steps[{n}]", step.rpcs) for n, step in enumerate(trace.steps)),
+    ):
+        for number, rpc in enumerate(rpcs):
+            yield f"{where}.rpcs[{number}].start_ns", rpc.start_ns
+            yield f"{where}.rpcs[{number}].end_ns", rpc.end_ns
+            if rpc.response_start_ns:
+                yield f"{where}.rpcs[{number}].response_start_ns", rpc.response_start_ns
+
+
+def _check_task_count(count: int) -> None:
+    if count > MAX_TASKS:
+        raise TraceError(f"tasks: {count} listed; a trace lists at most {MAX_TASKS}")
+
+
+def _check_span(trace: Trace) -> None:
+    """TraceError unless every timestamp is an int64 and all lie within ``MAX_SPAN_NS``."""
+    first: tuple[str, int] | None = None
+    last: tuple[str, int] | None = None
+    for where, value in _timestamps(trace):
+        if value not in _INT64:
+            raise TraceError(f"{where}: {value} is not a 64-bit timestamp")
+        if first is None or value < first[1]:
+            first = (where, value)
+        if last is None or value > last[1]:
+            last = (where, value)
+    if first is not None and last is not None and last[1] - first[1] > MAX_SPAN_NS:
+        raise TraceError(
+            f"timestamps span {(last[1] - first[1]) / 86_400e9:.3g} days ({first[0]} "
+            f"{first[1]} to {last[0]} {last[1]}); a trace spans at most "
+            f"{MAX_SPAN_NS // (86_400 * 10**9)} days"
+        )
+
+
 def _validate(trace: Trace) -> None:
     if trace.format_version not in READABLE_VERSIONS:
         raise UnsupportedVersionError(
@@ -356,6 +414,7 @@ def _validate(trace: Trace) -> None:
             f"clock_alignment needs format version 3 or later (this trace says "
             f"{trace.format_version})"
         )
+    _check_task_count(len(trace.tasks))
     seen: set[tuple[str, int]] = set()
     for task in trace.tasks:
         key = (task.job, task.index)
@@ -384,6 +443,7 @@ def _validate(trace: Trace) -> None:
             )
         previous_index = step.index
         check_rpcs(f"steps[{number}]", step.rpcs)
+    _check_span(trace)
 
 
 # --------------------------------------------------------------------------
@@ -520,6 +580,8 @@ def trace_from_proto(message: trace_pb2.Trace, *, source: str = "trace") -> Trac
         )
     meta = message.metadata
     try:
+        # Before a Python object is made per task.
+        _check_task_count(len(message.tasks))
         return Trace(
             format_version=message.format_version,
             metadata=RunMetadata(
