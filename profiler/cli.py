@@ -50,7 +50,7 @@ from tf_grpc_bench.profiler.progress import terminal_display
 from tf_grpc_bench.profiler.recorders.recorder import DEFAULT_RECORDER, RECORDERS
 from tf_grpc_bench.profiler.recorders.wiretap import build_library
 from tf_grpc_bench.profiler.userjob import calibration_workload as user_calibration
-from tf_grpc_bench.profiler.userjob import capture_user_job
+from tf_grpc_bench.profiler.userjob import capture_user_job, check_hosts_local
 
 _DEFAULT_OUTPUT = "capture.tfgbtrace"
 
@@ -391,6 +391,9 @@ def run_capture_job(args: argparse.Namespace) -> int:
         synchronous=args.synchronous,
     )
     network = _network(args)
+    if network is None:
+        # Refused before the calibration's minute of timing, not after.
+        check_hosts_local(job)
     _check_outputs(args)
     logs.configure()
     _build_recorder(args.recorder)

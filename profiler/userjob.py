@@ -100,6 +100,14 @@ def _tensorflow_version() -> str:
 REFERENCE_MODEL = "resnet50"
 
 
+def check_hosts_local(job: UserJob) -> None:
+    """ConfigError unless every task's host is an address of this machine (without an
+    emulated network, every task runs here)."""
+    for name, index, address in job.tasks:
+        host, _ = split_address(address, where=f"cluster job {name!r}")
+        check_local(host, f"{name}:{index}")
+
+
 class _UserRun:
     """A ``capture.CapturedJob`` for ``capture_user_job``."""
 
@@ -123,9 +131,8 @@ class _UserRun:
         self.environment = dict(os.environ if environment is None else environment)
         self.progress = progress
         self.tasks: UserTasks | None = None
-        for name, index, address in job.tasks if hosts is None else ():
-            host, _ = split_address(address, where=f"cluster job {name!r}")
-            check_local(host, f"{name}:{index}")
+        if hosts is None:
+            check_hosts_local(job)
 
     @property
     def servers(self) -> dict[str, tuple[str, int]]:

@@ -686,7 +686,7 @@ def test_capture_job_fills_in_each_tasks_placeholders(tmp_path: Path) -> None:
     seen = tmp_path / "seen"
     result = subprocess.run(
         [CLI, "capture-job", "--cluster", json.dumps(cluster), "-o", str(tmp_path / "t"),
-         "--driver", "ps", "--driver", "worker", "--",
+         "--driver", "ps", "--driver", "worker", "--no-calibrate", "--",
          "sh", "-c", f"echo {{job}} {{task}} {{port}} '{{cluster}}' >> {seen}"],
         capture_output=True, text=True, timeout=120, check=False,
     )  # fmt: skip

@@ -429,7 +429,10 @@ def _idle_job(tmp_path: Path, **variables: str) -> tuple[list[str], set[int], di
     ports = {first, first + 1}
     cluster = json.dumps({"ps": [f"localhost:{first}"], "worker": [f"localhost:{first + 1}"]})
     environment = {**os.environ, "TMPDIR": str(tmp_path), **variables}
-    flags = ["capture-job", "--cluster", cluster, "-o", str(tmp_path / "t.tfgbtrace"), "-q"]
+    flags = [
+        "capture-job", "--cluster", cluster, "-o", str(tmp_path / "t.tfgbtrace"), "-q",
+        "--no-calibrate",
+    ]  # fmt: skip
     return [*flags, "--", sys.executable, str(IDLE_TASK)], ports, environment
 
 

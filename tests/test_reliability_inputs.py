@@ -306,3 +306,17 @@ def test_an_output_dir_too_long_to_make_leaves_no_directory_behind(tmp_path: Pat
     assert completed.returncode == 2
     assert "cannot create a run directory (File name too long)" in completed.stderr
     assert list(tmp_path.iterdir()) == []
+
+
+def test_network_compare_refuses_a_piped_trace_before_making_anything(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Each profile's replay is a process of its own, which a pipe read once cannot feed."""
+    monkeypatch.chdir(tmp_path)
+    file = tmp_path / "toy.tfgbtrace"
+    trace_files.write_trace(make_trace(steps=2), file)
+    writer = _fifo_fed(tmp_path / "pipe", file.read_bytes())
+    err = _one_line_error(["network", "compare", str(tmp_path / "pipe")], capsys)
+    writer.join(timeout=10)
+    assert "a pipe cannot feed; give a trace file" in err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["pipe", "toy.tfgbtrace"]

@@ -91,6 +91,7 @@ def test_a_busy_port_is_a_one_line_error(tmp_path: Path) -> None:
                 json.dumps({"ps": [f"localhost:{port}"]}),
                 "--output",
                 str(tmp_path / "t.tfgbtrace"),
+                "--no-calibrate",
                 "--",
                 sys.executable,
                 "-c",
@@ -139,6 +140,7 @@ def test_a_failing_task_stops_the_job_and_leaves_a_partial_trace(tmp_path: Path)
             "--output",
             str(output),
             "--quiet",
+            "--no-calibrate",
             "--",
             sys.executable,
             "-c",
@@ -185,7 +187,11 @@ def _run_job(
     ports = free_ports(2)
     cluster = {"ps": [f"localhost:{ports[0]}"], "worker": [f"localhost:{ports[1]}"]}
     output = tmp_path / "t.tfgbtrace"
-    command = [CLI, "capture-job", "--cluster", json.dumps(cluster), "-o", str(output), *flags]
+    # Not timed (--no-calibrate): a loaded machine's calibration would take minutes here.
+    command = [
+        CLI, "capture-job", "--cluster", json.dumps(cluster), "-o", str(output), "--no-calibrate",
+        *flags,
+    ]  # fmt: skip
     result = subprocess.run(
         [*command, *(["-q"] if quiet else []), "--", sys.executable, "-c", _QUIET_OR_TALKING_JOB],
         capture_output=True,
@@ -240,7 +246,7 @@ def test_a_multi_worker_job_whose_second_worker_never_starts_counts_as_hung(
     )
     result = subprocess.run(
         [CLI, "capture-job", "--cluster", json.dumps(cluster), "--output", str(output),
-         "--step-timeout", "20", "--timeout", "600", "--quiet", "--",
+         "--step-timeout", "20", "--timeout", "600", "--quiet", "--no-calibrate", "--",
          sys.executable, "-c", only_worker_0],
         capture_output=True, text=True, timeout=700, check=False,
     )  # fmt: skip
@@ -268,7 +274,8 @@ def test_an_interrupted_capture_job_exits_128_plus_the_signal_with_a_partial_tra
     output = tmp_path / "t.tfgbtrace"
     capture = subprocess.Popen(
         [CLI, "capture-job", "--cluster", json.dumps(cluster), "-o", str(output), "-q",
-         "--workdir", str(tmp_path / "work"), "--", sys.executable, "-c", _QUIET_OR_TALKING_JOB],
+         "--no-calibrate", "--workdir", str(tmp_path / "work"), "--",
+         sys.executable, "-c", _QUIET_OR_TALKING_JOB],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={**os.environ, "TALK": "1"},
     )  # fmt: skip
     try:
