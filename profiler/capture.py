@@ -238,8 +238,7 @@ def run_and_write(
         finally:
             sampler.stop()
             job.stop()
-            # Whatever the tasks left in their TMPDIR goes, kept logs or not.
-            shutil.rmtree(work / TASK_TMP, ignore_errors=True)
+            shutil.rmtree(work / TASK_TMP, ignore_errors=True)  # kept logs or not
     finally:
         recorder.stop()
     calls = recorder.collect(final=True)

@@ -213,7 +213,7 @@ class _Record:
 
 def _walk(data: bytes, *, dropped: int) -> tuple[list[_Record], int, str]:
     """(the whole records in ``data``, the bytes they take, what cut the walk short or "")."""
-    records = []
+    records: list[_Record] = []
     position = 0
     while position < len(data):
         if len(data) - position < _RECORD_HEAD.size:

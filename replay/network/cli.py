@@ -39,6 +39,9 @@ class ReplayRequest(Protocol):
     @property
     def pacings(self) -> tuple[Pacing, ...]: ...
 
+    @property
+    def trace_path(self) -> Path | None: ...
+
 
 #: Adds a command's flags to a parser (``replay.cli.configure_replay``, ``configure_serve``).
 Flags = Callable[[argparse.ArgumentParser], None]
