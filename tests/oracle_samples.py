@@ -66,7 +66,8 @@ TASKS = (
 
 def boundary_trace(steps: int = 3) -> Trace:
     """Two workers, two ps; per step each worker pulls a weight of each boundary size
-    from one ps (alternating), and that ps pulls the gradient back from the worker."""
+    from one ps (alternating), and that ps pulls the gradient back from the worker.
+    The tensors' names carry their step, so that a call found in the wrong step shows."""
     step_list = []
     clock = 1_000_000
     for index in range(steps):
@@ -80,7 +81,7 @@ def boundary_trace(steps: int = 3) -> Trace:
                     key = (
                         f"/job:{source.job}/replica:0/task:{source.index}/device:CPU:0;1;"
                         f"/job:{destination.job}/replica:0/task:{destination.index}/device:CPU:0;"
-                        f"edge_{number}_{edge}{number};0:0"
+                        f"edge_{number}_{edge}{number}/step{index};0:0"
                     )
                     rpcs.append(
                         Rpc(

@@ -25,6 +25,7 @@ from tensorboard.plugins.hparams import metadata as hparams_metadata
 from tensorboard.util import tensor_util
 
 from tests import oracle_samples as oracle
+from tf_grpc_bench.errors import ResultError
 from tf_grpc_bench.protos import xplane_pb2
 from tf_grpc_bench.replay.core.measurement import SAMPLE_COLUMNS, Benchmark, BenchmarkResult
 from tf_grpc_bench.replay.core.trace_workload import trace_workload
@@ -580,6 +581,54 @@ def test_csv_tables_hold_every_sample_run_step_and_figure(
             for name, value in sorted(result.parameters.items())
         ),
     ]
+
+
+def test_csv_tables_leave_empty_what_a_sample_or_a_benchmark_lacks(tmp_path: Path) -> None:
+    """A synthetic benchmark without medium and large calls, a trace replay without kept
+    compute, calls naming a step the trace lacks or an RPC past the end of their step,
+    and the same document exported without its trace: those cells are empty."""
+    trace = oracle.boundary_trace()
+    echoes, _, throughput = oracle.results()
+    small = dataclasses.replace(
+        echoes,
+        runs=tuple(dataclasses.replace(run, samples=run.samples[:3]) for run in echoes.runs),
+    )
+    run = throughput.runs[0]
+    odd = (
+        dataclasses.replace(run.samples[0], step=99),
+        dataclasses.replace(run.samples[1], rpc_index=len(trace.steps[1].rpcs)),
+        *run.samples[2:],
+    )
+    uncomputed = dataclasses.replace(
+        throughput,
+        parameters={**throughput.parameters, "pacing": "asap"},
+        runs=(dataclasses.replace(run, samples=odd, step_compute_ns=()),),
+        partial=False,
+    )
+    document = oracle.documents()[0]
+    document = dataclasses.replace(document, benchmarks=(small, uncomputed))
+    for name, given in (("with", trace), ("without", None)):
+        export.export_csv(document, tmp_path / name, given)
+        for table in ("samples", "runs", "steps", "summary", "parameters"):
+            assert b"\r" not in (tmp_path / name / f"{table}.csv").read_bytes()
+        samples = [r for r in _read_csv(tmp_path / name / "samples.csv")]
+        traced = [r for r in samples if r["benchmark"] == "ps-throughput"]
+        empty = {"method": "", "tensor": "", "trace_caller": "", "trace_callee": ""}
+        for row in traced[:2] if given is not None else traced:
+            assert {k: row[k] for k in empty} == empty
+        if given is not None:
+            assert traced[2]["tensor"] == oracle.tensor_label(oracle.traced_rpc(trace, odd[2]))
+        (summary, _) = _read_csv(tmp_path / name / "summary.csv")
+        for size in ("medium", "large"):
+            assert all(v == "" for k, v in summary.items() if k.startswith(f"latency_{size}_"))
+        assert summary["latency_small_count"] == "6"
+        steps = _read_csv(tmp_path / name / "steps.csv")
+        assert [r["step_time_ns"] for r in steps] == [str(t) for t in run.step_times_ns]
+        assert {r["step_compute_ns"] for r in steps} == {""}
+    blocked = tmp_path / "a-file"
+    blocked.write_text("")
+    with pytest.raises(ResultError, match=r"a-file/samples\.csv: cannot write table \("):
+        export.export_csv(document, blocked, trace)
 
 
 # --------------------------------------------------------------------------
