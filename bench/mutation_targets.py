@@ -71,7 +71,7 @@ TARGETS: dict[str, Target] = {
     ),
     "sample_arrays": Target(
         path="replay/throughput.py",
-        tests=("tests/test_benchmarks_loopback.py",),
+        tests=(_ORACLES,),
         functions=("pack_samples", "unpack_samples"),
     ),
     "run_samples": Target(

@@ -34,6 +34,7 @@ from tf_grpc_bench.replay.output import comparison, export, report, timeline
 from tf_grpc_bench.replay.output.document import ResultDocument
 from tf_grpc_bench.replay.output.tensorboard import write_run
 from tf_grpc_bench.replay.runner import RunPlan, run_benchmark
+from tf_grpc_bench.replay.throughput import pack_samples, unpack_samples
 from tf_grpc_bench.replay.transport.local_servers import LocalServers
 
 SIZES = ("small", "medium", "large")
@@ -888,3 +889,14 @@ def test_a_replayed_call_is_counted_in_the_class_of_its_larger_message(
         oracle.size_class(s) != oracle.size_class(dataclasses.replace(s, request_bytes=0))
         for s in samples
     )
+
+
+def test_samples_cross_between_processes_unchanged() -> None:
+    """Worker processes send their samples to the parent as int64 arrays: every field of
+    every sample of the oracle set comes back as it was, in order."""
+    samples = tuple(s for result in oracle.results() for s in oracle.samples_of(result))
+    array = pack_samples(samples)
+    assert array.dtype == np.int64 and array.shape == (len(samples), len(SAMPLE_COLUMNS))
+    assert array[0].tolist() == [getattr(samples[0], c) for c in SAMPLE_COLUMNS]
+    assert unpack_samples(array) == samples
+    assert unpack_samples(pack_samples(())) == ()
