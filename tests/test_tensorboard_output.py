@@ -18,7 +18,7 @@ from tensorboard.util import tensor_util
 
 from tests.result_factory import make_results
 from tf_grpc_bench.replay.output import machine
-from tf_grpc_bench.replay.output.document import ResultDocument, build_document
+from tf_grpc_bench.replay.output.document import ResultDocument, TraceInfo, build_document
 from tf_grpc_bench.replay.output.events import log_buckets
 from tf_grpc_bench.replay.output.hparams import (
     COMPARISON_HPARAMS,
@@ -290,3 +290,25 @@ def test_grpc_settings_and_raw_channel_options_sort_after_the_comparison_columns
     assert [m.display_name for m in experiment.metric_infos][:4] == [
         "MB/s", "RPCs/s", "step p50 (ms)", "predicted step (ms)",
     ]  # fmt: skip
+
+
+def test_a_document_that_says_little_still_names_every_comparison_column() -> None:
+    """No network, no trace, no rpc, pacing or mode parameters: each column says so."""
+    bare = dataclasses.replace(make_results(runs=1, calls=3)[0], parameters={})
+    document = build_document([bare], config={}, trace_path=None, created=CREATED)
+    values = hparam_values(document, bare, "p2p-latency")
+    assert {name: values[name] for name, _, _ in COMPARISON_HPARAMS} == {
+        "01 network": "unrecorded", "02 benchmark": "p2p-latency", "03 rpc": "unary",
+        "04 pacing": "", "05 compute": "-", "06 link rate": "unrecorded",
+        "07 trace": "synthetic", "08 mode": "",
+    }  # fmt: skip
+    unnamed = TraceInfo(
+        path="/traces/odd.tfgbtrace", sha256="1" * 64, model="", strategy="",
+        tensorflow_version="", format_version=3, step_count=1,
+    )  # fmt: skip
+    traced = dataclasses.replace(document, trace=unnamed)
+    assert hparam_values(traced, bare, "x")["07 trace"] == "odd.tfgbtrace"
+    assert hparam_values(traced, bare, "x")["trace_sha256"] == "111111111111"
+    summary = experiment_summary(values)
+    assert summary.value[0].tensor == hparams_metadata.NULL_TENSOR
+    assert summary.value[0].tag == hparams_metadata.EXPERIMENT_TAG
