@@ -77,6 +77,9 @@ from tf_grpc_bench.profiler.recorders.recorder import (
 from tf_grpc_bench.profiler.recorders.wiretap import TapRecorder, build_library
 from tf_grpc_bench.trace import ROUND, WORKER_STEP, RunMetadata, Task, Trace
 
+#: ``RunMetadata.extra`` key of the capture machine's kernel release.
+KERNEL_EXTRA = "kernel"
+
 #: Launcher setup -> the trace's strategy name (see protos/trace.proto).
 STRATEGY_NAMES = {
     "tf2-ps": "tf2-parameter-server",
@@ -598,6 +601,8 @@ def run_metadata(
         "grpcio_version": grpc.__version__,
         "python_version": platform.python_version(),
         **dict(capture_machine()),
+        # The instance's kernel build: machines of one CPU model differ by it (bench/README.md).
+        KERNEL_EXTRA: platform.release(),
     }
     if "trainable_bytes" in job_info:
         extra["trainable_bytes"] = str(job_info["trainable_bytes"])

@@ -51,6 +51,7 @@ from tf_grpc_bench.errors import BenchError
 from tf_grpc_bench.host import capture_machine
 from tf_grpc_bench.models.registry import available_models, model_spec
 from tf_grpc_bench.profiler.capture import (
+    KERNEL_EXTRA,
     CaptureResult,
     TraceLayout,
     capture_job,
@@ -190,6 +191,7 @@ class _UserRun:
                 ("job_command", " ".join(job.command)),
                 ("python_version", platform.python_version()),
                 *capture_machine(),
+                (KERNEL_EXTRA, platform.release()),
                 *(() if self.hosts is None else self.hosts.metadata()),
                 *(() if self.calibration is None else self.calibration.extra()),
             ),

@@ -10,8 +10,9 @@ from __future__ import annotations
 import statistics
 from pathlib import Path
 
-from tf_grpc_bench import calibration, trace_files, trace_summary
+from tf_grpc_bench import calibration, capture_cpu, trace_files, trace_summary
 from tf_grpc_bench.host import CPU_COUNT_EXTRA, CPU_MODEL_EXTRA
+from tf_grpc_bench.profiler.capture import KERNEL_EXTRA
 from tf_grpc_bench.profiler.physics import check_physics
 from tf_grpc_bench.sizes import SizeCategory
 
@@ -22,8 +23,11 @@ Real traces captured on a 2-core machine without GPU (each table names its proce
 (the recorder each used is in its table), one process per TensorFlow task on localhost, synthetic input images, 2 ps +
 2 workers (+ the chief for TF2), synchronous training, batch 4 per worker. Message sizes follow the models'
 parameters, not the image size, so small images give faithful traffic on a CPU. `tf-grpc-bench replay` with no
-argument replays `resnet50-tf2ps`. All five were made by
-[`scripts/capture_shipped_traces.sh`](../scripts/capture_shipped_traces.sh); this file by `scripts/traces_readme.py`.
+argument replays `resnet50-tf2ps`. All were made by
+[`scripts/capture_shipped_traces.sh`](../scripts/capture_shipped_traces.sh) (a name ending in a CPU model, such as
+`resnet50-tf2ps-intel-xeon`, is the same job captured on that CPU by `--other-cpu`); this file by
+`scripts/traces_readme.py`. Each names its capture machine (CPU model, count, kernel) and how busy its cores were over
+its steps ("capture CPU").
 Each records its compute calibration (a local training step of its model, timed on the capture machine before its
 training): a replay on another machine scales the trace's compute by its own step over that one, so a shipped trace
 predicts training on the machine that replays it (`--compute auto`, the default; `--compute recorded` keeps the
@@ -38,7 +42,17 @@ def _calibration(extra: tuple[tuple[str, str], ...]) -> str:
     recorded = calibration.from_extra(extra)
     if recorded is None:
         return "not recorded"
-    return f"{recorded.workload.text}: {recorded.step_ns / 1e6:.1f} ms a step"
+    line = calibration.calibration_line(extra).removeprefix("compute calibration: ")
+    return line.split(" (a replay on another machine")[0]
+
+
+def _capture_cpu(extra: tuple[tuple[str, str], ...]) -> str:
+    recorded = capture_cpu.from_extra(extra)
+    return (
+        "not recorded (captured before captures recorded it)"
+        if recorded is None
+        else recorded.text()
+    )
 
 
 def describe(path: Path) -> str:
@@ -68,8 +82,10 @@ def describe(path: Path) -> str:
         f"TensorFlow {meta.tensorflow_version}, input {'x'.join(map(str, meta.input_shape))} |",
         f"| tasks | {', '.join(f'{t.job}:{t.index}' for t in trace.tasks)} |",
         f"| recorder | `{meta.capture_method}` |",
-        f"| captured on | {machine}, {meta.created_utc} |",
+        f"| captured on | {machine}, kernel {extra.get(KERNEL_EXTRA) or 'not recorded'}, "
+        f"{meta.created_utc} |",
         f"| compute calibration | {_calibration(meta.extra)} |",
+        f"| capture CPU | {_capture_cpu(meta.extra)} |",
         f"| steady steps | {len(steps)} (start-up: {len(trace.startup.rpcs)} RPCs, kept apart) |",
         f"| per step | {first.rpc_count} RPCs ({', '.join(f'{m} {c}' for m, c in first.rpcs_per_method)}), "
         f"{first.request_bytes:,} B requests, {first.response_bytes:,} B responses |",
@@ -97,6 +113,9 @@ def main() -> None:
         "alexnet-tf2ps",
         "resnet50-tf1ps",
     ]
+    # Then the same jobs captured on other CPU models (capture_shipped_traces.sh --other-cpu).
+    shipped = {name.removesuffix(trace_files.SUFFIX) for name in trace_files.shipped_trace_names()}
+    order += sorted(shipped - set(order))
     sections = [describe(trace_files.shipped_trace_path(name)) for name in order]
     notes = """## Reading the physics figures
 

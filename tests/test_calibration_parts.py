@@ -130,3 +130,17 @@ def test_a_machine_times_a_jobs_workers_step_in_processes_at_once(
     assert timing.step_ns > 0
     assert [name for name, _ in timing.parts] == list(calibration.PART_NAMES)
     assert all(ns > 0 for _, ns in timing.parts)
+
+
+def test_a_trace_names_its_capture_machines_kernel() -> None:
+    import platform
+
+    from tf_grpc_bench.profiler.capture import KERNEL_EXTRA, calibration_workload, run_metadata
+    from tf_grpc_bench.profiler.launch.config import TrainingConfig
+
+    config = TrainingConfig(model="tiny")
+    recorded = Calibration(calibration_workload(config), 5_000_000, parts=THERE, spread=1.1)
+    extra = dict(run_metadata(config, {}, ("capture",), calibration=recorded).extra)
+    assert extra[KERNEL_EXTRA] == platform.release()
+    assert extra["calibration_workload"] == "tiny 8x8 batch 4 keras, 2 processes at once"
+    assert extra["calibration_spread"] == "1.1000"
