@@ -27,6 +27,7 @@ import json
 import statistics
 import sys
 import tempfile
+import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -64,6 +65,9 @@ class UncapturedRun:
     #: The machine's and each task's CPU over the steady rounds (None: not sampled).
     cpu: CaptureCpu | None
     cpu_model: str
+    #: CPU seconds this process (the launcher: its polling of the step markers and task
+    #: processes, the CPU sampler) used from the job's start to its end.
+    launcher_cpu_s: float | None = None
 
     @property
     def round_ns(self) -> int:
@@ -92,6 +96,9 @@ class UncapturedRun:
             "busy_cores": None if self.cpu is None else round(self.cpu.busy_cores, 3),
             "cores": None if self.cpu is None else self.cpu.cores,
             "cpu_model": self.cpu_model,
+            "launcher_cpu_s": None
+            if self.launcher_cpu_s is None
+            else round(self.launcher_cpu_s, 4),
         }
 
 
@@ -141,12 +148,14 @@ def train_uncaptured(
         prefixes = None if hosts is None else {task.key: hosts.prefix(task.key) for task in tasks}
         job = stack.enter_context(TrainingJob(config, tasks, workdir, prefixes=prefixes))
         sampler = CpuSampler(lambda: {f"{job_}:{i}": pid for (job_, i), pid in job.pids().items()})
+        own_begin = time.process_time()
         job.start()
         sampler.start()
         try:
             outcome = job.wait(timeout_s)
         finally:
             sampler.stop()
+        launcher_cpu_s = time.process_time() - own_begin
         markers = [marker for marker in outcome.markers if marker.phase == "steady"]
         windows = [(w.start_ns, w.end_ns) for w in step_windows(markers)]
         names = [task.name for task in tasks]
@@ -156,6 +165,7 @@ def train_uncaptured(
             rounds_ns=steady_rounds(markers),
             cpu=summarize(sampler.samples, windows, names),
             cpu_model=host.cpu_model(),
+            launcher_cpu_s=launcher_cpu_s,
         )
 
 

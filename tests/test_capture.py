@@ -470,7 +470,9 @@ def test_capturing_the_tiny_model_gives_a_trace_that_obeys_physics(
     # (and kept in its cache, so that a replay here finds the same figure).
     recorded = calibration.from_extra(meta.extra)
     assert recorded is not None and recorded.step_ns > 0
-    assert recorded.workload.text == "tiny 16x16 batch 4 keras"
+    # The job's 2 workers' step, timed by 2 processes at once, its kinds of work apart.
+    assert recorded.workload.text == "tiny 16x16 batch 4 keras, 2 processes at once"
+    assert [name for name, _ in recorded.parts] == list(calibration.PART_NAMES)
     here = describe_machine(cpu_model(), os.cpu_count() or 0)
     assert calibration.cached(here, recorded.workload) == recorded.step_ns
     datetime.datetime.fromisoformat(meta.created_utc)

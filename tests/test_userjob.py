@@ -343,8 +343,9 @@ def test_a_users_own_parameter_server_script_is_captured(tmp_path: Path, recorde
     assert extra["unattributed_calls"] == "0"
     assert extra["cpu_model"] == cpu_model() and int(extra["cpus"]) >= 1
     assert trace.metadata.model == "user-mlp" and trace.metadata.command[1] == "capture-job"
-    # A job whose model is none of models/ is calibrated on the reference workload.
-    assert extra["calibration_workload"] == "resnet50 32x32 batch 4 keras"
+    # A job whose model is none of models/ is calibrated on the reference workload, in as
+    # many processes at once as it has workers.
+    assert extra["calibration_workload"] == "resnet50 32x32 batch 4 keras, 2 processes at once"
     assert int(extra["calibration_step_ns"]) > 0
     assert (
         trace.metadata.capture_method
