@@ -39,6 +39,14 @@ Run from the repository root::
 
     .venv/bin/python bench/capture_overhead.py --models resnet50,vgg16   # ~15 min on 2 cores
     .venv/bin/python bench/capture_overhead.py --models tiny --repetitions 2 --no-readme
+    sudo .venv/bin/python bench/capture_overhead.py --ps 2 --variants preload \
+        --network loopback,1gbit,5gbit,10gbit --repetitions 5   # on links too
+
+``--network PROFILES`` runs every job with its tasks on emulated hosts (ps tasks on one,
+the others on another, as ``capture --network`` places them) across each link, and
+without capture the same way (``profiler.uncaptured``: the launcher's job with no
+recorder); the tables then also give each variant's tasks' CPU per step against the
+uncaptured run's.
 """
 
 from __future__ import annotations
@@ -65,6 +73,8 @@ from tf_grpc_bench.profiler.uncaptured import train_uncaptured
 
 SECTION = "## Capture overhead"
 OFF = "off"
+#: ``--network``'s name for no emulated link: every task on this host's loopback.
+LOOPBACK = "loopback"
 #: Variant -> (recorder, RecordingProxy options).
 VARIANTS: dict[str, tuple[str, dict[str, object]]] = {
     "preload": ("preload", {}),
@@ -368,8 +378,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--network",
         default=None,
         metavar="PROFILES",
-        help="run every job across each of these emulated links, comma-separated (root; "
-        "only the preload variant: the proxies cannot reach tasks inside emulated hosts)",
+        help="run every job across each of these emulated links, comma-separated, 'loopback' "
+        "for none (root; only the preload variant: the proxies cannot reach tasks inside "
+        "emulated hosts)",
     )
     parser.add_argument("--no-readme", action="store_true", help="print only")
     args = parser.parse_args(argv)
@@ -377,14 +388,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     unknown = [v for v in variants if v not in VARIANTS]
     if unknown:
         parser.error(f"unknown variants {unknown}; known: {', '.join(VARIANTS)}")
-    if args.network and any(VARIANTS[v][0] != "preload" for v in variants):
+    profiles = [p.strip() for p in (args.network or "loopback").split(",") if p.strip()]
+    links = [profile for profile in profiles if profile != LOOPBACK]
+    if links and any(VARIANTS[v][0] != "preload" for v in variants):
         parser.error("--network measures only the preload variant: add --variants preload")
     try:
         networks = [
-            NetworkRequest.parse(profile.strip())
-            for profile in (args.network or "").split(",")
-            if profile.strip()
-        ] or [None]
+            None if profile == LOOPBACK else NetworkRequest.parse(profile) for profile in profiles
+        ]
     except BenchError as error:
         parser.error(str(error))
     configs = [

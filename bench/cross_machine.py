@@ -48,6 +48,8 @@ SECTION = "## Fidelity across machines: {trace}"
 PAIRS_SECTION = "## Fidelity across machines: every pair of CPU models"
 #: ``RunMetadata.strategy`` -> the launcher's setup.
 SETUPS = {"tf2-parameter-server": "tf2-ps", "tf1-parameter-server": "tf1-ps"}
+#: How traces calibrated before the parts and processes were timed are described.
+ONE_PROCESS = "one process, the whole local step"
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -159,7 +161,7 @@ def measured_pairs(
             link=row.profile,
             ratio=ratio,
             compute=row.compute,
-            calibration=dict(extra).get("calibration_method", "one process, the whole local step"),
+            calibration=_calibration_method(extra),
             measured_utc=when,
             code=code_version(),
             source=command,
@@ -167,6 +169,19 @@ def measured_pairs(
         for row in rows
         if (ratio := row.ratio) is not None
     ]
+
+
+def _calibration_method(extra: tuple[tuple[str, str], ...]) -> str:
+    """How the trace's calibration was measured (its workload and whether it has parts)."""
+    from tf_grpc_bench import calibration
+
+    recorded = calibration.from_extra(extra)
+    if recorded is None:
+        return "none"
+    if not recorded.parts:
+        return ONE_PROCESS
+    processes = recorded.workload.processes
+    return f"{processes} process{'es' if processes > 1 else ''} at once, by kind of work"
 
 
 def report(name: str, trace: Trace, rows: list[CrossRow], command: str, before: str) -> str:
@@ -216,31 +231,30 @@ def pairs_section(pairs: list[MeasuredPair]) -> str:
     summary = "No pair of different CPU models measured yet."
     if measured is not None:
         summary = (
-            f"Across CPU models: {measured.low:.2f} to {measured.high:.2f} of uncaptured training "
-            f"({measured.count} measured); a replay of a trace from another CPU model says so "
-            "under its table (`compute_calibration`)."
+            f"Across CPU models: {measured.low:.2f} to {measured.high:.2f} ({measured.count} "
+            "measured), which a replay of a trace from another CPU model states."
+        )
+    if any(pair.calibration == ONE_PROCESS for pair in pairs):
+        summary += (
+            f" Rows calibrated '{ONE_PROCESS}' predate the calibration of the workers' step in "
+            "processes at once (docs/fidelity.md, Compute from another machine)."
         )
     lines = [
         PAIRS_SECTION,
         "",
-        "Written by `bench/fidelity.py --cross-machine` from",
-        "`src/tf_grpc_bench/cross_machine_pairs.json` (the latest measurement of each pair of",
-        "machines, trace and link). Ratio: the replay's prediction over uncaptured training on",
-        "the replaying machine.",
+        "`bench/fidelity.py --cross-machine` (every pair in "
+        "`src/tf_grpc_bench/cross_machine_pairs.json`, the latest of each pair, trace and link). "
+        f"Ratio: prediction over uncaptured training on the replaying machine. {summary}",
         "",
-        summary,
-        "",
-        *table_head(
-            "captured on", "replayed on", "trace", "link", "ratio", "compute", "calibration",
-            "measured (UTC)", "code",
-        ),
+        *table_head("captured on", "replayed on", "trace, link", "ratio", "calibration",
+                    "measured (UTC), code"),
     ]  # fmt: skip
     for pair in pairs:
         lines.append(
             table_row(
-                pair.captured_on, pair.replayed_on, pair.trace, pair.link, f"{pair.ratio:.2f}",
-                pair.compute.split(": compute ")[-1].split(";")[0] or "-", pair.calibration or "-",
-                pair.measured_utc or "-", pair.code or "-",
+                pair.captured_on, pair.replayed_on, f"{pair.trace}, {pair.link}",
+                f"{pair.ratio:.2f}", pair.calibration or "-",
+                f"{pair.measured_utc or '-'}, {pair.code or '-'}",
             )
         )  # fmt: skip
     return "\n".join(lines)

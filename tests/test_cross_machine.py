@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import sys
 from pathlib import Path
 
 import pytest
 
-from tf_grpc_bench import cross_machine
+from tf_grpc_bench import cross_machine, host
 from tf_grpc_bench.calibration import Calibration, CalibrationWorkload, StepHere, compute_to_here
 from tf_grpc_bench.cross_machine import MeasuredPair
 from tf_grpc_bench.errors import ConfigError
@@ -107,3 +109,41 @@ def test_the_shipped_pairs_file_reads() -> None:
     assert all(pair.source for pair in pairs)
     document = json.loads(cross_machine.PAIRS_FILE.read_text())
     assert document["version"] == cross_machine.VERSION
+
+
+def test_the_cross_machine_bench_trains_the_traces_job_and_tables_every_pair(
+    tmp_path: Path,
+) -> None:
+    from tests.conftest import load_bench_script
+    from tf_grpc_bench import trace_files
+
+    bench = load_bench_script("cross_machine.py", "bench_cross_machine")
+    fidelity = sys.modules["fidelity"]
+    shipped = trace_files.read_trace(trace_files.shipped_trace_path("resnet50-tf2ps"))
+    shape = bench.job_shape(shipped, 8)
+    assert shape == fidelity.job_arguments("resnet50", "tf2-ps", 8, workers=2, ps=2)
+    document = tmp_path / "results.json"
+    document.write_text(
+        json.dumps({"benchmarks": [{"parameters": {"compute_calibration": "x: compute x1.3"}}]})
+    )
+    prediction = fidelity.Prediction(
+        step_s=0.80, compute_s=0.1, cpu_cores=0.5, cpu_per_round_s=None, document=document
+    )
+    plain = fidelity.Uncaptured(round_s=0.75, tasks_cpu_per_round_s=0.7, rounds=8)
+    row = bench.CrossRow(
+        profile="5gbit", uncaptured=plain, captured_s=0.80, link_bound_s=0.33,
+        prediction=prediction, compute=bench._compute(prediction),
+    )  # fmt: skip
+    assert row.compute == "x: compute x1.3" and row.ratio == pytest.approx(0.80 / 0.75)
+    body = bench.report("resnet50-tf2ps", shipped, [row], "cmd", "0")
+    assert body.splitlines()[0] == "## Fidelity across machines: resnet50-tf2ps"
+    assert (
+        "| 5gbit | 0.75 s | 0.80 s | 0.33 s | 0.80 s | **1.07** / 1.00 | x: compute x1.3 |" in body
+    )
+    (pair,) = bench.measured_pairs("resnet50-tf2ps", shipped, [row], "cmd")
+    assert (pair.captured_on, pair.trace, pair.link) == (EPYC, "resnet50-tf2ps", "5gbit")
+    assert pair.calibration == bench.ONE_PROCESS and pair.source == "cmd"
+    assert pair.replayed_on == host.this_machine()
+    table = bench.pairs_section([dataclasses.replace(pair, replayed_on=XEON), _pair("1gbit", 1.04)])
+    assert "Across CPU models: 1.04 to 1.07 (2 measured)" in table
+    assert table.count("\n| ") == 3  # the head and a row per pair
