@@ -9,6 +9,9 @@ library's version: a new source or an upgraded gRPC builds it again.
 
 from __future__ import annotations
 
+import contextlib
+import json
+import os
 import shutil
 import subprocess
 from dataclasses import dataclass
@@ -43,27 +46,75 @@ class Library:
     link_flags: tuple[str, ...]
 
 
-def _pkg_config(*arguments: str) -> str:
+#: What pkg-config is asked, side by side (each call takes seconds on a busy machine: grpc++
+#: pulls in dozens of abseil packages).
+_QUERIES = {
+    "version": "--modversion",
+    "compile": "--cflags",
+    "link": "--libs",
+    "libdir": "--variable=libdir",
+    "pcfiledir": "--variable=pcfiledir",
+}
+#: Where pkg-config's answers are kept, with what makes them stale.
+_ANSWERS_FILE = "grpc++-pkg-config.json"
+_ENVIRONMENT = ("PKG_CONFIG_PATH", "PKG_CONFIG_LIBDIR", "PKG_CONFIG_SYSROOT_DIR")
+
+
+def _ask_pkg_config() -> dict[str, str]:
     tool = shutil.which("pkg-config")
     if tool is None:
         raise EngineUnavailable(f"--engine grpc-cpp: pkg-config not found; {INSTALL_HINT}")
-    done = subprocess.run(
-        [tool, *arguments, PKG_CONFIG_PACKAGE], capture_output=True, text=True, check=False
-    )
-    if done.returncode != 0:
+    running = {
+        name: subprocess.Popen(
+            [tool, flag, PKG_CONFIG_PACKAGE],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            text=True,
+        )
+        for name, flag in _QUERIES.items()
+    }
+    answers = {name: process.communicate()[0].strip() for name, process in running.items()}
+    if any(process.returncode != 0 for process in running.values()):
         raise EngineUnavailable(f"--engine grpc-cpp: gRPC C++ not found; {INSTALL_HINT}")
-    return done.stdout.strip()
+    return answers
 
 
-def find_library() -> Library:
+def _pc_file_stamp(answers: dict[str, str]) -> int:
+    """When grpc++.pc last changed (an upgrade rewrites it); -1 if it is gone."""
+    try:
+        return (Path(answers["pcfiledir"]) / f"{PKG_CONFIG_PACKAGE}.pc").stat().st_mtime_ns
+    except (KeyError, OSError):
+        return -1
+
+
+def _pkg_config_answers(cache_directory: Path | None) -> dict[str, str]:
+    """pkg-config's answers about gRPC C++: kept in the native cache while grpc++.pc and
+    pkg-config's environment stay as they were, asked again otherwise."""
+    kept = (cache_directory or native.cache_directory()) / _ANSWERS_FILE
+    environment = {name: os.environ.get(name, "") for name in _ENVIRONMENT}
+    with contextlib.suppress(OSError, ValueError, TypeError):
+        document = json.loads(kept.read_text(encoding="utf-8"))
+        answers = dict(document["answers"])
+        if document["environment"] == environment and document["stamp"] == _pc_file_stamp(answers):
+            return answers
+    answers = _ask_pkg_config()
+    document = {"answers": answers, "environment": environment, "stamp": _pc_file_stamp(answers)}
+    with contextlib.suppress(OSError):
+        kept.parent.mkdir(parents=True, exist_ok=True)
+        temporary = kept.with_name(f".{kept.name}.{os.getpid()}")
+        temporary.write_text(json.dumps(document), encoding="utf-8")
+        os.replace(temporary, kept)
+    return answers
+
+
+def find_library(cache_directory: Path | None = None) -> Library:
     """The system's gRPC C++; ``EngineUnavailable`` naming what to install if none."""
-    version = _pkg_config("--modversion")
-    library_directory = _pkg_config("--variable=libdir")
-    rpath = (f"-Wl,-rpath,{library_directory}",) if library_directory else ()
+    answers = _pkg_config_answers(cache_directory)
+    rpath = (f"-Wl,-rpath,{answers['libdir']}",) if answers["libdir"] else ()
     return Library(
-        version=version,
-        compile_flags=tuple(_pkg_config("--cflags").split()),
-        link_flags=(*_pkg_config("--libs").split(), *rpath, "-pthread"),
+        version=answers["version"],
+        compile_flags=tuple(answers["compile"].split()),
+        link_flags=(*answers["link"].split(), *rpath, "-pthread"),
     )
 
 
@@ -88,7 +139,8 @@ def engine_part(library: Library) -> NativeSource:
 def build_engine(cache_directory: Path | None = None) -> Path:
     """The engine program, built now if not cached yet.  ``EngineUnavailable`` when gRPC
     C++ or a compiler is missing, or the build fails."""
-    return native.build(engine_part(find_library()), error=EngineUnavailable, cache=cache_directory)
+    library = find_library(cache_directory)
+    return native.build(engine_part(library), error=EngineUnavailable, cache=cache_directory)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -107,7 +159,7 @@ class EngineStatus:
 def engine_status(cache_directory: Path | None = None) -> EngineStatus:
     """Whether the engine is built here, where, against which gRPC C++; builds nothing."""
     try:
-        library = find_library()
+        library = find_library(cache_directory)
     except EngineUnavailable as error:
         return EngineStatus(library_version="", path=None, built=False, problem=str(error))
     path = native.built_path(engine_part(library), cache_directory or native.cache_directory())

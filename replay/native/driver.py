@@ -31,7 +31,7 @@ from tf_grpc_bench.replay.core.pacing import (
     Timing,
     release_time_ns,
 )
-from tf_grpc_bench.replay.core.workload import Call, Mode, Shape, WorkloadStep
+from tf_grpc_bench.replay.core.workload import Call, Mode, Shape, Workload, WorkloadStep
 from tf_grpc_bench.replay.native.process import EngineProcess
 from tf_grpc_bench.replay.native.protocol import (
     NO_LIMIT,
@@ -42,6 +42,7 @@ from tf_grpc_bench.replay.native.protocol import (
     unique_options,
 )
 from tf_grpc_bench.replay.transport.driver import StepOutcome
+from tf_grpc_bench.replay.transport.loop import RunPlan
 from tf_grpc_bench.replay.transport.peers import PEER_POLL_S, Peers, perf_minus_monotonic_ns
 from tf_grpc_bench.replay.transport.wire import ChannelSettings, RpcKind
 
@@ -209,6 +210,9 @@ class NativeDriver:
         self._issued_in_run = 0
         self._asap_orders: dict[int, tuple[WorkloadStep, bytes]] = {}
 
+    def close(self) -> None:
+        self.engine.close()
+
     def prepare(self, steps: Sequence[WorkloadStep]) -> None:
         """Check that dependencies pacing has what it needs (requests were built at set-up)."""
         if self.pacing.timing is Timing.DEPENDENCIES:
@@ -335,6 +339,37 @@ class NativeDriver:
                     rpc_index=call.rpc_index,
                 )
             )
+
+
+def open_native_driver(
+    program: Path,
+    workload: Workload,
+    targets: Sequence[str],
+    pacing: Pacing,
+    plan: RunPlan,
+    *,
+    settings: ChannelSettings,
+    peers: Peers | None = None,
+) -> NativeDriver:
+    """A driver of ``workload``'s calls (one worker's) on a program of its own, connected
+    to ``targets`` and with its requests made; ``TransportError`` if it cannot be."""
+    engine = EngineClient(
+        program,
+        rows=rows_of(workload.steps, workload.mode, pacing),
+        targets=targets,
+        mode=workload.mode,
+        settings=settings,
+        pacing=pacing,
+        deadline_s=plan.deadline_s,
+        connect_timeout_s=plan.connect_timeout_s,
+    )
+    try:
+        driver = NativeDriver(engine, workload.steps, workload.mode, pacing, peers=peers)
+        driver.prepare(workload.steps)
+    except BaseException:
+        engine.close()
+        raise
+    return driver
 
 
 def rows_of(steps: Sequence[WorkloadStep], mode: Mode, pacing: Pacing) -> list[Row]:

@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import contextlib
 import os
+import select
 import subprocess
 import threading
+import time
 from pathlib import Path
 from typing import IO
 
@@ -69,21 +71,30 @@ class EngineProcess:
             except (BrokenPipeError, ValueError, OSError):
                 raise self._gone() from None
 
-    def _fill(self, size: int) -> None:
-        """Read until ``size`` bytes are pending (an interrupting signal loses none)."""
+    def _fill(self, size: int, deadline: float | None = None) -> None:
+        """Read until ``size`` bytes are pending (an interrupting signal loses none);
+        ``TransportError`` past ``deadline`` (``time.monotonic``)."""
         while len(self._pending) < size:
+            if deadline is not None:
+                left = deadline - time.monotonic()
+                if left <= 0 or not select.select([self._out.fileno()], [], [], left)[0]:
+                    raise TransportError(
+                        f"the gRPC C++ engine ({self.role}, pid {self.pid}) did not answer"
+                    )
             data = os.read(self._out.fileno(), max(size - len(self._pending), 1 << 16))
             if not data:
                 raise self._gone()
             self._pending += data
 
-    def receive(self) -> Decoder:
-        """The next frame; ``TransportError`` if the program ended instead."""
-        self._fill(4)
+    def receive(self, timeout_s: float | None = None) -> Decoder:
+        """The next frame; ``TransportError`` if the program ended instead (or sent none
+        within ``timeout_s``)."""
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        self._fill(4, deadline)
         length = int.from_bytes(self._pending[:4], "little")
         if length == 0:
             raise TransportError(f"the gRPC C++ engine (pid {self.pid}) sent an empty frame")
-        self._fill(4 + length)
+        self._fill(4 + length, deadline)
         body = bytes(self._pending[4 : 4 + length])
         del self._pending[: 4 + length]
         return Decoder(body)

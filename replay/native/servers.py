@@ -4,14 +4,12 @@
 same constructor, ``targets``, ``pids``, ``start``/``stop`` and context
 manager, each server a program of its own (``--procs-per-server`` K: K
 programs sharing its port, told of each other's loopback ports for control
-calls, as ``transport.siblings`` describes).  ``serve_native_until`` is
-``serve_until`` for ``serve --engine grpc-cpp``.
+calls, as ``transport.siblings`` describes).
 """
 
 from __future__ import annotations
 
-import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from types import TracebackType
 
@@ -24,6 +22,8 @@ from tf_grpc_bench.replay.transport.wire import ServerSettings
 
 #: How long a server program has to stop (SIGTERM) before it is killed.
 STOP_GRACE_S = 5.0
+#: How long a server program has to say it listens.
+START_TIMEOUT_S = 60.0
 
 
 def setup_frame(
@@ -90,7 +90,7 @@ class NativeServer:
                     mode, host, port, settings, shared=shared, sibling=sibling, threads=threads
                 )
             )
-            answer = self.process.receive()
+            answer = self.process.receive(START_TIMEOUT_S)
         except TransportError as error:
             self.process.kill()
             raise ServeError(str(error)) from None
@@ -110,7 +110,7 @@ class NativeServer:
         """The other programs serving this port; returns once this one knows them."""
         try:
             self.process.send(Encoder("B").texts(list(others)).frame())
-            if self.process.receive().kind != "K":
+            if self.process.receive(START_TIMEOUT_S).kind != "K":
                 raise ServeError(f"server program {self.process.pid} did not take its siblings")
         except TransportError as error:
             raise ServeError(str(error)) from None
@@ -121,7 +121,7 @@ class NativeServer:
         self.process.terminate()
         totals = None
         try:
-            frame = self.process.receive()
+            frame = self.process.receive(STOP_GRACE_S)
             if frame.kind == "Z":
                 totals = (frame.i64(), frame.i64())
         except TransportError:
@@ -225,43 +225,3 @@ class NativeServers:
         traceback: TracebackType | None,
     ) -> None:
         self.stop()
-
-
-def serve_native_until(
-    stop: threading.Event,
-    program: Path,
-    *,
-    mode: Mode,
-    host: str,
-    ports: Sequence[int],
-    settings: ServerSettings,
-    announce: Callable[[str], None],
-    procs_per_server: int = 1,
-    threads: int = 1,
-) -> str:
-    """``tf-grpc-bench serve --engine grpc-cpp``: servers on ``ports`` until ``stop`` is set.
-
-    ``announce`` gets the line saying where they listen; the return value is the
-    line saying what they did.
-    """
-    servers = NativeServers(
-        len(ports),
-        program,
-        mode=mode,
-        host=host,
-        ports=list(ports),
-        settings=settings,
-        procs_per_server=procs_per_server,
-        threads=threads,
-    )
-    servers.start()
-    try:
-        announce(
-            f"serving {mode.value} on {','.join(servers.targets)} with gRPC C++ "
-            f"(pids {' '.join(map(str, servers.pids))}); Ctrl-C to stop"
-        )
-        while not stop.wait(1.0):
-            pass
-    finally:
-        messages, received = servers.stop()
-    return f"stopped; received {messages} messages, {received} bytes"

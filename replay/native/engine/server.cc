@@ -18,6 +18,7 @@
 #include <condition_variable>
 #include <cstring>
 #include <map>
+#include <shared_mutex>
 #include <sstream>
 #include <thread>
 
@@ -391,6 +392,12 @@ class Replay {
   const std::string mode;
   std::string address;
   std::atomic<int> control_threads{0};
+  // Set once the server has shut down: events still coming out of the queues end
+  // their calls instead of starting anything more on them.
+  std::atomic<bool> draining{false};
+  // Held (shared) while an event is handled, (exclusively) while draining begins, so no
+  // call starts an operation on a queue that is shutting down.
+  std::shared_mutex handling;
 
   int64_t max_response() const { return max_response_; }
 
@@ -451,6 +458,8 @@ class ServerCall {
   }
 
   void Proceed(bool ok) {
+    std::shared_lock<std::shared_mutex> handling(replay_->handling);
+    if (replay_->draining.load()) return delete this;
     switch (stage_) {
       case Stage::kWaiting:
         if (!ok) return delete this;  // the server is shutting down
@@ -918,7 +927,11 @@ int RunServer() {
   stop.Wait();
   server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(1));
   while (replay.control_threads.load() > 0) std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  for (auto& queue : queues) queue->Shutdown();
+  {
+    std::unique_lock<std::shared_mutex> draining(replay.handling);
+    replay.draining = true;
+    for (auto& queue : queues) queue->Shutdown();
+  }
   for (auto& poller : pollers) poller.join();
   auto received = replay.sessions.Received();
   Encoder totals('Z');
