@@ -394,7 +394,9 @@ def _git(*arguments: str) -> str:
 def run_module(name: str, target: Target, *, jobs: int, swaps: bool) -> dict[str, object]:
     """Mutate one module, run its tests against every mutant; its figures (and its row)."""
     source = (ROOT / target.path).read_text()
-    commit = _git("rev-parse", "--short", "HEAD")
+    # The commit of the code measured: the last one that changed the module (it stays
+    # the same when the branch it was measured on is rebased and merged).
+    commit = _git("log", "-1", "--format=%h", "HEAD", "--", target.path)
     if _git("status", "--porcelain", "--", target.path):
         commit += " (uncommitted changes)"
     folder = _lay_out(name, target)
