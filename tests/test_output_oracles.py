@@ -27,11 +27,17 @@ from tensorboard.util import tensor_util
 from tests import oracle_samples as oracle
 from tf_grpc_bench.errors import ResultError
 from tf_grpc_bench.protos import xplane_pb2
-from tf_grpc_bench.replay.core.measurement import SAMPLE_COLUMNS, Benchmark, BenchmarkResult
+from tf_grpc_bench.replay.core.measurement import (
+    SAMPLE_COLUMNS,
+    Benchmark,
+    BenchmarkResult,
+    CallSample,
+)
 from tf_grpc_bench.replay.core.trace_workload import trace_workload
 from tf_grpc_bench.replay.core.workload import Mode
 from tf_grpc_bench.replay.output import comparison, export, report, timeline
 from tf_grpc_bench.replay.output.document import ResultDocument
+from tf_grpc_bench.replay.output.statistics import calls_in_flight
 from tf_grpc_bench.replay.output.tensorboard import write_run
 from tf_grpc_bench.replay.runner import RunPlan, run_benchmark
 from tf_grpc_bench.replay.throughput import pack_samples, unpack_samples
@@ -900,3 +906,17 @@ def test_samples_cross_between_processes_unchanged() -> None:
     assert array[0].tolist() == [getattr(samples[0], c) for c in SAMPLE_COLUMNS]
     assert unpack_samples(array) == samples
     assert unpack_samples(pack_samples(())) == ()
+
+
+def test_calls_in_flight_count_what_was_open_when_each_was_issued() -> None:
+    """A call answered at the very instant another is issued is no longer open; one
+    issued at the same instant is; a call is open while it is answered (at least 1)."""
+
+    def call(start: int, latency: int) -> CallSample:
+        return CallSample(
+            start_ns=start, latency_ns=latency, request_bytes=1, response_bytes=1, payload_bytes=1
+        )
+
+    samples = [call(0, 10), call(10, 5), call(10, 20), call(12, 0), call(40, 1)]
+    assert calls_in_flight(samples) == oracle.in_flight(samples) == [1, 2, 2, 2, 1]
+    assert calls_in_flight([]) == []
