@@ -33,6 +33,7 @@ from tf_grpc_bench.replay.core.measurement import (
     BenchmarkResult,
     CallSample,
 )
+from tf_grpc_bench.replay.core.pacing import Pacing, Timing
 from tf_grpc_bench.replay.core.trace_workload import trace_workload
 from tf_grpc_bench.replay.core.workload import Mode
 from tf_grpc_bench.replay.output import comparison, export, report, timeline
@@ -859,32 +860,56 @@ def test_the_comparison_shows_each_links_step_and_latency_by_value(
 
 
 @pytest.mark.parametrize(
-    "benchmark", [Benchmark.PS_THROUGHPUT, Benchmark.P2P_LATENCY], ids=lambda b: b.value
+    ("benchmark", "pacing"),
+    [
+        (Benchmark.PS_THROUGHPUT, Pacing(window=None)),
+        (Benchmark.P2P_LATENCY, Pacing()),
+        (Benchmark.P2P_LATENCY, Pacing(timing=Timing.RATE, rate_per_s=2000.0)),
+    ],
+    ids=["ps-throughput", "p2p-latency", "p2p-latency-rate"],
 )
 def test_a_replayed_call_is_counted_in_the_class_of_its_larger_message(
-    benchmark: Benchmark,
+    benchmark: Benchmark, pacing: Pacing
 ) -> None:
     """Real grpcio clients and servers replay the boundary trace (weights pulled at
     every class boundary, gradients pushed back: a push's request is the larger
-    message); each sample carries its traced call's sizes and is counted by the larger."""
+    message); each sample carries its traced call's sizes, server and worker, is counted
+    by the larger message, and says how late it went after its planned release (none
+    planned as fast as possible; after it, within the run, at a fixed rate)."""
     trace = oracle.boundary_trace()
     workload = trace_workload(trace, benchmark, mode=Mode.NON_SERIALIZED)
     plan = RunPlan(warmup_ns=0, duration_ns=1, runs=1, steps=2, deadline_s=120)
     with LocalServers(2, mode=Mode.NON_SERIALIZED) as servers:
-        result = run_benchmark(workload, servers.targets, plan=plan)
+        result = run_benchmark(workload, servers.targets, plan=plan, pacing=pacing)
     assert not result.partial, result.partial_reason
     samples = oracle.samples_of(result)
     assert samples
+    servers_played = str(result.parameters["server_tasks"]).split(",")
+    # P2P replays one (worker, ps) pair: the worker is the pair's first task.
+    workers_played = str(
+        result.parameters.get("client_tasks", str(result.parameters.get("pair")).split("->")[0])
+    ).split(",")
     pushes = 0
     for sample in samples:
         rpc = oracle.traced_rpc(trace, sample)
         pushed = trace.tasks[rpc.caller_task].job == "ps"
+        ps, worker = (rpc.caller_task, rpc.callee_task) if pushed else (
+            rpc.callee_task, rpc.caller_task
+        )  # fmt: skip
         traced = (rpc.response_bytes, rpc.request_bytes) if pushed else (
             rpc.request_bytes, rpc.response_bytes
         )  # fmt: skip
         pushes += pushed
         assert (sample.request_bytes, sample.response_bytes) == traced
         assert sample.payload_bytes == max(traced)
+        assert servers_played[sample.server_index] == oracle.task_name(trace, ps)
+        assert workers_played[sample.worker_index] == oracle.task_name(trace, worker)
+        assert 0 <= sample.release_lag_ns <= result.runs[0].duration_ns
+    lags = [s.release_lag_ns for s in samples]
+    if pacing.timing is Timing.ASAP:
+        assert set(lags) == {0}
+    else:
+        assert max(lags) > 0
     counted = {
         size: summary.count
         for size, summary in ((c.value, s) for c, s in result.latency_by_category)
