@@ -76,7 +76,7 @@ TARGETS: dict[str, Target] = {
     ),
     "run_samples": Target(
         path="replay/transport/loop.py",
-        tests=("tests/test_run_measurement.py",),
+        tests=("tests/test_run_measurement.py", "tests/test_machine_cpu.py"),
         functions=("run_measurement", "machine_cpu_over"),
     ),
     # Figures and every writer of them.

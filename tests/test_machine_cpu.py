@@ -102,6 +102,13 @@ def test_a_runs_machine_cpu_spans_the_first_begin_to_the_last_end() -> None:
     assert machine_cpu_over([*outcomes, _outcome(None, None)]) == (0, 0)
     assert machine_cpu_over([_outcome(later[0], times[0])]) == (0, 0)
     assert machine_cpu_over([]) == (0, 0)
+    # One reading missing, at either end: unknown.
+    assert machine_cpu_over([*outcomes, _outcome(None, later[1])]) == (0, 0)
+    assert machine_cpu_over([*outcomes, _outcome(times[0], None)]) == (0, 0)
+    # No tick went by: nothing measured; busy counts never go below 0.
+    assert machine_cpu_over([_outcome(times[0], times[0])]) == (0, 0)
+    fewer = MachineCpuTimes(busy_ticks=5, total_ticks=150)
+    assert machine_cpu_over([_outcome(times[0], fewer)]) == (0, 50)
 
 
 def test_the_busy_share_of_several_runs_weighs_them_by_their_ticks() -> None:

@@ -4,6 +4,9 @@ kept when one stopped early."""
 
 from __future__ import annotations
 
+import dataclasses
+
+from tf_grpc_bench.host import MachineCpuTimes
 from tf_grpc_bench.replay.core.measurement import CallSample
 from tf_grpc_bench.replay.transport.loop import WorkerOutcome, run_measurement
 from tf_grpc_bench.replay.transport.wire import ServerStats
@@ -84,3 +87,13 @@ def test_a_partial_worker_makes_the_run_partial_even_with_the_servers_counts() -
 def test_empty_server_statistics_count_nothing_but_are_not_lost() -> None:
     run = run_measurement(0, [_outcome(0, starts=())], [])
     assert (run.partial, run.server_received_bytes, run.server_cpu_ns) == (False, -1, 0)
+
+
+def test_a_run_carries_the_machines_ticks_from_the_first_begin_to_the_last_end() -> None:
+    begin = MachineCpuTimes(busy_ticks=10, total_ticks=100)
+    end = MachineCpuTimes(busy_ticks=70, total_ticks=180)
+    outcomes = [
+        dataclasses.replace(_outcome(0, starts=(1,)), machine_cpu_begin=begin, machine_cpu_end=end),
+    ]
+    run = run_measurement(0, outcomes, STATS)
+    assert (run.machine_cpu_busy_ticks, run.machine_cpu_total_ticks) == (60, 80)
