@@ -30,7 +30,7 @@ from tf_grpc_bench.replay.core.pacing import (
     release_time_ns,
 )
 from tf_grpc_bench.replay.core.synthetic import synthetic_workload
-from tf_grpc_bench.replay.core.trace_workload import trace_workload
+from tf_grpc_bench.replay.core.trace_workload import outstanding_per_pair, trace_workload
 from tf_grpc_bench.replay.core.workload import Call, Mode, Shape, Workload, WorkloadStep, pull_call
 from tf_grpc_bench.replay.transport.wire import (
     PayloadBytes,
@@ -1349,6 +1349,50 @@ def test_outstanding_calls_are_counted_per_pair_and_a_call_ending_as_one_starts_
         (0, 1_200, 1),
         (0, 1_400, 1),
     ]
+
+
+@settings(max_examples=200)
+@given(
+    calls=st.lists(
+        st.tuples(
+            st.integers(0, 2),
+            st.integers(0, 50),
+            st.integers(0, 50),
+        ).map(lambda c: (c[0], c[1], c[1] + c[2])),
+        max_size=60,
+    )
+)
+def test_outstanding_per_pair_counts_the_earlier_calls_still_open(
+    calls: list[tuple[int, int, int]],
+) -> None:
+    expected = [
+        sum(1 for pair, _, end in calls[:i] if pair == calls[i][0] and end > calls[i][1])
+        for i in range(len(calls))
+    ]
+    assert outstanding_per_pair(calls) == expected
+
+
+def test_a_step_of_200000_overlapping_calls_is_mapped_in_time_linear_in_its_calls() -> None:
+    # Every call of the pair is still open when the next starts: the count that took a
+    # scan of the pair's open calls for each call (200,000^2 / 2 steps) is a tree's now.
+    count = 200_000
+    tasks = (Task(job="ps", index=0), Task(job="worker", index=0))
+    rpcs = tuple(
+        Rpc(
+            method=RECV_TENSOR,
+            caller_task=1,
+            callee_task=0,
+            request_bytes=10,
+            response_bytes=100,
+            start_ns=n,
+            end_ns=10 * count + n,
+        )
+        for n in range(count)
+    )
+    workload = trace_workload(
+        _trace(tasks, (0, 20 * count, rpcs)), Benchmark.PS_THROUGHPUT, mode=Mode.NON_SERIALIZED
+    )
+    assert [c.outstanding_at_start for c in workload.calls] == list(range(count))
 
 
 def test_calls_of_the_conftest_trace_carry_names_offsets_and_dependencies() -> None:

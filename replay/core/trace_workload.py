@@ -30,8 +30,9 @@ talks.
 
 from __future__ import annotations
 
+import bisect
 from collections import Counter
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Hashable, Iterable, Iterator, Sequence
 
 from tf_grpc_bench.dependencies import Dependencies, infer_dependencies
 from tf_grpc_bench.errors import ConfigError
@@ -64,16 +65,31 @@ from tf_grpc_bench.trace_mapping import (
 )
 
 
-def _with_pair_outstanding(mapped: Sequence[MappedRpc]) -> list[int]:
-    """For each call, in order: earlier calls of its pair still open when it started."""
-    open_ends: dict[tuple[int, int], list[int]] = {}
-    result = []
-    for m in mapped:
-        pair = (m.client_task, m.server_task)
-        ends = [end for end in open_ends.get(pair, []) if end > m.rpc.start_ns]
-        result.append(len(ends))
-        ends.append(m.rpc.end_ns)
-        open_ends[pair] = ends
+def outstanding_per_pair(calls: Sequence[tuple[Hashable, int, int]]) -> list[int]:
+    """For each call ``(pair, start_ns, end_ns)``, in order: how many earlier calls of
+    its pair were still open when it started (ended after its start).
+
+    O(n log n) however many calls overlap: per pair, a Fenwick tree over the
+    calls' end times counts the earlier calls that had ended by each start.
+    """
+    by_pair: dict[Hashable, list[int]] = {}
+    for position, (pair, _, _) in enumerate(calls):
+        by_pair.setdefault(pair, []).append(position)
+    result = [0] * len(calls)
+    for positions in by_pair.values():
+        ends = sorted({calls[p][2] for p in positions})
+        ended = [0] * (len(ends) + 1)  # Fenwick tree: earlier calls by end time
+        for earlier, position in enumerate(positions):
+            _, start_ns, end_ns = calls[position]
+            slot, closed = bisect.bisect_right(ends, start_ns), 0
+            while slot > 0:
+                closed += ended[slot]
+                slot &= slot - 1
+            result[position] = earlier - closed
+            slot = bisect.bisect_left(ends, end_ns) + 1
+            while slot <= len(ends):
+                ended[slot] += 1
+                slot += slot & -slot
     return result
 
 
@@ -179,7 +195,9 @@ def _step_calls(
     rounds: bool = False,
 ) -> tuple[Call, ...]:
     """One trace step's mapped RPCs as calls (one worker's when ``point_to_point``)."""
-    outstanding = _with_pair_outstanding(mapped)
+    outstanding = outstanding_per_pair(
+        [((m.client_task, m.server_task), m.rpc.start_ns, m.rpc.end_ns) for m in mapped]
+    )
     dependencies = _step_dependencies(mapped, roles, trace_step.start_ns, rounds=rounds)
     return tuple(
         pull_call(
