@@ -17,7 +17,7 @@ from tf_grpc_bench.replay.core.pacing import (
     release_time_ns,
 )
 from tf_grpc_bench.replay.core.workload import Call, Shape
-from tf_grpc_bench.replay.transport.driver import sleep_until
+from tf_grpc_bench.replay.transport.driver import MAX_SLEEP_S, sleep_until
 
 _times = st.integers(min_value=0, max_value=10**12)
 
@@ -297,3 +297,17 @@ def test_a_wait_ends_at_the_deadline_whatever_the_clock_does_between_readings(
 
     sleep_until(deadline, clock, sleep)
     assert now[0] >= deadline
+
+
+def test_a_wait_of_centuries_is_made_of_waits_the_system_takes() -> None:
+    # time.sleep refuses a wait of 2^63 ns (OverflowError or EINVAL): each is bounded.
+    now = [0]
+    slept: list[float] = []
+
+    def sleep(seconds: float) -> None:
+        slept.append(seconds)
+        now[0] += round(seconds * 1e9)
+
+    sleep_until(10**17, lambda: now[0], sleep)  # three years
+    assert now[0] >= 10**17
+    assert max(slept) == MAX_SLEEP_S

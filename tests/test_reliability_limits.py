@@ -20,11 +20,13 @@ import subprocess
 import sys
 import textwrap
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
 from tf_grpc_bench import lifetime, trace_files
+from tf_grpc_bench import trace as trace_model
 from tf_grpc_bench.errors import TransportError
 from tf_grpc_bench.profiler.launch.processes import MAX_QUOTED_CHARS, meaningful_line
 from tf_grpc_bench.profiler.recorders.proxy import RecordingProxy
@@ -46,6 +48,41 @@ MB = 1024 * 1024
 def _document(out: str, cwd: Path) -> results.ResultDocument:
     line = next(line for line in out.splitlines() if line.startswith("results: "))
     return read_document(cwd / line.removeprefix("results: ").strip())
+
+
+# --------------------------------------------------------------------------
+# A trace step longer than the run
+
+
+@pytest.mark.parametrize("pacing", ["recorded", "dependencies"])
+def test_a_step_planning_a_call_days_later_ends_the_run_past_duration_not_days_later(
+    tmp_path: Path, pacing: str
+) -> None:
+    # Two calls 10^15 ns (11.6 days) apart in one step, as a trace with extreme
+    # timestamps has: the run stops twice --duration after it began, marked partial.
+    base = make_trace(steps=1, workers=1, ps=1, sizes=(100, 200))
+    first, second = base.steps[0].rpcs
+    far = 10**15
+    rpcs = (
+        replace(first, start_ns=0, response_start_ns=1, end_ns=2),
+        replace(second, start_ns=far, response_start_ns=far + 1, end_ns=far + 2),
+    )
+    step = replace(
+        base.steps[0], start_ns=0, end_ns=far + 3, rpcs=trace_model.with_outstanding(rpcs)
+    )
+    path = tmp_path / "far.tfgbtrace"
+    trace_files.write_trace(replace(base, steps=(step,)), path)
+    completed = subprocess.run(
+        [COMMAND, "replay", str(path), "--benchmark", "ps-throughput", "--pacing", pacing,
+         "--duration", "1", "--warmup", "0.5", "--runs", "1", "--quiet", "--output-dir", "out"],
+        cwd=tmp_path, capture_output=True, text=True, timeout=300, check=False,
+    )  # fmt: skip
+    assert completed.returncode == 3, completed.stderr
+    (line,) = completed.stderr.splitlines()
+    assert "trace step 0 plans a call later than twice --duration after the run began" in line
+    (document,) = [read_document(p) for p in (tmp_path / "out").glob("*/results.json")]
+    (run,) = document.benchmarks[0].runs
+    assert run.partial and len(run.samples) == 1  # the first call, not the second
 
 
 # --------------------------------------------------------------------------

@@ -40,6 +40,14 @@ class StepOutcome:
     next_begin_ns: int | None = None
     #: Dependencies pacing: the step's critical path, compute against communication.
     path: StepPath | None = None
+    #: The step was cut short: a call of it was planned past the run's last moment
+    #: (``Driver.run_step``'s ``give_up_at_ns``) and was not waited for.
+    cut: bool = False
+
+
+#: Longest single sleep or wait: longer ones are made of several, so that a wait planned
+#: for centuries (a trace's extreme timestamps) never asks the system for more than it takes.
+MAX_SLEEP_S = 3600.0
 
 
 def sleep_until(
@@ -50,7 +58,11 @@ def sleep_until(
     """Sleep until ``clock`` (ns) reads ``deadline_ns`` or later.  Each wait is what one
     reading left: the clock read again can already be past the deadline."""
     while (remaining_ns := deadline_ns - clock()) > 0:
-        sleep(remaining_ns / 1e9)
+        sleep(min(remaining_ns / 1e9, MAX_SLEEP_S))
+
+
+class StepCut(Exception):
+    """A call of the step is planned past the step's last moment (within the driver)."""
 
 
 #: Timeout of a chunk whose payload's deadline has passed: gRPC fails it at once with
@@ -107,6 +119,8 @@ class Driver:
         #: driver makes its own share of each step's calls and ends the step with them.
         self.peers = peers
         self._issued_in_run = 0
+        #: The current step's last moment (``run_step``).
+        self.give_up_at_ns: int | None = None
 
     def prepare(self, steps: Iterable[WorkloadStep]) -> None:
         for step in steps:
@@ -130,15 +144,18 @@ class Driver:
         run_begin_ns: int,
         step_begin_ns: int,
         stop_at_ns: int | None = None,
+        give_up_at_ns: int | None = None,
         samples: list[CallSample] | None = None,
     ) -> StepOutcome:
         """Issue the step's calls, wait for all, say when the last one completed.
 
         Stops issuing once ``stop_at_ns`` has passed (calls in flight still
-        complete).  Samples (``start_ns`` relative to ``run_begin_ns``) are
-        appended to ``samples`` as calls complete, so a caller keeps what was
-        measured even when this raises ``TransportError``.
+        complete).  A call planned for after ``give_up_at_ns`` is not waited for:
+        the step ends there, ``cut``.  Samples (``start_ns`` relative to
+        ``run_begin_ns``) are appended to ``samples`` as calls complete, so a
+        caller keeps what was measured even when this raises ``TransportError``.
         """
+        self.give_up_at_ns = give_up_at_ns
         if self.pacing.timing is Timing.DEPENDENCIES:
             return self._run_dependencies(step, run_begin_ns, step_begin_ns, samples)
         peers = self.peers
@@ -146,16 +163,17 @@ class Driver:
             peers.begin_step()
             step = peers.local_step(step)
         if blocking_calls_suffice(self.pacing):
-            end = self._run_blocking(step, run_begin_ns, step_begin_ns, stop_at_ns, samples)
+            end, cut = self._run_blocking(step, run_begin_ns, step_begin_ns, stop_at_ns, samples)
         else:
-            end = self._run_concurrent(step, run_begin_ns, step_begin_ns, stop_at_ns, samples)
+            end, cut = self._run_concurrent(step, run_begin_ns, step_begin_ns, stop_at_ns, samples)
         if peers is not None:
             # The step ends when the worker's last call, in whichever process, ended.
             end = peers.end_step(end)
-        return StepOutcome(last_end_ns=end)
+        return StepOutcome(last_end_ns=end, cut=cut)
 
     def _release(self, call: Call, run_begin_ns: int, step_begin_ns: int) -> int | None:
-        """Wait until ``call``'s planned release, if the pacing plans one; returns it."""
+        """Wait until ``call``'s planned release, if the pacing plans one; returns it.
+        ``StepCut`` if that is past the step's last moment (not waited for)."""
         release = release_time_ns(
             self.pacing,
             call,
@@ -164,6 +182,8 @@ class Driver:
             run_begin_ns=run_begin_ns,
         )
         if release is not None:
+            if self.give_up_at_ns is not None and release > self.give_up_at_ns:
+                raise StepCut()
             self._wait_until(release)
         self._issued_in_run += 1
         return release
@@ -175,21 +195,24 @@ class Driver:
         step_begin_ns: int,
         stop_at_ns: int | None,
         samples: list[CallSample] | None,
-    ) -> int:
+    ) -> tuple[int, bool]:
         clock = self.clock
         end = clock()
         deadlines = PayloadDeadlines(self.timeout_s, clock)
         for position, call in enumerate(step.calls):
             if stop_at_ns is not None and clock() >= stop_at_ns:
                 break
-            release = self._release(call, run_begin_ns, step_begin_ns)
+            try:
+                release = self._release(call, run_begin_ns, step_begin_ns)
+            except StepCut:
+                return end, True
             client = self.clients[call.server_index]
             start = clock()
             client.invoke(call, deadlines.timeout_s(call, position))
             end = clock()
             if samples is not None:
                 samples.append(_sample(call, start - run_begin_ns, end - start, start, release))
-        return end
+        return end, False
 
     def _run_concurrent(
         self,
@@ -198,12 +221,17 @@ class Driver:
         step_begin_ns: int,
         stop_at_ns: int | None,
         samples: list[CallSample] | None,
-    ) -> int:
+    ) -> tuple[int, bool]:
         flight = _CallsInFlight(self, run_begin_ns, samples, self.clock())
+        cut = False
         for position, call in enumerate(step.calls):
             if flight.errors or (stop_at_ns is not None and self.clock() >= stop_at_ns):
                 break
-            release = self._release(call, run_begin_ns, step_begin_ns)
+            try:
+                release = self._release(call, run_begin_ns, step_begin_ns)
+            except StepCut:
+                cut = True
+                break
             with flight.condition:
                 while not flight.errors and not flight.window_allows(call):
                     flight.condition.wait()
@@ -211,7 +239,7 @@ class Driver:
                     break
             flight.start(call, release, position=position)
         flight.drain()
-        return flight.last_end_ns
+        return flight.last_end_ns, cut
 
     def _run_dependencies(
         self,
@@ -239,6 +267,8 @@ class Driver:
             replay = _SharedDependentStep(self, step, tracker, run_begin_ns, samples, self.peers)
             replay.run()
             last_end = self.peers.end_step(replay.last_end_ns)
+        if replay.cut:
+            return StepOutcome(last_end_ns=last_end, cut=True)
         return StepOutcome(
             last_end_ns=last_end,
             next_begin_ns=tracker.next_step_begin_ns(),
@@ -343,6 +373,8 @@ class _DependentStep:
         self.flight = _CallsInFlight(
             driver, run_begin_ns, samples, tracker.step_begin_ns, on_success=self._arrived
         )
+        #: A call was due past the step's last moment (``Driver.run_step``): not made.
+        self.cut = False
 
     @property
     def last_end_ns(self) -> int:
@@ -365,13 +397,17 @@ class _DependentStep:
         while not flight.errors:
             while self.due and self.due[0][1] not in self.owned:
                 heapq.heappop(self.due)  # another process makes it
+            give_up_at = self.driver.give_up_at_ns
+            if self.due and give_up_at is not None and self.due[0][0] > give_up_at:
+                self.cut = True
+                return None
             if self.due and self.due[0][0] <= clock():
                 if flight.window_allows(self.calls[self.due[0][1]]):
                     return heapq.heappop(self.due)
                 flight.condition.wait()
             elif self.due:
                 # A completion may bring an earlier release: wake on it too.
-                flight.condition.wait((self.due[0][0] - clock()) / 1e9)
+                flight.condition.wait(min((self.due[0][0] - clock()) / 1e9, MAX_SLEEP_S))
             else:
                 self._wait_for_arrival()
         return None
@@ -438,7 +474,7 @@ class _SharedDependentStep(_DependentStep):
             self._take_remote()
             super().run()
             with self.flight.condition:
-                while self.tracker.completed_count < len(self.calls):
+                while not self.cut and self.tracker.completed_count < len(self.calls):
                     self._wait_for_arrival()
         finally:
             self.peers.on_arrivals(None)

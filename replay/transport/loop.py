@@ -34,6 +34,27 @@ NS_PER_S = 1_000_000_000
 INTERRUPTED_PREFIX = "interrupted by "
 
 
+#: Longest run of a number of steps (``--steps``, ``--passes``): a week, the longest
+#: ``--duration``.
+MAX_STEPS_RUN_NS = 7 * 86_400 * NS_PER_S
+
+
+def last_moment_ns(begin_ns: int, duration_ns: int | None) -> int:
+    """The last moment of a run from ``begin_ns``: a run of ``duration_ns`` replays its
+    last trace step whole, but for at most another ``duration_ns``; a run of a number
+    of steps (None) lasts at most ``MAX_STEPS_RUN_NS``."""
+    return begin_ns + (MAX_STEPS_RUN_NS if duration_ns is None else 2 * duration_ns)
+
+
+def cut_reason(step_index: int, counted: bool) -> str:
+    """Partial reason of a run cut in trace step ``step_index`` (``last_moment_ns``)."""
+    bound = "a week (the longest run)" if counted else "twice --duration"
+    return (
+        f"trace step {step_index} plans a call later than {bound} after the run began "
+        "(its recorded times); the run stopped there"
+    )
+
+
 def interrupted_reason(signum: int) -> str:
     """Partial reason of a run stopped by ``signum`` (Ctrl-C, SIGTERM, SIGHUP)."""
     who = "the user (Ctrl-C)" if signum == signal.SIGINT else lifetime.signal_name(signum)
@@ -249,6 +270,8 @@ class WorkerLoop:
             # barrier that waits for the other workers.
             steps = tuple(step.without_round_barrier() for step in steps)
         self._steps = steps
+        #: The index of the trace step a run was cut in (``_replay_steps``), if any.
+        self.cut_step: int | None = None
 
     def _cycle(self) -> Iterator[WorkloadStep]:
         return itertools.cycle(self._steps)
@@ -278,9 +301,14 @@ class WorkerLoop:
         step_times: list[int] | None,
         step_compute: list[int] | None = None,
     ) -> int:
-        """Replay steps from ``begin_ns``; returns the time the last call completed."""
+        """Replay steps from ``begin_ns``; returns the time the last call completed.
+
+        Trace steps are replayed whole, but not past the run's last moment
+        (``last_moment_ns``): a step that plans a call later is cut there and ends
+        the run (``self.cut_step``)."""
         self.driver.begin_run()
         stop_at = None if duration_ns is None else begin_ns + duration_ns
+        give_up_at = last_moment_ns(begin_ns, duration_ns)
         step_begin = begin_ns
         last_end = begin_ns
         for number, step in enumerate(self._cycle()):
@@ -295,11 +323,16 @@ class WorkerLoop:
                 step_begin_ns=step_begin,
                 # A synthetic cycle may stop mid-way; trace steps are replayed whole.
                 stop_at_ns=stop_at if self._synthetic and step_count is None else None,
+                give_up_at_ns=give_up_at,
                 samples=samples,
             )
             own = bool(step.calls)
             if own:
                 last_end = outcome.last_end_ns
+            if outcome.cut:
+                self.cut_step = step.index
+                self._stops(True)
+                break
             dependent = outcome.next_begin_ns is not None
             if outcome.next_begin_ns is not None:
                 # Dependencies pacing: the step lasts until the next may begin; in a
@@ -321,7 +354,7 @@ class WorkerLoop:
             # A next step that would begin past the end is not waited for.  A worker's
             # processes decide together (the leader's clock), every step.
             late = stop_at is not None and step_count is None and next_begin >= stop_at
-            late = late and next_begin > self.clock()
+            late = (late or next_begin > give_up_at) and next_begin > self.clock()
             stopping = (late or self.driver.peers is not None) and self._stops(late)
             if not stopping:
                 sleep_until(next_begin, self.clock)
@@ -362,6 +395,7 @@ class WorkerLoop:
         cpu_before = self.cpu_clock()
         partial, reason = False, ""
         machine_begin = machine_end = None
+        self.cut_step = None
         try:
             sleep_until(begin_ns, self.clock)
             machine_begin = self.machine_cpu()
@@ -379,6 +413,8 @@ class WorkerLoop:
         except KeyboardInterrupt as interrupt:
             partial, reason = True, interrupted_reason(lifetime.signal_of(interrupt))
             last_end = max(self.clock(), begin_ns)
+        if self.cut_step is not None and not partial:
+            partial, reason = True, cut_reason(self.cut_step, step_count is not None)
         if machine_begin is not None:
             machine_end = self.machine_cpu()
         return WorkerOutcome(
