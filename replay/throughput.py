@@ -142,6 +142,7 @@ class _RunInterrupt:
 
     def _handle(self, _signum: int, _frame: object) -> None:
         if self.measuring:
+            self.measuring = False  # once: a second one must not cut the outcome short
             raise KeyboardInterrupt
 
     def measure(self, loop: WorkerLoop, command: tuple[Any, ...]) -> WorkerOutcome:
@@ -463,8 +464,9 @@ def _run_outcomes(
     """Every worker's outcome of the run begun at ``start`` (monotonic ns).
 
     A stop signal while waiting interrupts the workers' run: each sends the
-    calls it completed, and the run is kept, marked partial.  A second signal
-    gives up waiting.
+    calls it completed (a worker that does not within the grace is counted as
+    failed), and the run is kept, marked partial.  Only the first stop signal
+    interrupts (``lifetime``): later ones cannot cut this short.
     """
     outcomes: list[WorkerOutcome] = []
     interrupted: KeyboardInterrupt | None = None
@@ -473,8 +475,6 @@ def _run_outcomes(
         try:
             outcomes.append(_receive_outcome(workers, len(outcomes), start, timeout_s))
         except KeyboardInterrupt as interrupt:
-            if interrupted is not None:
-                raise
             interrupted = interrupt
             timeout_s = min(plan.deadline_s, INTERRUPT_GRACE_S) + INTERRUPT_GRACE_S
             workers.interrupt()

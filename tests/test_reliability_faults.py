@@ -10,6 +10,7 @@ descendant the command had while it ran) and by listening port (``ss``).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -225,6 +226,51 @@ def test_a_stop_signal_keeps_the_interrupted_runs_calls_and_leaves_no_process(
     (run,) = result.runs  # the run under way, with the calls it completed
     assert run.partial and run.partial_reason.startswith("interrupted by")
     assert run.rpc_count > 0 and run.duration_ns > 0
+    _assert_nothing_left(children, ports)
+
+
+#: A stop signal, then more of every kind while the command keeps what it measured:
+#: (signal, seconds after the one before).
+SIGNAL_BURST = (
+    (signal.SIGINT, 0.0),
+    (signal.SIGTERM, 0.1),
+    (signal.SIGINT, 0.1),
+    (signal.SIGHUP, 0.05),
+    (signal.SIGTERM, 0.2),
+    (signal.SIGINT, 0.3),
+)
+
+
+@pytest.mark.parametrize("benchmark", ["ps-throughput", "p2p-latency"])
+def test_more_stop_signals_after_the_first_keep_the_run_and_the_first_decides(
+    tmp_path: Path, started: list[subprocess.Popen[str]], benchmark: str
+) -> None:
+    flags = ["--ps", "2", "--workers", "2"] if benchmark == "ps-throughput" else []
+    replay = _start(
+        started, "replay", *REPLAY, "--benchmark", benchmark, *flags, "--duration", "60",
+        cwd=tmp_path,
+    )  # fmt: skip
+    processes = 4 if benchmark == "ps-throughput" else 1
+    _wait_for(lambda: len(_descendants(replay.pid)) >= processes, "the replay's processes")
+    children = _descendants(replay.pid)
+    ports = _wait_for_servers(children)
+    _wait_for_calls(f"127.0.0.1:{min(ports)}")
+    time.sleep(1)
+    for signum, after_s in SIGNAL_BURST:
+        time.sleep(after_s)
+        with contextlib.suppress(ProcessLookupError):
+            replay.send_signal(signum)
+    out, err = replay.communicate(timeout=120)
+    assert replay.returncode == 128 + signal.SIGINT, err
+    assert (
+        err
+        == "tf-grpc-bench replay: interrupted (Ctrl-C); partial results written to "
+        + (err.rpartition(" to ")[2])
+    )
+    (result,) = _document(out, tmp_path).benchmarks
+    (run,) = result.runs
+    assert run.partial and run.partial_reason == "interrupted by the user (Ctrl-C)"
+    assert run.rpc_count > 0
     _assert_nothing_left(children, ports)
 
 

@@ -200,7 +200,7 @@ def test_a_replay_says_which_traced_sizes_it_could_not_reproduce(tmp_path: Path,
 # lifetime: stop signals and children that die with their parent.
 
 
-def test_stop_signals_raise_interrupted_and_a_deferred_one_comes_after_the_block() -> None:
+def test_the_first_stop_signal_interrupts_a_deferred_one_after_the_block_later_ones_never() -> None:
     before = signal.getsignal(signal.SIGTERM)
     with lifetime.interrupt_on_signals():
         with pytest.raises(lifetime.Interrupted) as caught:
@@ -208,14 +208,26 @@ def test_stop_signals_raise_interrupted_and_a_deferred_one_comes_after_the_block
             time.sleep(5)
         assert caught.value.signum == signal.SIGHUP
         assert lifetime.exit_status(lifetime.signal_of(caught.value)) == 129
+        # Stopping now: more signals, deferred or not, are noted and change nothing.
         written = []
-        with pytest.raises(lifetime.Interrupted) as caught, lifetime.deferred_signals():
+        with lifetime.deferred_signals():
             os.kill(os.getpid(), signal.SIGTERM)
             time.sleep(0.2)
             written.append("the whole document")
-        assert written == ["the whole document"] and caught.value.signum == signal.SIGTERM
-        assert lifetime.stop_signal() == signal.SIGHUP  # the first one received
+        os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(0.2)
+        assert written == ["the whole document"]
+        assert lifetime.stop_signal() == signal.SIGHUP and lifetime.later_signals() == 2
     assert signal.getsignal(signal.SIGTERM) is before
+    with lifetime.interrupt_on_signals():
+        # A first signal while deferred comes when the block ends.
+        with pytest.raises(lifetime.Interrupted) as caught, lifetime.deferred_signals():
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(0.2)
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(0.2)
+            written.append("another document")
+        assert written[-1] == "another document" and caught.value.signum == signal.SIGTERM
     assert lifetime.signal_of(KeyboardInterrupt()) == signal.SIGINT
 
 

@@ -171,7 +171,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         lifetime.quiet_grpc_after_stop()
     try:
         # SIGTERM and SIGHUP stop a command as Ctrl-C does: what was measured is kept.
-        with lifetime.interrupt_on_signals():
+        with lifetime.interrupt_on_signals(ending_the_process=command):
             return int(run(args))
     except RunInterrupted as interrupted:
         # Not an error: the user (or a launcher) stopped it; what it measured is kept.

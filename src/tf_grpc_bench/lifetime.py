@@ -5,9 +5,12 @@ and container runtimes send) and SIGHUP (a closed terminal or SSH session)
 all stop a command the same way: ``interrupt_on_signals`` makes each raise
 ``Interrupted`` (a ``KeyboardInterrupt``) in the main thread, so every place
 that keeps what was measured on Ctrl-C keeps it on the other two as well; the
-command then exits with 128 + the signal's number.  ``deferred_signals`` holds
-them while a result is being written, so that a second signal does not cut
-the document short.
+command then exits with 128 + the signal's number.  Only the first stop
+signal interrupts: the command is stopping from then on, keeping what it
+measured, and later ones (a second Ctrl-C, a supervisor's SIGTERM after a
+SIGINT) are noted and ignored, so no sequence of them can cut that short.
+``deferred_signals`` holds the first while a child is being started or a
+result written, and raises it when the block ends.
 
 Children.  Every process the tool starts (replay servers, PS-throughput
 workers, training tasks, processes in emulated hosts) must die with the
@@ -78,6 +81,8 @@ class _Received:
     def __init__(self) -> None:
         self.lock = threading.Lock()
         self.first: int | None = None
+        #: Stop signals received after the first (ignored).
+        self.later = 0
         self.deferring = 0
         self.pending: int | None = None
 
@@ -92,33 +97,46 @@ def stop_signal() -> int | None:
 
 def _handle(signum: int, _frame: FrameType | None) -> None:
     with _received.lock:
-        if _received.first is None:
-            _received.first = signum
+        if _received.first is not None:
+            _received.later += 1
+            return  # already stopping: the first one is being handled
+        _received.first = signum
         if _received.deferring:
             _received.pending = signum
             return
     raise Interrupted(signum)
 
 
+def later_signals() -> int:
+    """Stop signals received after the first (which alone interrupted), since
+    ``interrupt_on_signals`` began."""
+    return _received.later
+
+
 @contextlib.contextmanager
-def interrupt_on_signals() -> Iterator[None]:
-    """While the block runs, SIGINT, SIGTERM and SIGHUP raise ``Interrupted``.
+def interrupt_on_signals(*, ending_the_process: bool = False) -> Iterator[None]:
+    """While the block runs, the first of SIGINT, SIGTERM and SIGHUP raises ``Interrupted``.
 
     Handlers can be set only from the main thread; elsewhere, or inside
     another such block, this does nothing.  The previous handlers come back
-    when the block ends.
+    when the block ends, except with ``ending_the_process`` (a command's own
+    block, after which it exits) once a stop signal came: later ones are then
+    ignored, so they can neither kill the process on its way out nor change
+    its exit status.
     """
     if threading.current_thread() is not threading.main_thread() or handlers_installed():
         yield
         return
     with _received.lock:
         _received.first = _received.pending = None
+        _received.later = 0
     previous = {number: signal.signal(number, _handle) for number in STOP_SIGNALS}
     try:
         yield
     finally:
+        stopping = ending_the_process and _received.first is not None
         for number, handler in previous.items():
-            signal.signal(number, handler)
+            signal.signal(number, signal.SIG_IGN if stopping else handler)
 
 
 def handlers_installed() -> bool:
@@ -128,9 +146,10 @@ def handlers_installed() -> bool:
 
 @contextlib.contextmanager
 def deferred_signals() -> Iterator[None]:
-    """Hold stop signals while the block runs (writing results); raise the last after it.
+    """Hold the first stop signal while the block runs (starting a child, writing
+    results); raise it after the block.
 
-    Thread-safe; nests.  A signal that arrives meanwhile is remembered, and
+    Thread-safe; nests.  The first signal that arrives meanwhile is remembered, and
     ``Interrupted`` is raised when the outermost block ends normally.
     """
     with _received.lock:
