@@ -28,6 +28,7 @@ import pytest
 from tf_grpc_bench import lifetime, trace_files
 from tf_grpc_bench import trace as trace_model
 from tf_grpc_bench.errors import TransportError
+from tf_grpc_bench.profiler.launch.ports import free_ports
 from tf_grpc_bench.profiler.launch.processes import MAX_QUOTED_CHARS, meaningful_line
 from tf_grpc_bench.profiler.recorders.proxy import RecordingProxy
 from tf_grpc_bench.replay.core.workload import Mode, pull_call
@@ -48,6 +49,42 @@ MB = 1024 * 1024
 def _document(out: str, cwd: Path) -> results.ResultDocument:
     line = next(line for line in out.splitlines() if line.startswith("results: "))
     return read_document(cwd / line.removeprefix("results: ").strip())
+
+
+# --------------------------------------------------------------------------
+# One line, whatever gRPC's own threads and logs would have said
+
+
+def test_a_connect_timeout_too_short_for_any_server_is_one_line_every_time(
+    tmp_path: Path,
+) -> None:
+    # It printed a gRPC polling thread's traceback first in 4 tries of 6.
+    for attempt in range(6):
+        completed = subprocess.run(
+            [COMMAND, "replay", "--synthetic", "--benchmark", "p2p-latency", "--duration", "1",
+             "--warmup", "0", "--runs", "1", "--connect-timeout", "1e-9", "--quiet",
+             "--output-dir", f"out-{attempt}"],
+            cwd=tmp_path, capture_output=True, text=True, timeout=300, check=False,
+        )  # fmt: skip
+        assert completed.returncode == 3
+        (line,) = completed.stderr.splitlines()
+        assert line.endswith("no replay server reachable within 1e-09 s"), line
+
+
+@pytest.mark.parametrize("port", ["0", "free"])
+def test_serve_on_an_empty_host_is_refused_in_one_line_of_its_own(
+    tmp_path: Path, port: str
+) -> None:
+    number = str(free_ports(1)[0]) if port == "free" else port
+    completed = subprocess.run(
+        [COMMAND, "serve", "--host", "", "--port", number],
+        cwd=tmp_path, capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert completed.returncode == 3
+    assert completed.stderr == (
+        "tf-grpc-bench serve: error: --host '': expected a host name or address "
+        "(0.0.0.0 or :: for every interface)\n"
+    )
 
 
 # --------------------------------------------------------------------------

@@ -302,23 +302,38 @@ class ReplayClient:
 
     # -- control --------------------------------------------------------------
 
-    def wait_ready(self, timeout_s: float) -> None:
-        """Wait until the server answers; raises ``TransportError`` naming the target."""
+    def wait_ready(self, timeout_s: float) -> ServerStats:
+        """Wait until the server answers, at most ``timeout_s``; its statistics of this
+        client's session.  Raises ``TransportError`` naming the target.
+
+        A control call that waits for the connection (gRPC's ``wait_for_ready``), not
+        ``grpc.channel_ready_future``: that one's polling thread, still running when
+        a short wait gave up and the channel closed, failed with a traceback."""
         try:
-            grpc.channel_ready_future(self._channels[0]).result(timeout=timeout_s)
-        except grpc.FutureTimeoutError:
-            raise TransportError(
-                f"{self.target}: no replay server reachable within {timeout_s:g} s"
-            ) from None
+            data = self._stats_call(timeout_s, wait_for_ready=True)
+        except grpc.RpcError as error:
+            if isinstance(error, grpc.Call) and error.code() is grpc.StatusCode.DEADLINE_EXCEEDED:
+                raise TransportError(
+                    f"{self.target}: no replay server reachable within {timeout_s:g} s"
+                ) from None
+            raise translate_rpc_error(error, target=self.target, method=STATS_METHOD) from None
+        return self._read_stats(data)
 
     def stats(self, timeout_s: float = 10.0) -> ServerStats:
         """What the server counted of this client's session since its reset."""
         try:
-            data = self._control[STATS_METHOD](
-                b"", timeout=timeout_s, metadata=self._control_metadata
-            )
+            data = self._stats_call(timeout_s)
         except grpc.RpcError as error:
             raise translate_rpc_error(error, target=self.target, method=STATS_METHOD) from None
+        return self._read_stats(data)
+
+    def _stats_call(self, timeout_s: float, *, wait_for_ready: bool = False) -> bytes:
+        data: bytes = self._control[STATS_METHOD](
+            b"", timeout=timeout_s, metadata=self._control_metadata, wait_for_ready=wait_for_ready
+        )
+        return data
+
+    def _read_stats(self, data: bytes) -> ServerStats:
         stats = ServerStats.from_json(data, source=self.target)
         self.other_sessions_seen = max(self.other_sessions_seen, stats.other_sessions)
         return stats
@@ -332,8 +347,7 @@ class ReplayClient:
 
     def check_server(self, timeout_s: float) -> ServerStats:
         """Wait for the server and check it serves this client's mode."""
-        self.wait_ready(timeout_s)
-        stats = self.stats(timeout_s)
+        stats = self.wait_ready(timeout_s)
         if stats.mode != self.mode.value:
             raise ConfigError(
                 f"{self.target}: the server runs in {stats.mode} mode but --mode is "

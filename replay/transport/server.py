@@ -72,14 +72,19 @@ def dial_address(host: str, port: int) -> str:
 
 
 def check_port_available(host: str, port: int) -> None:
-    """Raise ``ServeError`` if ``host:port`` cannot be bound (port in use, unknown address).
+    """Raise ``ServeError`` if ``host:port`` cannot be bound (port in use, unknown or
+    empty host, an address not on this machine); port 0 checks the host only.
 
-    Checked with a plain socket before gRPC tries, because gRPC reports a
-    failed bind only as a log line on stderr and a zero port.
+    Checked with a plain socket before gRPC tries, because gRPC reports a failed
+    bind only as a zero port and a log line of its own on stderr (for an empty
+    host, one that says the port is in use).
     """
-    if port == 0:
-        return
     bare = host.strip("[]")
+    if not bare:
+        raise ServeError(
+            f"--host {host!r}: expected a host name or address (0.0.0.0 or :: for every "
+            "interface)"
+        )
     try:
         infos = socket.getaddrinfo(bare, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
     except socket.gaierror as error:
