@@ -18,12 +18,13 @@ A server may be shared, and its clients may not play fair:
   metadata (``wire.SESSION_METADATA``), and ``Stats``/``Reset`` read and reset
   only the caller's own, so clients sharing a server neither see nor clear
   each other's figures.  Calls naming none share the default session (what
-  clients before sessions get).  At most ``ServerSettings.max_sessions`` are
-  kept; a new one takes the place of one idle for ``sessions.SESSION_IDLE_NS``.
+  clients before sessions get).  The table is bounded in all and per client,
+  and a session whose client has left makes room for a new one (``sessions``).
 - A pull asking for more than the server's limit (``--max-response``, else its
-  message size limit) or than the machine's available memory is refused with
-  RESOURCE_EXHAUSTED before anything is allocated; a malformed one with
-  INVALID_ARGUMENT.
+  message size limit) or than the memory this process may still take (its
+  memory cgroup's, where that is less than the machine's) is refused with
+  RESOURCE_EXHAUSTED before anything is allocated (``response_memory``); a
+  malformed one with INVALID_ARGUMENT.
 - With ``ServerSettings.control_token``, control calls without that token
   (``wire.TOKEN_METADATA``) are refused with UNAUTHENTICATED.  The token is
   never logged or echoed.
