@@ -576,10 +576,11 @@ def record(
     TensorBoard's Profile tab.  Stop signals wait until all are written
     (``lifetime.deferred_signals``).
     """
-    # The TensorBoard writer is imported only when there is something to write.
-    from tf_grpc_bench.replay.output import tensorboard, timeline
-
     with lifetime.deferred_signals():
+        # The TensorBoard writer is imported only when there is something to write (a
+        # while, on a loaded machine: a stop signal then waits too).
+        from tf_grpc_bench.replay.output import tensorboard, timeline
+
         network = netinfo.describe_network(executed.targets, name=network_name)
         network = netinfo.undilated(network, request.plan.time_dilation)
         document = results.build_document(

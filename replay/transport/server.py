@@ -83,8 +83,7 @@ def check_port_available(host: str, port: int) -> None:
     bare = host.strip("[]")
     if not bare:
         raise ServeError(
-            f"--host {host!r}: expected a host name or address (0.0.0.0 or :: for every "
-            "interface)"
+            f"--host {host!r}: expected a host name or address (0.0.0.0 or :: for every interface)"
         )
     try:
         infos = socket.getaddrinfo(bare, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
