@@ -97,3 +97,23 @@ def test_the_launchers_job_runs_uncaptured_and_times_its_rounds(tmp_path: Path) 
     assert run.cpu is not None
     assert {name for name, _ in run.cpu.task_cores} == {"ps:0", "worker:0", "worker:1", "chief:0"}
     assert sum(run.task_cpu_per_round_s().values()) > 0
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--model", "nope"], "error: unknown model 'nope'"),
+        (["--model", "tiny", "--network", "7zz"], "error: --network: unknown network profile"),
+        (["--model", "tiny", "--steps", "0"], "error: steps must be >= 1"),
+    ],
+)
+def test_bad_flags_are_one_line_errors_and_start_nothing(flags: list[str], message: str) -> None:
+    import subprocess
+    import sys
+
+    completed = subprocess.run(
+        [sys.executable, "-m", "tf_grpc_bench.profiler.uncaptured", *flags],
+        capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert completed.returncode == 2 and completed.stdout == ""
+    assert completed.stderr.startswith(message) and completed.stderr.count("\n") == 1
