@@ -20,7 +20,8 @@ from pathlib import Path
 from tf_grpc_bench import calibration, capture_cpu, host, lifetime, trace_files
 from tf_grpc_bench.errors import ConfigError, RunInterrupted, TransportError, UsageError
 from tf_grpc_bench.replay import runner
-from tf_grpc_bench.replay.core import planning, whatif
+from tf_grpc_bench.replay.core import benchmarks, planning, whatif
+from tf_grpc_bench.replay.core.benchmarks import RpcKind
 from tf_grpc_bench.replay.core.generators import (
     MAX_BUFFERS_PER_PAYLOAD,
     MAX_PAYLOADS,
@@ -29,7 +30,18 @@ from tf_grpc_bench.replay.core.generators import (
     GeneratorKind,
 )
 from tf_grpc_bench.replay.core.measurement import Benchmark
-from tf_grpc_bench.replay.core.pacing import MAX_COMPUTE_SCALE, Pacing, Timing
+from tf_grpc_bench.replay.core.pacing import (
+    COMPUTE_AUTO,
+    COMPUTE_HERE,
+    MAX_COMPUTE_SCALE,
+    Compute,
+    Pacing,
+    PacingChoice,
+    Timing,
+    check_source,
+    timing_names,
+    timing_spec,
+)
 from tf_grpc_bench.replay.core.processes import parse_procs_per_worker
 from tf_grpc_bench.replay.core.workload import Mode, Workload
 from tf_grpc_bench.replay.network import cli as network_cli
@@ -40,13 +52,11 @@ from tf_grpc_bench.replay.transport import grpc_settings
 from tf_grpc_bench.replay.transport.client import parse_target
 from tf_grpc_bench.replay.transport.loop import INTERRUPTED_PREFIX, NS_PER_S, RunPlan
 from tf_grpc_bench.replay.transport.server import DEFAULT_PORT
-from tf_grpc_bench.replay.transport.wire import RpcKind, read_token_file
+from tf_grpc_bench.replay.transport.wire import read_token_file
 from tf_grpc_bench.sizes import SizeCategory, parse_size
 from tf_grpc_bench.trace import Trace
 from tf_grpc_bench.trace_mapping import WHOLE_STEPS, WholeSteps
 
-#: Benchmarks in the order ``--benchmark all`` runs them.
-ALL_BENCHMARKS = (Benchmark.P2P_LATENCY, Benchmark.P2P_BANDWIDTH, Benchmark.PS_THROUGHPUT)
 DEFAULT_OUTPUT_DIR = "runs"
 
 
@@ -197,7 +207,8 @@ def _add_what_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--benchmark",
         default="all",
-        help="all (default), or one or more of p2p-latency,p2p-bandwidth,ps-throughput",
+        help=f"all (default), or one or more of {','.join(benchmarks.names())}: "
+        + "; ".join(f"{spec.name}: {spec.summary}" for spec in benchmarks.registered()),
     )
     parser.add_argument(
         "--synthetic", action="store_true", help="use the paper's generators instead of a trace"
@@ -323,11 +334,10 @@ def _add_timing_flags(parser: argparse.ArgumentParser) -> None:
     timing.add_argument("--runs", type=int, default=5, help="measured runs (default 5)")
     timing.add_argument(
         "--pacing",
-        choices=[t.value for t in Timing],
+        choices=timing_names(),
         default=None,
-        help="dependencies (default for a trace's ps-throughput: training's causality, "
-        "compute gaps kept), asap (default otherwise: closed loop), recorded (the trace's "
-        "offsets), rate (--rate)",
+        help="default: dependencies for a trace's ps-throughput, asap otherwise; "
+        + "; ".join(f"{name}: {timing_spec(Timing(name)).summary}" for name in timing_names()),
     )
     timing.add_argument(
         "--compute",
@@ -442,21 +452,6 @@ _TRACE_FLAGS = (
 )
 
 
-def _parse_benchmarks(text: str) -> tuple[Benchmark, ...]:
-    if text.strip() == "all":
-        return ALL_BENCHMARKS
-    chosen = []
-    for name in (part.strip() for part in text.split(",")):
-        try:
-            benchmark = Benchmark(name)
-        except ValueError:
-            names = ", ".join(b.value for b in Benchmark)
-            raise UsageError(f"--benchmark {name!r}: expected all or one of {names}") from None
-        if benchmark not in chosen:
-            chosen.append(benchmark)
-    return tuple(b for b in ALL_BENCHMARKS if b in chosen)
-
-
 def _parse_categories(text: str) -> tuple[SizeCategory, ...]:
     categories = []
     for name in (part.strip().lower() for part in text.split(",") if part.strip()):
@@ -506,28 +501,10 @@ def _resolve_trace(args: argparse.Namespace) -> Path | None:
     return trace_files.default_trace_path()
 
 
-#: ``--compute`` words that scale the trace's compute to this machine (``calibration``).
-COMPUTE_AUTO = "auto"
-COMPUTE_HERE = "here"
-
-
 def parse_compute(text: str | None) -> float:
     """``--compute``: ``recorded`` (1), ``none`` (0) or a non-negative scale
     (``auto`` and ``here`` are resolved against the trace: ``compute_to_here``)."""
-    if text is None or text == "recorded":
-        return 1.0
-    if text == "none":
-        return 0.0
-    try:
-        scale = float(text)
-    except ValueError:
-        raise UsageError(
-            f"--compute {text!r}: expected 'auto', 'here', 'recorded', 'none' or a scale "
-            "such as 0.5"
-        ) from None
-    if not 0 <= scale <= MAX_COMPUTE_SCALE:
-        raise UsageError(f"--compute {text!r}: a scale must be in [0, {MAX_COMPUTE_SCALE:g}]")
-    return scale
+    return Compute.parse(text or "recorded").scale
 
 
 def _time_dilation(args: argparse.Namespace) -> float:
@@ -536,11 +513,11 @@ def _time_dilation(args: argparse.Namespace) -> float:
 
 def _pacing_choice(
     args: argparse.Namespace, to_here: calibration.ComputeToHere | None = None
-) -> runner.PacingChoice:
+) -> PacingChoice:
     compute = args.compute
     explicit = compute not in (None, COMPUTE_AUTO)
     scale = to_here.scale if to_here is not None else None
-    return runner.PacingChoice(
+    return PacingChoice(
         timing=None if args.pacing is None else Timing(args.pacing),
         rate_per_s=args.rate,
         speedup=args.speedup,
@@ -565,7 +542,7 @@ def compute_to_here(
     this machine, for the workloads that keep compute (dependencies pacing); None otherwise."""
     if args.compute not in (None, COMPUTE_AUTO, COMPUTE_HERE):
         return None
-    choice = runner.PacingChoice(timing=None if args.pacing is None else Timing(args.pacing))
+    choice = PacingChoice(timing=None if args.pacing is None else Timing(args.pacing))
     if not any(runner.timing_for(w, choice) is Timing.DEPENDENCIES for w in workloads):
         return None
     here = host.this_machine()
@@ -581,7 +558,7 @@ def check_replay_flags(args: argparse.Namespace) -> None:
     """The checks of ``build_request`` that need neither the trace nor this machine:
     what any host refuses at start (``emit`` runs them on the pods' flags).
     Raises UsageError/ConfigError."""
-    _parse_benchmarks(args.benchmark)
+    benchmarks.parse_benchmarks(args.benchmark)
     if args.trace is not None and args.synthetic:
         raise UsageError("give a TRACE or --synthetic, not both")
     _check_counts(args)
@@ -604,7 +581,7 @@ def build_request(
     ``--target``s too few for the chief-to-worker calls' stand-in servers (the
     trace's ps tasks only, say), those calls are dropped (and counted) instead.
     """
-    benchmarks = _parse_benchmarks(args.benchmark)
+    chosen = benchmarks.parse_benchmarks(args.benchmark)
     trace_path = _resolve_trace(args)
     mode = Mode(args.mode)
     _check_counts(args)
@@ -616,7 +593,7 @@ def build_request(
         # Each benchmark records its own window ("outstanding"): 1 or the trace's.
         grpc_parameters.pop("grpc_outstanding_rpcs", None)
     config: dict[str, str | int | float | bool] = {
-        "benchmark": ",".join(b.value for b in benchmarks),
+        "benchmark": ",".join(b.value for b in chosen),
         "mode": mode.value,
         "rpc": args.rpc or "default",
         "pacing": args.pacing or "default",
@@ -630,11 +607,11 @@ def build_request(
     derivation = None
     to_here = None
     if trace_path is None:
-        workloads = _synthetic_workloads(args, benchmarks, mode)
+        workloads = _synthetic_workloads(args, chosen, mode)
         config["workload"] = "synthetic"
     else:
         workloads, derivation, to_here = _replayed_trace(
-            args, trace_path, benchmarks, mode, whole_steps, targets
+            args, trace_path, chosen, mode, whole_steps, targets
         )
         config["workload"] = "trace" if derivation is None else "what-if"
         if derivation is not None:
@@ -656,7 +633,7 @@ def build_request(
     if namespaces:
         config["client_netns"] = runner.format_client_namespaces(dict(namespaces))
     return ReplayRequest(
-        benchmarks=benchmarks,
+        benchmarks=chosen,
         trace_path=trace_path,
         workloads=planned.workloads,
         pacings=planned.pacings,
@@ -744,11 +721,8 @@ def _synthetic_workloads(
     for flag_attribute, flag in _TRACE_FLAGS:
         if getattr(args, flag_attribute) is not None:
             raise UsageError(f"{flag} applies to trace replays, not to --synthetic workloads")
-    if args.pacing in (Timing.RECORDED.value, Timing.DEPENDENCIES.value):
-        raise UsageError(
-            f"--pacing {args.pacing} needs a trace (synthetic payloads have no "
-            "timestamps or dependencies)"
-        )
+    if args.pacing is not None:
+        check_source(Timing(args.pacing), "synthetic")
     return planning.synthetic_workloads(
         benchmarks,
         _generator_config(args),

@@ -32,13 +32,27 @@ from tf_grpc_bench.errors import ConfigError, NetworkError, TransportError, Usag
 from tf_grpc_bench.host import memory_room
 from tf_grpc_bench.netns import namespaces
 from tf_grpc_bench.replay.core import planning
+from tf_grpc_bench.replay.core.benchmarks import (
+    STREAMING_BANDWIDTH_WINDOW as STREAMING_BANDWIDTH_WINDOW,
+)
+from tf_grpc_bench.replay.core.benchmarks import RpcKind, spec_of
 from tf_grpc_bench.replay.core.measurement import (
     Benchmark,
     BenchmarkResult,
     RunMeasurement,
     in_link_time,
 )
-from tf_grpc_bench.replay.core.pacing import Pacing, Timing
+from tf_grpc_bench.replay.core.pacing import (
+    Pacing,
+    PacingChoice,
+    Timing,
+    check_processes_per_worker,
+    check_source,
+    resolve_pacing,
+    resolve_timing,
+    timing_parameters,
+    timing_spec,
+)
 from tf_grpc_bench.replay.core.processes import automatic_procs_per_worker
 from tf_grpc_bench.replay.core.whatif import Derivation, derive_trace
 from tf_grpc_bench.replay.core.workload import Mode, Shape, Workload
@@ -62,7 +76,6 @@ from tf_grpc_bench.replay.transport.loop import (
 )
 from tf_grpc_bench.replay.transport.wire import (
     ChannelSettings,
-    RpcKind,
     ServerSettings,
     new_session_id,
 )
@@ -71,16 +84,14 @@ from tf_grpc_bench.replay.transport.wire import (
 # Benchmarks.
 
 
-#: Messages in flight on a stream for synthetic P2P bandwidth (measured in
-#: ``docs/performance.md``).
-STREAMING_BANDWIDTH_WINDOW = 1
 #: Most processes a replay starts on this host for one benchmark: ps servers (one
 #: each) and PS-throughput workers (one each).  Beyond, a typo or a hostile trace.
 MAX_LOCAL_PROCESSES = 64
 
 
 def default_window(workload: Workload, rpc: RpcKind = RpcKind.UNARY) -> int | None:
-    """Calls in flight a benchmark allows unless told otherwise (None: the recorded concurrency).
+    """Calls in flight a benchmark allows unless told otherwise (None: the recorded
+    concurrency), as its row says (``benchmarks.Defaults``).
 
     Latency: one call at a time.  Bandwidth: one outstanding call for the
     paper's synthetic benchmark (send, wait for the ack, send again), or
@@ -88,20 +99,15 @@ def default_window(workload: Workload, rpc: RpcKind = RpcKind.UNARY) -> int | No
     concurrency for a trace.  Throughput: the recorded concurrency
     (synthetic: one call in flight per (worker, ps) pair, all ps at once).
     """
-    if workload.benchmark is Benchmark.P2P_LATENCY:
-        return 1
-    if workload.benchmark is Benchmark.P2P_BANDWIDTH and workload.source == "synthetic":
-        return STREAMING_BANDWIDTH_WINDOW if rpc is RpcKind.STREAMING else 1
-    return None
+    defaults = spec_of(workload.benchmark).defaults(workload.source)
+    return defaults.streaming_window if rpc is RpcKind.STREAMING else defaults.window
 
 
 def default_rpc(workload: Workload) -> RpcKind:
-    """The RPC kind a benchmark uses unless told otherwise: streaming for synthetic
-    P2P bandwidth (measured faster and cheaper per MB, ``docs/performance.md``),
+    """The RPC kind a benchmark uses unless told otherwise (its row): streaming for
+    synthetic P2P bandwidth (measured faster and cheaper per MB, ``docs/performance.md``),
     unary for everything else (the paper's and TensorFlow's one call per tensor)."""
-    if workload.benchmark is Benchmark.P2P_BANDWIDTH and workload.source == "synthetic":
-        return RpcKind.STREAMING
-    return RpcKind.UNARY
+    return spec_of(workload.benchmark).defaults(workload.source).rpc
 
 
 def rpc_used(workload: Workload, rpc: RpcKind) -> RpcKind:
@@ -172,14 +178,9 @@ def _check_benchmark(
     """ConfigError for what a workload cannot be replayed with."""
     if workload.source == "synthetic" and (plan.steps is not None or plan.passes is not None):
         raise ConfigError("--steps/--passes apply to trace replays, not to --synthetic workloads")
-    if workload.source == "synthetic" and pacing.timing is Timing.RECORDED:
-        raise ConfigError("--pacing recorded needs a trace (synthetic payloads have no timestamps)")
-    throughput = workload.benchmark is Benchmark.PS_THROUGHPUT
-    if throughput and procs_per_worker > 1 and pacing.timing is Timing.RATE:
-        raise ConfigError(
-            f"--procs-per-worker {procs_per_worker}: --pacing rate is a rate per client "
-            "process; give --procs-per-worker 1"
-        )
+    check_source(pacing.timing, workload.source)
+    if spec_of(workload.benchmark).worker_processes:
+        check_processes_per_worker(pacing.timing, procs_per_worker)
 
 
 def _process_parameters(workload: Workload, procs_per_worker: int) -> dict[str, int]:
@@ -201,8 +202,8 @@ def _measure(
     procs_per_worker: int,
     client_namespaces: Mapping[str, str],
 ) -> tuple[RunMeasurement, ...]:
-    """The benchmark's runs: PS throughput from worker processes, the others from here."""
-    if workload.benchmark is not Benchmark.PS_THROUGHPUT:
+    """The benchmark's runs: from worker processes (PS throughput), or from here."""
+    if not spec_of(workload.benchmark).worker_processes:
         return measure_point_to_point(workload, clients, pacing, plan, on_progress=on_progress)
     from tf_grpc_bench.replay.throughput import measure_throughput
 
@@ -217,17 +218,6 @@ def _measure(
         procs_per_worker=procs_per_worker,
         client_namespaces=client_namespaces,
     )
-
-
-def _pacing_parameters(pacing: Pacing) -> dict[str, str | int | float | bool]:
-    """The parameters of ``pacing``'s own knob (rate, compute scale, speed-up)."""
-    if pacing.timing is Timing.RATE:
-        return {"rate_per_s": pacing.rate_per_s}
-    if pacing.timing is Timing.DEPENDENCIES:
-        return {"compute_scale": pacing.compute_scale}
-    if pacing.timing is Timing.RECORDED:
-        return {"speedup": pacing.speedup}
-    return {}
 
 
 def run_benchmark(
@@ -262,7 +252,7 @@ def run_benchmark(
     if not settings.session:
         settings = replace(settings, session=new_session_id())
     _check_benchmark(workload, pacing, plan, procs_per_worker)
-    throughput = workload.benchmark is Benchmark.PS_THROUGHPUT
+    throughput = spec_of(workload.benchmark).worker_processes
     clients = open_clients(workload, targets, settings=settings)
     try:
         for client in clients.values():
@@ -293,7 +283,7 @@ def run_benchmark(
         all_parameters.update(_process_parameters(workload, procs_per_worker))
         if namespaces:
             all_parameters["client_netns"] = format_client_namespaces(namespaces)
-    all_parameters.update(_pacing_parameters(pacing))
+    all_parameters.update(timing_parameters(pacing))
     all_parameters.update(parameters or {})
     return BenchmarkResult(
         benchmark=workload.benchmark,
@@ -362,7 +352,7 @@ def parse_client_namespaces(
     jobs = {
         task.job
         for w in workloads
-        if w.benchmark is Benchmark.PS_THROUGHPUT
+        if spec_of(w.benchmark).worker_processes
         for task in w.client_tasks
     }
     for job in placed:
@@ -404,18 +394,15 @@ def procs_per_worker_for(
     servers elsewhere), shared by the workers.
 
     ConfigError when the workers' processes would pass ``MAX_LOCAL_PROCESSES``, or
-    for more than one under ``--pacing rate`` (a rate per process).
+    for more than one under a timing whose settings are per process (``--pacing rate``).
     """
-    throughput = [w for w in workloads if w.benchmark is Benchmark.PS_THROUGHPUT]
+    throughput = [w for w in workloads if spec_of(w.benchmark).worker_processes]
     if not throughput:
         return requested or 1
     workers = max(w.worker_count for w in throughput)
-    if any(p.timing is Timing.RATE for p in pacings):
-        if requested not in (None, 1):
-            raise ConfigError(
-                f"--procs-per-worker {requested}: --pacing rate is a rate per client "
-                "process; give --procs-per-worker 1"
-            )
+    per_process = [p.timing for p in pacings if timing_spec(p.timing).per_process]
+    if per_process:
+        check_processes_per_worker(per_process[0], requested)
         return 1
     if requested is None:
         automatic = automatic_procs_per_worker(
@@ -614,28 +601,6 @@ def record(
 STREAM_THREADS_KEPT_FREE = 4
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class PacingChoice:
-    """The pacing a replay asks for; None where it leaves the benchmark's default."""
-
-    #: ``--pacing``; default: dependencies for a trace's PS throughput, asap otherwise.
-    timing: Timing | None = None
-    #: ``--rate``: calls per second per worker (rate pacing only).
-    rate_per_s: float | None = None
-    #: ``--speedup``: recorded pacing N times faster (recorded pacing only).
-    speedup: float | None = None
-    #: ``--compute``: the scale of the recorded compute gaps (dependencies pacing only).
-    compute_scale: float | None = None
-    #: The scale dependencies pacing takes without ``--compute`` (``--compute auto``'s: the
-    #: trace's compute brought to this machine), None for 1; other pacings ignore it.
-    default_compute_scale: float | None = None
-    #: ``--outstanding``: calls in flight (ignored by P2P latency, one at a time).
-    outstanding: int | None = None
-    #: ``--time-dilation``: the replay runs this many times slower than the training it
-    #: predicts, on a link as much slower (dependencies pacing only).
-    time_dilation: float = 1.0
-
-
 def rpc_for(workload: Workload, asked: RpcKind | None) -> RpcKind:
     """The RPC kind ``workload``'s calls use: ``asked`` (``--rpc``) or its default.
     UsageError for streaming a trace (its calls are TensorFlow's unary methods)."""
@@ -650,50 +615,32 @@ def rpc_for(workload: Workload, asked: RpcKind | None) -> RpcKind:
 
 
 def timing_for(workload: Workload, choice: PacingChoice) -> Timing:
-    """The timing ``workload`` paces with under ``choice``; UsageError for a setting that
-    timing does not use (``--compute`` without dependencies pacing, ...)."""
-    if choice.timing is not None:
-        timing = choice.timing
-    elif workload.source == "trace" and workload.benchmark is Benchmark.PS_THROUGHPUT:
-        timing = Timing.DEPENDENCIES
-    else:
-        timing = Timing.ASAP
-    if choice.compute_scale is not None and timing is not Timing.DEPENDENCIES:
-        raise UsageError(
-            f"--compute applies only to --pacing dependencies (the {workload.benchmark.value} "
-            f"benchmark paces {timing.value})"
-        )
-    if choice.time_dilation != 1 and timing is not Timing.DEPENDENCIES:
-        raise UsageError(
-            f"--time-dilation applies only to --pacing dependencies (the "
-            f"{workload.benchmark.value} benchmark paces {timing.value})"
-        )
-    return timing
+    """The timing ``workload`` paces with under ``choice`` (its row's default unless
+    asked); PacingError for a setting that timing does not read (``--compute`` without
+    dependencies pacing, ...)."""
+    defaults = spec_of(workload.benchmark).defaults(workload.source)
+    return resolve_timing(choice, defaults.timing, context=_benchmark_paces(workload, choice))
+
+
+def _benchmark_paces(workload: Workload, choice: PacingChoice) -> str:
+    default = spec_of(workload.benchmark).defaults(workload.source).timing
+    timing = choice.timing if choice.timing is not None else default
+    return f" (the {workload.benchmark.value} benchmark paces {timing.value})"
 
 
 def pacing_for(workload: Workload, rpc: RpcKind, choice: PacingChoice) -> Pacing:
-    """``workload``'s pacing as ``choice`` asks; UsageError for a setting its timing
-    does not use (``--rate`` without rate pacing, ...)."""
-    timing = timing_for(workload, choice)
-    if choice.rate_per_s is not None and timing is not Timing.RATE:
-        raise UsageError("--rate applies only to --pacing rate")
-    if choice.speedup is not None and timing is not Timing.RECORDED:
-        raise UsageError("--speedup applies only to --pacing recorded")
-    if timing is Timing.RATE and choice.rate_per_s is None:
-        raise UsageError("--pacing rate needs --rate CALLS_PER_S")
+    """``workload``'s pacing as ``choice`` asks (``pacing.resolve_pacing``), with its
+    row's window unless ``--outstanding`` sets one; PacingError for a setting its
+    timing does not read (``--rate`` without rate pacing, ...)."""
+    spec = spec_of(workload.benchmark)
     window = default_window(workload, rpc)
-    if choice.outstanding is not None and workload.benchmark is not Benchmark.P2P_LATENCY:
+    if choice.outstanding is not None and not spec.one_call_at_a_time:
         window = choice.outstanding
-    compute_scale = choice.compute_scale
-    if compute_scale is None:
-        compute_scale = choice.default_compute_scale or 1.0
-    return Pacing(
-        timing=timing,
+    return resolve_pacing(
+        choice,
+        default=spec.defaults(workload.source).timing,
         window=window,
-        rate_per_s=choice.rate_per_s if timing is Timing.RATE and choice.rate_per_s else 0.0,
-        speedup=choice.speedup if choice.speedup is not None else 1.0,
-        compute_scale=compute_scale if timing is Timing.DEPENDENCIES else 1.0,
-        time_dilation=choice.time_dilation,
+        context=_benchmark_paces(workload, choice),
     )
 
 

@@ -10,22 +10,30 @@ per second.  Bandwidth is reported in MB/s with MB = 10**6 bytes.
 
 from __future__ import annotations
 
-import enum
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
+from typing import ClassVar
 
 import numpy as np
 
+from tf_grpc_bench.replay.core.named import OpenName
 from tf_grpc_bench.sizes import SizeCategory, classify
 
 
-class Benchmark(enum.Enum):
-    """The paper's three micro-benchmarks."""
+class Benchmark(OpenName):
+    """A benchmark's name: the paper's three, and any other a ``core.benchmarks`` row
+    registers (what each one does is its row, ``benchmarks.spec_of``)."""
 
-    P2P_LATENCY = "p2p-latency"
-    P2P_BANDWIDTH = "p2p-bandwidth"
-    PS_THROUGHPUT = "ps-throughput"
+    __slots__ = ()
+    P2P_LATENCY: ClassVar[Benchmark]
+    P2P_BANDWIDTH: ClassVar[Benchmark]
+    PS_THROUGHPUT: ClassVar[Benchmark]
+
+
+Benchmark.P2P_LATENCY = Benchmark.define("p2p-latency")
+Benchmark.P2P_BANDWIDTH = Benchmark.define("p2p-bandwidth")
+Benchmark.PS_THROUGHPUT = Benchmark.define("ps-throughput")
 
 
 #: Percentiles reported for every latency distribution (p99.9 as 99.9).

@@ -19,6 +19,7 @@ from typing import Protocol
 
 from tf_grpc_bench.errors import ConfigError, UsageError
 from tf_grpc_bench.replay.core import whatif
+from tf_grpc_bench.replay.core.benchmarks import spec_of
 from tf_grpc_bench.replay.core.chunking import chunk_count, chunk_workload
 from tf_grpc_bench.replay.core.generators import GeneratorConfig
 from tf_grpc_bench.replay.core.measurement import Benchmark
@@ -26,10 +27,8 @@ from tf_grpc_bench.replay.core.pacing import (
     MAX_TIME_DILATION,
     OPEN_LOOP_MAX_IN_FLIGHT,
     Pacing,
-    Timing,
+    keeps_recorded_window,
 )
-from tf_grpc_bench.replay.core.synthetic import synthetic_workload
-from tf_grpc_bench.replay.core.trace_workload import trace_workload
 from tf_grpc_bench.replay.core.workload import Call, Mode, Workload
 from tf_grpc_bench.trace import Trace
 from tf_grpc_bench.trace_mapping import WHOLE_STEPS, WholeSteps, parse_pair
@@ -62,9 +61,9 @@ def synthetic_workloads(
     ps_count: int = 1,
     worker_count: int = 1,
 ) -> list[Workload]:
-    """The paper's workload of each benchmark, over ``generator``'s payloads."""
+    """Each benchmark's workload over ``generator``'s payloads (its row's builder)."""
     return [
-        synthetic_workload(
+        spec_of(benchmark).build_synthetic(
             benchmark, generator, mode=mode, ps_count=ps_count, worker_count=worker_count
         )
         for benchmark in benchmarks
@@ -118,7 +117,7 @@ def trace_workloads(
         trace = whatif.derive_trace(trace, what_if)
     chosen_pair = parse_pair(pair, trace) if pair is not None else None
     workloads = [
-        trace_workload(
+        spec_of(benchmark).build_trace(
             trace, benchmark, mode=mode, pair=chosen_pair, source=source, whole_steps=whole_steps
         )
         for benchmark in benchmarks
@@ -132,9 +131,11 @@ def trace_workloads(
 
 def check_processes(workloads: Sequence[Workload], *, local_servers: bool, limit: int) -> None:
     """ConfigError if a workload needs more processes on this host than ``limit``:
-    one per PS-throughput worker, and one per ps server when ``local_servers``."""
+    one per worker of a benchmark measured from worker processes (PS throughput), and
+    one per ps server when ``local_servers``."""
     for workload in workloads:
-        if workload.benchmark is Benchmark.PS_THROUGHPUT and workload.worker_count > limit:
+        in_processes = spec_of(workload.benchmark).worker_processes
+        if in_processes and workload.worker_count > limit:
             raise ConfigError(
                 f"the {workload.source} workload has {workload.worker_count} workers, each a "
                 f"process of its own: at most {limit} on one host"
@@ -184,14 +185,14 @@ def in_flight_bytes(workload: Workload, pacing: Pacing) -> tuple[int, int]:
         groups: dict[tuple[int, int], list[Call]] = {}
         for call in step.calls:
             # The recorded window holds calls per (worker, server); the others per worker.
-            server = call.server_index if _recorded_window(pacing) else 0
+            server = call.server_index if keeps_recorded_window(pacing) else 0
             groups.setdefault((call.worker_index, server), []).append(call)
         total = 0
         for calls in groups.values():
             sizes = sorted((c.request_bytes + c.response_bytes for c in calls), reverse=True)
             if pacing.window is not None:
                 at_once = pacing.window
-            elif _recorded_window(pacing):
+            elif keeps_recorded_window(pacing):
                 at_once = 1 + max(c.outstanding_at_start for c in calls)
             else:
                 at_once = OPEN_LOOP_MAX_IN_FLIGHT
@@ -199,10 +200,6 @@ def in_flight_bytes(workload: Workload, pacing: Pacing) -> tuple[int, int]:
         if total > worst:
             worst, worst_step = total, step.index
     return worst, worst_step
-
-
-def _recorded_window(pacing: Pacing) -> bool:
-    return pacing.window is None and pacing.timing not in (Timing.RATE, Timing.DEPENDENCIES)
 
 
 def check_memory(

@@ -41,7 +41,7 @@ from typing import Any
 from tf_grpc_bench import lifetime
 from tf_grpc_bench.errors import NetworkError, ResultError
 from tf_grpc_bench.netns import emulated, links, namespaces, topology
-from tf_grpc_bench.replay.core.measurement import Benchmark
+from tf_grpc_bench.replay.core.benchmarks import spec_of
 from tf_grpc_bench.replay.core.workload import Workload
 from tf_grpc_bench.replay.output import comparison, report, timeline
 from tf_grpc_bench.replay.output import document as results
@@ -88,7 +88,7 @@ def host_layout(workloads: Sequence[Workload]) -> HostLayout:
     stand_ins = 0
     ps_clients = False
     for workload in workloads:
-        if workload.benchmark is not Benchmark.PS_THROUGHPUT or not workload.server_tasks:
+        if spec_of(workload.benchmark).point_to_point or not workload.server_tasks:
             continue
         stand_ins = max(stand_ins, sum(t.job != PS_JOB for t in workload.server_tasks))
         ps_clients = ps_clients or any(t.job == PS_JOB for t in workload.client_tasks)

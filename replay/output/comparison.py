@@ -35,6 +35,7 @@ from tensorboard.plugins.text import summary_v2 as text_summary
 from tensorboard.util import tensor_util
 
 from tf_grpc_bench.errors import ResultError
+from tf_grpc_bench.replay.core.benchmarks import step_benchmark
 from tf_grpc_bench.replay.core.measurement import BenchmarkResult
 from tf_grpc_bench.replay.output import plots, report
 from tf_grpc_bench.replay.output.document import ResultDocument
@@ -47,8 +48,6 @@ from tf_grpc_bench.trace_mapping import WORKERS_AND_PS_ONLY, trace_roles
 
 #: The TensorBoard run the comparison is written to, inside the comparison's directory.
 RUN_NAME = "comparison"
-#: The benchmark whose step is compared with training's.
-STEP_BENCHMARK = "ps-throughput"
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -125,7 +124,8 @@ def link_points(
         network = document.network
         name = network.name if network else "unrecorded"
         rate = network.emulated_rate_bits_per_s if network else 0
-        result = _result(document, STEP_BENCHMARK)
+        # The benchmark whose step is compared with training's (its row says so).
+        result = _result(document, step_benchmark().name)
         step_s = None if result is None else replay_step_s(result, document.machine.cpu_count)
         points.append(
             LinkPoint(

@@ -41,13 +41,15 @@ from tensorboard.compat.proto import summary_pb2
 from tensorboard.plugins.hparams import api_pb2, plugin_data_pb2
 from tensorboard.plugins.hparams import metadata as hparams_metadata
 
+from tf_grpc_bench.replay.core import benchmarks
 from tf_grpc_bench.replay.core.measurement import BenchmarkResult
 from tf_grpc_bench.replay.output.document import ParameterValue, ResultDocument
 
 #: The hyperparameters users compare runs by, in that order: (name, display name, description).
 COMPARISON_HPARAMS = (
     ("01 network", "network", "network the run went over (--network-name, or what was found)"),
-    ("02 benchmark", "benchmark", "p2p-latency, p2p-bandwidth or ps-throughput"),
+    # The registered benchmarks' names (``benchmark_names``).
+    ("02 benchmark", "benchmark", ""),
     ("03 rpc", "rpc", "unary or streaming, as the calls travelled"),
     ("04 pacing", "pacing", "dependencies, asap, recorded or rate"),
     ("05 compute", "compute", "dependencies pacing: recorded, none or a scale; '-' otherwise"),
@@ -90,6 +92,12 @@ def format_rate(bits_per_s: int) -> str:
         if bits_per_s >= factor:
             return f"{bits_per_s / factor:g} {unit}"
     return f"{bits_per_s} bit/s"
+
+
+def benchmark_names() -> str:
+    """``p2p-latency, p2p-bandwidth or ps-throughput``: every registered benchmark."""
+    names = benchmarks.names()
+    return f"{', '.join(names[:-1])} or {names[-1]}" if len(names) > 1 else names[0]
 
 
 def as_text(value: ParameterValue) -> str | bool:
@@ -157,6 +165,7 @@ def _is_grpc_setting(name: str) -> bool:
 def _info(name: str, value: str | bool) -> api_pb2.HParamInfo:
     for numbered, shown, description in COMPARISON_HPARAMS:
         if name == numbered:
+            description = description or benchmark_names()
             return api_pb2.HParamInfo(
                 name=name, display_name=shown, description=description, type=_type(value)
             )

@@ -50,6 +50,7 @@ from tf_grpc_bench.errors import (
     TransportError,
     UsageError,
 )
+from tf_grpc_bench.replay.core.benchmarks import spec_of
 from tf_grpc_bench.replay.core.measurement import Benchmark, BenchmarkResult, RunMeasurement
 from tf_grpc_bench.replay.core.workload import Mode, Workload
 from tf_grpc_bench.replay.network import netinfo
@@ -336,7 +337,8 @@ def _worker_request(
         )
     for workload in request.workloads:
         workers = workload.worker_count - len(workload.side_workers)
-        if workload.benchmark is Benchmark.PS_THROUGHPUT and workers != placement.worker_count:
+        every_worker = not spec_of(workload.benchmark).point_to_point
+        if every_worker and workers != placement.worker_count:
             # Fewer cluster workers would leave some of the workload's workers unreplayed.
             decides = "--workers" if request.trace_path is None else "the trace (or --workers)"
             raise ConfigError(
@@ -354,11 +356,12 @@ def ps_server_count(workload: Workload) -> int:
 
 
 def whole_step_parts(placement: Placement, request: ReplayRequest) -> WholeStepParts | None:
-    """Which task runs which client and server of the request's PS-throughput workload
-    (cluster worker ``i`` the workload's worker ``i`` when it is synthetic), None
-    when the cluster cannot place one of its side clients or stand-ins."""
+    """Which task runs which client and server of the request's workload that every
+    worker replays (PS throughput; cluster worker ``i`` the workload's worker ``i`` when
+    it is synthetic), None when the cluster cannot place one of its side clients or
+    stand-ins."""
     workers = placement.worker_count
-    throughput = [w for w in request.workloads if w.benchmark is Benchmark.PS_THROUGHPUT]
+    throughput = [w for w in request.workloads if not spec_of(w.benchmark).point_to_point]
     if not throughput or not throughput[0].client_tasks:
         return WholeStepParts(
             targets=placement.ps_addresses,
@@ -407,7 +410,7 @@ def _measure(
     measured: list[BenchmarkResult] = []
     assert request.targets is not None
     for workload, pacing, rpc in zip(request.workloads, request.pacings, request.rpcs, strict=True):
-        if workload.benchmark is Benchmark.PS_THROUGHPUT and client is not None:
+        if not spec_of(workload.benchmark).point_to_point and client is not None:
             gather.barrier(
                 placement.gatherer_address,
                 name=workload.benchmark.value,
@@ -507,66 +510,72 @@ def merge_worker_documents(
     """One set of results from the documents of the workers (keyed ``worker:<i>``) and of
     the tasks that ran a side client (``ps:<i>``, ``chief:0``).
 
-    P2P results come from worker 0.  PS-throughput run ``k`` merges every
-    task's run ``k``: all samples (each names its client, workers first); the
-    longest duration (the tasks started together at a barrier, so the aggregate
-    rate is all calls over the longest run); client CPU summed; server CPU the
-    largest figure any task read (all read the same servers over about the same
-    window).  Returns the results
-    and a reason when the merge is partial ("" otherwise).  Pure.
+    Point-to-point results come from worker 0.  A benchmark every worker replays
+    (PS throughput) has run ``k`` merged from every task's run ``k``
+    (``merge_runs``).  Returns the results and a reason when the merge is partial
+    ("" otherwise).  Pure.
     """
     ordered = sorted(documents.items(), key=lambda item: task_order(item[0]))
     reasons = [f"{task}: {error}" for task, error in sorted((failures or {}).items())]
     merged: list[BenchmarkResult] = []
     first = dict(ordered).get(f"{WORKER}:0")
     if first is not None:
-        merged += [r for r in first.benchmarks if r.benchmark is not Benchmark.PS_THROUGHPUT]
-    throughput = [
+        merged += [r for r in first.benchmarks if spec_of(r.benchmark).point_to_point]
+    shared = [
         (task, r)
         for task, document in ordered
         for r in document.benchmarks
-        if r.benchmark is Benchmark.PS_THROUGHPUT
+        if not spec_of(r.benchmark).point_to_point
     ]
-    if throughput:
-        run_count = min(len(r.runs) for _, r in throughput)
-        runs = []
-        for k in range(run_count):
-            parts: Sequence[RunMeasurement] = [r.runs[k] for _, r in throughput]
-            partial = [p for p in parts if p.partial]
-            runs.append(
-                RunMeasurement(
-                    run_index=k,
-                    duration_ns=max(p.duration_ns for p in parts),
-                    samples=tuple(s for p in parts for s in p.samples),
-                    step_times_ns=tuple(t for p in parts for t in p.step_times_ns),
-                    step_compute_ns=tuple(t for p in parts for t in p.step_compute_ns),
-                    client_cpu_ns=sum(p.client_cpu_ns for p in parts),
-                    server_cpu_ns=max(p.server_cpu_ns for p in parts),
-                    partial=bool(partial),
-                    partial_reason=partial[0].partial_reason if partial else "",
-                )
-            )
-        base = throughput[0][1]
-        parameters = {k: v for k, v in base.parameters.items() if k not in ("task", "targets")} | {
-            "cluster_workers": sum(1 for task, _ in throughput if not task_order(task)[0]),
-            "targets": ",".join(
-                sorted({str(r.parameters.get("targets", "")) for _, r in throughput})
-            ),
-        }
-        partial_runs = [run for run in runs if run.partial]
-        merged.append(
-            BenchmarkResult(
-                benchmark=Benchmark.PS_THROUGHPUT,
-                workload=base.workload,
-                parameters=parameters,
-                runs=tuple(runs),
-                partial=bool(partial_runs) or bool(reasons),
-                partial_reason=(partial_runs[0].partial_reason if partial_runs else "")
-                or "; ".join(reasons),
-                inexact_sizes=base.inexact_sizes,
+    for benchmark in dict.fromkeys(r.benchmark for _, r in shared):
+        parts = [(task, r) for task, r in shared if r.benchmark is benchmark]
+        merged.append(merge_runs(benchmark, parts, reasons))
+    return merged, "; ".join(reasons)
+
+
+def merge_runs(
+    benchmark: Benchmark, parts: Sequence[tuple[str, BenchmarkResult]], reasons: Sequence[str]
+) -> BenchmarkResult:
+    """One result of ``benchmark`` from every task's (``parts``, workers first): run ``k``
+    merges every task's run ``k``: all samples (each names its client); the longest
+    duration (the tasks started together at a barrier, so the aggregate rate is all
+    calls over the longest run); client CPU summed; server CPU the largest figure any
+    task read (all read the same servers over about the same window).  Partial, with
+    ``reasons``, when a task failed."""
+    run_count = min(len(r.runs) for _, r in parts)
+    runs = []
+    for k in range(run_count):
+        taken: Sequence[RunMeasurement] = [r.runs[k] for _, r in parts]
+        partial = [p for p in taken if p.partial]
+        runs.append(
+            RunMeasurement(
+                run_index=k,
+                duration_ns=max(p.duration_ns for p in taken),
+                samples=tuple(s for p in taken for s in p.samples),
+                step_times_ns=tuple(t for p in taken for t in p.step_times_ns),
+                step_compute_ns=tuple(t for p in taken for t in p.step_compute_ns),
+                client_cpu_ns=sum(p.client_cpu_ns for p in taken),
+                server_cpu_ns=max(p.server_cpu_ns for p in taken),
+                partial=bool(partial),
+                partial_reason=partial[0].partial_reason if partial else "",
             )
         )
-    return merged, "; ".join(reasons)
+    base = parts[0][1]
+    parameters = {k: v for k, v in base.parameters.items() if k not in ("task", "targets")} | {
+        "cluster_workers": sum(1 for task, _ in parts if not task_order(task)[0]),
+        "targets": ",".join(sorted({str(r.parameters.get("targets", "")) for _, r in parts})),
+    }
+    partial_runs = [run for run in runs if run.partial]
+    return BenchmarkResult(
+        benchmark=benchmark,
+        workload=base.workload,
+        parameters=parameters,
+        runs=tuple(runs),
+        partial=bool(partial_runs) or bool(reasons),
+        partial_reason=(partial_runs[0].partial_reason if partial_runs else "")
+        or "; ".join(reasons),
+        inexact_sizes=base.inexact_sizes,
+    )
 
 
 def _gather(

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
-import enum
 import json
 import re
 import secrets
@@ -38,6 +37,7 @@ import grpc
 from tf_grpc_bench.errors import ConfigError, TransportError
 from tf_grpc_bench.files import loads_json
 from tf_grpc_bench.protos import bench_pb2
+from tf_grpc_bench.replay.core.benchmarks import RpcKind as RpcKind
 from tf_grpc_bench.replay.core.messages import (
     ECHO_METHOD,
     PUSH_METHOD,
@@ -80,21 +80,6 @@ PUSH_STREAM_METHOD = "/tf_grpc_bench.Replay/PushStream"
 STREAM_OF_METHOD = {ECHO_METHOD: ECHO_STREAM_METHOD, PUSH_METHOD: PUSH_STREAM_METHOD}
 
 _UINT64 = struct.Struct("<Q")
-
-
-class RpcKind(enum.Enum):
-    """How echo and ack calls travel: one unary call each, or messages on a stream."""
-
-    UNARY = "unary"
-    STREAMING = "streaming"
-
-    @classmethod
-    def parse(cls, text: str, *, flag: str = "--rpc") -> RpcKind:
-        try:
-            return cls(text.strip().lower())
-        except ValueError:
-            names = ", ".join(kind.value for kind in cls)
-            raise ConfigError(f"{flag} {text!r}: expected one of {names}") from None
 
 
 _SIZE_OPTIONS: tuple[tuple[str, int], ...] = (
