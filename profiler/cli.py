@@ -10,11 +10,10 @@ reason on one line (and its exit code).
 from __future__ import annotations
 
 import argparse
-import math
 import sys
 from pathlib import Path
 
-from tf_grpc_bench import trace_summary
+from tf_grpc_bench import bounds, trace_summary
 from tf_grpc_bench.calibration import (
     Calibration,
     CalibrationUnavailable,
@@ -22,6 +21,7 @@ from tf_grpc_bench.calibration import (
     cached,
     measure_here,
 )
+from tf_grpc_bench.command import Command
 from tf_grpc_bench.errors import CaptureError, RunInterrupted, TraceError, UsageError
 from tf_grpc_bench.files import check_writable
 from tf_grpc_bench.host import this_machine
@@ -55,29 +55,27 @@ from tf_grpc_bench.profiler.userjob import capture_user_job, check_hosts_local
 _DEFAULT_OUTPUT = "capture.tfgbtrace"
 
 
-#: Largest count flag (steps, batch size, image side): far past what one machine trains.
-MAX_COUNT = 1_000_000
-#: Longest timeout: a week.
-MAX_SECONDS = 7 * 86_400.0
-
-
 def _positive_int(text: str) -> int:
+    """A count flag (steps, batch size, image side): 0..``bounds.MAX_COUNT``."""
     try:
         value = int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
-    if not 0 <= value <= MAX_COUNT:
-        raise argparse.ArgumentTypeError(f"must be in 0..{MAX_COUNT}, got {value}")
+    problem = bounds.count_problem(value, minimum=0)
+    if problem:
+        raise argparse.ArgumentTypeError(problem)
     return value
 
 
 def _seconds(text: str) -> float:
+    """A timeout flag: (0, ``bounds.MAX_RUN_S``] seconds."""
     try:
         value = float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected seconds, got {text!r}") from None
-    if not (math.isfinite(value) and 0 < value <= MAX_SECONDS):
-        raise argparse.ArgumentTypeError(f"must be in (0, {MAX_SECONDS:g}] s, got {text}")
+    problem = bounds.seconds_problem(value, allow_zero=False, maximum=bounds.MAX_RUN_S)
+    if problem:
+        raise argparse.ArgumentTypeError(problem)
     return value
 
 
@@ -415,7 +413,18 @@ def run_capture_job(args: argparse.Namespace) -> int:
     return _report(result, args.quiet)
 
 
-# tf_grpc_bench.cli looks a subcommand's functions up as configure_<name> and
-# run_<name>; this one's name has a hyphen, which no def can have.
-globals()["configure_capture-job"] = configure_capture_job
-globals()["run_capture-job"] = run_capture_job
+#: ``tf-grpc-bench capture`` and ``capture-job``.
+COMMANDS = (
+    Command(
+        name="capture",
+        help="train a model across processes, record a trace",
+        add_arguments=configure_capture,
+        run=run_capture,
+    ),
+    Command(
+        name="capture-job",
+        help="record a trace of your own training job",
+        add_arguments=configure_capture_job,
+        run=run_capture_job,
+    ),
+)

@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 
 from tf_grpc_bench import launchers, trace_files, trace_summary
+from tf_grpc_bench.command import Command
 from tf_grpc_bench.errors import CaptureError, TraceError, UsageError
 from tf_grpc_bench.files import check_writable
 from tf_grpc_bench.profiler import logs
@@ -181,3 +182,20 @@ def run_assemble(args: argparse.Namespace) -> int:
     if not args.quiet:
         sys.stdout.write(f"{len(trace.steps)} steady steps; trace written to {output}\n")
     return 0
+
+
+#: ``tf-grpc-bench record`` and ``assemble``.
+COMMANDS = (
+    Command(
+        name="record",
+        help="run one task of a job launched elsewhere, recording its traffic to a folder",
+        add_arguments=configure_record,
+        run=run_record,
+    ),
+    Command(
+        name="assemble",
+        help="one trace from the record folders of every task of a job",
+        add_arguments=configure_assemble,
+        run=run_assemble,
+    ),
+)

@@ -1,4 +1,8 @@
-"""PS throughput with one OS process per worker, so the GIL does not cap the figure.
+"""Workers in OS processes of their own (PS throughput), so the GIL does not cap the figure.
+
+The grpcio engine's ``ProcessWorkers`` (``transport.seam.Workers``) for the
+benchmarks measured from worker processes; ``measure_throughput`` is the whole
+protocol around them for one workload.
 
 The parent spawns one process per worker (``multiprocessing`` spawn: nothing
 inherited, the same on every platform), each with its own channels to every
@@ -47,14 +51,11 @@ from tf_grpc_bench.replay.transport.client import ReplayClient
 from tf_grpc_bench.replay.transport.driver import Driver
 from tf_grpc_bench.replay.transport.loop import (
     ProgressCallback,
-    ProgressEvent,
     RunPlan,
     WorkerLoop,
     WorkerOutcome,
-    failed_run,
     interrupted_reason,
-    interrupted_run,
-    run_each,
+    measure_runs,
 )
 from tf_grpc_bench.replay.transport.peers import (
     PeerLinks,
@@ -62,6 +63,7 @@ from tf_grpc_bench.replay.transport.peers import (
     make_links,
     perf_minus_monotonic_ns,
 )
+from tf_grpc_bench.replay.transport.seam import WorkerJob, worker_jobs
 from tf_grpc_bench.replay.transport.wire import ChannelSettings
 
 #: Time between telling workers to start and their common start instant.
@@ -364,12 +366,50 @@ def _peer_links(
     return links
 
 
-def client_processes(workload: Workload, procs_per_worker: int) -> tuple[int, ...]:
-    """How many client processes each worker that makes calls gets (at most one per lane)."""
-    return tuple(
-        split_worker(workload.for_worker(worker), procs_per_worker).count
-        for worker in sorted({call.worker_index for call in workload.calls})
-    )
+class ProcessWorkers:
+    """A benchmark's workers in processes of their own (``transport.seam.Workers``):
+    one per job, or ``job.processes`` sharing its calls (``core.processes``)."""
+
+    def __init__(self, jobs: Sequence[WorkerJob], *, round_barrier: bool) -> None:
+        specs = [
+            WorkerSpec(
+                worker_index=job.worker_index,
+                workload=job.workload,
+                targets=job.targets,
+                pacing=job.pacing,
+                plan=job.plan,
+                settings=job.channel,
+                process=process,
+                netns=job.netns,
+            )
+            for job in jobs
+            for process in range(split_worker(job.workload, job.processes).count)
+        ]
+        self._plan = jobs[0].plan
+        self._count = len(specs)
+        self._workers = _WorkerProcesses(
+            specs,
+            round_barrier=round_barrier,
+            procs_per_worker=max(job.processes for job in jobs),
+        )
+
+    def wait_ready(self, timeout_s: float) -> None:
+        for index in range(self._count):
+            self._workers.receive(index, timeout_s=timeout_s)
+
+    def warm_up(self, duration_ns: int) -> None:
+        self._workers.send_all(("warmup", duration_ns))
+        errors = [str(self._workers.receive(index)[1]) for index in range(self._count)]
+        if any(errors):
+            raise TransportError(next(e for e in errors if e))
+
+    def run(self, *, duration_ns: int, steps: int | None) -> list[WorkerOutcome]:
+        start = time.monotonic_ns() + START_MARGIN_NS
+        self._workers.send_all(("run", start, duration_ns, steps))
+        return _run_outcomes(self._workers, self._count, start, self._plan)
+
+    def close(self) -> None:
+        self._workers.stop()
 
 
 def measure_throughput(
@@ -391,71 +431,20 @@ def measure_throughput(
     a client standing for a task of that job (``workload.client_tasks``) run there.
     ``clients`` (in this process) only reset and read the servers' statistics.
     """
-    notify = on_progress or (lambda event: None)
-    specs = []
-    # Only the workers that make calls (a cluster task's workload keeps its own).
-    for worker in sorted({call.worker_index for call in workload.calls}):
-        own = workload.for_worker(worker)
-        count = split_worker(own, procs_per_worker).count
-        job = workload.client_tasks[worker].job if workload.client_tasks else ""
-        specs += [
-            WorkerSpec(
-                worker_index=worker,
-                workload=own,
-                targets=tuple(targets),
-                pacing=pacing,
-                plan=plan,
-                settings=settings,
-                process=process,
-                netns=(client_namespaces or {}).get(job, ""),
-            )
-            for process in range(count)
-        ]
-    workers = _WorkerProcesses(
-        specs, round_barrier=workload.round_barrier, procs_per_worker=procs_per_worker
+    jobs = worker_jobs(
+        workload,
+        targets,
+        pacing,
+        plan,
+        settings=settings,
+        procs_per_worker=procs_per_worker,
+        client_namespaces=client_namespaces,
     )
-    runs: list[RunMeasurement] = []
+    workers = ProcessWorkers(jobs, round_barrier=workload.round_barrier)
     try:
-        _measure_runs(workers, len(specs), workload, clients, plan, runs, notify)
-    except KeyboardInterrupt as interrupt:
-        # Between runs or in the warm-up: a measured run keeps its calls itself.
-        runs.append(interrupted_run(len(runs), interrupt))
+        return measure_runs(workers, workload, clients, plan, on_progress or (lambda event: None))
     finally:
-        workers.stop()
-    return tuple(runs)
-
-
-def _measure_runs(
-    workers: _WorkerProcesses,
-    worker_count: int,
-    workload: Workload,
-    clients: Mapping[int, ReplayClient],
-    plan: RunPlan,
-    runs: list[RunMeasurement],
-    notify: ProgressCallback,
-) -> None:
-    """Warm-up and runs with the worker processes; appends each run to ``runs``."""
-    try:
-        for index in range(worker_count):
-            workers.receive(index, timeout_s=plan.connect_timeout_s + 120)
-        notify(
-            ProgressEvent(benchmark=workload.benchmark, phase="warmup", run_index=0, runs=plan.runs)
-        )
-        workers.send_all(("warmup", plan.warmup_ns))
-        warm_errors = [str(workers.receive(index)[1]) for index in range(worker_count)]
-    except TransportError as error:
-        runs.append(failed_run(0, str(error)))
-        return
-    if any(warm_errors):
-        runs.append(failed_run(0, next(e for e in warm_errors if e)))
-        return
-
-    def one_run() -> list[WorkerOutcome]:
-        start = time.monotonic_ns() + START_MARGIN_NS
-        workers.send_all(("run", start, plan.duration_ns, plan.steps_per_run(workload)))
-        return _run_outcomes(workers, worker_count, start, plan)
-
-    run_each(workload, clients, plan, runs, notify, one_run)
+        workers.close()
 
 
 def _run_outcomes(

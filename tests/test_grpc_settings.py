@@ -13,12 +13,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from tf_grpc_bench.errors import ConfigError
-from tf_grpc_bench.replay.transport.grpc_settings import (
-    Compression,
-    GrpcSettings,
-    add_grpc_flags,
-    settings_from_args,
-)
+from tf_grpc_bench.replay.cli_flags import add_grpc_flags, settings_from_args
+from tf_grpc_bench.replay.transport.grpc_settings import Compression, GrpcSettings
 
 METHOD = "/test.Peers/Call"
 

@@ -20,7 +20,7 @@ from tf_grpc_bench.replay.core.measurement import (
 )
 from tf_grpc_bench.replay.output import document as results
 from tf_grpc_bench.replay.output.document_reader import read_document
-from tf_grpc_bench.replay.placement import role as placement
+from tf_grpc_bench.replay.placement import merge as placement
 
 from .conftest import make_trace
 

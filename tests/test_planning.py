@@ -1,7 +1,7 @@
 """Planning a replay request: workloads of a request, and the checks that they fit a host.
 
 The pure part is ``replay.core.planning``; the RPC kind and pacing of each
-workload, and the checks against this host, are ``replay.runner``'s.  Real
+workload, and the checks against this host, are ``replay.fitting``'s.  Real
 workloads from a small trace and the paper's generators, real gRPC settings.
 """
 
@@ -11,11 +11,11 @@ import pytest
 
 from tests.conftest import make_trace
 from tf_grpc_bench.errors import ConfigError, UsageError
-from tf_grpc_bench.replay import runner
-from tf_grpc_bench.replay.core import planning, whatif
+from tf_grpc_bench.replay import fitting
+from tf_grpc_bench.replay.core import benchmarks, planning, whatif
 from tf_grpc_bench.replay.core.generators import GeneratorConfig
 from tf_grpc_bench.replay.core.measurement import Benchmark
-from tf_grpc_bench.replay.core.pacing import Pacing, Timing
+from tf_grpc_bench.replay.core.pacing import Pacing, PacingChoice, Timing
 from tf_grpc_bench.replay.core.workload import Mode, Workload
 from tf_grpc_bench.replay.transport.grpc_settings import GrpcSettings
 from tf_grpc_bench.replay.transport.wire import RpcKind, ServerSettings
@@ -103,15 +103,15 @@ def test_pacing_defaults_to_dependencies_for_a_trace_throughput_and_asap_otherwi
     (synthetic,) = planning.synthetic_workloads(
         [Benchmark.P2P_LATENCY], GeneratorConfig(), mode=Mode.NON_SERIALIZED
     )
-    nothing = runner.PacingChoice()
-    assert runner.pacing_for(traced, RpcKind.UNARY, nothing).timing is Timing.DEPENDENCIES
-    assert runner.pacing_for(synthetic, RpcKind.UNARY, nothing).timing is Timing.ASAP
+    nothing = PacingChoice()
+    assert fitting.pacing_for(traced, RpcKind.UNARY, nothing).timing is Timing.DEPENDENCIES
+    assert fitting.pacing_for(synthetic, RpcKind.UNARY, nothing).timing is Timing.ASAP
     with pytest.raises(UsageError, match="--compute applies only to --pacing dependencies"):
-        runner.pacing_for(synthetic, RpcKind.UNARY, runner.PacingChoice(compute_scale=0.5))
+        fitting.pacing_for(synthetic, RpcKind.UNARY, PacingChoice(compute_scale=0.5))
     with pytest.raises(UsageError, match="--rate applies only to --pacing rate"):
-        runner.pacing_for(synthetic, RpcKind.UNARY, runner.PacingChoice(rate_per_s=10.0))
+        fitting.pacing_for(synthetic, RpcKind.UNARY, PacingChoice(rate_per_s=10.0))
     with pytest.raises(UsageError, match="--rpc streaming applies to the synthetic"):
-        runner.rpc_for(traced, RpcKind.STREAMING)
+        fitting.rpc_for(traced, RpcKind.STREAMING)
 
 
 def test_planning_a_request_fits_every_workload_and_gives_each_its_rpc_and_pacing() -> None:
@@ -120,13 +120,13 @@ def test_planning_a_request_fits_every_workload_and_gives_each_its_rpc_and_pacin
         GeneratorConfig(),
         mode=Mode.NON_SERIALIZED,
     )
-    planned = runner.plan_workloads(
-        workloads, settings=GrpcSettings(), targets=None, rpc=None, pacing=runner.PacingChoice()
+    planned = fitting.plan_workloads(
+        workloads, settings=GrpcSettings(), targets=None, rpc=None, pacing=PacingChoice()
     )
     assert planned.rpcs == (RpcKind.UNARY, RpcKind.STREAMING)
-    assert [p.window for p in planned.pacings] == [1, runner.STREAMING_BANDWIDTH_WINDOW]
+    assert [p.window for p in planned.pacings] == [1, benchmarks.STREAMING_BANDWIDTH_WINDOW]
     threads = ServerSettings().max_workers
-    room = threads - runner.STREAM_THREADS_KEPT_FREE
-    runner.check_stream_threads(planned.workloads[1:], planned.rpcs[1:], channels=room)
+    room = threads - fitting.STREAM_THREADS_KEPT_FREE
+    fitting.check_stream_threads(planned.workloads[1:], planned.rpcs[1:], channels=room)
     with pytest.raises(ConfigError, match=f"= {threads} streams per ps server"):
-        runner.check_stream_threads(planned.workloads[1:], planned.rpcs[1:], channels=threads)
+        fitting.check_stream_threads(planned.workloads[1:], planned.rpcs[1:], channels=threads)

@@ -33,7 +33,8 @@ from tf_grpc_bench.replay.core.synthetic import synthetic_workload
 from tf_grpc_bench.replay.core.trace_workload import trace_workload
 from tf_grpc_bench.replay.core.whatif import WhatIf, derive_trace
 from tf_grpc_bench.replay.core.workload import Mode, Workload
-from tf_grpc_bench.replay.runner import RunPlan, procs_per_worker_for, run_benchmark
+from tf_grpc_bench.replay.fitting import procs_per_worker_for
+from tf_grpc_bench.replay.runner import RunPlan, run_benchmark
 from tf_grpc_bench.replay.throughput import measure_throughput
 from tf_grpc_bench.replay.transport.client import ReplayClient
 from tf_grpc_bench.replay.transport.grpc_settings import GrpcSettings

@@ -24,12 +24,14 @@ from tests.test_placement import free_ports
 from tests.test_reliability_faults import _descendants, _parent_of
 from tf_grpc_bench import trace_files
 from tf_grpc_bench.replay import cli
+from tf_grpc_bench.replay.cli_flags import replay_spec
 from tf_grpc_bench.replay.core.measurement import Benchmark, BenchmarkResult
 from tf_grpc_bench.replay.output import document as results
 from tf_grpc_bench.replay.output.document_reader import read_document
 from tf_grpc_bench.replay.placement import cluster as placement_cluster
 from tf_grpc_bench.replay.placement import role
 from tf_grpc_bench.replay.placement.cluster import TaskId
+from tf_grpc_bench.replay.spec import ReplaySpec
 from tf_grpc_bench.trace import Trace
 
 TRACE = "resnet50-tf2ps"
@@ -103,10 +105,10 @@ def _replayed_kinds(trace: Trace, result: BenchmarkResult) -> dict[str, tuple[in
     return {kind: (counts[kind], sizes[kind]) for kind in counts}
 
 
-def _replay_args(*arguments: str) -> argparse.Namespace:
+def _replay_args(*arguments: str) -> ReplaySpec:
     parser = argparse.ArgumentParser()
     cli.configure_role(parser)
-    return parser.parse_args(list(arguments))
+    return replay_spec(parser.parse_args(list(arguments)))
 
 
 def _placement(cluster: dict[str, list[str]], task: str) -> placement_cluster.Placement:
@@ -127,9 +129,7 @@ CLUSTER = {
 def test_every_task_places_the_side_clients_and_stand_ins_alike() -> None:
     args = _replay_args(TRACE, "--benchmark", "ps-throughput")
     for task in ("chief:0", "ps:0", "ps:1", "worker:0", "worker:1"):
-        request, parts = role.cluster_request(
-            _placement(CLUSTER, task), args, build_request=cli.build_request
-        )
+        request, parts = role.cluster_request(_placement(CLUSTER, task), args)
         assert request.targets == ("h1:2222", "h2:2222", "h3:2222", "h4:2222")
         # The workload's clients: training's workers, then the chief and ps:0 (which
         # called ps:1); its servers: the ps tasks, then stand-ins for the two workers.
@@ -151,9 +151,7 @@ def test_every_task_places_the_side_clients_and_stand_ins_alike() -> None:
 @pytest.mark.parametrize("name", [n for n in trace_files.shipped_trace_names() if "tf2ps" in n])
 def test_a_cluster_with_a_chief_drops_nothing_of_a_shipped_tf2_trace(name: str) -> None:
     args = _replay_args(name.removesuffix(".tfgbtrace"), "--benchmark", "ps-throughput")
-    request, parts = role.cluster_request(
-        _placement(CLUSTER, "worker:0"), args, build_request=cli.build_request
-    )
+    request, parts = role.cluster_request(_placement(CLUSTER, "worker:0"), args)
     parameters = request.workloads[0].parameters()
     assert parameters["dropped_rpcs_per_pass"] == parameters["dropped_bytes_per_pass"] == 0
     assert len(parts.clients) == request.workloads[0].worker_count
@@ -163,9 +161,7 @@ def test_a_cluster_with_a_chief_drops_nothing_of_a_shipped_tf2_trace(name: str) 
 def test_without_a_chief_the_chiefs_calls_are_dropped_and_ps_to_ps_still_replayed() -> None:
     no_chief = {"ps": CLUSTER["ps"], "worker": CLUSTER["worker"]}
     args = _replay_args(TRACE, "--benchmark", "ps-throughput")
-    request, parts = role.cluster_request(
-        _placement(no_chief, "ps:0"), args, build_request=cli.build_request
-    )
+    request, parts = role.cluster_request(_placement(no_chief, "ps:0"), args)
     assert request.targets == ("h1:2222", "h2:2222")
     assert parts.side_tasks == (TaskId(type="ps", index=0),) and parts.stand_ins == ()
     parameters = request.workloads[0].parameters()
@@ -175,9 +171,7 @@ def test_without_a_chief_the_chiefs_calls_are_dropped_and_ps_to_ps_still_replaye
 
 def test_a_synthetic_cluster_replay_has_no_side_parts() -> None:
     args = _replay_args("--synthetic", "--benchmark", "ps-throughput")
-    request, parts = role.cluster_request(
-        _placement(CLUSTER, "worker:1"), args, build_request=cli.build_request
-    )
+    request, parts = role.cluster_request(_placement(CLUSTER, "worker:1"), args)
     assert request.targets == ("h1:2222", "h2:2222")
     assert parts.side_tasks == () and parts.stand_ins == ()
     assert parts.client_of(TaskId(type="worker", index=1)) == 1

@@ -458,14 +458,16 @@ def test_network_compare_hands_the_what_if_flags_to_its_replays() -> None:
     import argparse
 
     from tf_grpc_bench.replay import cli as replay_cli
-    from tf_grpc_bench.replay.network.compare import passthrough_arguments
+    from tf_grpc_bench.replay.cli_flags import replay_from_argv, replay_spec
+    from tf_grpc_bench.replay.network.cli import replay_arguments
 
     parser = argparse.ArgumentParser()
     replay_cli.configure_replay(parser)
     flags = "resnet50-tf2ps --workers 4 --ps 1 --placement size --scale-tensors 1.5"
     args = parser.parse_args(flags.split())
-    passed = passthrough_arguments(args, replay_cli.configure_replay)
-    assert parser.parse_args(list(passed)) == args
+    spec = replay_spec(args)
+    passed = replay_arguments(spec)
+    assert replay_from_argv(passed) == spec
     what_if = replay_cli.what_if_of(
         args, trace_files.read_trace(trace_files.shipped_trace_path("resnet50-tf2ps"))
     )

@@ -129,6 +129,28 @@ class BenchmarkSpec:
 _TABLE: dict[Benchmark, BenchmarkSpec] = {}
 
 
+def default_window(workload: Workload, rpc: RpcKind = RpcKind.UNARY) -> int | None:
+    """Calls in flight ``workload``'s benchmark allows unless told otherwise (None: the
+    recorded concurrency), as its row says.
+
+    Latency: one call at a time.  Bandwidth: one outstanding call for the
+    paper's synthetic benchmark (send, wait for the ack, send again), or
+    ``STREAMING_BANDWIDTH_WINDOW`` messages on a stream; the recorded
+    concurrency for a trace.  Throughput: the recorded concurrency
+    (synthetic: one call in flight per (worker, ps) pair, all ps at once).
+    """
+    defaults = spec_of(workload.benchmark).defaults(workload.source)
+    return defaults.streaming_window if rpc is RpcKind.STREAMING else defaults.window
+
+
+def default_rpc(workload: Workload) -> RpcKind:
+    """The RPC kind ``workload``'s benchmark uses unless told otherwise (its row):
+    streaming for synthetic P2P bandwidth (measured faster and cheaper per MB,
+    ``docs/performance.md``), unary for everything else (the paper's and TensorFlow's
+    one call per tensor)."""
+    return spec_of(workload.benchmark).defaults(workload.source).rpc
+
+
 def register(spec: BenchmarkSpec) -> Benchmark:
     """Add a benchmark row (runs after the others under ``--benchmark all``)."""
     benchmark = Benchmark.define(spec.name)

@@ -80,7 +80,7 @@ class OpenName(metaclass=_Listing):
     def __setattr__(self, name: str, value: object) -> None:
         raise AttributeError(f"{type(self).__name__} is immutable")
 
-    def __reduce__(self) -> tuple[Any, tuple[str]]:
+    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
         # Unpickled in a process that never defined it (a spawned worker), it is defined there.
         return type(self).define, (self.value,)
 

@@ -91,7 +91,7 @@ class Timing(OpenName):
     RATE: ClassVar[Timing]
     DEPENDENCIES: ClassVar[Timing]
 
-    def __reduce__(self) -> tuple[Any, tuple[str, TimingSpec | None]]:
+    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
         return restore_timing, (self.value, _TIMINGS.get(self))
 
 

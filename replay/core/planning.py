@@ -33,6 +33,10 @@ from tf_grpc_bench.replay.core.workload import Call, Mode, Workload
 from tf_grpc_bench.trace import Trace
 from tf_grpc_bench.trace_mapping import WHOLE_STEPS, WholeSteps, parse_pair
 
+#: Most processes a replay starts on this host for one benchmark: ps servers (one
+#: each) and the workers of a benchmark measured from worker processes (one each).
+#: Beyond, a typo or a hostile trace.
+MAX_LOCAL_PROCESSES = 64
 #: Most calls one pass of a chunked workload may become (each call is an object in memory).
 MAX_CALLS_PER_PASS = 1_000_000
 #: Copies of a message one host holds while it travels on loopback: the sender's,
@@ -127,6 +131,20 @@ def trace_workloads(
 
 # --------------------------------------------------------------------------
 # Checks.
+
+
+def check_server_processes(servers: int, procs_per_server: int) -> None:
+    """ConfigError unless ``procs_per_server`` is in 1.. and the servers' processes stay
+    within ``MAX_LOCAL_PROCESSES``."""
+    if not 1 <= procs_per_server <= MAX_LOCAL_PROCESSES:
+        raise ConfigError(
+            f"--procs-per-server must be in 1..{MAX_LOCAL_PROCESSES}, got {procs_per_server}"
+        )
+    if servers * procs_per_server > MAX_LOCAL_PROCESSES:
+        raise ConfigError(
+            f"--procs-per-server {procs_per_server}: {servers} servers x {procs_per_server} "
+            f"processes is more than {MAX_LOCAL_PROCESSES} processes on one host"
+        )
 
 
 def check_processes(workloads: Sequence[Workload], *, local_servers: bool, limit: int) -> None:

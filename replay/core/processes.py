@@ -43,14 +43,21 @@ def parse_procs_per_worker(text: str, flag: str = "--procs-per-worker") -> int |
     value = text.strip()
     if value.lower() == AUTO:
         return None
-    expected = f"a whole number in 1..{MAX_PROCS_PER_WORKER} or '{AUTO}'"
     try:
         count = int(value)
     except ValueError:
-        raise ConfigError(f"{flag}: expected {expected}, got {text!r}") from None
-    if not 1 <= count <= MAX_PROCS_PER_WORKER:
-        raise ConfigError(f"{flag}: expected {expected}, got {count}")
+        raise ConfigError(f"{flag}: expected {_EXPECTED}, got {text!r}") from None
+    check_procs_per_worker(count, flag)
     return count
+
+
+_EXPECTED = f"a whole number in 1..{MAX_PROCS_PER_WORKER} or '{AUTO}'"
+
+
+def check_procs_per_worker(count: int, flag: str = "--procs-per-worker") -> None:
+    """ConfigError unless ``count`` is in 1..``MAX_PROCS_PER_WORKER``."""
+    if not 1 <= count <= MAX_PROCS_PER_WORKER:
+        raise ConfigError(f"{flag}: expected {_EXPECTED}, got {count}")
 
 
 def automatic_procs_per_worker(*, cores: int, workers: int, servers: int) -> int:
@@ -135,3 +142,11 @@ def process_loads(workload: Workload, split: ProcessSplit) -> tuple[int, ...]:
 
 def calls_of(calls: Sequence[Call], owned: Sequence[int]) -> tuple[Call, ...]:
     return tuple(calls[i] for i in owned)
+
+
+def client_processes(workload: Workload, procs_per_worker: int) -> tuple[int, ...]:
+    """How many client processes each worker that makes calls gets (at most one per lane)."""
+    return tuple(
+        split_worker(workload.for_worker(worker), procs_per_worker).count
+        for worker in sorted({call.worker_index for call in workload.calls})
+    )

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from tf_grpc_bench.command import Command
 from tf_grpc_bench.replay.native.build import EngineUnavailable, build_engine, engine_status
 
 
@@ -51,3 +52,14 @@ def run_engine(args: argparse.Namespace) -> int:
     for line in describe_engines():
         print(line)
     return 0
+
+
+#: ``tf-grpc-bench engine``.
+COMMANDS = (
+    Command(
+        name="engine",
+        help="the replay engines this host has; 'engine build' builds the gRPC C++ one",
+        add_arguments=configure_engine,
+        run=run_engine,
+    ),
+)

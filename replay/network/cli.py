@@ -8,8 +8,8 @@ Subcommands:
 - ``list``: the tool's namespaces, by run;
 - ``cleanup``: remove what crashed runs (and ``up``) left behind;
 - ``compare [TRACE]``: replay across several profiles, one comparison
-  (``compare``); takes every flag of ``replay``, which ``replay.cli``
-  hands in with the function that validates them.
+  (``compare``); takes every flag of ``replay``, which ``replay.cli`` hands
+  in with the functions that turn them into a ``ReplaySpec`` and plan it.
 """
 
 from __future__ import annotations
@@ -17,17 +17,18 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Protocol
 
 from tf_grpc_bench import lifetime, trace_files
 from tf_grpc_bench.errors import NetworkError, RunInterrupted, UsageError
 from tf_grpc_bench.netns import emulated, links, namespaces, topology
-from tf_grpc_bench.replay.core import planning
 from tf_grpc_bench.replay.core.pacing import Pacing, Timing
 from tf_grpc_bench.replay.core.workload import Workload
 from tf_grpc_bench.replay.network import compare as network_compare
 from tf_grpc_bench.replay.output.run_directories import new_run_directory
+from tf_grpc_bench.replay.spec import DEFAULT_OUTPUT_DIR, ReplaySpec, ServeSpec
 
 
 class ReplayRequest(Protocol):
@@ -43,10 +44,12 @@ class ReplayRequest(Protocol):
     def trace_path(self) -> Path | None: ...
 
 
-#: Adds a command's flags to a parser (``replay.cli.configure_replay``, ``configure_serve``).
+#: Adds a command's flags to a parser (``replay.cli_flags.configure_replay``).
 Flags = Callable[[argparse.ArgumentParser], None]
-#: Turns replay flags into a validated request (``replay.cli.build_request``).
-RequestBuilder = Callable[[argparse.Namespace], ReplayRequest]
+#: Turns ``compare``'s replay flags into a spec, ``--time-dilation auto`` allowed (None).
+SpecOf = Callable[[argparse.Namespace], ReplaySpec]
+#: Plans a spec on this machine (``request.plan``), validating every flag.
+Planner = Callable[[ReplaySpec], ReplayRequest]
 
 
 def configure_network(parser: argparse.ArgumentParser, *, replay_flags: Flags) -> None:
@@ -136,13 +139,7 @@ def _with_timing_flags(profile: links.LinkProfile, args: argparse.Namespace) -> 
     )
 
 
-def run_network(
-    args: argparse.Namespace,
-    *,
-    build_request: RequestBuilder,
-    replay_flags: Flags,
-    serve_flags: Flags,
-) -> int:
+def run_network(args: argparse.Namespace, *, spec_of: SpecOf, plan: Planner) -> int:
     """Run a ``network`` subcommand; ``compare`` validates and passes on the replay flags."""
     command = args.network_command
     if command == "profiles":
@@ -156,7 +153,7 @@ def run_network(
     if command == "cleanup":
         return _cleanup(include_live=args.all)
     if command == "compare":
-        return _compare(args, build_request, replay_flags, serve_flags)
+        return _compare(args, spec_of(args), plan)
     raise NetworkError(f"unknown network subcommand {command!r}")
 
 
@@ -234,60 +231,36 @@ def _cleanup(*, include_live: bool) -> int:
     return 0
 
 
-#: replay flags that ``compare`` sets itself for each profile.
-_COMPARE_OWNS = (
-    "target", "output_dir", "quiet", "tls", "tls_dir", "network_name", "procs_per_server",
-    "time_dilation", "client_netns", "delay", "jitter", "loss",
-)  # fmt: skip
-#: serve flags that ``compare`` sets itself.
-_SERVE_OWNS = ("host", "port", "servers", "tls", "tls_dir")
-
-
-def _compare(
-    args: argparse.Namespace,
-    build_request: RequestBuilder,
-    replay_flags: Flags,
-    serve_flags: Flags,
-) -> int:
-
-    if args.target is not None:
+def _compare(args: argparse.Namespace, spec: ReplaySpec, plan: Planner) -> int:
+    if spec.targets is not None:
         raise UsageError("network compare makes its own targets; drop --target")
-    if args.client_netns:
+    if spec.client_netns:
         raise UsageError(
             "network compare places the clients on its emulated hosts itself; drop --client-netns"
         )
     profiles = tuple(_with_timing_flags(p, args) for p in links.parse_profiles(args.profiles))
-    dilation = planning.parse_time_dilation(args.time_dilation, allow_auto=True)
     # Validate every replay flag here, before any namespace exists (and without root);
-    # a dilation goes to each profile's replay only where its link is limited.
-    request = build_request(
-        argparse.Namespace(
-            **{**vars(args), "time_dilation": None if dilation is None else str(dilation)}
-        )
-    )
+    # a dilation (None: automatic) goes to each profile's replay only where its link is limited.
+    request = plan(spec)
     if request.trace_path is not None and not trace_files.is_regular_file(request.trace_path):
         raise UsageError(
             f"{request.trace_path}: network compare replays the trace in a process per "
             "profile, which a pipe cannot feed; give a trace file"
         )
     namespaces.require_root()
-    output_dir = new_run_directory(args.output_dir, "compare")
+    output_dir = new_run_directory(spec.output_dir, "compare")
     config = network_compare.CompareConfig(
         profiles=profiles,
         output_dir=Path(output_dir),
         layout=network_compare.host_layout(request.workloads),
-        replay_arguments=network_compare.passthrough_arguments(
-            args, replay_flags, exclude=_COMPARE_OWNS
-        ),
-        serve_arguments=network_compare.passthrough_arguments(
-            args, serve_flags, exclude=_SERVE_OWNS
-        ),
-        tls=bool(args.tls),
-        time_dilation=dilation,
+        replay_arguments=tuple(replay_arguments(spec)),
+        serve_arguments=tuple(serve_arguments(spec)),
+        tls=spec.grpc.tls,
+        time_dilation=spec.time_dilation,
         dilatable=all(p.timing is Timing.DEPENDENCIES for p in request.pacings),
     )
     comparison = network_compare.compare_networks(
-        config, on_line=(lambda line: None) if args.quiet else print
+        config, on_line=(lambda line: None) if spec.quiet else print
     )
     print(comparison.markdown)
     if comparison.dilations:
@@ -305,3 +278,31 @@ def _compare(
         names = ", ".join(o.profile.name for o in comparison.failed)
         raise NetworkError(f"replay failed on {names}; see {output_dir}")
     return 0
+
+
+def replay_arguments(spec: ReplaySpec) -> list[str]:
+    """The flags each profile's replay gets: ``spec``'s, less what ``compare`` sets itself
+    for each profile (targets, output, TLS files, the network's name, the dilation,
+    where clients run; the servers' processes go to ``serve``)."""
+    own = replace(
+        spec,
+        targets=None,
+        output_dir=DEFAULT_OUTPUT_DIR,
+        quiet=False,
+        network_name="",
+        procs_per_server=1,
+        time_dilation=None,
+        client_netns=(),
+        grpc=replace(spec.grpc, tls=False, tls_dir=None),
+    )
+    return own.to_argv()
+
+
+def serve_arguments(spec: ReplaySpec) -> list[str]:
+    """The flags each profile's ``serve`` gets (``compare`` sets where, how many and TLS)."""
+    return ServeSpec(
+        mode=spec.mode,
+        procs_per_server=spec.procs_per_server,
+        token_file=spec.token_file,
+        grpc=replace(spec.grpc, tls=False, tls_dir=None),
+    ).to_argv()

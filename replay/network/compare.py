@@ -3,13 +3,10 @@
 For each link profile: build two hosts on a link of that rate
 (``emulated.EmulatedNetwork``), start ``tf-grpc-bench serve`` in host 0, run
 ``tf-grpc-bench replay --target <host 0>`` in host 1 (so the client reads and
-records its own link: interface, MTU, tbf rate), then tear the network down.
-Host 0 stands for training's ps tasks, host 1 for its workers and chief, as
-``capture --network`` places them (ps tasks together): a trace replay's stand-in
-servers (the workers the chief calls) are served in host 1, and its side clients
-that stand for a ps (a ps calling the other) run in host 0 (``--client-netns``),
-so only what crossed the link in training crosses it here (``host_layout``).
-Every profile's run directory goes under one directory, so
+records its own link: interface, MTU, tbf rate), then tear the network down;
+``network.hosts`` says which servers and clients go to which host.  The
+replay's and the servers' flags are the user's (``CompareConfig``, made with
+``ReplaySpec.to_argv``).  Every profile's run directory goes under one directory, so
 ``tensorboard --logdir <that directory>`` shows them in one HParams view with
 the network as a hyperparameter, next to a ``comparison`` run that plots step
 time against link rate and latency per network (``output.comparison``); a
@@ -28,10 +25,8 @@ import contextlib
 import json
 import os
 import re
-import selectors
 import signal
 import subprocess
-import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
@@ -39,146 +34,29 @@ from pathlib import Path
 from typing import Any
 
 from tf_grpc_bench import lifetime
-from tf_grpc_bench.errors import NetworkError, ResultError
-from tf_grpc_bench.netns import emulated, links, namespaces, topology
-from tf_grpc_bench.replay.core.benchmarks import spec_of
-from tf_grpc_bench.replay.core.workload import Workload
+from tf_grpc_bench.errors import ResultError
+from tf_grpc_bench.netns import emulated, links, namespaces
+from tf_grpc_bench.replay.core.benchmarks import step_benchmark
+from tf_grpc_bench.replay.network.dilation import DilationLimit as DilationLimit
+from tf_grpc_bench.replay.network.dilation import dilation_limit as dilation_limit
+from tf_grpc_bench.replay.network.hosts import ONE_PS as ONE_PS
+from tf_grpc_bench.replay.network.hosts import PS_JOB as PS_JOB
+from tf_grpc_bench.replay.network.hosts import SERVE_PORT as SERVE_PORT
+from tf_grpc_bench.replay.network.hosts import HostLayout as HostLayout
+from tf_grpc_bench.replay.network.hosts import client_placement as client_placement
+from tf_grpc_bench.replay.network.hosts import host_layout as host_layout
+from tf_grpc_bench.replay.network.hosts import serving_addresses as serving_addresses
+from tf_grpc_bench.replay.network.hosts import start_servers as start_servers
+from tf_grpc_bench.replay.network.hosts import tool_command
 from tf_grpc_bench.replay.output import comparison, report, timeline
 from tf_grpc_bench.replay.output import document as results
 from tf_grpc_bench.replay.output.document_reader import read_document
 from tf_grpc_bench.replay.output.prediction import prediction_json
 
-#: Port the servers listen on inside host 0 (each network is private, so fixed is fine).
-SERVE_PORT = 50001
 COMPARISON_FILE = "comparison.md"
 #: How long an interrupted (or overdue) replay gets to write its partial results.
 _INTERRUPT_GRACE_S = 30.0
 _RESULTS_LINE = re.compile(r"^results:\s+(?P<path>\S.*)$", re.MULTILINE)
-
-
-#: The job whose tasks host 0 stands for; every other job's tasks are on host 1.
-PS_JOB = "ps"
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class HostLayout:
-    """Which servers and clients of a replay run on which emulated host."""
-
-    #: Servers on host 0: the ps tasks (targets 0 .. ps_servers - 1).
-    ps_servers: int
-    #: Servers on host 1, after them: stand-ins for the workers the chief calls.
-    stand_ins: int = 0
-    #: Whether some clients stand for ps tasks (to run on host 0).
-    ps_clients: bool = False
-
-    def __post_init__(self) -> None:
-        if self.ps_servers < 1 or self.stand_ins < 0:
-            raise ValueError(f"{self.ps_servers} ps servers, {self.stand_ins} stand-ins")
-
-
-#: One ps server in host 0, every client in host 1 (a synthetic replay with one ps).
-ONE_PS = HostLayout(ps_servers=1)
-
-
-def host_layout(workloads: Sequence[Workload]) -> HostLayout:
-    """Where ``workloads``' servers and clients go: a trace's PS-throughput workload
-    names the task each stands for (``Workload.server_tasks``, ``client_tasks``); the
-    others address ps servers only, from host 1."""
-    servers = max(w.server_count for w in workloads)
-    stand_ins = 0
-    ps_clients = False
-    for workload in workloads:
-        if spec_of(workload.benchmark).point_to_point or not workload.server_tasks:
-            continue
-        stand_ins = max(stand_ins, sum(t.job != PS_JOB for t in workload.server_tasks))
-        ps_clients = ps_clients or any(t.job == PS_JOB for t in workload.client_tasks)
-    return HostLayout(ps_servers=servers - stand_ins, stand_ins=stand_ins, ps_clients=ps_clients)
-
-
-def start_servers(
-    network: emulated.EmulatedNetwork,
-    layout: HostLayout,
-    serve_arguments: Sequence[str],
-    *,
-    timeout_s: float,
-) -> tuple[list[str], list[subprocess.Popen[str]]]:
-    """``tf-grpc-bench serve`` in the network's two hosts as ``layout`` says (the ps
-    servers in host 0, the stand-ins in host 1), each up and serving: the replay's
-    targets in server order, and the serve processes (stopped with the network)."""
-    server_host, client_host = network.hosts[:2]
-    targets: list[str] = []
-    processes: list[subprocess.Popen[str]] = []
-    for host, count in ((server_host, layout.ps_servers), (client_host, layout.stand_ins)):
-        if not count:
-            continue
-        server = network.spawn(
-            host,
-            _tool(
-                "serve",
-                "--host",
-                "0.0.0.0",
-                "--port",
-                str(SERVE_PORT),
-                "--servers",
-                str(count),
-                *serve_arguments,
-            ),
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        processes.append(server)
-        _wait_for_line(server, "serving", timeout_s)
-        targets += [f"{host.address}:{SERVE_PORT + i}" for i in range(count)]
-    return targets, processes
-
-
-_LOCAL_ADDRESSES = (
-    "from tf_grpc_bench.replay.network.netinfo import local_addresses; "
-    "print(*local_addresses(), sep=chr(10))"
-)
-
-
-#: How long ``serving_addresses`` waits for the hosts' IPv6 link-local addresses.
-ADDRESSES_SETTLE_S = 10.0
-
-
-def _listed_addresses(network: emulated.EmulatedNetwork, host: topology.Host) -> list[str]:
-    listed = network.run(host, [sys.executable, "-c", _LOCAL_ADDRESSES])
-    if listed.returncode != 0:
-        raise NetworkError(f"could not list {host.namespace}'s addresses: {listed.stderr}")
-    return listed.stdout.split()
-
-
-def serving_addresses(network: emulated.EmulatedNetwork) -> list[str]:
-    """Every address a ``serve --host 0.0.0.0`` in either host names in its TLS certificate
-    (``runner.serving_hosts``, read inside each host): one certificate made for all of
-    them is the one both serves reuse.  Made for one host only, the other's serve would
-    make a new one, with a new authority, under the first one's feet.
-
-    A veth's IPv6 link-local address comes a moment after the link is up (over a
-    second here), and a serve that saw one the certificate lacks would make a new
-    one: with IPv6 on (``::1`` listed), wait up to ``ADDRESSES_SETTLE_S`` for each."""
-    deadline = time.monotonic() + ADDRESSES_SETTLE_S
-    while True:
-        listings = [_listed_addresses(network, host) for host in network.hosts[:2]]
-        settled = all(
-            "::1" not in listed or any(a.startswith("fe80:") for a in listed) for listed in listings
-        )
-        if settled or time.monotonic() >= deadline:
-            break
-        time.sleep(0.2)
-    addresses: list[str] = []
-    for listed in listings:
-        addresses += [a for a in listed if a not in addresses]
-    return addresses
-
-
-def client_placement(network: emulated.EmulatedNetwork, layout: HostLayout) -> list[str]:
-    """The replay flags that run ``layout``'s ps clients in host 0 (none without)."""
-    if not layout.ps_clients:
-        return []
-    return ["--client-netns", f"{PS_JOB}={network.hosts[0].namespace}"]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -250,35 +128,6 @@ class Comparison:
         return tuple(o for o in self.outcomes if o.error)
 
 
-def _tool(*arguments: str) -> list[str]:
-    return [sys.executable, "-m", "tf_grpc_bench", *arguments]
-
-
-def _wait_for_line(process: subprocess.Popen[str], prefix: str, timeout_s: float) -> str:
-    """Read the process's stdout until a line starts with ``prefix`` (blocking, bounded)."""
-    assert process.stdout is not None
-    selector = selectors.DefaultSelector()
-    selector.register(process.stdout, selectors.EVENT_READ)
-    deadline = time.monotonic() + timeout_s
-    seen: list[str] = []
-    try:
-        while time.monotonic() < deadline:
-            if not selector.select(timeout=max(0.0, deadline - time.monotonic())):
-                break
-            line = process.stdout.readline()
-            if not line:
-                break
-            seen.append(line.strip())
-            if line.startswith(prefix):
-                return line
-    finally:
-        selector.close()
-    if process.poll() is not None and process.stderr is not None:
-        seen += process.stderr.read().strip().splitlines()[-1:]
-    last = seen[-1] if seen else "no output"
-    raise NetworkError(f"server in the emulated network did not start: {last}")
-
-
 #: Automatic time dilation: the share of the machine's cores a dilated replay aims
 #: to keep busy, the largest dilation it tries, and the change in the predicted step
 #: below which one more dilation is taken to have changed nothing.
@@ -290,58 +139,6 @@ CONVERGED_STEP_CHANGE = 0.05
 #: dilation grows (``dilation_limit``) has two points to be fitted through.
 MIN_DILATED_REPLAYS = 2
 COMPARISON_JSON = "comparison.json"
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class DilationLimit:
-    """The replayed step as the dilation grows without bound, from dilated replays.
-
-    A dilation K divides the replay's own costs that do not stretch with the
-    link (its CPU per call on the critical path, the copies of a large message
-    before its first byte leaves and after its last arrives) by K, so a replay
-    at K predicts ``step_s + overhead_s / K`` (the step's limit plus what is
-    left of that overhead).  Fitted by least squares through the dilated
-    replays' steps (``points``); where the step did not fall with the
-    dilation (``overhead_s`` would be 0 or less: the replay's speed no longer
-    showed), nothing is extrapolated and ``step_s`` is the last replay's step.
-    """
-
-    step_s: float
-    overhead_s: float
-    #: (dilation, predicted step) of the replays fitted through, in order.
-    points: tuple[tuple[float, float], ...]
-
-    @property
-    def extrapolated(self) -> bool:
-        return self.overhead_s > 0
-
-    def describe(self) -> str:
-        through = ", ".join(f"{k:g}" for k, _ in self.points)
-        if not self.extrapolated:
-            return (
-                f"the step did not fall with the dilation (K = {through}): the last "
-                f"replay's {self.step_s:.3f} s is the prediction"
-            )
-        return (
-            f"the step's limit as the dilation grows (step = S + c/K through K = {through}): "
-            f"S = {self.step_s:.3f} s (c = {self.overhead_s:.3f} s), the prediction"
-        )
-
-
-def dilation_limit(points: Sequence[tuple[float, float]]) -> DilationLimit | None:
-    """``DilationLimit`` of replays ``(dilation, step_s)``, in the order replayed; only
-    dilated ones (K > 1) count.  None with fewer than two (nothing to fit through)."""
-    fitted = tuple((k, step) for k, step in points if k > 1)
-    if len(fitted) < 2:
-        return None
-    xs = [1.0 / k for k, _ in fitted]
-    ys = [step for _, step in fitted]
-    mean_x, mean_y = sum(xs) / len(xs), sum(ys) / len(ys)
-    spread = sum((x - mean_x) ** 2 for x in xs)
-    slope = sum((x - mean_x) * (y - mean_y) for x, y in zip(xs, ys, strict=True)) / spread
-    if slope <= 0:
-        return DilationLimit(step_s=ys[-1], overhead_s=0.0, points=fitted)
-    return DilationLimit(step_s=mean_y - slope * mean_x, overhead_s=slope, points=fitted)
 
 
 def _prediction(document: results.ResultDocument | None) -> dict[str, Any] | None:
@@ -455,9 +252,10 @@ def _replay_profile(
         busy = _busy(outcome.document)
         if not config.dilatable:
             if cpu_busy(outcome.document):
+                step = step_benchmark().name
                 on_line(
                     f"{profile.name}: the replay {busy}; time dilation applies to a trace's "
-                    "ps-throughput replay alone (--benchmark ps-throughput)"
+                    f"{step} replay alone (--benchmark {step})"
                 )
             break
         step_s = _step_s(outcome.document)
@@ -526,7 +324,7 @@ def _run_profile(
         )
         replay = network.spawn(
             client_host,
-            _tool(
+            tool_command(
                 "replay",
                 *config.replay_arguments,
                 *dilation_arguments,
@@ -770,37 +568,3 @@ def write_tensorboard_comparison(
     return comparison.write_comparison(
         output_dir, documents, points=points, wall_time_s=time.time()
     )
-
-
-def passthrough_arguments(
-    args: object, configure: Callable[..., None], *, exclude: Sequence[str] = ()
-) -> tuple[str, ...]:
-    """Re-create the command-line flags ``configure`` defines from parsed ``args``.
-
-    Only values that differ from the flag's default are emitted; ``exclude``
-    names destinations to leave out.  Used to hand the user's replay/serve
-    flags to the subprocesses inside the namespaces.
-    """
-    import argparse
-
-    parser = argparse.ArgumentParser(add_help=False)
-    configure(parser)
-    positional: list[str] = []
-    flags: list[str] = []
-    for action in parser._actions:
-        if action.dest in exclude or action.dest == "help" or not hasattr(args, action.dest):
-            continue
-        value = getattr(args, action.dest)
-        if not action.option_strings:
-            if value is not None:
-                positional.append(str(value))
-            continue
-        if value == action.default or value is None:
-            continue
-        option = max(action.option_strings, key=len)
-        if action.nargs == 0:
-            if value is True:
-                flags.append(option)
-            continue
-        flags += [option, str(value)]
-    return (*positional, *flags)

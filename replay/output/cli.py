@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from tf_grpc_bench.command import Command
 from tf_grpc_bench.errors import ResultError, UsageError
 from tf_grpc_bench.replay.output import document as results
 from tf_grpc_bench.replay.output import export, timeline
@@ -179,3 +180,20 @@ def run_export(args: argparse.Namespace) -> int:
     for path in export.export_csv(document, Path(args.csv), trace):
         print(f"written: {path}")
     return 0
+
+
+#: ``tf-grpc-bench timeline`` and ``export``.
+COMMANDS = (
+    Command(
+        name="timeline",
+        help="every RPC of a step on its task's rows, from a trace or a replay run",
+        add_arguments=configure_timeline,
+        run=run_timeline,
+    ),
+    Command(
+        name="export",
+        help="a run's raw samples and summary as CSV tables",
+        add_arguments=configure_export,
+        run=run_export,
+    ),
+)

@@ -17,7 +17,7 @@ script) starts ``tf-grpc-bench role`` in every task instead, with the same
   every worker's runs merged (samples of all workers, a run lasting as long as
   its slowest worker), plus the TensorBoard logs.
 
-A trace's PS throughput is replayed in whole steps (``core.trace_workload``): a ps
+A trace's PS throughput is replayed in whole steps (``core.workload``): a ps
 task whose trace task called another ps also runs that *side client*, the
 chief runs the chief's side client (its calls to workers), and each worker the
 chief called serves a *stand-in* on its own cluster port while it replays and
@@ -32,15 +32,14 @@ task, as a launcher gives every task the same command.
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import json
 import os
 import threading
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 from tf_grpc_bench import launchers, lifetime
 from tf_grpc_bench.errors import (
@@ -51,8 +50,9 @@ from tf_grpc_bench.errors import (
     UsageError,
 )
 from tf_grpc_bench.replay.core.benchmarks import spec_of
-from tf_grpc_bench.replay.core.measurement import Benchmark, BenchmarkResult, RunMeasurement
-from tf_grpc_bench.replay.core.workload import Mode, Workload
+from tf_grpc_bench.replay.core.measurement import BenchmarkResult
+from tf_grpc_bench.replay.core.workload import Workload
+from tf_grpc_bench.replay.engines.registry import engine_named
 from tf_grpc_bench.replay.network import netinfo
 from tf_grpc_bench.replay.output import document as results
 from tf_grpc_bench.replay.output.document_reader import loads_document
@@ -67,7 +67,10 @@ from tf_grpc_bench.replay.placement.cluster import (
     TaskId,
     WholeStepParts,
 )
-from tf_grpc_bench.replay.runner import ReplayRequest, run_benchmark
+from tf_grpc_bench.replay.placement.merge import merge_worker_documents, task_order
+from tf_grpc_bench.replay.request import Host, ReplayRequest, plan, resolve_trace, this_host
+from tf_grpc_bench.replay.runner import run_benchmark
+from tf_grpc_bench.replay.spec import ReplaySpec
 from tf_grpc_bench.replay.transport import grpc_settings, tls
 from tf_grpc_bench.replay.transport.client import split_address
 from tf_grpc_bench.replay.transport.loop import interrupted_reason
@@ -77,55 +80,6 @@ from tf_grpc_bench.trace_mapping import WHOLE_STEPS, WORKERS_AND_PS_ONLY, WholeS
 
 #: Seconds a task waits for the others (barriers, submissions, job end).
 DEFAULT_JOB_TIMEOUT_S = 3600.0
-
-
-def add_placement_flags(parser: argparse.ArgumentParser) -> None:
-    """The flags ``role`` adds to every replay flag (which ``replay.cli`` adds)."""
-    placement = parser.add_argument_group("placement (TensorFlow's conventions)")
-    placement.add_argument(
-        "--cluster",
-        default=None,
-        metavar="JSON|FILE",
-        help="cluster spec ({'ps': [...], 'worker': [...], 'chief': [...]}) or a whole TF_CONFIG; "
-        "default: the TF_CONFIG environment variable",
-    )
-    placement.add_argument(
-        "--task",
-        default=None,
-        metavar="TYPE:INDEX",
-        help="this task, e.g. worker:1 (default: TF_CONFIG's task)",
-    )
-    placement.add_argument(
-        "--slurm-jobs",
-        default=None,
-        metavar="JOB:N,...",
-        help="place the task from srun's environment as TensorFlow's SlurmClusterResolver does: "
-        "the jobs and their task counts, e.g. ps:2,worker:2,chief:1 (they must add up to srun -n; "
-        "ranks go to the jobs in order of their names)",
-    )
-    placement.add_argument(
-        "--port-base",
-        type=int,
-        default=launchers.DEFAULT_PORT_BASE,
-        metavar="PORT",
-        help="with --slurm-jobs: a node's tasks listen on PORT, PORT+1, ... "
-        f"(default {launchers.DEFAULT_PORT_BASE}, TensorFlow's)",
-    )
-    placement.add_argument(
-        "--job-timeout",
-        type=float,
-        default=DEFAULT_JOB_TIMEOUT_S,
-        metavar="S",
-        help=f"seconds to wait for the other tasks (default {DEFAULT_JOB_TIMEOUT_S:g})",
-    )
-
-
-class RequestBuilder(Protocol):
-    """Turns (replay) flags into a validated request; ``replay.cli.build_request``."""
-
-    def __call__(
-        self, args: argparse.Namespace, *, whole_steps: WholeSteps = WHOLE_STEPS
-    ) -> ReplayRequest: ...
 
 
 #: What a cluster replay of a trace makes, the first that its cluster can place
@@ -140,29 +94,59 @@ MAX_JOB_TIMEOUT_S = 86_400.0
 INTERRUPT_GRACE_S = 10.0
 
 
-def check_flags(args: argparse.Namespace) -> None:
-    """The flags ``role`` refuses beside the replay's own (UsageError/ConfigError)."""
-    if args.target is not None:
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RoleFlags:
+    """``role``'s own flags: where this task is (TensorFlow's conventions), how long to wait."""
+
+    #: Cluster spec or whole TF_CONFIG (JSON or a file); None: the TF_CONFIG variable.
+    cluster: str | None = None
+    #: ``TYPE:INDEX``; None: TF_CONFIG's task.
+    task: str | None = None
+    #: ``JOB:N,...``: placed from srun's environment (``--slurm-jobs``).
+    slurm_jobs: str | None = None
+    port_base: int = launchers.DEFAULT_PORT_BASE
+    #: Seconds a task waits for the others (``--job-timeout``).
+    job_timeout_s: float = DEFAULT_JOB_TIMEOUT_S
+
+    def __post_init__(self) -> None:
+        if not 0 < self.job_timeout_s <= MAX_JOB_TIMEOUT_S:
+            raise ConfigError(
+                f"--job-timeout must be in (0, {MAX_JOB_TIMEOUT_S:g}] seconds, "
+                f"got {self.job_timeout_s:g}"
+            )
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RoleJob:
+    """What every task of a replay job is given alike: the replay and ``role``'s flags."""
+
+    spec: ReplaySpec
+    flags: RoleFlags
+
+
+def check_job(job: RoleJob) -> None:
+    """The replay flags ``role`` refuses beside what the replay itself does (UsageError)."""
+    if job.spec.targets is not None:
         raise UsageError("role takes its targets from the cluster's ps tasks; drop --target")
-    if args.client_netns:
+    if job.spec.client_netns:
         raise UsageError(
             "role runs each client in the task it stands for, on that task's host; "
             "drop --client-netns"
         )
-    if not 0 < args.job_timeout <= MAX_JOB_TIMEOUT_S:
-        raise ConfigError(
-            f"--job-timeout must be in (0, {MAX_JOB_TIMEOUT_S:g}] seconds, got {args.job_timeout:g}"
-        )
 
 
-def run_role(args: argparse.Namespace, *, build_request: RequestBuilder) -> int:
-    """Do this task's part of the replay job; ``build_request`` validates the replay flags.
+def run_role(job: RoleJob, *, here: Host | None = None) -> int:
+    """Do this task's part of the replay job on ``here`` (default: this machine, probed).
 
     Every task checks every flag before it does anything (a ps too, which replays
     at most a side client: the launcher gives all tasks the same command).
     """
+    flags = job.flags
     placement = cluster.resolve_placement(
-        cluster=args.cluster, task=args.task, slurm_jobs=args.slurm_jobs, port_base=args.port_base
+        cluster=flags.cluster,
+        task=flags.task,
+        slurm_jobs=flags.slurm_jobs,
+        port_base=flags.port_base,
     )
     if placement is None:
         if launchers.in_slurm_step(os.environ):
@@ -170,8 +154,8 @@ def run_role(args: argparse.Namespace, *, build_request: RequestBuilder) -> int:
                 "no placement: under srun, give --slurm-jobs (e.g. ps:1,worker:2), or set TF_CONFIG"
             )
         raise UsageError("no placement: set TF_CONFIG, or give --cluster and --task")
-    check_flags(args)
-    request, parts = cluster_request(placement, args, build_request)
+    check_job(job)
+    request, parts = cluster_request(placement, job.spec, here=here)
     roles = placement.roles
     side = placement.task in parts.side_tasks
     stand_in = placement.task in parts.stand_ins
@@ -184,15 +168,15 @@ def run_role(args: argparse.Namespace, *, build_request: RequestBuilder) -> int:
     if not doing:
         return 0
     if Role.GATHER in roles:
-        return _gather(placement, args, request, parts)
+        return _gather(placement, job, request, parts)
     if Role.SERVE in roles or stand_in:
         # A ps task serves, and replays its side client if it has one; a worker the
         # chief calls serves its stand-in while it replays its share.
-        with _serving(placement, args):
+        with _serving(placement, job):
             if Role.REPLAY in roles or side:
-                _replay(placement, args, request, parts)
+                _replay(placement, job, request, parts)
         return 0
-    return _replay(placement, args, request, parts)
+    return _replay(placement, job, request, parts)
 
 
 # -- shared -------------------------------------------------------------------
@@ -212,13 +196,13 @@ def _hosts(placement: Placement) -> list[str]:
     )
 
 
-def _tls(placement: Placement, args: argparse.Namespace) -> Any:
+def _tls(placement: Placement, job: RoleJob) -> Any:
     """The run's TLS files when --tls (one certificate naming every cluster host)."""
-    if not args.tls:
+    if not job.spec.grpc.tls:
         return None
-    if not args.tls_dir:
+    if not job.spec.grpc.tls_dir:
         raise UsageError("role --tls needs --tls-dir DIR, a directory every task can read")
-    return tls.ensure_tls_files(Path(args.tls_dir), hosts=_hosts(placement))
+    return tls.ensure_tls_files(Path(job.spec.grpc.tls_dir), hosts=_hosts(placement))
 
 
 def _gather_credentials(files: Any) -> tuple[Any, Any]:
@@ -240,16 +224,16 @@ def _raise_if_interrupted(task: TaskId, what: str, signum: int | None = None) ->
 
 
 @contextlib.contextmanager
-def _serving(placement: Placement, args: argparse.Namespace) -> Iterator[None]:
+def _serving(placement: Placement, job: RoleJob) -> Iterator[None]:
     """A replay server on this task's cluster port while the body runs, and then until
     the gatherer says the job is done (other tasks may still be calling it) or a stop
     signal comes (RunInterrupted, exit 128 + signal, after the server stopped)."""
-    settings = grpc_settings.settings_from_args(args)
-    files = _tls(placement, args)
+    settings = job.spec.grpc.settings()
+    files = _tls(placement, job)
     material = None if files is None else tls.material(files)
-    token = None if args.token_file is None else read_token_file(args.token_file)
+    token = None if job.spec.token_file is None else read_token_file(job.spec.token_file)
     server = ReplayServer(
-        mode=Mode(args.mode),
+        mode=job.spec.mode,
         host="0.0.0.0",
         port=_port_of(placement.address),
         settings=replace(grpc_settings.server_settings(settings, material), control_token=token),
@@ -258,7 +242,7 @@ def _serving(placement: Placement, args: argparse.Namespace) -> Iterator[None]:
     print(f"{placement.task}: serving on {server.bind_address}", flush=True)
     # Asked from now on: once the gatherer has answered, its going away means the job is
     # done, which it may be by the time the body ends.
-    job_done = _job_watch(placement, args, files)
+    job_done = _job_watch(placement, job, files)
     signum: int | None = None
     try:
         yield
@@ -274,7 +258,7 @@ def _serving(placement: Placement, args: argparse.Namespace) -> Iterator[None]:
     _raise_if_interrupted(placement.task, "server stopped", signum)
 
 
-def _job_watch(placement: Placement, args: argparse.Namespace, files: Any) -> threading.Event:
+def _job_watch(placement: Placement, job: RoleJob, files: Any) -> threading.Event:
     """An event set once the gatherer says the job is done, or stops answering after
     having answered (``gather.wait_until_job_done``), asked from a thread of its own."""
     _, channel_credentials = _gather_credentials(files)
@@ -283,7 +267,7 @@ def _job_watch(placement: Placement, args: argparse.Namespace, files: Any) -> th
     def watch() -> None:
         gather.wait_until_job_done(
             placement.gatherer_address,
-            timeout_s=args.job_timeout,
+            timeout_s=job.flags.job_timeout_s,
             credentials=channel_credentials,
         )
         done.set()
@@ -307,10 +291,23 @@ def _wait_for_job(job_done: threading.Event) -> int | None:
 # -- worker ------------------------------------------------------------------------
 
 
+def shaped_like(placement: Placement, spec: ReplaySpec) -> ReplaySpec:
+    """``spec`` of a task of ``placement``: no targets of its own (the cluster's ps tasks
+    are), and a synthetic workload shaped like the cluster unless told otherwise."""
+    spec = replace(spec, targets=None)
+    if resolve_trace(spec) is not None:
+        return spec
+    return replace(
+        spec,
+        workers=placement.worker_count if spec.workers is None else spec.workers,
+        ps=len(placement.ps_addresses) if spec.ps is None else spec.ps,
+    )
+
+
 def _worker_request(
     placement: Placement,
-    args: argparse.Namespace,
-    build_request: RequestBuilder,
+    spec: ReplaySpec,
+    here: Host,
     whole_steps: WholeSteps = WHOLE_STEPS,
 ) -> ReplayRequest:
     """The replay request of this task, before its targets are placed.
@@ -319,16 +316,7 @@ def _worker_request(
     workload needs more ps tasks or workers than the cluster has.
     """
     ps = placement.ps_addresses
-    worker_args = argparse.Namespace(**vars(args))
-    worker_args.target = None
-    request = build_request(worker_args, whole_steps=whole_steps)
-    if request.trace_path is None:
-        # The synthetic workload, shaped like the cluster unless told otherwise.
-        if args.workers is None:
-            worker_args.workers = placement.worker_count
-        if args.ps is None:
-            worker_args.ps = len(ps)
-        request = build_request(worker_args, whole_steps=whole_steps)
+    request = plan(shaped_like(placement, spec), here, whole_steps=whole_steps)
     needed = max(ps_server_count(w) for w in request.workloads)
     if needed > len(ps):
         raise ConfigError(
@@ -377,13 +365,15 @@ def whole_step_parts(placement: Placement, request: ReplayRequest) -> WholeStepP
 
 
 def cluster_request(
-    placement: Placement, args: argparse.Namespace, build_request: RequestBuilder
+    placement: Placement, spec: ReplaySpec, *, here: Host | None = None
 ) -> tuple[ReplayRequest, WholeStepParts]:
-    """This task's request, targets placed on the cluster, and who runs what: every
-    call of a step when the cluster can place it (``WHOLE_STEP_CHOICES``).  Every task
-    works this out alike from the same flags, so they agree without talking."""
+    """This task's request on ``here`` (default: this machine), targets placed on the
+    cluster, and who runs what: every call of a step when the cluster can place it
+    (``WHOLE_STEP_CHOICES``).  Every task works this out alike from the same flags, so
+    they agree without talking."""
+    here = here or this_host()
     for whole_steps in WHOLE_STEP_CHOICES:
-        request = _worker_request(placement, args, build_request, whole_steps)
+        request = _worker_request(placement, spec, here, whole_steps)
         parts = whole_step_parts(placement, request)
         if parts is not None:
             config = {**request.config, "targets": ",".join(parts.targets)}
@@ -393,7 +383,7 @@ def cluster_request(
 
 def _measure(
     placement: Placement,
-    args: argparse.Namespace,
+    job: RoleJob,
     files: Any,
     request: ReplayRequest,
     parts: WholeStepParts,
@@ -408,6 +398,7 @@ def _measure(
     )
     _, channel_credentials = _gather_credentials(files)
     measured: list[BenchmarkResult] = []
+    engine = engine_named(request.engine)
     assert request.targets is not None
     for workload, pacing, rpc in zip(request.workloads, request.pacings, request.rpcs, strict=True):
         if not spec_of(workload.benchmark).point_to_point and client is not None:
@@ -415,7 +406,7 @@ def _measure(
                 placement.gatherer_address,
                 name=workload.benchmark.value,
                 task=str(placement.task),
-                timeout_s=args.job_timeout,
+                timeout_s=job.flags.job_timeout_s,
                 credentials=channel_credentials,
             )
             # Its own calls under its own worker index, so merged runs tell clients apart.
@@ -431,11 +422,12 @@ def _measure(
             parameters={**request.grpc_parameters, "task": str(placement.task)},
             # A side client stays one process (its calls are few and small).
             procs_per_worker=1 if client in side else request.procs_per_worker,
+            engine=engine,
         )
         measured.append(result)
         if result.partial:
             break
-    network = netinfo.describe_network(request.targets, name=getattr(args, "network_name", ""))
+    network = netinfo.describe_network(request.targets, name=job.spec.network_name)
     config = {
         **request.config,
         "placement": "cluster",
@@ -453,13 +445,13 @@ def _measure(
 
 
 def _replay(
-    placement: Placement, args: argparse.Namespace, request: ReplayRequest, parts: WholeStepParts
+    placement: Placement, job: RoleJob, request: ReplayRequest, parts: WholeStepParts
 ) -> int:
-    files = _tls(placement, args)
+    files = _tls(placement, job)
     _, channel_credentials = _gather_credentials(files)
     task = str(placement.task)
     try:
-        document = _measure(placement, args, files, request, parts)
+        document = _measure(placement, job, files, request, parts)
     except (Exception, KeyboardInterrupt) as error:
         # Tell the gatherer rather than leave it waiting, then fail as usual.
         message = str(error) or type(error).__name__
@@ -470,7 +462,7 @@ def _replay(
                 placement.gatherer_address,
                 task=task,
                 error=message,
-                timeout_s=min(args.job_timeout, INTERRUPT_GRACE_S),
+                timeout_s=min(job.flags.job_timeout_s, INTERRUPT_GRACE_S),
                 credentials=channel_credentials,
             )
         raise
@@ -478,12 +470,13 @@ def _replay(
     # stops every task at once), so it gets a short while rather than --job-timeout (a
     # call waiting for a gatherer that is gone would hold this task that long).
     stopped = lifetime.stop_signal() is not None
+    timeout_s = job.flags.job_timeout_s
     try:
         gather.submit(
             placement.gatherer_address,
             task=task,
             document=document,
-            timeout_s=min(args.job_timeout, INTERRUPT_GRACE_S) if stopped else args.job_timeout,
+            timeout_s=min(timeout_s, INTERRUPT_GRACE_S) if stopped else timeout_s,
             credentials=channel_credentials,
         )
     except TransportError as error:
@@ -498,113 +491,33 @@ def _replay(
 # -- gatherer ------------------------------------------------------------------------
 
 
-def task_order(task: str) -> tuple[bool, str, int]:
-    """Order of tasks (``worker:1``) in a merge: workers first, by index, then side clients."""
-    job, _, index = task.rpartition(":")
-    return job != WORKER, job, int(index)
-
-
-def merge_worker_documents(
-    documents: Mapping[str, results.ResultDocument], *, failures: Mapping[str, str] | None = None
-) -> tuple[list[BenchmarkResult], str]:
-    """One set of results from the documents of the workers (keyed ``worker:<i>``) and of
-    the tasks that ran a side client (``ps:<i>``, ``chief:0``).
-
-    Point-to-point results come from worker 0.  A benchmark every worker replays
-    (PS throughput) has run ``k`` merged from every task's run ``k``
-    (``merge_runs``).  Returns the results and a reason when the merge is partial
-    ("" otherwise).  Pure.
-    """
-    ordered = sorted(documents.items(), key=lambda item: task_order(item[0]))
-    reasons = [f"{task}: {error}" for task, error in sorted((failures or {}).items())]
-    merged: list[BenchmarkResult] = []
-    first = dict(ordered).get(f"{WORKER}:0")
-    if first is not None:
-        merged += [r for r in first.benchmarks if spec_of(r.benchmark).point_to_point]
-    shared = [
-        (task, r)
-        for task, document in ordered
-        for r in document.benchmarks
-        if not spec_of(r.benchmark).point_to_point
-    ]
-    for benchmark in dict.fromkeys(r.benchmark for _, r in shared):
-        parts = [(task, r) for task, r in shared if r.benchmark is benchmark]
-        merged.append(merge_runs(benchmark, parts, reasons))
-    return merged, "; ".join(reasons)
-
-
-def merge_runs(
-    benchmark: Benchmark, parts: Sequence[tuple[str, BenchmarkResult]], reasons: Sequence[str]
-) -> BenchmarkResult:
-    """One result of ``benchmark`` from every task's (``parts``, workers first): run ``k``
-    merges every task's run ``k``: all samples (each names its client); the longest
-    duration (the tasks started together at a barrier, so the aggregate rate is all
-    calls over the longest run); client CPU summed; server CPU the largest figure any
-    task read (all read the same servers over about the same window).  Partial, with
-    ``reasons``, when a task failed."""
-    run_count = min(len(r.runs) for _, r in parts)
-    runs = []
-    for k in range(run_count):
-        taken: Sequence[RunMeasurement] = [r.runs[k] for _, r in parts]
-        partial = [p for p in taken if p.partial]
-        runs.append(
-            RunMeasurement(
-                run_index=k,
-                duration_ns=max(p.duration_ns for p in taken),
-                samples=tuple(s for p in taken for s in p.samples),
-                step_times_ns=tuple(t for p in taken for t in p.step_times_ns),
-                step_compute_ns=tuple(t for p in taken for t in p.step_compute_ns),
-                client_cpu_ns=sum(p.client_cpu_ns for p in taken),
-                server_cpu_ns=max(p.server_cpu_ns for p in taken),
-                partial=bool(partial),
-                partial_reason=partial[0].partial_reason if partial else "",
-            )
-        )
-    base = parts[0][1]
-    parameters = {k: v for k, v in base.parameters.items() if k not in ("task", "targets")} | {
-        "cluster_workers": sum(1 for task, _ in parts if not task_order(task)[0]),
-        "targets": ",".join(sorted({str(r.parameters.get("targets", "")) for _, r in parts})),
-    }
-    partial_runs = [run for run in runs if run.partial]
-    return BenchmarkResult(
-        benchmark=benchmark,
-        workload=base.workload,
-        parameters=parameters,
-        runs=tuple(runs),
-        partial=bool(partial_runs) or bool(reasons),
-        partial_reason=(partial_runs[0].partial_reason if partial_runs else "")
-        or "; ".join(reasons),
-        inexact_sizes=base.inexact_sizes,
-    )
-
-
 def _gather(
-    placement: Placement, args: argparse.Namespace, request: ReplayRequest, parts: WholeStepParts
+    placement: Placement, job: RoleJob, request: ReplayRequest, parts: WholeStepParts
 ) -> int:
-    files = _tls(placement, args)
+    files = _tls(placement, job)
     server_credentials, _ = _gather_credentials(files)
     # Every task that replays something submits: the workers and the side clients.
     workers = [f"{WORKER}:{i}" for i in range(placement.worker_count)]
     workers += [str(task) for task in parts.side_tasks]
     # Made (and so checked writable) before anything is measured.
-    base_existed = Path(args.output_dir).exists()
-    run_directory = new_run_directory(args.output_dir, "cluster")
+    base_existed = Path(job.spec.output_dir).exists()
+    run_directory = new_run_directory(job.spec.output_dir, "cluster")
     errors: list[BaseException] = []
     try:
         with gather.GatherServer(
             bind=f"0.0.0.0:{_port_of(placement.gatherer_address)}",
             workers=workers,
             credentials=server_credentials,
-            barrier_timeout_s=args.job_timeout,
+            barrier_timeout_s=job.flags.job_timeout_s,
         ) as server:
             print(f"{placement.task}: gathering from {', '.join(workers)}", flush=True)
             if Role.REPLAY in placement.roles or placement.task in parts.side_tasks:
                 # In the main thread, so that a stop signal reaches the measuring loop.
                 try:
-                    _replay(placement, args, request, parts)
+                    _replay(placement, job, request, parts)
                 except BaseException as error:  # reported after the gather below
                     errors.append(error)
-            texts, failures = _wait_for_workers(server, args.job_timeout)
+            texts, failures = _wait_for_workers(server, job.flags.job_timeout_s)
     except BaseException:
         discard_run_directory(run_directory, base_existed=base_existed)
         raise

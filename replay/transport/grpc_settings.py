@@ -19,7 +19,6 @@ largest single message is bounded.  0 sends every payload as one message.
 
 from __future__ import annotations
 
-import argparse
 import enum
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
@@ -30,7 +29,6 @@ import grpc
 from tf_grpc_bench.errors import ConfigError
 from tf_grpc_bench.replay.core import chunking
 from tf_grpc_bench.replay.transport.wire import ChannelSettings, ServerSettings
-from tf_grpc_bench.sizes import parse_size
 
 #: grpcio's largest message size (an int32): what TensorFlow itself sets.
 MAX_MESSAGE_LIMIT_BYTES = 2**31 - 1
@@ -232,93 +230,6 @@ class GrpcSettings:
 def _plain(value: Any) -> int | str | bool:
     plain: int | str | bool = value.value if isinstance(value, enum.Enum) else value
     return plain
-
-
-# -- command-line flags ----------------------------------------------------------
-
-
-def add_grpc_flags(parser: argparse.ArgumentParser) -> None:
-    """The gRPC settings flags, shared by ``serve``, ``replay`` and ``network compare``."""
-    defaults = GrpcSettings()
-    group = parser.add_argument_group("gRPC settings")
-    group.add_argument(
-        "--channels",
-        type=int,
-        default=defaults.channels,
-        help="channels (TCP connections) per client",
-    )
-    group.add_argument(
-        "--outstanding",
-        type=int,
-        default=None,
-        metavar="N",
-        help="RPCs in flight per client (default: the benchmark's own: 1, or the trace's)",
-    )
-    group.add_argument(
-        "--compression",
-        default=defaults.compression.value,
-        choices=[c.value for c in Compression],
-        help="message compression (default: none)",
-    )
-    group.add_argument(
-        "--max-message-size",
-        default=str(defaults.max_message_bytes),
-        metavar="SIZE",
-        help="largest message sent or accepted, e.g. 64MB (default: 2 GiB - 1, as TensorFlow)",
-    )
-    group.add_argument(
-        "--chunk-size",
-        default="0",
-        metavar="SIZE",
-        help="send payloads larger than SIZE as several messages on a stream (default 0: off)",
-    )
-    group.add_argument(
-        "--tls",
-        action="store_true",
-        help="TLS with a CA and server certificate generated for the run (default: plaintext)",
-    )
-    group.add_argument(
-        "--tls-dir",
-        default=None,
-        metavar="DIR",
-        help="where the run's TLS files are (reused) or made (default: the run directory/tls)",
-    )
-    group.add_argument(
-        "--keepalive-ms",
-        type=int,
-        default=0,
-        metavar="MS",
-        help="HTTP/2 keepalive ping interval in ms (default 0: off)",
-    )
-    group.add_argument(
-        "--keepalive-timeout-ms",
-        type=int,
-        default=DEFAULT_KEEPALIVE_TIMEOUT_MS,
-        metavar="MS",
-        help=f"keepalive ping timeout in ms (default {DEFAULT_KEEPALIVE_TIMEOUT_MS})",
-    )
-
-
-def settings_from_args(args: argparse.Namespace, *, default_outstanding: int = 1) -> GrpcSettings:
-    """Build and validate GrpcSettings from ``add_grpc_flags``' flags."""
-    outstanding = args.outstanding if args.outstanding is not None else default_outstanding
-    return GrpcSettings(
-        channels=args.channels,
-        outstanding_rpcs=outstanding,
-        compression=Compression.parse(args.compression),
-        max_message_bytes=_size_flag("--max-message-size", args.max_message_size),
-        chunk_bytes=_size_flag("--chunk-size", args.chunk_size),
-        tls=bool(args.tls),
-        keepalive_time_ms=args.keepalive_ms,
-        keepalive_timeout_ms=args.keepalive_timeout_ms,
-    )
-
-
-def _size_flag(flag: str, text: str) -> int:
-    try:
-        return parse_size(text)
-    except ValueError as error:
-        raise ConfigError(f"{flag} {text!r}: {error}") from None
 
 
 # -- what clients and servers are given ----------------------------------------------

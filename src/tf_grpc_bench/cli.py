@@ -1,9 +1,9 @@
 """The ``tf-grpc-bench`` command: parses the subcommand, runs it, maps errors to exit codes.
 
-Each subcommand lives with the package it belongs to, in a module that defines
-``configure_<name>(parser)`` (flags) and ``run_<name>(args) -> int``.  Modules
-are imported only when their subcommand runs (or for ``--help``), so that
-``replay`` never imports TensorFlow.
+Each subcommand is a ``command.Command`` object (name, help, flags, run),
+defined with the package it belongs to in that module's ``COMMANDS``; the
+table here names each module's commands and imports the module only when one
+of them runs (or for ``--help``), so that ``replay`` never imports TensorFlow.
 
 Errors: every ``BenchError`` becomes one line on stderr and its exit code; no
 traceback for user mistakes.  Anything else is a bug and keeps its traceback.
@@ -16,57 +16,74 @@ if a thread it leaves does not.
 from __future__ import annotations
 
 import argparse
-import importlib
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import NoReturn
 
 from tf_grpc_bench import __version__, lifetime
+from tf_grpc_bench.command import Command
 from tf_grpc_bench.errors import BenchError, RunInterrupted, UsageError
 
 PROGRAM = "tf-grpc-bench"
 
-#: (subcommand, module, one-line help)
-COMMANDS: tuple[tuple[str, str, str], ...] = (
-    ("inspect", "tf_grpc_bench.inspect", "validate a trace and print a per-step summary"),
-    ("serve", "tf_grpc_bench.replay.cli", "run replay (ps) servers until Ctrl-C"),
-    ("replay", "tf_grpc_bench.replay.cli", "run the paper's 3 benchmarks on a trace or synthetic"),
-    (
-        "network",
-        "tf_grpc_bench.replay.cli",
-        "emulated networks: compare links, up/down/cleanup",
-    ),
-    ("role", "tf_grpc_bench.replay.cli", "run one replay task placed by TF_CONFIG or srun"),
-    (
-        "engine",
-        "tf_grpc_bench.replay.native.cli",
-        "the replay engines this host has; 'engine build' builds the gRPC C++ one",
-    ),
-    (
-        "emit",
-        "tf_grpc_bench.emit",
-        "write a JobSet, a TFJob or TF_CONFIG documents for a replay or a capture",
-    ),
-    (
-        "timeline",
-        "tf_grpc_bench.replay.output.cli",
-        "every RPC of a step on its task's rows, from a trace or a replay run",
-    ),
-    ("export", "tf_grpc_bench.replay.output.cli", "a run's raw samples and summary as CSV tables"),
-    ("capture", "tf_grpc_bench.profiler.cli", "train a model across processes, record a trace"),
-    ("capture-job", "tf_grpc_bench.profiler.cli", "record a trace of your own training job"),
-    (
-        "record",
-        "tf_grpc_bench.profiler.record_cli",
-        "run one task of a job launched elsewhere, recording its traffic to a folder",
-    ),
-    (
-        "assemble",
-        "tf_grpc_bench.profiler.record_cli",
-        "one trace from the record folders of every task of a job",
-    ),
+Commands = tuple[Command, ...]
+
+
+def _inspect() -> Commands:
+    from tf_grpc_bench import inspect
+
+    return inspect.COMMANDS
+
+
+def _replay() -> Commands:
+    from tf_grpc_bench.replay import cli
+
+    return cli.COMMANDS
+
+
+def _engines() -> Commands:
+    from tf_grpc_bench.replay.native import cli
+
+    return cli.COMMANDS
+
+
+def _emit() -> Commands:
+    from tf_grpc_bench import emit
+
+    return emit.COMMANDS
+
+
+def _outputs() -> Commands:
+    from tf_grpc_bench.replay.output import cli
+
+    return cli.COMMANDS
+
+
+def _capture() -> Commands:
+    from tf_grpc_bench.profiler import cli
+
+    return cli.COMMANDS
+
+
+def _record() -> Commands:
+    from tf_grpc_bench.profiler import record_cli
+
+    return record_cli.COMMANDS
+
+
+#: The commands, in ``--help``'s order: their names, and what imports their module.
+COMMAND_MODULES: tuple[tuple[tuple[str, ...], Callable[[], Commands]], ...] = (
+    (("inspect",), _inspect),
+    (("serve", "replay", "network", "role"), _replay),
+    (("engine",), _engines),
+    (("emit",), _emit),
+    (("timeline", "export"), _outputs),
+    (("capture", "capture-job"), _capture),
+    (("record", "assemble"), _record),
 )
+#: Every command's name.
+COMMAND_NAMES = tuple(name for names, _ in COMMAND_MODULES for name in names)
 
 
 class _Parser(argparse.ArgumentParser):
@@ -104,12 +121,18 @@ def build_parser(
     )
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=parser_class)
-    for name, module_name, help_text in COMMANDS:
-        sub = subparsers.add_parser(name, help=help_text, description=help_text)
-        if only is None or only == name:
-            module = importlib.import_module(module_name)
-            getattr(module, f"configure_{name}")(sub)
-            sub.set_defaults(_module=module_name, _command=name)
+    for names, load in COMMAND_MODULES:
+        # Only the chosen command's module is imported (all of them for --help).
+        commands = load() if only is None or only in names else ()
+        by_name = {command.name: command for command in commands}
+        for name in names:
+            command = by_name.get(name)
+            if command is None:
+                subparsers.add_parser(name)
+                continue
+            sub = subparsers.add_parser(name, help=command.help, description=command.help)
+            command.add_arguments(sub)
+            sub.set_defaults(_command=command)
     return parser
 
 
@@ -131,27 +154,25 @@ def quiet_grpc_core() -> None:
 def _parser_for(
     arguments: Sequence[str], parser_class: type[argparse.ArgumentParser] = _Parser
 ) -> argparse.ArgumentParser:
-    known = {name for name, _, _ in COMMANDS}
     # Build only the chosen subcommand's flags: other modules stay unimported.
     chosen = next((a for a in arguments if not a.startswith("-")), None)
-    return build_parser(chosen if chosen in known else None, parser_class=parser_class)
+    return build_parser(chosen if chosen in COMMAND_NAMES else None, parser_class=parser_class)
 
 
 def check_command(arguments: Sequence[str]) -> argparse.Namespace:
     """Check ``tf-grpc-bench ARGUMENTS`` as ``main`` would start it, without running it.
 
-    The arguments are parsed by the same parser, then the command's module runs its
-    ``check_<command>(args)``, where it has one: the checks that need neither the
-    command's inputs nor the machine it runs on.  Raises UsageError/ConfigError for
-    what the command would refuse at start; prints nothing.
+    The arguments are parsed by the same parser, then the command's ``check`` runs, where
+    it has one: the checks that need neither the command's inputs nor the machine it
+    runs on.  Raises UsageError/ConfigError for what the command would refuse at start;
+    prints nothing.
     """
     args = _parser_for(arguments, _CheckingParser).parse_args(list(arguments))
-    if not getattr(args, "_command", None):
+    command: Command | None = getattr(args, "_command", None)
+    if command is None:
         raise UsageError("expected a tf-grpc-bench command")
-    module = importlib.import_module(args._module)
-    check = getattr(module, f"check_{args._command}", None)
-    if check is not None:
-        check(args)
+    if command.check is not None:
+        command.check(args)
     return args
 
 
@@ -161,33 +182,32 @@ def main(argv: Sequence[str] | None = None) -> int:
     arguments = list(sys.argv[1:] if argv is None else argv)
     parser = _parser_for(arguments)
     args = parser.parse_args(arguments)
-    if not getattr(args, "_command", None):
+    command: Command | None = getattr(args, "_command", None)
+    if command is None:
         parser.print_help(sys.stderr)
         return 2
-    run = getattr(importlib.import_module(args._module), f"run_{args._command}")
+    name = command.name
     # Run as the command (not called in process with its arguments): this process is ours.
-    command = argv is None
-    if command:
+    ours = argv is None
+    if ours:
         lifetime.quiet_grpc_after_stop()
     try:
         # SIGTERM and SIGHUP stop a command as Ctrl-C does: what was measured is kept.
-        with lifetime.interrupt_on_signals(ending_the_process=command):
-            return int(run(args))
+        with lifetime.interrupt_on_signals(ending_the_process=ours):
+            return int(command.run(args))
     except RunInterrupted as interrupted:
         # Not an error: the user (or a launcher) stopped it; what it measured is kept.
-        sys.stderr.write(f"{PROGRAM} {args._command}: {interrupted}\n")
-        if command:
+        sys.stderr.write(f"{PROGRAM} {name}: {interrupted}\n")
+        if ours:
             lifetime.exit_within(interrupted.exit_code)
         return interrupted.exit_code
     except BenchError as error:
-        sys.stderr.write(f"{PROGRAM} {args._command}: error: {error}\n")
+        sys.stderr.write(f"{PROGRAM} {name}: error: {error}\n")
         return error.exit_code
     except KeyboardInterrupt as interrupt:
         signum = lifetime.signal_of(interrupt)
-        sys.stderr.write(
-            f"{PROGRAM} {args._command}: interrupted ({lifetime.signal_name(signum)})\n"
-        )
-        if command:
+        sys.stderr.write(f"{PROGRAM} {name}: interrupted ({lifetime.signal_name(signum)})\n")
+        if ours:
             lifetime.exit_within(lifetime.exit_status(signum))
         return lifetime.exit_status(signum)
     except BrokenPipeError:

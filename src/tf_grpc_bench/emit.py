@@ -17,6 +17,7 @@ from pathlib import Path
 
 from tf_grpc_bench import launchers, manifests
 from tf_grpc_bench.cli import check_command
+from tf_grpc_bench.command import Command
 from tf_grpc_bench.errors import BenchError, ConfigError, UsageError
 
 KINDS = ("jobset", "tfjob", "tf-config")
@@ -188,3 +189,14 @@ def _emit_tf_configs(args: argparse.Namespace) -> int:
         raise ConfigError(f"--output {directory}: cannot write ({error.strerror})") from None
     print(f"{len(documents)} TF_CONFIG documents in {directory}")
     return 0
+
+
+#: ``tf-grpc-bench emit``.
+COMMANDS = (
+    Command(
+        name="emit",
+        help="write a JobSet, a TFJob or TF_CONFIG documents for a replay or a capture",
+        add_arguments=configure_emit,
+        run=run_emit,
+    ),
+)

@@ -8,6 +8,7 @@ from pathlib import Path
 
 from tf_grpc_bench import trace as trace_model
 from tf_grpc_bench import trace_files, trace_summary
+from tf_grpc_bench.command import Command
 from tf_grpc_bench.errors import BenchError, TraceError
 
 
@@ -79,3 +80,14 @@ def run_inspect(args: argparse.Namespace) -> int:
             raise BenchError(f"--json {args.json}: cannot write ({error.strerror})") from None
         print(f"exported JSON to {args.json}")
     return 0
+
+
+#: ``tf-grpc-bench inspect``.
+COMMANDS = (
+    Command(
+        name="inspect",
+        help="validate a trace and print a per-step summary",
+        add_arguments=configure_inspect,
+        run=run_inspect,
+    ),
+)
