@@ -56,8 +56,8 @@ from common import (
 from tf_grpc_bench import trace as trace_model
 from tf_grpc_bench import trace_files
 from tf_grpc_bench.netns import emulated, links, namespaces
+from tf_grpc_bench.replay.core.benchmarks import trace_workload
 from tf_grpc_bench.replay.core.measurement import Benchmark
-from tf_grpc_bench.replay.core.trace_workload import trace_workload
 from tf_grpc_bench.replay.core.workload import Mode
 from tf_grpc_bench.replay.network import compare as network_compare
 from tf_grpc_bench.replay.output import document as results

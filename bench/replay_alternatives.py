@@ -192,9 +192,9 @@ def _generator(size: int) -> Any:
 def replay_once(
     benchmark_name: str, size: int, variant: ReplayVariant, target: str, seconds: float
 ) -> Any:
+    from tf_grpc_bench.replay.core.benchmarks import synthetic_workload
     from tf_grpc_bench.replay.core.measurement import Benchmark
     from tf_grpc_bench.replay.core.pacing import Pacing
-    from tf_grpc_bench.replay.core.synthetic import synthetic_workload
     from tf_grpc_bench.replay.core.workload import Mode
     from tf_grpc_bench.replay.runner import RunPlan, run_benchmark
     from tf_grpc_bench.replay.transport.wire import ChannelSettings, RpcKind

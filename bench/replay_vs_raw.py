@@ -330,10 +330,10 @@ def measure_replay(seconds: float, runs: int, figures: Figures) -> None:
     non-serialized mode; one buffer per payload so every message is exactly
     the size in the table.
     """
+    from tf_grpc_bench.replay.core.benchmarks import synthetic_workload
     from tf_grpc_bench.replay.core.generators import BufferSizes, GeneratorConfig
     from tf_grpc_bench.replay.core.measurement import Benchmark
     from tf_grpc_bench.replay.core.pacing import Pacing
-    from tf_grpc_bench.replay.core.synthetic import synthetic_workload
     from tf_grpc_bench.replay.core.workload import Mode
     from tf_grpc_bench.replay.runner import RunPlan, default_rpc, default_window, run_benchmark
     from tf_grpc_bench.replay.transport.local_servers import LocalServers

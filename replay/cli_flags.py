@@ -358,7 +358,7 @@ def _add_timing_flags(parser: argparse.ArgumentParser) -> None:
         "--pacing",
         choices=timing_names(),
         default=None,
-        help="default: dependencies for a trace's ps-throughput, asap otherwise; "
+        help=f"default: {_default_timings()}; "
         + "; ".join(f"{name}: {timing_spec(Timing(name)).summary}" for name in timing_names()),
     )
     timing.add_argument(
@@ -395,6 +395,17 @@ def _add_timing_flags(parser: argparse.ArgumentParser) -> None:
         default=10.0,
         help="seconds to wait for the servers to answer (default 10)",
     )
+
+
+def _default_timings() -> str:
+    """Each benchmark's timing unless told: ``dependencies for a trace's ps-throughput, asap
+    otherwise`` (the rows' defaults)."""
+    special = [
+        f"{spec.trace.timing.value} for a trace's {spec.name}"
+        for spec in benchmarks.registered()
+        if spec.trace.timing is not Timing.ASAP
+    ]
+    return ", ".join([*special, "asap otherwise"])
 
 
 def _add_where_flags(parser: argparse.ArgumentParser) -> None:

@@ -37,15 +37,13 @@ from tf_grpc_bench.replay.core.pacing import (
     check_source,
 )
 from tf_grpc_bench.replay.core.workload import Mode, Workload
+from tf_grpc_bench.replay.engines.registry import check_engine_name
 from tf_grpc_bench.replay.spec import SYNTHETIC_FIELDS, TRACE_FIELDS, ReplaySpec
 from tf_grpc_bench.replay.transport import grpc_settings
 from tf_grpc_bench.replay.transport.loop import RunPlan
 from tf_grpc_bench.replay.transport.wire import read_token_file
 from tf_grpc_bench.trace import Trace
 from tf_grpc_bench.trace_mapping import WHOLE_STEPS, WholeSteps
-
-#: The engines a request may name (``engines.registry`` lists them).
-ENGINES = ("grpcio",)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -138,8 +136,7 @@ def plan(spec: ReplaySpec, here: Host, *, whole_steps: WholeSteps = WHOLE_STEPS)
     ``--target``s too few for the chief-to-worker calls' stand-in servers (the
     trace's ps tasks only, say), those calls are dropped (and counted) instead.
     """
-    if spec.engine not in ENGINES:
-        raise UsageError(f"--engine {spec.engine!r}: expected one of {', '.join(ENGINES)}")
+    check_engine_name(spec.engine)
     trace_path = resolve_trace(spec)
     settings = spec.grpc.settings()
     config = _config(spec, settings)

@@ -30,7 +30,7 @@ from tf_grpc_bench.replay.core.workload import (
     ack_call,
     echo_call,
 )
-from tf_grpc_bench.replay.output import document as results
+from tf_grpc_bench.replay.output.document_reader import read_document
 
 RATE_PER_S = 200.0
 
@@ -128,7 +128,7 @@ def test_a_toy_benchmark_and_timing_replay_end_to_end_on_loopback(
     output = capsys.readouterr()
     assert status == 0, output.err
     line = next(x for x in output.out.splitlines() if x.startswith("results: "))
-    document = results.read_document(Path(line.removeprefix("results: ").strip()))
+    document = read_document(Path(line.removeprefix("results: ").strip()))
     (result,) = document.benchmarks
     assert result.benchmark is benchmark and not result.partial
     assert result.parameters["pacing"] == "half-rate"

@@ -17,11 +17,10 @@ from dataclasses import replace
 import pytest
 
 from tf_grpc_bench.errors import ConfigError
+from tf_grpc_bench.replay.core.benchmarks import synthetic_workload, trace_workload
 from tf_grpc_bench.replay.core.generators import GeneratorConfig, GeneratorKind
 from tf_grpc_bench.replay.core.measurement import Benchmark, BenchmarkResult, CallSample
 from tf_grpc_bench.replay.core.pacing import Pacing, Timing
-from tf_grpc_bench.replay.core.synthetic import synthetic_workload
-from tf_grpc_bench.replay.core.trace_workload import trace_workload
 from tf_grpc_bench.replay.core.workload import Call, Mode, Workload
 from tf_grpc_bench.replay.runner import ProgressEvent, RunPlan, run_benchmark
 from tf_grpc_bench.replay.transport.client import ReplayClient

@@ -25,9 +25,9 @@ from tf_grpc_bench.calibration import (
 )
 from tf_grpc_bench.errors import ConfigError
 from tf_grpc_bench.replay import cli as replay_cli
+from tf_grpc_bench.replay.core.benchmarks import trace_workload
 from tf_grpc_bench.replay.core.measurement import Benchmark
 from tf_grpc_bench.replay.core.pacing import Timing
-from tf_grpc_bench.replay.core.trace_workload import trace_workload
 from tf_grpc_bench.replay.core.workload import Mode
 from tf_grpc_bench.trace import Trace
 from tf_grpc_bench.trace_summary import format_summary

@@ -41,8 +41,8 @@ from tf_grpc_bench.profiler.launch.markers import StepMarker
 from tf_grpc_bench.profiler.launch.plan import plan_tasks
 from tf_grpc_bench.profiler.physics import VARIABLES_EXTRA, check_physics, encode_variables
 from tf_grpc_bench.profiler.recorders.proxy import RecordedCall, RecordingProxy
+from tf_grpc_bench.replay.core.benchmarks import trace_workload
 from tf_grpc_bench.replay.core.measurement import Benchmark
-from tf_grpc_bench.replay.core.trace_workload import trace_workload
 from tf_grpc_bench.replay.core.workload import Mode
 from tf_grpc_bench.replay.transport.server import ReplayServer
 from tf_grpc_bench.trace import RECV_BUF, RECV_TENSOR, Rpc, RunMetadata, Task

@@ -12,11 +12,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tf_grpc_bench import trace_files
+from tf_grpc_bench.replay.core.benchmarks import synthetic_workload, trace_workload
 from tf_grpc_bench.replay.core.chunking import chunk_call, chunk_sizes, chunk_workload
 from tf_grpc_bench.replay.core.generators import GeneratorConfig
 from tf_grpc_bench.replay.core.measurement import Benchmark
-from tf_grpc_bench.replay.core.synthetic import synthetic_workload
-from tf_grpc_bench.replay.core.trace_workload import trace_workload
 from tf_grpc_bench.replay.core.workload import (
     Call,
     Mode,

@@ -27,6 +27,7 @@ from tensorboard.util import tensor_util
 from tests import oracle_samples as oracle
 from tf_grpc_bench.errors import ResultError
 from tf_grpc_bench.protos import xplane_pb2
+from tf_grpc_bench.replay.core.benchmarks import trace_workload
 from tf_grpc_bench.replay.core.measurement import (
     SAMPLE_COLUMNS,
     Benchmark,
@@ -34,7 +35,6 @@ from tf_grpc_bench.replay.core.measurement import (
     CallSample,
 )
 from tf_grpc_bench.replay.core.pacing import Pacing, Timing
-from tf_grpc_bench.replay.core.trace_workload import trace_workload
 from tf_grpc_bench.replay.core.workload import Mode
 from tf_grpc_bench.replay.output import comparison, export, report, timeline
 from tf_grpc_bench.replay.output.document import ResultDocument

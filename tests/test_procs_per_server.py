@@ -11,10 +11,10 @@ from collections.abc import Iterator
 
 import pytest
 
+from tf_grpc_bench.replay.core.benchmarks import synthetic_workload
 from tf_grpc_bench.replay.core.generators import GeneratorConfig, GeneratorKind
 from tf_grpc_bench.replay.core.measurement import Benchmark
 from tf_grpc_bench.replay.core.pacing import Pacing, Timing
-from tf_grpc_bench.replay.core.synthetic import synthetic_workload
 from tf_grpc_bench.replay.core.workload import Mode, echo_call
 from tf_grpc_bench.replay.runner import RunPlan, run_benchmark
 from tf_grpc_bench.replay.transport.client import ReplayClient

@@ -18,6 +18,7 @@ import pytest
 from tf_grpc_bench import trace_files
 from tf_grpc_bench.errors import ConfigError
 from tf_grpc_bench.replay import cli, throughput
+from tf_grpc_bench.replay.core.benchmarks import synthetic_workload, trace_workload
 from tf_grpc_bench.replay.core.chunking import chunk_workload
 from tf_grpc_bench.replay.core.generators import GeneratorConfig, GeneratorKind
 from tf_grpc_bench.replay.core.measurement import Benchmark, BenchmarkResult, RunMeasurement
@@ -29,8 +30,6 @@ from tf_grpc_bench.replay.core.processes import (
     process_loads,
     split_worker,
 )
-from tf_grpc_bench.replay.core.synthetic import synthetic_workload
-from tf_grpc_bench.replay.core.trace_workload import trace_workload
 from tf_grpc_bench.replay.core.whatif import WhatIf, derive_trace
 from tf_grpc_bench.replay.core.workload import Mode, Workload
 from tf_grpc_bench.replay.fitting import procs_per_worker_for

@@ -13,8 +13,8 @@ import pytest
 
 from tf_grpc_bench import trace_files
 from tf_grpc_bench.errors import ConfigError
+from tf_grpc_bench.replay.core.benchmarks import trace_workload
 from tf_grpc_bench.replay.core.measurement import Benchmark
-from tf_grpc_bench.replay.core.trace_workload import trace_workload
 from tf_grpc_bench.replay.core.whatif import (
     Placement,
     WhatIf,

@@ -14,9 +14,9 @@ import pytest
 from tf_grpc_bench import trace_files
 from tf_grpc_bench.host import PROC_STAT
 from tf_grpc_bench.replay import cli
+from tf_grpc_bench.replay.core.benchmarks import trace_workload
 from tf_grpc_bench.replay.core.measurement import Benchmark
 from tf_grpc_bench.replay.core.pacing import Pacing, Timing
-from tf_grpc_bench.replay.core.trace_workload import trace_workload
 from tf_grpc_bench.replay.core.workload import Mode
 from tf_grpc_bench.replay.network import compare as network_compare
 from tf_grpc_bench.replay.runner import RunPlan, run_benchmark

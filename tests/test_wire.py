@@ -12,10 +12,10 @@ import pytest
 
 from tf_grpc_bench.errors import ConfigError, ServeError, TransportError
 from tf_grpc_bench.protos import bench_pb2, bench_pb2_grpc
+from tf_grpc_bench.replay.core.benchmarks import synthetic_workload
 from tf_grpc_bench.replay.core.generators import GeneratorConfig
 from tf_grpc_bench.replay.core.measurement import Benchmark
 from tf_grpc_bench.replay.core.messages import ECHO_METHOD, PULL_METHOD
-from tf_grpc_bench.replay.core.synthetic import synthetic_workload
 from tf_grpc_bench.replay.core.workload import Mode, ack_call, echo_call, pull_call
 from tf_grpc_bench.replay.transport.client import ReplayClient, parse_target
 from tf_grpc_bench.replay.transport.server import ReplayServer

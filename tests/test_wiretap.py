@@ -44,8 +44,8 @@ from tf_grpc_bench.profiler.recorders.wiretap import (
     read_tap_file,
     recorder_environment,
 )
+from tf_grpc_bench.replay.core.benchmarks import trace_workload
 from tf_grpc_bench.replay.core.measurement import Benchmark
-from tf_grpc_bench.replay.core.trace_workload import trace_workload
 from tf_grpc_bench.replay.core.workload import Mode
 from tf_grpc_bench.replay.transport.wire import PUSH_STREAM_METHOD
 

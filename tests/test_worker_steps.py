@@ -15,9 +15,9 @@ from collections.abc import Iterator, Sequence
 import pytest
 
 from tf_grpc_bench import trace as trace_model
+from tf_grpc_bench.replay.core.benchmarks import trace_workload
 from tf_grpc_bench.replay.core.measurement import Benchmark
 from tf_grpc_bench.replay.core.pacing import Pacing, Timing
-from tf_grpc_bench.replay.core.trace_workload import trace_workload
 from tf_grpc_bench.replay.core.workload import Mode, WorkloadStep
 from tf_grpc_bench.replay.runner import RunPlan, run_benchmark
 from tf_grpc_bench.replay.transport.local_servers import LocalServers

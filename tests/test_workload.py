@@ -13,6 +13,7 @@ from tf_grpc_bench.critical_path import captured_critical_paths
 from tf_grpc_bench.dependencies import is_sync_token, is_variable_read, source_op
 from tf_grpc_bench.errors import ConfigError, TraceError
 from tf_grpc_bench.protos import bench_pb2
+from tf_grpc_bench.replay.core.benchmarks import synthetic_workload, trace_workload
 from tf_grpc_bench.replay.core.generators import GeneratorConfig, GeneratorKind, generate_payloads
 from tf_grpc_bench.replay.core.measurement import Benchmark
 from tf_grpc_bench.replay.core.messages import (
@@ -29,8 +30,7 @@ from tf_grpc_bench.replay.core.pacing import (
     next_step_begin_ns,
     release_time_ns,
 )
-from tf_grpc_bench.replay.core.synthetic import synthetic_workload
-from tf_grpc_bench.replay.core.trace_workload import outstanding_per_pair, trace_workload
+from tf_grpc_bench.replay.core.trace_workload import outstanding_per_pair
 from tf_grpc_bench.replay.core.workload import Call, Mode, Shape, Workload, WorkloadStep, pull_call
 from tf_grpc_bench.replay.transport.wire import (
     PayloadBytes,

@@ -26,8 +26,8 @@ from tf_grpc_bench.errors import ConfigError, UsageError
 from tf_grpc_bench.replay.core.generators import GeneratorConfig
 from tf_grpc_bench.replay.core.measurement import Benchmark
 from tf_grpc_bench.replay.core.pacing import Timing
-from tf_grpc_bench.replay.core.synthetic import synthetic_workload as paper_synthetic
-from tf_grpc_bench.replay.core.trace_workload import trace_workload as paper_trace
+from tf_grpc_bench.replay.core.synthetic import all_pairs_echo, pair_echoes, pair_pushes
+from tf_grpc_bench.replay.core.trace_workload import cluster_workload, pair_workload
 from tf_grpc_bench.replay.core.workload import Mode, Workload
 from tf_grpc_bench.trace import Trace
 from tf_grpc_bench.trace_mapping import WHOLE_STEPS, WholeSteps
@@ -151,6 +151,35 @@ def default_rpc(workload: Workload) -> RpcKind:
     return spec_of(workload.benchmark).defaults(workload.source).rpc
 
 
+def synthetic_workload(
+    benchmark: Benchmark,
+    generator: GeneratorConfig,
+    *,
+    mode: Mode,
+    ps_count: int = 1,
+    worker_count: int = 1,
+) -> Workload:
+    """``benchmark``'s workload over the paper's generators (its row's builder)."""
+    return spec_of(benchmark).build_synthetic(
+        benchmark, generator, mode=mode, ps_count=ps_count, worker_count=worker_count
+    )
+
+
+def trace_workload(
+    trace: Trace,
+    benchmark: Benchmark,
+    *,
+    mode: Mode,
+    pair: tuple[int, int] | None = None,
+    source: str = "trace",
+    whole_steps: WholeSteps = WHOLE_STEPS,
+) -> Workload:
+    """``benchmark``'s workload from ``trace`` (its row's builder)."""
+    return spec_of(benchmark).build_trace(
+        trace, benchmark, mode=mode, pair=pair, source=source, whole_steps=whole_steps
+    )
+
+
 def register(spec: BenchmarkSpec) -> Benchmark:
     """Add a benchmark row (runs after the others under ``--benchmark all``)."""
     benchmark = Benchmark.define(spec.name)
@@ -213,8 +242,8 @@ register(
         summary="one worker calls one ps, one call at a time, the ps echoes: round-trip time",
         synthetic=Defaults(),
         trace=Defaults(),
-        build_synthetic=paper_synthetic,
-        build_trace=paper_trace,
+        build_synthetic=pair_echoes,
+        build_trace=pair_workload,
         point_to_point=True,
         one_call_at_a_time=True,
     )
@@ -227,8 +256,8 @@ register(
             rpc=RpcKind.STREAMING, window=1, streaming_window=STREAMING_BANDWIDTH_WINDOW
         ),
         trace=Defaults(window=None, streaming_window=None),
-        build_synthetic=paper_synthetic,
-        build_trace=paper_trace,
+        build_synthetic=pair_pushes,
+        build_trace=pair_workload,
         point_to_point=True,
     )
 )
@@ -238,8 +267,8 @@ register(
         summary="every worker calls every ps: aggregate RPCs/s, replayed step time",
         synthetic=Defaults(window=None, streaming_window=None),
         trace=Defaults(window=None, streaming_window=None, timing=Timing.DEPENDENCIES),
-        build_synthetic=paper_synthetic,
-        build_trace=paper_trace,
+        build_synthetic=all_pairs_echo,
+        build_trace=cluster_workload,
         point_to_point=False,
         worker_processes=True,
         step_benchmark=True,

@@ -233,7 +233,7 @@ def _tasks_description(
     }
 
 
-def trace_workload(
+def pair_workload(
     trace: Trace,
     benchmark: Benchmark,
     *,
@@ -242,18 +242,52 @@ def trace_workload(
     source: str = "trace",
     whole_steps: WholeSteps = WHOLE_STEPS,
 ) -> Workload:
+    """The P2P benchmarks' trace workload: one (worker, ps) pair (``pair``, trace task
+    indices; default ``choose_pair``)."""
+    return trace_workload(
+        trace, benchmark, mode=mode, pair=pair, source=source, whole_steps=whole_steps,
+        point_to_point=True,
+    )  # fmt: skip
+
+
+def cluster_workload(
+    trace: Trace,
+    benchmark: Benchmark,
+    *,
+    mode: Mode,
+    pair: tuple[int, int] | None = None,
+    source: str = "trace",
+    whole_steps: WholeSteps = WHOLE_STEPS,
+) -> Workload:
+    """PS throughput's trace workload: every worker against every ps, and with
+    ``whole_steps`` the ps-to-ps and chief-to-worker calls too (``pair`` unused)."""
+    return trace_workload(
+        trace, benchmark, mode=mode, source=source, whole_steps=whole_steps,
+        point_to_point=False,
+    )  # fmt: skip
+
+
+def trace_workload(
+    trace: Trace,
+    benchmark: Benchmark,
+    *,
+    mode: Mode,
+    point_to_point: bool,
+    pair: tuple[int, int] | None = None,
+    source: str = "trace",
+    whole_steps: WholeSteps = WHOLE_STEPS,
+) -> Workload:
     """The trace's steady-state steps as one benchmark's calls (docs/design.md#replaying-a-trace).
 
-    P2P benchmarks replay one (worker, ps) pair, ``pair`` as trace task
-    indices (default: ``choose_pair``); PS throughput replays every worker
-    against every ps, and with ``whole_steps`` the ps-to-ps and chief-to-worker
-    calls too (``tf_grpc_bench.trace_mapping``).  Every call is pull-shaped and keeps the
+    ``point_to_point``: one (worker, ps) pair, ``pair`` as trace task indices
+    (default: ``choose_pair``); else every worker against every ps, and with
+    ``whole_steps`` the ps-to-ps and chief-to-worker calls too
+    (``tf_grpc_bench.trace_mapping``).  Every call is pull-shaped and keeps the
     trace's method.
     """
     roles = trace_roles(trace, source=source, whole_steps=whole_steps)
     steps, dropped = map_steps(trace, roles)
     dropped_bytes, dropped_kinds = unreplayed_summary(trace, roles)
-    point_to_point = benchmark is not Benchmark.PS_THROUGHPUT
     if point_to_point:
         pair, steps, dropped = _pair_only(trace, roles, steps, dropped, pair)
     step_compute = calibration_step_ns(trace.metadata.extra) or 0
