@@ -11,10 +11,10 @@ from collections.abc import Iterator
 import pytest
 
 from tf_grpc_bench.errors import TransportError
+from tf_grpc_bench.replay.core.benchmarks import synthetic_workload
 from tf_grpc_bench.replay.core.generators import GeneratorConfig
 from tf_grpc_bench.replay.core.measurement import Benchmark
 from tf_grpc_bench.replay.core.pacing import Pacing, Timing
-from tf_grpc_bench.replay.core.synthetic import synthetic_workload
 from tf_grpc_bench.replay.core.workload import Mode, Workload
 from tf_grpc_bench.replay.native.driver import EngineClient, NativeDriver, rows_of
 from tf_grpc_bench.replay.native.servers import NativeServers

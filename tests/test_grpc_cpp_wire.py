@@ -16,10 +16,10 @@ from typing import Any
 import grpc
 import pytest
 
+from tf_grpc_bench.replay.core.benchmarks import synthetic_workload
 from tf_grpc_bench.replay.core.generators import GeneratorConfig
 from tf_grpc_bench.replay.core.measurement import Benchmark
 from tf_grpc_bench.replay.core.messages import ECHO_METHOD
-from tf_grpc_bench.replay.core.synthetic import synthetic_workload
 from tf_grpc_bench.replay.core.workload import Call, Mode, pull_call
 from tf_grpc_bench.replay.native.servers import NativeServer, NativeServers
 from tf_grpc_bench.replay.transport.client import ReplayClient

@@ -21,6 +21,7 @@ from typing import Any
 import pytest
 
 from tf_grpc_bench.dependency_tracker import DependencyTracker
+from tf_grpc_bench.replay.core.benchmarks import synthetic_workload, trace_workload
 from tf_grpc_bench.replay.core.generators import GeneratorConfig
 from tf_grpc_bench.replay.core.measurement import Benchmark, CallSample
 from tf_grpc_bench.replay.core.pacing import (
@@ -30,8 +31,6 @@ from tf_grpc_bench.replay.core.pacing import (
     may_issue,
     release_time_ns,
 )
-from tf_grpc_bench.replay.core.synthetic import synthetic_workload
-from tf_grpc_bench.replay.core.trace_workload import trace_workload
 from tf_grpc_bench.replay.core.workload import Call, Mode, Shape, Workload, WorkloadStep
 from tf_grpc_bench.replay.native.driver import (
     EngineClient,
