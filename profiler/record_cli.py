@@ -191,6 +191,7 @@ COMMANDS = (
         help="run one task of a job launched elsewhere, recording its traffic to a folder",
         add_arguments=configure_record,
         run=run_record,
+        check=check_record,
     ),
     Command(
         name="assemble",
