@@ -39,7 +39,6 @@ from tf_grpc_bench.replay.fitting import format_client_namespaces
 from tf_grpc_bench.replay.transport.client import ReplayClient
 from tf_grpc_bench.replay.transport.loop import (
     ProgressCallback,
-    measure_runs,
     open_clients,
 )
 from tf_grpc_bench.replay.transport.loop import (
@@ -48,7 +47,7 @@ from tf_grpc_bench.replay.transport.loop import (
 from tf_grpc_bench.replay.transport.loop import (
     RunPlan as RunPlan,
 )
-from tf_grpc_bench.replay.transport.seam import Engine, worker_jobs
+from tf_grpc_bench.replay.transport.seam import Engine, measure_runs, worker_jobs
 from tf_grpc_bench.replay.transport.wire import ChannelSettings, new_session_id
 
 
@@ -96,7 +95,7 @@ def measure(
     procs_per_worker: int = 1,
     client_namespaces: Mapping[str, str] | None = None,
 ) -> tuple[RunMeasurement, ...]:
-    """The benchmark's runs (``loop.measure_runs``) with ``engine``'s workers: one job
+    """The benchmark's runs (``seam.measure_runs``) with ``engine``'s workers: one job
     per worker, from worker processes if its row says so, else its one worker here."""
     in_processes = spec_of(workload.benchmark).worker_processes
     jobs = worker_jobs(

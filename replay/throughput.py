@@ -55,7 +55,6 @@ from tf_grpc_bench.replay.transport.loop import (
     WorkerLoop,
     WorkerOutcome,
     interrupted_reason,
-    measure_runs,
 )
 from tf_grpc_bench.replay.transport.peers import (
     PeerLinks,
@@ -63,7 +62,7 @@ from tf_grpc_bench.replay.transport.peers import (
     make_links,
     perf_minus_monotonic_ns,
 )
-from tf_grpc_bench.replay.transport.seam import WorkerJob, worker_jobs
+from tf_grpc_bench.replay.transport.seam import WorkerJob, measure_runs, worker_jobs
 from tf_grpc_bench.replay.transport.wire import ChannelSettings
 
 #: Time between telling workers to start and their common start instant.

@@ -2,10 +2,9 @@
 
 ``RunPlan`` (how long and how often), ``WorkerLoop`` (one worker's calls
 cycled: warm-up, then a duration or an exact number of steps), the servers'
-statistics around a run, ``run_each``, the measured runs after a warm-up
-whoever drives the calls, and ``measure_runs``, the whole protocol (ready,
-warm-up, runs) around a benchmark's ``Workers`` however an engine runs them
-(``transport.seam``).  Blocking; the clock is injected.
+statistics around a run, and ``run_each``, the measured runs after a warm-up
+whoever drives the calls (``transport.seam.measure_runs`` is the whole
+protocol around an engine's workers).  Blocking; the clock is injected.
 """
 
 from __future__ import annotations
@@ -534,71 +533,6 @@ def run_each(
         )
         if run.partial:
             break
-
-
-class Workers(Protocol):
-    """One benchmark's workers, started by an engine (``transport.seam``); the runner
-    drives them phase by phase.  Blocking; main thread (stop signals reach it)."""
-
-    def wait_ready(self, timeout_s: float) -> None:
-        """Every worker started, its channels connected and its requests prepared.
-        TransportError (its message: the run's partial reason) if one could not."""
-
-    def warm_up(self, duration_ns: int) -> None:
-        """Every worker replays for ``duration_ns`` (a trace: whole steps), measuring
-        nothing.  TransportError("during warm-up: ...") if one failed."""
-
-    def run(self, *, duration_ns: int, steps: int | None) -> list[WorkerOutcome]:
-        """One measured run, every worker beginning at one instant: for ``duration_ns``,
-        or exactly ``steps`` steps.  One outcome per worker, in order; a worker that
-        failed or died gives a partial one.  A stop signal (``KeyboardInterrupt``) during
-        the run interrupts every worker and returns what each measured, marked partial;
-        a second one propagates."""
-
-    def close(self) -> None:
-        """Stop every worker: no process or thread left.  Idempotent."""
-
-
-#: How long, past the connect timeout, workers get to start (spawn, import, channels).
-READY_GRACE_S = 120.0
-
-
-def measure_runs(
-    workers: Workers,
-    workload: Workload,
-    clients: Mapping[int, ReplayClient],
-    plan: RunPlan,
-    notify: ProgressCallback,
-) -> tuple[RunMeasurement, ...]:
-    """The runner's protocol around ``workers``: ready, warm-up, then ``plan.runs``
-    measured runs (``run_each``: the servers' statistics through ``clients``).  A worker
-    that cannot start or warm up gives one failed run; a stop signal between runs or in
-    the warm-up ends the list with an interrupted run (a measured run keeps its calls)."""
-    runs: list[RunMeasurement] = []
-    try:
-        try:
-            workers.wait_ready(plan.connect_timeout_s + READY_GRACE_S)
-            notify(
-                ProgressEvent(
-                    benchmark=workload.benchmark, phase="warmup", run_index=0, runs=plan.runs
-                )
-            )
-            workers.warm_up(plan.warmup_ns)
-        except TransportError as error:
-            runs.append(failed_run(0, str(error)))
-            return tuple(runs)
-        steps = plan.steps_per_run(workload)
-        run_each(
-            workload,
-            clients,
-            plan,
-            runs,
-            notify,
-            lambda: workers.run(duration_ns=plan.duration_ns, steps=steps),
-        )
-    except KeyboardInterrupt as interrupt:
-        runs.append(interrupted_run(len(runs), interrupt))
-    return tuple(runs)
 
 
 def failed_run(run_index: int, reason: str) -> RunMeasurement:

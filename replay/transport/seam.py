@@ -4,9 +4,9 @@ The Python side plans: the workloads (calls, sizes, targets, dependencies and
 compute gaps), their pacing and the run plan.  An *engine* executes: it
 starts ps servers on this host and runs a benchmark's workers, each one's
 warm-up and measured runs, returning per run a ``WorkerOutcome`` of raw
-``CallSample``s.  The runner keeps the protocol around them (``loop.measure_runs``:
+``CallSample``s.  The runner keeps the protocol around them (``measure_runs``:
 ready, warm-up, runs, the servers' statistics through the tool's own control
-calls) and what results say.
+calls) and what results say.  ``measure_runs`` is that protocol.
 
 Everything crossing the seam is plain frozen data of the core and transport
 types (``WorkerJob``, ``Workload``, ``Pacing``, ``RunPlan``,
@@ -23,11 +23,86 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Protocol
 
+from tf_grpc_bench.errors import TransportError
+from tf_grpc_bench.replay.core.measurement import RunMeasurement
 from tf_grpc_bench.replay.core.pacing import Pacing
 from tf_grpc_bench.replay.core.workload import Mode, Workload
-from tf_grpc_bench.replay.transport.loop import RunPlan
-from tf_grpc_bench.replay.transport.loop import Workers as Workers
+from tf_grpc_bench.replay.transport.client import ReplayClient
+from tf_grpc_bench.replay.transport.loop import (
+    ProgressCallback,
+    ProgressEvent,
+    RunPlan,
+    WorkerOutcome,
+    failed_run,
+    interrupted_run,
+    run_each,
+)
 from tf_grpc_bench.replay.transport.wire import ChannelSettings, ServerSettings
+
+
+class Workers(Protocol):
+    """One benchmark's workers, started by an engine (``transport.seam``); the runner
+    drives them phase by phase.  Blocking; main thread (stop signals reach it)."""
+
+    def wait_ready(self, timeout_s: float) -> None:
+        """Every worker started, its channels connected and its requests prepared.
+        TransportError (its message: the run's partial reason) if one could not."""
+
+    def warm_up(self, duration_ns: int) -> None:
+        """Every worker replays for ``duration_ns`` (a trace: whole steps), measuring
+        nothing.  TransportError("during warm-up: ...") if one failed."""
+
+    def run(self, *, duration_ns: int, steps: int | None) -> list[WorkerOutcome]:
+        """One measured run, every worker beginning at one instant: for ``duration_ns``,
+        or exactly ``steps`` steps.  One outcome per worker, in order; a worker that
+        failed or died gives a partial one.  A stop signal (``KeyboardInterrupt``) during
+        the run interrupts every worker and returns what each measured, marked partial;
+        a second one propagates."""
+
+    def close(self) -> None:
+        """Stop every worker: no process or thread left.  Idempotent."""
+
+
+#: How long, past the connect timeout, workers get to start (spawn, import, channels).
+READY_GRACE_S = 120.0
+
+
+def measure_runs(
+    workers: Workers,
+    workload: Workload,
+    clients: Mapping[int, ReplayClient],
+    plan: RunPlan,
+    notify: ProgressCallback,
+) -> tuple[RunMeasurement, ...]:
+    """The runner's protocol around ``workers``: ready, warm-up, then ``plan.runs``
+    measured runs (``run_each``: the servers' statistics through ``clients``).  A worker
+    that cannot start or warm up gives one failed run; a stop signal between runs or in
+    the warm-up ends the list with an interrupted run (a measured run keeps its calls)."""
+    runs: list[RunMeasurement] = []
+    try:
+        try:
+            workers.wait_ready(plan.connect_timeout_s + READY_GRACE_S)
+            notify(
+                ProgressEvent(
+                    benchmark=workload.benchmark, phase="warmup", run_index=0, runs=plan.runs
+                )
+            )
+            workers.warm_up(plan.warmup_ns)
+        except TransportError as error:
+            runs.append(failed_run(0, str(error)))
+            return tuple(runs)
+        steps = plan.steps_per_run(workload)
+        run_each(
+            workload,
+            clients,
+            plan,
+            runs,
+            notify,
+            lambda: workers.run(duration_ns=plan.duration_ns, steps=steps),
+        )
+    except KeyboardInterrupt as interrupt:
+        runs.append(interrupted_run(len(runs), interrupt))
+    return tuple(runs)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
