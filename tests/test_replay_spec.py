@@ -247,3 +247,13 @@ def test_role_shapes_a_synthetic_workload_like_its_cluster_with_replace() -> Non
 
 def test_every_benchmark_has_a_row_and_all_means_the_table() -> None:
     assert ReplaySpec().benchmarks == tuple(s.benchmark for s in benchmarks.registered())
+
+
+def test_every_command_is_an_object_its_module_defines_under_the_name_the_table_gives() -> None:
+    from tf_grpc_bench import cli
+
+    for names, load in cli.COMMAND_MODULES:
+        commands = load()
+        assert tuple(command.name for command in commands) == names
+        assert all(command.help and callable(command.run) for command in commands)
+    assert len(set(cli.COMMAND_NAMES)) == len(cli.COMMAND_NAMES)
