@@ -151,11 +151,19 @@ TARGETS: dict[str, Target] = {
     # The plan of an emulated network's links.
     "links": Target(
         path="src/tf_grpc_bench/netns/links.py",
-        tests=("tests/test_network_plans.py", "tests/test_tbf_buckets.py"),
+        tests=(
+            "tests/test_network_plans.py",
+            "tests/test_link_profiles.py",
+            "tests/test_tbf_buckets.py",
+        ),
     ),
     "topology": Target(
         path="src/tf_grpc_bench/netns/topology.py",
-        tests=("tests/test_network_plans.py", "tests/test_tbf_buckets.py"),
+        tests=(
+            "tests/test_network_plans.py",
+            "tests/test_link_profiles.py",
+            "tests/test_tbf_buckets.py",
+        ),
     ),
 }
 
