@@ -24,8 +24,11 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from tf_grpc_bench.profiler.assemble import assemble_records
+from tf_grpc_bench.profiler.assembly.clocks import ClockError, Precedence, estimate_offsets
 from tf_grpc_bench.profiler.launch.ports import free_ports
 from tf_grpc_bench.trace import Rpc, Trace
 
@@ -188,3 +191,124 @@ def test_records_of_clocks_seconds_apart_assemble_to_the_aligned_trace(
     detection = aligned.step_detection
     assert detection is not None
     assert ("marker" in detection.source) == markers, detection
+
+
+# --------------------------------------------------------------------------
+# The offsets from precedences, worked out by hand and by an independent solver.
+
+
+def _before(after: str, before: str, gap_ns: int) -> Precedence:
+    """``before``'s event ``gap_ns`` ahead of ``after``'s on their own clocks: bounds
+    o[before] - o[after] <= gap_ns."""
+    return Precedence(before=before, before_ns=0, after=after, after_ns=gap_ns)
+
+
+def test_offsets_bounded_on_one_side_or_none_take_what_is_known() -> None:
+    found = estimate_offsets(
+        ["ref", "up", "low", "free"],
+        [
+            Precedence(before="ghost", before_ns=0, after="ref", after_ns=5),  # not a task
+            Precedence(before="ref", before_ns=0, after="ghost", after_ns=5),
+            Precedence(before="up", before_ns=7, after="up", after_ns=0),  # itself
+            _before(after="ref", before="up", gap_ns=300),  # o[up] <= 300
+            _before(after="low", before="ref", gap_ns=40),  # o[low] >= -40
+        ],
+        reference="ref",
+    )
+    ref, up, low, free = (found[t] for t in ("ref", "up", "low", "free"))
+    assert (ref.lower_ns, ref.upper_ns, ref.offset_ns, ref.source) == (0, 0, 0, "reference")
+    assert (up.lower_ns, up.upper_ns, up.offset_ns, up.constraints) == (None, 300, 300, 1)
+    assert (low.lower_ns, low.upper_ns, low.offset_ns, low.constraints) == (-40, None, -40, 1)
+    assert (free.lower_ns, free.upper_ns, free.offset_ns, free.constraints) == (
+        None, None, 0, 0,
+    )  # fmt: skip
+    for one_sided in (up, low, free):
+        assert not one_sided.bounded and one_sided.uncertainty_ns is None
+    both = estimate_offsets(
+        ["ref", "b"],
+        [
+            _before(after="ref", before="b", gap_ns=301),
+            _before(after="b", before="ref", gap_ns=-100),
+        ],
+        reference="ref",
+    )["b"]
+    # 100 <= o[b] <= 301: the middle, rounded down, and half the width rounded up.
+    assert (both.lower_ns, both.upper_ns, both.offset_ns) == (100, 301, 200)
+    assert both.bounded and both.uncertainty_ns == 101
+
+
+def test_what_cannot_be_reconciled_is_one_line_naming_it() -> None:
+    with pytest.raises(ClockError, match=r"^reference task z is not among the tasks$"):
+        estimate_offsets(["a"], [], reference="z")
+    contradiction = [
+        _before(after="b", before="a", gap_ns=-100),
+        _before(after="a", before="b", gap_ns=50),
+    ]
+    with pytest.raises(
+        ClockError,
+        match=r"^the records' clocks contradict each other around task a: some response would "
+        r"have been sent before its request \(records of different runs, or a clock that "
+        r"jumped\)$",
+    ):
+        estimate_offsets(["a", "b"], contradiction, reference="a")
+
+
+def _tightest(
+    tasks: list[str], precedences: list[Precedence], reference: str
+) -> dict[str, tuple[int | None, int | None]]:
+    """Each task's bounds by Bellman-Ford from the reference (an edge after -> before of
+    weight after_ns - before_ns for each precedence): upper = distance reference -> task,
+    lower = -distance task -> reference."""
+
+    def distances(source: str, reverse: bool) -> dict[str, int]:
+        found = {source: 0}
+        for _ in tasks:
+            for p in precedences:
+                start, end = (p.before, p.after) if reverse else (p.after, p.before)
+                if start in found and (
+                    end not in found or found[start] + p.after_ns - p.before_ns < found[end]
+                ):
+                    found[end] = found[start] + p.after_ns - p.before_ns
+        return found
+
+    forward, backward = distances(reference, False), distances(reference, True)
+    return {t: (None if t not in backward else -backward[t], forward.get(t)) for t in tasks}
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    truth=st.lists(st.integers(-(10**9), 10**9), min_size=3, max_size=5),
+    pairs=st.lists(
+        st.tuples(
+            st.integers(0, 4), st.integers(0, 4), st.integers(0, 10**6), st.integers(0, 10**9)
+        ),
+        max_size=12,
+    ),
+)
+def test_offsets_are_the_tightest_bounds_the_precedences_give(
+    truth: list[int], pairs: list[tuple[int, int, int, int]]
+) -> None:
+    """Precedences drawn from true clocks (each ``after`` event truly later, by ``gap``)
+    bound every offset around the truth, exactly as tight as an independent solver finds."""
+    tasks = [f"t{n}" for n in range(len(truth))]
+    # reference time = own time + truth[n] (truth[0] = 0 for the reference).
+    offsets = [t - truth[0] for t in truth]
+    precedences = []
+    for a, b, gap, when in pairs:
+        a, b = a % len(tasks), b % len(tasks)
+        if a == b:
+            continue
+        # The before event at reference time ``when``, the after event ``gap`` later.
+        precedences.append(
+            Precedence(
+                before=tasks[a], before_ns=when - offsets[a],
+                after=tasks[b], after_ns=when + gap - offsets[b],
+            )
+        )  # fmt: skip
+    found = estimate_offsets(tasks, precedences, reference="t0")
+    expected = _tightest(tasks, precedences, "t0")
+    for n, task in enumerate(tasks):
+        estimate = found[task]
+        assert (estimate.lower_ns, estimate.upper_ns) == expected[task]
+        assert estimate.lower_ns is None or estimate.lower_ns <= offsets[n]
+        assert estimate.upper_ns is None or offsets[n] <= estimate.upper_ns
