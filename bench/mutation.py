@@ -417,7 +417,7 @@ def run_module(name: str, target: Target, *, jobs: int, swaps: bool) -> dict[str
         "score": mutation_table.percent(killed, killed + survived),
         "tests": list(target.tests),
         "commit": commit,
-        "code": mutation_table.code_hash(source),
+        "code": mutation_table.code_hash(source, target.functions),
         "seconds": round(time.monotonic() - started),
         "survivors": mutmut["survived"],
         "swap_survivors": ours["survived"],
@@ -458,7 +458,7 @@ def stale_targets() -> list[str]:
     stale = []
     for name, target in TARGETS.items():
         row = rows.get(row_module(target))
-        code = mutation_table.code_hash((ROOT / target.path).read_text())
+        code = mutation_table.code_hash((ROOT / target.path).read_text(), target.functions)
         if row is None or row.code != code:
             stale.append(name)
     return stale

@@ -4,8 +4,9 @@ each with the commit it was measured on and the hash of the code it measured.
 The table sits between ``BEGIN`` and ``END`` (HTML comments, invisible on the page).
 A row is written by ``bench/mutation.py`` after it measured a module; a module not
 measured on its current code has a row saying so.  ``code_hash`` hashes the module's
-syntax tree without docstrings, so comments and docstrings may change without a new
-run, and any change to the code needs one (``tests/test_mutation_table.py`` fails
+syntax tree without docstrings (only the functions measured, for a module measured
+for some), so comments and docstrings may change without a new run, and any change
+to the code needs one (``tests/test_mutation_table.py`` fails
 until it is made).
 """
 
@@ -27,9 +28,16 @@ HEADER = (
 NOT_MEASURED = "not measured"
 
 
-def code_hash(source: str) -> str:
-    """12 hex digits of the SHA-256 of ``source``'s syntax tree, docstrings left out."""
+def code_hash(source: str, functions: tuple[str, ...] = ()) -> str:
+    """12 hex digits of the SHA-256 of ``source``'s syntax tree, docstrings left out; of
+    the named top-level ``functions`` only, when given (a module measured for those)."""
     tree = ast.parse(source)
+    if functions:
+        tree.body = [
+            node
+            for node in tree.body
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) and node.name in functions
+        ]
     for node in ast.walk(tree):
         if isinstance(node, ast.Module | ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef):
             body = node.body

@@ -41,7 +41,7 @@ def test_every_measured_row_is_of_the_modules_current_code() -> None:
         row = _rows().get(mutation.row_module(target))
         if row is None or not row.measured:  # type: ignore[attr-defined]
             continue
-        code = table.code_hash((ROOT / target.path).read_text(encoding="utf-8"))
+        code = table.code_hash((ROOT / target.path).read_text(encoding="utf-8"), target.functions)
         if row.code != code:  # type: ignore[attr-defined]
             stale.append(
                 f"{target.path} changed since its row (measured at {row.commit}): "  # type: ignore[attr-defined]
@@ -57,6 +57,10 @@ def test_the_code_hash_sees_code_and_not_comments_or_docstrings() -> None:
     )
     assert table.code_hash(source) != table.code_hash(source.replace("a + 1", "a - 1"))
     assert table.code_hash(source) != table.code_hash(source.replace("(a)", "(b)"))
+    # Measured for some functions: the rest of the module may change.
+    other = source + "\n\ndef g():\n    return 2\n"
+    assert table.code_hash(other, ("f",)) == table.code_hash(source, ("f",))
+    assert table.code_hash(other, ("f",)) != table.code_hash(other)
 
 
 def test_rows_are_written_and_read_back_as_the_script_keeps_them(tmp_path: Path) -> None:
