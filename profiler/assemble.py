@@ -35,6 +35,7 @@ from pathlib import Path
 from absl import logging
 
 from tf_grpc_bench import __version__
+from tf_grpc_bench.cluster import split_address
 from tf_grpc_bench.errors import CaptureError, ConfigError
 from tf_grpc_bench.profiler.assembly.clocks import (
     SHARED_CLOCK,
@@ -44,7 +45,7 @@ from tf_grpc_bench.profiler.assembly.clocks import (
 )
 from tf_grpc_bench.profiler.assembly.phases import assemble_trace, partial_reason
 from tf_grpc_bench.profiler.launch.markers import StepMarker, read_step_markers
-from tf_grpc_bench.profiler.launch.user_job import UserJob, split_address
+from tf_grpc_bench.profiler.launch.user_job import UserJob
 from tf_grpc_bench.profiler.record import (
     MANIFEST_NAME,
     MARKERS_NAME,

@@ -21,6 +21,7 @@ from tf_grpc_bench.calibration import (
     cached,
     measure_here,
 )
+from tf_grpc_bench.cluster import read_cluster
 from tf_grpc_bench.command import Command
 from tf_grpc_bench.errors import CaptureError, RunInterrupted, TraceError, UsageError
 from tf_grpc_bench.files import check_writable
@@ -44,7 +45,6 @@ from tf_grpc_bench.profiler.launch.user_job import (
     DEFAULT_STEP_TIMEOUT_S,
     DEFAULT_TIMEOUT_S,
     UserJob,
-    parse_cluster,
 )
 from tf_grpc_bench.profiler.progress import terminal_display
 from tf_grpc_bench.profiler.recorders.recorder import DEFAULT_RECORDER, RECORDERS
@@ -377,7 +377,7 @@ def run_capture_job(args: argparse.Namespace) -> int:
     if not command:
         raise UsageError("no command to run: put it after '--', e.g. -- python train.py")
     job = UserJob(
-        cluster=parse_cluster(args.cluster),
+        cluster=read_cluster(args.cluster, jobs=None),
         command=tuple(command),
         warmup_steps=args.warmup_steps,
         timeout_s=args.timeout,

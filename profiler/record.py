@@ -48,10 +48,11 @@ from typing import Any
 from absl import logging
 
 from tf_grpc_bench import launchers, lifetime
+from tf_grpc_bench.cluster import split_address
 from tf_grpc_bench.errors import CaptureError, ConfigError, UsageError
 from tf_grpc_bench.files import loads_json, write_atomically
 from tf_grpc_bench.profiler.launch.identity import TaskIdentity, expand_placeholders
-from tf_grpc_bench.profiler.launch.user_job import MARKERS_VARIABLE, split_address
+from tf_grpc_bench.profiler.launch.user_job import MARKERS_VARIABLE
 from tf_grpc_bench.profiler.recorders.wiretap import build_library, recorder_environment
 
 #: ``manifest.json``'s ``format`` and version.  History: 1 (2026-12) first version.

@@ -47,6 +47,7 @@ from pathlib import Path
 
 from tf_grpc_bench import __version__
 from tf_grpc_bench.calibration import Calibration, CalibrationWorkload
+from tf_grpc_bench.cluster import split_address
 from tf_grpc_bench.errors import BenchError
 from tf_grpc_bench.host import capture_machine
 from tf_grpc_bench.models.registry import available_models, model_spec
@@ -70,7 +71,6 @@ from tf_grpc_bench.profiler.launch.user_job import (
     UserTasks,
     check_local,
     rehost_cluster,
-    split_address,
 )
 from tf_grpc_bench.profiler.progress import ProgressCallback
 from tf_grpc_bench.profiler.recorders.recorder import CAPTURE_METHODS, DEFAULT_RECORDER, Recorder

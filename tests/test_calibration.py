@@ -409,13 +409,16 @@ def test_a_timing_knows_when_others_took_the_machine() -> None:
 
 
 def test_a_user_job_is_calibrated_on_its_model_if_known_else_the_reference() -> None:
-    from tf_grpc_bench.profiler.launch.user_job import UserJob, parse_cluster
+    from tf_grpc_bench.cluster import read_cluster
+    from tf_grpc_bench.profiler.launch.user_job import UserJob
     from tf_grpc_bench.profiler.userjob import calibration_workload
 
-    cluster = parse_cluster('{"ps": ["localhost:1"], "worker": ["localhost:2"]}')
+    cluster = read_cluster('{"ps": ["localhost:1"], "worker": ["localhost:2"]}', jobs=None)
     job = UserJob(cluster=cluster, command=("true",))
     assert calibration_workload(job).text == "resnet50 32x32 batch 4 keras"
-    two = parse_cluster('{"ps": ["localhost:1"], "worker": ["localhost:2", "localhost:3"]}')
+    two = read_cluster(
+        '{"ps": ["localhost:1"], "worker": ["localhost:2", "localhost:3"]}', jobs=None
+    )
     both = calibration_workload(UserJob(cluster=two, command=("true",)))
     assert both.text == "resnet50 32x32 batch 4 keras, 2 processes at once"
     named = dataclasses.replace(job, model="vgg16", batch_size=16)

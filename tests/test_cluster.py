@@ -7,9 +7,10 @@ from pathlib import Path
 
 import pytest
 
+from tf_grpc_bench.cluster import TaskId, split_address
 from tf_grpc_bench.errors import ConfigError
 from tf_grpc_bench.replay.placement import cluster
-from tf_grpc_bench.replay.placement.cluster import Role, TaskId
+from tf_grpc_bench.replay.placement.cluster import Role
 
 CLUSTER = {
     "chief": ["h0:2222"],
@@ -83,7 +84,7 @@ def test_cluster_flag_takes_json_a_file_or_a_whole_tf_config(tmp_path: Path) -> 
 def test_ipv6_addresses_are_accepted() -> None:
     spec = {"ps": ["[::1]:5000"], "worker": ["[fe80::1]:5001"]}
     assert cluster.parse_tf_config(tf_config("ps", 0, spec)).address == "[::1]:5000"
-    assert cluster.split_address("[::1]:5000", where="x") == ("::1", 5000)
+    assert split_address("[::1]:5000", where="x") == ("::1", 5000)
 
 
 @pytest.mark.parametrize(

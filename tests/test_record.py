@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from tf_grpc_bench import trace_files, trace_summary
+from tf_grpc_bench.cluster import split_address
 from tf_grpc_bench.errors import ConfigError
 from tf_grpc_bench.profiler import record as record_module
 from tf_grpc_bench.profiler.assemble import assemble_records
@@ -38,7 +39,7 @@ from tf_grpc_bench.profiler.launch.identity import (
     identify_task,
 )
 from tf_grpc_bench.profiler.launch.ports import free_ports
-from tf_grpc_bench.profiler.launch.user_job import UserJob, split_address
+from tf_grpc_bench.profiler.launch.user_job import UserJob
 from tf_grpc_bench.profiler.physics import check_physics, decode_variables
 from tf_grpc_bench.profiler.record import STOP_GRACE_S, read_task_record
 from tf_grpc_bench.profiler.recorders.wiretap import TapRecorder
@@ -82,11 +83,11 @@ def test_without_tf_config_the_task_comes_from_the_flags() -> None:
 @pytest.mark.parametrize(
     ("environment", "message"),
     [
-        ({"TF_CONFIG": "{"}, r"^TF_CONFIG: not JSON"),
+        ({"TF_CONFIG": "{"}, r"^TF_CONFIG: not valid JSON"),
         ({"TF_CONFIG": '{"cluster": {"ps": ["h:1"]}}'}, r'^TF_CONFIG: expected a "task"'),
         (
-            {"TF_CONFIG": '{"cluster": {"ps": ["h:1"]}, "task": {"type": "ps", "index": "0"}}'},
-            r"^TF_CONFIG: task index must be an integer, got '0'$",
+            {"TF_CONFIG": '{"cluster": {"ps": ["h:1"]}, "task": {"type": "ps", "index": "a"}}'},
+            r"^TF_CONFIG: task\.index: expected an integer >= 0, got 'a'$",
         ),
         (
             {"TF_CONFIG": '{"cluster": {"ps": ["h:1"]}, "task": {"type": "ps", "index": 1}}'},

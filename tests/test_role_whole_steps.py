@@ -23,6 +23,7 @@ import pytest
 from tests.test_placement import free_ports
 from tests.test_reliability_faults import _descendants, _parent_of
 from tf_grpc_bench import trace_files
+from tf_grpc_bench.cluster import TaskId
 from tf_grpc_bench.replay import cli
 from tf_grpc_bench.replay.cli_flags import replay_spec
 from tf_grpc_bench.replay.core.measurement import Benchmark, BenchmarkResult
@@ -30,7 +31,6 @@ from tf_grpc_bench.replay.output import document as results
 from tf_grpc_bench.replay.output.document_reader import read_document
 from tf_grpc_bench.replay.placement import cluster as placement_cluster
 from tf_grpc_bench.replay.placement import role
-from tf_grpc_bench.replay.placement.cluster import TaskId
 from tf_grpc_bench.replay.spec import ReplaySpec
 from tf_grpc_bench.trace import Trace
 

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from tf_grpc_bench import trace_files
+from tf_grpc_bench.cluster import read_cluster
 from tf_grpc_bench.errors import ConfigError
 from tf_grpc_bench.host import cpu_model
 from tf_grpc_bench.profiler.assembly.steps import MOVED_NO_VARIABLES, WARMUP_STEP
@@ -24,7 +25,6 @@ from tf_grpc_bench.profiler.launch.user_job import (
     DEFAULT_STEP_TIMEOUT_S,
     DEFAULT_TIMEOUT_S,
     UserJob,
-    parse_cluster,
     task_tf_config,
 )
 from tf_grpc_bench.profiler.physics import check_physics
@@ -53,23 +53,29 @@ def test_each_task_sees_its_own_address_and_every_peers_proxy() -> None:
 
 def test_clusters_are_read_from_json_tf_config_or_a_file(tmp_path: Path) -> None:
     plain = {"ps": ["localhost:1"], "worker": ["localhost:2"]}
-    assert parse_cluster(json.dumps(plain)) == {"ps": ("localhost:1",), "worker": ("localhost:2",)}
+    read = read_cluster(json.dumps(plain), jobs=None)
+    assert read == {"ps": ("localhost:1",), "worker": ("localhost:2",)}
+    assert list(read) == ["ps", "worker"]  # the document's order, for {cluster}
     document = {"cluster": plain, "task": {"type": "ps", "index": 0}}
     (tmp_path / "tf_config.json").write_text(json.dumps(document))
-    assert parse_cluster(f"@{tmp_path / 'tf_config.json'}") == parse_cluster(json.dumps(plain))
+    assert read_cluster(f"@{tmp_path / 'tf_config.json'}", jobs=None) == read
+    assert read_cluster(str(tmp_path / "tf_config.json"), jobs=None) == read
+    # A user's own script may name its jobs as it likes (TF1's "master").
+    assert read_cluster('{"master": ["h:1"]}', jobs=None) == {"master": ("h:1",)}
     for bad, message in [
         ("not json", "not JSON"),
-        ('{"ps": "localhost:1"}', "expected a cluster"),
-        (f"@{tmp_path / 'missing.json'}", "cannot read"),
+        ('{"ps": "localhost:1"}', r"cluster\.ps: expected a non-empty list"),
+        ('{"ps": ["localhost"]}', r"cluster\.ps\[0\]: expected 'host:port'"),
+        (f"@{tmp_path / 'missing.json'}", "not JSON, nor a readable file"),
     ]:
         with pytest.raises(ConfigError, match=message):
-            parse_cluster(bad)
+            read_cluster(bad, jobs=None)
 
 
 @pytest.mark.parametrize(
     ("cluster", "message"),
     [
-        ({"ps": ("localhost",)}, "not host:port"),
+        ({"ps": ("localhost",)}, "expected 'host:port'"),
         ({"ps": ("localhost:1", "localhost:1")}, "listed twice"),
         ({"ps": ()}, "no tasks"),
         ({"worker": tuple(f"localhost:{2000 + i}" for i in range(40))}, "too many"),

@@ -22,9 +22,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from tf_grpc_bench import launchers
+from tf_grpc_bench.cluster import read_cluster, read_tf_config, split_address
 from tf_grpc_bench.errors import ConfigError
-from tf_grpc_bench.files import loads_json
-from tf_grpc_bench.profiler.launch.user_job import parse_cluster, split_address
 
 #: Where a ``TaskIdentity`` came from.
 TF_CONFIG = "TF_CONFIG"
@@ -103,7 +102,7 @@ def identify_task(
     """This process's task: from ``TF_CONFIG`` in ``environment``, else the flags, else Slurm.
 
     ``TF_CONFIG`` wins when it is set and names a task; the flags (``job``,
-    ``index`` and ``cluster``, JSON or ``@FILE`` as ``parse_cluster`` reads it)
+    ``index`` and ``cluster``, JSON or ``@FILE`` as ``read_cluster`` reads it)
     are for launchers that set no ``TF_CONFIG``; ``slurm_jobs`` (``ps:1,worker:2``)
     lays the task out from ``srun``'s variables in ``environment`` as
     ``SlurmClusterResolver`` does, each node's tasks on ``port_base``,
@@ -132,7 +131,9 @@ def identify_task(
         raise ConfigError(
             "which task is this? TF_CONFIG is not set; give --job, --task and --cluster"
         )
-    return TaskIdentity(job=job, index=index, cluster=parse_cluster(cluster), source=FLAGS)
+    return TaskIdentity(
+        job=job, index=index, cluster=read_cluster(cluster, jobs=None), source=FLAGS
+    )
 
 
 def _source_name(task: TaskIdentity) -> str:
@@ -147,7 +148,7 @@ def _check_flags(found: TaskIdentity, *, job: str, index: int | None, cluster: s
             f"{where} names task {found.name} but --job/--task say "
             f"{job or found.job}:{found.index if index is None else index}"
         )
-    if cluster and dict(parse_cluster(cluster)) != dict(found.cluster):
+    if cluster and dict(read_cluster(cluster, jobs=None)) != dict(found.cluster):
         raise ConfigError(f"{where}'s cluster differs from --cluster: give one of them")
 
 
@@ -178,20 +179,14 @@ def _from_slurm(environment: Mapping[str, str], jobs: str, port_base: int) -> Ta
 
 
 def _from_tf_config(text: str) -> TaskIdentity:
-    try:
-        document = loads_json(text)
-    except ValueError as error:
-        raise ConfigError(f"TF_CONFIG: not JSON ({error})") from None
-    task = document.get("task") if isinstance(document, dict) else None
-    if not isinstance(task, dict) or not isinstance(task.get("type"), str):
+    """The task a TF_CONFIG names (``tf_grpc_bench.cluster.read_tf_config``, any job names)."""
+    document = read_tf_config(text, source=TF_CONFIG, jobs=None)
+    if document.task is None:
         raise ConfigError('TF_CONFIG: expected a "task" like {"type": "ps", "index": 0}')
-    index = task.get("index", 0)
-    if not isinstance(index, int) or isinstance(index, bool):
-        raise ConfigError(f"TF_CONFIG: task index must be an integer, got {index!r}")
-    if not isinstance(document.get("cluster"), dict):
+    if document.cluster is None:
         raise ConfigError('TF_CONFIG: expected a "cluster" like {"ps": ["host:2222"], ...}')
-    cluster = parse_cluster(json.dumps(document["cluster"]))
-    return TaskIdentity(job=task["type"], index=index, cluster=cluster, source=TF_CONFIG)
+    job, index = document.task
+    return TaskIdentity(job=job, index=index, cluster=document.cluster, source=TF_CONFIG)
 
 
 def expand_placeholders(command: Sequence[str], task: TaskIdentity) -> tuple[str, ...]:

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from tf_grpc_bench.cluster import split_address
 from tf_grpc_bench.errors import ConfigError
 from tf_grpc_bench.files import loads_json
 from tf_grpc_bench.profiler.launch.config import TrainingConfig
@@ -49,11 +50,7 @@ class TaskSpec:
             raise ConfigError(f"task {self.job} index must be >= 0, got {self.index}")
         if not 0 < self.bind_port < 65536:
             raise ConfigError(f"task {self.name}: bind_port {self.bind_port} is not a TCP port")
-        host, _, port = self.advertised_address.rpartition(":")
-        if not host or not port.isdigit():
-            raise ConfigError(
-                f"task {self.name}: advertised_address {self.advertised_address!r} is not host:port"
-            )
+        split_address(self.advertised_address, where=f"task {self.name}: advertised_address")
 
     @property
     def name(self) -> str:

@@ -36,16 +36,15 @@ from typing import IO, Any
 from absl import logging
 
 from tf_grpc_bench import lifetime
+from tf_grpc_bench.cluster import split_address
 from tf_grpc_bench.errors import BenchError, CaptureError, ConfigError, ServeError
-from tf_grpc_bench.files import loads_json
+from tf_grpc_bench.profiler.launch.identity import TaskIdentity, expand_placeholders
 from tf_grpc_bench.profiler.launch.markers import StepMarker, read_step_markers
 from tf_grpc_bench.profiler.launch.processes import meaningful_line, stop_groups, tail_lines
 from tf_grpc_bench.profiler.progress import Progress, ProgressCallback
 
 #: Environment variable naming the step-marker file a user script may write.
 MARKERS_VARIABLE = "TF_GRPC_BENCH_STEP_MARKERS"
-#: Job names TensorFlow's cluster resolvers know.
-KNOWN_JOBS = ("chief", "ps", "worker", "evaluator")
 _MAX_TASKS = 32
 #: How long a user's job may run in all, unless told otherwise (seconds).
 DEFAULT_TIMEOUT_S = 1800.0
@@ -118,41 +117,6 @@ class UserJob:
         """(job, index, address) of every task, servers (ps) first, drivers last."""
         order = sorted(self.cluster, key=lambda j: (j in self.driver_jobs, j != "ps", j))
         return [(job, i, a) for job in order for i, a in enumerate(self.cluster[job])]
-
-
-def split_address(address: str, *, where: str) -> tuple[str, int]:
-    """(host, port) of ``host:port`` (``[v6]:port`` too); ConfigError naming ``where``."""
-    host, _, port = address.rpartition(":")
-    host = host.strip("[]")
-    if not host or not port.isdigit() or not 0 < int(port) < 65536:
-        raise ConfigError(f"{where}: {address!r} is not host:port")
-    return host, int(port)
-
-
-def parse_cluster(text: str) -> dict[str, tuple[str, ...]]:
-    """A cluster from JSON (``{"ps": ["h:p", ...], ...}``), a TF_CONFIG document
-    (its ``cluster`` is used) or ``@file`` holding either.  ConfigError if not."""
-    source = "--cluster"
-    if text.startswith("@"):
-        source = text[1:]
-        try:
-            text = Path(source).read_text(encoding="utf-8")
-        except OSError as error:
-            raise ConfigError(f"{source}: cannot read the cluster ({error.strerror})") from None
-    try:
-        document = loads_json(text)
-    except ValueError as error:
-        raise ConfigError(f"{source}: not JSON ({error})") from None
-    if isinstance(document, dict) and isinstance(document.get("cluster"), dict):
-        document = document["cluster"]
-    if not isinstance(document, dict) or not all(
-        isinstance(v, list) and all(isinstance(a, str) for a in v) for v in document.values()
-    ):
-        raise ConfigError(
-            f'{source}: expected a cluster like {{"ps": ["localhost:2222"], '
-            '"worker": ["localhost:2223"]}'
-        )
-    return {job: tuple(addresses) for job, addresses in document.items()}
 
 
 def rehost_cluster(
@@ -337,8 +301,6 @@ class UserTasks:
         tasks = self.job.tasks
         for name, index, address in tasks:
             _check_port_free(*split_address(address, where="cluster"), f"{name}:{index}")
-        from tf_grpc_bench.profiler.launch.identity import TaskIdentity, expand_placeholders
-
         for name, index, _ in tasks:
             variables = dict(environment)
             tf_config = task_tf_config(self.job.cluster, peers, name, index)

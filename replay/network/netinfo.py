@@ -28,6 +28,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from tf_grpc_bench.cluster import split_address
 from tf_grpc_bench.errors import ConfigError, NetworkError
 from tf_grpc_bench.netns.links import format_duration, format_loss, format_rate
 from tf_grpc_bench.netns.relay import RelayStats, bucket_bounds, read_relay_stats
@@ -39,7 +40,6 @@ from tf_grpc_bench.replay.output.machine import (
     RelayDirection,
     describe_interface,
 )
-from tf_grpc_bench.replay.transport.client import split_address
 
 #: ioctl(2) request that reads an interface's IPv4 address (linux/sockios.h).
 _SIOCGIFADDR = 0x8915

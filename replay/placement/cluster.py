@@ -1,17 +1,11 @@
 """Placement of replay roles by TensorFlow's cluster conventions, without TensorFlow.
 
-A launcher that starts distributed TensorFlow training (a Kubernetes TFJob, a
-SLURM script using TensorFlow's cluster resolvers) gives every task the same
-``TF_CONFIG`` environment variable, differing only in ``task``::
-
-    {"cluster": {"chief": ["h0:2222"], "ps": ["h1:2222"], "worker": ["h2:2222", "h3:2222"]},
-     "task": {"type": "worker", "index": 1}}
-
-This module reads it the way TensorFlow's ``TFConfigClusterResolver`` and
-``multi_worker_util`` do (job names chief/worker/ps/evaluator, at most one
-chief, a job's tasks as a list or as an ``{"index": address}`` object, the task
-type and index given by ``task`` or overridden by flags), and maps each task to
-its replay role:
+A launcher that starts distributed TensorFlow training gives every task the
+same ``TF_CONFIG`` environment variable, differing only in ``task``; it is read
+by ``tf_grpc_bench.cluster`` (the one reader of clusters and TF_CONFIG).  This
+module resolves this task's placement as TensorFlow's ``TFConfigClusterResolver``
+does (the task type and index given by ``task`` or overridden by flags), and
+maps each task to its replay role:
 
 - ``ps`` tasks serve (each ps owns part of the traffic, as in training);
 - ``worker`` tasks replay against all ps tasks;
@@ -30,21 +24,24 @@ import json
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Any
 
 from tf_grpc_bench import launchers
+from tf_grpc_bench.cluster import (
+    CHIEF,
+    EVALUATOR,
+    PS,
+    TF_CONFIG,
+    WORKER,
+    ClusterDocument,
+    ClusterSpec,
+    TaskId,
+    decode_json,
+    parse_cluster,
+    parse_task,
+    read_cluster_flag,
+    read_tf_config,
+)
 from tf_grpc_bench.errors import ConfigError, UsageError
-from tf_grpc_bench.files import loads_json
-from tf_grpc_bench.replay.transport.client import split_address
-
-TF_CONFIG = "TF_CONFIG"
-CHIEF = "chief"
-WORKER = "worker"
-PS = "ps"
-EVALUATOR = "evaluator"
-#: The job names TensorFlow's multi-worker strategies accept.
-JOBS = (CHIEF, WORKER, PS, EVALUATOR)
 
 
 class Role(enum.Enum):
@@ -53,57 +50,6 @@ class Role(enum.Enum):
     SERVE = "serve"
     REPLAY = "replay"
     GATHER = "gather"
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class ClusterSpec:
-    """Job name -> task addresses (index i at position i).  Jobs in ``JOBS`` order."""
-
-    jobs: tuple[tuple[str, tuple[str, ...]], ...]
-
-    def __post_init__(self) -> None:
-        names = [name for name, _ in self.jobs]
-        if len(set(names)) != len(names):
-            raise ValueError(f"a job is listed twice: {names}")
-        for name, addresses in self.jobs:
-            if name not in JOBS:
-                raise ValueError(f"job {name!r} is not one of {', '.join(JOBS)}")
-            if not addresses:
-                raise ValueError(f"job {name!r} has no tasks")
-
-    def addresses(self, job: str) -> tuple[str, ...]:
-        """The job's task addresses; () if the cluster has no such job."""
-        return dict(self.jobs).get(job, ())
-
-    def address(self, job: str, index: int) -> str:
-        tasks = self.addresses(job)
-        if not 0 <= index < len(tasks):
-            raise ConfigError(f"cluster has no task {job}:{index} ({len(tasks)} {job} tasks)")
-        return tasks[index]
-
-    def task_count(self, job: str) -> int:
-        return len(self.addresses(job))
-
-    def as_dict(self) -> dict[str, list[str]]:
-        """The ``cluster`` object of TF_CONFIG."""
-        return {name: list(addresses) for name, addresses in self.jobs}
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class TaskId:
-    """One task of the cluster: job name and index."""
-
-    type: str
-    index: int
-
-    def __post_init__(self) -> None:
-        if self.type not in JOBS:
-            raise ValueError(f"task type {self.type!r} is not one of {', '.join(JOBS)}")
-        if self.index < 0:
-            raise ValueError(f"task index must be >= 0, got {self.index}")
-
-    def __str__(self) -> str:
-        return f"{self.type}:{self.index}"
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -179,78 +125,15 @@ class Placement:
         )
 
 
-def parse_cluster(value: Any, *, source: str) -> ClusterSpec:
-    """A ``cluster`` object (already decoded JSON) -> ClusterSpec.
-
-    Each job's tasks are a list of addresses, or an object mapping task index
-    (as a string or number) to address; indices must then be 0..n-1.
-    """
-    if not isinstance(value, Mapping):
-        raise ConfigError(f"{source}: cluster must be a JSON object of job -> addresses")
-    jobs = []
-    for job in JOBS:
-        if job not in value:
-            continue
-        where = f"{source}: cluster.{job}"
-        tasks = value[job]
-        if isinstance(tasks, Mapping):
-            try:
-                indexed = {int(k): v for k, v in tasks.items()}
-            except (TypeError, ValueError):
-                raise ConfigError(f"{where}: task indices must be integers") from None
-            if sorted(indexed) != list(range(len(indexed))):
-                raise ConfigError(f"{where}: task indices must be 0..{len(indexed) - 1}")
-            tasks = [indexed[i] for i in range(len(indexed))]
-        if not isinstance(tasks, list) or not tasks:
-            raise ConfigError(f"{where}: expected a non-empty list of 'host:port'")
-        for i, address in enumerate(tasks):
-            if not isinstance(address, str):
-                raise ConfigError(f"{where}[{i}]: expected 'host:port', got {address!r}")
-            split_address(address, where=f"{where}[{i}]")
-        jobs.append((job, tuple(tasks)))
-    unknown = sorted(str(k) for k in value if k not in JOBS)
-    if unknown:
-        raise ConfigError(
-            f"{source}: cluster.{unknown[0]}: unknown job (expected {', '.join(JOBS)})"
-        )
-    if len(dict(jobs).get(CHIEF, ())) > 1:
-        raise ConfigError(f"{source}: cluster.chief: there must be at most one chief task")
-    return ClusterSpec(jobs=tuple(jobs))
-
-
-def parse_task(value: Any, *, source: str) -> TaskId:
-    """A ``task`` object ``{"type": ..., "index": ...}`` -> TaskId."""
-    if not isinstance(value, Mapping):
-        raise ConfigError(f"{source}: task must be a JSON object with type and index")
-    task_type = value.get("type")
-    if task_type not in JOBS:
-        raise ConfigError(
-            f"{source}: task.type: expected one of {', '.join(JOBS)}, got {task_type!r}"
-        )
-    index = value.get("index", 0)
-    if isinstance(index, str) and index.isdigit():
-        index = int(index)
-    if isinstance(index, bool) or not isinstance(index, int) or index < 0:
-        raise ConfigError(f"{source}: task.index: expected an integer >= 0, got {index!r}")
-    return TaskId(type=task_type, index=index)
-
-
 def parse_task_flag(text: str) -> TaskId:
     """``--task worker:1`` (or a JSON ``task`` object)."""
     stripped = text.strip()
     if stripped.startswith("{"):
-        return parse_task(_decode(stripped, source="--task"), source="--task")
+        return parse_task(decode_json(stripped, source="--task"), source="--task")
     task_type, _, index = stripped.partition(":")
     if not index.isdigit():
         raise ConfigError(f"--task {text!r}: expected TYPE:INDEX, e.g. worker:0")
     return parse_task({"type": task_type, "index": int(index)}, source="--task")
-
-
-def _decode(text: str, *, source: str) -> Any:
-    try:
-        return loads_json(text)
-    except json.JSONDecodeError as error:
-        raise ConfigError(f"{source}: not valid JSON ({error.msg} at char {error.pos})") from None
 
 
 def _placement(cluster: ClusterSpec, task: TaskId, *, source: str) -> Placement:
@@ -260,51 +143,21 @@ def _placement(cluster: ClusterSpec, task: TaskId, *, source: str) -> Placement:
         raise ConfigError(f"{source}: {error}") from None
 
 
-def _read_tf_config(text: str, *, source: str) -> tuple[ClusterSpec | None, TaskId | None]:
-    """The cluster and task a TF_CONFIG document gives (either may be absent).
-
-    ``rpc_layer``, when given, must be ``grpc`` (the only transport replayed);
-    ``environment`` and other keys TensorFlow tolerates are ignored.
-    """
-    document = _decode(text, source=source)
-    if not isinstance(document, Mapping):
-        raise ConfigError(f"{source}: expected a JSON object with cluster and task")
-    rpc_layer = document.get("rpc_layer", "grpc")
-    if rpc_layer != "grpc":
-        raise ConfigError(f"{source}: rpc_layer: only 'grpc' is replayed, got {rpc_layer!r}")
-    spec = parse_cluster(document["cluster"], source=source) if "cluster" in document else None
-    task = parse_task(document["task"], source=source) if "task" in document else None
+def _spec_and_task(document: ClusterDocument) -> tuple[ClusterSpec | None, TaskId | None]:
+    """A document's cluster and task (``read_tf_config``, ``read_cluster_flag``) as typed values."""
+    spec = None if document.cluster is None else ClusterSpec.of(document.cluster)
+    task = None if document.task is None else TaskId(type=document.task[0], index=document.task[1])
     return spec, task
 
 
 def parse_tf_config(text: str, *, source: str = TF_CONFIG) -> Placement:
     """A full TF_CONFIG document (cluster and task both required) -> Placement."""
-    spec, task = _read_tf_config(text, source=source)
+    spec, task = _spec_and_task(read_tf_config(text, source=source))
     if spec is None:
         raise ConfigError(f"{source}: cluster: missing")
     if task is None:
         raise ConfigError(f"{source}: task: missing")
     return _placement(spec, task, source=source)
-
-
-def _cluster_flag(text: str) -> tuple[ClusterSpec, TaskId | None]:
-    """``--cluster``: JSON text or a JSON file; a bare cluster object or a whole TF_CONFIG."""
-    stripped = text.strip()
-    source = "--cluster"
-    if not stripped.startswith("{"):
-        path = Path(stripped)
-        try:
-            stripped = path.read_text(encoding="utf-8")
-        except OSError as error:
-            raise ConfigError(
-                f"--cluster {text}: not JSON, nor a readable file ({error.strerror})"
-            ) from None
-        source = f"--cluster {path}"
-    document = _decode(stripped, source=source)
-    if isinstance(document, Mapping) and "cluster" in document:
-        task = parse_task(document["task"], source=source) if "task" in document else None
-        return parse_cluster(document["cluster"], source=source), task
-    return parse_cluster(document, source=source), None
 
 
 def slurm_placement(
@@ -347,9 +200,9 @@ def resolve_placement(
     task_id: TaskId | None = None
     source = TF_CONFIG
     if tf_config_text:
-        spec, task_id = _read_tf_config(tf_config_text, source=TF_CONFIG)
+        spec, task_id = _spec_and_task(read_tf_config(tf_config_text, source=TF_CONFIG))
     if cluster is not None:
-        spec, flag_task = _cluster_flag(cluster)
+        spec, flag_task = _spec_and_task(read_cluster_flag(cluster))
         task_id = flag_task or task_id
         source = "--cluster"
     if task is not None:

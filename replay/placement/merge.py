@@ -7,10 +7,10 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
+from tf_grpc_bench.cluster import WORKER
 from tf_grpc_bench.replay.core.benchmarks import spec_of
 from tf_grpc_bench.replay.core.measurement import Benchmark, BenchmarkResult, RunMeasurement
 from tf_grpc_bench.replay.output import document as results
-from tf_grpc_bench.replay.placement.cluster import WORKER
 
 
 def task_order(task: str) -> tuple[bool, str, int]:

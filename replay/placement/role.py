@@ -42,6 +42,7 @@ from pathlib import Path
 from typing import Any
 
 from tf_grpc_bench import launchers, lifetime
+from tf_grpc_bench.cluster import PS, WORKER, TaskId, split_address
 from tf_grpc_bench.errors import (
     ConfigError,
     ResultError,
@@ -59,20 +60,12 @@ from tf_grpc_bench.replay.output.document_reader import loads_document
 from tf_grpc_bench.replay.output.document_writer import dumps_document, write_document
 from tf_grpc_bench.replay.output.run_directories import discard_run_directory, new_run_directory
 from tf_grpc_bench.replay.placement import cluster, gather
-from tf_grpc_bench.replay.placement.cluster import (
-    PS,
-    WORKER,
-    Placement,
-    Role,
-    TaskId,
-    WholeStepParts,
-)
+from tf_grpc_bench.replay.placement.cluster import Placement, Role, WholeStepParts
 from tf_grpc_bench.replay.placement.merge import merge_worker_documents, task_order
 from tf_grpc_bench.replay.request import Host, ReplayRequest, plan, resolve_trace, this_host
 from tf_grpc_bench.replay.runner import run_benchmark
 from tf_grpc_bench.replay.spec import ReplaySpec
 from tf_grpc_bench.replay.transport import grpc_settings, tls
-from tf_grpc_bench.replay.transport.client import split_address
 from tf_grpc_bench.replay.transport.loop import interrupted_reason
 from tf_grpc_bench.replay.transport.server import ReplayServer
 from tf_grpc_bench.replay.transport.wire import read_token_file

@@ -10,7 +10,6 @@ gRPC failures surface as ``TransportError`` only (translated in ``wire``).
 
 from __future__ import annotations
 
-import re
 import threading
 from collections.abc import Iterable
 from typing import Any
@@ -45,18 +44,6 @@ _SERIALIZED_TYPES: dict[Shape, tuple[Any, Any]] = {
     Shape.ACK: (bench_pb2.Payload, bench_pb2.Ack),
     Shape.PULL: (bench_pb2.PullRequest, bench_pb2.PullResponse),
 }
-
-
-_ADDRESS = re.compile(r"^(?:\[(?P<ipv6>[0-9A-Fa-f:.]+)\]|(?P<host>[^\s:\[\]/]+)):(?P<port>[0-9]+)$")
-
-
-def split_address(address: str, *, where: str) -> tuple[str, int]:
-    """``host:port`` or ``[v6]:port`` -> (host, port); ConfigError naming ``where``."""
-    match = _ADDRESS.match(address)
-    port = int(match["port"]) if match else 0
-    if not match or not 0 < port < 65536:
-        raise ConfigError(f"{where}: expected 'host:port', got {address!r}")
-    return (match["ipv6"] or match["host"], port)
 
 
 def parse_target(text: str) -> str:

@@ -31,12 +31,11 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from tf_grpc_bench.cluster import JOBS, split_address
 from tf_grpc_bench.errors import ConfigError
 
 #: TensorFlow's default first port of a node's tasks (``SlurmClusterResolver(port_base=8888)``).
 DEFAULT_PORT_BASE = 8888
-#: The job names a cluster may have (TensorFlow's multi-worker conventions).
-JOB_NAMES = ("chief", "worker", "ps", "evaluator")
 #: Most tasks a step may have: the layout is built in memory for every task.
 MAX_TASKS = 65_536
 
@@ -135,10 +134,8 @@ def parse_jobs(text: str, *, source: str = "--slurm-jobs") -> tuple[tuple[str, i
     jobs: dict[str, int] = {}
     for item in text.split(","):
         name, _, count = item.strip().partition(":")
-        if name not in JOB_NAMES:
-            raise ConfigError(
-                f"{source} {text!r}: job {name!r} is not one of {', '.join(JOB_NAMES)}"
-            )
+        if name not in JOBS:
+            raise ConfigError(f"{source} {text!r}: job {name!r} is not one of {', '.join(JOBS)}")
         if name in jobs:
             raise ConfigError(f"{source} {text!r}: job {name!r} given twice")
         if not count.isdigit() or int(count) == 0:
@@ -277,8 +274,8 @@ def slurm_placement(
         if start <= step.rank < start + count:
             job, index = name, step.rank - start
         start += count
-    host, _, port = addresses[step.rank].rpartition(":")
-    offset = int(port) - port_base
+    host, port = split_address(addresses[step.rank], where="Slurm layout")
+    offset = port - port_base
     if (step.node_name and step.node_name != host) or (
         step.local_id is not None and step.local_id != offset
     ):
