@@ -47,6 +47,9 @@ from tf_grpc_bench.replay.transport.peers import PEER_POLL_S, Peers, perf_minus_
 from tf_grpc_bench.replay.transport.wire import ChannelSettings, RpcKind
 
 _SHAPES = {Shape.ECHO: 0, Shape.ACK: 1, Shape.PULL: 2}
+#: Past the latest release and a call's deadline, how long a dependent step's program may
+#: stay silent before it is taken to be stuck (a ``TransportError``, not a hang).
+SILENCE_MARGIN_S = 10.0
 #: A call's row in the program's table: what is sent, to whom, under which window.
 Row = tuple[str, Shape, int, int, int, int, tuple[int, ...], int, str, int]
 
@@ -196,8 +199,11 @@ class NativeDriver:
         *,
         clock: Callable[[], int] = time.perf_counter_ns,
         peers: Peers | None = None,
+        deadline_s: float = 60.0,
     ) -> None:
+        """``deadline_s``: each call's deadline (as the program was given it)."""
         self.engine = engine
+        self.deadline_s = deadline_s
         self.pacing = pacing
         self.peers = peers
         self.clock = clock
@@ -364,7 +370,9 @@ def open_native_driver(
         connect_timeout_s=plan.connect_timeout_s,
     )
     try:
-        driver = NativeDriver(engine, workload.steps, workload.mode, pacing, peers=peers)
+        driver = NativeDriver(
+            engine, workload.steps, workload.mode, pacing, peers=peers, deadline_s=plan.deadline_s
+        )
         driver.prepare(workload.steps)
     except BaseException:
         engine.close()
@@ -415,6 +423,9 @@ class _DependentStep:
         self.fed = np.zeros(len(step.calls), dtype=bool)
         self.fed[list(self.owned)] = True
         self.last_end_ns = step_begin_ns
+        #: The latest release sent to the program (perf ns): until then, and a call's
+        #: deadline after it, the program may rightly say nothing.
+        self.latest_release_ns = step_begin_ns
         #: Guards the tracker; notified when another process's call completes.
         self.lock = threading.Condition()
 
@@ -426,6 +437,7 @@ class _DependentStep:
             assert release is not None
             if index in self.owned:
                 entries.append((index, self.ids[index], self.driver.to_monotonic(release)))
+                self.latest_release_ns = max(self.latest_release_ns, release)
         if entries:
             self.driver.engine.process.send(Encoder("D").entries(entries).frame())
 
@@ -474,6 +486,13 @@ class _DependentStep:
             path=self.tracker.critical_path(),
         )
 
+    def _silence_s(self) -> float:
+        """How long the program may say nothing before it is taken to be stuck: until the
+        latest release it was given, then a call's deadline, and a margin."""
+        with self.lock:
+            until_release = max(self.latest_release_ns - self.driver.clock(), 0) / 1e9
+        return until_release + self.driver.deadline_s + SILENCE_MARGIN_S
+
     def _replay(self, run_begin_ns: int, samples: list[CallSample] | None) -> StepReport:
         """This process's calls of the step, released as their inputs arrive."""
         driver = self.driver
@@ -482,7 +501,7 @@ class _DependentStep:
             process.send(Encoder("R").i64(-1).u8(1).u32(len(self.owned)).entries([]).frame())
             self._release_ready()
         try:
-            while (frame := process.receive()).kind == "C":
+            while (frame := process.receive(self._silence_s())).kind == "C":
                 with self.lock:
                     for tag, end in frame.arrivals():
                         if driver.peers is not None:

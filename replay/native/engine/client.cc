@@ -604,7 +604,6 @@ void Engine::Serve() {
   std::unique_lock<std::mutex> hold(lock);
   while (true) {
     Pump();
-    int64_t wake = wake_at_ns_;
     bool watching = false;
     for (Target& target : targets_) {
       for (auto& entry : target.streams) {
@@ -615,6 +614,9 @@ void Engine::Serve() {
     hold.unlock();
     Flush();
     hold.lock();
+    // The next release as the latest Pump, on any thread, found it: one that another
+    // thread found while this one flushed is not lost.
+    int64_t wake = wake_at_ns_;
     if (watching) {
       int64_t watch = MonotonicNs() + kWatchPeriodNs;
       wake = wake < 0 ? watch : std::min(wake, watch);
