@@ -193,7 +193,11 @@ def _arguments(argv: Sequence[str] | None) -> Any:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    from tf_grpc_bench.cli import quiet_grpc_core
+
     args = _arguments(argv)
+    # The tasks' environment as under ``tf-grpc-bench capture``, less the recorder's.
+    quiet_grpc_core()
     try:
         config = TrainingConfig(
             model=args.model,
