@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import struct
 import subprocess
 import sys
@@ -27,7 +28,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tf_grpc_bench.profiler.assemble import assemble_records
+from tf_grpc_bench.errors import CaptureError
+from tf_grpc_bench.profiler.assemble import Labels, assemble_records, read_records, task_folders
 from tf_grpc_bench.profiler.assembly.clocks import ClockError, Precedence, estimate_offsets
 from tf_grpc_bench.profiler.launch.ports import free_ports
 from tf_grpc_bench.trace import Rpc, Trace
@@ -312,3 +314,90 @@ def test_offsets_are_the_tightest_bounds_the_precedences_give(
         assert (estimate.lower_ns, estimate.upper_ns) == expected[task]
         assert estimate.lower_ns is None or estimate.lower_ns <= offsets[n]
         assert estimate.upper_ns is None or offsets[n] <= estimate.upper_ns
+
+
+# --------------------------------------------------------------------------
+# What assembly takes from the records besides the clocks, in this process.
+
+
+def test_the_records_are_read_in_the_clusters_order_and_the_trace_says_what_ran(
+    records: Path, tmp_path: Path
+) -> None:
+    folders = {name: folder for name, folder in _task_folders(records)}
+    # A record --out directory, a folder holding several, or the task folders themselves.
+    for paths in ([records], [records.parent], list(folders.values())):
+        _, read = read_records(paths)
+        assert [r.name for r in read] == ["ps:0", "worker:0", "worker:1"]
+    assert task_folders([folders["ps:0"]]) == [folders["ps:0"]]
+    trace = assemble_records([records], labels=Labels(model="exchange", batch_size=3))
+    metadata = trace.metadata
+    assert (metadata.model, metadata.strategy, metadata.batch_size) == ("exchange", "user job", 3)
+    assert assemble_records([records]).metadata.model == "tensor_exchange_job"
+    extra = dict(metadata.extra)
+    assert extra["job_command"].endswith(f"{JOB} --steps {STEPS} --markers")
+    hosts = ", ".join(f"{name}={read[0].host}" for name in ("ps:0", "worker:0", "worker:1"))
+    assert extra["record_hosts"] == hosts
+    assert trace.clock_alignment.reference == "ps:0"
+    assert trace.clock_alignment.method.startswith("tasks with the same kernel boot id share")
+    wired = assemble_records([records], clocks="wire").clock_alignment
+    assert wired.method.startswith("every task placed by the wire")
+    assert [o.source for o in wired.tasks] == ["reference", "wire", "wire"]
+    # A warm-up marker (step 0) makes no step: steps 1 to 5, marked steady, do.
+    assert [s.index for s in trace.steps] == list(range(STEPS - 1))
+
+
+def test_records_that_are_not_one_whole_job_are_refused_naming_what(
+    records: Path, tmp_path: Path
+) -> None:
+    folders = {name: folder for name, folder in _task_folders(records)}
+    with pytest.raises(CaptureError, match=r"nowhere: not a directory \(expected a record --out"):
+        read_records([tmp_path / "nowhere"])
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(CaptureError, match=r"empty: no task records in it \(expected record"):
+        read_records([tmp_path / "empty"])
+    with pytest.raises(
+        CaptureError,
+        match=r"^no record of task worker:1 \(the cluster has 3 tasks; give every task's folder\)$",
+    ):
+        read_records([folders["ps:0"], folders["worker:0"]])
+    with pytest.raises(CaptureError, match=r"^no record of tasks worker:0, worker:1 \(the cluster"):
+        read_records([folders["ps:0"]])
+    with pytest.raises(CaptureError, match=r"^task ps:0 is recorded twice: "):
+        read_records([records, folders["ps:0"]])
+    other = tmp_path / "other"
+    shutil.copytree(folders["worker:1"], other)
+    manifest = json.loads((other / "manifest.json").read_text())
+    manifest["cluster"]["ps"] = ["127.0.0.1:1"]
+    (other / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(
+        CaptureError, match=r"are records of different jobs \(their clusters differ\)"
+    ):
+        read_records([folders["ps:0"], folders["worker:0"], other])
+
+
+def test_a_record_that_never_finished_or_a_driver_that_failed_makes_the_trace_partial(
+    records: Path, tmp_path: Path
+) -> None:
+    def assembled(change: dict[str, object], task: str) -> Trace:
+        copy = _copy(
+            records,
+            tmp_path / f"{task}-{len(list(tmp_path.iterdir()))}",
+            markers=True,
+            skewed=False,
+        )
+        manifest_path = next(f for n, f in _task_folders(copy) if n == task) / "manifest.json"
+        manifest = json.loads(manifest_path.read_text())
+        manifest.update(change)
+        manifest_path.write_text(json.dumps(manifest))
+        return assemble_records([copy])
+
+    killed = assembled({"exit_status": None}, "worker:1")
+    assert killed.partial
+    assert killed.partial_reason == (
+        "the record of task worker:1 never finished (record itself was killed)"
+    )
+    unstarted = assembled({"pid": 0}, "worker:0")
+    assert unstarted.partial_reason == "task worker:0 was stopped before its command started"
+    failed = assembled({"exit_status": 3}, "worker:0")
+    assert failed.partial_reason == "task worker:0 exited with status 3"
+    assert not assembled({"exit_status": 0}, "worker:0").partial
