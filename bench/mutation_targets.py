@@ -35,6 +35,10 @@ _ORACLES = "tests/test_output_oracles.py"
 TARGETS: dict[str, Target] = {
     # The trace and the size classes.
     "trace": Target(path="src/tf_grpc_bench/trace.py", tests=("tests/test_trace.py",)),
+    "trace_format": Target(
+        path="src/tf_grpc_bench/trace_format.py", tests=("tests/test_trace.py",)
+    ),
+    "trace_json": Target(path="src/tf_grpc_bench/trace_json.py", tests=("tests/test_trace.py",)),
     "sizes": Target(path="src/tf_grpc_bench/sizes.py", tests=("tests/test_sizes.py",)),
     # Core: what is replayed, when, and what waits for what.
     "generators": Target(path="replay/core/generators.py", tests=("tests/test_generators.py",)),
@@ -186,7 +190,7 @@ HAND_MUTANTS = (
     HandMutant(
         name="trace: a binary trace's version checked with > max instead of not in",
         issue=15,
-        path="src/tf_grpc_bench/trace.py",
+        path="src/tf_grpc_bench/trace_format.py",
         original="    if message.format_version not in READABLE_VERSIONS:",
         mutated="    if message.format_version > max(READABLE_VERSIONS):",
         tests="tests/test_trace.py",
@@ -194,7 +198,7 @@ HAND_MUTANTS = (
     HandMutant(
         name="trace: a JSON trace's version checked with > max instead of not in",
         issue=15,
-        path="src/tf_grpc_bench/trace.py",
+        path="src/tf_grpc_bench/trace_json.py",
         original="    if version not in READABLE_VERSIONS:",
         mutated="    if version > max(READABLE_VERSIONS):",
         tests="tests/test_trace.py",

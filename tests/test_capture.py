@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from tf_grpc_bench import calibration, capture_cpu, trace_files
+from tf_grpc_bench import calibration, capture_cpu, trace_files, trace_format
 from tf_grpc_bench import trace as trace_model
 from tf_grpc_bench.errors import ServeError
 from tf_grpc_bench.host import cpu_model, describe_machine
@@ -279,7 +279,7 @@ def test_assembled_trace_is_valid_marks_partial_and_keeps_notes() -> None:
     assert [r.outstanding_at_start for r in trace.startup.rpcs] == [0, 0]
     extra = dict(trace.metadata.extra)
     assert extra["setup"] == "tf2-ps" and extra["unattributed_calls"] == "0"
-    again = trace_model.trace_from_proto(trace_model.trace_to_proto(trace))
+    again = trace_format.trace_from_proto(trace_format.trace_to_proto(trace))
     assert again == trace
 
 

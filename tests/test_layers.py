@@ -299,7 +299,6 @@ LONG_MODULES = (
     "profiler/recorders/http2.py",
     "profiler/recorders/wiretap.py",
     "replay/output/timeline.py",
-    "src/tf_grpc_bench/trace.py",
 )
 
 

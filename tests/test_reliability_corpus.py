@@ -24,10 +24,9 @@ from pathlib import Path
 
 import pytest
 
-from tf_grpc_bench import trace as trace_model
-from tf_grpc_bench import trace_files
+from tf_grpc_bench import trace_files, trace_format
 from tf_grpc_bench.cli import main
-from tf_grpc_bench.trace import MAX_TRACE_BYTES
+from tf_grpc_bench.trace_format import MAX_TRACE_BYTES
 
 from .conftest import make_trace
 
@@ -485,16 +484,16 @@ def _bomb(path: Path) -> None:
     compressor = zlib.compressobj(9)
     block = bytes(16 << 20)
     with path.open("wb") as stream:
-        stream.write(trace_model.MAGIC)
+        stream.write(trace_format.MAGIC)
         for _ in range(MAX_TRACE_BYTES // len(block) + 1):
             stream.write(compressor.compress(block))
         stream.write(compressor.flush())
 
 
 def _future(path: Path) -> None:
-    message = trace_model.trace_to_proto(make_trace())
+    message = trace_format.trace_to_proto(make_trace())
     message.format_version = 99
-    path.write_bytes(trace_model.MAGIC + zlib.compress(message.SerializeToString()))
+    path.write_bytes(trace_format.MAGIC + zlib.compress(message.SerializeToString()))
 
 
 def _bit_flipped(path: Path) -> None:
@@ -521,7 +520,7 @@ _MAKERS: dict[str, Callable[[Path], object]] = {
     "trace": lambda p: _trace_with(p, steps=2),
     "miscalibrated": _miscalibrated,
     "empty": lambda p: p.write_bytes(b""),
-    "truncated": lambda p: p.write_bytes(trace_model.MAGIC + b"\x78\x9c\x01"),
+    "truncated": lambda p: p.write_bytes(trace_format.MAGIC + b"\x78\x9c\x01"),
     "corrupt": lambda p: _bit_flipped(p),
     "text": lambda p: p.write_text("hello, not a trace\n"),
     "future": _future,

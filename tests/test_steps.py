@@ -40,12 +40,9 @@ from tf_grpc_bench.trace import (
     StepDetection,
     Task,
     Trace,
-    load_trace,
-    trace_from_json_dict,
-    trace_from_proto,
-    trace_to_json_dict,
-    trace_to_proto,
 )
+from tf_grpc_bench.trace_format import load_trace, trace_from_proto, trace_to_proto
+from tf_grpc_bench.trace_json import trace_from_json_dict, trace_to_json_dict
 
 DATA = Path(__file__).parent / "data"
 TASKS = (

@@ -15,7 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tf_grpc_bench import trace as trace_model
-from tf_grpc_bench import trace_files, trace_summary
+from tf_grpc_bench import trace_files, trace_format, trace_json, trace_summary
 from tf_grpc_bench.errors import TraceError, UnsupportedVersionError
 from tf_grpc_bench.protos import trace_pb2
 from tf_grpc_bench.sizes import MIB, SizeCategory, classify
@@ -90,15 +90,15 @@ def _traces(draw: st.DrawFn) -> Trace:
 @given(_traces())
 def test_binary_round_trip_gives_back_the_same_trace(trace: Trace) -> None:
     buffer = io.BytesIO()
-    trace_model.dump_trace(trace, buffer)
-    assert trace_model.load_trace(io.BytesIO(buffer.getvalue())) == trace
+    trace_format.dump_trace(trace, buffer)
+    assert trace_format.load_trace(io.BytesIO(buffer.getvalue())) == trace
 
 
 @settings(max_examples=60, deadline=None)
 @given(_traces())
 def test_json_export_round_trips_and_is_plain_json(trace: Trace) -> None:
-    document = json.loads(json.dumps(trace_model.trace_to_json_dict(trace)))
-    assert trace_model.trace_from_json_dict(document) == trace
+    document = json.loads(json.dumps(trace_json.trace_to_json_dict(trace)))
+    assert trace_json.trace_from_json_dict(document) == trace
 
 
 def test_write_then_read_file(tmp_path: Path, small_trace: Trace) -> None:
@@ -114,7 +114,7 @@ def test_write_then_read_file(tmp_path: Path, small_trace: Trace) -> None:
         (b"", "empty"),
         (b"TFGB", "truncated"),
         (b"PK\x03\x04 something else", "not a tf-grpc-bench trace"),
-        (trace_model.MAGIC + b"garbage that is not zlib", "corrupt"),
+        (trace_format.MAGIC + b"garbage that is not zlib", "corrupt"),
     ],
 )
 def test_bad_files_are_refused_with_the_reason(
@@ -148,7 +148,7 @@ def test_missing_file_names_the_path(tmp_path: Path) -> None:
 
 
 def _raw(message: trace_pb2.Trace) -> io.BytesIO:
-    return io.BytesIO(trace_model.MAGIC + zlib.compress(message.SerializeToString()))
+    return io.BytesIO(trace_format.MAGIC + zlib.compress(message.SerializeToString()))
 
 
 # Version 0 is what a message without the field reads as; 3 is the next, not yet defined.
@@ -156,32 +156,32 @@ def _raw(message: trace_pb2.Trace) -> io.BytesIO:
 def test_a_binary_trace_of_a_version_this_tool_does_not_read_is_refused(
     small_trace: Trace, version: int
 ) -> None:
-    message = trace_model.trace_to_proto(small_trace)
+    message = trace_format.trace_to_proto(small_trace)
     message.format_version = version
     with pytest.raises(
         UnsupportedVersionError,
         match=rf"^t\.tfgbtrace: format_version {version} is not supported "
         r"\(this tool reads versions \[1, 2, 3\]\); upgrade tf-grpc-bench or re-capture the trace$",
     ):
-        trace_model.load_trace(_raw(message), source="t.tfgbtrace")
+        trace_format.load_trace(_raw(message), source="t.tfgbtrace")
 
 
 def test_a_binary_trace_without_a_format_version_is_refused(small_trace: Trace) -> None:
-    message = trace_model.trace_to_proto(small_trace)
+    message = trace_format.trace_to_proto(small_trace)
     message.ClearField("format_version")
     with pytest.raises(UnsupportedVersionError, match=r"^trace: format_version 0 is not supported"):
-        trace_model.load_trace(_raw(message))
+        trace_format.load_trace(_raw(message))
 
 
 def test_version_3_is_written_and_versions_1_2_and_3_are_read() -> None:
     assert trace_model.FORMAT_VERSION == 3
     assert frozenset({1, 2, 3}) == trace_model.READABLE_VERSIONS
-    message = trace_model.trace_to_proto(make_trace(steps=1))
+    message = trace_format.trace_to_proto(make_trace(steps=1))
     assert message.format_version == 3
-    assert trace_model.load_trace(_raw(message)).format_version == 3
+    assert trace_format.load_trace(_raw(message)).format_version == 3
     for older in (2, 1):
         message.format_version = older
-        trace = trace_model.load_trace(_raw(message))
+        trace = trace_format.load_trace(_raw(message))
         assert trace.format_version == older and trace.clock_alignment.empty
 
 
@@ -206,8 +206,8 @@ def test_clock_alignment_round_trips_and_needs_format_version_3(tmp_path: Path) 
         ),
     )
     trace = dataclasses.replace(make_trace(steps=1), clock_alignment=alignment)
-    assert trace_model.trace_from_proto(trace_model.trace_to_proto(trace)) == trace
-    assert trace_model.trace_from_json_dict(trace_model.trace_to_json_dict(trace)) == trace
+    assert trace_format.trace_from_proto(trace_format.trace_to_proto(trace)) == trace
+    assert trace_json.trace_from_json_dict(trace_json.trace_to_json_dict(trace)) == trace
     assert alignment.tasks[1].uncertainty_ns == 2 and alignment.tasks[2].uncertainty_ns is None
     with pytest.raises(TraceError, match=r"^clock_alignment needs format version 3 or later"):
         dataclasses.replace(trace, format_version=2)
@@ -219,21 +219,21 @@ def test_clock_alignment_round_trips_and_needs_format_version_3(tmp_path: Path) 
 def test_a_json_trace_of_a_version_this_tool_does_not_read_is_refused(
     small_trace: Trace, version: object
 ) -> None:
-    document = trace_model.trace_to_json_dict(small_trace)
+    document = trace_json.trace_to_json_dict(small_trace)
     document["format_version"] = version
     with pytest.raises(
         UnsupportedVersionError,
         match=rf"^t\.json: format_version {re.escape(repr(version))} is not supported "
         r"\(this tool reads versions \[1, 2, 3\]\)$",
     ):
-        trace_model.trace_from_json_dict(document, source="t.json")
+        trace_json.trace_from_json_dict(document, source="t.json")
 
 
 def test_a_json_trace_without_a_format_version_is_refused(small_trace: Trace) -> None:
-    document = trace_model.trace_to_json_dict(small_trace)
+    document = trace_json.trace_to_json_dict(small_trace)
     del document["format_version"]
     with pytest.raises(UnsupportedVersionError, match=r"^trace JSON: format_version None is not"):
-        trace_model.trace_from_json_dict(document)
+        trace_json.trace_from_json_dict(document)
 
 
 @pytest.mark.parametrize("version", [0, 4, -1])
@@ -247,24 +247,24 @@ def test_a_trace_built_in_memory_with_another_version_is_refused(version: int) -
 
 
 def test_rpc_naming_a_missing_task_is_refused(small_trace: Trace) -> None:
-    message = trace_model.trace_to_proto(small_trace)
+    message = trace_format.trace_to_proto(small_trace)
     message.steps[1].rpcs[2].callee_task = 7
     with pytest.raises(TraceError, match=r"steps\[1\]\.rpcs\[2\]\.callee_task"):
-        trace_model.load_trace(_raw(message))
+        trace_format.load_trace(_raw(message))
 
 
 def test_rpc_ending_before_it_starts_is_refused(small_trace: Trace) -> None:
-    message = trace_model.trace_to_proto(small_trace)
+    message = trace_format.trace_to_proto(small_trace)
     message.steps[0].rpcs[0].end_ns = message.steps[0].rpcs[0].start_ns - 1
     with pytest.raises(TraceError, match="end_ns"):
-        trace_model.load_trace(_raw(message))
+        trace_format.load_trace(_raw(message))
 
 
 def test_negative_sizes_in_json_are_refused(small_trace: Trace) -> None:
-    document = trace_model.trace_to_json_dict(small_trace)
+    document = trace_json.trace_to_json_dict(small_trace)
     document["steps"][0]["rpcs"][0]["response_bytes"] = -5
     with pytest.raises(TraceError, match="response_bytes must be >= 0"):
-        trace_model.trace_from_json_dict(document)
+        trace_json.trace_from_json_dict(document)
 
 
 def test_outstanding_counts_overlapping_calls_on_the_same_pair() -> None:
@@ -461,7 +461,7 @@ def test_a_trace_refuses_a_task_twice_a_missing_task_and_steps_out_of_order() ->
 
 def test_binary_files_that_are_not_whole_traces_are_refused_with_the_reason() -> None:
     whole = io.BytesIO()
-    trace_model.dump_trace(make_trace(steps=1), whole)
+    trace_format.dump_trace(make_trace(steps=1), whole)
     data = whole.getvalue()
     assert data.startswith(b"TFGBTRC\n")
     assert zlib.decompress(data[8:])  # the rest is one zlib stream
@@ -480,43 +480,43 @@ def test_binary_files_that_are_not_whole_traces_are_refused_with_the_reason() ->
     ]
     for content, message in cases:
         with pytest.raises(TraceError, match=message):
-            trace_model.load_trace(io.BytesIO(content), source="t")
+            trace_format.load_trace(io.BytesIO(content), source="t")
 
 
 def test_json_that_is_not_a_trace_is_refused_with_the_reason(small_trace: Trace) -> None:
-    document = trace_model.trace_to_json_dict(small_trace)
+    document = trace_json.trace_to_json_dict(small_trace)
     assert document["format"] == "tf-grpc-bench-trace"
     assert document["metadata"]["extra"] == {}
     with pytest.raises(TraceError, match=r"^j: 'format' must be 'tf-grpc-bench-trace'$"):
-        trace_model.trace_from_json_dict({**document, "format": "other"}, source="j")
+        trace_json.trace_from_json_dict({**document, "format": "other"}, source="j")
     with pytest.raises(TraceError, match=r"^j: missing field 'tasks'$"):
-        trace_model.trace_from_json_dict(
+        trace_json.trace_from_json_dict(
             {k: v for k, v in document.items() if k != "tasks"}, source="j"
         )
     broken = json.loads(json.dumps(document))
     broken["steps"][0]["rpcs"][0]["colour"] = "blue"
     with pytest.raises(TraceError, match=r"^j: invalid trace: .*colour"):
-        trace_model.trace_from_json_dict(broken, source="j")
+        trace_json.trace_from_json_dict(broken, source="j")
     twice = json.loads(json.dumps(document))
     twice["tasks"].append(twice["tasks"][0])
     with pytest.raises(TraceError, match=r"^j: tasks: /job:ps/task:0 is listed twice$"):
-        trace_model.trace_from_json_dict(twice, source="j")
+        trace_json.trace_from_json_dict(twice, source="j")
 
 
 def test_json_phases_and_flags_may_be_left_out(small_trace: Trace) -> None:
-    document = trace_model.trace_to_json_dict(small_trace)
+    document = trace_json.trace_to_json_dict(small_trace)
     for key in ("startup", "teardown", "partial", "partial_reason", "metadata"):
         document.pop(key)
     document["steps"][0]["rpcs"][0].pop("tensor")
-    trace = trace_model.trace_from_json_dict(document)
+    trace = trace_json.trace_from_json_dict(document)
     assert trace.startup == trace_model.Phase() == trace.teardown
     assert (trace.partial, trace.partial_reason, trace.metadata) == (False, "", RunMetadata())
     assert trace.steps[0].rpcs[0].tensor is None
-    phase = {"rpcs": [trace_model.trace_to_json_dict(small_trace)["steps"][0]["rpcs"][0]]}
+    phase = {"rpcs": [trace_json.trace_to_json_dict(small_trace)["steps"][0]["rpcs"][0]]}
     phase["rpcs"][0]["tensor"].pop("shape")
     document["startup"] = phase
-    assert trace_model.trace_from_json_dict(document).startup.rpcs[0].tensor.shape == ()  # type: ignore[union-attr]
-    assert trace_model.trace_from_json_dict(document).startup.start_ns == 0
+    assert trace_json.trace_from_json_dict(document).startup.rpcs[0].tensor.shape == ()  # type: ignore[union-attr]
+    assert trace_json.trace_from_json_dict(document).startup.start_ns == 0
 
 
 def test_every_field_survives_the_binary_and_the_json_round_trip() -> None:
@@ -556,15 +556,15 @@ def test_every_field_survives_the_binary_and_the_json_round_trip() -> None:
         partial_reason="stopped",
     )
     buffer = io.BytesIO()
-    trace_model.dump_trace(trace, buffer)
-    assert trace_model.load_trace(io.BytesIO(buffer.getvalue())) == trace
+    trace_format.dump_trace(trace, buffer)
+    assert trace_format.load_trace(io.BytesIO(buffer.getvalue())) == trace
     assert (
-        trace_model.trace_from_json_dict(
-            json.loads(json.dumps(trace_model.trace_to_json_dict(trace)))
+        trace_json.trace_from_json_dict(
+            json.loads(json.dumps(trace_json.trace_to_json_dict(trace)))
         )
         == trace
     )
-    message = trace_model.trace_to_proto(trace)
+    message = trace_format.trace_to_proto(trace)
     assert (message.teardown.start_ns, message.teardown.end_ns) == (70, 80)
     assert dict(message.metadata.extra) == {"k1": "v1", "k2": "v2"}
 
@@ -600,10 +600,10 @@ DETECTION = trace_model.StepDetection(
 def test_step_detection_survives_the_binary_and_the_json_round_trip() -> None:
     trace = dataclasses.replace(make_trace(steps=1), step_detection=DETECTION)
     buffer = io.BytesIO()
-    trace_model.dump_trace(trace, buffer)
-    again = trace_model.load_trace(io.BytesIO(buffer.getvalue()))
+    trace_format.dump_trace(trace, buffer)
+    again = trace_format.load_trace(io.BytesIO(buffer.getvalue()))
     assert again.step_detection == DETECTION
-    message = trace_model.trace_to_proto(trace)
+    message = trace_format.trace_to_proto(trace)
     assert [
         (s.reason, s.phase, s.runs, s.rpcs, s.bytes) for s in message.step_detection.set_aside
     ] == [
@@ -616,14 +616,14 @@ def test_step_detection_survives_the_binary_and_the_json_round_trip() -> None:
     )
     assert message.step_detection.candidates == 9
     assert message.step_detection.rule == "runs that move every variable both ways"
-    document = json.loads(json.dumps(trace_model.trace_to_json_dict(trace)))
-    assert trace_model.trace_from_json_dict(document).step_detection == DETECTION
+    document = json.loads(json.dumps(trace_json.trace_to_json_dict(trace)))
+    assert trace_json.trace_from_json_dict(document).step_detection == DETECTION
     del document["step_detection"]
-    assert trace_model.trace_from_json_dict(document).step_detection.empty
+    assert trace_json.trace_from_json_dict(document).step_detection.empty
 
 
 def test_an_empty_step_detection_is_not_written() -> None:
-    message = trace_model.trace_to_proto(make_trace(steps=1))
+    message = trace_format.trace_to_proto(make_trace(steps=1))
     assert not message.HasField("step_detection")
     assert trace_model.StepDetection().empty and not DETECTION.empty
 

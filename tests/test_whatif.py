@@ -25,16 +25,8 @@ from tf_grpc_bench.replay.core.whatif import (
 )
 from tf_grpc_bench.replay.core.workload import Mode, Workload
 from tf_grpc_bench.replay.output.document_reader import read_document
-from tf_grpc_bench.trace import (
-    RECV_TENSOR,
-    Rpc,
-    RunMetadata,
-    Step,
-    Task,
-    TensorInfo,
-    Trace,
-    dump_trace,
-)
+from tf_grpc_bench.trace import RECV_TENSOR, Rpc, RunMetadata, Step, Task, TensorInfo, Trace
+from tf_grpc_bench.trace_format import dump_trace
 
 #: Content bytes of the toy model's five float32 variables, in creation order.
 SIZES = (4000, 1000, 600, 300, 100)

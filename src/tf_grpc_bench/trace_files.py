@@ -19,14 +19,9 @@ from typing import IO
 
 from tf_grpc_bench.errors import TraceError
 from tf_grpc_bench.files import write_atomically
-from tf_grpc_bench.trace import (
-    MAX_TRACE_BYTES,
-    SUFFIX,
-    Trace,
-    dump_trace,
-    load_trace,
-    trace_to_json_dict,
-)
+from tf_grpc_bench.trace import SUFFIX, Trace
+from tf_grpc_bench.trace_format import MAX_TRACE_BYTES, dump_trace, load_trace
+from tf_grpc_bench.trace_json import trace_to_json_dict
 
 #: The shipped trace that ``replay`` uses when it is given none.
 DEFAULT_TRACE = "resnet50-tf2ps.tfgbtrace"
