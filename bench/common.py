@@ -67,9 +67,9 @@ def machine_line(
     load_before: str, load_after: str, *, memory_and_protobuf: bool = False, load_remark: str = ""
 ) -> str:
     """The machine, the load before and after the measurements, and when they were taken."""
-    from tf_grpc_bench.replay.output.machine import describe_machine
+    from tf_grpc_bench.replay.output.machine import probe_machine
 
-    machine = describe_machine()
+    machine = probe_machine()
     hardware = f"{machine.cpu_model}, {machine.cpu_count} CPUs"
     versions = f"Python {machine.python_version}, grpcio {machine.grpcio_version}"
     if memory_and_protobuf:

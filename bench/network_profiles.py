@@ -62,7 +62,7 @@ from tf_grpc_bench.replay.core.workload import Mode
 from tf_grpc_bench.replay.network import compare as network_compare
 from tf_grpc_bench.replay.output import document as results
 from tf_grpc_bench.replay.output.document_reader import read_document
-from tf_grpc_bench.replay.output.machine import describe_machine
+from tf_grpc_bench.replay.output.machine import probe_machine
 from tf_grpc_bench.trace import RECV_TENSOR, Rpc, RunMetadata, Step, Task, TensorInfo, Trace
 
 SECTION = "## Emulated networks"
@@ -289,7 +289,7 @@ def _gbit(value: float | None) -> str:
 
 
 def render(figures: list[ProfileFigures], command: str, seconds: float, trace_name: str) -> str:
-    machine = describe_machine()
+    machine = probe_machine()
     lines = [
         SECTION,
         "",
@@ -399,7 +399,7 @@ def main() -> int:
     print(text)
     for f in figures:
         rate = f.profile.rate_bits_per_s
-        print(f"{f.profile.name}: configured {links.format_rate(rate) if rate else 'unlimited'}")
+        print(f"{f.profile.name}: configured {links.format_tc_rate(rate) if rate else 'unlimited'}")
     if not args.no_readme:
         write_section(README, SECTION, text)
     return 0

@@ -51,6 +51,8 @@ from common import (
     write_section,
 )
 
+from tf_grpc_bench import host
+
 TASKS = ("chief:0", "ps:0", "ps:1", "worker:0", "worker:1")
 HEADING = "## Reliability: role clusters stopped at random moments"
 OUTCOMES = ("clean", "before start-up", "hung", "noisy", "other")
@@ -61,11 +63,9 @@ def _parents() -> dict[int, int]:
     parents = {}
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit():
-            try:
-                stat = (entry / "stat").read_text()
-            except OSError:
-                continue
-            parents[int(entry.name)] = int(stat.rsplit(")", 1)[1].split()[1])
+            fields = host.process_stat_fields(int(entry.name))
+            if fields is not None:
+                parents[int(entry.name)] = int(fields[1])
     return parents
 
 
@@ -80,11 +80,8 @@ def _descendants(pids: set[int]) -> set[int]:
 
 
 def _alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return False
-    return state != "Z"
+    fields = host.process_stat_fields(pid)
+    return fields is not None and fields[0] != "Z"
 
 
 def _outcome(code: int | None, stderr: str) -> tuple[str, str]:

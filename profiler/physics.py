@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from tf_grpc_bench.trace import RECV_BUF, RECV_TENSOR, WORKER_STEP, Rpc, Step, Trace
-from tf_grpc_bench.trace_summary import format_bytes
+from tf_grpc_bench.units import format_bytes
 
 #: Allowed relative difference between measured and expected bytes per step.
 DEFAULT_TOLERANCE = 0.01

@@ -32,7 +32,6 @@ that ended by itself (a TF2 chief) end the job step with SIGTERM
 from __future__ import annotations
 
 import contextlib
-import importlib.metadata
 import json
 import os
 import signal
@@ -51,6 +50,7 @@ from tf_grpc_bench import launchers, lifetime
 from tf_grpc_bench.cluster import split_address
 from tf_grpc_bench.errors import CaptureError, ConfigError, UsageError
 from tf_grpc_bench.files import loads_json, write_atomically
+from tf_grpc_bench.host import boot_id, tensorflow_version
 from tf_grpc_bench.profiler.launch.identity import TaskIdentity, expand_placeholders
 from tf_grpc_bench.profiler.launch.user_job import MARKERS_VARIABLE
 from tf_grpc_bench.profiler.recorders.wiretap import build_library, recorder_environment
@@ -106,23 +106,6 @@ def task_folder(out: Path, task: TaskIdentity) -> Path:
     return out / f"{task.job}-{task.index}"
 
 
-def _boot_id() -> str:
-    """The kernel's boot id: tasks with the same one read the same monotonic clock."""
-    try:
-        return Path("/proc/sys/kernel/random/boot_id").read_text(encoding="ascii").strip()
-    except OSError:
-        return ""
-
-
-def _tensorflow_version() -> str:
-    """TensorFlow's version in this environment ("" if none): what the command most
-    likely runs with (a label, as ``capture-job`` records it)."""
-    for distribution in ("tensorflow", "tensorflow-cpu"):
-        with contextlib.suppress(importlib.metadata.PackageNotFoundError):
-            return importlib.metadata.version(distribution)
-    return ""
-
-
 def _manifest(
     task: TaskIdentity,
     command: Sequence[str],
@@ -142,8 +125,8 @@ def _manifest(
         "task": {"job": task.job, "index": task.index},
         "cluster": {job: list(addresses) for job, addresses in task.cluster.items()},
         "host": socket.gethostname(),
-        "boot_id": _boot_id(),
-        "tensorflow_version": _tensorflow_version(),
+        "boot_id": boot_id(),
+        "tensorflow_version": tensorflow_version(),
         "pid": pid,
         "command": list(command),
         "clock": {"start": reading(start), "end": reading(end)},

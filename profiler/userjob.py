@@ -37,7 +37,6 @@ from __future__ import annotations
 
 import contextlib
 import datetime
-import importlib.metadata
 import os
 import platform
 import socket
@@ -49,7 +48,7 @@ from tf_grpc_bench import __version__
 from tf_grpc_bench.calibration import Calibration, CalibrationWorkload
 from tf_grpc_bench.cluster import split_address
 from tf_grpc_bench.errors import BenchError
-from tf_grpc_bench.host import capture_machine
+from tf_grpc_bench.host import capture_machine, tensorflow_version
 from tf_grpc_bench.models.registry import available_models, model_spec
 from tf_grpc_bench.profiler.capture import (
     KERNEL_EXTRA,
@@ -88,13 +87,6 @@ def _script_name(command: Sequence[str]) -> str:
         if argument.endswith(".py"):
             return Path(argument).stem
     return Path(command[0]).name
-
-
-def _tensorflow_version() -> str:
-    for distribution in ("tensorflow", "tensorflow-cpu"):
-        with contextlib.suppress(importlib.metadata.PackageNotFoundError):
-            return importlib.metadata.version(distribution)
-    return ""
 
 
 #: The model a user job's calibration times when the job names none of ``models/``.
@@ -177,7 +169,7 @@ class _UserRun:
         task_index = {(name, index): i for i, (name, index, _) in enumerate(tasks)}
         metadata = RunMetadata(
             model=job.model or _script_name(job.command),
-            tensorflow_version=_tensorflow_version(),
+            tensorflow_version=tensorflow_version(),
             strategy=job.strategy or "user job",
             synchronous=job.synchronous,
             batch_size=job.batch_size,

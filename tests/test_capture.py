@@ -25,7 +25,7 @@ import pytest
 from tf_grpc_bench import calibration, capture_cpu, trace_files, trace_format
 from tf_grpc_bench import trace as trace_model
 from tf_grpc_bench.errors import ServeError
-from tf_grpc_bench.host import cpu_model, describe_machine
+from tf_grpc_bench.host import cpu_model, machine_name
 from tf_grpc_bench.profiler.assembly.phases import assemble_trace, split_into_steps
 from tf_grpc_bench.profiler.assembly.rpcs import STATUS_CANCELLED, STATUS_UNKNOWN, calls_to_rpcs
 from tf_grpc_bench.profiler.assembly.steps import (
@@ -473,7 +473,7 @@ def test_capturing_the_tiny_model_gives_a_trace_that_obeys_physics(
     # The job's 2 workers' step, timed by 2 processes at once, its kinds of work apart.
     assert recorded.workload.text == "tiny 16x16 batch 4 keras, 2 processes at once"
     assert [name for name, _ in recorded.parts] == list(calibration.PART_NAMES)
-    here = describe_machine(cpu_model(), os.cpu_count() or 0)
+    here = machine_name(cpu_model(), os.cpu_count() or 0)
     if recorded.spread is not None:  # confirmed by two timings, so kept (an unsteady one is not)
         assert calibration.cached(here, recorded.workload) == recorded.step_ns
     datetime.datetime.fromisoformat(meta.created_utc)

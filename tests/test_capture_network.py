@@ -103,8 +103,8 @@ def test_the_network_is_recorded_in_the_metadata() -> None:
     assert extra["network_layout"] == "ps-together" and extra["network_hosts"] == "2"
     assert extra["network_placement"] == "ps:0=h0, worker:0=h1"
     assert hosts.prefix(("worker", 0)) == ("ip", "netns", "exec", "tfgb-1-a-h1")
-    assert trace_summary.format_rate("1000000000") == "1 Gbit/s"
-    assert trace_summary.format_rate("unlimited") == "unlimited"
+    assert trace_summary.rate_text("1000000000") == "1 Gbit/s"
+    assert trace_summary.rate_text("unlimited") == "unlimited"
     assert (extra["network_delay_ns"], extra["network_jitter_ns"], extra["network_loss"]) == (
         "0",
         "0",

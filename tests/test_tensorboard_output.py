@@ -25,12 +25,12 @@ from tf_grpc_bench.replay.output.hparams import (
     as_text,
     compute_mode,
     experiment_summary,
-    format_rate,
     hparam_values,
 )
 from tf_grpc_bench.replay.output.machine import NetworkInfo
 from tf_grpc_bench.replay.output.tensorboard import FLAT_STEPS, write_run
 from tf_grpc_bench.sizes import SizeCategory
+from tf_grpc_bench.units import format_rate
 
 CREATED = datetime(2026, 11, 29, 12, 30, 5, tzinfo=timezone.utc)
 

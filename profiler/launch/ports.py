@@ -16,20 +16,12 @@ from __future__ import annotations
 import errno
 import random
 import socket
-from pathlib import Path
 
 from tf_grpc_bench.errors import ServeError
+from tf_grpc_bench.host import ephemeral_port_low
 
 #: Lowest port ``free_ports`` hands out.
 LOWEST_PORT = 10_000
-_EPHEMERAL_RANGE = Path("/proc/sys/net/ipv4/ip_local_port_range")
-
-
-def _ephemeral_low() -> int:
-    try:
-        return int(_EPHEMERAL_RANGE.read_text().split()[0])
-    except (OSError, ValueError, IndexError):
-        return 32_768
 
 
 def port_is_free(port: int) -> bool:
@@ -74,7 +66,7 @@ def free_ports(count: int, *, rng: random.Random | None = None) -> list[int]:
     if count < 0:
         raise ValueError(f"count must be >= 0, got {count}")
     chooser = rng or random.Random()
-    high = max(_ephemeral_low() - 1, LOWEST_PORT + 1000)
+    high = max(ephemeral_port_low() - 1, LOWEST_PORT + 1000)
     chosen: list[int] = []
     attempts = 0
     while len(chosen) < count:

@@ -170,7 +170,7 @@ def _profiles() -> int:
         rows.append(
             (
                 profile.name,
-                "unlimited" if rate is None else links.format_rate(rate),
+                "unlimited" if rate is None else links.format_tc_rate(rate),
                 burst,
                 links.format_duration(profile.delay_ns) if profile.delay_ns else "-",
                 links.format_duration(profile.jitter_ns) if profile.jitter_ns else "-",

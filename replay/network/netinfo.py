@@ -30,7 +30,7 @@ from pathlib import Path
 
 from tf_grpc_bench.cluster import split_address
 from tf_grpc_bench.errors import ConfigError, NetworkError
-from tf_grpc_bench.netns.links import format_duration, format_loss, format_rate
+from tf_grpc_bench.netns.links import format_duration, format_loss, format_tc_rate
 from tf_grpc_bench.netns.relay import RelayStats, bucket_bounds, read_relay_stats
 from tf_grpc_bench.netns.state import read_record
 from tf_grpc_bench.netns.topology import PREFIX
@@ -54,7 +54,7 @@ class Shaping:
     burst_bytes: int
 
     def describe(self) -> str:
-        rate = format_rate(self.rate_bits_per_s)
+        rate = format_tc_rate(self.rate_bits_per_s)
         return f"tbf rate {rate} burst {self.burst_bytes}B on {self.interface}"
 
 
@@ -282,7 +282,7 @@ def describe_network(targets: Sequence[str], *, name: str = "") -> NetworkInfo:
         else:
             name = "-".join(i.name for i in interfaces) or "network"
             if rate:
-                name += f"-tbf-{format_rate(rate)}"
+                name += f"-tbf-{format_tc_rate(rate)}"
             if link.delay_ns:
                 name += f"-delay-{format_duration(link.delay_ns)}"
     return NetworkInfo(
@@ -307,7 +307,7 @@ def undilated(network: NetworkInfo, time_dilation: float) -> NetworkInfo:
         return network
     predicted = round(rate * time_dilation)
     delay = round(delay / time_dilation)
-    said = [format_rate(predicted)] if predicted else []
+    said = [format_tc_rate(predicted)] if predicted else []
     if delay:
         said.append(f"{format_duration(delay)} one way")
     return replace(

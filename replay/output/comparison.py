@@ -40,11 +40,11 @@ from tf_grpc_bench.replay.core.measurement import BenchmarkResult
 from tf_grpc_bench.replay.output import plots, report
 from tf_grpc_bench.replay.output.document import ResultDocument
 from tf_grpc_bench.replay.output.events import EventFile
-from tf_grpc_bench.replay.output.hparams import format_rate
 from tf_grpc_bench.replay.output.prediction import prediction_json
 from tf_grpc_bench.sizes import SizeCategory
 from tf_grpc_bench.trace import Trace
 from tf_grpc_bench.trace_mapping import WORKERS_AND_PS_ONLY, trace_roles
+from tf_grpc_bench.units import format_rate
 
 #: The TensorBoard run the comparison is written to, inside the comparison's directory.
 RUN_NAME = "comparison"

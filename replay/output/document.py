@@ -14,7 +14,7 @@ into.  This module holds the model, the format's version history and
 ``build_document``.  The machine and network records and their probes live in
 ``machine``, the derived figures in ``statistics`` and ``prediction``.  Pure
 except where a function says otherwise: ``describe_trace`` reads a file and
-``build_document`` calls ``describe_machine`` unless given one.
+``build_document`` calls ``probe_machine`` unless given one.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ from tf_grpc_bench import trace_files
 from tf_grpc_bench.errors import ResultError
 from tf_grpc_bench.replay.core.measurement import SAMPLE_COLUMNS, Benchmark, BenchmarkResult
 from tf_grpc_bench.replay.core.whatif import Derivation
-from tf_grpc_bench.replay.output.machine import MachineInfo, NetworkInfo, describe_machine
+from tf_grpc_bench.replay.output.machine import MachineInfo, NetworkInfo, probe_machine
 
 #: Value of the ``format`` field, naming the kind of document.
 FORMAT = "tf-grpc-bench-results"
@@ -228,7 +228,7 @@ def build_document(
     The document is partial when the caller says so or when any benchmark or
     run in ``results`` is; without a reason from the caller, the reasons of
     the partial benchmarks are joined.  ``machine`` defaults to
-    ``describe_machine()`` and ``created`` to now; ``trace_path`` is read and
+    ``probe_machine()`` and ``created`` to now; ``trace_path`` is read and
     hashed (``TraceError`` if it cannot be).  Bad parameter values raise
     ``ResultError`` naming the parameter.
     """
@@ -246,7 +246,7 @@ def build_document(
         return ResultDocument(
             created_utc=utc_timestamp(created),
             tool_version=tf_grpc_bench.__version__,
-            machine=machine or describe_machine(),
+            machine=machine or probe_machine(),
             config=dict(config),
             benchmarks=tuple(results),
             trace=None if trace_path is None else describe_trace(trace_path),

@@ -44,6 +44,7 @@ from tensorboard.plugins.hparams import metadata as hparams_metadata
 from tf_grpc_bench.replay.core import benchmarks
 from tf_grpc_bench.replay.core.measurement import BenchmarkResult
 from tf_grpc_bench.replay.output.document import ParameterValue, ResultDocument
+from tf_grpc_bench.units import format_rate
 
 #: The hyperparameters users compare runs by, in that order: (name, display name, description).
 COMPARISON_HPARAMS = (
@@ -82,16 +83,6 @@ METRICS = (
     ("cpu/client_utilization", "client CPU (cores)"),
     ("cpu/server_utilization", "server CPU (cores)"),
 )
-
-
-def format_rate(bits_per_s: int) -> str:
-    """``1000000000`` -> ``1 Gbit/s``; 0 -> ``unlimited``."""
-    if bits_per_s <= 0:
-        return "unlimited"
-    for factor, unit in ((10**9, "Gbit/s"), (10**6, "Mbit/s"), (10**3, "kbit/s")):
-        if bits_per_s >= factor:
-            return f"{bits_per_s / factor:g} {unit}"
-    return f"{bits_per_s} bit/s"
 
 
 def benchmark_names() -> str:

@@ -1,9 +1,10 @@
 """The machine and network a run went over: what a result document records about them.
 
 ``MachineInfo``, ``InterfaceInfo`` and ``NetworkInfo`` are plain records.
-``describe_machine`` reads ``/proc`` and installed package metadata,
-``describe_interface`` reads ``/sys/class/net``; nothing else here touches
-the system.
+``probe_machine`` and ``describe_interface`` fill them from this host
+(``/proc``, ``/sys/class/net``, installed package metadata; read by
+``tf_grpc_bench.host``'s probes but for the memory total); nothing else here
+touches the system.
 """
 
 from __future__ import annotations
@@ -13,10 +14,9 @@ import platform
 import socket
 from collections.abc import Sequence
 from dataclasses import dataclass
-from importlib import metadata as package_metadata
 from pathlib import Path
 
-from tf_grpc_bench.host import cpu_model
+from tf_grpc_bench.host import cpu_model, package_version, sysfs_int
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -116,13 +116,6 @@ class NetworkInfo:
         return "; ".join(f"{r.direction}: {r.behind}" for r in self.relays if r.behind)
 
 
-def _package_version(name: str) -> str:
-    try:
-        return package_metadata.version(name)
-    except package_metadata.PackageNotFoundError:
-        return ""
-
-
 def _memory_bytes(meminfo: Path, field: str = "MemTotal") -> int:
     try:
         text = meminfo.read_text(errors="replace")
@@ -137,8 +130,9 @@ def _memory_bytes(meminfo: Path, field: str = "MemTotal") -> int:
     return -1
 
 
-def describe_machine(*, proc: Path = Path("/proc")) -> MachineInfo:
-    """Describe this host.  Reads ``/proc`` and installed package metadata."""
+def probe_machine(*, proc: Path = Path("/proc")) -> MachineInfo:
+    """This host, as a result records it (``tf_grpc_bench.host``'s probes: ``/proc`` and
+    installed package metadata)."""
     return MachineInfo(
         hostname=socket.gethostname(),
         platform=platform.platform(),
@@ -147,19 +141,11 @@ def describe_machine(*, proc: Path = Path("/proc")) -> MachineInfo:
         cpu_count=os.cpu_count() or 0,
         memory_bytes=_memory_bytes(proc / "meminfo"),
         python_version=platform.python_version(),
-        grpcio_version=_package_version("grpcio"),
-        protobuf_version=_package_version("protobuf"),
-        numpy_version=_package_version("numpy"),
-        tensorboard_version=_package_version("tensorboard"),
+        grpcio_version=package_version("grpcio"),
+        protobuf_version=package_version("protobuf"),
+        numpy_version=package_version("numpy"),
+        tensorboard_version=package_version("tensorboard"),
     )
-
-
-def _read_sys_int(path: Path) -> int:
-    try:
-        return int(path.read_text().strip())
-    except (OSError, ValueError):
-        # Loopback and veth answer EINVAL for "speed"; that means "no speed".
-        return -1
 
 
 def describe_interface(
@@ -171,10 +157,10 @@ def describe_interface(
     ``namespace`` is only recorded: the caller reads from inside it.
     """
     base = sys_class_net / name
-    speed = _read_sys_int(base / "speed")
+    speed = sysfs_int(base / "speed")
     return InterfaceInfo(
         name=name,
-        mtu_bytes=_read_sys_int(base / "mtu"),
+        mtu_bytes=sysfs_int(base / "mtu"),
         speed_mbit_per_s=speed if speed > 0 else -1,
         namespace=namespace,
     )

@@ -171,7 +171,7 @@ def compute_machine_note(document: ResultDocument) -> str:
     """A line on whose compute ``document``'s predicted step carries ("" when it is this
     machine's own, or none): scaled to this machine by the calibrations
     (``compute_calibration``), or kept from the capture machine (docs/fidelity.md)."""
-    here = host.describe_machine(document.machine.cpu_model, document.machine.cpu_count)
+    here = host.machine_name(document.machine.cpu_model, document.machine.cpu_count)
     for result in document.benchmarks:
         if not _keeps_compute(result):
             continue

@@ -5,16 +5,21 @@ that a replay elsewhere knows to scale it (``calibration``) or to say whose
 compute its prediction carries; and how busy the machine is (``/proc/stat``),
 so that a measurement can tell whether it had the machine to itself; and how
 much memory this process may still take (``memory_room``: its memory cgroup's
-limit, where it has one, or the machine's).  Reads ``/proc`` and the cgroup
-file systems only.
+limit, where it has one, or the machine's).  The other facts of this host the
+tool records are read here too: installed package versions, the kernel's boot
+id, the ephemeral port range, a network interface's ``/sys`` values.  Reads
+``/proc``, ``/sys``, the cgroup file systems and installed package metadata
+only.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import platform
 import re
 from dataclasses import dataclass
+from importlib import metadata as package_metadata
 from pathlib import Path
 
 #: ``RunMetadata.extra`` keys a capture fills with ``capture_machine()``.
@@ -41,7 +46,7 @@ def capture_machine(cpuinfo: Path = Path("/proc/cpuinfo")) -> tuple[tuple[str, s
     return ((CPU_MODEL_EXTRA, cpu_model(cpuinfo)), (CPU_COUNT_EXTRA, str(os.cpu_count() or 0)))
 
 
-def describe_machine(model: str, count: int | str) -> str:
+def machine_name(model: str, count: int | str) -> str:
     """A machine as traces and results name it: ``"<CPU model>, <count> CPUs"``."""
     return f"{model}, {count} CPUs" if count else model
 
@@ -50,7 +55,7 @@ def captured_on(extra: tuple[tuple[str, str], ...]) -> str:
     """The capture machine a trace's ``extra`` names; "" for traces that do not name it."""
     entries = dict(extra)
     model = entries.get(CPU_MODEL_EXTRA, "")
-    return describe_machine(model, entries.get(CPU_COUNT_EXTRA, "")) if model else ""
+    return machine_name(model, entries.get(CPU_COUNT_EXTRA, "")) if model else ""
 
 
 def this_machine() -> str:
@@ -63,6 +68,57 @@ def machine_line(extra: tuple[tuple[str, str], ...]) -> str:
     """``inspect``'s line for the capture machine; "" for traces that do not name it."""
     machine = captured_on(extra)
     return f"captured on: {machine}" if machine else ""
+
+
+# --------------------------------------------------------------------------
+# Other facts of this host: packages, boot, ports, network interfaces.
+
+
+def package_version(name: str) -> str:
+    """The installed version of the distribution ``name``; "" if it is not installed."""
+    try:
+        return package_metadata.version(name)
+    except package_metadata.PackageNotFoundError:
+        return ""
+
+
+def tensorflow_version() -> str:
+    """TensorFlow's version in this environment ("" if none): what a command most
+    likely runs with (a label, as ``capture-job`` and ``record`` record it)."""
+    for distribution in ("tensorflow", "tensorflow-cpu"):
+        with contextlib.suppress(package_metadata.PackageNotFoundError):
+            return package_metadata.version(distribution)
+    return ""
+
+
+def boot_id(path: Path = Path("/proc/sys/kernel/random/boot_id")) -> str:
+    """The kernel's boot id: tasks with the same one read the same monotonic clock; ""
+    where it cannot be read."""
+    try:
+        return path.read_text(encoding="ascii").strip()
+    except OSError:
+        return ""
+
+
+#: Where Linux says which local ports it hands out to outgoing connections.
+EPHEMERAL_PORT_RANGE = Path("/proc/sys/net/ipv4/ip_local_port_range")
+
+
+def ephemeral_port_low(path: Path = EPHEMERAL_PORT_RANGE) -> int:
+    """The lowest port the kernel hands out to outgoing connections (32768 where unknown)."""
+    try:
+        return int(path.read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32_768
+
+
+def sysfs_int(path: Path) -> int:
+    """A ``/sys`` file holding one integer (an interface's ``mtu``, ``speed``); -1 where it
+    cannot be read or is not one (loopback and veth answer EINVAL for ``speed``)."""
+    try:
+        return int(path.read_text().strip())
+    except (OSError, ValueError):
+        return -1
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -12,6 +12,7 @@ from tf_grpc_bench.capture_cpu import cpu_line
 from tf_grpc_bench.host import machine_line
 from tf_grpc_bench.sizes import SizeCategory, classify
 from tf_grpc_bench.trace import Rpc, Trace, payload_bytes
+from tf_grpc_bench.units import format_bytes, format_rate
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -46,24 +47,10 @@ def summarize_rpcs(rpcs: Iterable[Rpc], duration_ns: int = 0) -> TrafficSummary:
     )
 
 
-def format_bytes(count: float) -> str:
-    """Human-readable bytes in powers of 1000 (MB as the paper's tables use)."""
-    for unit in ("B", "kB", "MB", "GB"):
-        if abs(count) < 1000 or unit == "GB":
-            return f"{count:.0f} {unit}" if unit == "B" else f"{count:.1f} {unit}"
-        count /= 1000
-    raise AssertionError("unreachable")
-
-
-def format_rate(bits_per_s: str) -> str:
-    """``1000000000`` -> ``1 Gbit/s``; anything not a number is returned as it is."""
-    if not bits_per_s.isdigit():
-        return bits_per_s
-    value = int(bits_per_s)
-    for unit, scale in (("Gbit/s", 10**9), ("Mbit/s", 10**6), ("kbit/s", 10**3)):
-        if value >= scale:
-            return f"{value / scale:g} {unit}"
-    return f"{value} bit/s"
+def rate_text(recorded: str) -> str:
+    """A rate as a trace records it (bit/s, or a word such as ``unlimited``) for people:
+    ``1000000000`` -> ``1 Gbit/s``; anything not a number is returned as it is."""
+    return format_rate(int(recorded)) if recorded.isdigit() else recorded
 
 
 def network_line(trace: Trace) -> str | None:
@@ -76,7 +63,7 @@ def network_line(trace: Trace) -> str | None:
     delayed = f", {_microseconds(delay)} one way" if delay else ""
     return (
         f"network: emulated {extra['network']} "
-        f"({format_rate(extra.get('network_rate_bits_per_s', '?'))} per link{delayed}), "
+        f"({rate_text(extra.get('network_rate_bits_per_s', '?'))} per link{delayed}), "
         f"layout {extra.get('network_layout', '?')}, {extra.get('network_hosts', '?')} hosts; "
         f"tasks at {addresses}"
     )

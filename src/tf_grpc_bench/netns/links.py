@@ -96,7 +96,9 @@ class LinkProfile:
     def describe(self) -> str:
         """``10gbit, 50us +- 10us one way, 0.1% loss``."""
         parts = [
-            "no rate limit" if self.rate_bits_per_s is None else format_rate(self.rate_bits_per_s)
+            "no rate limit"
+            if self.rate_bits_per_s is None
+            else format_tc_rate(self.rate_bits_per_s)
         ]
         if self.delayed:
             jitter = f" +- {format_duration(self.jitter_ns)}" if self.jitter_ns else ""
@@ -106,8 +108,10 @@ class LinkProfile:
         return ", ".join(parts)
 
 
-def format_rate(bits_per_s: int) -> str:
-    """``1000000000`` -> ``1gbit``, ``2500000000`` -> ``2.5gbit``, ``100000000`` -> ``100mbit``."""
+def format_tc_rate(bits_per_s: int) -> str:
+    """A rate as tc and the profiles write it (``parse_profile`` reads it back; for people,
+    ``tf_grpc_bench.units.format_rate``): ``1000000000`` -> ``1gbit``, ``2500000000`` ->
+    ``2.5gbit``, ``100000000`` -> ``100mbit``."""
     for factor, unit in ((10**9, "gbit"), (10**6, "mbit"), (10**3, "kbit")):
         if bits_per_s >= factor:
             return f"{bits_per_s / factor:g}{unit}"
