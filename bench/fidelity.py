@@ -93,6 +93,7 @@ from tf_grpc_bench.netns.links import parse_profile
 from tf_grpc_bench.replay.network.compare import write_tensorboard_comparison
 from tf_grpc_bench.replay.output.document_reader import read_document
 from tf_grpc_bench.trace import Rpc, Trace
+from tf_grpc_bench.units import format_seconds
 
 SECTION = "## Fidelity: {model}, {setup}"
 #: The section of a run whose captures were capped (``--cpu-cap``): a slower machine.
@@ -522,10 +523,6 @@ def _ratio(numerator: float | None, denominator: float | None) -> str:
     return f"{numerator / denominator:.3f}"
 
 
-def _seconds(value: float | None) -> str:
-    return "-" if value is None else f"{value:.2f} s"
-
-
 def capture_table(captures: list[CaptureFacts]) -> list[str]:
     """One row per capture: its round, the machine's and the tasks' CPU, the critical path."""
     lines = [
@@ -553,13 +550,13 @@ def capture_table(captures: list[CaptureFacts]) -> list[str]:
         lines.append(
             table_row(
                 facts.link,
-                _seconds(facts.round_s),
+                format_seconds(facts.round_s),
                 busy,
-                _seconds(facts.tasks_cpu_per_round_s),
-                _seconds(facts.path_compute_s),
-                _seconds(facts.path_compute_sending_s),
-                _seconds(facts.path_compute_before_token_s),
-                _seconds(facts.path_communication_s),
+                format_seconds(facts.tasks_cpu_per_round_s),
+                format_seconds(facts.path_compute_s),
+                format_seconds(facts.path_compute_sending_s),
+                format_seconds(facts.path_compute_before_token_s),
+                format_seconds(facts.path_communication_s),
                 *_uncaptured_cells(facts),
             )
         )
@@ -572,8 +569,8 @@ def _uncaptured_cells(facts: CaptureFacts) -> list[str]:
     if plain is None:
         return ["-", "-", "-", "-"]
     return [
-        _seconds(plain.round_s),
-        _seconds(plain.tasks_cpu_per_round_s),
+        format_seconds(plain.round_s),
+        format_seconds(plain.tasks_cpu_per_round_s),
         _ratio(facts.round_s, plain.round_s),
         _ratio(facts.tasks_cpu_per_round_s, plain.tasks_cpu_per_round_s),
     ]
@@ -641,7 +638,7 @@ def report(
             table_row(
                 row.model,
                 row.profile,
-                _seconds(plain),
+                format_seconds(plain),
                 f"{row.training_s:.2f} s",
                 bound,
                 *_prediction_cells(row.from_loopback, row.training_s, plain),

@@ -64,6 +64,7 @@ from fidelity import Prediction, capture, link_bound_seconds, predict, round_sec
 
 from tf_grpc_bench import trace_files
 from tf_grpc_bench.replay.core.whatif import WhatIf, derive_trace
+from tf_grpc_bench.units import format_seconds
 
 SECTION = "## Scaling"
 TRACE = "resnet50-tf2ps"
@@ -294,10 +295,6 @@ def _counts(text: str) -> list[int]:
     return [int(part) for part in text.split(",") if part.strip()]
 
 
-def _seconds(value: float | None) -> str:
-    return "-" if value is None else f"{value:.2f} s"
-
-
 def loopback_table(rows: list[LoopbackRow], compute: str) -> list[str]:
     lines = [
         f"Loopback: the shipped {TRACE} trace as a what-if of W workers and P ps, PS throughput, "
@@ -320,7 +317,7 @@ def loopback_table(rows: list[LoopbackRow], compute: str) -> list[str]:
                 str(row.procs),
                 f"{row.rpcs_per_s:,.0f}",
                 f"{row.mb_per_s:,.0f}",
-                _seconds(row.step_s),
+                format_seconds(row.step_s),
                 f"{row.worker_cores:.2f}",
                 f"{row.ps_cores:.2f}",
                 f"{row.total_cores:.2f} of {row.cpu_count}",
@@ -354,10 +351,10 @@ def links_table(rows: list[LinkRow]) -> list[str]:
                 row.profile,
                 str(row.workers),
                 str(row.ps),
-                _seconds(row.link_bound_s),
-                "failed" if replay is None else _seconds(replay.step_s),
+                format_seconds(row.link_bound_s),
+                "failed" if replay is None else format_seconds(replay.step_s),
                 "-" if replay is None else f"{replay.cpu_cores:.2f}",
-                _seconds(row.training_s),
+                format_seconds(row.training_s),
                 ratio,
             )
         )

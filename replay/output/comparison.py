@@ -44,7 +44,7 @@ from tf_grpc_bench.replay.output.prediction import prediction_json
 from tf_grpc_bench.sizes import SizeCategory
 from tf_grpc_bench.trace import Trace
 from tf_grpc_bench.trace_mapping import WORKERS_AND_PS_ONLY, trace_roles
-from tf_grpc_bench.units import format_rate
+from tf_grpc_bench.units import format_rate, format_seconds
 
 #: The TensorBoard run the comparison is written to, inside the comparison's directory.
 RUN_NAME = "comparison"
@@ -256,7 +256,7 @@ def points_markdown(points: Sequence[LinkPoint]) -> str:
     median replayed worker-step, compute kept), and so is training's."""
 
     def seconds(value: float | None) -> str:
-        return "-" if value is None else f"{value:.3f} s"
+        return format_seconds(value, digits=3)
 
     lines = [
         "| link | rate | replay step p50 | training step p50 | link bound |",

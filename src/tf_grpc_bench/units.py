@@ -3,7 +3,8 @@
 ``format_rate`` writes a link rate as the results, the dashboards and ``inspect``
 show it (``1 Gbit/s``); a rate as ``tc`` and the link profiles write it
 (``1gbit``) is ``netns.links.format_tc_rate``.  ``format_bytes`` writes a size in
-powers of 1000, as the paper's tables do.  Pure.
+powers of 1000, as the paper's tables do; ``format_seconds`` a duration in a
+table.  Pure.
 """
 
 from __future__ import annotations
@@ -26,3 +27,8 @@ def format_bytes(count: float) -> str:
             return f"{count:.0f} {unit}" if unit == "B" else f"{count:.1f} {unit}"
         count /= 1000
     raise AssertionError("unreachable")
+
+
+def format_seconds(value: float | None, *, digits: int = 2) -> str:
+    """A duration in seconds for a table: ``1.234`` -> ``1.23 s``; None -> ``-``."""
+    return "-" if value is None else f"{value:.{digits}f} s"
