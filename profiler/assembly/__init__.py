@@ -8,6 +8,7 @@
 * ``phases`` - start-up, steps and teardown, and the trace (``assemble_trace``).
 
 May import the trace model (``tf_grpc_bench.trace``), errors,
-``recorders.calls`` (the ``RecordedCall`` record) and ``launch.markers`` (the
-``StepMarker`` record); nothing that runs processes or sockets.
+``recorders.calls`` (the ``RecordedCall`` record), ``launch.markers`` (the
+``StepMarker`` record) and ``physics`` (the keys it writes into a trace);
+nothing that runs processes or sockets (``tests/test_layers.py`` holds this).
 """
