@@ -38,6 +38,7 @@ from tf_grpc_bench.replay.core.pacing import Pacing, Timing
 from tf_grpc_bench.replay.core.workload import Mode
 from tf_grpc_bench.replay.output import comparison, export, report, timeline
 from tf_grpc_bench.replay.output.document import ResultDocument
+from tf_grpc_bench.replay.output.machine import NetworkInfo
 from tf_grpc_bench.replay.output.statistics import calls_in_flight
 from tf_grpc_bench.replay.output.tensorboard import write_run
 from tf_grpc_bench.replay.runner import RunPlan, run_benchmark
@@ -945,3 +946,50 @@ def test_calls_in_flight_count_what_was_open_when_each_was_issued() -> None:
     samples = [call(0, 10), call(10, 5), call(10, 20), call(12, 0), call(40, 1)]
     assert calls_in_flight(samples) == oracle.in_flight(samples) == [1, 2, 2, 2, 1]
     assert calls_in_flight([]) == []
+
+
+def test_tensorboard_of_a_document_that_says_little_and_of_a_run_without_time(
+    tmp_path: Path,
+) -> None:
+    """No trace, a network without addresses or rate, a complete document; a run that
+    measured no time has no rate and no CPU share, and its calls still count."""
+    echoes = oracle.results()[0]
+    timeless = dataclasses.replace(echoes.runs[1], duration_ns=0)
+    result = dataclasses.replace(echoes, runs=(echoes.runs[0], timeless))
+    document = dataclasses.replace(
+        oracle.documents()[0],
+        benchmarks=(result,),
+        trace=None,
+        network=NetworkInfo(name="lab"),
+        partial=False,
+        partial_reason="",
+    )
+    write_run(document, tmp_path)
+    context = _text(_load(tmp_path), "results").split("\n\n")[1].splitlines()
+    assert context[1:] == [
+        "- machine: Example CPU, 4 CPUs, kernel 6.1.0, Python 3.11.2, grpcio 1.85.0, "
+        "protobuf 6.0.0",
+        "- network: lab, -",
+    ]
+    scalars = _scalars(_load(tmp_path / "p2p-latency"))
+    rates = ("bandwidth_mb_per_s", "rpcs_per_s", "client_cpu_utilization", "server_cpu_utilization")
+    for tag in rates:
+        assert sorted(scalars[f"per_run/{tag}"]) == [0], tag
+    assert sorted(scalars["per_run/latency_p50_us"]) == [0, 1]
+    # Whole figures come from the run that measured time, and CPU over its time.
+    assert scalars["throughput/rpcs_per_s"][0] == pytest.approx(
+        float(np.float32(oracle.run_rpcs_per_s(echoes.runs[0]))), rel=1e-6
+    )
+    assert scalars["cpu/client_utilization"][0] == pytest.approx(
+        float(np.float32(sum(r.client_cpu_ns for r in result.runs) / echoes.runs[0].duration_ns)),
+        rel=1e-6,
+    )
+
+
+def test_tensorboard_logs_that_cannot_be_written_are_one_error_naming_the_directory(
+    tmp_path: Path,
+) -> None:
+    blocked = tmp_path / "a-file"
+    blocked.write_text("")
+    with pytest.raises(ResultError, match=r"a-file: cannot write TensorBoard logs \("):
+        write_run(oracle.documents()[0], blocked)
