@@ -78,6 +78,7 @@ class Recording:
         run_begin_ns: int,
         step_begin_ns: int,
         stop_at_ns: int | None = None,
+        give_up_at_ns: int | None = None,
         samples: list[CallSample] | None = None,
     ) -> StepOutcome:
         assert samples is not None
@@ -87,6 +88,7 @@ class Recording:
             run_begin_ns=run_begin_ns,
             step_begin_ns=step_begin_ns,
             stop_at_ns=stop_at_ns,
+            give_up_at_ns=give_up_at_ns,
             samples=samples,
         )
         self.steps.append(

@@ -253,18 +253,26 @@ class NativeDriver:
         run_begin_ns: int,
         step_begin_ns: int,
         stop_at_ns: int | None = None,
+        give_up_at_ns: int | None = None,
         samples: list[CallSample] | None = None,
     ) -> StepOutcome:
         """As ``Driver.run_step``: issue the step's calls, wait for all, say when the last
         one completed; samples appended as they are reported (so a ``TransportError``
-        keeps them)."""
+        keeps them).  A call planned past ``give_up_at_ns`` is not waited for: the step
+        ends before it, ``cut``."""
         if self.pacing.timing is Timing.DEPENDENCIES:
-            return _DependentStep(self, step, step_begin_ns).run(run_begin_ns, samples)
+            replay = _DependentStep(self, step, step_begin_ns, give_up_at_ns)
+            return replay.run(run_begin_ns, samples)
         peers = self.peers
         if peers is not None:
             peers.begin_step()
             step = peers.local_step(step)
-        order = self._order(step, run_begin_ns=run_begin_ns, step_begin_ns=step_begin_ns)
+        order, kept = self._order(
+            step,
+            run_begin_ns=run_begin_ns,
+            step_begin_ns=step_begin_ns,
+            give_up_at_ns=give_up_at_ns,
+        )
         end = self.clock()
         stop = -1 if stop_at_ns is None else self.to_monotonic(stop_at_ns)
         self.engine.process.send(Encoder("R").i64(stop).u8(0).u32(0).raw(order).frame())
@@ -275,15 +283,24 @@ class NativeDriver:
             raise TransportError(report.error)
         if peers is not None:
             end = peers.end_step(end)
-        return StepOutcome(last_end_ns=end)
+        # Cut where the next call was planned past the run's last moment, if it got there.
+        return StepOutcome(last_end_ns=end, cut=kept < len(step.calls) and report.issued == kept)
 
-    def _order(self, step: WorkloadStep, *, run_begin_ns: int, step_begin_ns: int) -> bytes:
+    def _order(
+        self,
+        step: WorkloadStep,
+        *,
+        run_begin_ns: int,
+        step_begin_ns: int,
+        give_up_at_ns: int | None,
+    ) -> tuple[bytes, int]:
         """The step's calls in issue order with their releases (``pacing.release_time_ns``),
-        encoded; kept per step where the pacing plans no release (closed loop)."""
+        encoded, up to the first planned past ``give_up_at_ns``; and how many that is.
+        Kept per step where the pacing plans no release (closed loop)."""
         if self.pacing.timing is Timing.ASAP:
             cached = self._asap_orders.get(id(step))
             if cached is not None and cached[0] is step:
-                return cached[1]
+                return cached[1], len(step.calls)
         order = []
         for number, (call, row) in enumerate(zip(step.calls, self.ids(step), strict=True)):
             release = release_time_ns(
@@ -293,11 +310,13 @@ class NativeDriver:
                 step_begin_ns=step_begin_ns,
                 run_begin_ns=run_begin_ns,
             )
+            if release is not None and give_up_at_ns is not None and release > give_up_at_ns:
+                break
             order.append((number, row, -1 if release is None else self.to_monotonic(release)))
         packed = pack_entries(order)
         if self.pacing.timing is Timing.ASAP:
             self._asap_orders[id(step)] = (step, packed)
-        return packed
+        return packed, len(order)
 
     def finish(
         self, calls: Sequence[Call], run_begin_ns: int, samples: list[CallSample] | None
@@ -402,9 +421,23 @@ class _DependentStep:
     """One step under dependencies pacing: the program reports each arrival, the tracker
     (here) finds the calls that may go and when, the program issues them."""
 
-    def __init__(self, driver: NativeDriver, step: WorkloadStep, step_begin_ns: int) -> None:
+    def __init__(
+        self,
+        driver: NativeDriver,
+        step: WorkloadStep,
+        step_begin_ns: int,
+        give_up_at_ns: int | None = None,
+    ) -> None:
         self.driver = driver
         self.step = step
+        self.give_up_at_ns = give_up_at_ns
+        #: Releases sent to the program, arrivals it reported, and calls held back as
+        #: planned past ``give_up_at_ns``: when every call sent has arrived and some
+        #: are held back, nothing earlier can come and the step is cut.
+        self.sent = self.arrived = 0
+        self.held_back = False
+        #: The step was cut (``X`` sent to the program).
+        self.stopped = False
         pacing = driver.pacing
         self.tracker = DependencyTracker(
             dependencies_of(step),
@@ -435,9 +468,14 @@ class _DependentStep:
         for index in self.tracker.take_releasable():
             release = self.tracker.release_ns(index)
             assert release is not None
-            if index in self.owned:
-                entries.append((index, self.ids[index], self.driver.to_monotonic(release)))
-                self.latest_release_ns = max(self.latest_release_ns, release)
+            if index not in self.owned:
+                continue
+            if self.give_up_at_ns is not None and release > self.give_up_at_ns:
+                self.held_back = True
+                continue
+            entries.append((index, self.ids[index], self.driver.to_monotonic(release)))
+            self.latest_release_ns = max(self.latest_release_ns, release)
+        self.sent += len(entries)
         if entries:
             self.driver.engine.process.send(Encoder("D").entries(entries).frame())
 
@@ -468,7 +506,7 @@ class _DependentStep:
             if peers is not None:
                 self._take_remote()
                 with self.lock:
-                    while self.tracker.completed_count < len(self.step.calls):
+                    while not self.cut and self.tracker.completed_count < len(self.step.calls):
                         if peers.broken:
                             raise TransportError(
                                 "another client process of this worker stopped mid-step"
@@ -480,11 +518,24 @@ class _DependentStep:
         last_end = self.last_end_ns
         if peers is not None:
             last_end = peers.end_step(last_end)
+        if self.cut:
+            return StepOutcome(last_end_ns=last_end, cut=True)
         return StepOutcome(
             last_end_ns=last_end,
             next_begin_ns=self.tracker.next_step_begin_ns(),
             path=self.tracker.critical_path(),
         )
+
+    @property
+    def cut(self) -> bool:
+        return self.stopped
+
+    def _cut_if_nothing_else_can_come(self) -> None:
+        """Every call sent has arrived and one is held back past the run's last moment: no
+        earlier release can come now, so the step ends here, cut (hold ``lock``)."""
+        if self.held_back and not self.stopped and self.arrived == self.sent:
+            self.stopped = True
+            self.driver.engine.process.send(Encoder("X").frame())
 
     def _silence_s(self) -> float:
         """How long the program may say nothing before it is taken to be stuck: until the
@@ -500,13 +551,16 @@ class _DependentStep:
         with self.lock:
             process.send(Encoder("R").i64(-1).u8(1).u32(len(self.owned)).entries([]).frame())
             self._release_ready()
+            self._cut_if_nothing_else_can_come()
         try:
             while (frame := process.receive(self._silence_s())).kind == "C":
                 with self.lock:
                     for tag, end in frame.arrivals():
                         if driver.peers is not None:
                             driver.peers.publish(tag, driver.to_perf(end))
+                        self.arrived += 1
                         self._arrived(tag, driver.to_perf(end))
+                    self._cut_if_nothing_else_can_come()
         except KeyboardInterrupt:
             process.send(Encoder("X").frame())
             report = driver._await_report()
