@@ -162,7 +162,7 @@ def test_refusals_and_their_messages_are_the_same_from_both_servers() -> None:
         "UNAUTHENTICATED",  # a control call's token is checked before its session
         "OK",
         "OK",
-        "RESOURCE_EXHAUSTED",
+        "OK",  # a third session: the first two's connections have closed, their room is free
         "RESOURCE_EXHAUSTED",
         "OK",
         "INVALID_ARGUMENT",
@@ -176,6 +176,32 @@ def test_refusals_and_their_messages_are_the_same_from_both_servers() -> None:
         "OK",
     ]
     assert all("secret-token" not in details for _, details in outcomes["grpc-cpp"])
+
+
+def test_sessions_of_clients_still_connected_keep_their_room_on_both_servers() -> None:
+    settings = ServerSettings(max_sessions=2)
+    with both_servers(Mode.NON_SERIALIZED, settings) as addresses:
+        outcomes = {}
+        for engine, address in addresses.items():
+            with contextlib.ExitStack() as connected:
+                seen = []
+                for session in ("one", "two", "three"):
+                    # A connection of its own each, kept open.
+                    channel = connected.enter_context(
+                        grpc.insecure_channel(
+                            address, options=(("grpc.use_local_subchannel_pool", 1),)
+                        )
+                    )
+                    call = channel.unary_unary(RECV_TENSOR, None, None)
+                    try:
+                        call(_PULL, timeout=10, metadata=((SESSION_METADATA, session),))
+                        seen.append(("OK", ""))
+                    except grpc.RpcError as error:
+                        seen.append((error.code().name, error.details() or ""))
+            outcomes[engine] = seen
+    assert outcomes["grpc-cpp"] == outcomes["grpcio"]
+    assert [code for code, _ in outcomes["grpcio"]] == ["OK", "OK", "RESOURCE_EXHAUSTED"]
+    assert "still connected" in outcomes["grpcio"][2][1]
 
 
 def test_processes_sharing_a_port_answer_control_calls_as_one_server() -> None:

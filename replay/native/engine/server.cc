@@ -23,14 +23,11 @@
 #include <thread>
 
 #include "engine.h"
+#include "sessions.h"
 
 namespace tfgb {
 namespace {
 
-constexpr int64_t kSessionIdleNs = 600LL * 1000000000;
-constexpr size_t kMaxCountedMethods = 64;
-constexpr size_t kMaxMethodChars = 256;
-constexpr char kOtherMethods[] = "(other methods)";
 constexpr uint64_t kMemoryCheckedBytes = 64ULL << 20;
 constexpr uint64_t kPayloadCacheBytes = 2ULL << 30;
 constexpr int kPendingCallsPerQueue = 64;
@@ -86,75 +83,6 @@ std::string DialAddress(const std::string& host, uint32_t port) {
   return Join(host, port);
 }
 
-// What a session (or a server process) counted since its reset.
-struct Snapshot {
-  int64_t received_bytes = 0, received_messages = 0, sent_bytes = 0, sent_messages = 0;
-  int64_t cpu_ns = 0, wall_ns = 0, other_sessions = 0;
-  std::map<std::string, std::pair<int64_t, int64_t>> per_method;
-  std::vector<int64_t> received_messages_per_process;
-};
-
-class Session {
- public:
-  explicit Session(std::string id) : id_(std::move(id)) {
-    created_ns_ = control_ns_ = reset_wall_ns_ = MonotonicNs();
-    reset_cpu_ns_ = ProcessCpuNs();
-  }
-  const std::string& id() const { return id_; }
-
-  void Add(const std::string& method, int64_t received, int64_t sent) {
-    std::lock_guard<std::mutex> hold(lock_);
-    counts_.received_bytes += received;
-    counts_.received_messages += 1;
-    counts_.sent_bytes += sent;
-    counts_.sent_messages += 1;
-    auto entry = counts_.per_method.find(method);
-    if (entry == counts_.per_method.end()) {
-      bool room = counts_.per_method.size() < kMaxCountedMethods && method.size() <= kMaxMethodChars;
-      entry = counts_.per_method.emplace(room ? method : kOtherMethods, std::make_pair(0, 0)).first;
-    }
-    entry->second.first += 1;
-    entry->second.second += received;
-    last_call_ns_ = MonotonicNs();
-  }
-
-  void Reset() {
-    std::lock_guard<std::mutex> hold(lock_);
-    earlier_bytes_ += counts_.received_bytes;
-    earlier_messages_ += counts_.received_messages;
-    counts_ = Snapshot();
-    reset_wall_ns_ = MonotonicNs();
-    reset_cpu_ns_ = ProcessCpuNs();
-  }
-
-  Snapshot Take() {
-    std::lock_guard<std::mutex> hold(lock_);
-    Snapshot snapshot = counts_;
-    snapshot.cpu_ns = ProcessCpuNs() - reset_cpu_ns_;
-    snapshot.wall_ns = MonotonicNs() - reset_wall_ns_;
-    return snapshot;
-  }
-
-  // Bytes and messages received over the session's life.
-  std::pair<int64_t, int64_t> Received() {
-    std::lock_guard<std::mutex> hold(lock_);
-    return {earlier_bytes_ + counts_.received_bytes, earlier_messages_ + counts_.received_messages};
-  }
-
-  void Touch() { control_ns_ = MonotonicNs(); }
-  int64_t last_call_ns() const { return last_call_ns_; }
-  int64_t reset_wall_ns() const { return reset_wall_ns_; }
-  int64_t ActiveNs() const { return std::max<int64_t>(last_call_ns_, control_ns_); }
-
- private:
-  const std::string id_;
-  std::mutex lock_;
-  Snapshot counts_;
-  int64_t earlier_bytes_ = 0, earlier_messages_ = 0;
-  int64_t created_ns_, reset_cpu_ns_;
-  std::atomic<int64_t> control_ns_{0}, reset_wall_ns_{0}, last_call_ns_{0};
-};
-
 bool ValidSessionId(const std::string& id) {
   if (id.empty() || id.size() > 64) return false;
   return std::all_of(id.begin(), id.end(), [](char c) {
@@ -162,64 +90,6 @@ bool ValidSessionId(const std::string& id) {
            c == '-' || c == '_';
   });
 }
-
-// The sessions counted apart, at most `limit` besides the default one.
-class Sessions {
- public:
-  explicit Sessions(uint32_t limit) : limit_(limit) {
-    by_id_.emplace("", std::make_shared<Session>(""));
-  }
-  uint32_t limit() const { return limit_; }
-
-  std::shared_ptr<Session> Get(const std::string& id) {
-    std::lock_guard<std::mutex> hold(lock_);
-    auto found = by_id_.find(id);
-    if (found != by_id_.end()) return found->second;
-    if (by_id_.size() >= limit_ + 1) DropIdle();
-    if (by_id_.size() >= limit_ + 1) return nullptr;
-    return by_id_.emplace(id, std::make_shared<Session>(id)).first->second;
-  }
-
-  int64_t ActiveSince(int64_t since_ns, const Session* besides) {
-    std::lock_guard<std::mutex> hold(lock_);
-    int64_t count = 0;
-    for (const auto& entry : by_id_) {
-      if (entry.second.get() != besides && entry.second->last_call_ns() >= since_ns) ++count;
-    }
-    return count;
-  }
-
-  std::pair<int64_t, int64_t> Received() {
-    std::lock_guard<std::mutex> hold(lock_);
-    std::pair<int64_t, int64_t> total = dropped_;
-    for (const auto& entry : by_id_) {
-      auto received = entry.second->Received();
-      total.first += received.first;
-      total.second += received.second;
-    }
-    return total;
-  }
-
- private:
-  void DropIdle() {
-    int64_t idle_before = MonotonicNs() - kSessionIdleNs;
-    for (auto entry = by_id_.begin(); entry != by_id_.end();) {
-      if (!entry->first.empty() && entry->second->ActiveNs() < idle_before) {
-        auto received = entry->second->Received();
-        dropped_.first += received.first;
-        dropped_.second += received.second;
-        entry = by_id_.erase(entry);
-      } else {
-        ++entry;
-      }
-    }
-  }
-
-  const uint32_t limit_;
-  std::mutex lock_;
-  std::map<std::string, std::shared_ptr<Session>> by_id_;
-  std::pair<int64_t, int64_t> dropped_{0, 0};
-};
 
 std::string Metadata(const grpc::ServerContext& context, const char* key) {
   const auto& metadata = context.client_metadata();
@@ -493,12 +363,10 @@ class ServerCall {
                             std::string(kSessionMetadata) +
                                 ": expected 1-64 letters, digits, '-' or '_'"));
     }
-    session_ = replay_->sessions.Get(id);
-    if (!session_) {
-      return Finish(Refusal(grpc::StatusCode::RESOURCE_EXHAUSTED,
-                            "this server counts at most " +
-                                std::to_string(replay_->sessions.limit()) +
-                                " client sessions at once, all busy; try again later"));
+    try {
+      session_ = replay_->sessions.Get(id, context_.peer());
+    } catch (const SessionRefusal& refusal) {
+      return Finish(Refusal(grpc::StatusCode::RESOURCE_EXHAUSTED, refusal.what()));
     }
     if (method_.compare(0, strlen(kControlPrefix), kControlPrefix) == 0) {
       return Finish(Refusal(grpc::StatusCode::UNIMPLEMENTED, "Method not found!"));
@@ -754,14 +622,16 @@ grpc::Status ServerCall::Control(grpc::ByteBuffer* response) {
     return Refusal(grpc::StatusCode::INVALID_ARGUMENT,
                    std::string(kSessionMetadata) + ": expected 1-64 letters, digits, '-' or '_'");
   }
-  auto session = replay_->sessions.Get(id);
-  if (!session) {
-    return Refusal(grpc::StatusCode::RESOURCE_EXHAUSTED,
-                   "this server counts at most " + std::to_string(replay_->sessions.limit()) +
-                       " client sessions at once, all busy; try again later");
-  }
-  session->Touch();
+  // A call another process serving this address passes on is not its client's.
   bool from_sibling = HasMetadata(context_, kSiblingMetadata);
+  std::string peer = from_sibling ? "" : context_.peer();
+  std::shared_ptr<Session> session;
+  try {
+    session = replay_->sessions.Get(id, peer);
+  } catch (const SessionRefusal& refusal) {
+    return Refusal(grpc::StatusCode::RESOURCE_EXHAUSTED, refusal.what());
+  }
+  session->Touch(peer);
   bool forward = !from_sibling && !replay_->siblings.empty();
   std::vector<std::string> answers;
   if (method_ == kResetMethod) {
