@@ -133,7 +133,6 @@ _CASES: list[tuple[str, bytes, tuple[tuple[str, str], ...]]] = [
     (STATS_METHOD, b"", ((SESSION_METADATA, "x" * 65),)),
     (RECV_TENSOR, _PULL, ((SESSION_METADATA, "one"),)),
     (RECV_TENSOR, _PULL, ((SESSION_METADATA, "two"),)),
-    (RECV_TENSOR, _PULL, ((SESSION_METADATA, "three"),)),
     (RECV_TENSOR, struct.pack("<Q", 1001), ()),
     (RECV_TENSOR, struct.pack("<Q", 1000), ()),
     (RECV_TENSOR, b"ab", ((RESPONSE_LENGTH_METADATA, "many"),)),
@@ -149,6 +148,9 @@ _CASES: list[tuple[str, bytes, tuple[tuple[str, str], ...]]] = [
 
 
 def test_refusals_and_their_messages_are_the_same_from_both_servers() -> None:
+    # Each case on a connection of its own, closed after it: whether a session's room is
+    # free again by the next case is a race with the close, so no case makes a third session
+    # (the test below refuses one with its clients still connected).
     settings = ServerSettings(max_sessions=2, max_response_bytes=1000, control_token="secret-token")
     with both_servers(Mode.NON_SERIALIZED, settings) as addresses:
         outcomes = {
@@ -162,7 +164,6 @@ def test_refusals_and_their_messages_are_the_same_from_both_servers() -> None:
         "UNAUTHENTICATED",  # a control call's token is checked before its session
         "OK",
         "OK",
-        "OK",  # a third session: the first two's connections have closed, their room is free
         "RESOURCE_EXHAUSTED",
         "OK",
         "INVALID_ARGUMENT",
