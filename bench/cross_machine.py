@@ -18,11 +18,16 @@ capture on another instance), on each link profile, in one run:
    (the latest measurement of a pair, trace and link replaces the one before),
    from which a replay says how uncertain a cross-machine prediction is and the
    section ``## Fidelity across machines: every pair of CPU models`` is written.
+
+``--pairs FILE`` merges the measured pairs into FILE instead (written even with
+``--no-readme``); ``--replay-duration S`` shortens each replay (the suite's
+smoke run of this mode: a tiny model, a few steps).
 """
 
 from __future__ import annotations
 
 import datetime
+import re
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -30,6 +35,7 @@ from pathlib import Path
 
 from common import README, ROOT, load_average, machine_line, table_head, table_row, write_section
 from fidelity import (
+    REPLAY_DURATION_S,
     Prediction,
     Uncaptured,
     capture_job,
@@ -101,16 +107,27 @@ def job_shape(trace: Trace, steps: int) -> list[str]:
 
 
 def _compute(prediction: Prediction | None) -> str:
+    """How the replay scaled the trace's compute, short: its scale ("compute x1.64") or
+    why none ("none: ..."), without the steps and the uncertainty the results give."""
     import json
 
     if prediction is None:
         return "-"
     benchmark = json.loads(prediction.document.read_text())["benchmarks"][0]
-    return str(benchmark["parameters"].get("compute_calibration", "not scaled (same machine)"))
+    described = str(benchmark["parameters"].get("compute_calibration", ""))
+    if not described:
+        return "not scaled (same machine)"
+    if described.startswith("none"):
+        return described.split("; ")[0]
+    scales = re.findall(r"compute x[0-9.e+-]+", described)
+    return scales[-1] if scales else described
 
 
-def measure_cross(name: str, profiles: list[str], steps: int, logdir: Path) -> list[CrossRow]:
-    """Training here, uncaptured and captured, and the trace's prediction, per profile."""
+def measure_cross(
+    name: str, profiles: list[str], steps: int, logdir: Path, *, replay_s: str = REPLAY_DURATION_S
+) -> list[CrossRow]:
+    """Training here, uncaptured and captured, and the trace's prediction, per profile
+    (each replay ``replay_s`` seconds long)."""
     path = trace_path(name)
     trace = trace_files.read_trace(path)
     shape = job_shape(trace, steps)
@@ -120,7 +137,9 @@ def measure_cross(name: str, profiles: list[str], steps: int, logdir: Path) -> l
     for profile in profiles:
         plain = train_uncaptured(shape, profile)
         captured = capture_job(shape, folder / f"here-{profile}.tfgbtrace", profile)
-        prediction = predict(path, profile, folder / f"{profile}-cross")
+        prediction = predict(
+            path, profile, folder / f"{profile}-cross", length=("--duration", replay_s)
+        )
         rows.append(
             CrossRow(
                 profile=profile,
@@ -181,7 +200,9 @@ def _calibration_method(extra: tuple[tuple[str, str], ...]) -> str:
     if not recorded.parts:
         return ONE_PROCESS
     processes = recorded.workload.processes
-    return f"{processes} process{'es' if processes > 1 else ''} at once, by kind of work"
+    if processes == 1:
+        return "one process, by kind of work"
+    return f"{processes} processes at once, by kind of work"
 
 
 def report(name: str, trace: Trace, rows: list[CrossRow], command: str, before: str) -> str:
@@ -260,22 +281,38 @@ def pairs_section(pairs: list[MeasuredPair]) -> str:
     return "\n".join(lines)
 
 
-def run_cross(
-    names: list[str], profiles: list[str], steps: int, logdir: Path, command: str, readme: bool
-) -> None:
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CrossRun:
+    """What the cross-machine mode is asked (bench/fidelity.py's flags)."""
+
+    names: list[str]
+    profiles: list[str]
+    steps: int
+    logdir: Path
+    command: str
+    #: Write bench/README.md's sections (and the package's pairs file).
+    readme: bool
+    #: Where the measured pairs are merged (None: the package's file, with the README only).
+    pairs_file: Path | None = None
+    replay_s: str = REPLAY_DURATION_S
+
+
+def run_cross(run: CrossRun) -> None:
     """The cross-machine mode: measure every trace, then write the sections and the pairs."""
-    for name in names:
+    for name in run.names:
         before = load_average()
-        rows = measure_cross(name, profiles, steps, logdir)
+        rows = measure_cross(name, run.profiles, run.steps, run.logdir, replay_s=run.replay_s)
         trace = trace_files.read_trace(trace_path(name))
-        body = report(name, trace, rows, command, before)
+        body = report(name, trace, rows, run.command, before)
         print(body)
+        pairs_file = run.pairs_file or cross_machine.PAIRS_FILE
         pairs = cross_machine.merged(
-            cross_machine.read_pairs(), measured_pairs(name, trace, rows, command)
+            cross_machine.read_pairs(pairs_file), measured_pairs(name, trace, rows, run.command)
         )
-        if readme:
+        if run.readme or run.pairs_file is not None:
+            pairs_file.write_text(cross_machine.pairs_document(pairs))
+        if run.readme:
             write_section(README, SECTION.format(trace=trace_label(name)), body)
-            cross_machine.PAIRS_FILE.write_text(cross_machine.pairs_document(pairs))
             write_section(README, PAIRS_SECTION, pairs_section(pairs))
         else:
             print(pairs_section(pairs))

@@ -30,7 +30,8 @@ script (root: it builds network namespaces):
 
 Usage: ``sudo .venv/bin/python bench/fidelity.py [--models resnet50,vgg16]
 [--setup tf2-ps|tf1-ps] [--profiles 1gbit,...,1gbit:delay=1ms,10gbit:delay=100us] [--steps 8]
-[--cpu-cap CORES] [--cross-machine TRACES] [--no-readme] [--logdir runs/fidelity]``
+[--cpu-cap CORES] [--cross-machine TRACES [--pairs FILE] [--replay-duration S]]
+[--no-readme] [--logdir runs/fidelity]``
 (needs the profiler extra).
 
 Every training shape is run twice side by side on each link: first uncaptured
@@ -678,6 +679,20 @@ def main() -> int:
         help="replay these traces captured on other instances (shipped names or files, "
         "comma-separated) against their jobs trained here (bench/cross_machine.py)",
     )
+    parser.add_argument(
+        "--pairs",
+        type=Path,
+        default=None,
+        metavar="FILE",
+        help="with --cross-machine: merge the measured pairs into FILE (default: the "
+        "package's, written with bench/README.md only)",
+    )
+    parser.add_argument(
+        "--replay-duration",
+        default=REPLAY_DURATION_S,
+        metavar="S",
+        help="with --cross-machine: seconds of each replay",
+    )
     parser.add_argument("--no-readme", action="store_true")
     parser.add_argument(
         "--logdir", default="runs/fidelity", help="where the replays' runs and comparisons go"
@@ -685,12 +700,16 @@ def main() -> int:
     args = parser.parse_args()
     command = command_line("bench/fidelity.py", sys.argv[1:])
     if args.cross_machine:
-        from cross_machine import run_cross
+        from cross_machine import CrossRun, run_cross
 
         with lifetime.interrupt_on_signals():
             run_cross(
-                args.cross_machine.split(","), args.profiles.split(","), args.steps,
-                Path(args.logdir), command, readme=not args.no_readme,
+                CrossRun(
+                    names=args.cross_machine.split(","), profiles=args.profiles.split(","),
+                    steps=args.steps, logdir=Path(args.logdir), command=command,
+                    readme=not args.no_readme, pairs_file=args.pairs,
+                    replay_s=args.replay_duration,
+                )
             )  # fmt: skip
         return 0
     with lifetime.interrupt_on_signals():

@@ -20,7 +20,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from tf_grpc_bench import calibration, capture_cpu, host, trace_files
+from tf_grpc_bench import calibration, capture_cpu, compute_scale, host, trace_files
 from tf_grpc_bench.bounds import NS_PER_S
 from tf_grpc_bench.errors import UsageError
 from tf_grpc_bench.replay import fitting
@@ -294,7 +294,7 @@ def generator_config(spec: ReplaySpec) -> GeneratorConfig:
 
 def _replayed_trace(
     spec: ReplaySpec, trace_path: Path, here: Host, whole_steps: WholeSteps
-) -> tuple[list[Workload], whatif.Derivation | None, calibration.ComputeToHere | None]:
+) -> tuple[list[Workload], whatif.Derivation | None, compute_scale.ComputeToHere | None]:
     """The trace's workloads (``trace_workloads``; without the stand-in servers of the
     chief's calls when the targets are too few for them), and its compute brought to
     this machine (``compute_to_here``), which their results name."""
@@ -357,7 +357,7 @@ def what_if_of(spec: ReplaySpec, trace: Trace) -> whatif.WhatIf | None:
 
 def compute_to_here(
     spec: ReplaySpec, trace: Trace, workloads: Sequence[Workload], here: Host
-) -> calibration.ComputeToHere | None:
+) -> compute_scale.ComputeToHere | None:
     """``--compute auto`` (the default) or ``here``: the scale taking the trace's compute to
     this machine, for the workloads that keep compute (dependencies pacing); None otherwise."""
     if spec.compute is not None and not spec.compute.to_this_machine:
@@ -365,7 +365,7 @@ def compute_to_here(
     choice = PacingChoice(timing=spec.pacing)
     if not any(fitting.timing_for(w, choice) is Timing.DEPENDENCIES for w in workloads):
         return None
-    return calibration.compute_to_here(
+    return compute_scale.compute_to_here(
         trace.metadata.extra,
         here.name,
         required=spec.compute is not None and spec.compute.word == COMPUTE_HERE,
@@ -375,7 +375,7 @@ def compute_to_here(
 
 
 def pacing_choice(
-    spec: ReplaySpec, to_here: calibration.ComputeToHere | None = None
+    spec: ReplaySpec, to_here: compute_scale.ComputeToHere | None = None
 ) -> PacingChoice:
     """The pacing ``spec`` asks for, with ``--compute auto``'s scale (``to_here``)."""
     scale = to_here.scale if to_here is not None else None

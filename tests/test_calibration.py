@@ -19,10 +19,9 @@ from tf_grpc_bench.calibration import (
     Calibration,
     CalibrationUnavailable,
     CalibrationWorkload,
-    ComputeToHere,
     StepHere,
-    compute_to_here,
 )
+from tf_grpc_bench.compute_scale import ComputeToHere, compute_to_here
 from tf_grpc_bench.errors import ConfigError
 from tf_grpc_bench.replay import cli as replay_cli
 from tf_grpc_bench.replay.core.benchmarks import trace_workload
@@ -180,17 +179,29 @@ def test_a_step_no_two_timings_confirm_is_the_fastest_and_says_so() -> None:
     assert text.endswith("700.0 ms (others 20% of the CPU)), the fastest taken")
 
 
-def test_only_a_steady_step_is_cached(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_an_unsteady_step_is_cached_marked_unsteady_and_a_steady_one_for_good(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setenv(calibration.CACHE_ENV, str(tmp_path / "calibrations.json"))
-    time_once, _ = _timings((100.0, 0.0), (150.0, 0.0), (400.0, 0.0), (230.0, 0.0))
-    unsteady = calibration.measure_here("Xeon, 2 CPUs", RESNET, time_once)
-    assert (unsteady.step_ns, unsteady.steady) == (100_000_000, False)
+    monkeypatch.delenv(calibration.RECALIBRATE_ENV, raising=False)
+    time_once, _ = _timings((100.0, 0.0), (150.0, 0.0), (400.0, 0.6), (230.0, 0.0))
+    unsteady = calibration.measure_here("Xeon, 2 CPUs", RESNET, time_once, quiet=lambda: True)
+    assert (unsteady.step_ns, unsteady.steady, unsteady.disturbed) == (100_000_000, False, True)
+    # How far the step may be off: the slowest undisturbed timing over the fastest.
+    assert unsteady.spread == pytest.approx(2.3)
     assert unsteady.source.startswith("measured now, unsteady: no two undisturbed timings")
-    assert unsteady.source.endswith(", the fastest undisturbed taken, not cached")
-    assert calibration.cached("Xeon, 2 CPUs", RESNET) is None
-    # The next asks again, and keeps a steady step for good.
+    assert unsteady.source.endswith(", the fastest undisturbed taken, cached as unsteady")
+    entry = json.loads((tmp_path / "calibrations.json").read_text())
+    assert entry["Xeon, 2 CPUs | resnet50 32x32 batch 4 keras"]["steady"] is False
+    # The machine still busy: the unsteady step is used from the cache, not timed again.
+    cached = calibration.measure_here("Xeon, 2 CPUs", RESNET, _never, quiet=lambda: False)
+    assert cached == StepHere(
+        100_000_000, "cached, unsteady: its timings 130% apart", steady=False,
+        spread=pytest.approx(2.3), disturbed=True,
+    )  # fmt: skip
+    # Quiet now, and others disturbed one of its timings: timed again, a steady step kept.
     time_once, asked = _timings((120.0, 0.0), (110.0, 0.01))
-    steady = calibration.measure_here("Xeon, 2 CPUs", RESNET, time_once)
+    steady = calibration.measure_here("Xeon, 2 CPUs", RESNET, time_once, quiet=lambda: True)
     assert steady == StepHere(110_000_000, "measured now", spread=pytest.approx(120 / 110))
     assert len(asked) == 2
     assert calibration.cached("Xeon, 2 CPUs", RESNET) == 110_000_000
@@ -199,19 +210,72 @@ def test_only_a_steady_step_is_cached(tmp_path: Path, monkeypatch: pytest.Monkey
         {"step_ns": 120_000_000, "others_cpu_share": 0.0},
         {"step_ns": 110_000_000, "others_cpu_share": 0.01},
     ]
-    assert calibration.measure_here("Xeon, 2 CPUs", RESNET, time_once).source == "cached"
+    assert "steady" not in entry["Xeon, 2 CPUs | resnet50 32x32 batch 4 keras"]
+    # A steady step stands, quiet or not.
+    again = calibration.measure_here("Xeon, 2 CPUs", RESNET, _never, quiet=lambda: True)
+    assert again.source == "cached" and again.steady
 
 
-def test_a_replay_says_its_calibration_was_unsteady() -> None:
+def _never(workload: CalibrationWorkload) -> calibration.Timing:
+    raise AssertionError(f"{workload.text} timed again")
+
+
+def test_an_unsteady_step_timed_undisturbed_stands_until_asked(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv(calibration.CACHE_ENV, str(tmp_path / "calibrations.json"))
+    monkeypatch.delenv(calibration.RECALIBRATE_ENV, raising=False)
+    time_once, _ = _timings((100.0, 0.0), (150.0, 0.0), (200.0, 0.0), (250.0, 0.0))
+    first = calibration.measure_here("Xeon, 2 CPUs", RESNET, time_once, quiet=lambda: True)
+    assert not first.steady and not first.disturbed
+    # Nothing disturbed it: the machine's step varies that much, quiet or not.
+    kept = calibration.measure_here("Xeon, 2 CPUs", RESNET, _never, quiet=lambda: True)
+    assert kept.source == "cached, unsteady: its timings 150% apart" and kept.step_ns == 100_000_000
+    # Asked (TF_GRPC_BENCH_RECALIBRATE=1), any cached step is timed again, steady ones too.
+    monkeypatch.setenv(calibration.RECALIBRATE_ENV, "1")
+    time_once, asked = _timings((90.0, 0.0), (95.0, 0.0), (91.0, 0.0), (92.0, 0.0))
+    retimed = calibration.measure_here("Xeon, 2 CPUs", RESNET, time_once, quiet=lambda: False)
+    assert (retimed.step_ns, retimed.steady, len(asked)) == (90_000_000, True, 2)
+    time_once, asked = _timings((80.0, 0.0), (81.0, 0.0))
+    assert calibration.measure_here("Xeon, 2 CPUs", RESNET, time_once).step_ns == 80_000_000
+    assert len(asked) == 2
+
+
+def test_the_machine_is_quiet_when_nothing_else_takes_it() -> None:
+    # A real reading of /proc/stat: a bool either way (how busy a shared machine is
+    # cannot be asserted), and the sample is as long as asked.
+    assert calibration.machine_is_quiet(0.05) in (True, False)
+
+
+def test_a_replay_says_its_calibration_was_unsteady_and_widens_its_uncertainty() -> None:
     extra = (*XEON, *Calibration(RESNET, 100_000_000).extra())
-    source = "measured now, unsteady: no two undisturbed timings within 20% (...), not cached"
+    source = "cached, unsteady: its timings 30% apart"
 
     def unsteady(machine: str, workload: CalibrationWorkload) -> StepHere:
-        return StepHere(80_000_000, source, steady=False)
+        return StepHere(80_000_000, source, steady=False, spread=1.3)
 
     to_here = _to_here(extra, "EPYC, 2 CPUs", required=False, measure=unsteady)
     assert to_here is not None and to_here.scale == pytest.approx(0.8)
+    assert to_here.unsteady_spread == pytest.approx(1.3)
     assert f"80.0 ms on EPYC, 2 CPUs ({source}): compute x0.8" in to_here.description
+    assert to_here.description.endswith(
+        "measured against training yet; and an unsteady calibration, its timings up to 30% apart"
+    )
+    # The trace's own calibration unsteady too (recorded as such): both spreads count.
+    there = Calibration(RESNET, 100_000_000, spread=1.5, steady=False)
+    assert calibration.from_extra(there.extra()) == there
+    both = _to_here((*XEON, *there.extra()), "EPYC, 2 CPUs", required=False, measure=unsteady)
+    assert both is not None and both.unsteady_spread == pytest.approx(1.95)
+    assert "a step on Xeon, 2 CPUs, unsteady: its timings 50% apart, 80.0 ms" in both.description
+    steady = _to_here(extra, "EPYC, 2 CPUs", required=False, measure=_measured(80_000_000)[0])
+    assert steady is not None and steady.unsteady_spread == 1.0
+    assert "unsteady" not in steady.description
+    # inspect says the trace's calibration was unsteady.
+    assert "unsteady: no two timings confirmed it, its timings 50% apart" in (
+        calibration.calibration_line(there.extra())
+    )
+    with pytest.raises(ConfigError, match=r"calibration_steady='maybe': expected true or false"):
+        calibration.from_extra((*there.extra(), ("calibration_steady", "maybe")))
 
 
 def test_auto_scales_compute_captured_elsewhere_by_the_two_steps() -> None:
@@ -371,20 +435,20 @@ def test_inspect_shows_the_calibration() -> None:
 def test_a_machine_times_a_real_training_step(calibration_cache: Path) -> None:
     tiny = CalibrationWorkload("tiny", 8, 2, "keras")
     # A step of a few ms on a shared machine: a busy moment can leave no two timings
-    # agreeing, however often it is asked.  What holds either way: a real, positive step;
-    # a steady one is cached and served from the cache, an unsteady one is used but not
-    # cached (the agreement logic itself is tested with set timings above).
+    # agreeing, however often it is asked.  What holds either way: a real, positive step,
+    # cached and served from the cache, marked unsteady where it was (the agreement logic
+    # and the cache's policy are tested with set timings above).
     measured = calibration.measure_here("Test machine, 2 CPUs", tiny)
     assert measured.step_ns > 0
     cached = calibration.cached("Test machine, 2 CPUs", tiny, calibration_cache)
+    assert cached == measured.step_ns  # steady or marked unsteady, it is kept
+    again = calibration.measure_here("Test machine, 2 CPUs", tiny, quiet=lambda: False)
+    assert (again.step_ns, again.steady) == (measured.step_ns, measured.steady)
     if measured.steady:
-        assert measured.source == "measured now"
-        assert cached == measured.step_ns
-        again = calibration.measure_here("Test machine, 2 CPUs", tiny)
-        assert again == StepHere(measured.step_ns, "cached")
+        assert measured.source == "measured now" and again.source == "cached"
     else:
         assert measured.source.startswith("measured now, unsteady: no two undisturbed timings")
-        assert cached is None
+        assert again.source.startswith("cached, unsteady: its timings")
     with pytest.raises(CalibrationUnavailable, match="timing nosuchmodel 8x8 batch 2 keras failed"):
         calibration.run_calibration(dataclasses.replace(tiny, model="nosuchmodel"))
 
@@ -466,11 +530,17 @@ def test_a_capture_warns_of_an_unsteady_calibration_even_when_quiet(
 ) -> None:
     from tf_grpc_bench.profiler import cli as profiler_cli
 
-    source = "measured now, unsteady: no two undisturbed timings within 20% (...), not cached"
-    monkeypatch.setattr(
-        profiler_cli, "measure_here", lambda machine, workload: StepHere(7, source, steady=False)
+    source = (
+        "measured now, unsteady: no two undisturbed timings within 20% (...), cached as unsteady"
     )
-    assert profiler_cli._calibrate(RESNET, quiet=True) == Calibration(RESNET, 7)
+    monkeypatch.setattr(
+        profiler_cli,
+        "measure_here",
+        lambda machine, workload: StepHere(7, source, steady=False, spread=1.4),
+    )
+    # The trace records it as unsteady, with its timings' spread.
+    unsteady = Calibration(RESNET, 7, spread=1.4, steady=False)
+    assert profiler_cli._calibrate(RESNET, quiet=True) == unsteady
     assert capsys.readouterr().err == f"warning: compute calibration {source}\n"
     monkeypatch.setattr(
         profiler_cli, "measure_here", lambda machine, workload: StepHere(7, "measured now")

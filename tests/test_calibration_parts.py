@@ -14,10 +14,10 @@ from tf_grpc_bench.calibration import (
     CalibrationWorkload,
     StepHere,
     Timing,
-    compute_to_here,
     from_extra,
     time_steadily,
 )
+from tf_grpc_bench.compute_scale import compute_to_here
 from tf_grpc_bench.errors import ConfigError
 
 TOGETHER = CalibrationWorkload("resnet50", 32, 4, "keras", processes=2)

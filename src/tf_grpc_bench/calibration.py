@@ -4,24 +4,27 @@ A trace keeps the compute of the machine that captured it: the gaps between
 a tensor's arrival at a task and the tensors computed from it leaving.  A
 replay on another machine that keeps those gaps predicts training on the
 *capture* machine.  To predict training here instead, the compute is scaled
-by how much faster this machine computes the same thing: ``capture`` times a
-local training step of the trace's model before its training starts
-(``profiler.calibrate``) and records it in the trace (``calibration_extra``);
-a replay times the same step here (``measure_here``, once per machine and
-workload, kept in a cache file) and scales the kept compute by here / there
-(``compute_scale``).
+by how much faster this machine computes the same thing: ``capture`` times the
+job's workers' local training step (``profiler.calibrate``: as many processes
+at once as the job has workers, each kind of work apart) before its training
+starts and records it in the trace (``Calibration.extra``); a replay times the
+same step here (``measure_here``, once per machine and workload, kept in a
+cache file) and scales the kept compute by here / there
+(``tf_grpc_bench.compute_scale``).
 
 One timing cached for good scales every later replay, so a machine's step is
 timed in fresh processes until two agree (``time_steadily``), and a timing
 during which anything else took a good share of the CPU (``/proc/stat``:
-other processes, the hypervisor's steal) counts for nothing; a step no two
-timings confirmed is used, said, and not cached.
+other processes, the hypervisor's steal) counts for nothing.
 
-Limits (docs/fidelity.md): one ratio for all of a step's compute, measured
-on one process with the machine to itself, while training's tasks share the
-cores; a machine faster at convolutions than at the ps's element-wise apply
-(or at gRPC's own CPU work, which is in the gaps too) is scaled by the
-convolution-heavy ratio.
+The cache's policy (``measure_here``): every step is cached, a steady one
+(two timings agreed) and an unsteady one (none did: the fastest taken, kept
+with how far apart its timings were and marked unsteady), so that a busy
+machine does not time the step again at every replay.  A cached step is timed
+again only when asked (``$TF_GRPC_BENCH_RECALIBRATE=1``), or when it is
+unsteady, others disturbed some of its timings, and the machine is quiet now
+(``time_again``).  A replay says when a step is unsteady, and the spread of
+its timings widens the uncertainty it states (``compute_scale``).
 
 This module imports no TensorFlow: a replay host without it simply cannot
 calibrate (``CalibrationUnavailable``) and keeps the recorded compute.
@@ -29,7 +32,6 @@ calibrate (``CalibrationUnavailable``) and keeps the recorded compute.
 
 from __future__ import annotations
 
-import dataclasses
 import datetime
 import importlib.util
 import itertools
@@ -38,11 +40,12 @@ import os
 import re
 import subprocess
 import sys
-from collections.abc import Callable, Sequence
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from tf_grpc_bench import cross_machine, files, host, lifetime
+from tf_grpc_bench import files, host, lifetime
 from tf_grpc_bench.errors import BenchError, ConfigError
 from tf_grpc_bench.trace import CALIBRATION_STEP_EXTRA, calibration_step_ns
 
@@ -59,6 +62,10 @@ DISTURBED_SHARE = 0.15
 AGREE_RATIO = 1.2
 #: At most this many timings, each in a fresh process, to find two that agree.
 MAX_TIMINGS = 4
+#: Environment variable: "1" times a calibration again even where the cache has it.
+RECALIBRATE_ENV = "TF_GRPC_BENCH_RECALIBRATE"
+#: How long ``machine_is_quiet`` watches ``/proc/stat``.
+QUIET_SAMPLE_S = 0.5
 #: Keras flavours a workload may name (``models.registry.KERAS_FLAVOURS``, without importing it).
 KERAS_FLAVOURS = ("keras", "tf_keras")
 
@@ -70,6 +77,8 @@ _WORKLOAD = re.compile(
 #: timings that confirmed it were (the slower over the faster).
 CALIBRATION_PARTS_EXTRA = "calibration_parts_ns"
 CALIBRATION_SPREAD_EXTRA = "calibration_spread"
+#: ``"false"`` where no two timings confirmed the step (absent: steady).
+CALIBRATION_STEADY_EXTRA = "calibration_steady"
 #: The kinds of work a calibration times apart (``profiler.calibrate``), and their names.
 PART_NAMES = {
     "forward_backward": "forward/backward",
@@ -129,13 +138,16 @@ class StepHere:
     """This machine's step for a workload, as ``measure_here`` has it."""
 
     step_ns: int
-    #: "cached", "measured now", or "measured now, unsteady: ..., not cached".
+    #: "cached", "measured now", "measured now, unsteady: ..." or "cached, unsteady: ...".
     source: str
     #: False: no two undisturbed timings agreed (the step is the best there was).
     steady: bool = True
     parts: Parts = ()
-    #: The slower of the two timings that agreed over the faster (None: not known).
+    #: Steady: the slower of the two timings that agreed over the faster; unsteady: the
+    #: slowest timing over the fastest (``Measured.spread``); None: not known.
     spread: float | None = None
+    #: Some of its timings were disturbed (others took the machine meanwhile).
+    disturbed: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -147,8 +159,15 @@ class Measured:
     steady: bool
     #: The parts of the timing taken.
     parts: Parts = ()
-    #: The slower of the agreeing pair over the faster (None: unsteady).
+    #: Steady: the slower of the agreeing pair over the faster.  Unsteady: the slowest
+    #: undisturbed timing over the fastest (of every timing where fewer than two were
+    #: undisturbed): how far the step taken may be off.
     spread: float | None = None
+
+    @property
+    def disturbed(self) -> bool:
+        """Some of the timings were disturbed."""
+        return any(timing.disturbed for timing in self.timings)
 
     def unsteady_text(self) -> str:
         """Why the step is not to be trusted (for a steady one, "")."""
@@ -216,13 +235,16 @@ class Calibration:
     step_ns: int
     #: The step's kinds of work timed apart (none from older captures).
     parts: Parts = ()
-    #: How far apart the two timings that confirmed the step were (None: not recorded).
+    #: How far apart the two timings that confirmed the step were, or for an unsteady
+    #: step its timings (None: not recorded).
     spread: float | None = None
+    #: False: no two timings confirmed the step (``StepHere.steady``).
+    steady: bool = True
 
     @classmethod
     def measured(cls, workload: CalibrationWorkload, here: StepHere) -> Calibration:
         """What ``measure_here`` found, to record in a trace."""
-        return cls(workload, here.step_ns, parts=here.parts, spread=here.spread)
+        return cls(workload, here.step_ns, parts=here.parts, spread=here.spread, steady=here.steady)
 
     def extra(self) -> tuple[tuple[str, str], ...]:
         """The trace's ``extra`` entries recording it."""
@@ -234,7 +256,14 @@ class Calibration:
             entries.append((CALIBRATION_PARTS_EXTRA, parts_text(self.parts)))
         if self.spread is not None:
             entries.append((CALIBRATION_SPREAD_EXTRA, f"{self.spread:.4f}"))
+        if not self.steady:
+            entries.append((CALIBRATION_STEADY_EXTRA, "false"))
         return tuple(entries)
+
+    @property
+    def unsteady_spread(self) -> float | None:
+        """How far apart an unsteady step's timings were (None: steady, or not known)."""
+        return None if self.steady else self.spread
 
 
 def from_extra(extra: tuple[tuple[str, str], ...]) -> Calibration | None:
@@ -266,7 +295,12 @@ def from_extra(extra: tuple[tuple[str, str], ...]) -> Calibration | None:
             raise ConfigError(
                 f"trace metadata {CALIBRATION_SPREAD_EXTRA}={text!r}: expected a ratio >= 1"
             )
-    return Calibration(workload, step_ns, parts=parts, spread=spread)
+    steady = entries.get(CALIBRATION_STEADY_EXTRA, "true")
+    if steady not in ("true", "false"):
+        raise ConfigError(
+            f"trace metadata {CALIBRATION_STEADY_EXTRA}={steady!r}: expected true or false"
+        )
+    return Calibration(workload, step_ns, parts=parts, spread=spread, steady=steady == "true")
 
 
 def cache_path() -> Path:
@@ -313,12 +347,20 @@ def cached_step(
     except ConfigError:
         parts = ()
     spread = entry.get("spread")
-    return StepHere(
-        step,
-        "cached",
-        parts=parts,
-        spread=float(spread) if isinstance(spread, (int, float)) and spread >= 1 else None,
+    known = float(spread) if isinstance(spread, (int, float)) and spread >= 1 else None
+    steady = entry.get("steady", True) is not False
+    timings = entry.get("timings")
+    disturbed = isinstance(timings, list) and any(
+        isinstance(timing, dict)
+        and isinstance(share := timing.get("others_cpu_share"), (int, float))
+        and share > DISTURBED_SHARE
+        for timing in timings
     )
+    source = "cached"
+    if not steady:
+        apart = "" if known is None else f": its timings {known - 1:.0%} apart"
+        source = f"cached, unsteady{apart}"
+    return StepHere(step, source, steady=steady, parts=parts, spread=known, disturbed=disturbed)
 
 
 def remember(
@@ -330,10 +372,11 @@ def remember(
     timings: tuple[Timing, ...] = (),
     parts: Parts = (),
     spread: float | None = None,
+    steady: bool = True,
 ) -> None:
     """Keep a measured step in the cache, with the timings it was taken from (each step
-    and others' share of the CPU, for whoever reads the file); a cache that cannot be
-    written is skipped."""
+    and others' share of the CPU, for whoever reads the file), marked unsteady where no
+    two confirmed it; a cache that cannot be written is skipped."""
     path = path or cache_path()
     data = _read_cache(path)
     data[_cache_key(machine, workload)] = {
@@ -348,6 +391,8 @@ def remember(
         data[_cache_key(machine, workload)]["parts"] = parts_text(parts)
     if spread is not None:
         data[_cache_key(machine, workload)]["spread"] = round(spread, 4)
+    if not steady:
+        data[_cache_key(machine, workload)]["steady"] = False
     try:
         text = json.dumps(data, indent=2, sort_keys=True) + "\n"
         files.write_atomically(
@@ -430,25 +475,45 @@ def time_steadily(
                 return Measured(
                     faster.step_ns, tuple(timings), steady=True, parts=faster.parts, spread=spread
                 )
-    pool = [timing for timing in timings if not timing.disturbed] or timings
-    best = min(pool, key=lambda timing: timing.step_ns)
-    return Measured(best.step_ns, tuple(timings), steady=False, parts=best.parts)
+    pool = [timing for timing in timings if not timing.disturbed]
+    best = min(pool or timings, key=lambda timing: timing.step_ns)
+    apart = [timing.step_ns for timing in (pool if len(pool) > 1 else timings)]
+    return Measured(
+        best.step_ns, tuple(timings), steady=False, parts=best.parts,
+        spread=max(apart) / min(apart),
+    )  # fmt: skip
+
+
+def machine_is_quiet(sample_s: float = QUIET_SAMPLE_S) -> bool:
+    """Whether anything else took at most ``DISTURBED_SHARE`` of the machine's CPU over
+    the next ``sample_s`` seconds (False where ``/proc/stat`` cannot tell)."""
+    begin, own = host.read_machine_cpu(), time.process_time_ns()
+    time.sleep(sample_s)
+    share = host.others_cpu_share(begin, host.read_machine_cpu(), time.process_time_ns() - own)
+    return share is not None and share <= DISTURBED_SHARE
+
+
+def time_again(known: StepHere, quiet: Callable[[], bool] = machine_is_quiet) -> bool:
+    """Whether a cached step is to be timed again: when asked (``$TF_GRPC_BENCH_RECALIBRATE``
+    is 1), or when it is unsteady, others disturbed some of its timings and the machine
+    is quiet now.  A steady step, or an unsteady one timed on a quiet machine, stands."""
+    if os.environ.get(RECALIBRATE_ENV) == "1":
+        return True
+    return not known.steady and known.disturbed and quiet()
 
 
 def measure_here(
     machine: str,
     workload: CalibrationWorkload,
     time_once: Callable[[CalibrationWorkload], Timing] = run_calibration,
+    quiet: Callable[[], bool] = machine_is_quiet,
 ) -> StepHere:
-    """This machine's step for ``workload``: from the cache, else timed now
-    (``time_steadily``) and cached if steady; an unsteady step is used but not cached."""
+    """This machine's step for ``workload``: from the cache (unless ``time_again``), else
+    timed now (``time_steadily``) and cached, steady or marked unsteady."""
     known = cached_step(machine, workload)
-    if known is not None:
+    if known is not None and not time_again(known, quiet):
         return known
     measured = time_steadily(workload, time_once)
-    if not measured.steady:
-        source = f"measured now, {measured.unsteady_text()}, not cached"
-        return StepHere(measured.step_ns, source, steady=False, parts=measured.parts)
     remember(
         machine,
         workload,
@@ -456,8 +521,15 @@ def measure_here(
         timings=measured.timings,
         parts=measured.parts,
         spread=measured.spread,
+        steady=measured.steady,
     )
-    return StepHere(measured.step_ns, "measured now", parts=measured.parts, spread=measured.spread)
+    source = "measured now"
+    if not measured.steady:
+        source = f"measured now, {measured.unsteady_text()}, cached as unsteady"
+    return StepHere(
+        measured.step_ns, source, steady=measured.steady, parts=measured.parts,
+        spread=measured.spread, disturbed=measured.disturbed,
+    )  # fmt: skip
 
 
 def calibration_line(extra: tuple[tuple[str, str], ...]) -> str:
@@ -470,7 +542,12 @@ def calibration_line(extra: tuple[tuple[str, str], ...]) -> str:
     if recorded is not None:
         details = [", ".join(f"{PART_NAMES[n]} {ns / 1e6:.1f} ms" for n, ns in recorded.parts)]
         details = [text for text in details if text]
-        if recorded.spread is not None:
+        if not recorded.steady:
+            apart = (
+                "" if recorded.spread is None else f", its timings {recorded.spread - 1:.0%} apart"
+            )
+            details.append(f"unsteady: no two timings confirmed it{apart}")
+        elif recorded.spread is not None:
             details.append(f"confirmed by a timing {recorded.spread - 1:.0%} slower")
         kinds = f" ({'; '.join(details)})" if details else ""
         return (
@@ -481,104 +558,3 @@ def calibration_line(extra: tuple[tuple[str, str], ...]) -> str:
     if host.captured_on(extra):
         return "compute calibration: none (a replay on another machine keeps this one's compute)"
     return ""
-
-
-def part_scales(there: Parts, here: Parts) -> tuple[tuple[str, float], ...]:
-    """Each kind of work's scale, here over there; none unless both timed the same kinds."""
-    if not there or [name for name, _ in there] != [name for name, _ in here]:
-        return ()
-    return tuple(
-        (name, mine / theirs) for (name, theirs), (_, mine) in zip(there, here, strict=True)
-    )
-
-
-@dataclass(frozen=True, slots=True)
-class ComputeToHere:
-    """A replay's compute scale to this machine, and what results say of it."""
-
-    #: Times the trace's compute gaps (1: kept as recorded).
-    scale: float
-    #: ``compute_calibration`` in the results: both steps and the scale, or why none.
-    description: str
-    #: Whether the scale came from both machines' calibrations.
-    calibrated: bool
-
-
-def compute_to_here(
-    extra: tuple[tuple[str, str], ...],
-    here: str,
-    *,
-    required: bool,
-    max_scale: float,
-    measure: Callable[[str, CalibrationWorkload], StepHere] = measure_here,
-    pairs: Sequence[cross_machine.MeasuredPair] | None = None,
-) -> ComputeToHere | None:
-    """``scale_to_here``, and for a trace from another machine, how uncertain that
-    makes the prediction: the spread measured across pairs of CPU models (``pairs``,
-    default the package's ``cross_machine.read_pairs()``), said in the description."""
-    to_here = scale_to_here(extra, here, required=required, max_scale=max_scale, measure=measure)
-    captured = host.captured_on(extra)
-    if to_here is None or not captured or captured == here:
-        return to_here
-    known = cross_machine.read_pairs() if pairs is None else pairs
-    uncertainty = cross_machine.uncertainty_text(captured, here, known)
-    return dataclasses.replace(to_here, description=f"{to_here.description}; {uncertainty}")
-
-
-def scale_to_here(
-    extra: tuple[tuple[str, str], ...],
-    here: str,
-    *,
-    required: bool,
-    max_scale: float,
-    measure: Callable[[str, CalibrationWorkload], StepHere] = measure_here,
-) -> ComputeToHere | None:
-    """The scale taking a trace's compute (``extra`` records its calibration) to ``here``.
-
-    ``required`` (``--compute here``): ``ConfigError`` when it cannot be had.
-    Otherwise (``--compute auto``) None when there is nothing to do (same
-    machine, or a trace that records neither machine nor calibration), and a
-    scale of 1 saying why when the scale cannot be had.  A scale above
-    ``max_scale`` (the largest ``--compute`` takes) is taken as a calibration
-    gone wrong, not as a machine that much slower.
-    """
-    recorded = from_extra(extra)
-    captured = host.captured_on(extra)
-    if recorded is None:
-        if required:
-            raise ConfigError(
-                "--compute here: the trace records no compute calibration (captured before "
-                "captures recorded one, or with --no-calibrate); re-capture it, or give a SCALE"
-            )
-        if not captured or captured == here:
-            return None
-        return ComputeToHere(1.0, "none: the trace records no calibration", calibrated=False)
-    if not required and captured == here:
-        return None
-    try:
-        measured = measure(here, recorded.workload)
-    except CalibrationUnavailable as error:
-        if required:
-            raise ConfigError(f"--compute here: {error}") from None
-        return ComputeToHere(1.0, f"none: {error}", calibrated=False)
-    scale = measured.step_ns / recorded.step_ns
-    steps = (
-        f"{recorded.workload.text}: {recorded.step_ns / 1e6:.1f} ms a step on "
-        f"{captured or 'the capture machine'}, {measured.step_ns / 1e6:.1f} ms on {here} "
-        f"({measured.source})"
-    )
-    by_part = part_scales(recorded.parts, measured.parts)
-    if by_part:
-        # The path computes each kind of work: scale by their sum, say each kind's.
-        scale = sum(ns for _, ns in measured.parts) / sum(ns for _, ns in recorded.parts)
-        kinds = ", ".join(f"{PART_NAMES[name]} x{ratio:.3g}" for name, ratio in by_part)
-        steps = f"{steps}; by kind of work: {kinds}; their sum"
-    if scale > max_scale:
-        why = (
-            f"trace metadata {CALIBRATION_STEP_EXTRA}={recorded.step_ns}: this machine's step is "
-            f"{scale:.3g} times it, over the {max_scale:g} --compute takes"
-        )
-        if required:
-            raise ConfigError(f"--compute here: {why}; give a SCALE instead")
-        return ComputeToHere(1.0, f"none: {why} ({steps})", calibrated=False)
-    return ComputeToHere(scale, f"{steps}: compute x{scale:.3g}", calibrated=True)

@@ -9,7 +9,7 @@ the same job on another, and keeps each measurement in
 of CPU models in bench/README.md).  Until the calibration holds across CPUs, a
 replay of a trace from another CPU model says how uncertain its prediction is:
 the spread of the predicted-over-training ratios measured across pairs of
-different CPU models (``uncertainty_text``).
+different CPU models (``uncertainty_text``), widened where a calibration was unsteady.
 
 Pure but for ``read_pairs`` (the package's file).
 """
@@ -147,22 +147,31 @@ def spread(pairs: Iterable[MeasuredPair]) -> Spread | None:
     return Spread(min(ratios), max(ratios), len(across), machines)
 
 
-def uncertainty_text(captured_on: str, here: str, pairs: Iterable[MeasuredPair]) -> str:
+def uncertainty_text(
+    captured_on: str, here: str, pairs: Iterable[MeasuredPair], *, widen: float = 1.0
+) -> str:
     """What a replay of a trace from ``captured_on`` on ``here`` says of its prediction's
-    uncertainty ("" on the capture's own machine or one that is not named)."""
+    uncertainty ("" on the capture's own machine or one that is not named).  ``widen``
+    (> 1: an unsteady calibration's spread, ``compute_scale.ComputeToHere``) widens the
+    measured spread both ways and is said."""
     if not captured_on or not here or captured_on == here:
         return ""
+    unsteady = f"an unsteady calibration, its timings up to {widen - 1:.0%} apart"
     measured = spread(pairs)
     if measured is None:
-        return (
+        text = (
             "uncertain across CPU models: no prediction across CPU models has been "
             "measured against training yet"
         )
+        return text if widen <= 1 else f"{text}; and {unsteady}"
     this_pair = (captured_on, here) in measured.machine_pairs
     machines = len(measured.machine_pairs)
-    return (
+    text = (
         f"uncertain across CPU models: predictions of traces from another CPU model have "
         f"been {measured.low:.2f} to {measured.high:.2f} of training ({measured.count} "
         f"measured, {machines} pair{'s' if machines != 1 else ''} of machines"
         f"{', this pair among them' if this_pair else ''}; bench/README.md)"
     )
+    if widen <= 1:
+        return text
+    return f"{text}; with {unsteady}: {measured.low / widen:.2f} to {measured.high * widen:.2f}"
