@@ -44,7 +44,8 @@ from common import (
     table_row,
     write_section,
 )
-from fidelity import Prediction, capture, link_bound_seconds, predict, round_seconds
+from fidelity import Prediction, predict
+from training import capture, link_bound_seconds, round_seconds
 
 from tf_grpc_bench import calibration, lifetime, trace_files
 

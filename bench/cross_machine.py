@@ -34,14 +34,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from common import README, ROOT, load_average, machine_line, table_head, table_row, write_section
-from fidelity import (
-    REPLAY_DURATION_S,
-    Prediction,
+from fidelity import REPLAY_DURATION_S, Prediction, predict
+from training import (
     Uncaptured,
     capture_job,
     job_arguments,
     link_bound_seconds,
-    predict,
     round_seconds,
     train_uncaptured,
 )

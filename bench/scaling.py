@@ -60,7 +60,8 @@ from common import (
     wait_listening,
     write_section,
 )
-from fidelity import Prediction, capture, link_bound_seconds, predict, round_seconds
+from fidelity import Prediction, predict
+from training import capture, link_bound_seconds, round_seconds
 
 from tf_grpc_bench import trace_files
 from tf_grpc_bench.replay.core.whatif import WhatIf, derive_trace

@@ -385,16 +385,17 @@ def test_a_trace_replay_carries_its_capture_cpu_among_its_parameters(tmp_path: P
 
 def test_the_fidelity_bench_lays_each_captures_cpu_beside_its_critical_path() -> None:
     fidelity = load_bench_script("fidelity.py", "bench_fidelity")
+    training = sys.modules["training"]
     trace = make_trace()
     recorded = dataclasses.replace(
         trace, metadata=dataclasses.replace(trace.metadata, extra=SATURATED.extra())
     )
-    facts = fidelity.capture_facts(recorded, "loopback")
+    facts = training.capture_facts(recorded, "loopback")
     assert facts.cpu == SATURATED
     # The tasks' cores over the span, per step of the trace.
     assert facts.tasks_cpu_per_round_s == pytest.approx(1.85 * 4.8 / len(trace.steps))
     assert facts.path_compute_s is not None and facts.path_communication_s is not None
-    bare = fidelity.capture_facts(trace, "5gbit")
+    bare = training.capture_facts(trace, "5gbit")
     assert bare.cpu is None and bare.tasks_cpu_per_round_s is None
     table = fidelity.capture_table([facts, bare])
     assert table[-3] == "|" + "---|" * 12
@@ -403,12 +404,12 @@ def test_the_fidelity_bench_lays_each_captures_cpu_beside_its_critical_path() ->
 
 
 def test_the_fidelity_bench_counts_the_path_compute_while_the_worker_was_sending() -> None:
-    fidelity = load_bench_script("fidelity.py", "bench_fidelity")
+    training = load_bench_script("training.py", "bench_training")
     # Compute 0-10 and 20-30; sends 5-8, 7-12 (merged: 5-12) and 25-40.
-    assert fidelity._overlap_ns([(0, 10), (20, 30)], [(7, 12), (5, 8), (25, 40)]) == 5 + 5
-    assert fidelity._overlap_ns([(0, 10)], []) == 0
+    assert training._overlap_ns([(0, 10), (20, 30)], [(7, 12), (5, 8), (25, 40)]) == 5 + 5
+    assert training._overlap_ns([(0, 10)], []) == 0
     trace = make_trace()
-    facts = fidelity.capture_facts(trace, "loopback")
+    facts = training.capture_facts(trace, "loopback")
     assert facts.path_compute_sending_s is not None
     assert 0 <= facts.path_compute_sending_s <= facts.path_compute_s
     # Synthetic traces carry no TF1 sync token.
@@ -416,7 +417,7 @@ def test_the_fidelity_bench_counts_the_path_compute_while_the_worker_was_sending
 
 
 def test_the_fidelity_bench_counts_the_path_compute_right_before_tf1s_sync_token() -> None:
-    fidelity = load_bench_script("fidelity.py", "bench_fidelity")
+    training = load_bench_script("training.py", "bench_training")
 
     def pull(edge: str) -> Rpc:
         devices = "/job:ps/replica:0/task:0/device:CPU:0;1;/job:worker/replica:0/task:0/cpu:0"
@@ -438,16 +439,17 @@ def test_the_fidelity_bench_counts_the_path_compute_right_before_tf1s_sync_token
         CapturedSegment(start_ns=60, end_ns=61, rpc_index=1),  # after 48: the token
         CapturedSegment(start_ns=61, end_ns=70, rpc_index=-1),
     )
-    assert fidelity._compute_before_token_ns(rpcs, segments) == 48
-    assert fidelity._compute_before_token_ns(rpcs[:1] * 2, segments) == 0
+    assert training._compute_before_token_ns(rpcs, segments) == 48
+    assert training._compute_before_token_ns(rpcs[:1] * 2, segments) == 0
 
 
 def test_the_fidelity_bench_puts_a_capped_run_in_a_section_of_its_own() -> None:
     fidelity = load_bench_script("fidelity.py", "bench_fidelity")
+    training = sys.modules["training"]
     assert fidelity.section("resnet50", "tf1-ps", None) == "## Fidelity: resnet50, tf1-ps"
     capped = fidelity.section("resnet50", "tf1-ps", 1.2)
     assert capped == "## Fidelity on a slower machine: resnet50, tf1-ps, 1.2 cores"
-    facts = fidelity.capture_facts(make_trace(), "loopback")
+    facts = training.capture_facts(make_trace(), "loopback")
     body = fidelity.report([], "tf1-ps", "cmd", "0", "0", facts, cpu_cap=1.2)
     assert body.splitlines()[0] == "## Fidelity on a slower machine: ?, tf1-ps, 1.2 cores"
     assert "capped at 1.2" in body and "`--compute recorded`" in body

@@ -128,9 +128,10 @@ def test_the_cross_machine_bench_trains_the_traces_job_and_tables_every_pair(
 
     bench = load_bench_script("cross_machine.py", "bench_cross_machine")
     fidelity = sys.modules["fidelity"]
+    training = sys.modules["training"]
     shipped = trace_files.read_trace(trace_files.shipped_trace_path("resnet50-tf2ps"))
     shape = bench.job_shape(shipped, 8)
-    assert shape == fidelity.job_arguments("resnet50", "tf2-ps", 8, workers=2, ps=2)
+    assert shape == training.job_arguments("resnet50", "tf2-ps", 8, workers=2, ps=2)
     document = tmp_path / "results.json"
     document.write_text(
         json.dumps(
@@ -149,7 +150,7 @@ def test_the_cross_machine_bench_trains_the_traces_job_and_tables_every_pair(
     prediction = fidelity.Prediction(
         step_s=0.80, compute_s=0.1, cpu_cores=0.5, cpu_per_round_s=None, document=document
     )
-    plain = fidelity.Uncaptured(round_s=0.75, tasks_cpu_per_round_s=0.7, rounds=8)
+    plain = training.Uncaptured(round_s=0.75, tasks_cpu_per_round_s=0.7, rounds=8)
     row = bench.CrossRow(
         profile="5gbit", uncaptured=plain, captured_s=0.80, link_bound_s=0.33,
         prediction=prediction, compute=bench._compute(prediction),

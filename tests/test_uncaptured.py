@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import sys
 from pathlib import Path
 
 import pytest
@@ -61,14 +62,15 @@ def test_the_fidelity_bench_sets_the_prediction_against_uncaptured_and_captured_
     tmp_path: Path,
 ) -> None:
     fidelity = load_bench_script("fidelity.py", "bench_fidelity")
+    training = sys.modules["training"]
     prediction = fidelity.Prediction(
         step_s=0.80, compute_s=0.1, cpu_cores=0.5, cpu_per_round_s=None, document=tmp_path
     )
-    plain = fidelity.Uncaptured(round_s=0.75, tasks_cpu_per_round_s=0.70, rounds=8)
+    plain = training.Uncaptured(round_s=0.75, tasks_cpu_per_round_s=0.70, rounds=8)
     assert fidelity._prediction_cells(prediction, 0.80, 0.75) == ["0.80 s", "**1.07** / 1.00"]
     assert fidelity._prediction_cells(prediction, 0.80) == ["0.80 s", "1.00"]
     trace = make_trace()
-    facts = fidelity.capture_facts(trace, "5gbit", plain)
+    facts = training.capture_facts(trace, "5gbit", plain)
     cells = fidelity._uncaptured_cells(facts)
     assert cells[0] == "0.75 s" and cells[1] == "0.70 s"
     assert cells[2] == f"{facts.round_s / 0.75:.3f}" and cells[3] == "-"
@@ -82,8 +84,8 @@ def test_the_fidelity_bench_sets_the_prediction_against_uncaptured_and_captured_
 
 
 def test_the_job_shape_is_the_captures() -> None:
-    fidelity = load_bench_script("fidelity.py", "bench_fidelity")
-    shape = fidelity.job_arguments("resnet50", "tf2-ps", 8)
+    training = load_bench_script("training.py", "bench_training")
+    shape = training.job_arguments("resnet50", "tf2-ps", 8)
     assert shape[shape.index("--steps") + 1] == "8" and shape[shape.index("--ps") + 1] == "2"
 
 
