@@ -43,7 +43,13 @@ def _calibration(extra: tuple[tuple[str, str], ...]) -> str:
     if recorded is None:
         return "not recorded"
     line = calibration.calibration_line(extra).removeprefix("compute calibration: ")
-    return line.split(" (a replay on another machine")[0]
+    line = line.split(" (a replay on another machine")[0]
+    if not recorded.parts:
+        line += (
+            " (one process, the whole step: captured before calibrations timed the job's "
+            "workers at once, by kind of work)"
+        )
+    return line
 
 
 def _capture_cpu(extra: tuple[tuple[str, str], ...]) -> str:
