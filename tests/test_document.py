@@ -25,7 +25,11 @@ from tf_grpc_bench.replay.output.document import FORMAT_VERSION, ResultDocument,
 from tf_grpc_bench.replay.output.document_reader import loads_document, read_document
 from tf_grpc_bench.replay.output.document_writer import dumps_document, write_document
 from tf_grpc_bench.replay.output.machine import NetworkInfo
-from tf_grpc_bench.replay.output.prediction import replay_bound_verdict
+from tf_grpc_bench.replay.output.prediction import (
+    prediction_json,
+    replay_bound_verdict,
+    replay_cpu_cores,
+)
 from tf_grpc_bench.replay.output.run_directories import discard_run_directory, new_run_directory
 from tf_grpc_bench.sizes import SizeCategory
 
@@ -317,6 +321,60 @@ def test_replay_bound_flags_the_replays_own_cpu_or_a_busy_machine_and_says_which
     replay_cores: float, machine_share: float | None, bound: bool, evidence: str
 ) -> None:
     assert replay_bound_verdict(replay_cores, 2, machine_share) == (bound, evidence)
+
+
+@pytest.mark.parametrize(
+    ("replay_cores", "cpu_count", "bound"),
+    [(0.0, 0, False), (0.5, 0, False), (0.7, 1, True), (0.69, 1, False), (1.4, 2, True)],
+)
+def test_the_replays_own_cores_bound_a_prediction_from_one_core_up(
+    replay_cores: float, cpu_count: int, bound: bool
+) -> None:
+    # No core count known (0) never flags; one core is a machine like any other.
+    assert replay_bound_verdict(replay_cores, cpu_count, None) == (
+        bound,
+        f"replay client and server processes used {replay_cores:.2f} of {cpu_count} cores"
+        + (" (the step may be the replay's CPU, not the link)" if bound else ""),
+    )
+
+
+def test_a_replay_that_measured_no_time_used_no_cores() -> None:
+    result = make_results(runs=1, calls=2)[0]
+    timeless = dataclasses.replace(
+        result, runs=(dataclasses.replace(result.runs[0], duration_ns=0, client_cpu_ns=5),)
+    )
+    assert replay_cpu_cores(timeless) == 0.0
+    assert replay_cpu_cores(
+        dataclasses.replace(
+            result,
+            runs=(dataclasses.replace(result.runs[0], client_cpu_ns=3, server_cpu_ns=1,
+                                      duration_ns=8),),
+        )
+    ) == 0.5  # fmt: skip
+
+
+def test_steps_replayed_without_dependencies_pacing_predict_nothing() -> None:
+    result = make_results(runs=1, calls=2)[0]
+    paced_by_rate = dataclasses.replace(
+        result, runs=(dataclasses.replace(result.runs[0], step_times_ns=(10, 30, 20)),)
+    )
+    assert prediction_json(paced_by_rate, 2) is None
+    by_dependencies = dataclasses.replace(
+        result,
+        runs=(
+            dataclasses.replace(
+                result.runs[0], step_times_ns=(10, 30, 20), step_compute_ns=(4, 6, 8)
+            ),
+        ),
+    )
+    predicted = prediction_json(by_dependencies, 2)
+    assert predicted is not None
+    assert (predicted["step_ns"], predicted["compute_ns"], predicted["communication_ns"]) == (
+        20.0,
+        6.0,
+        12.0,
+    )
+    assert predicted["steps"] == 3
 
 
 def test_a_busy_machine_flags_a_prediction_whose_replay_used_little_cpu() -> None:
