@@ -42,6 +42,7 @@ captured; the tables give the prediction over both, and the capture's cost
 
 ``--cross-machine TRACES`` replays traces captured on other instances (a shipped
 trace, an earlier run's) against their jobs trained here (``cross_machine.py``).
+Training, uncaptured and captured, and what a capture did: ``training.py``.
 
 Each model and setup gets its own section, ``## Fidelity: MODEL, SETUP``, so
 runs of different models do not overwrite each other.
