@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import importlib.util
 import os
+import subprocess
 import sys
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -16,6 +17,7 @@ import pytest
 from tf_grpc_bench import trace as trace_model
 from tf_grpc_bench import trace_files
 from tf_grpc_bench.calibration import CACHE_ENV
+from tf_grpc_bench.netns import namespaces, topology
 from tf_grpc_bench.profiler.recorders.calls import RecordedCall
 from tf_grpc_bench.replay.core.workload import Workload
 from tf_grpc_bench.replay.transport.loop import begin_mid_trace
@@ -103,6 +105,30 @@ def environment_without_coverage() -> dict[str, str]:
     """This environment, less coverage's: for a process that gives up root and so could not
     write its coverage data (it would say so on stderr, which these tests read)."""
     return {k: v for k, v in os.environ.items() if not k.startswith("COVERAGE_")}
+
+
+def run_with_pid(
+    argv: Sequence[str], *, timeout_s: float
+) -> tuple[subprocess.CompletedProcess[str], int]:
+    """``subprocess.run(argv)`` with its output as text, and the pid the command ran as."""
+    with subprocess.Popen(
+        list(argv), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    ) as process:
+        try:
+            stdout, stderr = process.communicate(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+            raise
+    return subprocess.CompletedProcess(list(argv), process.returncode, stdout, stderr), process.pid
+
+
+def namespaces_made_by(pid: int) -> list[str]:
+    """The tool's network namespaces that the process ``pid`` made: a run's id begins with
+    the pid of the process that made it.  Other tests' and other users' namespaces (a
+    machine running several suites at once has them come and go) never match."""
+    mine = f"{topology.PREFIX}{pid}-"
+    return [name for name in namespaces.list_namespaces() if name.startswith(mine)]
 
 
 def make_trace(

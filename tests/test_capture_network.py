@@ -10,18 +10,19 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
 import sys
-import time
+import threading
 from pathlib import Path
 
 import pytest
 
 from tf_grpc_bench import capture_cpu, trace_files, trace_summary
 from tf_grpc_bench.errors import ConfigError, NetworkError
-from tf_grpc_bench.netns import links, topology
+from tf_grpc_bench.netns import links
 from tf_grpc_bench.profiler.launch.hosts import (
     NetworkRequest,
     TaskHosts,
@@ -33,7 +34,7 @@ from tf_grpc_bench.profiler.launch.user_job import rehost_cluster
 from tf_grpc_bench.profiler.physics import check_physics
 from tf_grpc_bench.trace import RECV_TENSOR
 
-from .conftest import environment_without_coverage
+from .conftest import environment_without_coverage, namespaces_made_by, run_with_pid
 
 CLI = shutil.which("tf-grpc-bench") or str(Path(sys.executable).parent / "tf-grpc-bench")
 SCRIPT = Path(__file__).parent / "data" / "user_train_ps.py"
@@ -134,11 +135,6 @@ def run_cli(*arguments: str, timeout: float = 600) -> subprocess.CompletedProces
     )
 
 
-def _our_namespaces() -> list[str]:
-    listed = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, check=True)
-    return [line.split()[0] for line in listed.stdout.splitlines() if line.startswith("tfgb-")]
-
-
 def _check_network_trace(output: Path, profile: str, layout: str, hosts: int) -> None:
     """Tasks at the hosts' addresses, every task a caller, physics holds, network named."""
     trace = trace_files.read_trace(output)
@@ -164,15 +160,15 @@ def _check_network_trace(output: Path, profile: str, layout: str, hosts: int) ->
     ("profile", "layout", "hosts"), [("1gbit", "ps-together", 2), ("unlimited", "one-per-host", 4)]
 )
 def test_capture_on_an_emulated_link(tmp_path: Path, profile: str, layout: str, hosts: int) -> None:
-    before = _our_namespaces()
     output = tmp_path / "tiny.tfgbtrace"
     flags = "--model tiny --setup tf2-ps --ps 1 --workers 2 --steps 2 --batch-size 4"
     network = ("--network", profile, "--layout", layout)
-    result = run_cli(
-        "capture", *flags.split(), "--input-size", "16", "-q", "-o", str(output), *network
+    result, pid = run_with_pid(
+        [CLI, "capture", *flags.split(), "--input-size", "16", "-q", "-o", str(output), *network],
+        timeout_s=600,
     )
     assert result.returncode == 0, result.stderr
-    assert _our_namespaces() == before
+    assert namespaces_made_by(pid) == []
     _check_network_trace(output, profile, layout, hosts)
     shown = run_cli("inspect", str(output))
     assert f"network: emulated {profile}" in shown.stdout and "10.233.0." in shown.stdout
@@ -181,7 +177,6 @@ def test_capture_on_an_emulated_link(tmp_path: Path, profile: str, layout: str, 
 @pytest.mark.netns
 @pytest.mark.tensorflow
 def test_capture_job_runs_the_users_tasks_on_emulated_hosts(tmp_path: Path) -> None:
-    before = _our_namespaces()
     ports = free_ports(4)
     cluster = {
         "chief": [f"localhost:{ports[0]}"],
@@ -198,12 +193,15 @@ def test_capture_job_runs_the_users_tasks_on_emulated_hosts(tmp_path: Path) -> N
         "--variables",
         str(variables_file),
     )
-    result = run_cli(
-        *("capture-job", "--cluster", json.dumps(cluster), "-o", str(output), "--timeout", "300"),
-        *("--network", "1gbit", "--", *user_command),
+    result, pid = run_with_pid(
+        [
+            *(CLI, "capture-job", "--cluster", json.dumps(cluster), "-o", str(output)),
+            *("--timeout", "300", "--network", "1gbit", "--", *user_command),
+        ],
+        timeout_s=600,
     )
     assert result.returncode == 0, result.stderr
-    assert _our_namespaces() == before
+    assert namespaces_made_by(pid) == []
     trace = trace_files.read_trace(output)
     assert not trace.partial
     extra = dict(trace.metadata.extra)
@@ -228,28 +226,39 @@ def test_capture_job_runs_the_users_tasks_on_emulated_hosts(tmp_path: Path) -> N
 def test_an_interrupted_capture_removes_its_hosts(tmp_path: Path, signum: int) -> None:
     output = tmp_path / "cut.tfgbtrace"
     flags = "--model tiny --setup tf2-ps --ps 1 --workers 1 --steps 500 --batch-size 4"
+    # Not quiet: the progress lines on stderr say when the first step is done.
     capture = subprocess.Popen(
-        [CLI, "capture", *flags.split(), "-q", "-o", str(output), "--network", "1gbit"],
-        stdout=subprocess.PIPE,
+        [CLI, "capture", *flags.split(), "-o", str(output), "--network", "1gbit"],
+        stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
         text=True,
     )
-    mine = f"{topology.PREFIX}{capture.pid}-"
+    lines: list[str] = []
+    training = threading.Event()
+
+    def read_stderr() -> None:
+        assert capture.stderr is not None
+        for line in capture.stderr:
+            lines.append(line)
+            if re.search(r": [1-9][0-9]*(/[0-9]+)? step markers", line):
+                training.set()
+
+    reader = threading.Thread(target=read_stderr, daemon=True)
+    reader.start()
     try:
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:
-            if any(n.startswith(mine) for n in _our_namespaces()):
-                break
-            time.sleep(0.2)
-        time.sleep(8)  # into the training
+        # Into the training (a loaded machine takes minutes to get there), hosts up.
+        assert training.wait(timeout=600), "".join(lines)
+        assert namespaces_made_by(capture.pid)
         capture.send_signal(signum)
-        _, stderr = capture.communicate(timeout=120)
+        capture.wait(timeout=120)
+        reader.join(timeout=30)
     finally:
         if capture.poll() is None:
             capture.kill()
             capture.wait()
+    stderr = "".join(lines)
     assert capture.returncode != 0
-    assert not [n for n in _our_namespaces() if n.startswith(mine)], stderr
+    assert namespaces_made_by(capture.pid) == [], stderr
     assert "interrupted" in stderr and trace_files.read_trace(output).partial
 
 

@@ -18,7 +18,12 @@ from tf_grpc_bench import trace_files
 from tf_grpc_bench.netns import links, namespaces, topology
 from tf_grpc_bench.replay.output.document_reader import read_document
 
-from .conftest import environment_without_coverage, make_whole_step_trace
+from .conftest import (
+    environment_without_coverage,
+    make_whole_step_trace,
+    namespaces_made_by,
+    run_with_pid,
+)
 
 
 def tool(*arguments: str, timeout_s: float = 120) -> subprocess.CompletedProcess[str]:
@@ -29,6 +34,13 @@ def tool(*arguments: str, timeout_s: float = 120) -> subprocess.CompletedProcess
         timeout=timeout_s,
         check=False,
     )
+
+
+def tool_with_pid(
+    *arguments: str, timeout_s: float = 120
+) -> tuple[subprocess.CompletedProcess[str], int]:
+    """``tool`` and the pid it ran as, whose namespaces are ``namespaces_made_by(pid)``."""
+    return run_with_pid([sys.executable, "-m", "tf_grpc_bench", *arguments], timeout_s=timeout_s)
 
 
 def test_profiles_lists_every_named_profile_with_its_burst_delay_jitter_and_loss() -> None:
@@ -207,8 +219,7 @@ def test_without_root_the_command_says_so_in_one_line() -> None:
 
 @pytest.mark.netns
 def test_compare_replays_across_rate_limited_links_under_their_rates(tmp_path: Path) -> None:
-    before = set(namespaces.list_namespaces())
-    result = tool(
+    result, pid = tool_with_pid(
         "network",
         "compare",
         "--profiles",
@@ -231,7 +242,7 @@ def test_compare_replays_across_rate_limited_links_under_their_rates(tmp_path: P
         timeout_s=300,
     )
     assert result.returncode == 0, result.stdout + result.stderr
-    assert set(namespaces.list_namespaces()) <= before
+    assert namespaces_made_by(pid) == []
     (compare_dir,) = tmp_path.glob("*-compare")
     assert (compare_dir / "comparison.md").read_text().count("| p2p-bandwidth |") == 2
     assert "| 100mbit |" in result.stdout
@@ -274,8 +285,7 @@ def test_compare_keeps_ps_to_ps_and_chief_to_worker_calls_off_the_link(
     With TLS the certificate covers both hosts (the stand-ins serve from host 1)."""
     trace = make_whole_step_trace(pull=(_LARGE, _LARGE), ps_to_ps=_LARGE, enqueue=_LARGE)
     path = trace_files.write_trace(trace, tmp_path / "whole-steps.tfgbtrace")
-    before = set(namespaces.list_namespaces())
-    result = tool(
+    result, pid = tool_with_pid(
         "network",
         "compare",
         str(path),
@@ -297,7 +307,7 @@ def test_compare_keeps_ps_to_ps_and_chief_to_worker_calls_off_the_link(
         timeout_s=300,
     )
     assert result.returncode == 0, result.stdout + result.stderr
-    assert set(namespaces.list_namespaces()) <= before
+    assert namespaces_made_by(pid) == []
     (path,) = tmp_path.glob("*-compare/16mbit/*/results.json")
     (throughput,) = read_document(path).benchmarks
     parameters = throughput.parameters
@@ -333,8 +343,7 @@ def test_compare_keeps_ps_to_ps_and_chief_to_worker_calls_off_the_link(
 
 
 def test_compare_refuses_an_unknown_profile_before_making_anything() -> None:
-    before = set(namespaces.list_namespaces())
-    result = tool("network", "compare", "--profiles", "1gbit,warp9", "--synthetic")
+    result, pid = tool_with_pid("network", "compare", "--profiles", "1gbit,warp9", "--synthetic")
     assert result.returncode == 5
     assert "unknown network profile 'warp9'" in result.stderr
-    assert set(namespaces.list_namespaces()) == before
+    assert namespaces_made_by(pid) == []

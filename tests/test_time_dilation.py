@@ -20,7 +20,7 @@ import pytest
 
 from tf_grpc_bench import lifetime, trace_files
 from tf_grpc_bench.errors import ConfigError, UsageError
-from tf_grpc_bench.netns import links, namespaces
+from tf_grpc_bench.netns import links
 from tf_grpc_bench.replay.core.measurement import (
     Benchmark,
     BenchmarkResult,
@@ -38,7 +38,7 @@ from tf_grpc_bench.replay.output.machine import NetworkInfo
 from tf_grpc_bench.replay.transport.loop import RunPlan
 from tf_grpc_bench.trace import Trace
 
-from .conftest import make_trace
+from .conftest import make_trace, namespaces_made_by, run_with_pid
 from .result_factory import GOLDEN_MACHINE
 
 COMMAND = str(Path(sys.executable).with_name("tf-grpc-bench"))
@@ -460,19 +460,18 @@ def test_a_misused_time_dilation_is_one_line(
 
 @pytest.mark.netns
 def test_compare_replays_a_dilated_link_shaped_that_much_slower(tmp_path: Path) -> None:
-    before = set(namespaces.list_namespaces())
     path = tmp_path / "paced.tfgbtrace"
     trace_files.write_trace(_paced_trace(steps=4), path)
-    completed = subprocess.run(
+    completed, pid = run_with_pid(
         [
             COMMAND, "network", "compare", str(path), "--profiles", "200mbit,unlimited",
             "--benchmark", "ps-throughput", "--time-dilation", "2", "--passes", "2",
             "--warmup", "0", "--runs", "1", "--output-dir", str(tmp_path / "out"),
         ],
-        capture_output=True, text=True, timeout=600, check=False,
+        timeout_s=600,
     )  # fmt: skip
     assert completed.returncode == 0, completed.stdout + completed.stderr
-    assert set(namespaces.list_namespaces()) <= before
+    assert namespaces_made_by(pid) == []
     assert "unlimited: no rate limit or delay to dilate; replaying undilated" in completed.stdout
     (compare_dir,) = (tmp_path / "out").glob("*-compare")
     (limited,) = (compare_dir / "200mbit").glob("*/results.json")
