@@ -40,8 +40,10 @@ Client (``tfgb-engine client``), Python to program:
 
 Program to Python: ``K`` ready, ``E`` error str (set-up failed), ``C`` arrivals
 of a dependent step (list of tag u32, end ns i64, in completion order), ``F``
-the step finished (issued u32, error str ("" none), samples: list of tag u32,
-start ns i64, end ns i64, release ns i64 (-1: none)), ``U`` CPU ns i64.
+the step finished (issued u32, error str ("" none; a failed call's status, for
+Python to word, as ``\x1fstatus\x1fCODE\x1fTARGET\x1fMETHOD\x1fDETAILS``),
+samples: list of tag u32, start ns i64, end ns i64, release ns i64 (-1: none)),
+``U`` CPU ns i64.
 
 A *tag* is the call's place in its step (what the samples are matched to); a
 *call* is its row in the set-up's table (what is sent).  Times are
@@ -55,7 +57,10 @@ import struct
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import grpc
+
 from tf_grpc_bench.errors import TransportError
+from tf_grpc_bench.replay.transport.wire import failure_message
 
 PROTOCOL_VERSION = 1
 #: A call without a window of its own towards its server.
@@ -182,8 +187,21 @@ class StepReport:
     @classmethod
     def read(cls, frame: Decoder) -> StepReport:
         issued = frame.u32()
-        error = frame.text()
+        error = worded_error(frame.text())
         return cls(issued=issued, error=error, samples=tuple(frame.samples()))
+
+
+_STATUS = "\x1fstatus\x1f"
+
+
+def worded_error(error: str) -> str:
+    """An ``F`` frame's error as a user reads it: a failed call's status worded as every
+    engine words it (``wire.failure_message``), any other message as it is."""
+    if not error.startswith(_STATUS):
+        return error
+    code_text, target, method, details = error[len(_STATUS) :].split("\x1f", 3)
+    code = next((c for c in grpc.StatusCode if c.value[0] == int(code_text)), None)
+    return failure_message(target, method, code, details)
 
 
 def unique_options(options: Sequence[Option]) -> list[Option]:

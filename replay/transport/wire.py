@@ -426,6 +426,14 @@ def translate_rpc_error(error: grpc.RpcError, *, target: str, method: str) -> Tr
     """The one boundary where gRPC failures become ``TransportError``."""
     code = error.code() if isinstance(error, grpc.Call) else None
     details = error.details() if isinstance(error, grpc.Call) else str(error)
+    return TransportError(failure_message(target, method, code, details))
+
+
+def failure_message(
+    target: str, method: str, code: grpc.StatusCode | None, details: str | None
+) -> str:
+    """A failed call in one line, as every engine words it: where, what it means, the
+    status's name, gRPC's first line of detail."""
     name = code.name if code is not None else "UNKNOWN"
     detail = (details or "").splitlines()[0] if details else ""
     if code is grpc.StatusCode.UNAVAILABLE:
@@ -453,7 +461,7 @@ def translate_rpc_error(error: grpc.RpcError, *, target: str, method: str) -> Tr
     else:
         what = "call failed"
     suffix = f": {detail}" if detail else ""
-    return TransportError(f"{target}{method}: {what} [{name}]{suffix}")
+    return f"{target}{method}: {what} [{name}]{suffix}"
 
 
 #: Method paths counted apart per session; calls on more paths than this, or on

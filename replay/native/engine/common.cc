@@ -271,43 +271,12 @@ bool MessageReader::Skip(uint64_t bytes) {
 
 std::string DescribeFailure(const std::string& target, const std::string& method,
                             const grpc::Status& status) {
-  static const char* kNames[] = {"OK", "CANCELLED", "UNKNOWN", "INVALID_ARGUMENT",
-                                 "DEADLINE_EXCEEDED", "NOT_FOUND", "ALREADY_EXISTS",
-                                 "PERMISSION_DENIED", "RESOURCE_EXHAUSTED", "FAILED_PRECONDITION",
-                                 "ABORTED", "OUT_OF_RANGE", "UNIMPLEMENTED", "INTERNAL",
-                                 "UNAVAILABLE", "DATA_LOSS", "UNAUTHENTICATED"};
-  int code = status.error_code();
-  std::string name = code >= 0 && code <= 16 ? kNames[code] : "UNKNOWN";
-  std::string what = "call failed";
-  switch (status.error_code()) {
-    case grpc::StatusCode::UNAVAILABLE:
-      what = "server unavailable (not running, unreachable, or gone mid-run)";
-      break;
-    case grpc::StatusCode::DEADLINE_EXCEEDED:
-      what = "no answer within the deadline (--deadline)";
-      break;
-    case grpc::StatusCode::RESOURCE_EXHAUSTED:
-      what = "message too large or server overloaded";
-      break;
-    case grpc::StatusCode::UNAUTHENTICATED:
-      what = "the server's control calls need its token: give replay --token-file the file "
-             "given to serve --token-file";
-      break;
-    case grpc::StatusCode::UNIMPLEMENTED:
-      what = "the server does not answer this method (is it a tf-grpc-bench server?)";
-      break;
-    case grpc::StatusCode::CANCELLED:
-      what = "call cancelled by the server (more calls waiting than it accepts?)";
-      break;
-    default:
-      break;
-  }
+  // Worded by the Python side (wire.failure_message), as the grpcio engine words it.
+  const char kSeparator = '\x1f';
   std::string detail = status.error_message();
-  size_t newline = detail.find('\n');
-  if (newline != std::string::npos) detail.resize(newline);
-  std::string message = target + method + ": " + what + " [" + name + "]";
-  if (!detail.empty()) message += ": " + detail;
-  return message;
+  return std::string(1, kSeparator) + "status" + kSeparator +
+         std::to_string(static_cast<int>(status.error_code())) + kSeparator + target +
+         kSeparator + method + kSeparator + detail;
 }
 
 std::string JsonString(const std::string& text) {

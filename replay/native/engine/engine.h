@@ -134,8 +134,8 @@ class MessageReader {
   size_t remaining_ = 0;
 };
 
-// The one-line message of a failed call, as the Python side words it
-// (wire.translate_rpc_error).
+// A failed call's status for the Python side to word (wire.failure_message): the
+// fields after a leading unit separator (protocol.py, ``F`` frames).
 std::string DescribeFailure(const std::string& target, const std::string& method,
                             const grpc::Status& status);
 
