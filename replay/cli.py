@@ -16,7 +16,9 @@ import argparse
 import contextlib
 import signal
 import sys
+from dataclasses import replace
 from pathlib import Path
+from typing import TypeVar
 
 from tf_grpc_bench import launchers, lifetime
 from tf_grpc_bench.command import Command
@@ -29,6 +31,7 @@ from tf_grpc_bench.replay.cli_flags import (
     serve_spec,
 )
 from tf_grpc_bench.replay.core.whatif import WhatIf
+from tf_grpc_bench.replay.engines.registry import AUTO, resolve_auto
 from tf_grpc_bench.replay.network import cli as network_cli
 from tf_grpc_bench.replay.output.progress import ProgressBar
 from tf_grpc_bench.replay.placement import role
@@ -40,7 +43,7 @@ from tf_grpc_bench.replay.request import (
     this_host,
 )
 from tf_grpc_bench.replay.request import what_if_of as spec_what_if
-from tf_grpc_bench.replay.spec import ReplaySpec
+from tf_grpc_bench.replay.spec import ReplaySpec, ServeSpec
 from tf_grpc_bench.replay.transport.loop import INTERRUPTED_PREFIX
 from tf_grpc_bench.replay.transport.wire import read_token_file
 from tf_grpc_bench.trace import Trace
@@ -51,7 +54,7 @@ from tf_grpc_bench.trace_mapping import WHOLE_STEPS, WholeSteps
 
 
 def run_serve(args: argparse.Namespace) -> int:
-    spec = serve_spec(args)
+    spec = with_engine(serve_spec(args))
     summary, signum = serving.serve_until_stopped(
         mode=spec.mode,
         host=spec.host,
@@ -62,6 +65,7 @@ def run_serve(args: argparse.Namespace) -> int:
         control_token=None if spec.token_file is None else read_token_file(spec.token_file),
         announce=lambda line: print(line, flush=True),
         procs_per_server=spec.procs_per_server,
+        engine=spec.engine,
     )
     print(summary, flush=True)
     if signum is not None:
@@ -97,8 +101,18 @@ def check_replay(args: argparse.Namespace) -> ReplaySpec:
     return spec
 
 
+SpecWithEngine = TypeVar("SpecWithEngine", ReplaySpec, ServeSpec)
+
+
 def run_replay(args: argparse.Namespace) -> int:
-    return replay(replay_spec(args))
+    return replay(with_engine(replay_spec(args)))
+
+
+def with_engine(spec: SpecWithEngine) -> SpecWithEngine:
+    """``spec`` with ``--engine auto`` resolved here, the choice said on stderr."""
+    if spec.engine != AUTO:
+        return spec
+    return replace(spec, engine=resolve_auto(lambda line: print(line, file=sys.stderr, flush=True)))
 
 
 def replay(spec: ReplaySpec) -> int:
@@ -228,7 +242,7 @@ def check_role(args: argparse.Namespace) -> None:
 
 def run_role(args: argparse.Namespace) -> int:
     # role places every call of a step that its cluster can (``role.WHOLE_STEP_CHOICES``).
-    return role.run_role(role.RoleJob(spec=replay_spec(args), flags=role_flags(args)))
+    return role.run_role(role.RoleJob(spec=with_engine(replay_spec(args)), flags=role_flags(args)))
 
 
 def configure_network(parser: argparse.ArgumentParser) -> None:
@@ -238,7 +252,7 @@ def configure_network(parser: argparse.ArgumentParser) -> None:
 def run_network(args: argparse.Namespace) -> int:
     return network_cli.run_network(
         args,
-        spec_of=lambda parsed: replay_spec(parsed, auto_dilation=True),
+        spec_of=lambda parsed: with_engine(replay_spec(parsed, auto_dilation=True)),
         plan=lambda spec: plan(spec, this_host()),
     )
 

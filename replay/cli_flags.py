@@ -186,7 +186,18 @@ def configure_serve(parser: argparse.ArgumentParser) -> None:
         help="refuse statistics and reset calls that do not carry the token in FILE "
         "(give clients the same file: replay --token-file); payload calls need none",
     )
+    _add_engine_flag(parser, "what runs the servers")
     add_grpc_flags(parser)
+
+
+def _add_engine_flag(parser: argparse.ArgumentParser | argparse._ArgumentGroup, what: str) -> None:
+    parser.add_argument(
+        "--engine",
+        default=DEFAULT_ENGINE,
+        metavar="NAME",
+        help=f"{what}: grpcio (gRPC's Python binding) or grpc-cpp (gRPC C++, built on first "
+        f"use; 'tf-grpc-bench engine' says whether it is) (default {DEFAULT_ENGINE})",
+    )
 
 
 def serve_spec(args: argparse.Namespace) -> ServeSpec:
@@ -201,6 +212,7 @@ def serve_spec(args: argparse.Namespace) -> ServeSpec:
         max_response_bytes=_optional_size("--max-response", args.max_response),
         token_file=args.token_file,
         grpc=grpc,
+        engine=args.engine,
     )
 
 
@@ -462,13 +474,7 @@ def _add_where_flags(parser: argparse.ArgumentParser) -> None:
     where.add_argument(
         "--quiet", action="store_true", help="no progress bar and no table, just the paths"
     )
-    where.add_argument(
-        "--engine",
-        default=DEFAULT_ENGINE,
-        metavar="NAME",
-        help=f"what runs the servers started here and the benchmarks' calls (default "
-        f"{DEFAULT_ENGINE}: grpcio, gRPC's Python binding)",
-    )
+    _add_engine_flag(where, "what runs the servers started here and the benchmarks' calls")
 
 
 def replay_spec(args: argparse.Namespace, *, auto_dilation: bool = False) -> ReplaySpec:

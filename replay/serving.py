@@ -8,9 +8,9 @@ from pathlib import Path
 
 from tf_grpc_bench import lifetime
 from tf_grpc_bench.replay.core.workload import Mode
+from tf_grpc_bench.replay.engines.registry import DEFAULT_ENGINE, engine_named
 from tf_grpc_bench.replay.network import netinfo
 from tf_grpc_bench.replay.transport import grpc_settings
-from tf_grpc_bench.replay.transport.local_servers import serve_until
 
 
 def serving_hosts(host: str) -> tuple[str, ...]:
@@ -30,6 +30,7 @@ def serve_until_stopped(
     control_token: str | None = None,
     announce: Callable[[str], None],
     procs_per_server: int = 1,
+    engine: str = DEFAULT_ENGINE,
 ) -> tuple[str, int | None]:
     """Ps servers on ``ports`` until a stop signal (Ctrl-C, SIGTERM, SIGHUP); blocking.
 
@@ -37,6 +38,7 @@ def serve_until_stopped(
     missing) names ``host``, or every local address when it is a wildcard.
     ``announce`` gets the line saying where they listen.  Returns the line
     saying what they did and the signal that stopped them.  Main thread only.
+    ``engine`` runs them (``engines.registry``).
     """
     tls_material = None
     if settings.tls:
@@ -48,14 +50,30 @@ def serve_until_stopped(
         max_response_bytes=max_response_bytes,
         control_token=control_token,
     )
-    with lifetime.StopSignals() as stop:
-        summary = serve_until(
-            stop.event,
+    chosen = engine_named(engine)
+    with (
+        lifetime.StopSignals() as stop,
+        chosen.serving(
             mode=mode,
             host=host,
             ports=ports,
             settings=server_settings,
-            announce=announce,
             procs_per_server=procs_per_server,
+        ) as serving,
+    ):
+        runs_on = "" if chosen.name == "grpcio" else f" with {chosen.name}"
+        announce(
+            f"serving {mode.value} on {','.join(serving.targets)}{runs_on} "
+            f"({_pids(serving.pids)}); Ctrl-C to stop"
         )
+        while not stop.event.wait(1.0):
+            pass
+    received = serving.received()
+    summary = "stopped"
+    if received is not None:
+        summary = f"stopped; received {received[0]} messages, {received[1]} bytes"
     return summary, stop.signum
+
+
+def _pids(pids: Sequence[int]) -> str:
+    return f"pid {pids[0]}" if len(pids) == 1 else f"pids {' '.join(map(str, pids))}"

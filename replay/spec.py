@@ -170,8 +170,12 @@ class ServeSpec:
     max_response_bytes: int | None = None
     token_file: str | None = None
     grpc: GrpcFlags = field(default_factory=GrpcFlags)
+    #: What runs the servers (``engines.registry``).
+    engine: str = DEFAULT_ENGINE
 
     def __post_init__(self) -> None:
+        if not self.engine:
+            raise UsageError("--engine: expected an engine's name")
         check_count("--servers", self.servers, maximum=MAX_LOCAL_PROCESSES)
         check_server_processes(self.servers, self.procs_per_server)
         if not 0 <= self.port <= 65535:

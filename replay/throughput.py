@@ -29,8 +29,9 @@ import signal
 import threading
 import time
 import traceback
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -47,6 +48,7 @@ from tf_grpc_bench.replay.core.measurement import (
 from tf_grpc_bench.replay.core.pacing import Pacing
 from tf_grpc_bench.replay.core.processes import split_worker
 from tf_grpc_bench.replay.core.workload import Workload
+from tf_grpc_bench.replay.native.driver import NativeDriver, open_native_driver
 from tf_grpc_bench.replay.transport.client import ReplayClient
 from tf_grpc_bench.replay.transport.driver import Driver
 from tf_grpc_bench.replay.transport.loop import (
@@ -110,6 +112,9 @@ class WorkerSpec:
     #: The named network namespace the process runs in ("": the parent's), so a side
     #: client runs on the emulated host of the task it stands for (``--client-netns``).
     netns: str = ""
+    #: The gRPC C++ engine's program, which then makes this process's calls (its
+    #: ``native.driver.NativeDriver``); "": grpcio channels in this process.
+    native_program: str = ""
 
 
 class RoundBarrier:
@@ -169,6 +174,39 @@ def _open_clients(spec: WorkerSpec, peers: Peers | None) -> dict[int, ReplayClie
     }
 
 
+def _open_driver(
+    spec: WorkerSpec, peers: Peers | None
+) -> tuple[Driver | NativeDriver, Callable[[], None], Callable[[], int]]:
+    """The driver of this process's calls, connected and with its requests made; what
+    closes it; the CPU clock of the process (and of the engine program, if any)."""
+    if spec.native_program:
+        native = open_native_driver(
+            Path(spec.native_program),
+            spec.workload,
+            spec.targets,
+            spec.pacing,
+            spec.plan,
+            settings=spec.settings,
+            peers=peers,
+        )
+        return native, native.close, native.cpu_ns
+    clients = _open_clients(spec, peers)
+
+    def close() -> None:
+        for client in clients.values():
+            client.close()
+
+    try:
+        driver = Driver(clients, spec.pacing, timeout_s=spec.plan.deadline_s, peers=peers)
+        driver.prepare(spec.workload.steps)
+        for client in clients.values():
+            client.wait_ready(spec.plan.connect_timeout_s)
+    except BaseException:
+        close()
+        raise
+    return driver, close, time.process_time_ns
+
+
 def _worker_main(
     connection: multiprocessing.connection.Connection,
     spec: WorkerSpec,
@@ -196,19 +234,16 @@ def _worker_main(
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
     interrupt = _RunInterrupt()
-    clients: dict[int, ReplayClient] = {}
+    close: Callable[[], None] = lambda: None  # noqa: E731
     try:
         peers = None
         if links is not None:
             peers = Peers(links, spec.workload.steps, timeout_s=spec.plan.deadline_s)
-        clients = _open_clients(spec, peers)
-        driver = Driver(clients, spec.pacing, timeout_s=spec.plan.deadline_s, peers=peers)
-        driver.prepare(spec.workload.steps)
-        for client in clients.values():
-            client.wait_ready(spec.plan.connect_timeout_s)
+        driver, close, cpu_clock = _open_driver(spec, peers)
         loop = WorkerLoop(
             spec.workload,
             driver,
+            cpu_clock=cpu_clock,
             step_barrier=None if barrier is None else RoundBarrier(barrier, spec.plan.deadline_s),
             record_steps=spec.process == 0 and spec.worker_index not in spec.workload.side_workers,
         )
@@ -245,8 +280,7 @@ def _worker_main(
     except Exception:
         connection.send(("error", f"worker {spec.worker_index} crashed:\n{traceback.format_exc()}"))
     finally:
-        for client in clients.values():
-            client.close()
+        close()
         connection.close()
 
 
@@ -369,7 +403,10 @@ class ProcessWorkers:
     """A benchmark's workers in processes of their own (``transport.seam.Workers``):
     one per job, or ``job.processes`` sharing its calls (``core.processes``)."""
 
-    def __init__(self, jobs: Sequence[WorkerJob], *, round_barrier: bool) -> None:
+    def __init__(
+        self, jobs: Sequence[WorkerJob], *, round_barrier: bool, native_program: Path | None = None
+    ) -> None:
+        """``native_program``: the gRPC C++ engine's program makes the calls (grpc-cpp engine)."""
         specs = [
             WorkerSpec(
                 worker_index=job.worker_index,
@@ -380,6 +417,7 @@ class ProcessWorkers:
                 settings=job.channel,
                 process=process,
                 netns=job.netns,
+                native_program=str(native_program or ""),
             )
             for job in jobs
             for process in range(split_worker(job.workload, job.processes).count)

@@ -34,7 +34,10 @@ from tf_grpc_bench.replay.spec import GrpcFlags, ReplaySpec, ServeSpec, flag_of
 from tf_grpc_bench.replay.transport.grpc_settings import Compression
 from tf_grpc_bench.sizes import SizeCategory
 
-_words = st.text(alphabet="abcdefghij-_0123456789", min_size=1, max_size=12)
+# Not "--" alone: argparse takes that value for its end-of-options marker even after "=".
+_words = st.text(alphabet="abcdefghij-_0123456789", min_size=1, max_size=12).filter(
+    lambda word: word != "--"
+)
 _seconds = st.floats(min_value=0.001, max_value=3600.0, allow_nan=False)
 
 

@@ -11,6 +11,7 @@ spawned process per worker, or several sharing its calls
 from __future__ import annotations
 
 import contextlib
+import os
 from collections.abc import Iterator, Sequence
 
 import grpc
@@ -21,8 +22,9 @@ from tf_grpc_bench.replay.throughput import ProcessWorkers
 from tf_grpc_bench.replay.transport.driver import Driver
 from tf_grpc_bench.replay.transport.local_servers import LocalServers
 from tf_grpc_bench.replay.transport.loop import WorkerLoop, WorkerOutcome, open_clients
-from tf_grpc_bench.replay.transport.seam import WorkerJob, Workers
-from tf_grpc_bench.replay.transport.wire import ServerSettings
+from tf_grpc_bench.replay.transport.seam import Serving, WorkerJob, Workers
+from tf_grpc_bench.replay.transport.server import ReplayServer
+from tf_grpc_bench.replay.transport.wire import ServerSettings, keep_freed_memory
 
 
 class InProcessWorkers:
@@ -58,6 +60,40 @@ class InProcessWorkers:
         self._clients = {}
 
 
+class _Serving:
+    """Servers of ``GrpcioEngine.serving``: one in this process, or processes of their own."""
+
+    def __init__(self, server: ReplayServer | None, servers: LocalServers | None) -> None:
+        self._server = server
+        self._servers = servers
+        self._received: tuple[int, int] | None = None
+
+    @property
+    def targets(self) -> tuple[str, ...]:
+        if self._server is not None:
+            return (self._server.address,)
+        assert self._servers is not None
+        return tuple(self._servers.targets)
+
+    @property
+    def pids(self) -> tuple[int, ...]:
+        if self._server is not None:
+            return (os.getpid(),)
+        assert self._servers is not None
+        return tuple(self._servers.pids)
+
+    def stop(self) -> None:
+        if self._server is not None:
+            received_bytes, received_messages = self._server.received()
+            self._server.stop(1.0)
+            self._received = (received_messages, received_bytes)
+        elif self._servers is not None:
+            self._servers.stop()
+
+    def received(self) -> tuple[int, int] | None:
+        return self._received
+
+
 class GrpcioEngine:
     """gRPC's Python binding (``transport.seam.Engine``)."""
 
@@ -76,6 +112,36 @@ class GrpcioEngine:
             count, mode=mode, settings=settings, procs_per_server=procs_per_server
         ) as servers:
             yield tuple(servers.targets)
+
+    @contextlib.contextmanager
+    def serving(
+        self,
+        *,
+        mode: Mode,
+        host: str,
+        ports: Sequence[int],
+        settings: ServerSettings,
+        procs_per_server: int = 1,
+    ) -> Iterator[Serving]:
+        """One port is served in this process (reusing freed message buffers, as a
+        server process does), several by one process each, or each by
+        ``procs_per_server`` processes (``siblings``)."""
+        if len(ports) == 1 and procs_per_server == 1:
+            if settings.keep_freed_memory:
+                keep_freed_memory()
+            serving = _Serving(
+                ReplayServer(mode=mode, host=host, port=ports[0], settings=settings).start(), None
+            )
+        else:
+            servers = LocalServers(
+                len(ports), mode=mode, host=host, ports=list(ports), settings=settings,
+                procs_per_server=procs_per_server,
+            )  # fmt: skip
+            serving = _Serving(None, servers.start())
+        try:
+            yield serving
+        finally:
+            serving.stop()
 
     def start_workers(
         self, jobs: Sequence[WorkerJob], *, in_process: bool, round_barrier: bool

@@ -9,12 +9,15 @@ elsewhere (a test's).
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 
 from tf_grpc_bench.errors import UsageError
 from tf_grpc_bench.replay.transport.seam import Engine
 
 #: The engine unless ``--engine`` names another.
 DEFAULT_ENGINE = "grpcio"
+#: ``--engine auto``: grpc-cpp where it builds, grpcio elsewhere (``resolve_auto``).
+AUTO = "auto"
 
 
 def _grpcio() -> Engine:
@@ -23,9 +26,16 @@ def _grpcio() -> Engine:
     return grpcio.GrpcioEngine()
 
 
+def _grpc_cpp() -> Engine:
+    from tf_grpc_bench.replay.engines import grpc_cpp
+
+    return grpc_cpp.GrpcCppEngine()
+
+
 #: Built-in engines: name -> what makes it.
 BUILT_IN: dict[str, Callable[[], Engine]] = {
     "grpcio": _grpcio,
+    "grpc-cpp": _grpc_cpp,
 }
 _REGISTERED: dict[str, Callable[[], Engine]] = {}
 
@@ -42,16 +52,38 @@ def withdraw_engine(name: str) -> None:
 
 
 def engine_names() -> tuple[str, ...]:
-    return (*BUILT_IN, *_REGISTERED)
+    return (*BUILT_IN, *_REGISTERED, AUTO)
 
 
 def check_engine_name(name: str) -> None:
     """UsageError naming ``--engine`` for an engine nobody registered."""
-    if name not in BUILT_IN and name not in _REGISTERED:
+    if name not in engine_names():
         raise UsageError(f"--engine {name!r}: expected one of {', '.join(engine_names())}")
 
 
 def engine_named(name: str) -> Engine:
-    """The engine called ``name``; UsageError for none."""
+    """The engine called ``name`` (``auto``: ``resolve_auto``'s); UsageError for none."""
     check_engine_name(name)
+    if name == AUTO:
+        name = resolve_auto(lambda line: None)
     return {**BUILT_IN, **_REGISTERED}[name]()
+
+
+def resolve_auto(say: Callable[[str], None]) -> str:
+    """The engine ``--engine auto`` takes on this host: grpc-cpp when it builds here (built
+    now if it is not yet), grpcio otherwise; ``say`` gets one line saying which and why."""
+    from tf_grpc_bench.replay.native.build import EngineUnavailable, build_engine, engine_status
+
+    status = engine_status()
+    if not status.problem:
+        if not status.built:
+            say("engine: building the gRPC C++ engine for --engine auto (once, about a minute)")
+        try:
+            build_engine()
+        except EngineUnavailable as error:
+            status = replace(status, problem=str(error))
+    if status.problem:
+        say(f"engine: grpcio (--engine auto; grpc-cpp is not available: {status.problem})")
+        return "grpcio"
+    say(f"engine: grpc-cpp (--engine auto; gRPC C++ {status.library_version})")
+    return "grpc-cpp"

@@ -305,4 +305,5 @@ def serve_arguments(spec: ReplaySpec) -> list[str]:
         procs_per_server=spec.procs_per_server,
         token_file=spec.token_file,
         grpc=replace(spec.grpc, tls=False, tls_dir=None),
+        engine=spec.engine,
     ).to_argv()

@@ -67,7 +67,6 @@ from tf_grpc_bench.replay.runner import run_benchmark
 from tf_grpc_bench.replay.spec import ReplaySpec
 from tf_grpc_bench.replay.transport import grpc_settings, tls
 from tf_grpc_bench.replay.transport.loop import interrupted_reason
-from tf_grpc_bench.replay.transport.server import ReplayServer
 from tf_grpc_bench.replay.transport.wire import read_token_file
 from tf_grpc_bench.trace_mapping import WHOLE_STEPS, WORKERS_AND_PS_ONLY, WholeSteps
 
@@ -225,14 +224,15 @@ def _serving(placement: Placement, job: RoleJob) -> Iterator[None]:
     files = _tls(placement, job)
     material = None if files is None else tls.material(files)
     token = None if job.spec.token_file is None else read_token_file(job.spec.token_file)
-    server = ReplayServer(
+    port = _port_of(placement.address)
+    servers = engine_named(job.spec.engine).serving(
         mode=job.spec.mode,
         host="0.0.0.0",
-        port=_port_of(placement.address),
+        ports=(port,),
         settings=replace(grpc_settings.server_settings(settings, material), control_token=token),
     )
-    server.start()
-    print(f"{placement.task}: serving on {server.bind_address}", flush=True)
+    serving = servers.__enter__()
+    print(f"{placement.task}: serving on 0.0.0.0:{port}", flush=True)
     # Asked from now on: once the gatherer has answered, its going away means the job is
     # done, which it may be by the time the body ends.
     job_done = _job_watch(placement, job, files)
@@ -241,11 +241,10 @@ def _serving(placement: Placement, job: RoleJob) -> Iterator[None]:
         yield
         signum = _wait_for_job(job_done)
     finally:
-        received_bytes, received_messages = server.received()
-        server.stop(1.0)
+        servers.__exit__(None, None, None)
+        messages, received_bytes = serving.received() or (0, 0)
         print(
-            f"{placement.task}: stopped; received {received_messages} messages, "
-            f"{received_bytes} bytes",
+            f"{placement.task}: stopped; received {messages} messages, {received_bytes} bytes",
             flush=True,
         )
     _raise_if_interrupted(placement.task, "server stopped", signum)

@@ -8,7 +8,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import grpc
 import numpy as np
@@ -90,6 +90,30 @@ class PayloadDeadlines:
         first = position - call.chunk_index
         deadline = self._by_first.setdefault(first, now + int(self._timeout_s * 1e9))
         return max((deadline - now) / 1e9, EXPIRED_TIMEOUT_S)
+
+
+class StepDriver(Protocol):
+    """What makes a worker's calls for ``WorkerLoop``: ``transport.driver.Driver`` (grpcio),
+    or another engine's (``native.driver.NativeDriver``)."""
+
+    @property
+    def pacing(self) -> Pacing: ...
+
+    @property
+    def peers(self) -> Peers | None: ...
+
+    def begin_run(self) -> None: ...
+
+    def run_step(
+        self,
+        step: WorkloadStep,
+        *,
+        run_begin_ns: int,
+        step_begin_ns: int,
+        stop_at_ns: int | None = None,
+        give_up_at_ns: int | None = None,
+        samples: list[CallSample] | None = None,
+    ) -> StepOutcome: ...
 
 
 class Driver:

@@ -9,7 +9,7 @@ import multiprocessing.connection
 import os
 import signal
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from types import TracebackType
 from typing import Any
 
@@ -219,56 +219,3 @@ class LocalServers:
         traceback: TracebackType | None,
     ) -> None:
         self.stop()
-
-
-def serve_until(
-    stop: threading.Event,
-    *,
-    mode: Mode,
-    host: str,
-    ports: Sequence[int],
-    settings: ServerSettings,
-    announce: Callable[[str], None],
-    procs_per_server: int = 1,
-) -> str:
-    """``tf-grpc-bench serve``: ps servers on ``ports`` until ``stop`` is set.
-
-    One port is served in this process, several by one process each, or each
-    by ``procs_per_server`` processes (``siblings``).  ``announce`` gets the
-    line saying where they listen; the return value is the line saying what
-    they did.
-    """
-    if len(ports) == 1 and procs_per_server == 1:
-        if settings.keep_freed_memory:
-            keep_freed_memory()
-        server = ReplayServer(mode=mode, host=host, port=ports[0], settings=settings)
-        server.start()
-        try:
-            announce(
-                f"serving {mode.value} on {server.address} (pid {os.getpid()}); Ctrl-C to stop"
-            )
-            while not stop.wait(1.0):
-                pass
-        finally:
-            received_bytes, received_messages = server.received()
-            server.stop(1.0)
-        return f"stopped; received {received_messages} messages, {received_bytes} bytes"
-    servers = LocalServers(
-        len(ports),
-        mode=mode,
-        host=host,
-        ports=list(ports),
-        settings=settings,
-        procs_per_server=procs_per_server,
-    )
-    servers.start()
-    try:
-        announce(
-            f"serving {mode.value} on {','.join(servers.targets)} "
-            f"(pids {' '.join(map(str, servers.pids))}); Ctrl-C to stop"
-        )
-        while not stop.wait(1.0):
-            pass
-    finally:
-        servers.stop()
-    return "stopped"

@@ -27,7 +27,7 @@ from tf_grpc_bench.replay.core.measurement import (
 from tf_grpc_bench.replay.core.pacing import next_step_begin_ns
 from tf_grpc_bench.replay.core.workload import Workload, WorkloadStep
 from tf_grpc_bench.replay.transport.client import ReplayClient
-from tf_grpc_bench.replay.transport.driver import Driver, StepOutcome, sleep_until
+from tf_grpc_bench.replay.transport.driver import StepDriver, StepOutcome, sleep_until
 from tf_grpc_bench.replay.transport.wire import ChannelSettings, ServerStats
 
 NS_PER_S = 1_000_000_000
@@ -244,7 +244,7 @@ class WorkerLoop:
     def __init__(
         self,
         workload: Workload,
-        driver: Driver,
+        driver: StepDriver,
         *,
         clock: Callable[[], int] = time.perf_counter_ns,
         cpu_clock: Callable[[], int] = time.process_time_ns,

@@ -132,6 +132,22 @@ class WorkerJob:
             raise ValueError(f"processes must be >= 1, got {self.processes}")
 
 
+class Serving(Protocol):
+    """Ps servers an engine runs on a given host and ports (``Engine.serving``)."""
+
+    @property
+    def targets(self) -> tuple[str, ...]:
+        """``HOST:PORT`` a client dials, by server."""
+
+    @property
+    def pids(self) -> tuple[int, ...]:
+        """The processes serving them."""
+
+    def received(self) -> tuple[int, int] | None:
+        """(messages, bytes) the servers received over their lives, once they have
+        stopped; None where the engine cannot say."""
+
+
 class Engine(Protocol):
     """Runs servers and workers; found by name (``engines.registry``)."""
 
@@ -148,6 +164,18 @@ class Engine(Protocol):
         """``count`` ps servers on loopback, each on a free port (and ``procs_per_server``
         processes sharing it); yields their targets by server index, stops them on exit.
         Servers answer the control calls of ``transport.wire`` (statistics, reset)."""
+
+    def serving(
+        self,
+        *,
+        mode: Mode,
+        host: str,
+        ports: Sequence[int],
+        settings: ServerSettings,
+        procs_per_server: int = 1,
+    ) -> AbstractContextManager[Serving]:
+        """Ps servers on ``host`` at ``ports`` (``serve``, a ``role`` ps) until the context
+        exits; ``ServeError`` if one cannot listen."""
 
     def start_workers(
         self, jobs: Sequence[WorkerJob], *, in_process: bool, round_barrier: bool
