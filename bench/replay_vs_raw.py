@@ -6,9 +6,13 @@ Measures, one after the other on 127.0.0.1:
 2. raw TCP round trips: ``sockperf ping-pong --tcp`` (10 B and 10 KiB; sockperf
    caps messages just under 1 MiB) and a small blocking-socket ping-pong of our
    own with TCP_NODELAY (10 B, 10 KiB, 1 MiB);
-3. our replay, through the library the ``replay`` command uses: P2P bandwidth
-   with 1 MiB and 10 MiB messages, P2P latency with 10 B, 10 KiB and 1 MiB
-   messages (one buffer per payload, so the message is exactly that size);
+3. gRPC's own floors: a bare grpcio echo and push (Python), and gRPC C++'s bare
+   generic-API echo (``grpc_cpp_echo.cc``, built on first use with the system's
+   gRPC C++; left out, said so, where there is none);
+4. our replay with each engine (grpcio, and grpc-cpp where it builds), through
+   the library the ``replay`` command uses: P2P bandwidth with 1 MiB and 10 MiB
+   messages, P2P latency with 10 B, 10 KiB and 1 MiB messages (one buffer per
+   payload, so the message is exactly that size), with the client's CPU per call;
 
 then prints the ratios and rewrites the "Replay against raw TCP" section of
 ``bench/README.md`` with the command, the machine, the load, the figures and
@@ -84,6 +88,8 @@ class RoundTrip:
     p99_us: float
     mean_us: float
     count: int
+    #: The calling process's CPU time per round trip (client side), where measured.
+    client_cpu_us: float | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -321,23 +327,31 @@ ROUND_TRIP_VARIANTS: tuple[tuple[str, str | None], ...] = (
 )
 
 
-def measure_replay(seconds: float, runs: int, figures: Figures) -> None:
-    """P2P bandwidth and latency through the replay library, against a local server process.
+def replay_tool(engine: str, variant: str) -> str:
+    """A replay row's tool name: ``replay`` (grpcio, the names earlier runs used) or
+    ``replay grpc-cpp``, then the variant's own words."""
+    name = "replay" if engine == "grpcio" else f"replay {engine}"
+    return name + variant.removeprefix("replay")
 
-    The same path as ``tf-grpc-bench replay``: ``LocalServers`` (a server in
-    its own process), ``synthetic_workload`` and ``run_benchmark`` with the
-    RPC kind and window the ``replay`` command defaults to (or the variant's),
-    non-serialized mode; one buffer per payload so every message is exactly
-    the size in the table.
+
+def measure_replay(seconds: float, runs: int, figures: Figures, engine_name: str) -> None:
+    """P2P bandwidth and latency through the replay library, against a local server
+    (both of ``engine_name``, the grpcio or the gRPC C++ engine).
+
+    The same path as ``tf-grpc-bench replay``: the engine's local servers (a
+    server in its own process), ``synthetic_workload`` and ``run_benchmark``
+    with the RPC kind and window the ``replay`` command defaults to (or the
+    variant's), non-serialized mode; one buffer per payload so every message is
+    exactly the size in the table.
     """
     from tf_grpc_bench.replay.core.benchmarks import synthetic_workload
     from tf_grpc_bench.replay.core.generators import BufferSizes, GeneratorConfig
     from tf_grpc_bench.replay.core.measurement import Benchmark
     from tf_grpc_bench.replay.core.pacing import Pacing
     from tf_grpc_bench.replay.core.workload import Mode
+    from tf_grpc_bench.replay.engines.registry import engine_named
     from tf_grpc_bench.replay.runner import RunPlan, default_rpc, default_window, run_benchmark
-    from tf_grpc_bench.replay.transport.local_servers import LocalServers
-    from tf_grpc_bench.replay.transport.wire import ChannelSettings, RpcKind
+    from tf_grpc_bench.replay.transport.wire import ChannelSettings, RpcKind, ServerSettings
     from tf_grpc_bench.sizes import classify
 
     def generator(size: int) -> GeneratorConfig:
@@ -354,22 +368,26 @@ def measure_replay(seconds: float, runs: int, figures: Figures) -> None:
         warmup_ns=int(min(2.0, seconds) * 1e9), duration_ns=int(seconds * 1e9), runs=runs
     )
     mode = Mode.NON_SERIALIZED
-    with LocalServers(1, mode=mode) as servers:
+    engine = engine_named(engine_name)
+    local = engine.local_servers(1, mode=mode, settings=ServerSettings(), procs_per_server=1)
+    with local as targets:
         for size in BANDWIDTH_SIZES:
-            for tool, rpc_name, chosen_window in BANDWIDTH_VARIANTS:
+            for variant, rpc_name, chosen_window in BANDWIDTH_VARIANTS:
+                tool = replay_tool(engine_name, variant)
                 workload = synthetic_workload(Benchmark.P2P_BANDWIDTH, generator(size), mode=mode)
                 rpc = RpcKind(rpc_name) if rpc_name else default_rpc(workload)
                 window = chosen_window or default_window(workload, rpc)
                 print(
-                    f"   replay P2P bandwidth {size_name(size)}, {rpc.value}, {window} in flight",
+                    f"   {tool} P2P bandwidth {size_name(size)}, {rpc.value}, {window} in flight",
                     flush=True,
                 )
                 result = run_benchmark(
                     workload,
-                    servers.targets,
+                    targets,
                     pacing=Pacing(window=window),
                     plan=plan,
                     settings=ChannelSettings(rpc=rpc),
+                    engine=engine,
                 )
                 figures.bandwidth.append(
                     Bandwidth(
@@ -379,16 +397,18 @@ def measure_replay(seconds: float, runs: int, figures: Figures) -> None:
                         mb_per_s=result.bandwidth_mb_per_s,
                     )
                 )
-                _note_partial(figures, result, f"P2P bandwidth {size_name(size)}")
+                _note_partial(figures, result, f"P2P bandwidth {size_name(size)} ({tool})")
         for size in ROUND_TRIP_SIZES:
-            for tool, rpc_name in ROUND_TRIP_VARIANTS:
+            for variant, rpc_name in ROUND_TRIP_VARIANTS:
+                tool = replay_tool(engine_name, variant)
                 workload = synthetic_workload(Benchmark.P2P_LATENCY, generator(size), mode=mode)
                 rpc = RpcKind(rpc_name) if rpc_name else default_rpc(workload)
-                print(f"   replay P2P latency {size_name(size)}, {rpc.value}", flush=True)
+                print(f"   {tool} P2P latency {size_name(size)}, {rpc.value}", flush=True)
                 result = run_benchmark(
-                    workload, servers.targets, plan=plan, settings=ChannelSettings(rpc=rpc)
+                    workload, targets, plan=plan, settings=ChannelSettings(rpc=rpc), engine=engine
                 )
                 latency = result.latency_all
+                calls = sum(len(run.samples) for run in result.runs) or 1
                 figures.round_trips.append(
                     RoundTrip(
                         tool=tool,
@@ -398,9 +418,22 @@ def measure_replay(seconds: float, runs: int, figures: Figures) -> None:
                         p99_us=latency.p99_ns / 1e3,
                         mean_us=latency.mean_ns / 1e3,
                         count=latency.count,
+                        client_cpu_us=sum(r.client_cpu_ns for r in result.runs) / calls / 1e3,
                     )
                 )
                 _note_partial(figures, result, f"P2P latency {size_name(size)} ({tool})")
+
+
+def measure_bare_grpc_cpp(sizes: Sequence[int], seconds: float) -> list[RoundTrip]:
+    """gRPC C++'s bare echo (``grpc_cpp_floor``), one size at a time."""
+    from grpc_cpp_floor import round_trips_ns
+
+    trips = []
+    for size in sizes:
+        times, cpu_ns = round_trips_ns(size, seconds)
+        trip = _round_trip("bare gRPC C++", size, 1, list(times))
+        trips.append(dataclasses.replace(trip, client_cpu_us=cpu_ns / max(len(times), 1) / 1e3))
+    return trips
 
 
 def _note_partial(figures: Figures, result: Any, what: str) -> None:
@@ -413,41 +446,49 @@ def _note_partial(figures: Figures, result: Any, what: str) -> None:
 # Reporting.
 
 
+#: The replay engines measured, in order (grpc-cpp where gRPC C++ is found).
+ENGINES = ("grpcio", "grpc-cpp")
+#: What each replay round trip is divided by: raw TCP, and gRPC's own bare calls.
+ROUND_TRIP_FLOORS = ("sockperf", "python socket", "bare grpcio", "bare gRPC C++")
+
+
 def ratios(figures: Figures) -> list[tuple[str, float]]:
     """(what, ratio) pairs: bandwidth as a fraction of iperf3's, round trips as
-    multiples of raw TCP's.  Against the best raw figure of the passes, so
-    noise on a shared machine can only make the replay look worse."""
+    multiples of raw TCP's and of gRPC's bare calls.  Against the best raw figure of
+    the passes, so noise on a shared machine can only make the replay look worse."""
     found = []
     iperf = figures.best_bandwidth("iperf3")
-    for size in BANDWIDTH_SIZES:
-        for tool, _, _ in BANDWIDTH_VARIANTS:
-            replay = figures.best_bandwidth(tool, size)
-            if iperf and replay:
-                what = f"{tool} bandwidth {size_name(size)} / iperf3"
-                found.append((what, replay.mb_per_s / iperf.mb_per_s))
-        bare = figures.best_bandwidth("bare grpcio", size)
-        replay = figures.best_bandwidth("replay", size)
-        if bare and replay:
-            what = f"replay bandwidth {size_name(size)} / bare grpcio"
-            found.append((what, replay.mb_per_s / bare.mb_per_s))
-    for size in ROUND_TRIP_SIZES:
-        for tool, _ in ROUND_TRIP_VARIANTS:
-            replay_trip = figures.best_round_trip(tool, size)
-            for raw_tool in ("sockperf", "python socket", "bare grpcio"):
-                raw_size = max(size, SOCKPERF_MIN_BYTES) if raw_tool == "sockperf" else size
-                raw = figures.best_round_trip(raw_tool, raw_size)
-                if replay_trip and raw:
-                    what = (
-                        f"{tool} p50 round trip {size_name(size)} / {raw_tool} "
-                        f"{size_name(raw_size)}"
-                    )
-                    found.append((what, replay_trip.p50_us / raw.p50_us))
+    for engine in ENGINES:
+        for size in BANDWIDTH_SIZES:
+            for variant, _, _ in BANDWIDTH_VARIANTS:
+                tool = replay_tool(engine, variant)
+                replay = figures.best_bandwidth(tool, size)
+                if iperf and replay:
+                    what = f"{tool} bandwidth {size_name(size)} / iperf3"
+                    found.append((what, replay.mb_per_s / iperf.mb_per_s))
+            bare = figures.best_bandwidth("bare grpcio", size)
+            replay = figures.best_bandwidth(replay_tool(engine, "replay"), size)
+            if bare and replay:
+                what = f"{replay.tool} bandwidth {size_name(size)} / bare grpcio"
+                found.append((what, replay.mb_per_s / bare.mb_per_s))
+        for size in ROUND_TRIP_SIZES:
+            for variant, _ in ROUND_TRIP_VARIANTS:
+                replay_trip = figures.best_round_trip(replay_tool(engine, variant), size)
+                for raw_tool in ROUND_TRIP_FLOORS:
+                    raw_size = max(size, SOCKPERF_MIN_BYTES) if raw_tool == "sockperf" else size
+                    raw = figures.best_round_trip(raw_tool, raw_size)
+                    if replay_trip and raw:
+                        what = (
+                            f"{replay_trip.tool} p50 round trip {size_name(size)} / {raw_tool} "
+                            f"{size_name(raw_size)}"
+                        )
+                        found.append((what, replay_trip.p50_us / raw.p50_us))
     return found
 
 
 #: Baselines measured twice, before and after the replay.
 RAW_TOOLS = ("iperf3", "sockperf", "python socket")
-_TOOL_ORDER = (*RAW_TOOLS, "bare grpcio")
+_TOOL_ORDER = (*RAW_TOOLS, "bare grpcio", "bare gRPC C++")
 
 
 def _order(tool: str) -> tuple[int, str]:
@@ -463,10 +504,11 @@ def format_report(figures: Figures) -> list[str]:
         lines.append(f"| {item.tool} bandwidth | {message} | {when} | {item.mb_per_s:,.0f} MB/s |")
     for trip in sorted(figures.round_trips, key=lambda r: (r.size_bytes, _order(r.tool))):
         when = passes[trip.pass_index] if trip.tool in RAW_TOOLS else "-"
+        cpu = "" if trip.client_cpu_us is None else f"; client CPU {trip.client_cpu_us:,.1f} us"
         lines.append(
             f"| {trip.tool} round trip | {size_name(trip.size_bytes)} | {when} "
             f"| p50 {trip.p50_us:,.1f} us, p99 {trip.p99_us:,.1f} us, "
-            f"mean {trip.mean_us:,.1f} us ({trip.count:,} round trips) |"
+            f"mean {trip.mean_us:,.1f} us ({trip.count:,} round trips{cpu}) |"
         )
     found = ratios(figures)
     if found:
@@ -542,6 +584,40 @@ def findings(figures: Figures) -> list[str]:
     return lines
 
 
+def native_findings(figures: Figures) -> list[str]:
+    """The gRPC C++ engine against its targets: a 10 B round trip within 1.3 x gRPC C++'s
+    bare echo, 1 MiB bandwidth at least 0.8 of iperf3's (grpcio's figures beside them)."""
+    lines = []
+    bare = figures.best_round_trip("bare gRPC C++", ROUND_TRIP_SIZES[0])
+    for engine in ENGINES:
+        replay = figures.best_round_trip(replay_tool(engine, "replay"), ROUND_TRIP_SIZES[0])
+        if bare and replay:
+            ratio = replay.p50_us / bare.p50_us
+            verdict = "meets" if ratio <= 1.3 else "misses"
+            lines.append(
+                f"{size_name(ROUND_TRIP_SIZES[0])} round trip, {engine} engine: p50 "
+                f"{replay.p50_us:,.1f} us = {ratio:.2f} x gRPC C++'s bare echo "
+                f"({bare.p50_us:,.1f} us); {verdict} the target of at most 1.3."
+            )
+    iperf = figures.best_bandwidth("iperf3")
+    for engine in ENGINES:
+        best = max(
+            (b for b in figures.bandwidth
+             if b.tool.startswith(replay_tool(engine, "replay")) and b.size_bytes == MIB
+             and (engine != "grpcio" or not b.tool.startswith("replay grpc-cpp"))),
+            key=lambda b: b.mb_per_s,
+            default=None,
+        )  # fmt: skip
+        if iperf and best:
+            ratio = best.mb_per_s / iperf.mb_per_s
+            verdict = "meets" if ratio >= 0.8 else "misses"
+            lines.append(
+                f"1 MiB bandwidth, {engine} engine: best {best.mb_per_s:,.0f} MB/s ({best.tool}) "
+                f"= {ratio:.2f} of iperf3's; {verdict} the target of at least 0.8."
+            )
+    return lines
+
+
 def readme_section(
     figures: Figures, command: str, seconds: float, runs: int, load_before: str, load_after: str
 ) -> str:
@@ -563,7 +639,7 @@ def readme_section(
         "",
         *format_report(figures),
     ]
-    found = findings(figures)
+    found = findings(figures) + native_findings(figures)
     if found:
         lines += ["", *[f"- {sentence}" for sentence in found]]
     if figures.notes:
@@ -640,13 +716,25 @@ def main(argv: Sequence[str] | None = None) -> int:
             figures.bandwidth.extend(bandwidths)
 
         _attempt(figures, "bare grpcio", bare_grpc)
-        _attempt(figures, "replay", lambda: measure_replay(args.seconds, args.runs, figures))
+        _attempt(
+            figures,
+            "bare gRPC C++",
+            lambda: figures.round_trips.extend(
+                measure_bare_grpc_cpp(ROUND_TRIP_SIZES, args.seconds)
+            ),
+        )
+        for engine in ENGINES:
+            _attempt(
+                figures,
+                f"replay, {engine} engine",
+                lambda e=engine: measure_replay(args.seconds, args.runs, figures, e),
+            )
     measure_baselines(figures, args.seconds, pass_index=2)
     load_after = load_average()
 
     print()
     print("\n".join(format_report(figures)))
-    for sentence in findings(figures):
+    for sentence in findings(figures) + native_findings(figures):
         print(f"- {sentence}")
     for note in figures.notes:
         print(f"note: {note}")
