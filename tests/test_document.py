@@ -7,6 +7,7 @@ import json
 import math
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -22,7 +23,11 @@ from tf_grpc_bench.replay.core.measurement import (
 from tf_grpc_bench.replay.output import document as results
 from tf_grpc_bench.replay.output import machine
 from tf_grpc_bench.replay.output.document import FORMAT_VERSION, ResultDocument, build_document
-from tf_grpc_bench.replay.output.document_reader import loads_document, read_document
+from tf_grpc_bench.replay.output.document_reader import (
+    document_from_json_dict,
+    loads_document,
+    read_document,
+)
 from tf_grpc_bench.replay.output.document_writer import dumps_document, write_document
 from tf_grpc_bench.replay.output.machine import NetworkInfo
 from tf_grpc_bench.replay.output.prediction import (
@@ -651,3 +656,171 @@ def test_a_built_document_keeps_its_what_if() -> None:
         make_results(), config={}, trace_path=None, machine=GOLDEN_MACHINE, created=CREATED
     )
     assert plain.what_if is None
+
+
+# The newest format's fields, each read and named by the reader: its network's interfaces,
+# relays and emulation, the inexact sizes, the what-if and the trace's partial reason.
+
+
+def _golden_newest() -> dict[str, Any]:
+    data: dict[str, Any] = json.loads((DATA / f"results-v{FORMAT_VERSION}.json").read_text())
+    return data
+
+
+_NEWEST_OBJECTS = {
+    **_OBJECTS,
+    "network.interfaces[0]": lambda d: d["network"]["interfaces"][0],
+    "network.relays[0]": lambda d: d["network"]["relays"][0],
+    "benchmarks[0].inexact_sizes": lambda d: d["benchmarks"][0]["inexact_sizes"],
+    "what_if": lambda d: d["what_if"],
+    "what_if.derived_from": lambda d: d["what_if"]["derived_from"],
+}
+#: Optional at the top (null if absent); the what-if's scale is checked as a number first.
+_OPTIONAL = {("document", "trace"), ("document", "network"), ("document", "what_if")}
+_NEWEST_FIELDS = [
+    (where, key)
+    for where, get in _NEWEST_OBJECTS.items()
+    for key in get(_golden_newest())
+    if (where, key) not in _NOT_READ
+]
+
+
+@pytest.mark.parametrize(
+    ("where", "key"), _NEWEST_FIELDS, ids=[f"{w}.{k}" for w, k in _NEWEST_FIELDS]
+)
+def test_every_field_of_the_newest_format_missing_or_mistyped_is_named_by_its_path(
+    where: str, key: str
+) -> None:
+    prefix = "golden.json: invalid result document: "
+    document = _golden_newest()
+    del _NEWEST_OBJECTS[where](document)[key]
+    if (where, key) in _OPTIONAL:
+        loads_document(json.dumps(document), source="golden.json")
+    else:
+        with pytest.raises(ResultError) as missing:
+            loads_document(json.dumps(document), source="golden.json")
+        expected = f"{where}: missing field {key!r}"
+        if (where, key) == ("what_if", "scale_tensors"):
+            expected = "what_if.scale_tensors: expected a number"
+        assert str(missing.value) == prefix + expected
+    document = _golden_newest()
+    value = _NEWEST_OBJECTS[where](document)[key]
+    wrong: object = "x" if isinstance(value, dict | list) else {"x": 1}
+    _NEWEST_OBJECTS[where](document)[key] = wrong
+    if value is None:
+        return
+    with pytest.raises(ResultError) as mistyped:
+        loads_document(json.dumps(document), source="golden.json")
+    top_object = where == "document" and (where, key) in _OPTIONAL
+    path = key if top_object else f"{where}.{key}"
+    assert str(mistyped.value).startswith(f"{prefix}{path}"), str(mistyped.value)
+
+
+def _refusal(document: dict[str, Any], source: str = "r.json") -> str:
+    with pytest.raises(ResultError) as refused:
+        loads_document(json.dumps(document), source=source)
+    message = _single_line_error(refused)
+    assert message.startswith(f"{source}: invalid result document: "), message
+    return message.removeprefix(f"{source}: invalid result document: ")
+
+
+def test_each_wrong_value_is_quoted_in_its_refusal() -> None:
+    long = "y" * 50  # quoted to 40 characters of its JSON
+    cases: list[tuple[Any, str]] = [
+        (lambda d: d["machine"].__setitem__("cpu_count", long),
+         f'machine.cpu_count: expected an integer, got "{long[:39]}'),
+        (lambda d: d["benchmarks"][0].__setitem__("partial", long),
+         f'benchmarks[0].partial: expected true or false, got "{long[:39]}'),
+        (lambda d: d["network"].__setitem__("emulated_loss", long),
+         f'network.emulated_loss: expected a number, got "{long[:39]}'),
+        (lambda d: d["network"].__setitem__("emulated_loss", True),
+         "network.emulated_loss: expected a number, got true"),
+        (lambda d: d["benchmarks"][0]["runs"][0].__setitem__("step_times_ns", [3, long]),
+         f'benchmarks[0].runs[0].step_times_ns[1]: expected an integer, got "{long[:39]}'),
+        (lambda d: d["config"].__setitem__("runs", [long]),
+         f'document.config.runs: expected a string, number or boolean, got ["{long[:38]}'),
+        (lambda d: d["benchmarks"][0].__setitem__("runs", 3),
+         "benchmarks[0].runs: expected a list, got int"),
+        (lambda d: d.__setitem__("machine", 3), "document.machine: expected an object, got int"),
+        (lambda d: d.__setitem__("tool_version", 3),
+         "document.tool_version: expected a string, got int"),
+        (lambda d: d["what_if"].__setitem__("scale_tensors", True),
+         "what_if.scale_tensors: expected a number"),
+        (lambda d: d.__setitem__("what_if", [1]), "what_if: expected an object or null"),
+        (lambda d: d["what_if"].__setitem__("workers", 0),
+         "what_if: what_if.workers must be >= 1, got 0"),
+        (lambda d: d["network"]["relays"].__setitem__(0, 7),
+         "network.relays[0]: expected an object"),
+        (lambda d: d["network"]["interfaces"].__setitem__(0, 7),
+         "network.interfaces[0]: expected an object"),
+        (lambda d: d["network"].__setitem__("addresses", ["127.0.0.1:1", 7]),
+         "network.addresses: expected a list of strings"),
+        (lambda d: d["benchmarks"][0]["inexact_sizes"].__setitem__("calls_per_pass", 0),
+         "benchmarks[0].inexact_sizes: calls_per_pass must be >= 1, got 0"),
+        (lambda d: d["benchmarks"][0]["runs"][0]["samples"]["latency_ns"].__setitem__(1, -1),
+         "benchmarks[0].runs[0].samples[1]: latency_ns must be >= 0, got -1"),
+        (lambda d: d["benchmarks"][0]["runs"][0].__setitem__("machine_cpu_busy_ticks", 5),
+         "benchmarks[0].runs[0]: machine_cpu_busy_ticks 5 must be within 0 .. "
+         "machine_cpu_total_ticks 0"),
+    ]  # fmt: skip
+    for change, expected in cases:
+        document = _golden_newest()
+        change(document)
+        assert _refusal(document) == expected
+
+
+@pytest.mark.parametrize("bucket", [[1, 2, 3], [1], [1, True], [1.5, 2], "x"])
+def test_a_relays_histogram_bucket_is_two_integers(bucket: object) -> None:
+    document = _golden_newest()
+    document["network"]["relays"][0]["late_histogram"][2] = bucket
+    assert _refusal(document) == "network.relays[0].late_histogram[2]: expected [lower_ns, count]"
+
+
+@pytest.mark.parametrize("version", range(1, FORMAT_VERSION + 1))
+def test_each_format_version_reads_the_fields_it_has_from_that_version_on(version: int) -> None:
+    document = read_document(DATA / f"results-v{version}.json")
+    assert (document.benchmarks[0].inexact_sizes is not None) == (version >= 3)
+    busy_share = machine_cpu_busy_share(document.benchmarks[2].runs)
+    assert busy_share == (pytest.approx(0.935) if version >= 5 else None)
+    assert (document.what_if is not None) == (version >= 5)
+    assert document.network is not None and document.trace is not None
+    emulation = (
+        document.network.emulated_delay_ns,
+        document.network.emulated_jitter_ns,
+        document.network.emulated_loss,
+        len(document.network.relays),
+    )
+    assert emulation == ((50_000, 10_000, 0.001, 1) if version >= 6 else (0, 0, 0.0, 0))
+    assert document.trace.partial_reason == (
+        "the job looks hung: its tasks exchanged nothing for 120 s" if version >= 7 else ""
+    )
+
+
+def test_a_reader_error_names_results_when_no_file_is_given(tmp_path: Path) -> None:
+    with pytest.raises(ResultError) as not_json:
+        loads_document('{"format": NaN}')
+    assert (
+        str(not_json.value)
+        == "results: result document is not valid JSON (NaN is not a JSON number)"
+    )
+    document = _golden_newest()
+    del document["machine"]
+    with pytest.raises(ResultError) as invalid:
+        document_from_json_dict(document)
+    assert (
+        str(invalid.value) == "results: invalid result document: document: missing field 'machine'"
+    )
+    with pytest.raises(ResultError) as directory:
+        read_document(tmp_path)
+    assert str(directory.value) == f"{tmp_path}: is a directory, expected a result file"
+    loop = tmp_path / "loop.json"
+    loop.symlink_to(loop)
+    with pytest.raises(ResultError) as unreadable:
+        read_document(loop)
+    assert str(unreadable.value) == f"{loop}: cannot read (Too many levels of symbolic links)"
+
+
+def test_a_value_the_results_own_types_refuse_is_named_with_the_file() -> None:
+    document = _golden_newest()
+    document["network"]["emulated_rate_bits_per_s"] = -1
+    assert _refusal(document) == "NetworkInfo.emulated_rate_bits_per_s must be >= 0, got -1"
