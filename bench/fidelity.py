@@ -62,6 +62,7 @@ import contextlib
 import json
 import os
 import sys
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -204,20 +205,24 @@ def measure(
     logdir: Path,
     *,
     cpu_cap: float | None = None,
+    replay_flags: tuple[str, ...] = (),
 ) -> tuple[CaptureFacts, list[Row]]:
     """The loopback capture's facts, and a row per profile.  With ``cpu_cap``, every
     capture runs in a CPU cgroup capped at that many cores (a slower machine; its
-    calibration timed inside it) and the replays keep the traces' compute as recorded."""
-    folder = logdir / (f"{model}-{setup}" if cpu_cap is None else f"{model}-{setup}-cap{cpu_cap:g}")
+    calibration timed inside it) and the replays keep the traces' compute as recorded.
+    ``replay_flags`` go to every replay (``--engine``, ``--time-dilation``)."""
+    name = f"{model}-{setup}" if cpu_cap is None else f"{model}-{setup}-cap{cpu_cap:g}"
+    suffixes = [flag.lstrip("-").replace("=", "-") for flag in replay_flags]
+    folder = logdir / "-".join([name, *suffixes])
     loopback_trace = folder / f"{model}-loopback.tfgbtrace"
     folder.mkdir(parents=True, exist_ok=True)
     with contextlib.ExitStack() as stack:
         prefix: tuple[str, ...] = ()
-        extra: tuple[str, ...] = ()
+        extra: tuple[str, ...] = replay_flags
         if cpu_cap is not None:
             prefix = tuple(stack.enter_context(cpu_cgroup(cpu_cap)))
             # The replays run uncapped: scaling the compute to this machine would undo the cap.
-            extra = ("--compute", "recorded")
+            extra = (*extra, "--compute", "recorded")
 
         def trained(output: Path, profile: str | None) -> tuple[Trace, Uncaptured]:
             """The job with no recorder, then captured: side by side, in that order."""
@@ -354,10 +359,14 @@ def _uncaptured_cells(facts: CaptureFacts) -> list[str]:
     ]
 
 
-def section(model: str, setup: str, cpu_cap: float | None) -> str:
-    if cpu_cap is None:
-        return SECTION.format(model=model, setup=setup)
-    return CAPPED_SECTION.format(model=model, setup=setup, cores=cpu_cap)
+def section(model: str, setup: str, cpu_cap: float | None, replay_flags: Sequence[str] = ()) -> str:
+    """The README section of a run; one of its own per engine or dilation asked for."""
+    title = (
+        SECTION.format(model=model, setup=setup)
+        if cpu_cap is None
+        else CAPPED_SECTION.format(model=model, setup=setup, cores=cpu_cap)
+    )
+    return " ".join([title, *replay_flags])
 
 
 def report(
@@ -369,6 +378,7 @@ def report(
     loopback: CaptureFacts | None = None,
     *,
     cpu_cap: float | None = None,
+    replay_flags: Sequence[str] = (),
 ) -> str:
     capped = []
     if cpu_cap is not None:
@@ -379,7 +389,7 @@ def report(
             "",
         ]
     lines = [
-        section(rows[0].model if rows else "?", setup, cpu_cap),
+        section(rows[0].model if rows else "?", setup, cpu_cap, replay_flags),
         "",
         f"`{command}`",
         "",
@@ -470,6 +480,18 @@ def main() -> int:
         metavar="S",
         help="with --cross-machine: seconds of each replay",
     )
+    parser.add_argument(
+        "--engine",
+        default=None,
+        metavar="NAME",
+        help="the replays' engine (grpcio, grpc-cpp; default: network compare's, auto)",
+    )
+    parser.add_argument(
+        "--time-dilation",
+        default=None,
+        metavar="K",
+        help="replay at this dilation only (1: none; default: network compare's automatic)",
+    )
     parser.add_argument("--no-readme", action="store_true")
     parser.add_argument(
         "--logdir", default="runs/fidelity", help="where the replays' runs and comparisons go"
@@ -489,19 +511,26 @@ def main() -> int:
                 )
             )  # fmt: skip
         return 0
+    replay_flags = tuple(
+        f"--{name.replace('_', '-')}={value}"
+        for name, value in (("engine", args.engine), ("time_dilation", args.time_dilation))
+        if value is not None
+    )
     with lifetime.interrupt_on_signals():
         for model in args.models.split(","):
             before = load_average()
             loopback, rows = measure(
                 model, args.setup, args.profiles.split(","), args.steps, Path(args.logdir),
-                cpu_cap=args.cpu_cap,
+                cpu_cap=args.cpu_cap, replay_flags=replay_flags,
             )  # fmt: skip
             body = report(
-                rows, args.setup, command, before, load_average(), loopback, cpu_cap=args.cpu_cap
-            )
+                rows, args.setup, command, before, load_average(), loopback,
+                cpu_cap=args.cpu_cap, replay_flags=replay_flags,
+            )  # fmt: skip
             print(body)
             if not args.no_readme:
-                write_section(README, section(model, args.setup, args.cpu_cap), body)
+                section_title = section(model, args.setup, args.cpu_cap, replay_flags)
+                write_section(README, section_title, body)
     return 0
 
 
