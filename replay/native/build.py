@@ -10,10 +10,12 @@ library's version: a new source or an upgraded gRPC builds it again.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import json
 import os
 import shutil
 import subprocess
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -138,9 +140,30 @@ def engine_part(library: Library) -> NativeSource:
 
 def build_engine(cache_directory: Path | None = None) -> Path:
     """The engine program, built now if not cached yet.  ``EngineUnavailable`` when gRPC
-    C++ or a compiler is missing, or the build fails."""
+    C++ or a compiler is missing, or the build fails.
+
+    One build at a time per cache: the processes of a ``role`` cluster started together
+    on a host where it is not built yet (each taking ``--engine auto``) wait for the
+    first one's build and use it, rather than each compiling it on the same cores."""
     library = find_library(cache_directory)
-    return native.build(engine_part(library), error=EngineUnavailable, cache=cache_directory)
+    part = engine_part(library)
+    with _build_lock(cache_directory or native.cache_directory()):
+        return native.build(part, error=EngineUnavailable, cache=cache_directory)
+
+
+@contextlib.contextmanager
+def _build_lock(directory: Path) -> Iterator[None]:
+    """An exclusive lock on ``directory``'s engine build; none where it cannot be made (a
+    read-only cache: the build then says so itself)."""
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        handle = (directory / f".{PROGRAM}.lock").open("a")
+    except OSError:
+        yield
+        return
+    with handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        yield
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
