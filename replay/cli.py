@@ -18,7 +18,7 @@ import signal
 import sys
 from dataclasses import replace
 from pathlib import Path
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 from tf_grpc_bench import launchers, lifetime
 from tf_grpc_bench.command import Command
@@ -48,6 +48,9 @@ from tf_grpc_bench.replay.transport.loop import INTERRUPTED_PREFIX
 from tf_grpc_bench.replay.transport.wire import read_token_file
 from tf_grpc_bench.trace import Trace
 from tf_grpc_bench.trace_mapping import WHOLE_STEPS, WholeSteps
+
+if TYPE_CHECKING:
+    from tf_grpc_bench.replay.output.document import ResultDocument
 
 # --------------------------------------------------------------------------
 # serve
@@ -109,10 +112,18 @@ def run_replay(args: argparse.Namespace) -> int:
 
 
 def with_engine(spec: SpecWithEngine) -> SpecWithEngine:
-    """``spec`` with ``--engine auto`` resolved here, the choice said on stderr."""
+    """``spec`` with ``--engine auto`` resolved here, the choice said on stderr where that
+    is a terminal (as the progress bar is; the results name the engine either way, and a
+    replay's table says it on stdout): a command's error output stays its one line."""
     if spec.engine != AUTO:
         return spec
-    return replace(spec, engine=resolve_auto(lambda line: print(line, file=sys.stderr, flush=True)))
+    interactive = sys.stderr.isatty()
+    return replace(
+        spec,
+        engine=resolve_auto(
+            lambda line: print(line, file=sys.stderr, flush=True) if interactive else None
+        ),
+    )
 
 
 def replay(spec: ReplaySpec) -> int:
@@ -142,6 +153,7 @@ def replay(spec: ReplaySpec) -> int:
     document = session.record(request, executed, run_directory, network_name=spec.network_name)
     if not spec.quiet:
         print(report.format_table(document))
+        print(_engine_line(document))
     if document.trace is not None and document.trace.partial_reason:
         print(f"partial trace: {document.trace.partial_reason}; its last step may be cut short")
     print(f"results: {run_directory / results.RESULTS_FILE_NAME}")
@@ -156,6 +168,12 @@ def replay(spec: ReplaySpec) -> int:
     print(f"view:    tensorboard --logdir {spec.output_dir}")
     _raise_if_partial(document.partial, document.partial_reason, run_directory)
     return 0
+
+
+def _engine_line(document: ResultDocument) -> str:
+    """What made the calls, as the results record it."""
+    parameters = document.benchmarks[0].parameters if document.benchmarks else {}
+    return f"engine:  {parameters.get('engine', '?')} (gRPC {parameters.get('grpc_version', '?')})"
 
 
 def _raise_if_partial(partial: bool, reason: str, run_directory: Path) -> None:

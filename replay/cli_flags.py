@@ -195,8 +195,9 @@ def _add_engine_flag(parser: argparse.ArgumentParser | argparse._ArgumentGroup, 
         "--engine",
         default=DEFAULT_ENGINE,
         metavar="NAME",
-        help=f"{what}: grpcio (gRPC's Python binding) or grpc-cpp (gRPC C++, built on first "
-        f"use; 'tf-grpc-bench engine' says whether it is) (default {DEFAULT_ENGINE})",
+        help=f"{what}: grpcio (gRPC's Python binding), grpc-cpp (gRPC C++, built on first "
+        "use; 'tf-grpc-bench engine' says whether it is) or auto: grpc-cpp where it builds "
+        f"here, grpcio otherwise (default {DEFAULT_ENGINE})",
     )
 
 

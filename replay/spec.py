@@ -48,7 +48,10 @@ from tf_grpc_bench.replay.transport.server import DEFAULT_PORT
 from tf_grpc_bench.sizes import SizeCategory
 
 DEFAULT_OUTPUT_DIR = "runs"
-#: The replay engine unless ``--engine`` says otherwise (``engines.registry``).
+#: The replay engine unless ``--engine`` says otherwise (``engines.registry``).  Not yet
+#: ``auto``: the gRPC C++ server does not bound its responses' memory by the room its
+#: cgroup leaves, as the grpcio one does (``transport/response_memory.py``), and a
+#: ``serve`` must not take a shared machine's memory on a client's word.
 DEFAULT_ENGINE = "grpcio"
 
 
