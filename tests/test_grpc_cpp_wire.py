@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import signal
 import struct
 import subprocess
 import sys
@@ -21,6 +22,7 @@ from tf_grpc_bench.replay.core.generators import GeneratorConfig
 from tf_grpc_bench.replay.core.measurement import Benchmark
 from tf_grpc_bench.replay.core.messages import ECHO_METHOD
 from tf_grpc_bench.replay.core.workload import Call, Mode, pull_call
+from tf_grpc_bench.replay.native.protocol import PROTOCOL_VERSION
 from tf_grpc_bench.replay.native.servers import NativeServer, NativeServers
 from tf_grpc_bench.replay.transport.client import ReplayClient
 from tf_grpc_bench.replay.transport.server import ReplayServer
@@ -38,6 +40,8 @@ from tf_grpc_bench.replay.transport.wire import (
 from tf_grpc_bench.trace import RECV_TENSOR
 
 from .engines import grpc_cpp_program
+from .test_memory_bounds import _oom_kills, _pull, memory_cgroup
+from .test_placement import free_ports
 
 CLI = str(Path(sys.executable).parent / "tf-grpc-bench")
 #: What differs between two servers however alike: who and when.
@@ -285,7 +289,7 @@ def test_a_port_in_use_is_one_line_naming_it() -> None:
 def test_the_engine_command_says_what_is_built_and_where() -> None:
     program = grpc_cpp_program()
     version = subprocess.run([program, "version"], capture_output=True, text=True, check=True)
-    assert version.stdout.startswith("protocol 1 grpc 1.")
+    assert version.stdout.startswith(f"protocol {PROTOCOL_VERSION} grpc 1.")
     shown = subprocess.run([CLI, "engine"], capture_output=True, text=True, check=True)
     lines = shown.stdout.splitlines()
     assert lines[0].startswith("grpcio: gRPC ") and lines[2] == "--engine auto takes grpc-cpp"
@@ -306,3 +310,36 @@ def test_without_grpc_cpp_building_is_one_line_naming_the_package() -> None:
     )
     assert shown.stdout.splitlines()[1].startswith("grpc-cpp: unavailable: ")
     assert shown.stdout.splitlines()[2] == "--engine auto takes grpcio"
+
+
+@pytest.mark.netns  # root: makes a memory cgroup
+@pytest.mark.parametrize("engine", ["grpcio", "grpc-cpp"])
+def test_serve_in_a_memory_cgroup_refuses_a_pull_it_cannot_hold_in_the_same_words(
+    tmp_path: Path, engine: str
+) -> None:
+    # Both servers bound a large response by their cgroup's room, not the machine's.
+    if engine == "grpc-cpp":
+        grpc_cpp_program()
+    port = free_ports(1)[0]
+    with memory_cgroup(512 * 1024 * 1024) as (prefix, folder):
+        serve = subprocess.Popen(
+            [*prefix, CLI, "serve", "--host", "127.0.0.1", "--port", str(port), "--engine", engine],
+            cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        )  # fmt: skip
+        try:
+            assert serve.stdout is not None and "serving" in serve.stdout.readline()
+            large = _pull(f"127.0.0.1:{port}", 300_000_000)
+            small = _pull(f"127.0.0.1:{port}", 70 * 1024 * 1024)
+        finally:
+            serve.send_signal(signal.SIGTERM)
+            serve.communicate(timeout=60)
+        assert _oom_kills(folder) == 0
+    code, details = large
+    assert code == "RESOURCE_EXHAUSTED", details
+    assert details.startswith(
+        "a response of 300000000 B needs about 600000000 B of memory here (it and gRPC's "
+        "copy); this server has "
+    ), details
+    assert "bounded by its memory cgroup /" in details
+    assert f"/{folder.name} (limit {512 * 1024 * 1024} B))" in details
+    assert small == ("OK", "")

@@ -5,7 +5,8 @@ byte is the frame's kind.  Fields are little-endian: ``u8``, ``u32``, ``i64``;
 ``str`` is a ``u32`` length and that many bytes; a list is a ``u32`` count and
 its items.  The program reads them in ``engine/common.cc`` (``Decoder``) and the
 role's file.  ``PROTOCOL_VERSION`` is checked by the program in each set-up
-frame; bump it with any change below.  History: 1, the first.
+frame; bump it with any change below.  History: 1, the first; 2, the server's set-up
+lists its memory cgroups.
 
 Server (``tfgb-engine serve``), Python to program:
 
@@ -13,7 +14,9 @@ Server (``tfgb-engine serve``), Python to program:
   sibling u8, options (list of key str, kind u8 0 int / 1 str, value i64 or
   str), private key PEM str, certificate chain PEM str, root certificates PEM
   str ("" each: no TLS), max response i64 (-1: the send limit), send limit
-  i64, has token u8, token str, max sessions u32, threads u32;
+  i64, has token u8, token str, max sessions u32, threads u32, memory
+  cgroups (count u32, then each: folder str, cgroup version u8, name str;
+  ``host.memory_cgroups``);
 * ``B`` the other processes serving the same port: list of addresses (str);
 * ``Q`` stop (so does the pipe closing, and SIGTERM).
 
@@ -62,7 +65,7 @@ import grpc
 from tf_grpc_bench.errors import TransportError
 from tf_grpc_bench.replay.transport.wire import failure_message
 
-PROTOCOL_VERSION = 1
+PROTOCOL_VERSION = 2
 #: A call without a window of its own towards its server.
 NO_LIMIT = 0xFFFFFFFF
 

@@ -14,6 +14,7 @@ from pathlib import Path
 from types import TracebackType
 
 from tf_grpc_bench.errors import ServeError, TransportError
+from tf_grpc_bench.host import memory_cgroups
 from tf_grpc_bench.replay.core.workload import Mode
 from tf_grpc_bench.replay.native.process import EngineProcess
 from tf_grpc_bench.replay.native.protocol import PROTOCOL_VERSION, Encoder, unique_options
@@ -41,7 +42,7 @@ def setup_frame(
     if shared or sibling:
         options = [("grpc.so_reuseport", 1), *options]
     token = settings.control_token
-    return (
+    frame = (
         Encoder("S")
         .u32(PROTOCOL_VERSION)
         .u8(mode is Mode.SERIALIZED)
@@ -59,8 +60,11 @@ def setup_frame(
         .text(token or "")
         .u32(settings.max_sessions)
         .u32(threads)
-        .frame()
+        .u32(len(cgroups := memory_cgroups()))
     )
+    for folder, version, name in cgroups:
+        frame.text(folder).u8(version).text(name)
+    return frame.frame()
 
 
 class NativeServer:

@@ -272,17 +272,35 @@ class _Hierarchy:
 
 def _cgroup_rooms(proc: Path) -> list[MemoryRoom]:
     """The room each limited memory cgroup this process is in leaves it."""
-    rooms = []
+    rooms = [_cgroup_room(folder, hierarchy) for folder, hierarchy in _cgroup_folders(proc)]
+    return [room for room in rooms if room is not None]
+
+
+def _cgroup_folders(proc: Path) -> list[tuple[Path, _Hierarchy]]:
+    """Every memory cgroup folder this process is in, each hierarchy's up to its mount."""
+    found = []
     for hierarchy in _memory_hierarchies(proc):
         folder = hierarchy.folder
         while True:
-            room = _cgroup_room(folder, hierarchy)
-            if room is not None:
-                rooms.append(room)
+            found.append((folder, hierarchy))
             if folder == hierarchy.mount or folder.parent == folder:
                 break
             folder = folder.parent
-    return rooms
+    return found
+
+
+def memory_cgroups(*, proc: Path = Path("/proc")) -> list[tuple[str, int, str]]:
+    """The memory cgroups ``memory_room`` reads, for a program that reads their room
+    itself (the gRPC C++ server): each one's folder, cgroup version (1 or 2) and name as
+    ``MemoryRoom.bound`` gives it."""
+    return [
+        (str(folder), hierarchy.version, _cgroup_name(folder, hierarchy))
+        for folder, hierarchy in _cgroup_folders(proc)
+    ]
+
+
+def _cgroup_name(folder: Path, hierarchy: _Hierarchy) -> str:
+    return "/" + str(folder.relative_to(hierarchy.mount)).removeprefix(".").lstrip("/")
 
 
 def _memory_hierarchies(proc: Path) -> list[_Hierarchy]:
@@ -336,10 +354,9 @@ def _cgroup_room(folder: Path, hierarchy: _Hierarchy) -> MemoryRoom | None:
     if limit is None or used is None or limit >= _V1_NO_LIMIT_BYTES:
         return None
     droppable = _memory_stat(folder / "memory.stat", files[2])
-    name = "/" + str(folder.relative_to(hierarchy.mount)).removeprefix(".").lstrip("/")
     return MemoryRoom(
         available_bytes=max(0, limit - max(0, used - droppable)),
-        bound=f"its memory cgroup {name} (limit {limit} B)",
+        bound=f"its memory cgroup {_cgroup_name(folder, hierarchy)} (limit {limit} B)",
     )
 
 

@@ -23,12 +23,12 @@
 #include <thread>
 
 #include "engine.h"
+#include "memory.h"
 #include "sessions.h"
 
 namespace tfgb {
 namespace {
 
-constexpr uint64_t kMemoryCheckedBytes = 64ULL << 20;
 constexpr uint64_t kPayloadCacheBytes = 2ULL << 30;
 constexpr int kPendingCallsPerQueue = 64;
 constexpr int kSiblingTimeoutS = 10;
@@ -47,6 +47,8 @@ struct Config {
   std::string token;
   uint32_t max_sessions = 256;
   uint32_t threads = 1;
+  // The memory cgroups the server is in (memory.h).
+  std::vector<RoomSource> rooms;
 };
 
 Config ReadConfig(const std::string& body) {
@@ -69,6 +71,13 @@ Config ReadConfig(const std::string& body) {
   config.token = in.Str();
   config.max_sessions = in.U32();
   config.threads = std::max<uint32_t>(1, in.U32());
+  for (uint32_t count = in.U32(); count > 0; --count) {
+    RoomSource source;
+    source.folder = in.Str();
+    source.version = in.U8();
+    source.name = in.Str();
+    config.rooms.push_back(std::move(source));
+  }
   return config;
 }
 
@@ -248,7 +257,7 @@ class Siblings {
 class Replay {
  public:
   explicit Replay(const Config& config)
-      : config(config), sessions(config.max_sessions),
+      : config(config), sessions(config.max_sessions), memory(config.rooms),
         mode(config.serialized ? "serialized" : "non-serialized") {
     max_response_ = config.max_response < 0 ? config.send_limit : config.max_response;
     int64_t available = AvailableMemoryBytes();
@@ -258,6 +267,7 @@ class Replay {
 
   const Config config;
   Sessions sessions;
+  ResponseMemory memory;
   Siblings siblings;
   const std::string mode;
   std::string address;
@@ -284,21 +294,11 @@ class Replay {
     return grpc::Status::OK;
   }
 
-  // Zeros to answer `content` bytes from (kept for the next pull when they fit the cache),
-  // or a refusal when the machine has not the memory for them.
-  std::shared_ptr<ZeroBuffer> Zeros(uint64_t content, grpc::Status* refusal) {
+  // Zeros to answer `content` bytes from (kept for the next pull when they fit the cache);
+  // a large response's memory is held first (ServerCall::Hold).
+  std::shared_ptr<ZeroBuffer> Zeros(uint64_t content) {
     std::lock_guard<std::mutex> hold(zeros_lock_);
     if (zeros_ && zeros_->size() >= content) return zeros_;
-    if (content >= kMemoryCheckedBytes) {
-      int64_t available = AvailableMemoryBytes();
-      if (available >= 0 && 2 * content > static_cast<uint64_t>(available)) {
-        *refusal = grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED,
-                                "a response of " + std::to_string(content) +
-                                    " bytes was asked for; this server's machine has " +
-                                    std::to_string(available) + " bytes of memory available");
-        return nullptr;
-      }
-    }
     if (content > cache_limit_) return ZeroBuffer::Make(content);  // this call's alone
     // Grown by doubling, so a trace's ascending sizes do not each make a new one.
     uint64_t grown = std::max<uint64_t>(content, zeros_ ? 2 * zeros_->size() : 0);
@@ -327,6 +327,8 @@ class ServerCall {
     service_->RequestCall(&context_, &stream_, cq_, cq_, this);
   }
 
+  ~ServerCall() { ReleaseHeld(); }
+
   void Proceed(bool ok) {
     std::shared_lock<std::shared_mutex> handling(replay_->handling);
     if (replay_->draining.load()) return delete this;
@@ -350,6 +352,25 @@ class ServerCall {
 
  private:
   enum class Stage { kWaiting, kReading, kWriting, kFinishing };
+
+  // Holds the memory a response of `content` bytes takes (large ones), or the refusal;
+  // the call's previous response (a stream's) has been sent by now.
+  grpc::Status Hold(uint64_t content) {
+    ReleaseHeld();
+    if (content < kMemoryCheckedBytes) return grpc::Status::OK;
+    std::string refusal, client = context_.peer();
+    int64_t held = replay_->memory.Reserve(content, client, &refusal);
+    if (held < 0) return Refusal(grpc::StatusCode::RESOURCE_EXHAUSTED, refusal);
+    held_ = held;
+    held_by_ = client;
+    return grpc::Status::OK;
+  }
+
+  void ReleaseHeld() {
+    if (held_ == 0) return;
+    replay_->memory.Release(held_by_, held_);
+    held_ = 0;
+  }
 
   void Begin() {
     method_ = context_.method();
@@ -429,6 +450,9 @@ class ServerCall {
   std::string method_;
   Kind kind_ = Kind::kRawPull;
   Stage stage_ = Stage::kWaiting;
+  // Memory this call's response holds (memory.h), and the client it is counted to.
+  int64_t held_ = 0;
+  std::string held_by_;
 };
 
 // The serialized mode's messages, made whole (as a protobuf serializer makes them).
@@ -560,8 +584,9 @@ grpc::Status ServerCall::RespondRawPull(grpc::ByteBuffer* response) {
   }
   grpc::Status status = replay_->CheckResponse(content, content);
   if (!status.ok()) return status;
-  auto zeros = replay_->Zeros(content, &status);
-  if (!zeros) return status;
+  status = Hold(content);
+  if (!status.ok()) return status;
+  auto zeros = replay_->Zeros(content);
   grpc::Slice slice = ZeroSlice(zeros, content);
   *response = grpc::ByteBuffer(&slice, content ? 1 : 0);
   session_->Add(method_, request_.Length(), content);
@@ -574,7 +599,8 @@ grpc::Status ServerCall::RespondSerializedPull(grpc::ByteBuffer* response) {
   uint64_t message = content ? BytesFieldBytes(content) : 0;
   grpc::Status status = replay_->CheckResponse(content, message);
   if (!status.ok()) return status;
-  if (content >= kMemoryCheckedBytes && !replay_->Zeros(content, &status)) return status;
+  status = Hold(content);
+  if (!status.ok()) return status;
   grpc::Slice whole(message);
   char* out = reinterpret_cast<char*>(const_cast<uint8_t*>(whole.begin()));
   if (content) {
