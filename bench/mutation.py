@@ -345,9 +345,17 @@ def _tests_of(folder: Path, target: Target, source: str) -> dict[int, list[str] 
     stats = json.loads(stats_path.read_text())
     by_function = stats["tests_by_mangled_function_name"]
     duration = stats.get("duration_by_test", {})
+    # The functions mutmut mutated: it neither mutates nor watches a property or another
+    # decorated function, whose tests it therefore cannot name.
+    meta = folder / "mutants" / ("src/" + str(_installed_path(target.path)) + ".meta")
+    mutated = {
+        key.rsplit("__mutmut_", 1)[0] for key in json.loads(meta.read_text())["exit_code_by_key"]
+    }
     lines: dict[int, list[str] | None] = {}
     for first, last, name in _enclosing_functions(source, _module_name(target.path)):
-        tests = sorted(by_function.get(name, ()), key=lambda t: duration.get(t, 0.0))
+        tests: list[str] | None = None
+        if name in mutated:
+            tests = sorted(by_function.get(name, ()), key=lambda t: duration.get(t, 0.0))
         for line in range(first, last + 1):
             lines[line] = tests
     return lines
@@ -356,8 +364,9 @@ def _tests_of(folder: Path, target: Target, source: str) -> dict[int, list[str] 
 def run_swaps(folder: Path, target: Target) -> dict[str, list[str]]:
     """Our operators over ``target``: each mutant put into the laid-out copy in turn and
     the tests that call its function (as mutmut found them; the module's test files
-    where mutmut says nothing) run against it.  A mutant in a function no test calls
-    survives; a timeout counts as killed."""
+    where mutmut says nothing: outside functions, in a property or another decorated
+    function) run against it.  A mutant in a function mutmut saw no test call survives;
+    a timeout counts as killed."""
     path = folder / "src" / _installed_path(target.path)
     original = path.read_text()
     started = time.monotonic()

@@ -66,7 +66,12 @@ TARGETS: dict[str, Target] = {
     ),
     "measurement": Target(
         path="replay/core/measurement.py",
-        tests=("tests/test_measurement.py", "tests/test_machine_cpu.py", _ORACLES),
+        tests=(
+            "tests/test_measurement.py",
+            "tests/test_machine_cpu.py",
+            "tests/test_time_dilation.py",
+            _ORACLES,
+        ),
     ),
     "chunking": Target(path="replay/core/chunking.py", tests=("tests/test_chunking.py",)),
     # The transport's samples: one per call, the worker processes' merged into a run.

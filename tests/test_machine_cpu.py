@@ -126,6 +126,9 @@ def test_the_busy_share_of_several_runs_weighs_them_by_their_ticks() -> None:
     # One tick is a measurement (a very short run on a quiet machine).
     assert machine_cpu_busy_share([run(1, 1)]) == 1.0
     assert machine_cpu_busy_share([]) is None
+    # An idle run is a measurement too: its ticks count, none of them busy.
+    assert machine_cpu_busy_share([run(0, 100)]) == 0.0
+    assert machine_cpu_busy_share([run(0, 200), run(50, 200)]) == 50 / 400
 
 
 def test_others_share_is_the_machine_busy_less_one_process() -> None:

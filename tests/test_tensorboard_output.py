@@ -290,6 +290,8 @@ def test_grpc_settings_and_raw_channel_options_sort_after_the_comparison_columns
     assert [m.display_name for m in experiment.metric_infos][:4] == [
         "MB/s", "RPCs/s", "step p50 (ms)", "predicted step (ms)",
     ]  # fmt: skip
+    # Every metric is a scalar of the session's own run: no group (subdirectory) before its tag.
+    assert {m.name.group for m in experiment.metric_infos} == {""}
 
 
 def test_a_document_that_says_little_still_names_every_comparison_column() -> None:
@@ -309,6 +311,16 @@ def test_a_document_that_says_little_still_names_every_comparison_column() -> No
     traced = dataclasses.replace(document, trace=unnamed)
     assert hparam_values(traced, bare, "x")["07 trace"] == "odd.tfgbtrace"
     assert hparam_values(traced, bare, "x")["trace_sha256"] == "111111111111"
+    assert values["trace_sha256"] == "" and values["partial"] is False
+    # The rpc the calls travelled as; a run stopped early marks its session partial.
+    streamed = dataclasses.replace(
+        bare,
+        parameters={"rpc": "streaming"},
+        runs=(dataclasses.replace(bare.runs[0], partial=True),),
+    )
+    assert not streamed.partial
+    streamed_values = hparam_values(document, streamed, "x")
+    assert (streamed_values["03 rpc"], streamed_values["partial"]) == ("streaming", True)
     summary = experiment_summary(values)
     assert summary.value[0].tensor == hparams_metadata.NULL_TENSOR
     assert summary.value[0].tag == hparams_metadata.EXPERIMENT_TAG

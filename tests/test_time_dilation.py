@@ -87,6 +87,7 @@ def test_in_link_time_divides_every_time_and_keeps_the_counts() -> None:
     assert [(s.request_bytes, s.response_bytes) for s in link.samples] == [(120, 4096)] * 2
     assert link.run_index == 1
     assert in_link_time(run, 1) is run
+    assert in_link_time(run, 2).duration_ns == 4_500  # any dilation above 1, 2 included
     with pytest.raises(ValueError, match="time dilation must be >= 1"):
         in_link_time(run, 0.5)
 
