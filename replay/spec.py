@@ -49,9 +49,9 @@ from tf_grpc_bench.sizes import SizeCategory
 
 DEFAULT_OUTPUT_DIR = "runs"
 #: The replay engine unless ``--engine`` says otherwise (``engines.registry``).  Not yet
-#: ``auto``: the gRPC C++ server does not bound its responses' memory by the room its
-#: cgroup leaves, as the grpcio one does (``transport/response_memory.py``), and a
-#: ``serve`` must not take a shared machine's memory on a client's word.
+#: ``auto``: a ``serve`` stopped with SIGSTOP leaves the gRPC C++ server programs it
+#: started answering, and a whole-step ``role`` cluster on grpc-cpp did not reach its
+#: stand-in servers within the minute tests/test_reliability_faults.py waits.
 DEFAULT_ENGINE = "grpcio"
 
 
