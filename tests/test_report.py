@@ -365,3 +365,37 @@ def test_a_partial_run_without_a_reason_says_yes_in_the_detail() -> None:
 )  # fmt: skip
 def test_numbers_change_their_decimals_exactly_at_100_and_10(value: float, shown: str) -> None:
     assert format_number(value) == shown
+
+
+def test_times_are_shown_in_their_own_units_to_the_last_digit() -> None:
+    # 100.00005 ms and 100.00005 s read "100"; a divisor one part in a million off would
+    # make them 99.99995, "100.0".
+    one = _one_call(partial=False)
+    run = dataclasses.replace(
+        one.runs[0], duration_ns=100_000_000_050, step_times_ns=(100_000_050,)
+    )
+    stepped = dataclasses.replace(one, runs=(run,))
+    document = build_document(
+        [stepped], config={}, trace_path=None, machine=GOLDEN_MACHINE, created=CREATED
+    )
+    assert format_table(document).splitlines()[2].split()[-1] == "100"
+    run_cells = _cells(format_benchmark_markdown(stepped).splitlines()[-1])
+    assert (run_cells[2], run_cells[8]) == ("100", "100")
+    # A run that answered no call had no call in flight.
+    silent = dataclasses.replace(one, runs=(dataclasses.replace(one.runs[0], samples=()),))
+    assert _cells(format_benchmark_markdown(silent).splitlines()[-1])[5] == "-"
+
+
+def test_a_partial_trace_is_said_after_the_trace_it_is() -> None:
+    hung = TraceInfo(
+        path="/t.tfgbtrace", sha256="ab" * 32, model="m", strategy="", tensorflow_version="",
+        format_version=3, step_count=1, partial_reason="the job looks hung",
+    )  # fmt: skip
+    document = build_document(
+        [_one_call(partial=False)], config={}, trace_path=None, machine=GOLDEN_MACHINE,
+        created=CREATED,
+    )  # fmt: skip
+    assert format_table(dataclasses.replace(document, trace=hung)).splitlines()[0] == (
+        "2026-11-29T12:30:05.000Z on golden-host (2 CPUs), unrecorded network, "
+        "trace m (abababababab), PARTIAL trace (the job looks hung)"
+    )
