@@ -49,9 +49,9 @@ from tf_grpc_bench.sizes import SizeCategory
 
 DEFAULT_OUTPUT_DIR = "runs"
 #: The replay engine unless ``--engine`` says otherwise (``engines.registry``).  Not yet
-#: ``auto``: a ``serve`` stopped with SIGSTOP leaves the gRPC C++ server programs it
-#: started answering, and a whole-step ``role`` cluster on grpc-cpp did not reach its
-#: stand-in servers within the minute tests/test_reliability_faults.py waits.
+#: ``auto``: with it, a whole-step ``role`` cluster stopped by its launcher
+#: (tests/test_reliability_faults.py) is not seen to reach its stand-in servers within a
+#: minute; not yet understood (the same cluster run by hand on grpc-cpp does reach them).
 DEFAULT_ENGINE = "grpcio"
 
 

@@ -452,11 +452,15 @@ def test_a_frozen_server_ends_the_replay_at_its_deadline_with_partial_results(
     # The replay's session shows with its first call, which may still be in flight: a
     # moment more lets calls complete (thousands a second), so the run has samples.
     time.sleep(0.5)
-    serve.send_signal(signal.SIGSTOP)
+    # The serve and whatever it started (an engine's server program answers for it).
+    frozen = [serve.pid, *_descendants(serve.pid)]
+    for pid in frozen:
+        os.kill(pid, signal.SIGSTOP)
     try:
         out, err = replay.communicate(timeout=120)
     finally:
-        serve.send_signal(signal.SIGCONT)
+        for pid in frozen:
+            os.kill(pid, signal.SIGCONT)
     assert replay.returncode == 3, err
     assert err.count("\n") == 1 and "DEADLINE_EXCEEDED" in err and "Traceback" not in err
     run = _document(out, tmp_path).benchmarks[0].runs[0]
