@@ -223,3 +223,59 @@ def test_a_dilated_replay_records_the_link_it_predicts() -> None:
     assert predicted.emulation.endswith("time dilation 4: replays a 10gbit, 50us one way link")
     delay_only = NetworkInfo(name="x", emulated_delay_ns=400_000)
     assert undilated(delay_only, 2).emulated_delay_ns == 200_000
+
+
+def test_rates_read_in_the_largest_unit_they_fill_from_bits_to_gigabits() -> None:
+    shown = [
+        links.format_tc_rate(rate)
+        for rate in (10**9, 2_500_000_000, 10**6, 999_999, 5 * 10**6, 10**3, 1500, 999)
+    ]
+    assert shown == ["1gbit", "2.5gbit", "1mbit", "999.999kbit", "5mbit", "1kbit", "1.5kbit",
+                     "999bit"]  # fmt: skip
+
+
+def test_a_named_profile_is_built_from_its_rate_delay_jitter_and_note() -> None:
+    built = links._timing_profile("wan", 1.5, "2ms", "100us", note="measured")
+    assert built == links.LinkProfile(
+        name="wan", rate_bits_per_s=1_500_000_000, delay_ns=2_000_000, jitter_ns=100_000,
+        note="measured",
+    )  # fmt: skip
+    plain = links._timing_profile("lan", 0.1, "50us")
+    assert (plain.rate_bits_per_s, plain.jitter_ns, plain.note) == (100_000_000, 0, "")
+
+
+def test_every_bound_of_a_link_and_its_bucket_holds_at_its_edge() -> None:
+    assert links.parse_loss("0%") == 0.0
+    for refused in ("100%", "-1%", "x"):
+        with pytest.raises(NetworkError, match=r"expected a percentage in \[0%, 100%\)"):
+            links.parse_loss(refused)
+    assert links.loss_filter_bytecode(0.5).startswith("4,")
+    for bad_loss in (0.0, 1.0):
+        with pytest.raises(ValueError, match=rf"^loss must be in \(0, 1\), got {bad_loss}$"):
+            links.loss_filter_bytecode(bad_loss)
+    with pytest.raises(ValueError, match=r"^profile x: loss must be in \[0%, 100%\)$"):
+        links.LinkProfile(name="x", rate_bits_per_s=None, loss=1.0)
+    with pytest.raises(ValueError, match=r"^profile x: rate must be > 0 bit/s$"):
+        links.LinkProfile(name="x", rate_bits_per_s=0)
+    with pytest.raises(ValueError, match=r"^profile name must not be empty$"):
+        links.LinkProfile(name="", rate_bits_per_s=None)
+    slow = links.LinkProfile(name="x", rate_bits_per_s=1, delay_ns=10)
+    assert slow.dilated(1) == slow
+    assert slow.dilated(2).rate_bits_per_s == 1  # never below one bit per second
+    with pytest.raises(ValueError, match=r"^dilation must be > 0, got 0$"):
+        slow.dilated(0)
+    assert slow.describe() == "1bit, 10ns one way"
+    assert links.TokenBucket(rate_bits_per_s=1, burst_bytes=1, latency_us=1).burst_bytes == 1
+    for zero in ({"rate_bits_per_s": 0}, {"burst_bytes": 0}, {"latency_us": 0}):
+        settings = {"rate_bits_per_s": 8, "burst_bytes": 8, "latency_us": 8, **zero}
+        with pytest.raises(ValueError, match=r"^tbf rate, burst and latency must all be > 0$"):
+            links.TokenBucket(**settings)
+    assert links.token_bucket_for(8_000, hz=1).rate_bits_per_s == 8_000
+
+
+def test_timing_put_on_a_profile_already_timed_is_named_from_its_base() -> None:
+    delayed = links.with_timing(links.PROFILES["1gbit"], delay_ns=1_000_000)
+    assert delayed.name == "1gbit:delay=1ms"
+    both = links.with_timing(delayed, jitter_ns=100_000)
+    assert both.name == "1gbit:delay=1ms:jitter=100us"
+    assert links.with_timing(both, delay_ns=0, jitter_ns=0).name == "1gbit"
