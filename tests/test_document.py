@@ -824,3 +824,14 @@ def test_a_value_the_results_own_types_refuse_is_named_with_the_file() -> None:
     document = _golden_newest()
     document["network"]["emulated_rate_bits_per_s"] = -1
     assert _refusal(document) == "NetworkInfo.emulated_rate_bits_per_s must be >= 0, got -1"
+
+
+def test_a_run_directory_that_cannot_be_made_leaves_no_parent_it_made(tmp_path: Path) -> None:
+    base = tmp_path / "a" / "b" / ("x" * 300)  # a name longer than any file system takes
+    with pytest.raises(ResultError) as refused:
+        new_run_directory(base, "y")
+    assert str(refused.value) == f"{base}: cannot create a run directory (File name too long)"
+    assert not (tmp_path / "a").exists() and tmp_path.is_dir()
+    # A run directory already gone is discarded without complaint.
+    discard_run_directory(tmp_path / "gone", base_existed=True)
+    assert tmp_path.is_dir()
