@@ -53,7 +53,16 @@ TARGETS: dict[str, Target] = {
     "trace_mapping": Target(
         path="src/tf_grpc_bench/trace_mapping.py", tests=("tests/test_workload.py",)
     ),
-    "pacing": Target(path="replay/core/pacing.py", tests=("tests/test_pacing.py",)),
+    # Pacing's flags are resolved with the benchmark table and the replay's spec.
+    "pacing": Target(
+        path="replay/core/pacing.py",
+        tests=(
+            "tests/test_pacing.py",
+            "tests/test_replay_spec.py",
+            "tests/test_benchmark_table.py",
+            "tests/test_planning.py",
+        ),
+    ),
     "dependencies": Target(
         path="src/tf_grpc_bench/dependencies.py", tests=("tests/test_dependencies.py",)
     ),
