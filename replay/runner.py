@@ -34,8 +34,9 @@ from tf_grpc_bench.replay.core.pacing import (
 )
 from tf_grpc_bench.replay.core.processes import client_processes
 from tf_grpc_bench.replay.core.workload import Shape, Workload
-from tf_grpc_bench.replay.engines.registry import DEFAULT_ENGINE, engine_named
+from tf_grpc_bench.replay.engines.registry import engine_named
 from tf_grpc_bench.replay.fitting import format_client_namespaces
+from tf_grpc_bench.replay.spec import DEFAULT_ENGINE
 from tf_grpc_bench.replay.transport.client import ReplayClient
 from tf_grpc_bench.replay.transport.loop import (
     ProgressCallback,

@@ -8,8 +8,9 @@ from pathlib import Path
 
 from tf_grpc_bench import lifetime
 from tf_grpc_bench.replay.core.workload import Mode
-from tf_grpc_bench.replay.engines.registry import DEFAULT_ENGINE, engine_named
+from tf_grpc_bench.replay.engines.registry import engine_named
 from tf_grpc_bench.replay.network import netinfo
+from tf_grpc_bench.replay.spec import DEFAULT_ENGINE
 from tf_grpc_bench.replay.transport import grpc_settings
 
 

@@ -14,8 +14,6 @@ from dataclasses import replace
 from tf_grpc_bench.errors import UsageError
 from tf_grpc_bench.replay.transport.seam import Engine
 
-#: The engine unless ``--engine`` names another.
-DEFAULT_ENGINE = "grpcio"
 #: ``--engine auto``: grpc-cpp where it builds, grpcio elsewhere (``resolve_auto``).
 AUTO = "auto"
 
