@@ -449,7 +449,13 @@ def _note_partial(figures: Figures, result: Any, what: str) -> None:
 #: The replay engines measured, in order (grpc-cpp where gRPC C++ is found).
 ENGINES = ("grpcio", "grpc-cpp")
 #: What each replay round trip is divided by: raw TCP, and gRPC's own bare calls.
-ROUND_TRIP_FLOORS = ("sockperf", "python socket", "bare grpcio", "bare gRPC C++")
+#: The floors a replay's round trip is set against, by engine: raw TCP (sockperf; the
+#: python socket's figure is in the table beside it) and the bare echo of each gRPC
+#: stack that engine could be compared with.
+ROUND_TRIP_FLOORS = {
+    "grpcio": ("sockperf", "bare grpcio", "bare gRPC C++"),
+    "grpc-cpp": ("sockperf", "bare gRPC C++"),
+}
 
 
 def ratios(figures: Figures) -> list[tuple[str, float]]:
@@ -468,13 +474,13 @@ def ratios(figures: Figures) -> list[tuple[str, float]]:
                     found.append((what, replay.mb_per_s / iperf.mb_per_s))
             bare = figures.best_bandwidth("bare grpcio", size)
             replay = figures.best_bandwidth(replay_tool(engine, "replay"), size)
-            if bare and replay:
+            if bare and replay and engine == "grpcio":
                 what = f"{replay.tool} bandwidth {size_name(size)} / bare grpcio"
                 found.append((what, replay.mb_per_s / bare.mb_per_s))
         for size in ROUND_TRIP_SIZES:
             for variant, _ in ROUND_TRIP_VARIANTS:
                 replay_trip = figures.best_round_trip(replay_tool(engine, variant), size)
-                for raw_tool in ROUND_TRIP_FLOORS:
+                for raw_tool in ROUND_TRIP_FLOORS[engine]:
                     raw_size = max(size, SOCKPERF_MIN_BYTES) if raw_tool == "sockperf" else size
                     raw = figures.best_round_trip(raw_tool, raw_size)
                     if replay_trip and raw:

@@ -14,7 +14,7 @@ This script, in one run and on one machine:
    RPCs against the ps server processes, as fast as possible) and takes the
    median replayed step time;
 3. prints both, their ratio, and the load, and rewrites the
-   ``## Replay against training`` section of ``bench/README.md``.
+   ``## Replay against training`` section of ``docs/performance.md``.
 
 Usage: ``.venv/bin/python bench/replay_vs_training.py [--model resnet50] [--no-readme]``
 (needs the profiler extra: ``pip install -e '.[profiler]'``).
@@ -32,7 +32,7 @@ import tempfile
 from pathlib import Path
 
 from common import (
-    README,
+    ROOT,
     command_line,
     load_average,
     tf_grpc_bench_command,
@@ -156,7 +156,7 @@ def main() -> int:
         ]
     )
     if not args.no_readme:
-        write_section(README, SECTION, section)
+        write_section(ROOT / "docs" / "performance.md", SECTION, section)
     return 0
 
 

@@ -1,7 +1,7 @@
 """How the replay scales with workers and ps, and what a larger cluster's step is on a link.
 
 Issue 13, item 3.  Two tables, written into the ``## Scaling`` section of
-``bench/README.md``:
+``docs/scaling.md`` (the page that explains them):
 
 1. **Loopback.**  The shipped ResNet-50 trace as a what-if
    (``replay resnet50-tf2ps --workers W --ps P --benchmark ps-throughput``,
@@ -48,7 +48,7 @@ from typing import Any
 
 from common import (
     LOOPBACK,
-    README,
+    ROOT,
     command_line,
     free_port,
     load_average,
@@ -420,7 +420,7 @@ def main() -> int:
     )
     print(body)
     if not args.no_readme:
-        write_section(README, SECTION, body)
+        write_section(ROOT / "docs" / "scaling.md", SECTION, body)
     return 0
 
 
