@@ -11,6 +11,7 @@ gRPC failures surface as ``TransportError`` only (translated in ``wire``).
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Iterable
 from typing import Any
 
@@ -296,14 +297,20 @@ class ReplayClient:
         A control call that waits for the connection (gRPC's ``wait_for_ready``), not
         ``grpc.channel_ready_future``: that one's polling thread, still running when
         a short wait gave up and the channel closed, failed with a traceback."""
+        unreachable = TransportError(
+            f"{self.target}: no replay server reachable within {timeout_s:g} s"
+        )
+        started = time.monotonic()
         try:
             data = self._stats_call(timeout_s, wait_for_ready=True)
         except grpc.RpcError as error:
             if isinstance(error, grpc.Call) and error.code() is grpc.StatusCode.DEADLINE_EXCEEDED:
-                raise TransportError(
-                    f"{self.target}: no replay server reachable within {timeout_s:g} s"
-                ) from None
+                raise unreachable from None
             raise translate_rpc_error(error, target=self.target, method=STATS_METHOD) from None
+        if time.monotonic() - started > timeout_s:
+            # gRPC's deadline timer can lose the race to an answer on loopback; a
+            # server that answered after the bound was not reachable within it.
+            raise unreachable
         return self._read_stats(data)
 
     def stats(self, timeout_s: float = 10.0) -> ServerStats:
