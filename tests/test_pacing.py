@@ -589,3 +589,26 @@ def test_a_choice_missing_a_required_setting_or_giving_an_unread_one_is_refused(
     assert str(refused.value) == "--time-dilation applies only to --pacing dependencies!"
     assert resolve_timing(PacingChoice(speedup=2.0), Timing.RECORDED) is Timing.RECORDED
     assert resolve_timing(PacingChoice(timing=Timing.RATE), Timing.RECORDED) is Timing.RATE
+
+
+def test_a_refusal_without_a_context_ends_at_the_timing() -> None:
+    with pytest.raises(PacingError) as refused:
+        resolve_pacing(PacingChoice(speedup=2.0), default=Timing.ASAP, window=1)
+    assert str(refused.value) == "--speedup applies only to --pacing recorded"
+    with pytest.raises(PacingError) as refused:
+        resolve_timing(PacingChoice(rate_per_s=1.0), Timing.DEPENDENCIES)
+    assert str(refused.value) == "--rate applies only to --pacing rate"
+
+
+def test_a_timing_that_reads_an_optional_rate_given_none_is_refused_by_the_rates_range() -> None:
+    timing = register_timing(_toy_spec("toy-optional-rate", settings=("rate_per_s",)))
+    try:
+        with pytest.raises(PacingError) as refused:
+            resolve_pacing(PacingChoice(timing=timing), default=Timing.ASAP, window=1)
+        assert str(refused.value) == "--rate must be in (0, 1e+07] calls/s, got 0"
+        with_rate = resolve_pacing(
+            PacingChoice(timing=timing, rate_per_s=3.0), default=Timing.ASAP, window=1
+        )
+        assert with_rate.rate_per_s == 3.0
+    finally:
+        withdraw_timing(timing)
