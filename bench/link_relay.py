@@ -8,9 +8,11 @@ in the same run:
    delayed link, minus the same over an undelayed link (a veth pair, measured
    first and again last: the better of the two), against twice the delay; and
    minus the same over a relay with a 1 ns delay (what the delay adds, without the
-   relay's own cost).  The link's specification: within max(20 us, 5%) of twice
-   the delay.  With each, the relay's own lateness (p50, p99, max over both
-   directions), from its statistics;
+   relay's own cost: a delay that short is below it, so it is not compensated).
+   The link's specification: within max(20 us, 5%) of twice the delay, against
+   veth.  With each, the relay's own one-way cost as measured when the link came
+   up and taken off each release (``netns/calibration.py``), and its lateness
+   (p50, p99, max over both directions), from its statistics;
 2. throughput: one TCP connection over a 200 Mbit/s link with 10 ms each way
    (default; ``--throughput``), as a ratio to the rate (at least 0.8 asked), next
    to the same link without delay.
@@ -137,6 +139,7 @@ class Precision:
     round_trip_ns: float
     added_over_veth_ns: float
     added_over_relay_ns: float
+    compensation_ns: int
     late_p50_ns: int
     late_p99_ns: int
     late_max_ns: int
@@ -158,6 +161,7 @@ def measure_precision(delays: list[int], pings: int) -> tuple[float, float, list
                 round_trip_ns=rtt,
                 added_over_veth_ns=rtt,
                 added_over_relay_ns=rtt - relay_base,
+                compensation_ns=stats.compensation_ns,
                 late_p50_ns=max(d.late_percentile_ns(0.5) for d in directions),
                 late_p99_ns=max(d.late_percentile_ns(0.99) for d in directions),
                 late_max_ns=max(d.late_max_ns for d in directions),
@@ -199,9 +203,11 @@ def render(
         f"{pings} UDP pings of 64 bytes, one at a time, over two emulated hosts; the round "
         f"trip a delay adds is measured against a veth link ({_us(veth_ns)} us here, the "
         f"better of before and after) and against a relay with a 1 ns delay "
-        f"({_us(relay_ns)} us: the relay's own cost). The specification: within "
-        "max(20 us, 5%) of twice the delay. Lateness: how late the relay's releases were "
-        "(the worse of the two directions).",
+        f"({_us(relay_ns)} us: the relay's own cost, which a delay that short cannot have "
+        "taken off). The specification: within max(20 us, 5%) of twice the delay, against "
+        "veth. Own cost: the relay's one-way cost measured when the link came up and taken "
+        "off each release. Lateness: how late the relay's releases were (the worse of the "
+        "two directions).",
         "",
         *table_head(
             "one-way delay",
@@ -210,6 +216,7 @@ def render(
             "error, held?",
             "added over 1 ns relay us",
             "error, held?",
+            "own cost us",
             "lateness p50 us",
             "p99 us",
             "max us",
@@ -220,7 +227,8 @@ def render(
             f"| {links.format_duration(row.delay_ns)} | {_us(row.round_trip_ns)} "
             f"| {_us(row.added_over_veth_ns)} | {_held(row.added_over_veth_ns, row.delay_ns)} "
             f"| {_us(row.added_over_relay_ns)} | {_held(row.added_over_relay_ns, row.delay_ns)} "
-            f"| {_us(row.late_p50_ns)} | {_us(row.late_p99_ns)} | {_us(row.late_max_ns)} |"
+            f"| {_us(row.compensation_ns)} | {_us(row.late_p50_ns)} | {_us(row.late_p99_ns)} "
+            f"| {_us(row.late_max_ns)} |"
         )
     lines += [
         "",

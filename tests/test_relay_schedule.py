@@ -50,6 +50,7 @@ def simulate(
     ba: tuple[int, int] = (0, 0),
     seed: int = 0,
     queue_bytes: int = 64 << 20,
+    compensation_ns: int = 0,
 ) -> Outcome:
     stats_path = tmp_path / "simulated.relay"
     completed = subprocess.run(
@@ -64,6 +65,8 @@ def simulate(
             str(seed),
             "--queue-bytes",
             str(queue_bytes),
+            "--compensation-ns",
+            str(compensation_ns),
             "--stats",
             str(stats_path),
         ],
@@ -240,3 +243,56 @@ def test_a_damaged_stats_file_is_refused_in_one_line(tmp_path: Path) -> None:
         relay.read_relay_stats(path)
     with pytest.raises(NetworkError, match="No such file"):
         relay.read_relay_stats(tmp_path / "missing.relay")
+
+
+def _ticked(arrivals: list[int], releases_at: list[int]) -> list[str]:
+    timeline = sorted(
+        [(t, 0, f"P {t} 0 100") for t in arrivals] + [(t, 1, f"T {t}") for t in releases_at]
+    )
+    return [event for _, _, event in timeline]
+
+
+def test_a_compensated_packet_leaves_its_delay_less_the_relays_own_cost(tmp_path: Path) -> None:
+    arrivals, delay, cost = [0, 5_000, 900_000], 200_000, 37_000
+    events = _ticked(arrivals, [t + delay - cost for t in arrivals])
+    outcome = simulate(tmp_path, events, ab=(delay, 0), compensation_ns=cost)
+    assert [(r.arrival_ns, r.due_ns, r.released_ns) for r in outcome.releases] == [
+        (t, t + delay - cost, t + delay - cost) for t in arrivals
+    ]
+    assert outcome.releases == sorted(outcome.releases, key=lambda r: r.due_ns)
+    assert outcome.stats.compensation_ns == cost
+    forward = outcome.stats.directions[0]
+    assert forward.compensation_ns == cost and forward.attainable and not forward.behind()
+    assert forward.late_max_ns == 0
+
+
+def test_a_delay_shorter_than_the_relays_cost_leaves_at_once_and_is_not_attainable(
+    tmp_path: Path,
+) -> None:
+    arrivals, delay, cost = [10, 20, 30_000], 30_000, 92_000
+    outcome = simulate(tmp_path, _ticked(arrivals, arrivals), ab=(delay, 0), compensation_ns=cost)
+    assert [(r.due_ns, r.released_ns) for r in outcome.releases] == [(t, t) for t in arrivals]
+    forward = outcome.stats.directions[0]
+    assert not forward.attainable
+    assert "30.0 us is not attainable: the relay itself takes 92.0 us" in forward.behind()
+    # The other direction has no delay: nothing to attain.
+    assert outcome.stats.directions[1].attainable
+
+
+def test_compensated_jitter_keeps_order_and_stays_within_its_span(tmp_path: Path) -> None:
+    rng = random.Random(7)
+    delay, jitter, cost = 1_000_000, 400_000, 150_000
+    # Dense arrivals (order is kept by holding packets back), then sparse ones (each
+    # packet's own draw shows).
+    dense = sorted(rng.randrange(0, 50_000_000) for _ in range(1_000))
+    sparse = [100_000_000 + i * 5_000_000 for i in range(1_000)]
+    events = [f"P {t} 0 100" for t in dense + sparse]
+    outcome = simulate(tmp_path, events, ab=(delay, jitter), compensation_ns=cost)
+    dues = [r.due_ns for r in outcome.releases]
+    assert dues == sorted(dues) and len(dues) == 2_000
+    assert [r.sequence for r in outcome.releases] == list(range(2_000))
+    offsets = [r.due_ns - r.arrival_ns for r in outcome.releases]
+    assert min(offsets) >= delay - jitter - cost
+    own = offsets[1_000:]
+    assert max(own) <= delay + jitter - cost
+    assert abs(statistics.median(own) - (delay - cost)) < jitter / 5

@@ -200,6 +200,13 @@ def _up(args: argparse.Namespace) -> int:
         print(f"  h{host.index}  {host.namespace:<24} {host.interface} {host.cidr}")
     if network.plan.switch_namespace:
         print(f"  switch {network.plan.switch_namespace}")
+    if network.calibration is not None:
+        print(
+            f"relay's own cost: {network.compensation_ns / 1000:.1f} us one way, measured and "
+            "taken off each packet's delay"
+        )
+    if network.unattainable():
+        print(f"warning: {network.unattainable()}")
     first = network.hosts[0]
     print(f"run a command on a host:  ip netns exec {first.namespace} COMMAND")
     print(f"remove it:                tf-grpc-bench network down {network.run_id}")

@@ -20,6 +20,7 @@ from typing import Any
 
 from tf_grpc_bench import lifetime
 from tf_grpc_bench.errors import NetworkError
+from tf_grpc_bench.netns.calibration import Calibration, calibrate, unattainable
 from tf_grpc_bench.netns.links import DEFAULT_TBF_LATENCY_US, PROFILES, LinkProfile, TokenBucket
 from tf_grpc_bench.netns.namespaces import (
     CommandRunner,
@@ -29,7 +30,13 @@ from tf_grpc_bench.netns.namespaces import (
     require_root,
     run_command,
 )
-from tf_grpc_bench.netns.relay import RelayStats, build_relay, read_relay_stats, start_relay
+from tf_grpc_bench.netns.relay import (
+    RelayStats,
+    build_relay,
+    read_relay_stats,
+    set_compensation,
+    start_relay,
+)
 from tf_grpc_bench.netns.state import (
     STATE_DIRECTORY,
     relay_stats_path,
@@ -119,6 +126,8 @@ class EmulatedNetwork:
         self._processes: list[subprocess.Popen[Any]] = []
         self._relays: dict[str, tuple[subprocess.Popen[bytes], Path]] = {}
         self.relay_stats: dict[str, RelayStats] = {}
+        #: The relays' own cost as measured by ``up`` (None without relays).
+        self.calibration: Calibration | None = None
         self._signals: contextlib.ExitStack | None = None
 
     @property
@@ -128,6 +137,15 @@ class EmulatedNetwork:
     @property
     def hosts(self) -> tuple[Host, ...]:
         return self.plan.hosts
+
+    @property
+    def compensation_ns(self) -> int:
+        """How much earlier than its delay each relay releases a packet (its own cost)."""
+        return self.calibration.compensation_ns if self.calibration else 0
+
+    def unattainable(self) -> str:
+        """Why the profile's delay cannot be had over these relays ("" if it can)."""
+        return unattainable(self.profile.delay_ns, self.compensation_ns)
 
     @property
     def token_bucket(self) -> TokenBucket | None:
@@ -151,6 +169,10 @@ class EmulatedNetwork:
                 else:
                     self.runner(step)
             write_records(self.plan, [path for _, path in self._relays.values()])
+            if self._relays:
+                self.calibration = calibrate(self, self.runner)
+                for _, path in self._relays.values():
+                    set_compensation(path, self.calibration.compensation_ns)
         except OSError as error:
             self.down()
             raise NetworkError(f"{STATE_DIRECTORY}: {error.strerror}") from None

@@ -19,15 +19,26 @@
  *
  * Timing.  Timer slack is 1 ns; the relay sleeps in ppoll until shortly
  * before the next release (or until a packet arrives) and spins the last
- * --spin-ns nanoseconds.  How late each release was (the time the write began
- * minus the release time) goes into a log-linear histogram, per direction, in
- * the statistics file.
+ * --spin-ns nanoseconds (a sleeping process wakes tens of microseconds late).
+ * After it read or wrote a packet it also spins --busy-poll-ns nanoseconds
+ * before it sleeps again, so that a reply that follows soon (a ping-pong's, an
+ * acknowledgement) is read at once rather than after a wake-up; an idle link's
+ * relay sleeps.  How late each release was (the time the write began minus the
+ * release time) goes into a log-linear histogram, per direction, in the
+ * statistics file.
+ *
+ * Compensation.  What the relay itself adds to a packet's way (its wake-up
+ * before the read, the copies, the write into the receiving stack) is measured
+ * by the tool when the link is set up (netns/calibration.py) and written into
+ * the statistics file's compensation_ns; from then on each packet is released
+ * that much earlier than its delay says (never before it arrived, never before
+ * the packet ahead of it).
  *
  * The queue of each direction is a ring of --queue-bytes bytes; a packet that
  * does not fit is dropped and counted, as a router's full buffer drops it.
  *
- * Statistics file (version 1; read by relay.py, the one parse point).  All
- * fields little-endian.  Header, 192 bytes:
+ * Statistics file (version 2; read by relay.py, the one parse point).  All
+ * fields little-endian.  Header, 256 bytes:
  *   0   char[8]  magic "TFGBRLY1"
  *   8   u32      version (1)          12  u32  directions (2)
  *   16  u64      pid                  24  u64  started_ns (CLOCK_MONOTONIC)
@@ -35,8 +46,9 @@
  *                retries until it reads the same even value before and after)
  *   40  u64      stopped: 1 once the relay ended (0 while it runs or if killed)
  *   48  u64      histogram buckets (HISTOGRAM_BUCKETS)
- *   56  u64      reserved
- *   64  char[64] side A ("namespace:interface")   128 char[64] side B
+ *   56  u64      compensation_ns: written by the tool, read for every packet
+ *   64  u64[8]   reserved
+ *   128 char[64] side A ("namespace:interface")   192 char[64] side B
  * then per direction (A to B, then B to A), 12 u64 and the histogram:
  *   delay_ns, jitter_ns, queue_capacity_bytes, packets, bytes, queue_drops,
  *   queue_drop_bytes, write_errors, late_sum_ns, late_max_ns,
@@ -74,8 +86,8 @@
 #include <unistd.h>
 
 #define STATS_MAGIC "TFGBRLY1"
-#define STATS_VERSION 1
-#define HEADER_BYTES 192
+#define STATS_VERSION 2
+#define HEADER_BYTES 256
 #define ENDPOINT_BYTES 64
 #define HISTOGRAM_BUCKETS 688
 #define DIRECTION_FIELDS 12
@@ -96,7 +108,7 @@ struct direction_stats {
 struct stats_file {
     char magic[8];
     uint32_t version, directions;
-    uint64_t pid, started_ns, sequence, stopped, buckets, reserved;
+    uint64_t pid, started_ns, sequence, stopped, buckets, compensation_ns, reserved[8];
     char endpoint[2][ENDPOINT_BYTES];
     struct direction_stats direction[2];
 };
@@ -142,9 +154,11 @@ static uint64_t splitmix64(uint64_t *state) {
 }
 
 /* When a packet that arrived at ``arrival`` leaves: delay plus a uniform jitter,
- * never before ``arrival`` and never before the previous packet (order kept). */
+ * less the relay's own cost (the compensation), never before ``arrival`` and never
+ * before the previous packet (order kept). */
 static uint64_t due_time(struct direction *d, uint64_t arrival) {
-    int64_t offset = (int64_t)d->delay_ns;
+    int64_t offset = (int64_t)d->delay_ns -
+                     (int64_t)__atomic_load_n(&stats->compensation_ns, __ATOMIC_RELAXED);
     if (d->jitter_ns) {
         uint64_t span = 2 * d->jitter_ns + 1;
         offset += (int64_t)(splitmix64(&d->random) % span) - (int64_t)d->jitter_ns;
@@ -318,16 +332,17 @@ static void parse_timing(const char *text, struct direction *d) {
 
 struct options {
     const char *side[2], *stats_path, *timing[2];
-    uint64_t seed, queue_bytes, spin_ns;
+    uint64_t seed, queue_bytes, spin_ns, busy_poll_ns, compensation_ns;
     int offload, priority;
 };
 
 static void usage(void) {
     fprintf(stderr,
             "usage: relay run --a NSPATH:IFNAME --b NSPATH:IFNAME [--ab D:J] [--ba D:J] [--seed N]\n"
-            "             [--queue-bytes N] [--spin-ns N] [--no-offload] [--priority N]\n"
-            "             [--stats FILE]\n"
-            "       relay simulate [--ab D:J] [--ba D:J] [--seed N] [--queue-bytes N] [--stats FILE]\n");
+            "             [--queue-bytes N] [--spin-ns N] [--busy-poll-ns N] [--no-offload]\n"
+            "             [--priority N] [--compensation-ns N] [--stats FILE]\n"
+            "       relay simulate [--ab D:J] [--ba D:J] [--seed N] [--queue-bytes N]\n"
+            "             [--compensation-ns N] [--stats FILE]\n");
     exit(2);
 }
 
@@ -349,6 +364,8 @@ static void parse_options(int argc, char **argv, struct options *o) {
         else if (!strcmp(flag, "--seed")) o->seed = strtoull(value, NULL, 10);
         else if (!strcmp(flag, "--queue-bytes")) o->queue_bytes = strtoull(value, NULL, 10);
         else if (!strcmp(flag, "--spin-ns")) o->spin_ns = strtoull(value, NULL, 10);
+        else if (!strcmp(flag, "--busy-poll-ns")) o->busy_poll_ns = strtoull(value, NULL, 10);
+        else if (!strcmp(flag, "--compensation-ns")) o->compensation_ns = strtoull(value, NULL, 10);
         else if (!strcmp(flag, "--priority")) o->priority = atoi(value);
         else if (!strcmp(flag, "--stats")) o->stats_path = value;
         else usage();
@@ -357,6 +374,7 @@ static void parse_options(int argc, char **argv, struct options *o) {
 }
 
 static void set_up_directions(const struct options *o, struct direction d[2]) {
+    stats->compensation_ns = o->compensation_ns;
     for (int i = 0; i < 2; i++) {
         memset(&d[i], 0, sizeof d[i]);
         parse_timing(o->timing[i], &d[i]);
@@ -492,13 +510,15 @@ static uint64_t next_due(struct direction d[2]) {
 }
 
 /* Wait for the next release or arrival.  Spins (a zero-timeout ppoll, which only
- * lets a pending stop signal in) when a release is due within ``spin_ns``: a
- * sleeping process wakes tens of microseconds late. */
-static int wait_for(struct direction d[2], const struct options *o, const sigset_t *unblocked) {
+ * lets a pending stop signal in) when a release is due within ``spin_ns``, or
+ * within ``busy_poll_ns`` of the last packet read or written: a sleeping process
+ * wakes tens of microseconds late. */
+static int wait_for(struct direction d[2], const struct options *o, const sigset_t *unblocked,
+                    uint64_t last_packet) {
     uint64_t due = next_due(d), now = now_ns();
     struct pollfd fds[2] = {{.fd = d[0].in_fd, .events = POLLIN}, {.fd = d[1].in_fd, .events = POLLIN}};
     struct timespec timeout = {0, 0}, *limit = NULL;
-    if (due != NO_TIME && due <= now + o->spin_ns) {
+    if (now < last_packet + o->busy_poll_ns || (due != NO_TIME && due <= now + o->spin_ns)) {
         /* Spinning: a zero timeout only lets a pending stop signal in. */
         limit = &timeout;
     } else if (due != NO_TIME) {
@@ -545,10 +565,12 @@ static int relay(const struct options *o) {
     printf("ready %d\n", getpid());
     fflush(stdout);
     int status = 0;
+    uint64_t last_packet = 0;
     while (!stopping) {
-        release(&d[0]);
-        release(&d[1]);
-        if (drain(&d[0], scratch) < 0 || drain(&d[1], scratch) < 0 || wait_for(d, o, &unblocked) < 0) {
+        int moved = release(&d[0]) + release(&d[1]);
+        int read_a = drain(&d[0], scratch), read_b = read_a < 0 ? 0 : drain(&d[1], scratch);
+        if (moved + read_a + read_b > 0) last_packet = now_ns();
+        if (read_a < 0 || read_b < 0 || wait_for(d, o, &unblocked, last_packet) < 0) {
             fprintf(stderr, "relay: a tap device is gone (its namespace was deleted); stopping\n");
             status = 3;
             break;

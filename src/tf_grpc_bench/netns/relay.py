@@ -23,6 +23,7 @@ command (``network up``): then deleting its namespaces ends it.
 
 from __future__ import annotations
 
+import mmap
 import selectors
 import struct
 import subprocess
@@ -46,6 +47,12 @@ RELAY = NativeSource(
 #: process took 40-80 us to wake here (a virtual machine), a spin of 100 us put 99% of
 #: releases within 4 us of their time.
 SPIN_NS = 100_000
+#: How long the relay keeps spinning after a packet before it sleeps (ns; relay.c's
+#: --busy-poll-ns).  0: it sleeps at once.  A window of 200 us took a ping-pong's
+#: round trip from 54 us to 462 us on a loaded 2-core machine: the relay spins at
+#: real-time priority, so its window takes the core the echoing process needed.
+#: What a wake-up costs is compensated instead (netns/calibration.py).
+BUSY_POLL_NS = 0
 #: The relay's SCHED_FIFO priority: it is woken ahead of ordinary processes, which
 #: keeps its releases on time on a busy machine; the kernel's real-time throttling
 #: still leaves others 5% of each core.  0 runs it as an ordinary process.
@@ -54,9 +61,11 @@ PRIORITY = 1
 START_TIMEOUT_S = 10.0
 
 STATS_MAGIC = b"TFGBRLY1"
-STATS_VERSION = 1
+STATS_VERSION = 2
 HISTOGRAM_BUCKETS = 688
-_HEADER = struct.Struct("<8sIIQQQQQQ64s64s")
+_HEADER = struct.Struct("<8sIIQQQQQQ64x64s64s")
+#: Where the tool writes the compensation (relay.c).
+_COMPENSATION_OFFSET = 56
 _DIRECTION = struct.Struct("<12Q")
 _HISTOGRAM = struct.Struct(f"<{HISTOGRAM_BUCKETS}Q")
 _DIRECTION_BYTES = _DIRECTION.size + _HISTOGRAM.size
@@ -132,6 +141,9 @@ class DirectionStats:
     queue_peak_bytes: int
     queued_at_stop: int
     histogram: tuple[int, ...]
+    #: How much earlier than its delay each packet was released: the relay's own
+    #: one-way cost, measured when the link was set up (netns/calibration.py).
+    compensation_ns: int = 0
 
     @property
     def late_mean_ns(self) -> int:
@@ -147,10 +159,22 @@ class DirectionStats:
         delay, whichever is larger."""
         return max(BEHIND_MIN_NS, round(BEHIND_SHARE * self.delay_ns))
 
+    @property
+    def attainable(self) -> bool:
+        """Whether the delay is at least the relay's own cost (else packets leave as
+        they arrive and still take longer than the delay)."""
+        return self.delay_ns == 0 or self.delay_ns >= self.compensation_ns
+
     def behind(self) -> str:
-        """Why this direction did not hold its profile ("" if it did): releases later
-        than the tolerance at the 99th percentile, or a full queue."""
+        """Why this direction did not hold its profile ("" if it did): a delay shorter
+        than the relay's own cost, releases later than the tolerance at the 99th
+        percentile, or a full queue."""
         reasons = []
+        if not self.attainable:
+            reasons.append(
+                f"a delay of {self.delay_ns / 1000:.1f} us is not attainable: the relay "
+                f"itself takes {self.compensation_ns / 1000:.1f} us"
+            )
         p99 = self.late_percentile_ns(0.99)
         if self.packets and p99 > self.tolerance_ns:
             reasons.append(
@@ -170,6 +194,8 @@ class RelayStats:
     started_ns: int
     #: Whether the relay has ended (and stopped counting).
     stopped: bool
+    #: The relay's own one-way cost that each release is made earlier by (ns).
+    compensation_ns: int
     #: "namespace path:interface" of side a and side b.
     sides: tuple[str, str]
     #: A to b, then b to a.
@@ -195,7 +221,7 @@ def _interface(side: str) -> str:
 def _parse_stats(data: bytes, path: Path) -> tuple[int, RelayStats]:
     if len(data) < STATS_BYTES:
         raise NetworkError(f"{path}: too short for relay statistics ({len(data)} bytes)")
-    magic, version, directions, pid, started, sequence, stopped, buckets, _, a, b = (
+    magic, version, directions, pid, started, sequence, stopped, buckets, compensation, a, b = (
         _HEADER.unpack_from(data)
     )
     if magic != STATS_MAGIC:
@@ -211,12 +237,17 @@ def _parse_stats(data: bytes, path: Path) -> tuple[int, RelayStats]:
         fields = _DIRECTION.unpack_from(data, offset)
         histogram = _HISTOGRAM.unpack_from(data, offset + _DIRECTION.size)
         parsed.append(
-            DirectionStats(**dict(zip(_DIRECTION_FIELDS, fields, strict=True)), histogram=histogram)
+            DirectionStats(
+                **dict(zip(_DIRECTION_FIELDS, fields, strict=True)),
+                histogram=histogram,
+                compensation_ns=compensation,
+            )
         )
     stats = RelayStats(
         pid=pid,
         started_ns=started,
         stopped=bool(stopped),
+        compensation_ns=compensation,
         sides=(a.rstrip(b"\0").decode(errors="replace"), b.rstrip(b"\0").decode(errors="replace")),
         directions=(parsed[0], parsed[1]),
     )
@@ -240,6 +271,18 @@ def read_relay_stats(path: Path, *, attempts: int = 100) -> RelayStats:
     raise NetworkError(f"{path}: the relay kept updating it; no consistent read")
 
 
+def set_compensation(path: Path, compensation_ns: int) -> None:
+    """Tell the running relay of ``path`` its own cost (ns): from now on it releases each
+    packet that much earlier (NetworkError if the file cannot be written)."""
+    if compensation_ns < 0:
+        raise ValueError(f"compensation must be >= 0 ns, got {compensation_ns}")
+    try:
+        with path.open("r+b") as file, mmap.mmap(file.fileno(), STATS_BYTES) as shared:
+            struct.pack_into("<Q", shared, _COMPENSATION_OFFSET, compensation_ns)
+    except (OSError, ValueError) as error:
+        raise NetworkError(f"{path}: cannot set the relay's compensation: {error}") from None
+
+
 def start_relay(
     plan: RelayPlan,
     executable: Path,
@@ -250,6 +293,8 @@ def start_relay(
 ) -> subprocess.Popen[bytes]:
     """Start the relay of ``plan`` and wait until it has made its devices (blocking).
 
+    It starts without compensation (``set_compensation``).
+
     The relay dies with this process, unless ``detached`` (``network up``): then it
     lives until its namespaces are deleted.  NetworkError, with the relay's own
     message, if it does not start.
@@ -257,6 +302,7 @@ def start_relay(
     argv = plan.argv(
         str(executable), stats_path=str(stats_path), spin_ns=SPIN_NS, priority=PRIORITY
     )
+    argv += ["--busy-poll-ns", str(BUSY_POLL_NS)]
     process = subprocess.Popen(
         argv,
         stdout=subprocess.PIPE,
