@@ -180,13 +180,15 @@ def test_a_relay_queue_holds_twice_what_is_in_flight_within_bounds() -> None:
 def test_a_result_records_the_link_and_its_relays_and_older_ones_read_without() -> None:
     from pathlib import Path
 
+    from tf_grpc_bench.replay.output.document import FORMAT_VERSION
     from tf_grpc_bench.replay.output.document_reader import read_document
     from tf_grpc_bench.replay.output.document_writer import dumps_document
 
     from .result_factory import golden_document
 
     data = Path(__file__).parent / "data"
-    current = read_document(data / "results-v7.json")
+    newest = data / f"results-v{FORMAT_VERSION}.json"
+    current = read_document(newest)
     assert current == golden_document()
     network = current.network
     assert network is not None
@@ -198,8 +200,9 @@ def test_a_result_records_the_link_and_its_relays_and_older_ones_read_without() 
         "tfgb-12-ab-h1:eth0 -> tfgb-12-ab-h0:eth0: 99% of releases within 31 us of their "
         "time, not 20 us"
     )
-    assert dumps_document(current) == (data / "results-v7.json").read_text()
+    assert dumps_document(current) == newest.read_text()
     # Format 6 added the link's delay, jitter, loss and relays; 7 the trace's partial reason.
+    assert read_document(data / "results-v7.json").network == network
     assert read_document(data / "results-v6.json").network == network
     older = read_document(data / "results-v5.json").network
     assert older is not None and older.name == "loopback"

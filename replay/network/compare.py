@@ -26,6 +26,7 @@ import json
 import os
 import re
 import signal
+import statistics
 import subprocess
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -37,7 +38,9 @@ from tf_grpc_bench import lifetime
 from tf_grpc_bench.errors import ResultError
 from tf_grpc_bench.netns import emulated, links, namespaces
 from tf_grpc_bench.replay.core.benchmarks import step_benchmark
+from tf_grpc_bench.replay.network.dilation import DilatedPrediction, DilatedReplay, settled
 from tf_grpc_bench.replay.network.dilation import DilationLimit as DilationLimit
+from tf_grpc_bench.replay.network.dilation import dilated_prediction as dilated_prediction
 from tf_grpc_bench.replay.network.dilation import dilation_limit as dilation_limit
 from tf_grpc_bench.replay.network.hosts import ONE_PS as ONE_PS
 from tf_grpc_bench.replay.network.hosts import PS_JOB as PS_JOB
@@ -102,15 +105,24 @@ class ProfileOutcome:
     #: Automatic dilation: the dilations replayed before this one and the step each
     #: predicted (their run directories are kept beside this one's).
     tried: tuple[tuple[float, float | None], ...] = ()
-    #: Automatic dilation: the step's limit as the dilation grows (``dilation_limit``),
-    #: through the dilated replays that did not keep the machine busy; None without two.
-    limit: DilationLimit | None = None
+    #: Automatic dilation: every replay's dilation, step, spread over its runs and
+    #: verdict, in the order replayed (this one last).
+    replays: tuple[DilatedReplay, ...] = ()
+    #: Automatic dilation: what its replays predict (``dilation.dilated_prediction``);
+    #: None without two replays.
+    decision: DilatedPrediction | None = None
+
+    @property
+    def limit(self) -> DilationLimit | None:
+        """The fit ``S + c/K`` the prediction is, when the dilated replays differed by
+        more than their spread; else None."""
+        return None if self.decision is None else self.decision.limit
 
     @property
     def predicted_step_s(self) -> float | None:
-        """The step this profile's replays predict: the dilation limit where there is
-        one, else the (last) replay's step."""
-        return self.limit.step_s if self.limit is not None else _step_s(self.document)
+        """The step this profile's replays predict: automatic dilation's decision where
+        there is one, else the (last) replay's step."""
+        return self.decision.step_s if self.decision is not None else _step_s(self.document)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -128,16 +140,10 @@ class Comparison:
         return tuple(o for o in self.outcomes if o.error)
 
 
-#: Automatic time dilation: the share of the machine's cores a dilated replay aims
-#: to keep busy, the largest dilation it tries, and the change in the predicted step
-#: below which one more dilation is taken to have changed nothing.
+#: Automatic time dilation: the share of the machine's cores busy while the replay
+#: communicated that its progress lines call busy, and the largest dilation it tries.
 AUTO_DILATION_CPU_SHARE = 0.5
 MAX_AUTO_DILATION = 16.0
-CONVERGED_STEP_CHANGE = 0.05
-#: Dilated replays (K >= 2) that did not keep the machine busy (``cpu_busy``) automatic
-#: dilation makes at least (up to ``MAX_AUTO_DILATION``), so that the step's limit as the
-#: dilation grows (``dilation_limit``) has two points to be fitted through.
-MIN_DILATED_REPLAYS = 2
 COMPARISON_JSON = "comparison.json"
 
 
@@ -211,15 +217,21 @@ def _busy(document: results.ResultDocument | None) -> str:
     return text + (" (bound by its machine)" if prediction["replay_bound"] else "")
 
 
-def converged(before: results.ResultDocument | None, after: results.ResultDocument | None) -> bool:
-    """Whether two replays at successive dilations predict the same step (within
-    ``CONVERGED_STEP_CHANGE``): more dilation would not change the answer, whatever
-    took the cores (another process's load is not the replay's to dilate away)."""
-    first, second = _prediction(before), _prediction(after)
-    if first is None or second is None or not first["step_ns"] or second["step_ns"] is None:
-        return False
-    return bool(
-        abs(second["step_ns"] - first["step_ns"]) <= CONVERGED_STEP_CHANGE * first["step_ns"]
+def replay_point(dilation: float, document: results.ResultDocument | None) -> DilatedReplay | None:
+    """The replay at ``dilation`` that wrote ``document``, for automatic dilation: its
+    predicted step, the range of its runs' median steps (None with fewer than two runs
+    with steps) and whether it kept its machine busy (``cpu_busy``); None when it
+    predicts no step."""
+    prediction = _prediction(document)
+    if prediction is None or document is None or prediction["step_ns"] is None:
+        return None
+    first = next(r for r in document.benchmarks if r.step_compute_ns)
+    per_run = [statistics.median(run.step_times_ns) for run in first.runs if run.step_times_ns]
+    return DilatedReplay(
+        time_dilation=dilation,
+        step_s=float(prediction["step_ns"]) / 1e9,
+        spread_s=(max(per_run) - min(per_run)) / 1e9 if len(per_run) >= 2 else None,
+        busy=cpu_busy(document),
     )
 
 
@@ -227,9 +239,10 @@ def _replay_profile(
     config: CompareConfig, profile: links.LinkProfile, on_line: Callable[[str], None]
 ) -> ProfileOutcome:
     """``profile``'s replay: at ``config.time_dilation``, or, automatically (a limited
-    link only), undilated, then dilated (``next_dilation``) until the predicted step
-    moves less than ``CONVERGED_STEP_CHANGE`` from the previous dilation's
-    (``converged``) or the dilation reaches ``MAX_AUTO_DILATION``."""
+    link only), undilated, then dilated (``next_dilation``) until the last two replays'
+    steps differ by no more than their spread over runs and the last did not keep its
+    machine busy (``dilation.settled``) or the dilation reaches ``MAX_AUTO_DILATION``;
+    what they predict is ``dilation.dilated_prediction``."""
     if not (profile.limited or profile.delayed):
         if config.time_dilation not in (None, 1.0):
             on_line(f"{profile.name}: no rate limit or delay to dilate; replaying undilated")
@@ -237,17 +250,13 @@ def _replay_profile(
     dilation = config.time_dilation or 1.0
     outcome = _run_profile(config, profile, on_line, dilation)
     tried: list[tuple[float, float | None]] = []
-    #: (dilation, step) of the replays that did not keep the machine busy, for the limit.
-    fittable: list[tuple[float, float]] = []
-    previous: results.ResultDocument | None = None
+    replays: list[DilatedReplay] = []
     while config.time_dilation is None and not outcome.error:
-        _keep_fittable(fittable, dilation, outcome.document)
+        point = replay_point(dilation, outcome.document)
+        if point is not None:
+            replays.append(point)
         following = next_dilation(outcome.document, dilation)
-        if following is None or (
-            previous is not None
-            and converged(previous, outcome.document)
-            and sum(1 for k, _ in fittable if k > 1) >= MIN_DILATED_REPLAYS
-        ):
+        if following is None or settled(replays):
             break
         busy = _busy(outcome.document)
         if not config.dilatable:
@@ -258,32 +267,26 @@ def _replay_profile(
                     f"{step} replay alone (--benchmark {step})"
                 )
             break
-        step_s = _step_s(outcome.document)
-        predicted = "" if step_s is None else f"predicted a {step_s:.3f} s step and "
+        predicted = (
+            "" if point is None else f"predicted a {point.step_s:.3f} s step{_spread(point)} and "
+        )
         on_line(
             f"{profile.name}: at time dilation {dilation:g} the replay {predicted}{busy}; "
             f"replaying again at time dilation {following:g} (does the step depend on the "
             "replay's own speed?)"
         )
-        tried.append((dilation, step_s))
-        previous, dilation = outcome.document, following
+        tried.append((dilation, _step_s(outcome.document)))
+        dilation = following
         outcome = _run_profile(config, profile, on_line, dilation)
-    limit = None if outcome.error else dilation_limit(fittable)
-    if limit is not None:
-        on_line(f"{profile.name}: {limit.describe()}")
-    return replace(outcome, tried=tuple(tried), limit=limit)
+    decision = None if outcome.error or len(replays) < 2 else dilated_prediction(replays)
+    if decision is not None:
+        on_line(f"{profile.name}: {decision.basis}")
+    return replace(outcome, tried=tuple(tried), replays=tuple(replays), decision=decision)
 
 
-def _keep_fittable(
-    kept: list[tuple[float, float]], dilation: float, document: results.ResultDocument | None
-) -> None:
-    """Add a replay's ``(dilation, step)`` to ``kept`` unless it predicts no step or kept
-    the machine busy (``cpu_busy``: half its cores while it communicated, or bound by
-    it): its processes then waited for cores, so its step is more than ``S + c/K``."""
-    prediction = _prediction(document)
-    if prediction is None or prediction["step_ns"] is None or cpu_busy(document):
-        return
-    kept.append((dilation, float(prediction["step_ns"]) / 1e9))
+def _spread(point: DilatedReplay) -> str:
+    """A replay's spread over its runs, for a progress line ("" with one run)."""
+    return "" if point.spread_s is None else f" (its runs within {point.spread_s:.3f} s)"
 
 
 def _step_s(document: results.ResultDocument | None) -> float | None:
@@ -471,7 +474,9 @@ def compare_networks(
             json.dumps(comparison_json(outcomes, interrupted), indent=1) + "\n", encoding="utf-8"
         )
         if documents:
-            predicted = {o.profile.name: o.limit.step_s for o in outcomes if o.limit is not None}
+            predicted = {
+                o.profile.name: o.decision.step_s for o in outcomes if o.decision is not None
+            }
             write_tensorboard_comparison(config.output_dir, documents, predicted_s=predicted)
     return Comparison(
         output_dir=config.output_dir,
@@ -491,8 +496,18 @@ def _relay_behind(outcome: ProfileOutcome) -> str:
 def comparison_json(
     outcomes: Sequence[ProfileOutcome], interrupted: int | None = None
 ) -> dict[str, Any]:
-    """``comparison.json``: per profile, its replays' steps and the step they predict
-    (``predicted_step_s``: the dilation limit where there is one, else the replay's step)."""
+    """``comparison.json``: per profile, its replays' steps (with their spread over runs
+    and verdict, under automatic dilation) and the step they predict (``predicted_step_s``:
+    automatic dilation's decision, ``prediction_basis`` saying why, else the replay's step)."""
+
+    def replay_json(outcome: ProfileOutcome, k: float, step: float | None) -> dict[str, Any]:
+        point = next((r for r in outcome.replays if r.time_dilation == k), None)
+        return {
+            "time_dilation": k,
+            "step_s": step,
+            "spread_s": None if point is None else point.spread_s,
+            "busy": None if point is None else point.busy,
+        }
 
     def profile_json(outcome: ProfileOutcome) -> dict[str, Any]:
         limit = outcome.limit
@@ -507,9 +522,10 @@ def comparison_json(
             "results": None if outcome.results_path is None else str(outcome.results_path),
             "error": outcome.error,
             "time_dilation": outcome.time_dilation,
-            "replays": [{"time_dilation": k, "step_s": step} for k, step in replays],
+            "replays": [replay_json(outcome, k, step) for k, step in replays],
             "step_s": _step_s(outcome.document),
             "predicted_step_s": outcome.predicted_step_s,
+            "prediction_basis": "" if outcome.decision is None else outcome.decision.basis,
             "limit": None
             if limit is None
             else {
@@ -523,8 +539,9 @@ def comparison_json(
     return {
         "format": "tf-grpc-bench network comparison",
         # 1: first version; 2 (2026-12): each profile gains delay_ns, jitter_ns, loss
-        # and relay_behind.
-        "format_version": 2,
+        # and relay_behind; 3 (2026-12): each replay gains spread_s (the range of its
+        # runs' median steps) and busy (cpu_busy), each profile prediction_basis.
+        "format_version": 3,
         "interrupted": None if interrupted is None else lifetime.signal_name(interrupted),
         "profiles": [profile_json(o) for o in outcomes],
     }
@@ -543,8 +560,8 @@ def _dilation_line(outcome: ProfileOutcome) -> str:
             f"{'?' if step is None else f'{step:.3f} s'} at {k:g}" for k, step in outcome.tried
         )
         line += f" (predicted before: {tried})"
-    if outcome.limit is not None:
-        line += f"; {outcome.limit.describe()}"
+    if outcome.decision is not None:
+        line += f"; {outcome.decision.basis}"
     return line
 
 

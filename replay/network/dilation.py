@@ -1,6 +1,7 @@
-"""The limit of the replayed step as the time dilation grows, fitted through dilated replays.
+"""Automatic time dilation's arithmetic: when to stop, what the replays predict, and the
+limit of the step as the dilation grows, fitted through dilated replays.
 
-Pure arithmetic over (dilation, step) pairs (``network compare``'s automatic
+Pure arithmetic over (dilation, step, spread) figures (``network compare``'s automatic
 time dilation; docs/fidelity.md says why it is ``S + c/K``).
 """
 
@@ -60,3 +61,103 @@ def dilation_limit(points: Sequence[tuple[float, float]]) -> DilationLimit | Non
     if slope <= 0:
         return DilationLimit(step_s=ys[-1], overhead_s=0.0, points=fitted)
     return DilationLimit(step_s=mean_y - slope * mean_x, overhead_s=slope, points=fitted)
+
+
+#: Without a spread (a replay of one run), two replays' steps within this share of the
+#: earlier one's are taken to be the same.
+CONVERGED_STEP_CHANGE = 0.05
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class DilatedReplay:
+    """One replay of automatic dilation: its dilation, the step it predicts, how much
+    that step moved between its runs, and whether its own processes kept the machine busy."""
+
+    time_dilation: float
+    step_s: float
+    #: The range (largest less smallest) of its runs' median steps; None with one run.
+    spread_s: float | None
+    #: The replay's own processes kept the machine busy (``compare.cpu_busy``: bound by
+    #: them, ``prediction.replay_bound_verdict``, or half the cores while it communicated):
+    #: its step may hold the replay's waits for cores, not only the link.
+    busy: bool
+
+    def describe(self) -> str:
+        spread = "" if self.spread_s is None else f" (runs within {self.spread_s:.3f} s)"
+        return f"{self.step_s:.3f} s at {self.time_dilation:g}{spread}"
+
+
+def tolerance_s(replays: Sequence[DilatedReplay]) -> float:
+    """How far apart ``replays``' steps may be and still be the same step: the largest
+    of their spreads, or ``CONVERGED_STEP_CHANGE`` of the first step where none has one."""
+    spreads = [r.spread_s for r in replays if r.spread_s is not None]
+    return max(spreads) if spreads else CONVERGED_STEP_CHANGE * replays[0].step_s
+
+
+def within_spread(replays: Sequence[DilatedReplay]) -> bool:
+    """Whether ``replays``' steps differ by no more than their spread (``tolerance_s``)."""
+    steps = [r.step_s for r in replays]
+    return not steps or max(steps) - min(steps) <= tolerance_s(replays)
+
+
+def settled(replays: Sequence[DilatedReplay]) -> bool:
+    """Whether automatic dilation stops after ``replays`` (in the order replayed): the
+    last two differ by no more than their spread and the last did not keep its machine
+    busy, so one more dilation would not change the answer."""
+    return len(replays) >= 2 and not replays[-1].busy and within_spread(replays[-2:])
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class DilatedPrediction:
+    """What automatic dilation predicts, and from which replays."""
+
+    step_s: float
+    #: Why this step (one line for the terminal and ``comparison.md``).
+    basis: str
+    #: The fit ``S + c/K``, when the dilated replays' steps differed by more than their spread.
+    limit: DilationLimit | None = None
+
+
+def dilated_prediction(replays: Sequence[DilatedReplay]) -> DilatedPrediction | None:
+    """The step predicted by automatic dilation's ``replays`` (in the order replayed),
+    None without any.
+
+    The undilated replay's step when it did not keep its machine busy and every
+    dilated replay is within the spread of it (the step did not depend on the
+    replay's speed); else, through the dilated replays that did not keep their
+    machine busy, ``S + c/K``
+    (``dilation_limit``) when they differ by more than their spread, else the last of
+    them; else the last replay's step.
+    """
+    if not replays:
+        return None
+    first, dilated = replays[0], [r for r in replays if r.time_dilation > 1]
+    undilated = first.time_dilation == 1 and not first.busy
+    if undilated and dilated and all(within_spread([first, r]) for r in dilated):
+        return DilatedPrediction(
+            step_s=first.step_s,
+            basis=(
+                f"the dilated replays are within the spread of the undilated one "
+                f"({_listed(replays)}): the undilated {first.step_s:.3f} s is the prediction"
+            ),
+        )
+    unbound = [r for r in dilated if not r.busy]
+    if len(unbound) >= 2 and not within_spread(unbound):
+        limit = dilation_limit([(r.time_dilation, r.step_s) for r in unbound])
+        assert limit is not None
+        return DilatedPrediction(
+            step_s=limit.step_s,
+            basis=f"the dilated replays differ by more than their spread; {limit.describe()}",
+            limit=limit,
+        )
+    last = unbound[-1] if unbound else replays[-1]
+    why = "the replays that left their machine idle agree" if unbound else "every replay was busy"
+    return DilatedPrediction(
+        step_s=last.step_s,
+        basis=f"{why} ({_listed(replays)}): {last.step_s:.3f} s at {last.time_dilation:g} "
+        "is the prediction",
+    )
+
+
+def _listed(replays: Sequence[DilatedReplay]) -> str:
+    return ", ".join(r.describe() + (" busy" if r.busy else "") for r in replays)

@@ -64,9 +64,12 @@ FORMAT = "tf-grpc-bench-results"
 #:   7 (2026-12): the trace gains ``partial_reason``: why the replayed trace is
 #:       partial (a capture stopped early), "" for a whole trace.  Versions 1 to 6
 #:       read with "".
-FORMAT_VERSION = 7
+#:   8 (2026-12): a prediction's ``replay_bound`` is judged from the replay's own
+#:       processes alone; the machine's load (``machine_cpu_busy_share``) is evidence
+#:       and no longer flags it.  No field changes; versions 1 to 7 read as before.
+FORMAT_VERSION = 8
 #: Versions ``read_document`` can read.
-READABLE_VERSIONS = frozenset({1, 2, 3, 4, 5, 6, 7})
+READABLE_VERSIONS = frozenset({1, 2, 3, 4, 5, 6, 7, 8})
 #: The sample columns each version stores.
 SAMPLE_COLUMNS_BY_VERSION = {
     1: tuple(c for c in SAMPLE_COLUMNS if c not in ("release_lag_ns", "rpc_index")),
@@ -76,6 +79,7 @@ SAMPLE_COLUMNS_BY_VERSION = {
     5: SAMPLE_COLUMNS,
     6: SAMPLE_COLUMNS,
     7: SAMPLE_COLUMNS,
+    8: SAMPLE_COLUMNS,
 }
 #: Conventional name of the result document inside a run directory.
 RESULTS_FILE_NAME = "results.json"

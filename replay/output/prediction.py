@@ -17,11 +17,14 @@ def _median_or_none(values: Sequence[int]) -> float | None:
     return float(np.median(values)) if values else None
 
 
-#: Share of the machine's cores the replay's own processes may use before its
-#: prediction is flagged as bound by the replay rather than by the link.
+#: Share of the machine's cores the replay's own processes (client and server) may
+#: use before its prediction is flagged as bound by the replay rather than by the
+#: link: past it, its processes wait for one another's cores.
 REPLAY_BOUND_CPU_SHARE = 0.7
-#: Share of all the machine's cores busy (any process) from which the prediction
-#: is flagged even when the replay's own processes used less: others took the cores.
+#: Share of all the machine's cores busy (any process) from which the evidence says
+#: other processes were busy too.  Reported only: the machine's load does not flag a
+#: prediction by itself (a link-bound step does not depend on the replay's speed,
+#: whoever else ran; the replay's own CPU says whether it kept up).
 MACHINE_BUSY_CPU_SHARE = 0.9
 
 
@@ -36,9 +39,10 @@ def replay_bound_verdict(
 ) -> tuple[bool, str]:
     """Whether a prediction is bound by the replay's machine rather than the link, and why.
 
-    Bound when the replay's own processes kept at least ``REPLAY_BOUND_CPU_SHARE``
-    of the ``cpu_count`` cores busy, or when the whole machine was at least
-    ``MACHINE_BUSY_CPU_SHARE`` busy (None: not known) whoever used it.
+    Judged from the replay's own processes: bound when they kept at least
+    ``REPLAY_BOUND_CPU_SHARE`` of the ``cpu_count`` cores busy.  The whole machine's
+    share (None: not known) is evidence only: from ``MACHINE_BUSY_CPU_SHARE`` the
+    evidence says other processes were busy, and the prediction is not flagged for it.
     """
     own = cpu_count > 0 and replay_cores >= REPLAY_BOUND_CPU_SHARE * cpu_count
     machine = machine_busy_share is not None and machine_busy_share >= MACHINE_BUSY_CPU_SHARE
@@ -52,10 +56,10 @@ def replay_bound_verdict(
         evidence += " (the step may be the replay's CPU, not the link)"
     elif machine:
         evidence += (
-            " (other processes took the cores the replay needed: the step may be the "
-            "machine's load, not the link)"
+            " (other processes kept the machine busy; the replay's own processes did not "
+            "bind the step, so it is not flagged)"
         )
-    return own or machine, evidence
+    return own, evidence
 
 
 def prediction_json(result: BenchmarkResult, cpu_count: int) -> dict[str, Any] | None:
@@ -64,9 +68,10 @@ def prediction_json(result: BenchmarkResult, cpu_count: int) -> dict[str, Any] |
     ``step_ns``: median replayed worker-step, compute kept; ``compute_ns`` and
     ``communication_ns``: medians of the critical path's two parts.
     ``replay_bound`` (``replay_bound_verdict``): the replay's own processes
-    (``replay_cpu_cores``) or every process together (``machine_cpu_busy_share``,
-    null when unknown) kept the machine's cores busy, so the step may be the
-    replay's machine rather than the network; ``replay_bound_evidence`` says which.
+    (``replay_cpu_cores``) kept the machine's cores busy, so the step may be the
+    replay's machine rather than the network; ``replay_bound_evidence`` says so and
+    gives every process's share (``machine_cpu_busy_share``, null when unknown),
+    which does not flag the prediction by itself.
     """
     if not result.step_compute_ns:
         return None
