@@ -23,6 +23,8 @@ The modules, by concept:
   around a ``with`` block, and the processes started inside its hosts;
 - ``relay`` (and ``relay.c``): the process that gives a link its delay and
   jitter, and its statistics;
+- ``calibration``: the relays' own cost, measured when a network with relays
+  comes up, and taken off each packet's delay;
 - ``state``: what a running network leaves in ``/run`` for the processes
   inside it (each host's link record, each relay's statistics).
 

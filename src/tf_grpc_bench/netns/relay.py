@@ -14,7 +14,10 @@ The relay keeps its statistics in a file (``state.relay_stats_path``) that
 any process may read while it runs: per direction the packets and bytes it
 moved, the drops of its bounded queue, and a histogram of how late each
 release was.  ``read_relay_stats`` is the one place that file is parsed;
-``RelayStats.behind`` says when the relay did not hold the profile.
+``RelayStats.behind`` says when the relay did not hold the profile.  The
+relay's own cost, measured when the network comes up (``calibration``), is
+written into the same file (``set_compensation``): the relay releases each
+packet that much earlier.
 
 ``start_relay`` starts one, tied to its parent's life
 (``lifetime.die_with_parent_preexec``) unless the network is to outlive the
