@@ -157,7 +157,7 @@ def golden_document() -> ResultDocument:
     # The last run of the throughput benchmark stopped early, as when a server dies.
     throughput = results[2]
     # Throughput replayed under dependencies pacing: planned releases, step
-    # critical paths (format version 2), the trace RPC each call replayed (3).
+    # critical paths (format version 2), the trace RPC each call replayed (4).
     throughput = dataclasses.replace(
         throughput,
         runs=tuple(
@@ -165,7 +165,11 @@ def golden_document() -> ResultDocument:
                 run,
                 samples=tuple(
                     dataclasses.replace(
-                        sample, release_lag_ns=1000 * (number + 1), rpc_index=number % 4
+                        sample,
+                        release_lag_ns=1000 * (number + 1),
+                        rpc_index=number % 4,
+                        # Every third call held back by the window (format version 9).
+                        window_held=int(number % 3 == 2),
                     )
                     for number, sample in enumerate(run.samples)
                 ),

@@ -330,6 +330,63 @@ def test_replay_bound_flags_the_replays_own_cpu_and_reports_a_busy_machine(
 
 
 @pytest.mark.parametrize(
+    ("lag_p90_ns", "bound", "words"),
+    [
+        # 1% of a 2 s step: the replay's calls the window did not hold went that late.
+        (20_000_000.0, True, "(the replay did not keep up with its own plan: the step may be"),
+        (19_999_999.0, False, ""),
+        (None, False, ""),
+    ],
+)
+def test_the_lag_of_calls_the_window_did_not_hold_bounds_a_prediction(
+    lag_p90_ns: float | None, bound: bool, words: str
+) -> None:
+    verdict, evidence = replay_bound_verdict(0.4, 2, 0.95, lag_p90_ns=lag_p90_ns, step_ns=2e9)
+    assert verdict is bound
+    assert words in evidence
+    if lag_p90_ns is not None:
+        assert f"went up to {lag_p90_ns / 1e6:.3f} ms late (p90, " in evidence
+    # Unbound, a busy machine is only evidence.
+    assert bound or "other processes kept the machine busy" in evidence
+    # No step to measure it against: the lag says nothing.
+    assert replay_bound_verdict(0.4, 2, None, lag_p90_ns=lag_p90_ns, step_ns=None)[0] is False
+
+
+def test_a_late_replay_is_bound_only_by_the_calls_the_window_did_not_hold() -> None:
+    document = golden_document()
+    throughput = document.benchmarks[2]
+
+    def with_lags(held: int) -> dict[str, Any]:
+        # Every call 5 ms late (more than 1% of the ~0.3 s step): held by the window or not.
+        runs = tuple(
+            dataclasses.replace(
+                run,
+                client_cpu_ns=0,
+                server_cpu_ns=0,
+                samples=tuple(
+                    dataclasses.replace(s, release_lag_ns=5_000_000, window_held=held)
+                    for s in run.samples
+                ),
+            )
+            for run in throughput.runs
+        )
+        changed = dataclasses.replace(
+            document,
+            benchmarks=(*document.benchmarks[:2], dataclasses.replace(throughput, runs=runs)),
+        )
+        prediction: dict[str, Any] = json.loads(dumps_document(changed))["benchmarks"][2][
+            "statistics"
+        ]["prediction"]
+        return prediction
+
+    late = with_lags(held=0)
+    assert late["replay_bound"] is True and late["unheld_release_lag_p90_ns"] == 5_000_000
+    # Held back by the window, the calls were late because of the link: not the machine.
+    held = with_lags(held=1)
+    assert held["replay_bound"] is False and held["unheld_release_lag_p90_ns"] is None
+
+
+@pytest.mark.parametrize(
     ("replay_cores", "cpu_count", "bound"),
     [(0.0, 0, False), (0.5, 0, False), (0.7, 1, True), (0.69, 1, False), (1.4, 2, True)],
 )

@@ -16,6 +16,7 @@ from tf_grpc_bench.replay.core.measurement import (
     CallSample,
     LatencySummary,
     RunMeasurement,
+    release_held,
 )
 from tf_grpc_bench.replay.output.statistics import cpu_utilization, run_statistics
 from tf_grpc_bench.sizes import SizeCategory
@@ -60,7 +61,38 @@ def test_the_benchmarks_and_percentiles_are_the_papers_and_ours() -> None:
         "step",
         "release_lag_ns",
         "rpc_index",
+        "window_held",
     )
+
+
+def test_a_call_is_held_by_the_window_when_its_opening_came_after_the_release() -> None:
+    # The window refused a due call and the completion that opened it ended at 500.
+    assert release_held(400, 500) == 1
+    assert release_held(500, 500) == 1
+    # Released after that opening: any lateness is the replay's own.
+    assert release_held(501, 500) == 0
+    # No planned release (closed loop), or a window that never refused.
+    assert release_held(None, 500) == 0
+    assert release_held(0, -1) == 0
+
+
+def test_the_unheld_release_lag_leaves_out_the_calls_the_window_held() -> None:
+    def sample(lag_ns: int, held: int) -> CallSample:
+        return CallSample(
+            start_ns=0, latency_ns=1, request_bytes=1, response_bytes=1, payload_bytes=1,
+            release_lag_ns=lag_ns, window_held=held,
+        )  # fmt: skip
+
+    run = RunMeasurement(
+        run_index=0,
+        duration_ns=10,
+        samples=(sample(10, 0), sample(20, 0), sample(9_000, 1), sample(8_000, 1)),
+    )
+    result = BenchmarkResult(
+        benchmark=Benchmark.PS_THROUGHPUT, workload="trace", parameters={}, runs=(run,)
+    )
+    assert result.release_lag.max_ns == 9_000
+    assert (result.unheld_release_lag.count, result.unheld_release_lag.max_ns) == (2, 20)
 
 
 def test_a_negative_latency_is_refused() -> None:

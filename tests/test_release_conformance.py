@@ -193,12 +193,18 @@ def check_against_the_rule(pacing: Pacing, recording: Recording) -> int:
                 for n, call in enumerate(calls)
             ]
         issued += len(calls)
+        ends = [start + s.latency_ns for start, s in zip(starts, replayed.samples, strict=True)]
         for sample, start, release in zip(replayed.samples, starts, releases, strict=True):
             if release is None:
                 assert sample.release_lag_ns == 0
+                assert sample.window_held == 0, "no release, nothing to hold back"
                 continue
             assert start >= release, "issued before its release"
             assert sample.release_lag_ns == start - release, "the lag reported is the lag"
+            if sample.window_held:
+                # measurement.release_held: the completion that opened the window came
+                # after the call's release and before it went.
+                assert any(release <= end <= start for end in ends), "held with no opening"
             checked += 1
         _check_windows(pacing, replayed, calls)
     return checked
@@ -251,6 +257,15 @@ PLANS = {
         ),
         Pacing(timing=Timing.RATE, rate_per_s=3000.0, window=None),
     ),
+    "rate past the link, window 1": (
+        lambda: synthetic_workload(
+            Benchmark.PS_THROUGHPUT,
+            GeneratorConfig(payload_count=4),
+            mode=Mode.NON_SERIALIZED,
+            ps_count=1,
+        ),
+        Pacing(timing=Timing.RATE, rate_per_s=1_000_000.0, window=1),
+    ),
     "closed loop, window 3": (
         lambda: synthetic_workload(
             Benchmark.P2P_BANDWIDTH, GeneratorConfig(payload_count=6), mode=Mode.NON_SERIALIZED
@@ -271,6 +286,13 @@ def test_both_engines_release_every_call_as_the_one_rule_says(engine: str, plan:
     timed = pacing.timing is not Timing.ASAP
     assert len(recording.steps) == steps
     assert (checked > 0) == timed
+    held = sum(s.window_held for replayed in recording.steps for s in replayed.samples)
+    if plan == "rate past the link, window 1":
+        # Released a microsecond apart, one call at a time: each call's release came
+        # while the one before it was in flight, so the window held calls back.
+        assert held > 0
+    if not timed:
+        assert held == 0
 
 
 @pytest.mark.parametrize(

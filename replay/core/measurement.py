@@ -67,6 +67,11 @@ class CallSample:
     #: Trace replays: index of the replayed RPC in its trace step's ``rpcs``
     #: (which tensor, which tasks, which method); -1 for synthetic workloads.
     rpc_index: int = -1
+    #: 1 when the in-flight window held the call back: after its planned release the
+    #: window refused a due call, and the completion that opened it again came after
+    #: the release (``release_held``; the same rule in both engines).  Its lag is then
+    #: the link's, not the machine's.  0 otherwise, and in documents before format 9.
+    window_held: int = 0
 
     def __post_init__(self) -> None:
         if self.latency_ns < 0:
@@ -86,6 +91,7 @@ SAMPLE_COLUMNS = (
     "step",
     "release_lag_ns",
     "rpc_index",
+    "window_held",
 )
 
 
@@ -131,6 +137,14 @@ class RunMeasurement:
     @property
     def response_bytes(self) -> int:
         return sum(s.response_bytes for s in self.samples)
+
+
+def release_held(release_ns: int | None, held_until_ns: int) -> int:
+    """Whether a call planned for ``release_ns`` (None: no planned release) was held
+    back by the in-flight window: 1 when the window's last opening after refusing a due
+    call came at or after the release (``held_until_ns``: the end of the completion
+    that opened it, -1 when it never refused), else 0.  Both engines apply this rule."""
+    return int(release_ns is not None and release_ns <= held_until_ns)
 
 
 def in_link_time(run: RunMeasurement, time_dilation: float) -> RunMeasurement:
@@ -349,6 +363,14 @@ class BenchmarkResult:
         """Schedule fidelity: how late calls went after their planned release."""
         return LatencySummary.from_samples(
             [s.release_lag_ns for run in self.runs for s in run.samples]
+        )
+
+    @property
+    def unheld_release_lag(self) -> LatencySummary:
+        """How late the calls the window did not hold back went after their planned
+        release: the replay's own lateness (its CPU, its wake-ups), not the link's."""
+        return LatencySummary.from_samples(
+            [s.release_lag_ns for run in self.runs for s in run.samples if not s.window_held]
         )
 
     @property

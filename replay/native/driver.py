@@ -347,7 +347,7 @@ class NativeDriver:
     ) -> None:
         if samples is None:
             return
-        for tag, start, end, release in report.samples:
+        for tag, start, end, release, held in report.samples:
             call = calls[tag]
             start_ns = self.to_perf(start)
             samples.append(
@@ -362,6 +362,7 @@ class NativeDriver:
                     step=call.step,
                     release_lag_ns=0 if release < 0 else max(start - release, 0),
                     rpc_index=call.rpc_index,
+                    window_held=held,
                 )
             )
 

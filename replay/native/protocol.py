@@ -45,7 +45,8 @@ Program to Python: ``K`` ready, ``E`` error str (set-up failed), ``C`` arrivals
 of a dependent step (list of tag u32, end ns i64, in completion order), ``F``
 the step finished (issued u32, error str ("" none; a failed call's status, for
 Python to word, as ``\x1fstatus\x1fCODE\x1fTARGET\x1fMETHOD\x1fDETAILS``),
-samples: list of tag u32, start ns i64, end ns i64, release ns i64 (-1: none)),
+samples: list of tag u32, start ns i64, end ns i64, release ns i64 (-1: none), held u8
+(1: the window held the call back, ``measurement.release_held``)),
 ``U`` CPU ns i64.
 
 A *tag* is the call's place in its step (what the samples are matched to); a
@@ -65,7 +66,7 @@ import grpc
 from tf_grpc_bench.errors import TransportError
 from tf_grpc_bench.replay.transport.wire import failure_message
 
-PROTOCOL_VERSION = 2
+PROTOCOL_VERSION = 3
 #: A call without a window of its own towards its server.
 NO_LIMIT = 0xFFFFFFFF
 
@@ -73,7 +74,7 @@ _U32 = struct.Struct("<I")
 _I64 = struct.Struct("<q")
 _ENTRY = struct.Struct("<IIq")
 _ARRIVAL = struct.Struct("<Iq")
-_SAMPLE = struct.Struct("<Iqqq")
+_SAMPLE = struct.Struct("<IqqqB")
 
 Option = tuple[str, str | int]
 
@@ -166,11 +167,13 @@ class Decoder:
         data = self._take(count * _ARRIVAL.size)
         return [(int(t), int(e)) for t, e in _ARRIVAL.iter_unpack(data)]
 
-    def samples(self) -> list[tuple[int, int, int, int]]:
-        """(tag, start ns, end ns, release ns) rows."""
+    def samples(self) -> list[tuple[int, int, int, int, int]]:
+        """(tag, start ns, end ns, release ns, held) rows."""
         count = self.u32()
         data = self._take(count * _SAMPLE.size)
-        return [(int(t), int(s), int(e), int(r)) for t, s, e, r in _SAMPLE.iter_unpack(data)]
+        return [
+            (int(t), int(s), int(e), int(r), int(h)) for t, s, e, r, h in _SAMPLE.iter_unpack(data)
+        ]
 
 
 def pack_entries(entries: Sequence[tuple[int, int, int]]) -> bytes:
@@ -184,8 +187,8 @@ class StepReport:
 
     issued: int
     error: str
-    #: (tag, start ns, end ns, release ns or -1), monotonic ns.
-    samples: tuple[tuple[int, int, int, int], ...]
+    #: (tag, start ns, end ns, release ns or -1, held 0/1), monotonic ns.
+    samples: tuple[tuple[int, int, int, int, int], ...]
 
     @classmethod
     def read(cls, frame: Decoder) -> StepReport:

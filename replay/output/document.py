@@ -67,19 +67,25 @@ FORMAT = "tf-grpc-bench-results"
 #:   8 (2026-12): a prediction's ``replay_bound`` is judged from the replay's own
 #:       processes alone; the machine's load (``machine_cpu_busy_share``) is evidence
 #:       and no longer flags it.  No field changes; versions 1 to 7 read as before.
-FORMAT_VERSION = 8
+#:   9 (2026-12): samples gain ``window_held`` (1: the in-flight window held the call
+#:       back, ``measurement.release_held``); predictions gain
+#:       ``unheld_release_lag_p90_ns`` and ``replay_bound`` also counts that lag.
+#:       Versions 1 to 8 read with 0 (no call held: their lag is every call's).
+FORMAT_VERSION = 9
 #: Versions ``read_document`` can read.
-READABLE_VERSIONS = frozenset({1, 2, 3, 4, 5, 6, 7, 8})
+READABLE_VERSIONS = frozenset({1, 2, 3, 4, 5, 6, 7, 8, 9})
+_BEFORE_9 = tuple(c for c in SAMPLE_COLUMNS if c != "window_held")
 #: The sample columns each version stores.
 SAMPLE_COLUMNS_BY_VERSION = {
-    1: tuple(c for c in SAMPLE_COLUMNS if c not in ("release_lag_ns", "rpc_index")),
-    2: tuple(c for c in SAMPLE_COLUMNS if c != "rpc_index"),
-    3: tuple(c for c in SAMPLE_COLUMNS if c != "rpc_index"),
-    4: SAMPLE_COLUMNS,
-    5: SAMPLE_COLUMNS,
-    6: SAMPLE_COLUMNS,
-    7: SAMPLE_COLUMNS,
-    8: SAMPLE_COLUMNS,
+    1: tuple(c for c in _BEFORE_9 if c not in ("release_lag_ns", "rpc_index")),
+    2: tuple(c for c in _BEFORE_9 if c != "rpc_index"),
+    3: tuple(c for c in _BEFORE_9 if c != "rpc_index"),
+    4: _BEFORE_9,
+    5: _BEFORE_9,
+    6: _BEFORE_9,
+    7: _BEFORE_9,
+    8: _BEFORE_9,
+    9: SAMPLE_COLUMNS,
 }
 #: Conventional name of the result document inside a run directory.
 RESULTS_FILE_NAME = "results.json"

@@ -16,7 +16,7 @@ import numpy as np
 from tf_grpc_bench.dependencies import Dependencies
 from tf_grpc_bench.dependency_tracker import DependencyTracker, StepPath
 from tf_grpc_bench.errors import ConfigError, TransportError
-from tf_grpc_bench.replay.core.measurement import CallSample
+from tf_grpc_bench.replay.core.measurement import CallSample, release_held
 from tf_grpc_bench.replay.core.pacing import (
     Pacing,
     Timing,
@@ -223,6 +223,9 @@ class Driver:
         clock = self.clock
         end = clock()
         deadlines = PayloadDeadlines(self.timeout_s, clock)
+        # One call at a time: the window (of one) held a call whose release came before
+        # the previous call ended.
+        held_until = -1
         for position, call in enumerate(step.calls):
             if stop_at_ns is not None and clock() >= stop_at_ns:
                 break
@@ -233,9 +236,12 @@ class Driver:
             client = self.clients[call.server_index]
             start = clock()
             client.invoke(call, deadlines.timeout_s(call, position))
-            end = clock()
+            held = release_held(release, held_until)
+            end = held_until = clock()
             if samples is not None:
-                samples.append(_sample(call, start - run_begin_ns, end - start, start, release))
+                samples.append(
+                    _sample(call, start - run_begin_ns, end - start, start, release, held)
+                )
         return end, False
 
     def _run_concurrent(
@@ -324,16 +330,29 @@ class _CallsInFlight:
         self.count = 0
         self.to_server: dict[int, int] = dict.fromkeys(driver.clients, 0)
         self.errors: list[TransportError] = []
+        #: The window refused a due call and has not let one go since; the end of the
+        #: latest completion of this process; the end of the completion that last opened
+        #: the window after a refusal (-1: none), for ``release_held``.
+        self.refused = False
+        self.last_completion_ns = -1
+        self.held_until_ns = -1
         self.deadlines = PayloadDeadlines(driver.timeout_s, driver.clock)
 
     def window_allows(self, call: Call) -> bool:
-        """Whether the pacing's window lets ``call`` go now (hold ``condition``)."""
-        return may_issue(
+        """Whether the pacing's window lets ``call`` go now (hold ``condition``); asked
+        of a due call only, so a refusal is a hold (``release_held``)."""
+        allowed = may_issue(
             self.driver.pacing,
             call,
             in_flight=self.count,
             in_flight_to_server=self.to_server[call.server_index],
         )
+        if not allowed:
+            self.refused = True
+        elif self.refused:
+            self.refused = False
+            self.held_until_ns = self.last_completion_ns
+        return allowed
 
     def start(self, call: Call, release: int | None, *, position: int, key: int = -1) -> None:
         """Start ``call``, at ``position`` in its step (planned for ``release``, if any);
@@ -341,19 +360,26 @@ class _CallsInFlight:
         with self.condition:
             self.count += 1
             self.to_server[call.server_index] += 1
+            held = release_held(release, self.held_until_ns)
         start = self.driver.clock()
         timeout_s = self.deadlines.timeout_s(call, position)
         future = self.driver.clients[call.server_index].start(call, timeout_s)
-        future.add_done_callback(lambda f: self._completed(call, key, start, release, f))
+        future.add_done_callback(lambda f: self._completed(call, key, start, release, held, f))
 
     def _completed(
-        self, call: Call, key: int, start: int, release: int | None, future: grpc.Future[Any]
+        self,
+        call: Call,
+        key: int,
+        start: int,
+        release: int | None,
+        held: int,
+        future: grpc.Future[Any],
     ) -> None:
         end = self.driver.clock()
         error = self.driver.clients[call.server_index].outcome(call, future)
         if error is None and self.samples is not None:
             self.samples.append(
-                _sample(call, start - self.run_begin_ns, end - start, start, release)
+                _sample(call, start - self.run_begin_ns, end - start, start, release, held)
             )
         with self.condition:
             if error is not None:
@@ -363,6 +389,7 @@ class _CallsInFlight:
             self.count -= 1
             self.to_server[call.server_index] -= 1
             self.last_end_ns = max(self.last_end_ns, end)
+            self.last_completion_ns = max(self.last_completion_ns, end)
             self.condition.notify_all()
 
     def drain(self) -> None:
@@ -514,7 +541,12 @@ def _dependencies_of(step: WorkloadStep) -> list[Dependencies]:
 
 
 def _sample(
-    call: Call, start_ns: int, latency_ns: int, issued_ns: int = 0, release_ns: int | None = None
+    call: Call,
+    start_ns: int,
+    latency_ns: int,
+    issued_ns: int = 0,
+    release_ns: int | None = None,
+    held: int = 0,
 ) -> CallSample:
     return CallSample(
         start_ns=start_ns,
@@ -527,4 +559,5 @@ def _sample(
         step=call.step,
         release_lag_ns=0 if release_ns is None else max(issued_ns - release_ns, 0),
         rpc_index=call.rpc_index,
+        window_held=held,
     )

@@ -23,6 +23,7 @@
 #include <deque>
 #include <map>
 #include <queue>
+#include <set>
 #include <thread>
 #include <tuple>
 
@@ -113,6 +114,7 @@ class Event {
 struct Sample {
   uint32_t tag;
   int64_t start_ns, end_ns, release_ns;
+  uint8_t held;  // the window held the call back (measurement.release_held)
 };
 
 class Engine;
@@ -205,6 +207,14 @@ struct StepState {
   std::string error;
   std::vector<Sample> samples;
   std::vector<std::pair<uint32_t, int64_t>> arrivals;  // (tag, end) not yet reported
+  // The window's holds, as measurement.release_held defines them for both engines: the
+  // window refused a due call and has not let one go since; the end of the latest
+  // completion; the end of the completion that last opened the window after a refusal
+  // (-1: none); the tags of the calls it held back.
+  bool refused = false;
+  int64_t last_completion_ns = -1;
+  int64_t held_until_ns = -1;
+  std::set<uint32_t> held;
 };
 
 class Engine {
@@ -227,6 +237,7 @@ class Engine {
   void Pump();
   void WakeTimerIfSooner();
   bool WindowAllows(uint32_t call) const;
+  bool Admit(uint32_t call, uint32_t tag, int64_t release_ns);
   void Issue(uint32_t tag, uint32_t call, int64_t release_ns);
   grpc::ByteBuffer RequestOf(uint32_t call) const;
   bool StepDone() const;
@@ -399,6 +410,21 @@ void Engine::Issue(uint32_t tag, uint32_t id, int64_t release_ns) {
   pending->reader->Finish(&pending->response, &pending->status, pending);
 }
 
+// Whether the window lets a due call go now, noting its holds (hold the lock): a
+// refusal; the completion that opened it again; the call held if released before that.
+bool Engine::Admit(uint32_t id, uint32_t tag, int64_t release_ns) {
+  if (!WindowAllows(id)) {
+    step_.refused = true;
+    return false;
+  }
+  if (step_.refused) {
+    step_.refused = false;
+    step_.held_until_ns = step_.last_completion_ns;
+  }
+  if (release_ns >= 0 && release_ns <= step_.held_until_ns) step_.held.insert(tag);
+  return true;
+}
+
 // Issues what may go now; notes when to look again (hold the lock).
 void Engine::Pump() {
   wake_at_ns_ = -1;
@@ -418,7 +444,7 @@ void Engine::Pump() {
         wake_at_ns_ = next.release_ns;
         break;
       }
-      if (!WindowAllows(next.call)) break;
+      if (!Admit(next.call, next.tag, next.release_ns)) break;
       ++step_.position;
       step_.position_checked = false;
       Issue(next.tag, next.call, next.release_ns);
@@ -429,7 +455,7 @@ void Engine::Pump() {
         wake_at_ns_ = std::get<0>(next);
         break;
       }
-      if (!WindowAllows(std::get<2>(next))) break;
+      if (!Admit(std::get<2>(next), std::get<1>(next), std::get<0>(next))) break;
       step_.due.pop();
       Issue(std::get<1>(next), std::get<2>(next), std::get<0>(next));
     }
@@ -460,6 +486,7 @@ void Engine::CompletedLocked(uint32_t tag, uint32_t id, int64_t start_ns, int64_
   const CallSpec& call = config_.calls[id];
   --in_flight_;
   --targets_[call.server].in_flight;
+  step_.last_completion_ns = std::max(step_.last_completion_ns, end_ns);
   std::string error = failure;
   if (error.empty() && response_bytes != call.response_bytes) {
     error = targets_[call.server].address + config_.methods[call.method] + ": response of " +
@@ -470,7 +497,8 @@ void Engine::CompletedLocked(uint32_t tag, uint32_t id, int64_t start_ns, int64_
   if (!error.empty()) {
     if (step_.error.empty()) step_.error = error;
   } else {
-    step_.samples.push_back({tag, start_ns, end_ns, release_ns});
+    step_.samples.push_back(
+        {tag, start_ns, end_ns, release_ns, static_cast<uint8_t>(step_.held.count(tag))});
     if (step_.dependent) step_.arrivals.emplace_back(tag, end_ns);
   }
   Pump();
@@ -503,6 +531,7 @@ void Engine::Flush() {
         frame.I64(sample.start_ns);
         frame.I64(sample.end_ns);
         frame.I64(sample.release_ns);
+        frame.U8(sample.held);
       }
       finished = frame.body();
       step_ = StepState();
