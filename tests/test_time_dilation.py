@@ -626,6 +626,41 @@ def test_compare_replays_a_dilated_link_shaped_that_much_slower(tmp_path: Path) 
     assert (unshaped["profile"], unshaped["time_dilation"]) == ("unlimited", 1.0)
 
 
+@pytest.mark.netns
+def test_automatic_dilation_of_a_real_link_reports_each_replays_spread(tmp_path: Path) -> None:
+    # A step of compute (40 ms) and one small call on a 200 Mbit/s link, three runs per
+    # replay: whatever the machine does, every replay has a measured spread, and the
+    # prediction says which replays it rests on.
+    path = tmp_path / "paced.tfgbtrace"
+    trace_files.write_trace(_paced_trace(steps=4), path)
+    completed, pid = run_with_pid(
+        [
+            COMMAND, "network", "compare", str(path), "--profiles", "200mbit",
+            "--benchmark", "ps-throughput", "--passes", "2", "--warmup", "0", "--runs", "3",
+            "--output-dir", str(tmp_path / "out"),
+        ],
+        timeout_s=900,
+    )  # fmt: skip
+    assert completed.returncode == 0, completed.stdout + completed.stderr
+    assert namespaces_made_by(pid) == []
+    assert "200mbit: at time dilation 1 the replay predicted a " in completed.stdout
+    assert "s step (its runs within " in completed.stdout
+    (compare_dir,) = (tmp_path / "out").glob("*-compare")
+    written = json.loads((compare_dir / compare.COMPARISON_JSON).read_text())
+    assert written["format_version"] == 3
+    (profile,) = written["profiles"]
+    replays = profile["replays"]
+    assert len(replays) >= 2 and replays[0]["time_dilation"] == 1.0
+    for replay in replays:
+        assert replay["spread_s"] >= 0 and isinstance(replay["busy"], bool)
+        assert replay["step_s"] >= (PERIOD_NS - 1) / 1e9
+    basis = profile["prediction_basis"]
+    assert basis and basis in (compare_dir / compare.COMPARISON_FILE).read_text()
+    if basis.startswith("the dilated replays are within the spread of the undilated one"):
+        assert profile["predicted_step_s"] == replays[0]["step_s"]
+    assert profile["predicted_step_s"] >= (PERIOD_NS - 1) / 1e9
+
+
 @pytest.mark.parametrize(
     ("flags", "message"),
     [
