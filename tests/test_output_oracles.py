@@ -15,6 +15,7 @@ import csv
 import dataclasses
 import math
 import re
+import warnings
 from collections import Counter
 from pathlib import Path
 
@@ -39,7 +40,7 @@ from tf_grpc_bench.replay.core.workload import Mode
 from tf_grpc_bench.replay.output import comparison, export, report, timeline
 from tf_grpc_bench.replay.output.document import ResultDocument
 from tf_grpc_bench.replay.output.machine import NetworkInfo
-from tf_grpc_bench.replay.output.statistics import calls_in_flight
+from tf_grpc_bench.replay.output.statistics import calls_in_flight, median_in_flight
 from tf_grpc_bench.replay.output.tensorboard import write_run
 from tf_grpc_bench.replay.runner import RunPlan, run_benchmark
 from tf_grpc_bench.replay.throughput import pack_samples, unpack_samples
@@ -946,6 +947,18 @@ def test_calls_in_flight_count_what_was_open_when_each_was_issued() -> None:
     samples = [call(0, 10), call(10, 5), call(10, 20), call(12, 0), call(40, 1)]
     assert calls_in_flight(samples) == oracle.in_flight(samples) == [1, 2, 2, 2, 1]
     assert calls_in_flight([]) == []
+
+
+def test_a_result_without_calls_has_no_median_in_flight_and_says_nothing_of_it() -> None:
+    """No calls in any run: NaN, without numpy's warning about an empty median."""
+    echoes = oracle.results()[0]
+    empty = dataclasses.replace(
+        echoes, runs=tuple(dataclasses.replace(run, samples=()) for run in echoes.runs)
+    )
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert math.isnan(median_in_flight(empty))
+        assert median_in_flight(echoes) == oracle.median_in_flight(echoes)
 
 
 def test_tensorboard_of_a_document_that_says_little_and_of_a_run_without_time(
