@@ -22,8 +22,11 @@
  * --spin-ns nanoseconds (a sleeping process wakes tens of microseconds late).
  * After it read or wrote a packet it also spins --busy-poll-ns nanoseconds
  * before it sleeps again, so that a reply that follows soon (a ping-pong's, an
- * acknowledgement) is read at once rather than after a wake-up; an idle link's
- * relay sleeps.  How late each release was (the time the write began minus the
+ * acknowledgement) is read at once rather than after a wake-up -- but only while
+ * a core is free for it: while the machine's runnable tasks (/proc/loadavg's
+ * fourth field, the relay included) are no more than its cores.  A relay that
+ * spins at real-time priority on a busy machine takes the core the answering
+ * process needs.  An idle link's relay sleeps.  How late each release was (the time the write began minus the
  * release time) goes into a log-linear histogram, per direction, in the
  * statistics file.
  *
@@ -509,16 +512,35 @@ static uint64_t next_due(struct direction d[2]) {
     return best;
 }
 
+/* Whether a core is free for the relay to spin on: the machine's runnable tasks,
+ * the relay included, no more than its cores (/proc/loadavg, kept open). */
+static int core_free(void) {
+    static int fd = -2;
+    static long cores;
+    if (fd == -2) {
+        fd = open("/proc/loadavg", O_RDONLY | O_CLOEXEC);
+        cores = sysconf(_SC_NPROCESSORS_ONLN);
+    }
+    char text[128];
+    ssize_t got = fd < 0 ? -1 : pread(fd, text, sizeof text - 1, 0);
+    if (got <= 0) return 0;
+    text[got] = 0;
+    char *field = text;
+    for (int i = 0; i < 3 && field; i++) field = strchr(field + 1, ' ');
+    return field && strtol(field + 1, NULL, 10) <= cores;
+}
+
 /* Wait for the next release or arrival.  Spins (a zero-timeout ppoll, which only
  * lets a pending stop signal in) when a release is due within ``spin_ns``, or
- * within ``busy_poll_ns`` of the last packet read or written: a sleeping process
- * wakes tens of microseconds late. */
+ * within ``busy_poll_ns`` of the last packet read or written while a core is free:
+ * a sleeping process wakes tens of microseconds late. */
 static int wait_for(struct direction d[2], const struct options *o, const sigset_t *unblocked,
                     uint64_t last_packet) {
     uint64_t due = next_due(d), now = now_ns();
     struct pollfd fds[2] = {{.fd = d[0].in_fd, .events = POLLIN}, {.fd = d[1].in_fd, .events = POLLIN}};
     struct timespec timeout = {0, 0}, *limit = NULL;
-    if (now < last_packet + o->busy_poll_ns || (due != NO_TIME && due <= now + o->spin_ns)) {
+    if ((due != NO_TIME && due <= now + o->spin_ns) ||
+        (now < last_packet + o->busy_poll_ns && core_free())) {
         /* Spinning: a zero timeout only lets a pending stop signal in. */
         limit = &timeout;
     } else if (due != NO_TIME) {

@@ -51,11 +51,15 @@ RELAY = NativeSource(
 #: releases within 4 us of their time.
 SPIN_NS = 100_000
 #: How long the relay keeps spinning after a packet before it sleeps (ns; relay.c's
-#: --busy-poll-ns).  0: it sleeps at once.  A window of 200 us took a ping-pong's
-#: round trip from 54 us to 462 us on a loaded 2-core machine: the relay spins at
-#: real-time priority, so its window takes the core the echoing process needed.
-#: What a wake-up costs is compensated instead (netns/calibration.py).
-BUSY_POLL_NS = 0
+#: --busy-poll-ns), so that a reply soon after (a ping-pong's, an acknowledgement) is
+#: read at once instead of after a wake-up (tens of microseconds on this virtual
+#: machine, more from an idle core).  The window is spun only while a core is free
+#: (relay.c's core_free: runnable tasks, the relay included, no more than the cores):
+#: a 200 us window spun regardless took a ping-pong's round trip from 54 us to 462 us
+#: on the loaded 2-core machine, the real-time relay taking the core the echoing
+#: process needed.  100 us: a quiet machine's veth round trip is about 11 us, so a
+#: reply comes well inside it; an idle link's relay still sleeps.
+BUSY_POLL_NS = 100_000
 #: The relay's SCHED_FIFO priority: it is woken ahead of ordinary processes, which
 #: keeps its releases on time on a busy machine; the kernel's real-time throttling
 #: still leaves others 5% of each core.  0 runs it as an ordinary process.
