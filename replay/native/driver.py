@@ -36,6 +36,9 @@ from tf_grpc_bench.replay.native.process import EngineProcess
 from tf_grpc_bench.replay.native.protocol import (
     NO_LIMIT,
     PROTOCOL_VERSION,
+    STEP_CYCLED,
+    STEP_DEPENDENT,
+    STEP_ORDERED,
     Encoder,
     StepReport,
     pack_entries,
@@ -275,7 +278,8 @@ class NativeDriver:
         )
         end = self.clock()
         stop = -1 if stop_at_ns is None else self.to_monotonic(stop_at_ns)
-        self.engine.process.send(Encoder("R").i64(stop).u8(0).u32(0).raw(order).frame())
+        mode = STEP_CYCLED if self._cycles(stop_at_ns) else STEP_ORDERED
+        self.engine.process.send(Encoder("R").i64(stop).u8(mode).u32(0).raw(order).frame())
         report = self.finish(step.calls, run_begin_ns, samples)
         self._issued_in_run += report.issued
         end = max([end, *(self.to_perf(sample[2]) for sample in report.samples)])
@@ -285,6 +289,19 @@ class NativeDriver:
             end = peers.end_step(end)
         # Cut where the next call was planned past the run's last moment, if it got there.
         return StepOutcome(last_end_ns=end, cut=kept < len(step.calls) and report.issued == kept)
+
+    def _cycles(self, stop_at_ns: int | None) -> bool:
+        """Whether the program replays the step again itself until ``stop_at_ns``.
+
+        That is what the loop does with a synthetic workload's one step under ``asap``
+        pacing (``WorkerLoop``: the next begins when the last call of this one has
+        completed, until the stop time; no release times, no step times kept): the
+        program does the same, each cycle's calls drained before the next, without a
+        frame each way between cycles (a hand-off through this process that would
+        stand between every payload of a one-payload workload).  Not with a worker's
+        other processes, which agree on every step.
+        """
+        return stop_at_ns is not None and self.pacing.timing is Timing.ASAP and self.peers is None
 
     def _order(
         self,
@@ -550,7 +567,9 @@ class _DependentStep:
         driver = self.driver
         process = driver.engine.process
         with self.lock:
-            process.send(Encoder("R").i64(-1).u8(1).u32(len(self.owned)).entries([]).frame())
+            process.send(
+                Encoder("R").i64(-1).u8(STEP_DEPENDENT).u32(len(self.owned)).entries([]).frame()
+            )
             self._release_ready()
             self._cut_if_nothing_else_can_come()
         try:

@@ -6,7 +6,8 @@ byte is the frame's kind.  Fields are little-endian: ``u8``, ``u32``, ``i64``;
 its items.  The program reads them in ``engine/common.cc`` (``Decoder``) and the
 role's file.  ``PROTOCOL_VERSION`` is checked by the program in each set-up
 frame; bump it with any change below.  History: 1, the first; 2, the server's set-up
-lists its memory cgroups.
+lists its memory cgroups; 3, samples say whether the window held their call; 4, a step
+may be cycled (``R``'s mode 2).
 
 Server (``tfgb-engine serve``), Python to program:
 
@@ -34,7 +35,10 @@ Client (``tfgb-engine client``), Python to program:
   i64, response bytes i64, server window u32 (``NO_LIMIT``: none), buffers
   (list of i64), content i64, tensor name str, padding i64: the last four are
   what a serialized request is made of);
-* ``R`` a step: stop at ns i64 (-1: none), dependent u8, expected u32 (dependent:
+* ``R`` a step: stop at ns i64 (-1: none), mode u8 (``STEP_ORDERED`` 0: the
+  order's calls once; ``STEP_DEPENDENT`` 1: released by ``D`` frames;
+  ``STEP_CYCLED`` 2: the order's calls again, whole, each time they have all
+  completed, until the stop time, one ``F`` for all), expected u32 (dependent:
   how many calls will be released), order (list of tag u32, call u32, release
   ns i64 (-1: now)): the calls in issue order, empty when dependent;
 * ``D`` releases (dependent steps): list of tag u32, call u32, release ns i64;
@@ -66,7 +70,9 @@ import grpc
 from tf_grpc_bench.errors import TransportError
 from tf_grpc_bench.replay.transport.wire import failure_message
 
-PROTOCOL_VERSION = 3
+PROTOCOL_VERSION = 4
+#: ``R`` frames' modes.
+STEP_ORDERED, STEP_DEPENDENT, STEP_CYCLED = 0, 1, 2
 #: A call without a window of its own towards its server.
 NO_LIMIT = 0xFFFFFFFF
 

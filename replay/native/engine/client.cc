@@ -185,10 +185,17 @@ struct Target {
   int64_t in_flight = 0;
 };
 
+// How a step's calls are given (the R frame's mode byte).
+enum class StepMode : uint8_t { kOrdered = 0, kDependent = 1, kCycled = 2 };
+
 // One step's calls: given in order, or released one by one (dependencies pacing).
+// A cycled step is an ordered one replayed again, whole, each time its calls have
+// all completed, until its stop time: what Python's loop does with a synthetic
+// workload's one step, without a frame each way between cycles.
 struct StepState {
   bool active = false;
   bool dependent = false;
+  bool cycled = false;
   int64_t stop_at_ns = -1;
   uint32_t expected = 0;
   struct Entry {
@@ -466,6 +473,7 @@ bool Engine::StepDone() const {
   if (!step_.active || in_flight_ > 0) return false;
   if (step_.stopping || !step_.error.empty()) return true;
   if (step_.dependent) return step_.issued >= step_.expected;
+  if (step_.cycled) return false;  // ends when its stop time stops it (Pump)
   return step_.position >= step_.order.size();
 }
 
@@ -501,6 +509,16 @@ void Engine::CompletedLocked(uint32_t tag, uint32_t id, int64_t start_ns, int64_
         {tag, start_ns, end_ns, release_ns, static_cast<uint8_t>(step_.held.count(tag))});
     if (step_.dependent) step_.arrivals.emplace_back(tag, end_ns);
   }
+  if (step_.cycled && in_flight_ == 0 && step_.position >= step_.order.size()) {
+    // The cycle's calls have all completed: the next begins (Pump checks the stop time
+    // before its first call, as Python's loop checks it before each step).
+    step_.position = 0;
+    step_.position_checked = false;
+    // The window's holds begin again, as they do with each step Python gives.
+    step_.refused = false;
+    step_.last_completion_ns = step_.held_until_ns = -1;
+    step_.held.clear();
+  }
   Pump();
   WakeTimerIfSooner();
 }
@@ -523,7 +541,7 @@ void Engine::Flush() {
     }
     if (StepDone()) {
       Encoder frame('F');
-      frame.U32(step_.dependent ? step_.issued : step_.position);
+      frame.U32(step_.dependent || step_.cycled ? step_.issued : step_.position);
       frame.Str(step_.error);
       frame.U32(step_.samples.size());
       for (const Sample& sample : step_.samples) {
@@ -600,7 +618,9 @@ void Engine::Apply(const std::string& frame) {
     step_ = StepState();
     step_.active = true;
     step_.stop_at_ns = in.I64();
-    step_.dependent = in.U8() != 0;
+    uint8_t mode = in.U8();
+    if (mode > static_cast<uint8_t>(StepMode::kCycled)) throw ProtocolError("unknown step mode");
+    step_.dependent = mode == static_cast<uint8_t>(StepMode::kDependent);
     step_.expected = in.U32();
     step_.order.resize(in.U32());
     for (auto& entry : step_.order) {
@@ -609,6 +629,9 @@ void Engine::Apply(const std::string& frame) {
       entry.release_ns = in.I64();
       if (entry.call >= config_.calls.size()) throw ProtocolError("a step names an unknown call");
     }
+    // Cycled only with calls and a stop time, else it would never end.
+    step_.cycled = mode == static_cast<uint8_t>(StepMode::kCycled) && !step_.order.empty() &&
+                   step_.stop_at_ns >= 0;
   } else if (in.kind() == 'D') {
     uint32_t count = in.U32();
     for (uint32_t i = 0; i < count; ++i) {
