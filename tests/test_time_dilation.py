@@ -292,8 +292,14 @@ def test_automatic_dilation_replays_until_the_step_stops_moving(
     assert replayed == [1.0, 2.0, 4.0, 8.0]
     assert outcome.time_dilation == 8.0
     assert outcome.tried == ((1.0, 10.0), (2.0, 9.0), (4.0, 8.2))
-    assert lines[0].startswith("1gbit: at time dilation 1 the replay predicted a 10.000 s step")
-    assert lines[0].endswith("replaying again at time dilation 2 (does the step depend on the "
+    # One run per replay: said once, before the first progress line.
+    assert lines[0] == (
+        "1gbit: one run per replay: no spread over runs is measured, 5% of the step stands "
+        "in for it (--runs 3 or more measures it)"
+    )
+    assert sum("one run per replay" in line for line in lines) == 1
+    assert lines[1].startswith("1gbit: at time dilation 1 the replay predicted a 10.000 s step")
+    assert lines[1].endswith("replaying again at time dilation 2 (does the step depend on the "
                              "replay's own speed?)")  # fmt: skip
     line = compare._dilation_line(outcome)
     assert "(predicted before: 10.000 s at 1, 9.000 s at 2, 8.200 s at 4); " in line
@@ -361,17 +367,17 @@ def test_automatic_dilation_predicts_the_limit_of_the_replays_that_left_the_mach
     assert lines[-1].startswith("1gbit: the dilated replays differ by more than their spread; "
                                 "the step's limit as the dilation grows")  # fmt: skip
     assert compare._dilation_line(outcome).endswith("S = 4.000 s (c = 1.200 s), the prediction")
-    # A replay that kept half the cores busy while it communicated waited for cores: no
-    # point of S + c/K (1.0 of 2 cores here, not bound by them).  The two left (K = 4
-    # and 8) differ by less than 5%: no fit, the last of them.
-    busy = {1.0: 1.9, 2.0: 1.0, 4.0: 0.5, 8.0: 0.5}
+    # A replay bound by its own processes (1.5 of 2 cores at K = 2) waited for cores: no
+    # point of S + c/K.  The two left (K = 4 and 8) differ by less than 5%: no fit, the
+    # last of them.  Half the cores busy while communicating (1.0 here) is no verdict.
+    busy = {1.0: 1.9, 2.0: 1.5, 4.0: 0.5, 8.0: 1.0}
     bound_steps = {**steps, 2.0: 5.5}
     outcome, replayed, _ = _automatic(monkeypatch, tmp_path, bound_steps, cores=busy)
     assert replayed == [1.0, 2.0, 4.0, 8.0] and outcome.limit is None
     assert outcome.predicted_step_s == pytest.approx(4.15)
     assert [r.busy for r in outcome.replays] == [True, True, False, False]
-    # A flat step behind a busy K = 2: dilated once more, to a replay that left the
-    # machine idle; every dilated step is within 5% of the undilated one, which stands.
+    # A flat step behind a bound K = 2: dilated once more, to a replay not bound; every
+    # dilated step is within 5% of the undilated one, which stands.
     flat = {1.0: 3.0, 2.0: 3.0, 4.0: 3.0, 8.0: 3.0, 16.0: 3.0}
     outcome, replayed, _ = _automatic(
         monkeypatch, tmp_path, flat, cores={1.0: 0.5, 2.0: 1.9, 4.0: 0.5, 8.0: 0.5}
@@ -379,7 +385,7 @@ def test_automatic_dilation_predicts_the_limit_of_the_replays_that_left_the_mach
     assert replayed == [1.0, 2.0, 4.0]
     assert outcome.limit is None and outcome.predicted_step_s == 3.0
     assert outcome.decision is not None and "the undilated 3.000 s" in outcome.decision.basis
-    # Busy up to the cap: the one replay that left the machine idle, K = 16.
+    # Bound up to the cap: the one replay not bound, K = 16.
     outcome, replayed, _ = _automatic(
         monkeypatch, tmp_path, flat, cores={1.0: 1.9, 2.0: 1.9, 4.0: 1.9, 8.0: 1.9, 16.0: 0.5}
     )
@@ -461,7 +467,7 @@ def test_a_replay_bound_by_its_own_cpu_is_still_dilated_and_its_limit_fitted(
     outcome, replayed, _ = _automatic(monkeypatch, tmp_path, flat, cores={1.0: 1.8, 2.0: 0.5})
     assert replayed == [1.0, 2.0]
     assert outcome.decision is not None and outcome.decision.basis.startswith(
-        "the replays that left their machine idle agree"
+        "the replays their own processes did not bind agree"
     )
 
 
@@ -474,6 +480,9 @@ def test_the_dilation_decision_reads_spreads_and_verdicts() -> None:
     assert not within_spread([replay(1, 6.8, 0.1), replay(2, 7.04, 0.2)])
     assert within_spread([replay(1, 10.0, None), replay(2, 10.5, None)])
     assert not within_spread([replay(1, 10.0, None), replay(2, 10.51, None)])
+    # Runs that agree to the microsecond (a step of compute): at least 1% of the step.
+    assert within_spread([replay(1, 0.0410, 0.00001), replay(2, 0.0414, 0.0)])
+    assert not within_spread([replay(1, 0.0410, 0.00001), replay(2, 0.0415, 0.0)])
     # Settled: two replays, within spread, the last one idle.
     assert not settled([replay(1, 6.8, 0.5)])
     assert settled([replay(1, 6.8, 0.5), replay(2, 7.0, 0.5)])
@@ -491,7 +500,9 @@ def test_the_dilation_decision_reads_spreads_and_verdicts() -> None:
     )
     assert agreed is not None and agreed.limit is None and agreed.step_s == 5.5
     busy = dilated_prediction([replay(1, 9.0, None, busy=True), replay(2, 8.0, None, busy=True)])
-    assert busy is not None and busy.step_s == 8.0 and busy.basis.startswith("every replay")
+    assert (
+        busy is not None and busy.step_s == 8.0 and busy.basis.startswith("every replay was bound")
+    )
     assert dilated_prediction([]) is None
 
 

@@ -38,7 +38,12 @@ from tf_grpc_bench import lifetime
 from tf_grpc_bench.errors import ResultError
 from tf_grpc_bench.netns import emulated, links, namespaces
 from tf_grpc_bench.replay.core.benchmarks import step_benchmark
-from tf_grpc_bench.replay.network.dilation import DilatedPrediction, DilatedReplay, settled
+from tf_grpc_bench.replay.network.dilation import (
+    CONVERGED_STEP_CHANGE,
+    DilatedPrediction,
+    DilatedReplay,
+    settled,
+)
 from tf_grpc_bench.replay.network.dilation import DilationLimit as DilationLimit
 from tf_grpc_bench.replay.network.dilation import dilated_prediction as dilated_prediction
 from tf_grpc_bench.replay.network.dilation import dilation_limit as dilation_limit
@@ -220,8 +225,8 @@ def _busy(document: results.ResultDocument | None) -> str:
 def replay_point(dilation: float, document: results.ResultDocument | None) -> DilatedReplay | None:
     """The replay at ``dilation`` that wrote ``document``, for automatic dilation: its
     predicted step, the range of its runs' median steps (None with fewer than two runs
-    with steps) and whether it kept its machine busy (``cpu_busy``); None when it
-    predicts no step."""
+    with steps) and whether its own processes bound it (``replay_bound``: their CPU or
+    their lateness); None when it predicts no step."""
     prediction = _prediction(document)
     if prediction is None or document is None or prediction["step_ns"] is None:
         return None
@@ -231,7 +236,7 @@ def replay_point(dilation: float, document: results.ResultDocument | None) -> Di
         time_dilation=dilation,
         step_s=float(prediction["step_ns"]) / 1e9,
         spread_s=(max(per_run) - min(per_run)) / 1e9 if len(per_run) >= 2 else None,
-        busy=cpu_busy(document),
+        busy=bool(prediction["replay_bound"]),
     )
 
 
@@ -255,6 +260,12 @@ def _replay_profile(
         point = replay_point(dilation, outcome.document)
         if point is not None:
             replays.append(point)
+            if point.spread_s is None and len(replays) == 1 and config.dilatable:
+                on_line(
+                    f"{profile.name}: one run per replay: no spread over runs is measured, "
+                    f"{100 * CONVERGED_STEP_CHANGE:g}% of the step stands in for it (--runs 3 "
+                    "or more measures it)"
+                )
         following = next_dilation(outcome.document, dilation)
         if following is None or settled(replays):
             break
@@ -540,7 +551,7 @@ def comparison_json(
         "format": "tf-grpc-bench network comparison",
         # 1: first version; 2 (2026-12): each profile gains delay_ns, jitter_ns, loss
         # and relay_behind; 3 (2026-12): each replay gains spread_s (the range of its
-        # runs' median steps) and busy (cpu_busy), each profile prediction_basis.
+        # runs' median steps) and busy (its replay_bound), each profile prediction_basis.
         "format_version": 3,
         "interrupted": None if interrupted is None else lifetime.signal_name(interrupted),
         "profiles": [profile_json(o) for o in outcomes],

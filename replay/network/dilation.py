@@ -66,20 +66,24 @@ def dilation_limit(points: Sequence[tuple[float, float]]) -> DilationLimit | Non
 #: Without a spread (a replay of one run), two replays' steps within this share of the
 #: earlier one's are taken to be the same.
 CONVERGED_STEP_CHANGE = 0.05
+#: The least tolerance, as a share of the first step: runs that agree to the microsecond
+#: (a step of compute) would otherwise make differences no prediction resolves count
+#: (the aim is 5% of training's step).
+MIN_STEP_TOLERANCE = 0.01
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class DilatedReplay:
     """One replay of automatic dilation: its dilation, the step it predicts, how much
-    that step moved between its runs, and whether its own processes kept the machine busy."""
+    that step moved between its runs, and whether its own processes bound it."""
 
     time_dilation: float
     step_s: float
     #: The range (largest less smallest) of its runs' median steps; None with one run.
     spread_s: float | None
-    #: The replay's own processes kept the machine busy (``compare.cpu_busy``: bound by
-    #: them, ``prediction.replay_bound_verdict``, or half the cores while it communicated):
-    #: its step may hold the replay's waits for cores, not only the link.
+    #: The replay's own processes bound it (``prediction.replay_bound_verdict``: their
+    #: CPU, or the lateness of the calls the window did not hold): its step may hold the
+    #: replay's own waits, not only the link.
     busy: bool
 
     def describe(self) -> str:
@@ -89,9 +93,11 @@ class DilatedReplay:
 
 def tolerance_s(replays: Sequence[DilatedReplay]) -> float:
     """How far apart ``replays``' steps may be and still be the same step: the largest
-    of their spreads, or ``CONVERGED_STEP_CHANGE`` of the first step where none has one."""
+    of their spreads, at least ``MIN_STEP_TOLERANCE`` of the first step, or
+    ``CONVERGED_STEP_CHANGE`` of it where none has a spread."""
     spreads = [r.spread_s for r in replays if r.spread_s is not None]
-    return max(spreads) if spreads else CONVERGED_STEP_CHANGE * replays[0].step_s
+    first = replays[0].step_s
+    return max(*spreads, MIN_STEP_TOLERANCE * first) if spreads else CONVERGED_STEP_CHANGE * first
 
 
 def within_spread(replays: Sequence[DilatedReplay]) -> bool:
@@ -102,8 +108,8 @@ def within_spread(replays: Sequence[DilatedReplay]) -> bool:
 
 def settled(replays: Sequence[DilatedReplay]) -> bool:
     """Whether automatic dilation stops after ``replays`` (in the order replayed): the
-    last two differ by no more than their spread and the last did not keep its machine
-    busy, so one more dilation would not change the answer."""
+    last two differ by no more than their spread and the last was not bound by its own
+    processes, so one more dilation would not change the answer."""
     return len(replays) >= 2 and not replays[-1].busy and within_spread(replays[-2:])
 
 
@@ -122,10 +128,10 @@ def dilated_prediction(replays: Sequence[DilatedReplay]) -> DilatedPrediction | 
     """The step predicted by automatic dilation's ``replays`` (in the order replayed),
     None without any.
 
-    The undilated replay's step when it did not keep its machine busy and every
+    The undilated replay's step when its own processes did not bind it and every
     dilated replay is within the spread of it (the step did not depend on the
-    replay's speed); else, through the dilated replays that did not keep their
-    machine busy, ``S + c/K``
+    replay's speed); else, through the dilated replays their own processes did not
+    bind, ``S + c/K``
     (``dilation_limit``) when they differ by more than their spread, else the last of
     them; else the last replay's step.
     """
@@ -151,7 +157,11 @@ def dilated_prediction(replays: Sequence[DilatedReplay]) -> DilatedPrediction | 
             limit=limit,
         )
     last = unbound[-1] if unbound else replays[-1]
-    why = "the replays that left their machine idle agree" if unbound else "every replay was busy"
+    why = (
+        "the replays their own processes did not bind agree"
+        if unbound
+        else "every replay was bound"
+    )
     return DilatedPrediction(
         step_s=last.step_s,
         basis=f"{why} ({_listed(replays)}): {last.step_s:.3f} s at {last.time_dilation:g} "
@@ -160,4 +170,4 @@ def dilated_prediction(replays: Sequence[DilatedReplay]) -> DilatedPrediction | 
 
 
 def _listed(replays: Sequence[DilatedReplay]) -> str:
-    return ", ".join(r.describe() + (" busy" if r.busy else "") for r in replays)
+    return ", ".join(r.describe() + (" bound" if r.busy else "") for r in replays)
