@@ -327,3 +327,17 @@ def test_a_client_inside_a_delayed_host_records_the_link_and_its_relay() -> None
     assert forward["packets"] >= 40 and backward["packets"] >= 40
     assert sum(count for _, count in forward["late_histogram"]) == forward["packets"]
     assert forward["late_p50_ns"] <= forward["late_p99_ns"] <= forward["late_max_ns"]
+
+
+def test_a_delay_below_the_relays_own_cost_is_reported_not_attainable() -> None:
+    with emulated.EmulatedNetwork(
+        hosts=2, profile=links.parse_profile("unlimited:delay=1ns")
+    ) as network:
+        cost = network.compensation_ns
+        # A relay always costs more than a nanosecond: its wake-up, copies and writes.
+        assert cost > 1
+        assert network.unattainable().startswith("a one-way delay of 1ns is not attainable")
+    stats = network.relay_stats["h0-h1"]
+    assert [d.compensation_ns for d in stats.directions] == [cost, cost]
+    assert not any(d.attainable for d in stats.directions)
+    assert stats.behind().count("is not attainable: the relay itself takes") == 2

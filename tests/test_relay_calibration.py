@@ -51,7 +51,7 @@ def test_a_delay_below_the_relays_cost_is_reported_not_attainable() -> None:
     assert calibration.unattainable(92_000, 92_000) == ""
     assert calibration.unattainable(0, 92_000) == ""  # no delay asked: no relay either
     assert calibration.unattainable(50_000, 92_000) == (
-        "a one-way delay of 50.0 us is not attainable: the relay itself takes 92.0 us; "
+        "a one-way delay of 50us is not attainable: the relay itself takes 92us; "
         "packets leave as they arrive"
     )
 

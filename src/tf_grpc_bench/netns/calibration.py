@@ -34,7 +34,7 @@ from typing import Protocol
 
 from tf_grpc_bench import lifetime
 from tf_grpc_bench.errors import NetworkError
-from tf_grpc_bench.netns.links import LinkProfile
+from tf_grpc_bench.netns.links import LinkProfile, format_duration
 from tf_grpc_bench.netns.topology import Host
 
 #: Pings of each kind (relay, veth), at most: fewer on a long delay, so that the
@@ -135,8 +135,8 @@ def unattainable(delay_ns: int, compensation: int) -> str:
     if delay_ns == 0 or delay_ns >= compensation:
         return ""
     return (
-        f"a one-way delay of {delay_ns / 1000:.1f} us is not attainable: the relay itself "
-        f"takes {compensation / 1000:.1f} us; packets leave as they arrive"
+        f"a one-way delay of {format_duration(delay_ns)} is not attainable: the relay "
+        f"itself takes {format_duration(compensation)}; packets leave as they arrive"
     )
 
 

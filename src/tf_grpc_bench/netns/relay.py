@@ -37,6 +37,7 @@ from pathlib import Path
 from tf_grpc_bench import lifetime
 from tf_grpc_bench.errors import NetworkError
 from tf_grpc_bench.native import NativeSource, build
+from tf_grpc_bench.netns.links import format_duration
 from tf_grpc_bench.netns.topology import RelayPlan
 
 RELAY = NativeSource(
@@ -179,8 +180,8 @@ class DirectionStats:
         reasons = []
         if not self.attainable:
             reasons.append(
-                f"a delay of {self.delay_ns / 1000:.1f} us is not attainable: the relay "
-                f"itself takes {self.compensation_ns / 1000:.1f} us"
+                f"a delay of {format_duration(self.delay_ns)} is not attainable: the relay "
+                f"itself takes {format_duration(self.compensation_ns)}"
             )
         p99 = self.late_percentile_ns(0.99)
         if self.packets and p99 > self.tolerance_ns:
