@@ -8,7 +8,7 @@ samples as a frame.
 - ``samples.csv``: every completed call of every measured run: ``benchmark``
   (the run's label), ``run_index``, the raw sample columns of the document
   (``start_ns``, ``latency_ns``, bytes, ``server_index``, ``worker_index``,
-  ``step``, ``release_lag_ns``, ``rpc_index``), its ``size_class``, and, for
+  ``step``, ``release_lag_ns``, ``rpc_index``, ``window_held``), its ``size_class``, and, for
   trace replays whose trace is at hand, the replayed RPC: ``method``,
   ``tensor``, ``trace_caller``, ``trace_callee``;
 - ``runs.csv``: one row per measured run (duration, CPU, what the servers
