@@ -7,7 +7,7 @@ its items.  The program reads them in ``engine/common.cc`` (``Decoder``) and the
 role's file.  ``PROTOCOL_VERSION`` is checked by the program in each set-up
 frame; bump it with any change below.  History: 1, the first; 2, the server's set-up
 lists its memory cgroups; 3, samples say whether the window held their call; 4, a step
-may be cycled (``R``'s mode 2).
+may be cycled (``R``'s mode 2); 5, the server keeps freed memory.
 
 Server (``tfgb-engine serve``), Python to program:
 
@@ -17,7 +17,9 @@ Server (``tfgb-engine serve``), Python to program:
   str ("" each: no TLS), max response i64 (-1: the send limit), send limit
   i64, has token u8, token str, max sessions u32, threads u32, memory
   cgroups (count u32, then each: folder str, cgroup version u8, name str;
-  ``host.memory_cgroups``);
+  ``host.memory_cgroups``), kept allocations i64 (``ServerSettings.keep_freed_memory``:
+  allocations up to this many bytes come from malloc's heap, which keeps what is freed,
+  as ``wire.keep_freed_memory`` makes a grpcio server's; 0: the C library's defaults);
 * ``B`` the other processes serving the same port: list of addresses (str);
 * ``Q`` stop (so does the pipe closing, and SIGTERM).
 
@@ -70,7 +72,7 @@ import grpc
 from tf_grpc_bench.errors import TransportError
 from tf_grpc_bench.replay.transport.wire import failure_message
 
-PROTOCOL_VERSION = 4
+PROTOCOL_VERSION = 5
 #: ``R`` frames' modes.
 STEP_ORDERED, STEP_DEPENDENT, STEP_CYCLED = 0, 1, 2
 #: A call without a window of its own towards its server.

@@ -19,7 +19,7 @@ from tf_grpc_bench.replay.core.workload import Mode
 from tf_grpc_bench.replay.native.process import EngineProcess
 from tf_grpc_bench.replay.native.protocol import PROTOCOL_VERSION, Encoder, unique_options
 from tf_grpc_bench.replay.transport.server import check_port_available, dial_address
-from tf_grpc_bench.replay.transport.wire import ServerSettings
+from tf_grpc_bench.replay.transport.wire import KEPT_ALLOCATION_BYTES, ServerSettings
 
 #: How long a server program has to stop (SIGTERM) before it is killed.
 STOP_GRACE_S = 5.0
@@ -64,6 +64,7 @@ def setup_frame(
     )
     for folder, version, name in cgroups:
         frame.text(folder).u8(version).text(name)
+    frame.i64(KEPT_ALLOCATION_BYTES if settings.keep_freed_memory else 0)
     return frame.frame()
 
 

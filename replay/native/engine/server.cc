@@ -10,6 +10,7 @@
 
 #include <grpcpp/generic/async_generic_service.h>
 #include <grpcpp/generic/generic_stub.h>
+#include <malloc.h>
 #include <signal.h>
 #include <unistd.h>
 
@@ -17,6 +18,7 @@
 #include <atomic>
 #include <condition_variable>
 #include <cstring>
+#include <limits>
 #include <map>
 #include <shared_mutex>
 #include <sstream>
@@ -49,6 +51,8 @@ struct Config {
   uint32_t threads = 1;
   // The memory cgroups the server is in (memory.h).
   std::vector<RoomSource> rooms;
+  // Allocations up to this many bytes come from malloc's heap (0: glibc's defaults).
+  int64_t kept_allocation_bytes = 0;
 };
 
 Config ReadConfig(const std::string& body) {
@@ -78,6 +82,7 @@ Config ReadConfig(const std::string& body) {
     source.name = in.Str();
     config.rooms.push_back(std::move(source));
   }
+  config.kept_allocation_bytes = in.I64();
   return config;
 }
 
@@ -722,6 +727,18 @@ void Poll(grpc::ServerCompletionQueue* cq) {
   while (cq->Next(&tag, &ok)) static_cast<ServerCall*>(tag)->Proceed(ok);
 }
 
+// gRPC reads each received message into buffers from malloc; with glibc's defaults a
+// buffer past 128 KiB is a fresh mapping (or the heap's top is given back when it is
+// freed), so every large message costs its size in page faults and zeroing.  Raised
+// thresholds keep freed buffers for the next message, as a grpcio server process keeps
+// them (wire.keep_freed_memory, the same sizes).
+void KeepFreedMemory(int64_t bytes) {
+  if (bytes <= 0) return;
+  int kept = static_cast<int>(std::min<int64_t>(bytes, std::numeric_limits<int>::max() / 2));
+  mallopt(M_MMAP_THRESHOLD, kept);
+  mallopt(M_TRIM_THRESHOLD, 2 * kept);
+}
+
 void WriteError(const std::string& message) {
   Encoder out('E');
   out.Str(message);
@@ -798,6 +815,7 @@ int RunServer() {
   std::string body;
   if (!ReadFrame(0, &body)) return 0;
   Replay replay(ReadConfig(body));
+  KeepFreedMemory(replay.config.kept_allocation_bytes);
   grpc::AsyncGenericService service;
   std::vector<std::unique_ptr<grpc::ServerCompletionQueue>> queues;
   std::unique_ptr<grpc::Server> server = Start(&replay, &service, &queues);
