@@ -7,8 +7,10 @@ Measures, one after the other on 127.0.0.1:
    caps messages just under 1 MiB) and a small blocking-socket ping-pong of our
    own with TCP_NODELAY (10 B, 10 KiB, 1 MiB);
 3. gRPC's own floors: a bare grpcio echo and push (Python), and gRPC C++'s bare
-   generic-API echo (``grpc_cpp_echo.cc``, built on first use with the system's
-   gRPC C++; left out, said so, where there is none);
+   generic-API echo and push, streamed and unary (``grpc_cpp_echo.cc``, built on
+   first use with the system's gRPC C++; left out, said so, where there is none):
+   what gRPC C++ itself reaches with the replay's call pattern, to tell its own
+   share of a gap to iperf3 from the engine's;
 4. our replay with each engine (grpcio, and grpc-cpp where it builds), through
    the library the ``replay`` command uses: P2P bandwidth with 1 MiB and 10 MiB
    messages, P2P latency with 10 B, 10 KiB and 1 MiB messages (one buffer per
@@ -436,6 +438,30 @@ def measure_bare_grpc_cpp(sizes: Sequence[int], seconds: float) -> list[RoundTri
     return trips
 
 
+#: gRPC C++'s bare push (``grpc_cpp_floor.push_bandwidth``): (tool, streamed), and the
+#: grpc-cpp replay row each is the floor of (the default streams, one message at a time).
+BARE_PUSHES: tuple[tuple[str, bool, str], ...] = (
+    ("bare gRPC C++ push, streamed", True, "replay"),
+    ("bare gRPC C++ push, unary", False, "replay, unary"),
+)
+
+
+def measure_bare_grpc_cpp_push(sizes: Sequence[int], seconds: float) -> list[Bandwidth]:
+    """gRPC C++'s bare push (``grpc_cpp_floor``), streamed and unary, one size at a time."""
+    from grpc_cpp_floor import push_bandwidth
+
+    return [
+        Bandwidth(
+            tool=tool,
+            size_bytes=size,
+            pass_index=1,
+            mb_per_s=push_bandwidth(size, seconds, streamed=streamed)[0],
+        )
+        for size in sizes
+        for tool, streamed, _ in BARE_PUSHES
+    ]
+
+
 def _note_partial(figures: Figures, result: Any, what: str) -> None:
     if result.partial:
         reason = next((run.partial_reason for run in result.runs if run.partial), "")
@@ -472,6 +498,15 @@ def ratios(figures: Figures) -> list[tuple[str, float]]:
                 if iperf and replay:
                     what = f"{tool} bandwidth {size_name(size)} / iperf3"
                     found.append((what, replay.mb_per_s / iperf.mb_per_s))
+            for tool, _, variant in BARE_PUSHES if engine == "grpc-cpp" else ():
+                floor = figures.best_bandwidth(tool, size)
+                replay = figures.best_bandwidth(replay_tool(engine, variant), size)
+                if floor and iperf:
+                    what = f"{tool} bandwidth {size_name(size)} / iperf3"
+                    found.append((what, floor.mb_per_s / iperf.mb_per_s))
+                if floor and replay:
+                    what = f"{replay.tool} bandwidth {size_name(size)} / {tool}"
+                    found.append((what, replay.mb_per_s / floor.mb_per_s))
             bare = figures.best_bandwidth("bare grpcio", size)
             replay = figures.best_bandwidth(replay_tool(engine, "replay"), size)
             if bare and replay and engine == "grpcio":
@@ -621,6 +656,14 @@ def native_findings(figures: Figures) -> list[str]:
                 f"1 MiB bandwidth, {engine} engine: best {best.mb_per_s:,.0f} MB/s ({best.tool}) "
                 f"= {ratio:.2f} of iperf3's; {verdict} the target of at least 0.8."
             )
+    floors = [figures.best_bandwidth(tool, MIB) for tool, _, _ in BARE_PUSHES]
+    floor = max((f for f in floors if f is not None), key=lambda f: f.mb_per_s, default=None)
+    if iperf and floor:
+        lines.append(
+            f"gRPC C++'s own bare push of 1 MiB, one at a time: best {floor.mb_per_s:,.0f} MB/s "
+            f"({floor.tool}) = {floor.mb_per_s / iperf.mb_per_s:.2f} of iperf3's, the most "
+            "the gRPC C++ engine can reach with that call pattern."
+        )
     return lines
 
 
@@ -727,6 +770,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             "bare gRPC C++",
             lambda: figures.round_trips.extend(
                 measure_bare_grpc_cpp(ROUND_TRIP_SIZES, args.seconds)
+            ),
+        )
+        _attempt(
+            figures,
+            "bare gRPC C++ push",
+            lambda: figures.bandwidth.extend(
+                measure_bare_grpc_cpp_push(BANDWIDTH_SIZES, args.seconds)
             ),
         )
         for engine in ENGINES:
