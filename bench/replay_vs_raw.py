@@ -344,7 +344,10 @@ def measure_replay(seconds: float, runs: int, figures: Figures, engine_name: str
     server in its own process), ``synthetic_workload`` and ``run_benchmark``
     with the RPC kind and window the ``replay`` command defaults to (or the
     variant's), non-serialized mode; one buffer per payload so every message is
-    exactly the size in the table.
+    exactly the size in the table, and the command's default number of payloads
+    (``GeneratorConfig.payload_count``), all of that size: a window is held within a
+    step (whose calls all complete before the next step begins), so with one payload
+    per step a row of 4 in flight would have had one.
     """
     from tf_grpc_bench.replay.core.benchmarks import synthetic_workload
     from tf_grpc_bench.replay.core.generators import BufferSizes, GeneratorConfig
@@ -362,7 +365,6 @@ def measure_replay(seconds: float, runs: int, figures: Figures, engine_name: str
         return GeneratorConfig(
             categories=(category,),
             buffers_per_payload=1,
-            payload_count=1,
             sizes=BufferSizes(**sizes),
         )
 
