@@ -663,8 +663,8 @@ def native_findings(figures: Figures) -> list[str]:
     if iperf and floor:
         lines.append(
             f"gRPC C++'s own bare push of 1 MiB, one at a time: best {floor.mb_per_s:,.0f} MB/s "
-            f"({floor.tool}) = {floor.mb_per_s / iperf.mb_per_s:.2f} of iperf3's, the most "
-            "the gRPC C++ engine can reach with that call pattern."
+            f"({floor.tool}) = {floor.mb_per_s / iperf.mb_per_s:.2f} of iperf3's: what gRPC C++ "
+            "itself reaches with the replay's one-at-a-time pattern, without the engine."
         )
     return lines
 
