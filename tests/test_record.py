@@ -31,7 +31,7 @@ from tf_grpc_bench.profiler.assembly.clocks import (
     estimate_offsets,
 )
 from tf_grpc_bench.profiler.assembly.phases import assemble_trace
-from tf_grpc_bench.profiler.assembly.variables import derive_variables
+from tf_grpc_bench.profiler.assembly.variables import derive_variables, encode_keys, parameter_count
 from tf_grpc_bench.profiler.launch.hosts import NetworkRequest, emulated_hosts
 from tf_grpc_bench.profiler.launch.identity import (
     TaskIdentity,
@@ -43,7 +43,16 @@ from tf_grpc_bench.profiler.launch.user_job import UserJob
 from tf_grpc_bench.profiler.physics import check_physics, decode_variables
 from tf_grpc_bench.profiler.record import STOP_GRACE_S, read_task_record
 from tf_grpc_bench.profiler.recorders.wiretap import TapRecorder
-from tf_grpc_bench.trace import RECV_TENSOR, Rpc, RunMetadata, Step, Task, TensorInfo, Trace
+from tf_grpc_bench.trace import (
+    RECV_BUF,
+    RECV_TENSOR,
+    Rpc,
+    RunMetadata,
+    Step,
+    Task,
+    TensorInfo,
+    Trace,
+)
 
 CLI = str(Path(sys.executable).parent / "tf-grpc-bench")
 SCRIPT = Path(__file__).parent / "data" / "user_train_ps.py"
@@ -225,6 +234,56 @@ def test_the_variables_are_what_a_worker_step_pulled_from_ps_and_pushed_back() -
     ]  # fmt: skip
     assert derive_variables(steps[:1], tasks) == [("float32", (3, 4))]
     assert derive_variables([], tasks) == []
+
+
+def test_the_variables_are_counted_by_their_own_dtype_and_only_from_tensor_pulls() -> None:
+    tasks = (Task(job="worker", index=0), Task(job="ps", index=0), Task(job="worker", index=1))
+    recv_buf_tensor = TensorInfo(rendezvous_key="k", dtype="float64", shape=(7,), content_bytes=56)
+    step = (
+        _pull(0, 1, "float32_ref", (5,), 20),  # a reference variable's weights down
+        _pull(1, 0, "float32", (5,), 20),  # its gradient up, without the suffix
+        _pull(0, 1, "float64", (7,), 56),  # back as a RecvBuf, which is no RecvTensor pull
+        Rpc(
+            method=RECV_BUF,
+            caller_task=1,
+            callee_task=0,
+            request_bytes=50,
+            response_bytes=38,
+            tensor=recv_buf_tensor,
+        ),
+        _pull(0, 1, "float32", (3,), 12),  # back as a call whose tensor was not decoded
+        Rpc(method=RECV_TENSOR, caller_task=1, callee_task=0, request_bytes=50, response_bytes=9),
+        _pull(0, 2, "float32", (2,), 8),  # between workers: no ps involved
+        _pull(2, 0, "float32", (2,), 8),
+        _pull(0, 1, "bfloat16", (6,), 12),
+        _pull(1, 0, "bfloat16", (6,), 12),
+    )
+    found = derive_variables([Step(index=0, start_ns=0, end_ns=1, rpcs=step)], tasks)
+    assert found == [("float32", (5,)), ("bfloat16", (6,))]
+
+
+def test_of_steps_moving_as_many_variable_bytes_the_first_is_kept() -> None:
+    tasks = (Task(job="ps", index=0), Task(job="worker", index=0))
+    first = (_pull(1, 0, "float32", (4,), 16), _pull(0, 1, "float32", (4,), 16))
+    same_bytes = (_pull(1, 0, "float16", (8,), 16), _pull(0, 1, "float16", (8,), 16))
+    more = (_pull(1, 0, "float64", (3,), 24), _pull(0, 1, "float64", (3,), 24))
+    steps = [
+        Step(index=index, start_ns=index, end_ns=index + 1, rpcs=rpcs)
+        for index, rpcs in enumerate((first, same_bytes))
+    ]
+    assert derive_variables(steps, tasks) == [("float32", (4,))]
+    steps.append(Step(index=2, start_ns=2, end_ns=3, rpcs=more))
+    assert derive_variables(steps, tasks) == [("float64", (3,))]
+
+
+def test_variables_are_written_as_dtype_and_shape_and_counted_element_by_element() -> None:
+    keys = [("float32", (3, 4)), ("float16", ()), ("float64", (5,)), ("float32", (2, 0, 7))]
+    assert encode_keys(keys) == "float32:3x4;float16:;float64:5;float32:2x0x7"
+    assert encode_keys([]) == ""
+    # 12 + 1 (a scalar) + 5 + 0.
+    assert parameter_count(keys) == 18
+    assert parameter_count([]) == 0
+    assert parameter_count([("float32", (10, 10, 3))]) == 300
 
 
 # --------------------------------------------------------------------------
