@@ -386,6 +386,55 @@ def test_a_late_replay_is_bound_only_by_the_calls_the_window_did_not_hold() -> N
     assert held["replay_bound"] is False and held["unheld_release_lag_p90_ns"] is None
 
 
+def _p90_by_hand(values: list[int]) -> float:
+    ordered = sorted(values)
+    position = 0.9 * (len(ordered) - 1)
+    low = int(position)
+    high = min(low + 1, len(ordered) - 1)
+    return ordered[low] + (position - low) * (ordered[high] - ordered[low])
+
+
+def test_the_bounding_lag_is_the_p90_of_the_calls_the_window_did_not_hold() -> None:
+    document = golden_document()
+    throughput = document.benchmarks[2]
+    counter = iter(range(10**6))
+    runs = []
+    for run in throughput.runs:
+        samples = []
+        for sample in run.samples:
+            number = next(counter)
+            # Every third call held, and 1 s late: the window's, not the replay's lateness.
+            held = number % 3 == 2
+            lag = 10**9 if held else (number * number) % 7919 * 1000
+            samples.append(dataclasses.replace(sample, release_lag_ns=lag, window_held=int(held)))
+        runs.append(dataclasses.replace(run, samples=tuple(samples)))
+    changed = dataclasses.replace(
+        document,
+        benchmarks=(*document.benchmarks[:2], dataclasses.replace(throughput, runs=tuple(runs))),
+    )
+    prediction = json.loads(dumps_document(changed))["benchmarks"][2]["statistics"]["prediction"]
+    unheld = [s.release_lag_ns for run in runs for s in run.samples if not s.window_held]
+    # Distinct lags, so the p90 is neither the p99 nor the largest.
+    assert len(set(unheld)) == len(unheld) >= 5
+    assert prediction["unheld_release_lag_p90_ns"] == pytest.approx(_p90_by_hand(unheld))
+
+
+def test_the_evidence_gives_the_lag_in_ms_and_as_a_share_of_the_step() -> None:
+    bound, evidence = replay_bound_verdict(0.1, 2, None, lag_p90_ns=1e9, step_ns=2e9)
+    assert bound is True
+    assert evidence == (
+        "replay client and server processes used 0.10 of 2 cores; the calls the window did not "
+        "hold went up to 1000.000 ms late (p90, 50.0% of the step) (the replay did not keep up "
+        "with its own plan: the step may be its lateness)"
+    )
+    bound, evidence = replay_bound_verdict(0.1, 2, None, lag_p90_ns=3e6, step_ns=2e9)
+    assert bound is False
+    assert evidence == (
+        "replay client and server processes used 0.10 of 2 cores; the calls the window did not "
+        "hold went up to 3.000 ms late (p90, 0.1% of the step)"
+    )
+
+
 @pytest.mark.parametrize(
     ("replay_cores", "cpu_count", "bound"),
     [(0.0, 0, False), (0.5, 0, False), (0.7, 1, True), (0.69, 1, False), (1.4, 2, True)],
