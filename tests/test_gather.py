@@ -45,6 +45,16 @@ def test_documents_and_failures_are_gathered_and_ps_tasks_learn_the_job_is_done(
         assert gather.wait_until_job_done(address, timeout_s=10, poll_s=0.1) is True
 
 
+def test_a_document_larger_than_grpcs_default_limit_is_gathered() -> None:
+    """A long run's document (a sample per call) passes gRPC's 4 MiB default: a worker's
+    partial results were once refused as RESOURCE_EXHAUSTED at the gatherer."""
+    document = '{"samples": "' + "x" * (6 << 20) + '"}'
+    with gather.GatherServer(bind="127.0.0.1:0", workers=("worker:0",)) as server:
+        gather.submit(f"127.0.0.1:{server.port}", task="worker:0", document=document)
+        documents, failures = server.wait(timeout_s=30)
+    assert documents == {"worker:0": document} and not failures
+
+
 def test_an_unknown_task_is_refused_at_the_barrier() -> None:
     with (
         gather.GatherServer(bind="127.0.0.1:0", workers=WORKERS) as server,

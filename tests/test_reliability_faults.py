@@ -609,12 +609,16 @@ def test_a_whole_step_cluster_stopped_by_its_launcher_leaves_no_server_or_side_c
 ) -> None:
     # A trace with a chief: ps:0 serves and runs its side client (it called ps:1), the
     # chief gathers and makes its calls to the workers, each worker serves a stand-in.
+    # The recorded compute: with the default (auto), each of the five tasks times the model
+    # here first, and five TensorFlow calibrations at once on the suite's empty cache
+    # outlast the minute this waits for calls (for either engine).
     first = _free_port(5)
     chief, ps0, ps1, worker0, worker1 = (f"localhost:{first + i}" for i in range(5))
     cluster = json.dumps({"chief": [chief], "ps": [ps0, ps1], "worker": [worker0, worker1]})
     flags = [
         "--cluster", cluster, "resnet50-tf2ps", "--warmup", "0", "--runs", "2", "--quiet",
         "--output-dir", "out", "--benchmark", "ps-throughput", "--duration", "60",
+        "--compute", "recorded",
     ]  # fmt: skip
     tasks = {
         task: _start(started, "role", "--task", task, *flags, cwd=tmp_path)

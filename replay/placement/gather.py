@@ -37,6 +37,9 @@ SERVICE = "tf_grpc_bench.Gather"
 BARRIER_METHOD = f"/{SERVICE}/Barrier"
 SUBMIT_METHOD = f"/{SERVICE}/Submit"
 STATUS_METHOD = f"/{SERVICE}/Status"
+#: A worker's result document has a sample per call: a long run's passes gRPC's default
+#: limit of 4 MiB on what a server receives, so the gatherer takes one of any size.
+SERVER_OPTIONS: tuple[tuple[str, Any], ...] = (("grpc.max_receive_message_length", -1),)
 
 
 def _identity(data: bytes) -> bytes:
@@ -92,7 +95,8 @@ class GatherServer:
         self._state = _GatherState(workers)
         self._barrier_timeout_s = barrier_timeout_s
         self._server = grpc.server(
-            futures.ThreadPoolExecutor(max_workers=len(workers) + 4), options=list(options)
+            futures.ThreadPoolExecutor(max_workers=len(workers) + 4),
+            options=[*SERVER_OPTIONS, *options],
         )
         handlers = {
             "Barrier": grpc.unary_unary_rpc_method_handler(self._barrier),
