@@ -128,6 +128,10 @@ static int (*real_close)(int);
 static int (*real_dup2)(int, int);
 static int (*real_dup3)(int, int, int);
 
+/* The wrapped call, found on first use: another library's constructor may make one before
+   set_up runs (libgrpc's, probing for eventfd, closes a descriptor as it loads). */
+#define REAL(name) (real_##name ? real_##name : (real_##name = dlsym(RTLD_NEXT, #name)))
+
 /* Per fd: NULL = not looked at yet, IGNORED = not ours, else the connection. */
 #define IGNORED ((struct connection *)1)
 static struct connection *volatile fds[MAX_FDS];
@@ -584,14 +588,14 @@ static void record_sent(int fd, const struct iovec *iov, int iovcnt, ssize_t sen
 
 ssize_t sendmsg(int fd, const struct msghdr *msg, int flags) {
     uint64_t t0 = began(fd);
-    ssize_t r = real_sendmsg(fd, msg, flags);
+    ssize_t r = REAL(sendmsg)(fd, msg, flags);
     if (r > 0) record_sent(fd, msg->msg_iov, (int)msg->msg_iovlen, r, t0);
     return r;
 }
 
 ssize_t send(int fd, const void *buf, size_t len, int flags) {
     uint64_t t0 = began(fd);
-    ssize_t r = real_send(fd, buf, len, flags);
+    ssize_t r = REAL(send)(fd, buf, len, flags);
     if (r > 0) {
         struct iovec v = {(void *)buf, len};
         record_sent(fd, &v, 1, r, t0);
@@ -602,7 +606,7 @@ ssize_t send(int fd, const void *buf, size_t len, int flags) {
 ssize_t sendto(int fd, const void *buf, size_t len, int flags, const struct sockaddr *to,
                socklen_t to_len) {
     uint64_t t0 = began(fd);
-    ssize_t r = real_sendto(fd, buf, len, flags, to, to_len);
+    ssize_t r = REAL(sendto)(fd, buf, len, flags, to, to_len);
     if (r > 0) {
         struct iovec v = {(void *)buf, len};
         record_sent(fd, &v, 1, r, t0);
@@ -612,7 +616,7 @@ ssize_t sendto(int fd, const void *buf, size_t len, int flags, const struct sock
 
 ssize_t write(int fd, const void *buf, size_t len) {
     uint64_t t0 = began(fd);
-    ssize_t r = real_write(fd, buf, len);
+    ssize_t r = REAL(write)(fd, buf, len);
     if (r > 0 && enabled && fd >= 0 && fd < MAX_FDS && fds[fd] != IGNORED) {
         struct iovec v = {(void *)buf, len};
         record_sent(fd, &v, 1, r, t0);
@@ -622,24 +626,24 @@ ssize_t write(int fd, const void *buf, size_t len) {
 
 ssize_t writev(int fd, const struct iovec *iov, int iovcnt) {
     uint64_t t0 = began(fd);
-    ssize_t r = real_writev(fd, iov, iovcnt);
+    ssize_t r = REAL(writev)(fd, iov, iovcnt);
     if (r > 0) record_sent(fd, iov, iovcnt, r, t0);
     return r;
 }
 
 int close(int fd) {
     forget(fd);
-    return real_close(fd);
+    return REAL(close)(fd);
 }
 
 int dup2(int old_fd, int new_fd) {
-    int r = real_dup2(old_fd, new_fd);
+    int r = REAL(dup2)(old_fd, new_fd);
     if (r >= 0 && old_fd != new_fd) forget(new_fd);
     return r;
 }
 
 int dup3(int old_fd, int new_fd, int flags) {
-    int r = real_dup3(old_fd, new_fd, flags);
+    int r = REAL(dup3)(old_fd, new_fd, flags);
     if (r >= 0) forget(new_fd);
     return r;
 }
