@@ -166,7 +166,7 @@ def run_benchmark(
     engine: Engine | None = None,
 ) -> BenchmarkResult:
     """Run one benchmark against servers at ``targets`` (indexed by ps server index)
-    with ``engine`` (default ``grpcio``).
+    with ``engine`` (default: ``spec.DEFAULT_ENGINE``'s).
 
     A benchmark measured from worker processes (PS throughput) spreads each
     worker's calls over ``procs_per_worker`` client processes (``core.processes``)

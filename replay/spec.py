@@ -48,11 +48,9 @@ from tf_grpc_bench.replay.transport.server import DEFAULT_PORT
 from tf_grpc_bench.sizes import SizeCategory
 
 DEFAULT_OUTPUT_DIR = "runs"
-#: The replay engine unless ``--engine`` says otherwise (``engines.registry``).  Not yet
-#: ``auto``: with it, a whole-step ``role`` cluster stopped by its launcher
-#: (tests/test_reliability_faults.py) is not seen to reach its stand-in servers within a
-#: minute; not yet understood (the same cluster run by hand on grpc-cpp does reach them).
-DEFAULT_ENGINE = "grpcio"
+#: The replay engine unless ``--engine`` says otherwise (``engines.registry``): ``auto``,
+#: gRPC C++ where it builds on this host, grpcio elsewhere (``registry.resolve_auto``).
+DEFAULT_ENGINE = "auto"
 
 
 # --------------------------------------------------------------------------

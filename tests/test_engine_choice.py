@@ -1,4 +1,4 @@
-"""Which engine a command runs on: ``--engine auto``, an explicit choice, a
+"""Which engine a command runs on: ``--engine auto`` (the default), an explicit choice, a
 host without gRPC C++, ``tf-grpc-bench engine``, and clients of one engine against
 servers of the other.  Commands run as a user runs them: subprocesses, output, exit codes."""
 
@@ -61,8 +61,9 @@ def test_without_grpc_cpp_auto_takes_grpcio_and_says_so_and_an_explicit_choice_i
     assert "grpc-cpp: unavailable" in status.stdout and "libgrpc++-dev" in status.stdout
     assert status.stdout.splitlines()[-1] == "--engine auto takes grpcio"
 
-    # Said on stderr only where that is a terminal; the table and the results say it.
-    auto = _run("replay", *TINY[:-1], "--engine", "auto", cwd=tmp_path, env=env)
+    # auto is the default. Said on stderr only where that is a terminal; the table and the
+    # results say it.
+    auto = _run("replay", *TINY[:-1], cwd=tmp_path, env=env)
     assert auto.returncode == 0 and auto.stderr == "", auto.stderr
     assert "\nengine:  grpcio (gRPC " in auto.stdout
     assert _parameters(auto.stdout, tmp_path)["engine"] == "grpcio"
@@ -84,11 +85,14 @@ def test_with_grpc_cpp_auto_takes_it_says_so_and_the_results_name_it(tmp_path: P
     assert f"grpc-cpp: built with gRPC C++ {version}" in status.stdout
     assert status.stdout.splitlines()[-1] == "--engine auto takes grpc-cpp"
 
-    auto = _run("replay", *TINY[:-1], "--engine", "auto", cwd=tmp_path)
-    assert auto.returncode == 0 and auto.stderr == "", auto.stderr
-    assert f"\nengine:  grpc-cpp (gRPC {version})" in auto.stdout
-    parameters = _parameters(auto.stdout, tmp_path)
-    assert (parameters["engine"], parameters["grpc_version"]) == ("grpc-cpp", version)
+    for auto in (
+        _run("replay", *TINY[:-1], cwd=tmp_path),  # the default
+        _run("replay", *TINY[:-1], "--engine", "auto", cwd=tmp_path),
+    ):
+        assert auto.returncode == 0 and auto.stderr == "", auto.stderr
+        assert f"\nengine:  grpc-cpp (gRPC {version})" in auto.stdout
+        parameters = _parameters(auto.stdout, tmp_path)
+        assert (parameters["engine"], parameters["grpc_version"]) == ("grpc-cpp", version)
 
 
 @pytest.fixture

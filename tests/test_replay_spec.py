@@ -30,7 +30,7 @@ from tf_grpc_bench.replay.core.workload import Mode
 from tf_grpc_bench.replay.network.cli import replay_arguments, serve_arguments
 from tf_grpc_bench.replay.placement import role
 from tf_grpc_bench.replay.placement.cluster import parse_tf_config
-from tf_grpc_bench.replay.spec import GrpcFlags, ReplaySpec, ServeSpec, flag_of
+from tf_grpc_bench.replay.spec import DEFAULT_ENGINE, GrpcFlags, ReplaySpec, ServeSpec, flag_of
 from tf_grpc_bench.replay.transport.grpc_settings import Compression
 from tf_grpc_bench.sizes import SizeCategory
 
@@ -228,7 +228,8 @@ def test_planning_takes_this_machine_as_a_host(tmp_path: Path) -> None:
     with pytest.raises((NetworkError, UsageError)):
         request.plan(placed, request.Host(name="here", root=True))
     assert roomy.config["procs_per_worker"] == "auto"
-    assert roomy.engine == "grpcio"
+    # The default engine is auto, resolved where the benchmarks run (``engine_named``).
+    assert roomy.engine == DEFAULT_ENGINE == "auto"
 
 
 def test_planning_names_an_unknown_engine(tmp_path: Path) -> None:
