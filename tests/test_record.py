@@ -256,7 +256,10 @@ def test_the_variables_are_counted_by_their_own_dtype_and_only_from_tensor_pulls
         _pull(0, 2, "float32", (2,), 8),  # between workers: no ps involved
         _pull(2, 0, "float32", (2,), 8),
         _pull(0, 1, "bfloat16", (6,), 12),
+        _pull(0, 1, "bfloat16", (6,), 12),  # pulled twice, pushed back once: one variable
         _pull(1, 0, "bfloat16", (6,), 12),
+        _pull(0, 1, "float32", (0,), 0),  # an empty tensor both ways: a control edge
+        _pull(1, 0, "float32", (0,), 0),
     )
     found = derive_variables([Step(index=0, start_ns=0, end_ns=1, rpcs=step)], tasks)
     assert found == [("float32", (5,)), ("bfloat16", (6,))]
