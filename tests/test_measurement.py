@@ -4,7 +4,9 @@ communication, CPU use."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
+import warnings
 
 import pytest
 
@@ -246,3 +248,23 @@ def test_inexact_sizes_refuse_nonsense_and_describe_themselves() -> None:
             InexactSizes(
                 calls_per_pass=1, traced_bytes=traced, replayed_bytes=replayed, examples=""
             )
+
+
+def test_a_result_whose_runs_measured_no_time_has_no_rate_and_says_nothing_of_it() -> None:
+    """Rates are NaN (not applicable) without numpy's warning about an empty mean."""
+    sample = CallSample(
+        start_ns=0, latency_ns=5, request_bytes=3, response_bytes=4, payload_bytes=4
+    )
+    timeless = RunMeasurement(run_index=0, duration_ns=0, samples=(sample,))
+    result = BenchmarkResult(
+        benchmark=Benchmark.P2P_LATENCY, workload="synthetic", parameters={}, runs=(timeless,)
+    )
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert math.isnan(result.rpcs_per_s)
+        assert math.isnan(result.bytes_per_s)
+        assert math.isnan(result.bandwidth_mb_per_s)
+    timed = RunMeasurement(run_index=1, duration_ns=2 * 10**9, samples=(sample, sample))
+    both = dataclasses.replace(result, runs=(timeless, timed))
+    # Only the run that measured time counts: 2 calls in 2 s, 14 bytes in 2 s.
+    assert (both.rpcs_per_s, both.bytes_per_s) == (1.0, 7.0)
