@@ -350,6 +350,18 @@ def test_the_lag_of_calls_the_window_did_not_hold_bounds_a_prediction(
     assert bound or "other processes kept the machine busy" in evidence
     # No step to measure it against: the lag says nothing.
     assert replay_bound_verdict(0.4, 2, None, lag_p90_ns=lag_p90_ns, step_ns=None)[0] is False
+    assert replay_bound_verdict(0.4, 2, None, lag_p90_ns=lag_p90_ns, step_ns=0.0)[0] is False
+    # Any step at all is measured against, the shortest too.
+    assert replay_bound_verdict(0.4, 2, None, lag_p90_ns=1.0, step_ns=1.0)[0] is True
+
+
+def test_a_late_replays_evidence_gives_the_lag_and_its_share_of_the_step() -> None:
+    assert replay_bound_verdict(0.4, 2, None, lag_p90_ns=2e9, step_ns=4e9) == (
+        True,
+        "replay client and server processes used 0.40 of 2 cores; the calls the window did "
+        "not hold went up to 2000.000 ms late (p90, 50.0% of the step) (the replay did not "
+        "keep up with its own plan: the step may be its lateness)",
+    )
 
 
 def test_a_late_replay_is_bound_only_by_the_calls_the_window_did_not_hold() -> None:
@@ -357,15 +369,20 @@ def test_a_late_replay_is_bound_only_by_the_calls_the_window_did_not_hold() -> N
     throughput = document.benchmarks[2]
 
     def with_lags(held: int) -> dict[str, Any]:
-        # Every call 5 ms late (more than 1% of the ~0.3 s step): held by the window or not.
+        # Calls 5 ms late (more than 1% of the ~0.3 s step), one of the twelve 500 ms (the
+        # 90th percentile is 5 ms, the 99th not): held by the window or not.
         runs = tuple(
             dataclasses.replace(
                 run,
                 client_cpu_ns=0,
                 server_cpu_ns=0,
                 samples=tuple(
-                    dataclasses.replace(s, release_lag_ns=5_000_000, window_held=held)
-                    for s in run.samples
+                    dataclasses.replace(
+                        s,
+                        release_lag_ns=500_000_000 if (run.run_index, n) == (0, 0) else 5_000_000,
+                        window_held=held,
+                    )
+                    for n, s in enumerate(run.samples)
                 ),
             )
             for run in throughput.runs
@@ -433,6 +450,19 @@ def test_the_evidence_gives_the_lag_in_ms_and_as_a_share_of_the_step() -> None:
         "replay client and server processes used 0.10 of 2 cores; the calls the window did not "
         "hold went up to 3.000 ms late (p90, 0.1% of the step)"
     )
+
+
+def test_no_prediction_without_the_critical_paths_compute_whatever_steps_were_timed() -> None:
+    from tf_grpc_bench.replay.output.prediction import _median_or_none, prediction_json
+
+    throughput = golden_document().benchmarks[2]
+    timed = dataclasses.replace(
+        throughput,
+        runs=tuple(dataclasses.replace(run, step_compute_ns=()) for run in throughput.runs),
+    )
+    assert timed.step_times_ns and prediction_json(timed, 2) is None
+    assert prediction_json(throughput, 2) is not None
+    assert _median_or_none(()) is None and _median_or_none((1, 3)) == 2.0
 
 
 @pytest.mark.parametrize(

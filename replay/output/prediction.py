@@ -62,8 +62,9 @@ def replay_bound_verdict(
     machine = machine_busy_share is not None and machine_busy_share >= MACHINE_BUSY_CPU_SHARE
     late = (
         lag_p90_ns is not None
-        and bool(step_ns)
-        and lag_p90_ns >= REPLAY_BOUND_LAG_SHARE * float(step_ns or 0)
+        and step_ns is not None
+        and step_ns > 0
+        and lag_p90_ns >= REPLAY_BOUND_LAG_SHARE * step_ns
     )
     evidence = f"replay client and server processes used {replay_cores:.2f} of {cpu_count} cores"
     if machine_busy_share is not None:
