@@ -265,6 +265,20 @@ def test_the_variables_are_counted_by_their_own_dtype_and_only_from_tensor_pulls
     assert found == [("float32", (5,)), ("bfloat16", (6,))]
 
 
+def test_a_variable_is_pulled_and_pushed_back_by_the_same_worker() -> None:
+    tasks = (Task(job="ps", index=0), Task(job="worker", index=0), Task(job="worker", index=1))
+    step = (
+        _pull(1, 0, "float16", (11,), 22),  # worker 0 pulls it; the ps pushes it to worker 1
+        _pull(0, 2, "float16", (11,), 22),
+        _pull(2, 0, "float64", (9,), 72),  # worker 1 pulls it; the ps pushes it to worker 0
+        _pull(0, 1, "float64", (9,), 72),
+        _pull(1, 0, "float32", (2,), 8),  # worker 0's own variable
+        _pull(0, 1, "float32", (2,), 8),
+    )
+    found = derive_variables([Step(index=0, start_ns=0, end_ns=1, rpcs=step)], tasks)
+    assert found == [("float32", (2,))]
+
+
 def test_of_steps_moving_as_many_variable_bytes_the_first_is_kept() -> None:
     tasks = (Task(job="ps", index=0), Task(job="worker", index=0))
     first = (_pull(1, 0, "float32", (4,), 16), _pull(0, 1, "float32", (4,), 16))
