@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import replace
 
 import pytest
@@ -30,6 +31,7 @@ from tf_grpc_bench.replay.core.pacing import (
     next_step_begin_ns,
     release_time_ns,
 )
+from tf_grpc_bench.replay.core.synthetic import all_pairs_echo, pair_echoes, pair_pushes
 from tf_grpc_bench.replay.core.trace_workload import outstanding_per_pair
 from tf_grpc_bench.replay.core.workload import Call, Mode, Shape, Workload, WorkloadStep, pull_call
 from tf_grpc_bench.replay.transport.wire import (
@@ -152,6 +154,25 @@ def test_zero_ps_or_workers_is_refused() -> None:
         synthetic_workload(
             Benchmark.PS_THROUGHPUT, GeneratorConfig(), mode=Mode.SERIALIZED, worker_count=0
         )
+
+
+@pytest.mark.parametrize("build", [pair_echoes, pair_pushes, all_pairs_echo])
+def test_each_synthetic_builder_refuses_zero_ps_or_workers_and_defaults_to_one_of_each(
+    build: Callable[..., Workload],
+) -> None:
+    generator = GeneratorConfig(payload_count=2)
+    with pytest.raises(ConfigError) as refused:
+        build(Benchmark.PS_THROUGHPUT, generator, mode=Mode.SERIALIZED, ps_count=0)
+    assert str(refused.value) == "--ps must be >= 1, got 0"
+    with pytest.raises(ConfigError) as refused:
+        build(Benchmark.PS_THROUGHPUT, generator, mode=Mode.SERIALIZED, worker_count=0)
+    assert str(refused.value) == "--workers must be >= 1, got 0"
+    # The benchmark it is given, one worker and one ps unless told otherwise: 2 calls.
+    workload = build(Benchmark.P2P_BANDWIDTH, generator, mode=Mode.NON_SERIALIZED)
+    assert workload.benchmark is Benchmark.P2P_BANDWIDTH
+    assert (workload.server_count, workload.worker_count) == (1, 1)
+    assert len(workload.steps[0].calls) == 2
+    assert {(c.server_index, c.worker_index) for c in workload.steps[0].calls} == {(0, 0)}
 
 
 # --------------------------------------------------------------------------
