@@ -11,7 +11,9 @@ from __future__ import annotations
 import contextlib
 import gzip
 import json
+import os
 import re
+import signal
 import subprocess
 import sys
 import time
@@ -20,6 +22,8 @@ import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
+
+from tf_grpc_bench.lifetime import die_with_parent_preexec
 
 #: What TensorBoard prints when its fast (Rust) loader started.
 FAST_LOADER_NOTE = "Using experimental fast data loading logic"
@@ -68,7 +72,9 @@ class TensorBoard:
 
 @contextlib.contextmanager
 def running_tensorboard(logdir: Path, scratch: Path) -> Iterator[TensorBoard]:
-    """``tensorboard --logdir LOGDIR --port 0``, stopped (by its pid) on exit."""
+    """``tensorboard --logdir LOGDIR --port 0``, stopped on exit with its data server (its
+    own process group).  A test process killed outright (a mutation run's timeout) takes
+    it along too: the kernel sends it SIGTERM when the test process ends."""
     program = Path(sys.executable).parent / "tensorboard"
     stderr_path = scratch / "tensorboard.stderr"
     with stderr_path.open("wb") as stderr:
@@ -76,6 +82,8 @@ def running_tensorboard(logdir: Path, scratch: Path) -> Iterator[TensorBoard]:
             [str(program), "--logdir", str(logdir), "--port", "0"],
             stdout=subprocess.DEVNULL,
             stderr=stderr,
+            start_new_session=True,
+            preexec_fn=die_with_parent_preexec(signal.SIGTERM),
         )
     try:
         deadline = time.monotonic() + STARTUP_LIMIT_S
@@ -89,9 +97,17 @@ def running_tensorboard(logdir: Path, scratch: Path) -> Iterator[TensorBoard]:
             time.sleep(0.2)
         yield TensorBoard(url, stderr_path)
     finally:
-        process.terminate()
+        _stop_group(process, signal.SIGTERM)
         try:
             process.wait(timeout=30)
         except subprocess.TimeoutExpired:
             process.kill()
             process.wait()
+        # The data server TensorBoard started, if it outlived TensorBoard.
+        _stop_group(process, signal.SIGKILL)
+
+
+def _stop_group(process: subprocess.Popen[bytes], signum: int) -> None:
+    """``signum`` to TensorBoard's process group (its leader's pid is the group's id)."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(process.pid, signum)
