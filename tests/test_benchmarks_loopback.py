@@ -22,6 +22,7 @@ from tf_grpc_bench.replay.core.generators import GeneratorConfig, GeneratorKind
 from tf_grpc_bench.replay.core.measurement import Benchmark, BenchmarkResult, CallSample
 from tf_grpc_bench.replay.core.pacing import Pacing, Timing
 from tf_grpc_bench.replay.core.workload import Call, Mode, Workload
+from tf_grpc_bench.replay.engines.registry import engine_named
 from tf_grpc_bench.replay.runner import ProgressEvent, RunPlan, run_benchmark
 from tf_grpc_bench.replay.transport.client import ReplayClient
 from tf_grpc_bench.replay.transport.local_servers import LocalServers
@@ -251,6 +252,8 @@ def test_a_trace_replayed_with_streaming_asked_stays_unary_and_says_so(
 
 
 def test_a_server_killed_mid_stream_ends_the_benchmark_partial() -> None:
+    # grpcio's client: the gRPC C++ engine's reports the killed server's stream as
+    # CANCELLED, worded as a server refusing calls (docs/engines.md says so).
     with LocalServers(1) as running:
         workload = synthetic_workload(
             Benchmark.P2P_BANDWIDTH, SMALL_PAYLOADS, mode=Mode.NON_SERIALIZED
@@ -264,6 +267,7 @@ def test_a_server_killed_mid_stream_ends_the_benchmark_partial() -> None:
             plan=plan,
             settings=replace(WATCHED, rpc=RpcKind.STREAMING),
             on_progress=on_progress,
+            engine=engine_named("grpcio"),
         )
     assert killed.is_set()
     assert result.partial
