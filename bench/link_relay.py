@@ -40,22 +40,13 @@ from dataclasses import dataclass
 from common import README, command_line, load_average, machine_line, table_head, write_section
 
 from tf_grpc_bench.netns import emulated, links, namespaces
+from tf_grpc_bench.netns.calibration import udp_echo_script
 from tf_grpc_bench.netns.relay import RelayStats
 
 SECTION = "## Link relay"
 PORT = 9000
 
-ECHO = textwrap.dedent(
-    """
-    import socket
-    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-    s.bind(("0.0.0.0", PORT))
-    print("ready", flush=True)
-    while True:
-        data, peer = s.recvfrom(2048)
-        s.sendto(data, peer)
-    """
-).replace("PORT", str(PORT))
+ECHO = udp_echo_script(PORT)
 PING = textwrap.dedent(
     """
     import json, socket, sys, time

@@ -54,17 +54,24 @@ CALIBRATION_TIMEOUT_S = 60.0
 #: lost (a lossy link): it is not counted.
 LOST_AFTER_S = 0.02
 
-ECHO = textwrap.dedent(
-    """
-    import socket
-    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-    s.bind(("0.0.0.0", PORT))
-    print("ready", flush=True)
-    while True:
-        data, peer = s.recvfrom(2048)
-        s.sendto(data, peer)
-    """
-).replace("PORT", str(CALIBRATION_PORT))
+
+def udp_echo_script(port: int) -> str:
+    """A Python program that answers every UDP datagram on ``port`` with itself, after
+    printing ``ready``: the far end of a ping over an emulated link."""
+    return textwrap.dedent(
+        """
+        import socket
+        s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        s.bind(("0.0.0.0", PORT))
+        print("ready", flush=True)
+        while True:
+            data, peer = s.recvfrom(2048)
+            s.sendto(data, peer)
+        """
+    ).replace("PORT", str(port))
+
+
+ECHO = udp_echo_script(CALIBRATION_PORT)
 PING = textwrap.dedent(
     """
     import json, socket, sys, time
