@@ -31,7 +31,7 @@ from tf_grpc_bench.replay.cli_flags import (
     serve_spec,
 )
 from tf_grpc_bench.replay.core.whatif import WhatIf
-from tf_grpc_bench.replay.engines.registry import AUTO, engine_for_chunks, resolve_auto
+from tf_grpc_bench.replay.engines.registry import AUTO, resolve_auto
 from tf_grpc_bench.replay.network import cli as network_cli
 from tf_grpc_bench.replay.output.progress import ProgressBar
 from tf_grpc_bench.replay.placement import role
@@ -114,19 +114,16 @@ def run_replay(args: argparse.Namespace) -> int:
 def with_engine(spec: SpecWithEngine) -> SpecWithEngine:
     """``spec`` with ``--engine auto`` resolved here, the choice said on stderr where that
     is a terminal (as the progress bar is; the results name the engine either way, and a
-    replay's table says it on stdout): a command's error output stays its one line.
-    A replay that cuts payloads into chunks takes grpcio (``engine_for_chunks``)."""
-    interactive = sys.stderr.isatty()
-
-    def say(line: str) -> None:
-        if interactive:
-            print(line, file=sys.stderr, flush=True)
-
-    if isinstance(spec, ReplaySpec) and spec.grpc.chunk_bytes:
-        return replace(spec, engine=engine_for_chunks(spec.engine, say))
+    replay's table says it on stdout): a command's error output stays its one line."""
     if spec.engine != AUTO:
         return spec
-    return replace(spec, engine=resolve_auto(say))
+    interactive = sys.stderr.isatty()
+    return replace(
+        spec,
+        engine=resolve_auto(
+            lambda line: print(line, file=sys.stderr, flush=True) if interactive else None
+        ),
+    )
 
 
 def replay(spec: ReplaySpec) -> int:

@@ -33,6 +33,7 @@ from tf_grpc_bench.replay.transport.server import ReplayServer
 from tf_grpc_bench.sizes import SizeCategory
 
 from .conftest import make_trace
+from .engines import grpc_cpp_program
 
 CLI = str(Path(sys.executable).parent / "tf-grpc-bench")
 
@@ -352,12 +353,18 @@ def test_the_chunks_of_a_payload_share_the_deadline_its_first_chunk_got() -> Non
     assert deadlines.timeout_s(first, 9) == 2.0
 
 
-def test_a_payload_of_a_terabyte_in_chunks_ends_at_its_deadline(tmp_path: Path) -> None:
+@pytest.mark.parametrize("engine", ["grpcio", "grpc-cpp"])
+def test_a_payload_of_a_terabyte_in_chunks_ends_at_its_deadline(
+    tmp_path: Path, engine: str
+) -> None:
+    if engine == "grpc-cpp":
+        grpc_cpp_program()  # a skip, saying why, where it cannot be built
     path = tmp_path / "huge.tfgbtrace"
     trace_files.write_trace(make_trace(steps=1, sizes=(10**12,)), path)
     completed = subprocess.run(
         [CLI, "replay", str(path), "--benchmark", "p2p-latency", "--chunk-size", "64MB",
-         "--deadline", "2", "--output-dir", str(tmp_path / "out"), "--quiet"],
+         "--deadline", "2", "--output-dir", str(tmp_path / "out"), "--quiet",
+         "--engine", engine],
         capture_output=True, text=True, timeout=600, check=False,
     )  # fmt: skip
     assert completed.returncode != 0

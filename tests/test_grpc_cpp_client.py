@@ -5,17 +5,19 @@ grpcio client makes them count, and the samples are the calls."""
 from __future__ import annotations
 
 import contextlib
+import time
 from collections import Counter
 from collections.abc import Iterator
+from dataclasses import replace
 
 import pytest
 
 from tf_grpc_bench.errors import TransportError
 from tf_grpc_bench.replay.core.benchmarks import synthetic_workload
 from tf_grpc_bench.replay.core.generators import GeneratorConfig
-from tf_grpc_bench.replay.core.measurement import Benchmark
+from tf_grpc_bench.replay.core.measurement import Benchmark, CallSample
 from tf_grpc_bench.replay.core.pacing import Pacing, Timing
-from tf_grpc_bench.replay.core.workload import Mode, Workload
+from tf_grpc_bench.replay.core.workload import Mode, Workload, WorkloadStep, pull_call
 from tf_grpc_bench.replay.native.driver import EngineClient, NativeDriver, rows_of
 from tf_grpc_bench.replay.native.servers import NativeServers
 from tf_grpc_bench.replay.transport.client import ReplayClient
@@ -152,3 +154,73 @@ def test_an_unreachable_target_and_a_server_of_the_other_mode_are_one_line_error
     assert reasons[0].endswith("/tf_grpc_bench.Replay/Echo: call failed [INTERNAL]: "
                                "Exception deserializing request!")  # fmt: skip
     assert reasons[1].endswith("(is the server running in serialized mode?)")
+
+
+# --------------------------------------------------------------------------
+# One deadline for the chunks of one payload
+
+
+def _replay_step(
+    engine: str, target: str, step: WorkloadStep, deadline_s: float
+) -> tuple[list[CallSample], str]:
+    """``step`` (non-serialized, recorded pacing) replayed once by ``engine`` against
+    ``target``: its samples, and its error ("" none)."""
+    pacing, mode = Pacing(timing=Timing.RECORDED), Mode.NON_SERIALIZED
+    samples: list[CallSample] = []
+    native = None
+    if engine == "grpc-cpp":
+        native = EngineClient(
+            grpc_cpp_program(), rows=rows_of([step], mode, pacing), targets=[target], mode=mode,
+            settings=ChannelSettings(), pacing=pacing, deadline_s=deadline_s, connect_timeout_s=10,
+        )  # fmt: skip
+        driver: NativeDriver | Driver = NativeDriver(
+            native, [step], mode, pacing, deadline_s=deadline_s
+        )
+        client = None
+    else:
+        client = ReplayClient(target, mode=mode, settings=ChannelSettings())
+        driver = Driver({0: client}, pacing, timeout_s=deadline_s)
+        driver.prepare([step])
+    try:
+        driver.begin_run()
+        now = time.perf_counter_ns()
+        driver.run_step(step, run_begin_ns=now, step_begin_ns=now, samples=samples)
+    except TransportError as error:
+        return samples, str(error)
+    finally:
+        if native is not None:
+            native.close()
+        if client is not None:
+            client.close()
+    return samples, ""
+
+
+@pytest.mark.parametrize("engine", ["grpcio", "grpc-cpp"])
+def test_a_payloads_chunks_share_the_deadline_its_first_chunk_got(engine: str) -> None:
+    # Three chunks of one payload at --deadline 2, the last released 3 s after the first:
+    # each would answer in time on its own, the payload does not.  Both engines fail the
+    # third chunk at once, DEADLINE_EXCEEDED, worded alike; the same calls as whole
+    # payloads each get a deadline of their own and all arrive.
+    whole = pull_call(
+        method="/tensorflow.WorkerService/RecvTensor", request_bytes=120, response_bytes=1000,
+        mode=Mode.NON_SERIALIZED, tensor_name="w",
+    )  # fmt: skip
+    offsets = (0, 0, 3 * 10**9)
+    chunks = tuple(
+        replace(whole, offset_ns=offset, chunk_index=index, chunk_count=3)
+        for index, offset in enumerate(offsets)
+    )
+    wholes = tuple(replace(whole, offset_ns=offset) for offset in offsets)
+    began = time.monotonic()
+    with LocalServers(1, mode=Mode.NON_SERIALIZED) as servers:
+        (target,) = servers.targets
+        samples, error = _replay_step(engine, target, WorkloadStep(index=0, calls=chunks), 2.0)
+        unchunked, none = _replay_step(engine, target, WorkloadStep(index=0, calls=wholes), 2.0)
+    assert time.monotonic() - began < 120  # generous: two steps of 3 s
+    assert [s.response_bytes for s in samples] == [1000, 1000]
+    assert error == (
+        f"{target}/tensorflow.WorkerService/RecvTensor: no answer within the deadline "
+        "(--deadline) [DEADLINE_EXCEEDED]: Deadline Exceeded (chunk 3 of the 3 that carry one "
+        "payload: --deadline bounds them together)"
+    )
+    assert none == "" and len(unchunked) == 3

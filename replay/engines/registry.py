@@ -67,27 +67,6 @@ def engine_named(name: str) -> Engine:
     return {**BUILT_IN, **_REGISTERED}[name]()
 
 
-#: Why a replay that cuts payloads into chunks (``--chunk-size``) runs on grpcio: a
-#: payload's chunks share one ``--deadline`` (``transport.driver.PayloadDeadlines``),
-#: while the gRPC C++ engine gives each call a deadline of its own.
-CHUNKED_ON_GRPCIO_ONLY = (
-    "--chunk-size: the gRPC C++ engine does not yet bound a payload's chunks together "
-    "by --deadline (it gives each chunk its own)"
-)
-
-
-def engine_for_chunks(name: str, say: Callable[[str], None]) -> str:
-    """The engine a replay that cuts payloads into chunks runs on, asked for as ``name``:
-    grpcio for ``auto`` (``say`` gets the line saying why), a UsageError for an explicit
-    grpc-cpp (``CHUNKED_ON_GRPCIO_ONLY``), any other as asked."""
-    if name == "grpc-cpp":
-        raise UsageError(f"--engine grpc-cpp: {CHUNKED_ON_GRPCIO_ONLY}; use --engine grpcio")
-    if name == AUTO:
-        say(f"engine: grpcio (--engine auto; {CHUNKED_ON_GRPCIO_ONLY})")
-        return "grpcio"
-    return name
-
-
 def resolve_auto(say: Callable[[str], None]) -> str:
     """The engine ``--engine auto`` takes on this host: grpc-cpp when it builds here (built
     now if it is not yet), grpcio otherwise; ``say`` gets one line saying which and why."""

@@ -53,8 +53,9 @@ _SHAPES = {Shape.ECHO: 0, Shape.ACK: 1, Shape.PULL: 2}
 #: Past the latest release and a call's deadline, how long a dependent step's program may
 #: stay silent before it is taken to be stuck (a ``TransportError``, not a hang).
 SILENCE_MARGIN_S = 10.0
-#: A call's row in the program's table: what is sent, to whom, under which window.
-Row = tuple[str, Shape, int, int, int, int, tuple[int, ...], int, str, int]
+#: A call's row in the program's table: what is sent, to whom, under which window, and
+#: which chunk of its payload it is (index, count: the chunks share one deadline).
+Row = tuple[str, Shape, int, int, int, int, tuple[int, ...], int, str, int, int, int]
 
 
 def window_limits(pacing: Pacing, call: Call) -> tuple[int, int]:
@@ -94,6 +95,8 @@ def call_row(call: Call, mode: Mode, pacing: Pacing) -> Row:
         content,
         name,
         padding,
+        call.chunk_index,
+        call.chunk_count,
     )
 
 
@@ -172,12 +175,13 @@ def _setup_frame(
         .texts(methods)
         .u32(len(rows))
     )
-    for method, shape, server, request, response, limit, buffers, content, name, pad in rows:
+    for row in rows:
+        method, shape, server, request, response, limit, buffers, content, name, pad = row[:10]
         frame.u32(method_ids[method]).u8(_SHAPES[shape]).u32(server).i64(request).i64(response)
         frame.u32(limit).u32(len(buffers))
         for size in buffers:
             frame.i64(size)
-        frame.i64(content).text(name).i64(pad)
+        frame.i64(content).text(name).i64(pad).u32(row[10]).u32(row[11])
     return frame.frame()
 
 

@@ -7,7 +7,8 @@ its items.  The program reads them in ``engine/common.cc`` (``Decoder``) and the
 role's file.  ``PROTOCOL_VERSION`` is checked by the program in each set-up
 frame; bump it with any change below.  History: 1, the first; 2, the server's set-up
 lists its memory cgroups; 3, samples say whether the window held their call; 4, a step
-may be cycled (``R``'s mode 2); 5, the server keeps freed memory.
+may be cycled (``R``'s mode 2); 5, the server keeps freed memory; 6, calls say which chunk
+of a payload they are, failed calls' statuses too.
 
 Server (``tfgb-engine serve``), Python to program:
 
@@ -35,8 +36,11 @@ Client (``tfgb-engine client``), Python to program:
   private key and certificate chain PEM str, methods (list of str), calls (list
   of: method u32, shape u8 (0 echo, 1 ack, 2 pull), server u32, request bytes
   i64, response bytes i64, server window u32 (``NO_LIMIT``: none), buffers
-  (list of i64), content i64, tensor name str, padding i64: the last four are
-  what a serialized request is made of);
+  (list of i64), content i64, tensor name str, padding i64 (these four are what a
+  serialized request is made of), chunk index u32, chunk count u32
+  (``Call.chunk_index`` of ``chunk_count``: the chunks of one payload, consecutive in
+  a step, share the ``--deadline`` the first of them issued got, as
+  ``transport.driver.PayloadDeadlines`` gives it; 0 of 1: a whole payload));
 * ``R`` a step: stop at ns i64 (-1: none), mode u8 (``STEP_ORDERED`` 0: the
   order's calls once; ``STEP_DEPENDENT`` 1: released by ``D`` frames;
   ``STEP_CYCLED`` 2: the order's calls again, whole, each time they have all
@@ -50,7 +54,8 @@ Client (``tfgb-engine client``), Python to program:
 Program to Python: ``K`` ready, ``E`` error str (set-up failed), ``C`` arrivals
 of a dependent step (list of tag u32, end ns i64, in completion order), ``F``
 the step finished (issued u32, error str ("" none; a failed call's status, for
-Python to word, as ``\x1fstatus\x1fCODE\x1fTARGET\x1fMETHOD\x1fDETAILS``),
+Python to word, as ``\x1fstatus\x1fCODE\x1fCHUNK\x1fCHUNKS\x1fTARGET\x1fMETHOD\x1fDETAILS``,
+CHUNK of CHUNKS the failed call's chunk index and count),
 samples: list of tag u32, start ns i64, end ns i64, release ns i64 (-1: none), held u8
 (1: the window held the call back, ``measurement.release_held``)),
 ``U`` CPU ns i64.
@@ -70,9 +75,9 @@ from dataclasses import dataclass
 import grpc
 
 from tf_grpc_bench.errors import TransportError
-from tf_grpc_bench.replay.transport.wire import failure_message
+from tf_grpc_bench.replay.transport.wire import chunk_failure_message, failure_message
 
-PROTOCOL_VERSION = 5
+PROTOCOL_VERSION = 6
 #: ``R`` frames' modes.
 STEP_ORDERED, STEP_DEPENDENT, STEP_CYCLED = 0, 1, 2
 #: A call without a window of its own towards its server.
@@ -213,9 +218,10 @@ def worded_error(error: str) -> str:
     engine words it (``wire.failure_message``), any other message as it is."""
     if not error.startswith(_STATUS):
         return error
-    code_text, target, method, details = error[len(_STATUS) :].split("\x1f", 3)
+    code_text, chunk, chunks, target, method, details = error[len(_STATUS) :].split("\x1f", 5)
     code = next((c for c in grpc.StatusCode if c.value[0] == int(code_text)), None)
-    return failure_message(target, method, code, details)
+    failure = failure_message(target, method, code, details)
+    return chunk_failure_message(failure, code, int(chunk), int(chunks))
 
 
 def unique_options(options: Sequence[Option]) -> list[Option]:

@@ -29,6 +29,7 @@ from tf_grpc_bench.replay.transport.wire import (
     PayloadBytes,
     RpcKind,
     ServerStats,
+    chunk_failure_message,
     message_length,
     raw_pull_request,
     serialized_payload,
@@ -280,11 +281,10 @@ class ReplayClient:
 
     def _failure(self, call: Call, error: grpc.RpcError) -> TransportError:
         failure = translate_rpc_error(error, target=self.target, method=call.method)
-        late = isinstance(error, grpc.Call) and error.code() is grpc.StatusCode.DEADLINE_EXCEEDED
-        if late and call.chunk_count > 1:
+        code = error.code() if isinstance(error, grpc.Call) else None
+        if code is grpc.StatusCode.DEADLINE_EXCEEDED and call.chunk_count > 1:
             return TransportError(
-                f"{failure} (chunk {call.chunk_index + 1} of the {call.chunk_count} that carry "
-                "one payload: --deadline bounds them together)"
+                chunk_failure_message(str(failure), code, call.chunk_index, call.chunk_count)
             )
         return failure
 

@@ -65,9 +65,10 @@ class StepCut(Exception):
     """A call of the step is planned past the step's last moment (within the driver)."""
 
 
-#: Timeout of a chunk whose payload's deadline has passed: gRPC fails it at once with
-#: DEADLINE_EXCEEDED, as the payload has failed.
-EXPIRED_TIMEOUT_S = 1e-6
+#: Timeout of a chunk whose payload's deadline has passed: a deadline in the past, which
+#: gRPC fails at once with DEADLINE_EXCEEDED, as the payload has failed (one a
+#: microsecond ahead raced a loopback answer, and mostly lost).
+EXPIRED_TIMEOUT_S = -1.0
 
 
 class PayloadDeadlines:
@@ -89,7 +90,7 @@ class PayloadDeadlines:
         now = self._clock()
         first = position - call.chunk_index
         deadline = self._by_first.setdefault(first, now + int(self._timeout_s * 1e9))
-        return max((deadline - now) / 1e9, EXPIRED_TIMEOUT_S)
+        return (deadline - now) / 1e9 if deadline > now else EXPIRED_TIMEOUT_S
 
 
 class StepDriver(Protocol):

@@ -464,6 +464,19 @@ def failure_message(
     return f"{target}{method}: {what} [{name}]{suffix}"
 
 
+def chunk_failure_message(
+    failure: str, code: grpc.StatusCode | None, chunk_index: int, chunk_count: int
+) -> str:
+    """``failure`` of chunk ``chunk_index`` of the ``chunk_count`` that carry one payload,
+    as every engine words it: a deadline missed says the chunks share it."""
+    if code is not grpc.StatusCode.DEADLINE_EXCEEDED or chunk_count <= 1:
+        return failure
+    return (
+        f"{failure} (chunk {chunk_index + 1} of the {chunk_count} that carry one payload: "
+        "--deadline bounds them together)"
+    )
+
+
 #: Method paths counted apart per session; calls on more paths than this, or on
 #: paths longer than ``MAX_METHOD_CHARS`` (only a client making up paths makes
 #: them), are counted under ``OTHER_METHODS``.

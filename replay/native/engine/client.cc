@@ -20,6 +20,7 @@
 
 #include <condition_variable>
 #include <cstring>
+#include <algorithm>
 #include <deque>
 #include <map>
 #include <queue>
@@ -47,6 +48,10 @@ struct CallSpec {
   int64_t content = 0;  // serialized pull: the response content asked for
   std::string tensor_name;
   int64_t padding = 0;
+  // Call.chunk_index of chunk_count: the chunks of one payload, consecutive in a step,
+  // share the deadline the first of them issued got (transport.driver.PayloadDeadlines).
+  uint32_t chunk_index = 0;
+  uint32_t chunk_count = 1;
 };
 
 struct Config {
@@ -97,6 +102,8 @@ Config ReadConfig(const std::string& body) {
     call.content = in.I64();
     call.tensor_name = in.Str();
     call.padding = in.I64();
+    call.chunk_index = in.U32();
+    call.chunk_count = in.U32();
     if (call.method >= config.methods.size() || call.server >= config.targets.size()) {
       throw ProtocolError("a call names a method or server the set-up does not list");
     }
@@ -245,6 +252,7 @@ class Engine {
   void WakeTimerIfSooner();
   bool WindowAllows(uint32_t call) const;
   bool Admit(uint32_t call, uint32_t tag, int64_t release_ns);
+  int64_t PayloadTimeoutNs(uint32_t tag, const CallSpec& call);
   void Issue(uint32_t tag, uint32_t call, int64_t release_ns);
   grpc::ByteBuffer RequestOf(uint32_t call) const;
   bool StepDone() const;
@@ -262,6 +270,11 @@ class Engine {
   int64_t wake_at_ns_ = -1;
   int64_t sleeping_until_ns_ = -1;
   std::mutex output_lock_;
+  // The deadline (monotonic ns) of each chunked payload of the current step, by its first
+  // chunk's tag, valid where its round is `payload_round_` (a new step, or a cycled step's
+  // next cycle, begins a round): kept between steps so that no call allocates.
+  std::vector<std::pair<uint64_t, int64_t>> payload_deadlines_;
+  uint64_t payload_round_ = 1;
 };
 
 void UnaryCall::Done(bool) {
@@ -378,8 +391,21 @@ bool Engine::WindowAllows(uint32_t id) const {
   return call.server_limit == kNoLimit || targets_[call.server].in_flight <= call.server_limit;
 }
 
+// The timeout of chunk `call` at `tag` issued now: what is left of the deadline its
+// payload's first chunk issued got (<= 0: passed), `--deadline` if it is that chunk
+// (hold the lock).
+int64_t Engine::PayloadTimeoutNs(uint32_t tag, const CallSpec& call) {
+  int64_t now = MonotonicNs();
+  uint32_t first = tag - std::min(tag, call.chunk_index);
+  if (first >= payload_deadlines_.size()) payload_deadlines_.resize(first + 1, {0, 0});
+  auto& payload = payload_deadlines_[first];
+  if (payload.first != payload_round_) payload = {payload_round_, now + config_.deadline_ns};
+  return payload.second - now;
+}
+
 void Engine::Issue(uint32_t tag, uint32_t id, int64_t release_ns) {
   const CallSpec& call = config_.calls[id];
+  int64_t timeout_ns = call.chunk_count > 1 ? PayloadTimeoutNs(tag, call) : config_.deadline_ns;
   Target& target = targets_[call.server];
   size_t channel = target.next;
   target.next = (target.next + 1) % target.stubs.size();
@@ -396,7 +422,17 @@ void Engine::Issue(uint32_t tag, uint32_t id, int64_t release_ns) {
                               config_.session, &cq_));
     }
     int64_t start = MonotonicNs();
-    stream->Submit({tag, id, start, release_ns, start + config_.deadline_ns}, RequestOf(id));
+    // A deadline passed: the stream's watch ends it, as it ends a late answer.
+    stream->Submit({tag, id, start, release_ns, start + timeout_ns}, RequestOf(id));
+    return;
+  }
+  if (timeout_ns <= 0) {
+    // The payload's deadline passed before this chunk went: it fails at once, unsent, as
+    // gRPC fails a call issued past its deadline (the grpcio engine's do).
+    int64_t now = MonotonicNs();
+    CompletedLocked(tag, id, now, now, release_ns, -1,
+                    Failure(id, grpc::Status(grpc::StatusCode::DEADLINE_EXCEEDED,
+                                             "Deadline Exceeded")));
     return;
   }
   auto* pending = new UnaryCall;
@@ -405,7 +441,7 @@ void Engine::Issue(uint32_t tag, uint32_t id, int64_t release_ns) {
   pending->call = id;
   pending->release_ns = release_ns;
   pending->context.set_deadline(std::chrono::system_clock::now() +
-                                std::chrono::nanoseconds(config_.deadline_ns));
+                                std::chrono::nanoseconds(timeout_ns));
   if (!config_.session.empty()) pending->context.AddMetadata(kSessionMetadata, config_.session);
   if (!config_.serialized && call.shape == Shape::kPull && call.request_bytes < 8) {
     pending->context.AddMetadata(kResponseLengthMetadata, std::to_string(call.response_bytes));
@@ -479,7 +515,8 @@ bool Engine::StepDone() const {
 
 std::string Engine::Failure(uint32_t id, const grpc::Status& status) const {
   const CallSpec& call = config_.calls[id];
-  return DescribeFailure(targets_[call.server].address, config_.methods[call.method], status);
+  return DescribeFailure(targets_[call.server].address, config_.methods[call.method], status,
+                         call.chunk_index, call.chunk_count);
 }
 
 void Engine::Completed(uint32_t tag, uint32_t id, int64_t start_ns, int64_t end_ns,
@@ -514,6 +551,7 @@ void Engine::CompletedLocked(uint32_t tag, uint32_t id, int64_t start_ns, int64_
     // before its first call, as Python's loop checks it before each step).
     step_.position = 0;
     step_.position_checked = false;
+    ++payload_round_;  // each cycle's payloads have deadlines of their own
     // The window's holds begin again, as they do with each step Python gives.
     step_.refused = false;
     step_.last_completion_ns = step_.held_until_ns = -1;
@@ -617,6 +655,7 @@ void Engine::Apply(const std::string& frame) {
     if (step_.active) throw ProtocolError("a step began before the last one finished");
     step_ = StepState();
     step_.active = true;
+    ++payload_round_;
     step_.stop_at_ns = in.I64();
     uint8_t mode = in.U8();
     if (mode > static_cast<uint8_t>(StepMode::kCycled)) throw ProtocolError("unknown step mode");

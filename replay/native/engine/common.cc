@@ -270,13 +270,15 @@ bool MessageReader::Skip(uint64_t bytes) {
 }
 
 std::string DescribeFailure(const std::string& target, const std::string& method,
-                            const grpc::Status& status) {
+                            const grpc::Status& status, uint32_t chunk_index,
+                            uint32_t chunk_count) {
   // Worded by the Python side (wire.failure_message), as the grpcio engine words it.
   const char kSeparator = '\x1f';
   std::string detail = status.error_message();
   return std::string(1, kSeparator) + "status" + kSeparator +
-         std::to_string(static_cast<int>(status.error_code())) + kSeparator + target +
-         kSeparator + method + kSeparator + detail;
+         std::to_string(static_cast<int>(status.error_code())) + kSeparator +
+         std::to_string(chunk_index) + kSeparator + std::to_string(chunk_count) + kSeparator +
+         target + kSeparator + method + kSeparator + detail;
 }
 
 std::string JsonString(const std::string& text) {

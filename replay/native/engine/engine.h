@@ -22,7 +22,7 @@
 
 namespace tfgb {
 
-constexpr uint32_t kProtocolVersion = 5;
+constexpr uint32_t kProtocolVersion = 6;
 
 // Method paths and metadata of the wire protocol (replay/transport/wire.py).
 extern const char kEchoMethod[];
@@ -135,9 +135,11 @@ class MessageReader {
 };
 
 // A failed call's status for the Python side to word (wire.failure_message): the
-// fields after a leading unit separator (protocol.py, ``F`` frames).
+// fields after a leading unit separator (protocol.py, ``F`` frames); a chunk of a
+// payload says which (`chunk_index` of `chunk_count`).
 std::string DescribeFailure(const std::string& target, const std::string& method,
-                            const grpc::Status& status);
+                            const grpc::Status& status, uint32_t chunk_index = 0,
+                            uint32_t chunk_count = 1);
 
 // JSON string literal of `text` (bytes past ASCII escaped one by one).
 std::string JsonString(const std::string& text);
