@@ -167,7 +167,7 @@ class Stream {
   void Read(bool ok);
   void Finished(bool ok);
   void Pump();
-  void Break();
+  void Break(bool cancel);
 
   Engine* engine_;
   std::string target_, path_;
@@ -767,10 +767,14 @@ void Stream::Pump() {
   }
 }
 
-void Stream::Break() {
+// Ends the stream: `cancel` for one this side gives up on (a deadline passed, an answer
+// nobody asked for); without it, after an operation failed, the stream has ended and its
+// status says why (a server gone: UNAVAILABLE, as grpcio's client says, not the
+// CANCELLED this side's own cancel would put in its place).
+void Stream::Break(bool cancel) {
   if (!breaking_) {
     breaking_ = true;
-    context_.TryCancel();
+    if (cancel) context_.TryCancel();
   }
   Pump();
 }
@@ -778,14 +782,14 @@ void Stream::Break() {
 void Stream::Watch(int64_t now_ns) {
   if (!breaking_ && !awaited_.empty() && now_ns > awaited_.front().deadline_ns) {
     timed_out_ = true;
-    Break();
+    Break(true);
   }
 }
 
 void Stream::Started(bool ok) {
   std::lock_guard<std::mutex> hold(engine_->lock);
   started_ = true;
-  if (!ok) return Break();
+  if (!ok) return Break(false);
   Pump();
 }
 
@@ -793,7 +797,7 @@ void Stream::Written(bool ok) {
   std::lock_guard<std::mutex> hold(engine_->lock);
   writing_ = false;
   if (!to_write_.empty()) to_write_.pop_front();
-  if (!ok) return Break();
+  if (!ok) return Break(false);
   Pump();
 }
 
@@ -804,7 +808,7 @@ void Stream::Read(bool ok) {
   {
     std::lock_guard<std::mutex> hold(engine_->lock);
     reading_ = false;
-    if (!ok || awaited_.empty()) return Break();
+    if (!ok || awaited_.empty()) return Break(ok);
     awaited = awaited_.front();
     awaited_.pop_front();
     length = answer_.Length();
