@@ -177,11 +177,12 @@ def _setup_frame(
     )
     for row in rows:
         method, shape, server, request, response, limit, buffers, content, name, pad = row[:10]
+        chunk, chunks = row[10:]
         frame.u32(method_ids[method]).u8(_SHAPES[shape]).u32(server).i64(request).i64(response)
         frame.u32(limit).u32(len(buffers))
         for size in buffers:
             frame.i64(size)
-        frame.i64(content).text(name).i64(pad).u32(row[10]).u32(row[11])
+        frame.i64(content).text(name).i64(pad).u32(chunk).u32(chunks)
     return frame.frame()
 
 
