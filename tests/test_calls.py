@@ -250,3 +250,42 @@ def test_a_path_that_is_not_utf8_is_kept_with_replacement_characters() -> None:
     c.fold()
     (call,) = c.table.take(caller_pid=1, final=False)
     assert call.method == "/bad\ufffdpath"
+
+
+def test_an_open_call_whose_response_began_ends_when_its_response_began() -> None:
+    c = Connection()
+    c.request_headers(3, 500)
+    c.response_headers(3, 530)
+    c.responses.events.append(MessageSeen(3, 16, False, b"r", 531))
+    c.fold()
+    (call,) = c.table.take(caller_pid=None, final=True)
+    # Neither ended nor reset: it "ends" at the later of its start and its response's start.
+    assert (call.complete, call.start_ns, call.response_start_ns, call.end_ns) == (
+        False,
+        500,
+        530,
+        530,
+    )
+
+
+def test_a_client_reset_after_the_response_began_keeps_all_three_times() -> None:
+    c = Connection()
+    c.request_headers(7, 100)
+    c.response_headers(7, 120)
+    c.requests.events.append(StreamReset(7, 8, 150))
+    # Either direction may be folded first: the response's headers are already in.
+    c.table.fold(c.responses)
+    c.table.fold(c.requests)
+    (call,) = c.table.take(caller_pid=1, final=False)
+    assert (call.reset, call.start_ns, call.response_start_ns, call.end_ns) == (True, 100, 120, 150)
+
+
+def test_a_call_whose_response_side_ended_before_its_request_was_seen_ends_at_its_start() -> None:
+    # The two directions are read apart, so a server's reset can carry an earlier time
+    # than the request's headers; the call then lasts no time rather than less than none.
+    c = Connection()
+    c.request_headers(9, 100)
+    c.responses.events.append(StreamReset(9, 2, 95))
+    c.fold()
+    (call,) = c.table.take(caller_pid=1, final=False)
+    assert (call.reset, call.start_ns, call.end_ns) == (True, 100, 100)

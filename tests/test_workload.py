@@ -40,7 +40,7 @@ from tf_grpc_bench.replay.transport.wire import (
     serialized_pull_request,
 )
 from tf_grpc_bench.sizes import SizeCategory
-from tf_grpc_bench.trace import RECV_TENSOR, Rpc, RunMetadata, Step, Task, Trace
+from tf_grpc_bench.trace import RECV_TENSOR, Rpc, RunMetadata, Step, Task, TensorInfo, Trace
 from tf_grpc_bench.trace_mapping import (
     WHOLE_STEPS,
     WORKERS_AND_PS_ONLY,
@@ -540,6 +540,34 @@ def test_steps_that_overlap_are_not_rounds() -> None:
     assert not steps_are_rounds(Trace(metadata=trace.metadata, tasks=trace.tasks, steps=(first,)))
     workload = trace_workload(overlapping, Benchmark.PS_THROUGHPUT, mode=Mode.NON_SERIALIZED)
     assert all(step.round_tail_ns is None for step in workload.steps)
+
+
+def test_captured_paths_of_steps_that_are_not_rounds_keep_each_workers_own_time() -> None:
+    trace = _ps_trace()
+    first, second = trace.steps
+    late = _rpc(RECV_TENSOR, 2, 0, 120, 100, second.start_ns + 100_000)
+    overlapping = Trace(
+        metadata=trace.metadata,
+        tasks=trace.tasks,
+        steps=(
+            Step(index=0, start_ns=first.start_ns, end_ns=first.end_ns, rpcs=(*first.rpcs, late)),
+            second,
+        ),
+    )
+    assert not steps_are_rounds(overlapping)
+    # No round's tail: what followed a worker's own last arrival is its compute, not a
+    # wait for the others.  worker:0, step 0: compute 100, its second pull 1,000, compute
+    # 1,900, the gradient 1,000, compute to the late pull (+1,100,000), the pull 1,000.
+    # worker:1: compute 200, its pull 1,000, compute to the period's end (+1,000,000).
+    assert [
+        (p.step_ns, p.compute_ns, p.communication_ns)
+        for _, _, p in captured_critical_paths(overlapping)
+    ] == [
+        (1_101_000, 100 + 1_900 + (1_100_000 - 4_000), 3_000),
+        (1_000_000, 200 + (1_000_000 - 1_200), 1_000),
+        (900_000, 100 + 1_900 + (900_000 - 4_000), 2_000),
+        (900_000, 200 + (900_000 - 1_200), 1_000),
+    ]
 
 
 def test_captured_critical_paths_split_every_worker_step_into_compute_and_communication() -> None:
@@ -1524,6 +1552,76 @@ def test_captured_path_segments_of_the_ps_trace_in_trace_time() -> None:
         (900_000, 2_000 + 3_000, 898_000 - 3_000),
         (900_000, 1_000 + 5_800, 899_000 - 5_800),
     ]
+
+
+def _tf1_trace() -> Trace:
+    """ps:0, worker:0, worker:1, two rounds of TF1's sync replicas (offsets from each
+    step's start): each worker pulls a variable (0 to 1,000); the ps pulls worker:0's
+    gradient at 3,000-4,000 and worker:1's at 20,000-21,000; each worker asks for its
+    sync token (at 4,500 and 21,500), which leaves the ps at 25,000 (the apply after
+    the round's last gradient) and arrives at 26,000.  The second step lasts 30,000."""
+
+    def pull(caller: int, callee: int, times: tuple[int, int, int], edge: str) -> Rpc:
+        key = f"/job:ps/task:0;1;/job:worker/task:0;{edge};0:0"
+        return Rpc(
+            method=RECV_TENSOR,
+            caller_task=caller,
+            callee_task=callee,
+            request_bytes=100,
+            response_bytes=1_000,
+            start_ns=times[0],
+            response_start_ns=times[1],
+            end_ns=times[2],
+            tensor=TensorInfo(rendezvous_key=key, dtype="DT_FLOAT", shape=(4,), content_bytes=16),
+        )
+
+    steps = []
+    for number in range(2):
+        b = 1_000_000 * (number + 1)
+        rpcs = (
+            pull(1, 0, (b, b, b + 1_000), "edge_1_w/ReadVariableOp"),
+            pull(2, 0, (b, b, b + 1_000), "edge_2_w/ReadVariableOp"),
+            pull(0, 1, (b + 3_000, b + 3_000, b + 4_000), "edge_3_gradients/MatMul"),
+            pull(0, 2, (b + 20_000, b + 20_000, b + 21_000), "edge_4_gradients/MatMul"),
+            pull(1, 0, (b + 4_500, b + 25_000, b + 26_000), "edge_5_sync_token_q_Dequeue"),
+            pull(2, 0, (b + 21_500, b + 25_000, b + 26_000), "edge_6_sync_token_q_Dequeue"),
+        )
+        steps.append(Step(index=number, start_ns=b, end_ns=b + 30_000, rpcs=rpcs))
+    tasks = (Task(job="ps", index=0), Task(job="worker", index=0), Task(job="worker", index=1))
+    return Trace(metadata=RunMetadata(model="toy"), tasks=tasks, steps=tuple(steps))
+
+
+def test_a_tf1_traces_captured_paths_count_the_wait_for_the_other_workers_gradients() -> None:
+    from tf_grpc_bench.critical_path import CapturedSegment, captured_path_segments
+
+    trace = _tf1_trace()
+    assert steps_are_rounds(trace)
+    # worker:0: pull 1,000, compute 2,000, its gradient 1,000, the apply 4,000 (what
+    # followed worker:1's gradient, the round's last, before the token left), then the
+    # token's 18,000 (the wait for worker:1's gradient, 17,000, and its own 1,000), then
+    # the round's tail after its last arrival (26,000): 974,000 to the next step, then
+    # 4,000.  worker:1's own gradient is the round's last: pull 1,000, compute 19,000,
+    # gradient 1,000, apply 4,000, token 1,000, tail.
+    assert [
+        (index, task, p.step_ns, p.compute_ns, p.communication_ns)
+        for index, task, p in captured_critical_paths(trace)
+    ] == [
+        (0, "/job:worker/task:0", 1_000_000, 2_000 + 4_000 + 974_000, 20_000),
+        (0, "/job:worker/task:1", 1_000_000, 19_000 + 4_000 + 974_000, 3_000),
+        (1, "/job:worker/task:0", 30_000, 2_000 + 4_000 + 4_000, 20_000),
+        (1, "/job:worker/task:1", 30_000, 19_000 + 4_000 + 4_000, 3_000),
+    ]
+    segments = captured_path_segments(trace)
+    assert [(number, task) for number, task, _ in segments] == [(0, 1), (0, 2), (1, 1), (1, 2)]
+    b = 2_000_000
+    assert segments[2][2] == (
+        CapturedSegment(start_ns=b, end_ns=b + 1_000, rpc_index=0),
+        CapturedSegment(start_ns=b + 1_000, end_ns=b + 3_000, rpc_index=-1),
+        CapturedSegment(start_ns=b + 3_000, end_ns=b + 4_000, rpc_index=2),
+        CapturedSegment(start_ns=b + 4_000, end_ns=b + 8_000, rpc_index=-1),
+        CapturedSegment(start_ns=b + 8_000, end_ns=b + 26_000, rpc_index=4),
+        CapturedSegment(start_ns=b + 26_000, end_ns=b + 30_000, rpc_index=-1),
+    )
 
 
 def test_steps_are_rounds_when_the_last_transfer_ends_as_the_next_begins() -> None:
