@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from tf_grpc_bench import trace_files
 from tf_grpc_bench.critical_path import captured_critical_paths
-from tf_grpc_bench.dependencies import is_sync_token, is_variable_read, source_op
+from tf_grpc_bench.dependencies import TimedCall, is_sync_token, is_variable_read, source_op
 from tf_grpc_bench.errors import ConfigError, TraceError
 from tf_grpc_bench.protos import bench_pb2
 from tf_grpc_bench.replay.core.benchmarks import synthetic_workload, trace_workload
@@ -44,10 +44,14 @@ from tf_grpc_bench.trace import RECV_TENSOR, Rpc, RunMetadata, Step, Task, Tenso
 from tf_grpc_bench.trace_mapping import (
     WHOLE_STEPS,
     WORKERS_AND_PS_ONLY,
+    MappedRpc,
     WholeSteps,
+    arrival_tail_ns,
     choose_pair,
+    map_steps,
     parse_pair,
     steps_are_rounds,
+    timed_call,
     trace_roles,
 )
 
@@ -1622,6 +1626,79 @@ def test_a_tf1_traces_captured_paths_count_the_wait_for_the_other_workers_gradie
         CapturedSegment(start_ns=b + 8_000, end_ns=b + 26_000, rpc_index=4),
         CapturedSegment(start_ns=b + 26_000, end_ns=b + 30_000, rpc_index=-1),
     )
+
+
+def test_a_rounds_tail_runs_from_its_last_arrival_to_its_periods_end_and_is_never_negative() -> (
+    None
+):
+    assert arrival_tail_ns([300, 700, 650], 1_000) == 300
+    # An arrival at or after the period's end leaves no tail, nor does a round without one.
+    assert arrival_tail_ns([1_000], 1_000) == 0
+    assert arrival_tail_ns([200, 1_200], 1_000) == 0
+    assert arrival_tail_ns([], 1_000) == 0
+
+
+def test_a_timed_call_is_its_rpc_in_offsets_from_the_step_start_with_its_tensors_op() -> None:
+    key = "/job:worker/task:0;1;/job:ps/task:0;edge_12_gradients/MatMul;0:0"
+    rpc = Rpc(
+        method=RECV_TENSOR,
+        caller_task=0,
+        callee_task=2,
+        request_bytes=130,
+        response_bytes=4_000,
+        start_ns=1_003_000,
+        response_start_ns=1_003_400,
+        end_ns=1_004_000,
+        tensor=TensorInfo(rendezvous_key=key),
+    )
+    mapped = MappedRpc(rpc=rpc, client_task=2, server_task=0, reversed_direction=True)
+    expected = TimedCall(
+        server=1,
+        reversed_direction=True,
+        carries_tensor=True,
+        start_ns=3_000,
+        response_start_ns=3_400,
+        end_ns=4_000,
+        source_op="gradients/MatMul",
+    )
+    assert timed_call(mapped, 1, 1_000_000) == expected
+    # Without the tensor's rendezvous key there is no op to group it with others by.
+    untagged = replace(mapped, rpc=replace(rpc, tensor=None))
+    assert timed_call(untagged, 1, 1_000_000) == replace(expected, source_op="")
+    # Offsets never fall before the step's start, nor the response's before the request's.
+    early = replace(mapped, rpc=replace(rpc, start_ns=999_000, response_start_ns=999_500))
+    assert timed_call(early, 1, 1_000_000) == replace(expected, start_ns=0, response_start_ns=0)
+
+
+def test_without_a_ps_job_the_tasks_called_serve_and_the_callers_are_clients() -> None:
+    tasks = tuple(Task(job="worker", index=i) for i in range(3))
+    steps = tuple(
+        Step(
+            index=n,
+            start_ns=b,
+            end_ns=b + 900_000,
+            rpcs=(
+                _rpc(RECV_TENSOR, 0, 1, 100, 5_000, b),
+                _rpc(RECV_TENSOR, 2, 1, 100, 6_000, b + 10),
+            ),
+        )
+        for n, b in enumerate((1_000_000, 2_000_000))
+    )
+    roles = trace_roles(Trace(metadata=RunMetadata(model="toy"), tasks=tasks, steps=steps))
+    assert (roles.ps_job, roles.server_tasks, roles.client_tasks) == (False, (1,), (0, 2))
+
+
+def test_calls_that_start_together_are_mapped_in_the_order_they_end() -> None:
+    trace = _ps_trace()
+    first, second = trace.steps
+    longer = replace(first.rpcs[0], end_ns=first.start_ns + 5_000)
+    shorter = replace(first.rpcs[0], end_ns=first.start_ns + 2_000)
+    together = replace(trace, steps=(replace(first, rpcs=(longer, shorter)), second))
+    mapped, _ = map_steps(together, trace_roles(together))
+    assert [(m.rpc_index, m.rpc.end_ns - first.start_ns) for m in mapped[0]] == [
+        (1, 2_000),
+        (0, 5_000),
+    ]
 
 
 def test_steps_are_rounds_when_the_last_transfer_ends_as_the_next_begins() -> None:
