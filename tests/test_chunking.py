@@ -371,3 +371,16 @@ def test_a_payload_of_a_terabyte_in_chunks_ends_at_its_deadline(
     (line,) = completed.stderr.splitlines()
     assert "[DEADLINE_EXCEEDED]" in line and "--deadline bounds them together" in line
     assert f"of the {-(-(10**12) // 2**26)} that carry one payload" in line  # 64 MiB chunks
+
+
+@pytest.mark.parametrize("mode", list(Mode))
+def test_a_payload_cut_in_two_numbers_both_chunks(mode: Mode) -> None:
+    # The smallest cut: 1,500 B in chunks of 1,000 is two calls, 0 and 1 of 2, so that
+    # the driver gives both one deadline together.
+    chunks = chunk_call(_pull(mode, response_bytes=1_500), Limit(1_000), mode)
+    assert [(c.chunk_index, c.chunk_count) for c in chunks] == [(0, 2), (1, 2)]
+    echo = echo_call((900, 600), mode)
+    assert [(c.chunk_index, c.chunk_count) for c in chunk_call(echo, Limit(1_000), mode)] == [
+        (0, 2),
+        (1, 2),
+    ]
