@@ -527,12 +527,13 @@ def test_a_rounds_tail_is_what_followed_its_last_arrival_of_any_worker() -> None
     assert all(step.round_tail_ns is None for step in pair.steps)
 
 
-def test_steps_that_overlap_are_not_rounds() -> None:
+def _overlapping_trace() -> Trace:
+    """``_ps_trace`` with a pull recorded in step 0 that ends 101 us into step 1 (10% of
+    step 0's 1 ms period): steps that overlap, not rounds."""
     trace = _ps_trace()
     first, second = trace.steps
-    # Recorded in step 0, it ends 101 us into step 1, 10% of step 0's 1 ms period.
     late = _rpc(RECV_TENSOR, 2, 0, 120, 100, second.start_ns + 100_000)
-    overlapping = Trace(
+    return Trace(
         metadata=trace.metadata,
         tasks=trace.tasks,
         steps=(
@@ -540,24 +541,20 @@ def test_steps_that_overlap_are_not_rounds() -> None:
             second,
         ),
     )
+
+
+def test_steps_that_overlap_are_not_rounds() -> None:
+    trace = _ps_trace()
+    overlapping = _overlapping_trace()
     assert not steps_are_rounds(overlapping)
+    first = trace.steps[0]
     assert not steps_are_rounds(Trace(metadata=trace.metadata, tasks=trace.tasks, steps=(first,)))
     workload = trace_workload(overlapping, Benchmark.PS_THROUGHPUT, mode=Mode.NON_SERIALIZED)
     assert all(step.round_tail_ns is None for step in workload.steps)
 
 
 def test_captured_paths_of_steps_that_are_not_rounds_keep_each_workers_own_time() -> None:
-    trace = _ps_trace()
-    first, second = trace.steps
-    late = _rpc(RECV_TENSOR, 2, 0, 120, 100, second.start_ns + 100_000)
-    overlapping = Trace(
-        metadata=trace.metadata,
-        tasks=trace.tasks,
-        steps=(
-            Step(index=0, start_ns=first.start_ns, end_ns=first.end_ns, rpcs=(*first.rpcs, late)),
-            second,
-        ),
-    )
+    overlapping = _overlapping_trace()
     assert not steps_are_rounds(overlapping)
     # No round's tail: what followed a worker's own last arrival is its compute, not a
     # wait for the others.  worker:0, step 0: compute 100, its second pull 1,000, compute
