@@ -502,10 +502,13 @@ class _DependentStep:
         if entries:
             self.driver.engine.process.send(Encoder("D").entries(entries).frame())
 
-    def _arrived(self, index: int, end_ns: int) -> None:
-        """Call ``index`` completed at ``end_ns`` (perf ns; hold ``lock``)."""
-        self.last_end_ns = max(self.last_end_ns, end_ns)
-        self.tracker.complete(index, end_ns)
+    def _arrived(self, arrivals: Sequence[tuple[int, int]]) -> None:
+        """Calls completed, (index, end perf ns) each: fed to the tracker, then whatever
+        they released sent in one frame (hold ``lock``).  A release depends only on the
+        completions of what its call waits for, so a batch releases what one by one would."""
+        for index, end_ns in arrivals:
+            self.last_end_ns = max(self.last_end_ns, end_ns)
+            self.tracker.complete(index, end_ns)
         self._release_ready()
 
     def _take_remote(self) -> None:
@@ -513,8 +516,7 @@ class _DependentStep:
         peers = self.driver.peers
         assert peers is not None
         with self.lock:
-            for index, end_ns in peers.arrivals(self.fed):
-                self._arrived(index, end_ns)
+            self._arrived(peers.arrivals(self.fed))
             self.lock.notify_all()
 
     def run(self, run_begin_ns: int, samples: list[CallSample] | None) -> StepOutcome:
@@ -579,12 +581,12 @@ class _DependentStep:
             self._cut_if_nothing_else_can_come()
         try:
             while (frame := process.receive(self._silence_s())).kind == "C":
+                arrivals = [(tag, driver.to_perf(end)) for tag, end in frame.arrivals()]
+                if driver.peers is not None:
+                    driver.peers.publish_many(arrivals)
                 with self.lock:
-                    for tag, end in frame.arrivals():
-                        if driver.peers is not None:
-                            driver.peers.publish(tag, driver.to_perf(end))
-                        self.arrived += 1
-                        self._arrived(tag, driver.to_perf(end))
+                    self.arrived += len(arrivals)
+                    self._arrived(arrivals)
                     self._cut_if_nothing_else_can_come()
         except KeyboardInterrupt:
             process.send(Encoder("X").frame())

@@ -5,8 +5,9 @@ With ``--procs-per-worker K`` a worker's calls are split over K processes
 
 * the completion time of every call of the current step (a shared array of
   ``CLOCK_MONOTONIC`` ns, tagged with the step's number), each process
-  waking the others through a pipe when one of its calls completes, so every
-  process's dependency tracker sees the whole worker-step;
+  waking the others through a pipe when its calls complete (once for the
+  completions it learns of together), so every process's dependency tracker
+  sees the whole worker-step;
 * a barrier at the end of each step, where each process says when its last
   call ended: a step ends when all of the worker's calls have ended, and
   everyone knows when that was;
@@ -142,8 +143,16 @@ class Peers:
 
     def publish(self, index: int, end_ns: int) -> None:
         """Call ``index`` of the current step (made here) completed at ``end_ns`` (perf ns)."""
-        self._done[index] = end_ns - self._offset
-        self._generation[index] = self.step_number
+        self.publish_many(((index, end_ns),))
+
+    def publish_many(self, arrivals: Sequence[tuple[int, int]]) -> None:
+        """Calls of the current step (made here) completed, (index, end perf ns) each: the
+        others are woken once for all of them."""
+        if not arrivals:
+            return
+        for index, end_ns in arrivals:
+            self._done[index] = end_ns - self._offset
+            self._generation[index] = self.step_number
         with self._send_lock:
             for outbox in self._links.outboxes:
                 # A process that is gone breaks the barrier: the others learn it there.
