@@ -15,7 +15,7 @@ import argparse
 from collections.abc import Sequence
 
 from tf_grpc_bench.errors import ConfigError, UsageError
-from tf_grpc_bench.replay.core import benchmarks, planning, processes, whatif
+from tf_grpc_bench.replay.core import benchmarks, compute_load, planning, processes, whatif
 from tf_grpc_bench.replay.core.benchmarks import RpcKind
 from tf_grpc_bench.replay.core.generators import GeneratorKind
 from tf_grpc_bench.replay.core.pacing import Compute, Timing, timing_names, timing_spec
@@ -392,6 +392,15 @@ def _add_timing_flags(parser: argparse.ArgumentParser) -> None:
         "defaults to auto), and report every time divided by K: for a replay too slow on "
         "this machine for a fast link (default 1)",
     )
+    timing.add_argument(
+        "--compute-load",
+        default=compute_load.NONE,
+        metavar="|".join(compute_load.MODES),
+        help="dependencies pacing: burner processes keep the cores as busy as training's "
+        "tasks kept them (the trace's capture CPU less the replay's own, measured in the "
+        "warm-up): gaps in each task's compute gaps, uniform all along; none (default) "
+        "adds nothing (docs/fidelity.md, Compute load)",
+    )
     timing.add_argument("--rate", type=float, default=None, help="calls per second per worker")
     timing.add_argument(
         "--speedup", type=float, default=None, help="recorded pacing: replay N times faster"
@@ -510,6 +519,7 @@ def replay_spec(args: argparse.Namespace, *, auto_dilation: bool = False) -> Rep
         pacing=None if args.pacing is None else Timing(args.pacing),
         compute=None if args.compute is None else Compute.parse(args.compute),
         time_dilation=_time_dilation(args.time_dilation, auto_dilation),
+        compute_load=args.compute_load,
         rate=args.rate,
         speedup=args.speedup,
         deadline_s=args.deadline,

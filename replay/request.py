@@ -22,9 +22,9 @@ from pathlib import Path
 
 from tf_grpc_bench import calibration, capture_cpu, compute_scale, host, trace_files
 from tf_grpc_bench.bounds import NS_PER_S
-from tf_grpc_bench.errors import UsageError
+from tf_grpc_bench.errors import ConfigError, UsageError
 from tf_grpc_bench.replay import fitting
-from tf_grpc_bench.replay.core import planning, whatif
+from tf_grpc_bench.replay.core import compute_load, planning, whatif
 from tf_grpc_bench.replay.core.benchmarks import RpcKind
 from tf_grpc_bench.replay.core.generators import BufferSizes, GeneratorConfig
 from tf_grpc_bench.replay.core.measurement import Benchmark
@@ -255,6 +255,7 @@ def run_plan(spec: ReplaySpec) -> RunPlan:
         deadline_s=spec.deadline_s * dilation,
         connect_timeout_s=spec.connect_timeout_s,
         time_dilation=dilation,
+        compute_load=spec.compute_load,
     )
 
 
@@ -340,7 +341,25 @@ def trace_workloads(
     cpu = capture_cpu.described(trace.metadata.extra)
     if cpu:
         workloads = [replace(w, description=(*w.description, *cpu)) for w in workloads]
-    return workloads, derivation
+    return _with_load_sizing(spec, trace, trace_path, workloads), derivation
+
+
+def _with_load_sizing(
+    spec: ReplaySpec, trace: Trace, trace_path: Path, workloads: list[Workload]
+) -> list[Workload]:
+    """With ``--compute-load``, the workloads carry the capture's tasks' cores busy (what
+    sizes the load, ``core.compute_load``); a trace recording none is a ConfigError."""
+    if spec.compute_load == compute_load.NONE:
+        return workloads
+    recorded = capture_cpu.from_extra(trace.metadata.extra)
+    if recorded is None:
+        raise ConfigError(
+            f"--compute-load {spec.compute_load}: {trace_path} records no capture CPU "
+            f"({capture_cpu.TASKS_EXTRA}; captured before 2026-12-04 or by hand): "
+            "capture it again, or give --compute-load none"
+        )
+    entry = (compute_load.TASKS_CORES_ENTRY, round(recorded.tasks_cores, 3))
+    return [replace(w, description=(*w.description, entry)) for w in workloads]
 
 
 def what_if_of(spec: ReplaySpec, trace: Trace) -> whatif.WhatIf | None:

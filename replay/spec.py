@@ -24,7 +24,7 @@ from typing import Any
 
 from tf_grpc_bench.bounds import MAX_COUNT, MAX_RUN_S, check_count, check_seconds
 from tf_grpc_bench.errors import ConfigError, UsageError
-from tf_grpc_bench.replay.core import benchmarks, processes
+from tf_grpc_bench.replay.core import benchmarks, compute_load, processes
 from tf_grpc_bench.replay.core.benchmarks import RpcKind
 from tf_grpc_bench.replay.core.generators import (
     MAX_BUFFERS_PER_PAYLOAD,
@@ -261,6 +261,8 @@ class ReplaySpec:
     compute: Compute | None = None
     #: None: 1 (``network compare`` chooses per link).
     time_dilation: float | None = None
+    #: ``core.compute_load.MODES``: burners keep the cores as busy as training did.
+    compute_load: str = compute_load.NONE
     rate: float | None = None
     speedup: float | None = None
     deadline_s: float = 60.0
@@ -332,6 +334,9 @@ def validate(spec: ReplaySpec) -> None:
         raise PacingError(
             f"--time-dilation {spec.time_dilation:g}: must be in [1, {MAX_TIME_DILATION:g}]"
         )
+    compute_load.check_mode(spec.compute_load)
+    if spec.compute_load != compute_load.NONE and spec.trace is None:
+        raise UsageError(f"--compute-load {spec.compute_load} needs a TRACE (its capture CPU)")
     if spec.targets is not None:
         if not spec.targets:
             raise ConfigError("--target: expected HOST:PORT[,HOST:PORT...]")

@@ -49,8 +49,10 @@ from tf_grpc_bench.replay.core.pacing import Pacing
 from tf_grpc_bench.replay.core.processes import split_worker
 from tf_grpc_bench.replay.core.workload import Workload
 from tf_grpc_bench.replay.native.driver import NativeDriver, open_native_driver
+from tf_grpc_bench.replay.transport.burners import GapSender
 from tf_grpc_bench.replay.transport.client import ReplayClient
 from tf_grpc_bench.replay.transport.driver import Driver
+from tf_grpc_bench.replay.transport.load import ComputeLoad
 from tf_grpc_bench.replay.transport.loop import (
     ProgressCallback,
     RunPlan,
@@ -115,6 +117,9 @@ class WorkerSpec:
     #: The gRPC C++ engine's program, which then makes this process's calls (its
     #: ``native.driver.NativeDriver``); "": grpcio channels in this process.
     native_program: str = ""
+    #: Where this process's driver sends its compute gaps (``burners.GapSender``), if
+    #: a compute load runs in them (``--compute-load gaps``); None: nowhere.
+    compute_gaps: Any = None
 
 
 class RoundBarrier:
@@ -240,6 +245,8 @@ def _worker_main(
         if links is not None:
             peers = Peers(links, spec.workload.steps, timeout_s=spec.plan.deadline_s)
         driver, close, cpu_clock = _open_driver(spec, peers)
+        if spec.compute_gaps is not None:
+            driver.on_compute = GapSender(spec.compute_gaps)
         loop = WorkerLoop(
             spec.workload,
             driver,
@@ -253,9 +260,9 @@ def _worker_main(
             if command[0] == "warmup":
                 try:
                     loop.warm_up(command[1])
-                    connection.send(("warm", ""))
+                    connection.send(("warm", "", loop.replayed_steps))
                 except TransportError as error:
-                    connection.send(("warm", f"during warm-up: {error}"))
+                    connection.send(("warm", f"during warm-up: {error}", 0))
             elif command[0] == "run":
                 outcome = interrupt.measure(loop, command)
                 connection.send(
@@ -407,6 +414,7 @@ class ProcessWorkers:
         self, jobs: Sequence[WorkerJob], *, round_barrier: bool, native_program: Path | None = None
     ) -> None:
         """``native_program``: the gRPC C++ engine's program makes the calls (grpc-cpp engine)."""
+        self.load = ComputeLoad(jobs)
         specs = [
             WorkerSpec(
                 worker_index=job.worker_index,
@@ -418,35 +426,51 @@ class ProcessWorkers:
                 process=process,
                 netns=job.netns,
                 native_program=str(native_program or ""),
+                compute_gaps=self.load.gap_writer(number) if process == 0 else None,
             )
-            for job in jobs
+            for number, job in enumerate(jobs)
             for process in range(split_worker(job.workload, job.processes).count)
         ]
         self._plan = jobs[0].plan
         self._count = len(specs)
-        self._workers = _WorkerProcesses(
-            specs,
-            round_barrier=round_barrier,
-            procs_per_worker=max(job.processes for job in jobs),
-        )
+        try:
+            self._workers = _WorkerProcesses(
+                specs,
+                round_barrier=round_barrier,
+                procs_per_worker=max(job.processes for job in jobs),
+            )
+        except BaseException:
+            self.load.close()
+            raise
 
     def wait_ready(self, timeout_s: float) -> None:
         for index in range(self._count):
             self._workers.receive(index, timeout_s=timeout_s)
 
     def warm_up(self, duration_ns: int) -> None:
+        cpu = self.load.replay_cpu_ns()
         self._workers.send_all(("warmup", duration_ns))
-        errors = [str(self._workers.receive(index)[1]) for index in range(self._count)]
+        replies = [self._workers.receive(index) for index in range(self._count)]
+        errors = [str(reply[1]) for reply in replies]
         if any(errors):
             raise TransportError(next(e for e in errors if e))
+        steps = replies[0][2]
+        assert isinstance(steps, int)
+        self.load.size(replay_cpu_ns=self.load.replay_cpu_ns() - cpu, steps=steps)
 
     def run(self, *, duration_ns: int, steps: int | None) -> list[WorkerOutcome]:
         start = time.monotonic_ns() + START_MARGIN_NS
-        self._workers.send_all(("run", start, duration_ns, steps))
-        return _run_outcomes(self._workers, self._count, start, self._plan)
+        with self.load.measuring() as measured:
+            self._workers.send_all(("run", start, duration_ns, steps))
+            outcomes = _run_outcomes(self._workers, self._count, start, self._plan)
+            measured.steps = max((len(o.step_times_ns) for o in outcomes), default=0)
+        return outcomes
 
     def close(self) -> None:
-        self._workers.stop()
+        try:
+            self._workers.stop()
+        finally:
+            self.load.close()
 
 
 def measure_throughput(

@@ -41,6 +41,7 @@ CORE_ALLOWED_PROJECT = (
     "tf_grpc_bench.sizes",
     "tf_grpc_bench.trace",
     "tf_grpc_bench.dependencies",
+    "tf_grpc_bench.dependency_tracker",
     "tf_grpc_bench.trace_mapping",
 )
 #: Modules that would give ``core`` IO, clocks, concurrency or the network.

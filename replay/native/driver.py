@@ -215,6 +215,8 @@ class NativeDriver:
         self.pacing = pacing
         self.peers = peers
         self.clock = clock
+        #: Told of each compute gap a step plans (``DependencyTracker``'s ``on_compute``).
+        self.on_compute: Callable[[int, int], None] | None = None
         self._mode = mode
         #: perf_counter_ns - CLOCK_MONOTONIC ns: the program's times are monotonic.
         self._offset = perf_minus_monotonic_ns()
@@ -470,6 +472,7 @@ class _DependentStep:
             compute_scale=pacing.wall_compute_scale,
             step_compute_ns=step.step_compute_ns,
             round_tail_ns=step.round_tail_ns,
+            on_compute=driver.on_compute,
         )
         self.ids = driver.ids(step)
         peers = driver.peers

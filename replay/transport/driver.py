@@ -143,6 +143,8 @@ class Driver:
         #: The worker's other client processes (``--procs-per-worker``), if any: this
         #: driver makes its own share of each step's calls and ends the step with them.
         self.peers = peers
+        #: Told of each compute gap a step plans (``DependencyTracker``'s ``on_compute``).
+        self.on_compute: Callable[[int, int], None] | None = None
         self._issued_in_run = 0
         #: The current step's last moment (``run_step``).
         self.give_up_at_ns: int | None = None
@@ -288,6 +290,7 @@ class Driver:
             compute_scale=self.pacing.wall_compute_scale,
             step_compute_ns=step.step_compute_ns,
             round_tail_ns=step.round_tail_ns,
+            on_compute=self.on_compute,
         )
         if self.peers is None:
             replay = _DependentStep(self, step, tracker, run_begin_ns, samples)

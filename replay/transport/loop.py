@@ -85,6 +85,8 @@ class RunPlan:
     #: (``Pacing.time_dilation``): the times above are the dilated (wall) ones,
     #: ``parameters`` reports them as asked, in the predicted training's time.
     time_dilation: float = 1.0
+    #: ``--compute-load`` (``core.compute_load.MODES``): burners during the compute gaps.
+    compute_load: str = "none"
 
     def __post_init__(self) -> None:
         if self.warmup_ns < 0:
@@ -122,6 +124,8 @@ class RunPlan:
         }
         if dilation != 1:
             parameters["time_dilation"] = dilation
+        if self.compute_load != "none":
+            parameters["compute_load"] = self.compute_load
         if self.steps is not None:
             parameters["steps_per_run"] = self.steps
         if self.passes is not None:
@@ -273,6 +277,8 @@ class WorkerLoop:
         self._steps = steps
         #: The index of the trace step a run was cut in (``_replay_steps``), if any.
         self.cut_step: int | None = None
+        #: Steps replayed since the last warm-up or run began.
+        self.replayed_steps = 0
 
     def _cycle(self) -> Iterator[WorkloadStep]:
         return itertools.cycle(self._steps)
@@ -312,6 +318,7 @@ class WorkerLoop:
         give_up_at = last_moment_ns(begin_ns, duration_ns)
         step_begin = begin_ns
         last_end = begin_ns
+        self.replayed_steps = 0
         for number, step in enumerate(self._cycle()):
             if self._stops(
                 (step_count is not None and number >= step_count)
@@ -327,6 +334,7 @@ class WorkerLoop:
                 give_up_at_ns=give_up_at,
                 samples=samples,
             )
+            self.replayed_steps += 1
             own = bool(step.calls)
             if own:
                 last_end = outcome.last_end_ns

@@ -51,7 +51,7 @@ from __future__ import annotations
 
 import bisect
 import heapq
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from tf_grpc_bench.dependencies import Dependencies
@@ -161,8 +161,13 @@ class DependencyTracker:
         compute_scale: float = 1.0,
         step_compute_ns: int = 0,
         round_tail_ns: int | None = None,
+        on_compute: Callable[[int, int], None] | None = None,
     ) -> None:
-        """``step_compute_ns``: the capture machine's compute of a whole training step
+        """``on_compute(start_ns, end_ns)``: told of each compute gap as it is planned
+        (from the arrival a call waited for, or the step's begin, to its release; the
+        step's tail), for a compute load that runs during them (``core.compute_load``).
+
+        ``step_compute_ns``: the capture machine's compute of a whole training step
         run alone (the trace's calibration), 0 where unknown: the most compute the
         replay keeps after the input that arrived last in the replay (``release_ns``).
 
@@ -187,6 +192,8 @@ class DependencyTracker:
         self._scale = compute_scale
         self._step_compute = step_compute_ns
         self._round_tail = round_tail_ns
+        self._on_compute = on_compute
+        self._tail_told = False
         self._worker = _ArrivalList(
             sum(1 for d in self._deps if d.is_arrival and d.lands_on_worker)
         )
@@ -311,6 +318,8 @@ class DependencyTracker:
         else:
             release, waited = self._begin + self._scaled(deps.ready_offset_ns), -1
         self._released[index] = (release, waited)
+        if self._on_compute is not None:
+            self._on_compute(self._begin if waited < 0 else self._completed[waited], release)
         return release
 
     def _receiving(self, index: int, waited: int) -> int:
@@ -391,6 +400,9 @@ class DependencyTracker:
             tail = self._scaled(self._round_tail)
         else:
             tail = self._scaled(self._period - self._last_arrival_offset)
+        if self._on_compute is not None and not self._tail_told:
+            self._tail_told = True
+            self._on_compute(self._completed[owner], self._completed[owner] + tail)
         return max(self._completed[owner] + tail, last_done)
 
     def critical_path(self) -> StepPath:

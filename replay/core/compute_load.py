@@ -1,0 +1,217 @@
+"""Compute load: the replay keeps the cores as busy as training kept them.
+
+A dependencies-paced replay waits through the compute gaps the trace
+recorded, so its transfers find free cores where training's contended with
+its compute.  Where training was bound by its CPU (ResNet-50 at 10 Gbit/s on
+2 cores: the tasks kept 1.9 of them busy) the replay then predicts short.
+``--compute-load`` adds the CPU training spent that the replay does not spend
+itself, as real work in burner processes of their own (``replay/burners.py``),
+at normal priority, so the replay's calls contend for the cores as training's
+did.  Pure: the sizing arithmetic and the schedule; no processes, no clocks.
+
+Sizing, per replayed step (``size_load``):
+
+* training's CPU: the job's tasks' cores busy over the capture's steady steps
+  (``capture_cpu_task_cores``, ``capture_cpu.CaptureCpu.tasks_cores``) times the
+  trace's mean step period;
+* the replay's CPU: measured by the replay itself in its warm-up (its client,
+  server and engine processes), over the steps it replayed;
+* the load: the difference (0 when the replay spends as much).
+
+How it is spread (``MODES``):
+
+* ``gaps``: during each client task's compute gaps, as the dependency tracker
+  schedules them (``DependencyTracker``'s ``on_compute``: from the arrival a
+  call waited for to its release, and the step's tail), at one rate for every
+  task: the load over the gaps' total in the trace replayed onto itself
+  (``trace_gaps_ns``), at most one core per task (``MAX_GAP_CORES``); what
+  does not fit is spread uniformly;
+* ``uniform``: evenly over the step, the load over the step's period.
+
+The compute scale stretches the gaps and so the load with them; time dilation
+stretches the time the load is spread over and not the load itself
+(``ComputeLoadSizing.wall_cores``).
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+from tf_grpc_bench.dependency_tracker import DependencyTracker
+from tf_grpc_bench.errors import ConfigError
+from tf_grpc_bench.replay.core.workload import Workload, WorkloadStep
+
+NONE = "none"
+GAPS = "gaps"
+UNIFORM = "uniform"
+#: ``--compute-load`` choices; ``none`` is the default.
+MODES = (NONE, GAPS, UNIFORM)
+#: The most cores one task's burner keeps busy during its gaps: a burner is one
+#: process, and a task computing on more than one core leaves the rest uniform.
+MAX_GAP_CORES = 1.0
+#: The workload description entry carrying the capture's tasks' cores busy.
+TASKS_CORES_ENTRY = "capture_cpu_tasks_cores"
+
+
+def check_mode(mode: str) -> str:
+    """``mode`` if it is one of ``MODES``; else a ConfigError naming the flag."""
+    if mode not in MODES:
+        raise ConfigError(f"--compute-load {mode!r}: expected one of {', '.join(MODES)}")
+    return mode
+
+
+def tasks_cores_of(workload: Workload) -> float | None:
+    """The capture's tasks' cores busy a workload's description carries, None without."""
+    value = workload.parameters().get(TASKS_CORES_ENTRY)
+    return float(value) if isinstance(value, (int, float)) else None
+
+
+def merge(intervals: Iterable[tuple[int, int]]) -> list[tuple[int, int]]:
+    """The union of ``intervals`` (start, end), as disjoint sorted intervals; empty ones dropped."""
+    merged: list[tuple[int, int]] = []
+    for start, end in sorted(i for i in intervals if i[1] > i[0]):
+        if merged and start <= merged[-1][1]:
+            merged[-1] = (merged[-1][0], max(merged[-1][1], end))
+        else:
+            merged.append((start, end))
+    return merged
+
+
+def step_gaps(step: WorkloadStep) -> list[tuple[int, int]]:
+    """The compute gaps of one worker's step replayed onto the trace's own times (ns from
+    the step's start, merged): what the replay's tracker reports as the gaps when every
+    call completes when it completed in the trace."""
+    dependencies = [call.dependencies for call in step.calls]
+    if not dependencies or any(d is None for d in dependencies):
+        return []
+    deps = [d for d in dependencies if d is not None]
+    gaps: list[tuple[int, int]] = []
+    tracker = DependencyTracker(
+        deps,
+        servers=[call.server_index for call in step.calls],
+        step_begin_ns=0,
+        period_ns=step.period_ns,
+        step_compute_ns=step.step_compute_ns,
+        round_tail_ns=step.round_tail_ns,
+        on_compute=lambda start, end: gaps.append((start, end)),
+    )
+    # Completions at their trace arrival, releases at their ready time (as ``inspect``).
+    events = sorted(
+        [(d.arrival_offset_ns, 0, i) for i, d in enumerate(deps)]
+        + [(d.ready_offset_ns, 1, i) for i, d in enumerate(deps)],
+        key=lambda event: (event[0], -event[1], event[2]),
+    )
+    for _, kind, index in events:
+        if kind == 1:
+            tracker.take_releasable()
+            tracker.release_ns(index)
+        else:
+            tracker.complete(index, deps[index].arrival_offset_ns)
+    tracker.next_step_begin_ns()
+    return merge(gaps)
+
+
+def trace_gaps_ns(workloads: Sequence[Workload]) -> float:
+    """The compute gaps of one step of the trace, all client tasks together (ns, the mean
+    over the steps): each workload is one client's (``Workload.for_worker``)."""
+    totals = [
+        sum(
+            end - start
+            for workload in workloads
+            for start, end in step_gaps(workload.steps[number])
+        )
+        for number in range(len(workloads[0].steps))
+    ]
+    return statistics.fmean(totals) if totals else 0.0
+
+
+def mean_period_ns(workload: Workload) -> float:
+    """The trace's mean step period (ns; a round's, where the steps are rounds)."""
+    periods = [step.period_ns for step in workload.steps if step.period_ns > 0]
+    return statistics.fmean(periods) if periods else 0.0
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ComputeLoadSizing:
+    """How much load, and where: the figures a result records."""
+
+    mode: str
+    #: Training's tasks' CPU per step, and the replay's own (ns of CPU).
+    training_cpu_ns: float
+    replay_cpu_ns: float
+    #: The trace's mean step and its client tasks' compute gaps per step (ns).
+    step_ns: float
+    gaps_ns: float
+    #: Cores each task's burner keeps busy during its gaps, and cores kept busy all along,
+    #: in the trace's time (``wall_cores`` divides them by the dilation).
+    gap_cores: float
+    uniform_cores: float
+
+    @property
+    def load_cpu_ns(self) -> float:
+        """CPU per step training spent and the replay does not."""
+        return max(0.0, self.training_cpu_ns - self.replay_cpu_ns)
+
+    def wall_cores(self, time_dilation: float) -> tuple[float, float]:
+        """(gap cores, uniform cores) in a replay ``time_dilation`` times slower."""
+        return self.gap_cores / time_dilation, self.uniform_cores / time_dilation
+
+    def text(self) -> str:
+        """``gaps: 0.52 CPU-s a step (training's tasks 1.10, the replay 0.58), 0.87 cores
+        in each task's compute gaps (0.60 s a step), 0.00 all along``."""
+        where = (
+            f"{self.gap_cores:.2f} cores in each task's compute gaps "
+            f"({self.gaps_ns / 1e9:.2f} s a step), {self.uniform_cores:.2f} all along"
+            if self.mode == GAPS
+            else f"{self.uniform_cores:.2f} cores all along"
+        )
+        return (
+            f"{self.mode}: {self.load_cpu_ns / 1e9:.2f} CPU-s a step (training's tasks "
+            f"{self.training_cpu_ns / 1e9:.2f}, the replay {self.replay_cpu_ns / 1e9:.2f}), "
+            + where
+        )
+
+
+def size_load(
+    mode: str,
+    *,
+    tasks_cores: float,
+    step_ns: float,
+    gaps_ns: float,
+    replay_cpu_ns: float,
+) -> ComputeLoadSizing:
+    """The load for ``mode`` (``gaps`` or ``uniform``): training's tasks' CPU per step
+    (``tasks_cores`` x ``step_ns``) less the replay's (``replay_cpu_ns``), in the gaps
+    (``gaps_ns`` per step, all tasks) at up to ``MAX_GAP_CORES`` each, the rest uniform."""
+    if mode not in (GAPS, UNIFORM):
+        raise ValueError(f"no load to size for mode {mode!r}")
+    if step_ns <= 0 or tasks_cores < 0 or gaps_ns < 0 or replay_cpu_ns < 0:
+        raise ValueError("step must be > 0; cores, gaps and CPU >= 0")
+    training = tasks_cores * step_ns
+    load = max(0.0, training - replay_cpu_ns)
+    gap_cores = 0.0
+    if mode == GAPS and gaps_ns > 0:
+        gap_cores = min(load / gaps_ns, MAX_GAP_CORES)
+    uniform = (load - gap_cores * gaps_ns) / step_ns
+    return ComputeLoadSizing(
+        mode=mode,
+        training_cpu_ns=training,
+        replay_cpu_ns=replay_cpu_ns,
+        step_ns=step_ns,
+        gaps_ns=gaps_ns,
+        gap_cores=gap_cores,
+        uniform_cores=max(0.0, uniform),
+    )
+
+
+def burner_duties(cores: float) -> list[float]:
+    """The share of a core each of the burners keeping ``cores`` busy takes: whole cores,
+    then the rest (``1.5`` -> ``[1.0, 0.5]``; 0 -> none)."""
+    duties = []
+    left = cores
+    while left > 1e-9:
+        duties.append(min(1.0, left))
+        left -= 1.0
+    return duties

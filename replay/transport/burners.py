@@ -1,0 +1,252 @@
+"""Burner processes: the compute load's real CPU work (``core.compute_load``).
+
+A burner is a process of its own (never a thread of a replay process: its
+GIL and its core would be the replay's), at normal priority, that does
+arithmetic at a given share of a core: ``gap_duty`` while one of the compute
+gaps its task's worker process told it of runs, ``uniform_duty`` all along.
+The share is of CPU time, not wall time: work owed while others held the core
+is done when it gets the core back (up to ``MAX_CREDIT_NS``), as training's
+compute does.  Each burner dies with the process that started it
+(``lifetime.die_with_parent``: no burner outlives a replay killed with
+SIGKILL), and ``Burners.close`` ends them all.
+
+A worker process's ``GapSender`` is its driver's ``on_compute``: it sends each
+gap, as far as it extends the ones sent before, to its burner as two CLOCK_MONOTONIC
+times.  ``tree_cpu_ns`` measures the replay's own processes (the CPU the load
+does not have to add), burners left out.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import multiprocessing
+import multiprocessing.connection
+import os
+import signal
+import struct
+import threading
+import time
+from collections import deque
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+from tf_grpc_bench import lifetime
+from tf_grpc_bench.host import process_stat_fields
+from tf_grpc_bench.replay.transport.peers import perf_minus_monotonic_ns
+
+#: A gap on the wire: start and end, CLOCK_MONOTONIC ns.
+GAP = struct.Struct("<qq")
+#: The most work a burner owes (CPU ns) and does later when it gets a core back.
+MAX_CREDIT_NS = 50_000_000
+#: How much CPU a burner spends before it looks at its messages and the clock again.
+SLICE_NS = 1_000_000
+#: How long ``close`` waits for burners told to stop, then for terminated ones.
+STOP_GRACE_S = 2.0
+
+
+class GapSender:
+    """A driver's ``on_compute`` (perf-counter ns) sending the gaps to one burner."""
+
+    def __init__(self, connection: multiprocessing.connection.Connection) -> None:
+        self._connection = connection
+        self._offset = perf_minus_monotonic_ns()
+        self._lock = threading.Lock()
+        self._end = -(1 << 62)
+
+    def __call__(self, start_ns: int, end_ns: int) -> None:
+        with self._lock:
+            if end_ns <= self._end or end_ns <= start_ns:
+                return
+            start = max(start_ns, self._end)
+            self._end = end_ns
+            with contextlib.suppress(OSError):
+                self._connection.send_bytes(GAP.pack(start - self._offset, end_ns - self._offset))
+
+
+def _overlap(intervals: Iterable[tuple[int, int]], begin: int, end: int) -> int:
+    return sum(max(0, min(e, end) - max(s, begin)) for s, e in intervals)
+
+
+class _Burner:
+    """A burner's state: duties, the gaps still to come, the work owed."""
+
+    def __init__(self) -> None:
+        self.gap_duty = 0.0
+        self.uniform_duty = 0.0
+        self.gaps: deque[tuple[int, int]] = deque()
+        self.credit = 0.0
+        self.wall = time.monotonic_ns()
+        self.cpu = time.thread_time_ns()
+
+    def account(self) -> None:
+        """Add the work owed since the last look, less the CPU spent."""
+        now, cpu = time.monotonic_ns(), time.thread_time_ns()
+        owed = self.uniform_duty * (now - self.wall)
+        owed += self.gap_duty * _overlap(self.gaps, self.wall, now)
+        while self.gaps and self.gaps[0][1] <= now:
+            self.gaps.popleft()
+        self.credit = max(-SLICE_NS, min(MAX_CREDIT_NS, self.credit + owed - (cpu - self.cpu)))
+        self.wall, self.cpu = now, cpu
+
+    def add_gap(self, start: int, end: int) -> None:
+        if self.gaps and start <= self.gaps[-1][1]:
+            last = self.gaps.pop()
+            self.gaps.append((last[0], max(last[1], end)))
+        else:
+            self.gaps.append((start, end))
+
+    def idle_s(self) -> float | None:
+        """How long nothing is owed at the least (None: until a message)."""
+        if self.uniform_duty > 0:
+            return SLICE_NS / 1e9
+        if self.gap_duty > 0 and self.gaps:
+            return max(0, self.gaps[0][0] - time.monotonic_ns()) / 1e9 + SLICE_NS / 1e9
+        return None
+
+
+def _spin(cpu_ns: float) -> None:
+    end = time.thread_time_ns() + cpu_ns
+    value = 1
+    while time.thread_time_ns() < end:
+        for _ in range(200):
+            value = (value * 1103515245 + 12345) & 0xFFFFFFFF
+
+
+def _read(burner: _Burner, ready: Sequence[Any], control: Any) -> str:
+    """Take the messages that came: "stop" when told to (or the parent is gone),
+    "closed" when the gaps' sender is gone, else "ok"."""
+    for connection in ready:
+        try:
+            if connection is control:
+                message = connection.recv()
+                if message[0] != "duty":
+                    return "stop"
+                burner.gap_duty, burner.uniform_duty = float(message[1]), float(message[2])
+            else:
+                burner.add_gap(*GAP.unpack(connection.recv_bytes()))
+        except (EOFError, OSError):
+            return "stop" if connection is control else "closed"
+    return "ok"
+
+
+def _burner_main(control: Any, gaps: Any, parent_pid: int) -> None:
+    """A burner: obey ``control`` (("duty", gap, uniform) or ("stop",)), burn in ``gaps``."""
+    lifetime.die_with_parent(parent_pid)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    burner = _Burner()
+    sources = [control] if gaps is None else [control, gaps]
+    while True:
+        burner.account()
+        if burner.credit > 0:
+            _spin(min(burner.credit, SLICE_NS))
+            timeout: float | None = 0.0
+        else:
+            timeout = burner.idle_s()
+        ready = multiprocessing.connection.wait(sources, timeout)
+        state = _read(burner, ready, control) if ready else "ok"
+        if state == "stop":
+            return
+        if state == "closed":
+            sources = [control]
+
+
+def process_cpu_ns(pid: int, proc: Path = Path("/proc")) -> int:
+    """A process's user + system CPU (ns; 0 when it is gone)."""
+    fields = process_stat_fields(pid, proc)
+    if fields is None:
+        return 0
+    ticks = int(fields[11]) + int(fields[12])
+    return ticks * 1_000_000_000 // os.sysconf("SC_CLK_TCK")
+
+
+def tree_cpu_ns(root: int, exclude: Sequence[int] = (), proc: Path = Path("/proc")) -> int:
+    """CPU of ``root`` and every process descending from it (ns), but ``exclude``'s."""
+    parents: dict[int, int] = {}
+    for entry in proc.iterdir():
+        if entry.name.isdigit() and (fields := process_stat_fields(int(entry.name), proc)):
+            parents[int(entry.name)] = int(fields[1])
+    children: dict[int, list[int]] = {}
+    for pid, parent in parents.items():
+        children.setdefault(parent, []).append(pid)
+    total, todo, skip = 0, [root], set(exclude)
+    while todo:
+        pid = todo.pop()
+        if pid in skip:
+            continue
+        total += process_cpu_ns(pid, proc)
+        todo.extend(children.get(pid, ()))
+    return total
+
+
+class Burners:
+    """The burner processes of one benchmark: one per task that reports gaps, and those
+    keeping cores busy all along (``set_load``).  Start them from the thread that stops
+    them (``lifetime``)."""
+
+    def __init__(self, gap_tasks: int) -> None:
+        self._context = multiprocessing.get_context("spawn")
+        self._processes: list[Any] = []
+        self._controls: list[multiprocessing.connection.Connection] = []
+        #: The write end each task's worker process sends its gaps on.
+        self.gap_writers: list[multiprocessing.connection.Connection] = []
+        self._gap_burners = 0
+        try:
+            for _ in range(gap_tasks):
+                reader, writer = self._context.Pipe(duplex=False)
+                self._start(reader)
+                reader.close()
+                self.gap_writers.append(writer)
+            self._gap_burners = gap_tasks
+        except BaseException:
+            self.close()
+            raise
+
+    def _start(self, gaps: Any) -> None:
+        control, child = self._context.Pipe()
+        with lifetime.deferred_signals():
+            process = self._context.Process(
+                target=_burner_main,
+                args=(child, gaps, os.getpid()),
+                name="tf-grpc-bench-burner",
+                daemon=True,
+            )
+            process.start()
+        child.close()
+        self._processes.append(process)
+        self._controls.append(control)
+
+    @property
+    def pids(self) -> tuple[int, ...]:
+        return tuple(p.pid for p in self._processes if p.pid is not None)
+
+    def set_load(self, gap_cores: float, uniform_duties: Sequence[float]) -> None:
+        """Each task's burner at ``gap_cores`` (at most 1) in its gaps; one more burner per
+        share of ``uniform_duties`` all along."""
+        for control in self._controls[: self._gap_burners]:
+            control.send(("duty", min(1.0, gap_cores), 0.0))
+        for duty in uniform_duties:
+            self._start(None)
+            self._controls[-1].send(("duty", 0.0, duty))
+
+    def cpu_ns(self) -> int:
+        """The burners' CPU so far (ns)."""
+        return sum(process_cpu_ns(pid) for pid in self.pids)
+
+    def close(self) -> None:
+        """End every burner (told, then terminated, then killed).  Idempotent."""
+        for control in self._controls:
+            with contextlib.suppress(OSError):
+                control.send(("stop",))
+        for ending in ("", "terminate", "kill"):
+            alive = [p for p in self._processes if p.is_alive()]
+            for process in alive if ending else ():
+                with contextlib.suppress(ProcessLookupError):
+                    getattr(process, ending)()
+            deadline = time.monotonic() + STOP_GRACE_S
+            for process in alive:
+                process.join(max(0.0, deadline - time.monotonic()))
+        for connection in [*self._controls, *self.gap_writers]:
+            connection.close()
+        self._controls, self.gap_writers = [], []

@@ -1,0 +1,134 @@
+"""A benchmark's compute load at run time (``--compute-load``, ``core.compute_load``).
+
+``ComputeLoad`` starts the burners (``burners``) before the worker processes,
+so that each client task's first process gets the write end of its burner's
+gaps; after the warm-up it measures the replay's own CPU over the warm-up's
+steps (every process descending from this one, burners left out), sizes the
+load from it and the trace (``core.compute_load.size_load``) and sets the
+burners going; around each measured run it measures what the burners spent,
+which the result reports apart from the replay's CPU (``parameters``).  With
+``--compute-load none`` it does nothing.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from tf_grpc_bench.errors import TransportError
+from tf_grpc_bench.replay.core import compute_load
+from tf_grpc_bench.replay.transport.burners import Burners, tree_cpu_ns
+from tf_grpc_bench.replay.transport.client import ReplayClient
+from tf_grpc_bench.replay.transport.seam import WorkerJob
+
+#: How long a server has to answer for its CPU.
+STATS_TIMEOUT_S = 10.0
+
+
+@dataclass
+class Measured:
+    """What one measured run's caller tells: how many steps it replayed."""
+
+    steps: int = 0
+
+
+class ComputeLoad:
+    """The burners of one benchmark's workers (``jobs``), sized after the warm-up."""
+
+    def __init__(self, jobs: Sequence[WorkerJob]) -> None:
+        self.mode = compute_load.check_mode(jobs[0].plan.compute_load)
+        self._jobs = tuple(jobs)
+        self._dilation = jobs[0].plan.time_dilation
+        self.sizing: compute_load.ComputeLoadSizing | None = None
+        self._burners: Burners | None = None
+        self._cpu_ns = self._wall_ns = self._steps = 0
+        if self.mode != compute_load.NONE:
+            gap_tasks = len(jobs) if self.mode == compute_load.GAPS else 0
+            self._burners = Burners(gap_tasks)
+
+    def gap_writer(self, job: int) -> Any:
+        """Where job ``job``'s first process sends its gaps (None: nowhere)."""
+        if self._burners is None or not self._burners.gap_writers:
+            return None
+        return self._burners.gap_writers[job]
+
+    def replay_cpu_ns(self) -> int:
+        """The replay's own processes' CPU so far (ns; 0 without a load): the servers'
+        as they report it (wherever they run: ``network compare`` starts them beside this
+        process), and this process's and its descendants' but the burners' and servers'."""
+        if self._burners is None:
+            return 0
+        job = self._jobs[0]
+        servers = sorted({s for j in self._jobs for s in j.workload.servers_used})
+        stats = []
+        for server in servers:
+            client = ReplayClient(job.targets[server], mode=job.workload.mode, settings=job.channel)
+            try:
+                stats.append(client.stats(STATS_TIMEOUT_S))
+            finally:
+                client.close()
+        own = tree_cpu_ns(os.getpid(), exclude=(*self._burners.pids, *(s.pid for s in stats)))
+        return own + sum(s.cpu_ns for s in stats)
+
+    def size(self, *, replay_cpu_ns: int, steps: int) -> None:
+        """Size the load from the warm-up (``replay_cpu_ns`` over ``steps``) and start it."""
+        if self._burners is None:
+            return
+        if steps <= 0:
+            raise TransportError(
+                "during warm-up: --compute-load needs the warm-up to replay a whole step "
+                "(it measures the replay's own CPU a step); lengthen --warmup"
+            )
+        workloads = [job.workload for job in self._jobs]
+        cores = compute_load.tasks_cores_of(workloads[0])
+        if cores is None:
+            raise TransportError(
+                "--compute-load: the trace records no capture CPU (capture_cpu_* entries)"
+            )
+        gaps = compute_load.trace_gaps_ns(workloads) if self.mode == compute_load.GAPS else 0.0
+        self.sizing = compute_load.size_load(
+            self.mode,
+            tasks_cores=cores,
+            step_ns=compute_load.mean_period_ns(workloads[0]),
+            gaps_ns=gaps,
+            replay_cpu_ns=replay_cpu_ns / steps,
+        )
+        gap_cores, uniform_cores = self.sizing.wall_cores(self._dilation)
+        self._burners.set_load(gap_cores, compute_load.burner_duties(uniform_cores))
+
+    @contextlib.contextmanager
+    def measuring(self) -> Iterator[Measured]:
+        """Around a measured run: the burners' CPU and wall time over it."""
+        measured = Measured()
+        cpu = 0 if self._burners is None else self._burners.cpu_ns()
+        wall = time.monotonic_ns()
+        try:
+            yield measured
+        finally:
+            if self._burners is not None:
+                self._cpu_ns += self._burners.cpu_ns() - cpu
+                self._wall_ns += time.monotonic_ns() - wall
+                self._steps += measured.steps
+
+    def parameters(self) -> dict[str, str | int | float | bool]:
+        """The result's entries: the mode, its sizing, and the burners' CPU (not the
+        replay's: ``client_cpu_ns`` and ``server_cpu_ns`` leave it out), in the time of
+        the training predicted."""
+        if self.mode == compute_load.NONE:
+            return {}
+        parameters: dict[str, str | int | float | bool] = {"compute_load": self.mode}
+        if self.sizing is not None:
+            parameters["compute_load_sizing"] = self.sizing.text()
+        if self._wall_ns > 0:
+            parameters["compute_load_cpu_cores"] = round(self._cpu_ns / self._wall_ns, 3)
+        if self._steps > 0:
+            parameters["compute_load_cpu_s_per_step"] = round(self._cpu_ns / self._steps / 1e9, 4)
+        return parameters
+
+    def close(self) -> None:
+        if self._burners is not None:
+            self._burners.close()
