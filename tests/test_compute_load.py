@@ -1,0 +1,362 @@
+"""The compute load (``--compute-load``): its sizing, the gaps it runs in, its burner
+processes' lives, its report apart from the replay's CPU, its flag's errors."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from tf_grpc_bench import trace_files
+from tf_grpc_bench.capture_cpu import CaptureCpu
+from tf_grpc_bench.dependencies import Dependencies
+from tf_grpc_bench.dependency_tracker import DependencyTracker
+from tf_grpc_bench.errors import ConfigError, UsageError
+from tf_grpc_bench.host import process_stat_fields
+from tf_grpc_bench.replay import cli as replay_cli
+from tf_grpc_bench.replay.core import compute_load
+from tf_grpc_bench.replay.core.workload import Call, Shape, WorkloadStep
+from tf_grpc_bench.replay.spec import ReplaySpec
+from tf_grpc_bench.replay.transport import burners
+from tf_grpc_bench.trace import Trace
+
+from .conftest import make_trace
+
+ROOT = Path(__file__).resolve().parents[1]
+BUSY = CaptureCpu(
+    cores=2,
+    busy_cores=1.9,
+    task_cores=(("ps:0", 0.5), ("worker:0", 0.6), ("worker:1", 0.6)),
+    span_ns=4_000_000_000,
+)
+
+
+# --------------------------------------------------------------------------
+# Sizing (pure).
+
+
+def test_the_load_is_trainings_cpu_a_step_less_the_replays_spread_over_the_gaps() -> None:
+    # Training's tasks: 1.7 cores over a 0.6 s step = 1.02 CPU-s; the replay 0.52.
+    sizing = compute_load.size_load(
+        "gaps", tasks_cores=1.7, step_ns=600e6, gaps_ns=1000e6, replay_cpu_ns=520e6
+    )
+    assert sizing.training_cpu_ns == pytest.approx(1020e6)
+    assert sizing.load_cpu_ns == pytest.approx(500e6)
+    assert sizing.gap_cores == pytest.approx(0.5)  # 0.5 CPU-s over 1 s of gaps
+    assert sizing.uniform_cores == 0
+    assert sizing.text() == (
+        "gaps: 0.50 CPU-s a step (training's tasks 1.02, the replay 0.52), 0.50 cores in "
+        "each task's compute gaps (1.00 s a step), 0.00 all along"
+    )
+
+
+def test_what_one_core_per_task_cannot_hold_in_the_gaps_goes_uniform() -> None:
+    sizing = compute_load.size_load(
+        "gaps", tasks_cores=2.0, step_ns=500e6, gaps_ns=200e6, replay_cpu_ns=400e6
+    )
+    # 0.6 CPU-s: 0.2 in the gaps at 1 core, 0.4 over the 0.5 s step.
+    assert sizing.gap_cores == 1.0
+    assert sizing.uniform_cores == pytest.approx(0.8)
+
+
+def test_uniform_spreads_the_load_over_the_step_and_a_replay_as_busy_as_training_adds_none() -> (
+    None
+):
+    uniform = compute_load.size_load(
+        "uniform", tasks_cores=1.8, step_ns=500e6, gaps_ns=300e6, replay_cpu_ns=400e6
+    )
+    assert (uniform.gap_cores, uniform.uniform_cores) == (0.0, pytest.approx(1.0))
+    assert uniform.text() == (
+        "uniform: 0.50 CPU-s a step (training's tasks 0.90, the replay 0.40), 1.00 cores all along"
+    )
+    busy = compute_load.size_load(
+        "gaps", tasks_cores=1.0, step_ns=500e6, gaps_ns=300e6, replay_cpu_ns=700e6
+    )
+    assert (busy.load_cpu_ns, busy.gap_cores, busy.uniform_cores) == (0.0, 0.0, 0.0)
+    # No gaps at all: everything uniform.
+    gapless = compute_load.size_load(
+        "gaps", tasks_cores=1.0, step_ns=500e6, gaps_ns=0, replay_cpu_ns=250e6
+    )
+    assert (gapless.gap_cores, gapless.uniform_cores) == (0.0, pytest.approx(0.5))
+
+
+def test_dilation_spreads_the_same_load_over_more_time() -> None:
+    sizing = compute_load.size_load(
+        "gaps", tasks_cores=2.0, step_ns=500e6, gaps_ns=200e6, replay_cpu_ns=400e6
+    )
+    assert sizing.wall_cores(4) == (0.25, pytest.approx(0.2))
+    with pytest.raises(ValueError, match="no load to size"):
+        compute_load.size_load("none", tasks_cores=1, step_ns=1, gaps_ns=0, replay_cpu_ns=0)
+    with pytest.raises(ValueError, match="step must be > 0"):
+        compute_load.size_load("gaps", tasks_cores=1, step_ns=0, gaps_ns=0, replay_cpu_ns=0)
+
+
+@pytest.mark.parametrize(
+    ("cores", "duties"),
+    [(0.0, []), (0.4, [0.4]), (1.0, [1.0]), (1.5, [1.0, 0.5]), (2.25, [1.0, 1.0, 0.25])],
+)
+def test_burners_take_whole_cores_then_the_rest(cores: float, duties: list[float]) -> None:
+    assert compute_load.burner_duties(cores) == pytest.approx(duties)
+
+
+def test_intervals_merge_into_their_union() -> None:
+    assert compute_load.merge([(5, 9), (0, 3), (2, 4), (9, 12), (20, 20)]) == [(0, 4), (5, 12)]
+
+
+# --------------------------------------------------------------------------
+# The gaps: what the tracker reports, and the trace's own.
+
+
+def _two_call_step() -> WorkloadStep:
+    # Call 0 pulls a variable (leaves at 0, arrives at 10); call 1 pushes the gradient
+    # computed from it (leaves at 40: 30 of compute); the step lasts 100 (tail 55).
+    deps = [
+        Dependencies(ready_offset_ns=0, arrival_offset_ns=10, lands_on_worker=True),
+        Dependencies(
+            ready_offset_ns=40, arrival_offset_ns=45, lands_on_worker=False, after_worker_arrivals=1
+        ),
+    ]
+    calls = tuple(
+        Call(
+            shape=Shape.PULL,
+            method="/tensorflow.WorkerService/RecvTensor",
+            request_bytes=10,
+            response_bytes=10,
+            step=0,
+            dependencies=d,
+        )
+        for d in deps
+    )
+    return WorkloadStep(index=0, calls=calls, period_ns=100)
+
+
+def test_the_tracker_tells_each_gap_as_it_plans_it_and_the_tail_once() -> None:
+    step = _two_call_step()
+    told: list[tuple[int, int]] = []
+    tracker = DependencyTracker(
+        [c.dependencies for c in step.calls if c.dependencies is not None],
+        servers=[0, 0],
+        step_begin_ns=1000,
+        period_ns=100,
+        compute_scale=2.0,
+        on_compute=lambda start, end: told.append((start, end)),
+    )
+    assert tracker.take_releasable() == [0]
+    assert tracker.release_ns(0) == 1000
+    tracker.complete(0, 1025)
+    assert tracker.take_releasable() == [1]
+    assert tracker.release_ns(1) == 1025 + 60  # 30 of compute, scaled x2
+    tracker.complete(1, 1100)
+    tracker.next_step_begin_ns()
+    tracker.critical_path()  # asks for the next begin again: the tail is told once
+    # The first call's (empty: it waits for nothing at 0), the gradient's, the tail (55 x 2).
+    assert told == [(1000, 1000), (1025, 1085), (1100, 1210)]
+
+
+def test_a_steps_gaps_are_its_trace_replayed_onto_itself() -> None:
+    assert compute_load.step_gaps(_two_call_step()) == [(10, 40), (45, 100)]
+    # A synthetic step has none.
+    synthetic = WorkloadStep(
+        index=-1, calls=(dataclasses.replace(_two_call_step().calls[0], dependencies=None),)
+    )
+    assert compute_load.step_gaps(synthetic) == []
+
+
+def _request(path: Path, *flags: str) -> object:
+    parser = argparse.ArgumentParser()
+    replay_cli.configure_replay(parser)
+    return replay_cli.build_request(
+        parser.parse_args([str(path), "--benchmark", "ps-throughput", *flags])
+    )
+
+
+def _busy_trace(tmp_path: Path, trace: Trace | None = None) -> Path:
+    trace = trace or make_trace(steps=4, workers=2)
+    recorded = dataclasses.replace(
+        trace, metadata=dataclasses.replace(trace.metadata, extra=BUSY.extra())
+    )
+    return trace_files.write_trace(recorded, tmp_path / "busy.tfgbtrace")
+
+
+def test_a_trace_workload_carries_the_capture_tasks_cores_and_its_gaps(tmp_path: Path) -> None:
+    request = _request(_busy_trace(tmp_path), "--compute-load", "gaps")
+    workload = request.workloads[0]  # type: ignore[attr-defined]
+    assert compute_load.tasks_cores_of(workload) == pytest.approx(1.7)
+    assert request.plan.compute_load == "gaps"  # type: ignore[attr-defined]
+    workers = [workload.for_worker(w) for w in range(workload.worker_count)]
+    expected = sum(
+        end - start
+        for w in workers
+        for step in w.steps[:1]
+        for start, end in compute_load.step_gaps(step)
+    )
+    per_step = [
+        sum(end - start for w in workers for start, end in compute_load.step_gaps(w.steps[n]))
+        for n in range(len(workload.steps))
+    ]
+    assert per_step[0] == expected
+    assert compute_load.trace_gaps_ns(workers) == pytest.approx(sum(per_step) / len(per_step))
+    assert compute_load.mean_period_ns(workload) > 0
+
+
+# --------------------------------------------------------------------------
+# The flag.
+
+
+def test_the_flags_errors_are_one_line_naming_it(tmp_path: Path) -> None:
+    with pytest.raises(
+        ConfigError, match=r"^--compute-load 'busy': expected one of none, gaps, uniform$"
+    ):
+        ReplaySpec(trace="x.tfgbtrace", compute_load="busy")
+    with pytest.raises(UsageError, match=r"^--compute-load gaps needs a TRACE"):
+        ReplaySpec(synthetic=True, compute_load="gaps")
+    bare = trace_files.write_trace(make_trace(), tmp_path / "bare.tfgbtrace")
+    with pytest.raises(ConfigError, match=r"records no capture CPU .*--compute-load none$"):
+        _request(bare, "--compute-load", "uniform")
+    # Off (the default), a trace without capture CPU replays as before.
+    assert _request(bare).plan.compute_load == "none"  # type: ignore[attr-defined]
+    completed = subprocess.run(
+        [sys.executable, "-m", "tf_grpc_bench", "replay", str(bare), "--compute-load", "hot"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert completed.returncode != 0
+    assert completed.stderr.strip().splitlines() == [
+        "tf-grpc-bench replay: error: --compute-load 'hot': expected one of none, gaps, uniform"
+    ]
+
+
+# --------------------------------------------------------------------------
+# Burner processes.
+
+
+def _alive(pid: int) -> bool:
+    fields = process_stat_fields(pid)
+    return fields is not None and fields[0] != "Z"
+
+
+def _wait_gone(pids: list[int], timeout_s: float = 20.0) -> list[int]:
+    deadline = time.monotonic() + timeout_s
+    while (left := [p for p in pids if _alive(p)]) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return left
+
+
+def test_a_burner_works_in_its_gaps_and_ends_when_closed() -> None:
+    pool = burners.Burners(1)
+    try:
+        pool.set_load(1.0, [])
+        sender = burners.GapSender(pool.gap_writers[0])
+        now = time.perf_counter_ns()
+        sender(now, now + 400_000_000)
+        sender(now, now + 100_000_000)  # inside what was sent: nothing more to send
+        deadline = time.monotonic() + 20
+        while pool.cpu_ns() == 0 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert pool.cpu_ns() > 0
+        pids = list(pool.pids)
+    finally:
+        pool.close()
+    assert _wait_gone(pids) == []
+
+
+_PARENT = textwrap.dedent(
+    """
+    import sys, time
+    from tf_grpc_bench.replay.transport import burners
+    pool = burners.Burners(2)
+    pool.set_load(0.5, [0.5])
+    print(" ".join(str(p) for p in pool.pids), flush=True)
+    time.sleep(600)
+    """
+)
+
+
+@pytest.mark.parametrize("ending", [signal.SIGTERM, signal.SIGKILL, signal.SIGHUP])
+def test_burners_die_with_the_process_that_started_them(ending: signal.Signals) -> None:
+    parent = subprocess.Popen(
+        [sys.executable, "-c", _PARENT], stdout=subprocess.PIPE, text=True, cwd=ROOT
+    )
+    try:
+        assert parent.stdout is not None
+        pids = [int(p) for p in parent.stdout.readline().split()]
+        assert len(pids) == 3 and all(_alive(p) for p in pids)
+        os.kill(parent.pid, ending)
+        parent.wait(20)
+        assert _wait_gone(pids) == []
+    finally:
+        if parent.poll() is None:
+            parent.kill()
+            parent.wait()
+
+
+def test_the_replays_cpu_leaves_the_burners_out() -> None:
+    pool = burners.Burners(0)
+    try:
+        pool.set_load(0.0, [1.0])
+        deadline = time.monotonic() + 20
+        while pool.cpu_ns() < 50_000_000 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        with_burners = burners.tree_cpu_ns(os.getpid())
+        without = burners.tree_cpu_ns(os.getpid(), exclude=pool.pids)
+        assert with_burners - without >= pool.cpu_ns() - 20_000_000 > 0
+    finally:
+        pool.close()
+
+
+# --------------------------------------------------------------------------
+# A replay with a compute load.
+
+
+def test_a_replay_reports_the_load_apart_from_its_own_cpu(tmp_path: Path) -> None:
+    path = _busy_trace(tmp_path)
+    output = tmp_path / "out"
+    completed = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "tf_grpc_bench",
+            "replay",
+            str(path),
+            "--benchmark",
+            "ps-throughput",
+            "--engine",
+            "grpcio",
+            "--compute-load",
+            "uniform",
+            "--warmup",
+            "0.5",
+            "--duration",
+            "1",
+            "--runs",
+            "1",
+            "--output-dir",
+            str(output),
+            "--quiet",
+        ],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=300,
+    )
+    assert completed.returncode == 0, completed.stderr
+    (results,) = output.glob("*/results.json")
+    benchmark = json.loads(results.read_text())["benchmarks"][0]
+    parameters = benchmark["parameters"]
+    assert parameters["compute_load"] == "uniform"
+    assert parameters["compute_load_sizing"].startswith("uniform: ")
+    assert parameters["compute_load_cpu_cores"] >= 0
+    assert "compute_load_cpu_s_per_step" in parameters
+    # The replay's own CPU is its workers' and servers': the burners are not among them.
+    run = benchmark["runs"][0]
+    assert run["client_cpu_ns"] > 0
