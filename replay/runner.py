@@ -95,11 +95,10 @@ def measure(
     on_progress: ProgressCallback | None = None,
     procs_per_worker: int = 1,
     client_namespaces: Mapping[str, str] | None = None,
-    load_parameters: dict[str, str | int | float | bool] | None = None,
-) -> tuple[RunMeasurement, ...]:
+) -> tuple[tuple[RunMeasurement, ...], dict[str, str | int | float | bool]]:
     """The benchmark's runs (``seam.measure_runs``) with ``engine``'s workers: one job
-    per worker, from worker processes if its row says so, else its one worker here.
-    ``load_parameters`` gets the compute load's entries (``transport.load``), if any."""
+    per worker, from worker processes if its row says so, else its one worker here;
+    and the compute load's result entries (``transport.load``), if it ran one."""
     in_processes = spec_of(workload.benchmark).worker_processes
     jobs = worker_jobs(
         workload,
@@ -115,11 +114,11 @@ def measure(
     )
     try:
         notify = on_progress or (lambda event: None)
-        return measure_runs(workers, workload, clients, plan, notify)
+        runs = measure_runs(workers, workload, clients, plan, notify)
     finally:
         workers.close()
-        if load_parameters is not None and (load := getattr(workers, "load", None)):
-            load_parameters.update(load.parameters())
+    load = getattr(workers, "load", None)
+    return runs, ({} if load is None else load.parameters())
 
 
 def _result_parameters(
@@ -192,12 +191,11 @@ def run_benchmark(
     _check_benchmark(workload, pacing, plan, procs_per_worker)
     in_processes = spec_of(workload.benchmark).worker_processes
     namespaces = dict(client_namespaces or {}) if in_processes else {}
-    load_parameters: dict[str, str | int | float | bool] = {}
     clients = open_clients(workload, targets, settings=settings)
     try:
         for client in clients.values():
             client.check_server(plan.connect_timeout_s)
-        runs = measure(
+        runs, loaded = measure(
             engine,
             workload,
             targets,
@@ -208,7 +206,6 @@ def run_benchmark(
             on_progress=on_progress,
             procs_per_worker=procs_per_worker,
             client_namespaces=namespaces,
-            load_parameters=load_parameters,
         )
         # A dilated replay's times, in the time of the training it predicts.
         runs = tuple(in_link_time(run, pacing.time_dilation) for run in runs)
@@ -227,8 +224,7 @@ def run_benchmark(
         procs_per_worker=procs_per_worker if in_processes else None,
         namespaces=namespaces,
     )
-    all_parameters.update(load_parameters)
-    all_parameters.update(parameters or {})
+    all_parameters.update({**loaded, **(parameters or {})})
     partial_runs = [run for run in runs if run.partial]
     return BenchmarkResult(
         benchmark=workload.benchmark,

@@ -277,7 +277,7 @@ class WorkerLoop:
         self._steps = steps
         #: The index of the trace step a run was cut in (``_replay_steps``), if any.
         self.cut_step: int | None = None
-        #: Steps replayed since the last warm-up or run began.
+        #: Steps the last warm-up replayed (and any run since).
         self.replayed_steps = 0
 
     def _cycle(self) -> Iterator[WorkloadStep]:
@@ -318,7 +318,6 @@ class WorkerLoop:
         give_up_at = last_moment_ns(begin_ns, duration_ns)
         step_begin = begin_ns
         last_end = begin_ns
-        self.replayed_steps = 0
         for number, step in enumerate(self._cycle()):
             if self._stops(
                 (step_count is not None and number >= step_count)
@@ -382,6 +381,7 @@ class WorkerLoop:
 
     def warm_up(self, duration_ns: int) -> None:
         """Replay for ``duration_ns`` (whole steps for traces), measuring nothing."""
+        self.replayed_steps = 0
         if duration_ns <= 0:
             return
         self._replay(

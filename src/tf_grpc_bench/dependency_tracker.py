@@ -45,6 +45,10 @@ rounds that a barrier ends (a synchronous coordinator's join), the tail is what
 followed the *round's* last arrival: a worker that finished early in the trace
 spent the rest of its step waiting for the others, and the replay's barrier
 waits for them anew.
+
+A compute load (``replay.core.compute_load``) is told of each compute gap as it
+is planned (``on_compute``): from the completion a call waited for, or the
+step's begin, to its release; and the step's tail, once.
 """
 
 from __future__ import annotations
@@ -163,9 +167,7 @@ class DependencyTracker:
         round_tail_ns: int | None = None,
         on_compute: Callable[[int, int], None] | None = None,
     ) -> None:
-        """``on_compute(start_ns, end_ns)``: told of each compute gap as it is planned
-        (from the arrival a call waited for, or the step's begin, to its release; the
-        step's tail), for a compute load that runs during them (``core.compute_load``).
+        """``on_compute(start_ns, end_ns)``: told of each compute gap as it is planned.
 
         ``step_compute_ns``: the capture machine's compute of a whole training step
         run alone (the trace's calibration), 0 where unknown: the most compute the
@@ -192,8 +194,7 @@ class DependencyTracker:
         self._scale = compute_scale
         self._step_compute = step_compute_ns
         self._round_tail = round_tail_ns
-        self._on_compute = on_compute
-        self._tail_told = False
+        self._on_compute, self._tail_told = on_compute, False
         self._worker = _ArrivalList(
             sum(1 for d in self._deps if d.is_arrival and d.lands_on_worker)
         )
