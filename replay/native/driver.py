@@ -215,8 +215,7 @@ class NativeDriver:
         self.pacing = pacing
         self.peers = peers
         self.clock = clock
-        #: Told of each compute gap a step plans (``DependencyTracker``'s ``on_compute``).
-        self.on_compute: Callable[[int, int], None] | None = None
+        self.on_compute: Callable[[int, int], None] | None = None  # the tracker's gaps
         self._mode = mode
         #: perf_counter_ns - CLOCK_MONOTONIC ns: the program's times are monotonic.
         self._offset = perf_minus_monotonic_ns()
