@@ -210,7 +210,7 @@ def measure(
     """The loopback capture's facts, and a row per profile.  With ``cpu_cap``, every
     capture runs in a CPU cgroup capped at that many cores (a slower machine; its
     calibration timed inside it) and the replays keep the traces' compute as recorded.
-    ``replay_flags`` go to every replay (``--engine``, ``--time-dilation``)."""
+    ``replay_flags`` go to every replay (``--engine``, ``--time-dilation``, ``--compute-load``)."""
     name = f"{model}-{setup}" if cpu_cap is None else f"{model}-{setup}-cap{cpu_cap:g}"
     suffixes = [flag.lstrip("-").replace("=", "-") for flag in replay_flags]
     folder = logdir / "-".join([name, *suffixes])
@@ -492,6 +492,12 @@ def main() -> int:
         metavar="K",
         help="replay at this dilation only (1: none; default: network compare's automatic)",
     )
+    parser.add_argument(
+        "--compute-load",
+        default=None,
+        metavar="MODE",
+        help="the replays' compute load (none, gaps, uniform; docs/fidelity.md, Compute load)",
+    )
     parser.add_argument("--no-readme", action="store_true")
     parser.add_argument(
         "--logdir", default="runs/fidelity", help="where the replays' runs and comparisons go"
@@ -513,7 +519,11 @@ def main() -> int:
         return 0
     replay_flags = tuple(
         f"--{name.replace('_', '-')}={value}"
-        for name, value in (("engine", args.engine), ("time_dilation", args.time_dilation))
+        for name, value in (
+            ("engine", args.engine),
+            ("time_dilation", args.time_dilation),
+            ("compute_load", args.compute_load),
+        )
         if value is not None
     )
     with lifetime.interrupt_on_signals():
