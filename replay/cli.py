@@ -30,6 +30,7 @@ from tf_grpc_bench.replay.cli_flags import (
     replay_spec,
     serve_spec,
 )
+from tf_grpc_bench.replay.core import compute_load
 from tf_grpc_bench.replay.core.whatif import WhatIf
 from tf_grpc_bench.replay.engines.registry import AUTO, resolve_auto
 from tf_grpc_bench.replay.network import cli as network_cli
@@ -154,6 +155,9 @@ def replay(spec: ReplaySpec) -> int:
     if not spec.quiet:
         print(report.format_table(document))
         print(_engine_line(document))
+        for result in document.benchmarks:
+            if line := compute_load.report_line(result.parameters):
+                print(line)
     if document.trace is not None and document.trace.partial_reason:
         print(f"partial trace: {document.trace.partial_reason}; its last step may be cut short")
     print(f"results: {run_directory / results.RESULTS_FILE_NAME}")

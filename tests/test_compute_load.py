@@ -342,7 +342,6 @@ def test_a_replay_reports_the_load_apart_from_its_own_cpu(tmp_path: Path) -> Non
             "1",
             "--output-dir",
             str(output),
-            "--quiet",
         ],
         capture_output=True,
         text=True,
@@ -350,6 +349,7 @@ def test_a_replay_reports_the_load_apart_from_its_own_cpu(tmp_path: Path) -> Non
         timeout=300,
     )
     assert completed.returncode == 0, completed.stderr
+    assert "compute load: uniform: " in completed.stdout
     (results,) = output.glob("*/results.json")
     benchmark = json.loads(results.read_text())["benchmarks"][0]
     parameters = benchmark["parameters"]
@@ -360,3 +360,21 @@ def test_a_replay_reports_the_load_apart_from_its_own_cpu(tmp_path: Path) -> Non
     # The replay's own CPU is its workers' and servers': the burners are not among them.
     run = benchmark["runs"][0]
     assert run["client_cpu_ns"] > 0
+
+
+def test_the_terminal_report_names_the_load_and_what_the_burners_spent() -> None:
+    assert compute_load.report_line({"compute_load": "none"}) == ""
+    assert compute_load.report_line({}) == ""
+    assert compute_load.report_line({"compute_load": "gaps"}) == "compute load: gaps"
+    line = compute_load.report_line(
+        {
+            "compute_load": "uniform",
+            "compute_load_sizing": "uniform: 0.50 CPU-s a step",
+            "compute_load_cpu_s_per_step": 0.4412,
+            "compute_load_cpu_cores": 0.66,
+        }
+    )
+    assert line == (
+        "compute load: uniform: 0.50 CPU-s a step; the burners spent 0.44 CPU-s a step "
+        "(0.66 cores), not counted as the replay's"
+    )

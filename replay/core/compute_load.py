@@ -36,7 +36,7 @@ stretches the time the load is spread over and not the load itself
 from __future__ import annotations
 
 import statistics
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from tf_grpc_bench.dependency_tracker import DependencyTracker
@@ -215,3 +215,23 @@ def burner_duties(cores: float) -> list[float]:
         duties.append(min(1.0, left))
         left -= 1.0
     return duties
+
+
+def report_line(parameters: Mapping[str, object]) -> str:
+    """The terminal report's line on a benchmark's compute load ("" without one):
+    ``compute load: gaps: ... ; the burners spent 0.44 CPU-s a step (0.66 cores), not
+    counted as the replay's``."""
+    mode = parameters.get("compute_load")
+    if mode in (None, NONE):
+        return ""
+    line = f"compute load: {parameters.get('compute_load_sizing') or mode}"
+    spent, cores = (
+        parameters.get("compute_load_cpu_s_per_step"),
+        parameters.get("compute_load_cpu_cores"),
+    )
+    if isinstance(spent, (int, float)) and isinstance(cores, (int, float)):
+        line += (
+            f"; the burners spent {spent:.2f} CPU-s a step ({cores:.2f} cores), "
+            "not counted as the replay's"
+        )
+    return line
