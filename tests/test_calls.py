@@ -288,4 +288,59 @@ def test_a_call_whose_response_side_ended_before_its_request_was_seen_ends_at_it
     c.responses.events.append(StreamReset(9, 2, 95))
     c.fold()
     (call,) = c.table.take(caller_pid=1, final=False)
-    assert (call.reset, call.start_ns, call.end_ns) == (True, 100, 100)
+    assert (call.reset, call.start_ns, call.response_start_ns, call.end_ns) == (
+        True,
+        100,
+        100,
+        100,
+    )
+
+
+def test_a_response_whose_headers_carry_a_time_before_its_request_starts_with_its_request() -> None:
+    # A server's headers stamped 4 ns before the request's (the directions are read
+    # apart): the response cannot start before the call, so it starts when the call does.
+    c = Connection()
+    c.request_headers(11, 200)
+    c.response_headers(11, 196)
+    c.responses.events.append(MessageSeen(11, 8, False, b"r", 197))
+    c.response_headers(11, 260, status="0", end=True)
+    c.responses.events.append(StreamEnded(11, 260))
+    c.fold()
+    (call,) = c.table.take(caller_pid=1, final=False)
+    assert (call.start_ns, call.response_start_ns, call.end_ns) == (200, 200, 260)
+
+
+def test_a_response_that_began_after_the_client_reset_the_call_starts_when_it_ended() -> None:
+    # The client's reset (300) is folded first; the response's headers, read later,
+    # carry 340: the call ended at the reset, and its response cannot start after that.
+    c = Connection()
+    c.request_headers(13, 250)
+    c.requests.events.append(StreamReset(13, 8, 300))
+    c.response_headers(13, 340)
+    c.table.fold(c.requests)
+    c.table.fold(c.responses)
+    (call,) = c.table.take(caller_pid=1, final=False)
+    assert (call.reset, call.start_ns, call.response_start_ns, call.end_ns) == (
+        True,
+        250,
+        300,
+        300,
+    )
+
+
+def test_the_end_of_a_request_stream_changes_none_of_the_calls_figures() -> None:
+    # Only the response's end finishes a call: a request that ended leaves it open.
+    c = Connection()
+    c.request_headers(15, 400)
+    c.requests.events.append(MessageSeen(15, 64, False, b"q", 401))
+    c.requests.events.append(StreamEnded(15, 402))
+    c.fold()
+    assert c.table.take(caller_pid=1, final=False) == []
+    (call,) = c.table.take(caller_pid=1, final=True)
+    assert (call.complete, call.start_ns, call.response_start_ns, call.end_ns) == (
+        False,
+        400,
+        400,
+        400,
+    )
+    assert (call.request_bytes, call.request_messages, call.response_bytes) == (64, 1, 0)

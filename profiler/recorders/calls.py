@@ -80,7 +80,6 @@ class _CallBuilder:
     response_head: bytes = b""
     status_code: int | None = None
     request_seen: bool = False
-    request_ended: bool = False
     response_ended: bool = False
     reset: bool = False
 
@@ -153,16 +152,21 @@ class CallTable:
     def _record(
         self, builder: _CallBuilder, *, caller_pid: int | None, complete: bool
     ) -> RecordedCall:
-        end_ns = builder.end_ns or max(builder.start_ns, builder.response_start_ns)
+        # The two directions are read apart, so the response side's times can come before
+        # the request's headers: the call's times are kept in order, start <= response
+        # start <= end.
+        start_ns = builder.start_ns
+        end_ns = max(builder.end_ns or builder.response_start_ns, start_ns)
+        response_start_ns = min(max(builder.response_start_ns or end_ns, start_ns), end_ns)
         return RecordedCall(
             callee=self.callee,
             connection=self.connection,
             stream_id=builder.stream_id,
             caller_pid=caller_pid,
             method=builder.method or "/unknown",
-            start_ns=builder.start_ns,
-            response_start_ns=builder.response_start_ns or end_ns,
-            end_ns=max(end_ns, builder.start_ns),
+            start_ns=start_ns,
+            response_start_ns=response_start_ns,
+            end_ns=end_ns,
             request_bytes=builder.request_bytes,
             response_bytes=builder.response_bytes,
             request_messages=builder.request_messages,
@@ -198,8 +202,6 @@ def _apply(calls: dict[int, _CallBuilder], direction: Direction, event: Event) -
             builder.request_messages += 1
             if builder.request_messages == 1:
                 builder.request_head = event.head
-        elif isinstance(event, StreamEnded):
-            builder.request_ended = True
         elif isinstance(event, StreamReset):
             builder.reset = True
             builder.end_ns = builder.end_ns or event.time_ns
