@@ -146,6 +146,13 @@ def _fewer_examples(tests: Path) -> None:
             f'    "mutation", max_examples={MUTATION_EXAMPLES}, deadline=None, database=None\n'
             ")\n"
             '_hypothesis.settings.load_profile("mutation")\n'
+            # TensorBoard's event reader loads TensorFlow on first use (seconds): loaded
+            # here, once, before mutmut forks a process per mutant, not in each of them.
+            "\n\ntry:\n"
+            "    from tensorboard.compat import tf as _tf\n\n"
+            "    _tf.io  # noqa: B018\n"
+            "except ImportError:\n"
+            "    pass\n"
         )
 
 

@@ -126,14 +126,16 @@ TARGETS: dict[str, Target] = {
         path="replay/output/hparams.py", tests=(_ORACLES, "tests/test_tensorboard_output.py")
     ),
     "events": Target(
-        path="replay/output/events.py", tests=(_ORACLES, "tests/test_tensorboard_output.py")
+        path="replay/output/events.py",
+        tests=("tests/test_event_files.py", _ORACLES, "tests/test_tensorboard_output.py"),
     ),
     "export": Target(path="replay/output/export.py", tests=(_ORACLES,)),
     "timeline": Target(
         path="replay/output/timeline.py", tests=(_ORACLES, "tests/test_timeline.py")
     ),
     "comparison": Target(
-        path="replay/output/comparison.py", tests=(_ORACLES, "tests/test_comparison.py")
+        path="replay/output/comparison.py",
+        tests=(_ORACLES, "tests/test_comparison.py", "tests/test_comparison_charts.py"),
     ),
     # Assembly of a trace from what the profiler recorded.
     "physics": Target(path="profiler/physics.py", tests=("tests/test_physics.py",)),

@@ -1,0 +1,155 @@
+"""The comparison run's pictures and step axis, by value: each chart written by
+``write_comparison`` is exactly the one drawn here from series worked out by hand from the
+points and documents (the same PNG bytes), and the step-time scalars sit at the link rate in
+whole Mbit/s."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+from tensorboard.backend.event_processing import plugin_event_accumulator
+from tensorboard.util import tensor_util
+
+from tests.result_factory import golden_document
+from tf_grpc_bench.replay.output import comparison, plots
+from tf_grpc_bench.replay.output.comparison import LinkPoint
+from tf_grpc_bench.replay.output.document import ResultDocument
+from tf_grpc_bench.replay.output.machine import NetworkInfo
+
+#: Rated links (one not a whole number of Mbit/s, one of 1 Tbit/s), and two without a rate.
+POINTS = (
+    LinkPoint(name="1gbit", rate_bits_per_s=10**9, replay_step_s=2.0, link_bound_s=1.5),
+    LinkPoint(
+        name="odd",
+        rate_bits_per_s=1_234_567_890,
+        replay_step_s=1.75,
+        training_step_s=1.5,
+        link_bound_s=1.25,
+    ),
+    LinkPoint(name="tbit", rate_bits_per_s=10**12, replay_step_s=0.5, training_step_s=0.25),
+    LinkPoint(name="unlimited", rate_bits_per_s=0, replay_step_s=0.4321, training_step_s=0.125),
+    LinkPoint(name="other", rate_bits_per_s=0, training_step_s=0.0625),
+)
+
+
+def _load(run: Path) -> plugin_event_accumulator.EventAccumulator:
+    accumulator = plugin_event_accumulator.EventAccumulator(str(run), size_guidance={"tensors": 0})
+    accumulator.Reload()
+    return accumulator
+
+
+def _image(board: plugin_event_accumulator.EventAccumulator, tag: str) -> tuple[int, int, bytes]:
+    (event,) = board.Tensors(tag)
+    width, height, png = tensor_util.make_ndarray(event.tensor_proto).tolist()
+    return int(width), int(height), png
+
+
+def _documents() -> list[ResultDocument]:
+    # The golden document on two links, then once without a network: it has no bars
+    # (nothing to name them by), and the colours stay those of the documents' order.
+    base = golden_document()
+    return [
+        dataclasses.replace(
+            base,
+            network=NetworkInfo(name="fast", emulated_rate_bits_per_s=10**10, emulation="tbf"),
+        ),
+        dataclasses.replace(base, network=None),
+        dataclasses.replace(
+            base,
+            network=NetworkInfo(name="slow", emulated_rate_bits_per_s=10**9, emulation="tbf"),
+        ),
+    ]
+
+
+def test_the_step_chart_draws_each_series_over_the_rated_links_and_notes_the_others(
+    tmp_path: Path,
+) -> None:
+    run = comparison.write_comparison(tmp_path, [], points=POINTS, wall_time_s=1.0)
+    board = _load(run)
+    gbit = (1.0, 1.234567890, 1000.0)
+    expected = plots.line_chart(
+        "Step time against link rate"
+        " (no limit: replay 0.432 s, training 0.125 s, training 0.0625 s)",
+        [
+            plots.Series(name="replay", points=((gbit[0], 2.0), (gbit[1], 1.75), (gbit[2], 0.5))),
+            plots.Series(name="training", points=((gbit[1], 1.5), (gbit[2], 0.25))),
+            plots.Series(name="link bound", points=((gbit[0], 1.5), (gbit[1], 1.25)), dashed=True),
+        ],
+        x_label="link rate (Gbit/s)",
+        y_label="step time (s)",
+    )
+    assert _image(board, "plots/step_vs_rate") == (
+        expected.width,
+        expected.height,
+        expected.png,
+    )
+
+
+def test_step_times_are_scalars_at_the_rate_in_whole_mbit_per_s(tmp_path: Path) -> None:
+    run = comparison.write_comparison(tmp_path, [], points=POINTS, wall_time_s=1.0)
+    board = _load(run)
+    found = {
+        tag: {
+            event.step: float(tensor_util.make_ndarray(event.tensor_proto))
+            for event in board.Tensors(tag)
+        }
+        for tag in board.Tags()["tensors"]
+        if tag.startswith("step_vs_rate/")
+    }
+    # 1,234,567,890 bit/s is 1,234.57 Mbit/s, shown at 1235; 1 Tbit/s at 1,000,000.
+    assert found == {
+        "step_vs_rate/replay_ms": {1000: 2000.0, 1235: 1750.0, 1_000_000: 500.0},
+        "step_vs_rate/training_ms": {1235: 1500.0, 1_000_000: 250.0},
+        "step_vs_rate/link_bound_ms": {1000: 1500.0, 1235: 1250.0},
+    }
+
+
+def test_without_a_rated_link_there_is_no_step_chart(tmp_path: Path) -> None:
+    run = comparison.write_comparison(tmp_path, [], points=POINTS[3:], wall_time_s=1.0)
+    tags = _load(run).Tags()["tensors"]
+    assert "plots/step_vs_rate" not in tags
+    assert not [tag for tag in tags if tag.startswith("step_vs_rate/")]
+
+
+def test_each_benchmarks_latency_chart_shows_p50_and_p99_per_class_and_network(
+    tmp_path: Path,
+) -> None:
+    documents = _documents()
+    run = comparison.write_comparison(tmp_path, documents, points=(), wall_time_s=1.0)
+    board = _load(run)
+    classes = ["small", "medium", "large"]
+    for label in documents[0].labels:
+        series = []
+        for number, document in enumerate(documents):
+            if document.network is None:
+                continue
+            (result,) = [
+                r for r, name in zip(document.benchmarks, document.labels, strict=True)
+                if name == label
+            ]  # fmt: skip
+            by_class = {c.value: s for c, s in result.latency_by_category}
+            for stat in ("p50", "p99"):
+                values = tuple(
+                    getattr(by_class[c], f"{stat}_ns") / 1000 if c in by_class else None
+                    for c in classes
+                )
+                series.append(
+                    plots.Series(
+                        name=f"{document.network.name} {stat}",
+                        values=values,
+                        colour=number,
+                        light=stat == "p99",
+                    )
+                )
+        expected = plots.bar_chart(
+            f"{label}: latency per size class and network",
+            classes,
+            series,
+            y_label="latency (us)",
+        )
+        assert _image(board, f"plots/latency/{label}") == (
+            expected.width,
+            expected.height,
+            expected.png,
+        ), label
