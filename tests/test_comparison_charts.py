@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
+import numpy as np
 from tensorboard.backend.event_processing import plugin_event_accumulator
 from tensorboard.util import tensor_util
 
@@ -52,7 +53,7 @@ def _documents() -> list[ResultDocument]:
     return [
         dataclasses.replace(
             base,
-            network=NetworkInfo(name="fast", emulated_rate_bits_per_s=10**10, emulation="tbf"),
+            network=NetworkInfo(name="fast", emulated_rate_bits_per_s=10**12, emulation="tbf"),
         ),
         dataclasses.replace(base, network=None),
         dataclasses.replace(
@@ -153,3 +154,28 @@ def test_each_benchmarks_latency_chart_shows_p50_and_p99_per_class_and_network(
             expected.height,
             expected.png,
         ), label
+
+
+def test_latency_scalars_sit_at_each_networks_rate_in_whole_mbit_per_s(tmp_path: Path) -> None:
+    documents = _documents()
+    run = comparison.write_comparison(tmp_path, documents, points=(), wall_time_s=1.0)
+    board = _load(run)
+    found = {
+        tag: {
+            event.step: float(tensor_util.make_ndarray(event.tensor_proto))
+            for event in board.Tensors(tag)
+        }
+        for tag in board.Tags()["tensors"]
+        if tag.startswith("latency_vs_rate/")
+    }
+    expected: dict[str, dict[int, float]] = {}
+    # 1 Tbit/s at step 1,000,000 and 1 Gbit/s at 1,000; the document without a network
+    # has no rate to sit at.
+    for document, step in ((documents[0], 1_000_000), (documents[2], 1000)):
+        for result, label in zip(document.benchmarks, document.labels, strict=True):
+            for category, summary in result.latency_by_category:
+                for stat in ("p50", "p99"):
+                    tag = f"latency_vs_rate/{label}/{category.value}_{stat}_us"
+                    value = getattr(summary, f"{stat}_ns") / 1000
+                    expected.setdefault(tag, {})[step] = float(np.float32(value))
+    assert found == expected
