@@ -10,6 +10,9 @@ from pathlib import Path
 
 import numpy as np
 from tensorboard.backend.event_processing import plugin_event_accumulator
+from tensorboard.compat.proto import types_pb2
+from tensorboard.plugins.custom_scalar import layout_pb2
+from tensorboard.plugins.custom_scalar import metadata as custom_scalar_metadata
 from tensorboard.util import tensor_util
 
 from tests.result_factory import golden_document
@@ -179,3 +182,31 @@ def test_latency_scalars_sit_at_each_networks_rate_in_whole_mbit_per_s(tmp_path:
                     value = getattr(summary, f"{stat}_ns") / 1000
                     expected.setdefault(tag, {})[step] = float(np.float32(value))
     assert found == expected
+
+
+def test_the_custom_scalars_layout_has_the_step_chart_then_one_per_benchmark(
+    tmp_path: Path,
+) -> None:
+    documents = _documents()
+    run = comparison.write_comparison(tmp_path, documents, points=POINTS, wall_time_s=1.0)
+    board = _load(run)
+    tag = custom_scalar_metadata.CONFIG_SUMMARY_TAG
+    assert board.SummaryMetadata(tag).plugin_data.plugin_name == custom_scalar_metadata.PLUGIN_NAME
+    (event,) = board.Tensors(tag)
+    assert event.tensor_proto.dtype == types_pb2.DT_STRING
+    (serialized,) = event.tensor_proto.string_val
+    labels = sorted(documents[0].labels)
+    charts = [
+        layout_pb2.Chart(
+            title="step time (ms) against link rate (Mbit/s, the step axis)",
+            multiline=layout_pb2.MultilineChartContent(tag=["step_vs_rate/.*"]),
+        )
+    ] + [
+        layout_pb2.Chart(
+            title=f"{label}: latency p50 and p99 (us) against link rate (Mbit/s)",
+            multiline=layout_pb2.MultilineChartContent(tag=[f"latency_vs_rate/{label}/.*"]),
+        )
+        for label in labels
+    ]
+    expected = layout_pb2.Layout(category=[layout_pb2.Category(title="comparison", chart=charts)])
+    assert layout_pb2.Layout.FromString(serialized) == expected
