@@ -104,7 +104,10 @@ TARGETS: dict[str, Target] = {
     "prediction": Target(
         path="replay/output/prediction.py", tests=("tests/test_document.py", _ORACLES)
     ),
-    "document": Target(path="replay/output/document.py", tests=("tests/test_document.py",)),
+    "document": Target(
+        path="replay/output/document.py",
+        tests=("tests/test_document_names.py", "tests/test_document.py"),
+    ),
     "document_reader": Target(
         path="replay/output/document_reader.py", tests=("tests/test_document.py",)
     ),
