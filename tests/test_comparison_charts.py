@@ -9,6 +9,7 @@ import dataclasses
 from pathlib import Path
 
 import numpy as np
+import pytest
 from tensorboard.backend.event_processing import plugin_event_accumulator
 from tensorboard.compat.proto import types_pb2
 from tensorboard.plugins.custom_scalar import layout_pb2
@@ -16,6 +17,7 @@ from tensorboard.plugins.custom_scalar import metadata as custom_scalar_metadata
 from tensorboard.util import tensor_util
 
 from tests.result_factory import golden_document
+from tf_grpc_bench.errors import ResultError
 from tf_grpc_bench.replay.output import comparison, plots
 from tf_grpc_bench.replay.output.comparison import LinkPoint
 from tf_grpc_bench.replay.output.document import ResultDocument
@@ -210,3 +212,23 @@ def test_the_custom_scalars_layout_has_the_step_chart_then_one_per_benchmark(
     ]
     expected = layout_pb2.Layout(category=[layout_pb2.Category(title="comparison", chart=charts)])
     assert layout_pb2.Layout.FromString(serialized) == expected
+
+
+def test_the_comparison_text_is_the_points_then_the_results_or_says_there_are_none(
+    tmp_path: Path,
+) -> None:
+    run = comparison.write_comparison(tmp_path, [], points=POINTS, wall_time_s=1.0)
+    (event,) = _load(run).Tensors("comparison")
+    text = tensor_util.make_ndarray(event.tensor_proto).item().decode()
+    assert text == comparison.points_markdown(POINTS) + "\n\n(no results)"
+
+
+def test_a_comparison_that_cannot_be_written_names_its_folder_and_why(tmp_path: Path) -> None:
+    blocked = tmp_path / "a file"
+    blocked.write_text("")
+    with pytest.raises(ResultError) as refused:
+        comparison.write_comparison(blocked, [], points=POINTS, wall_time_s=1.0)
+    assert (
+        str(refused.value)
+        == f"{blocked / 'comparison'}: cannot write the comparison (Not a directory)"
+    )
