@@ -61,6 +61,8 @@ DEFAULT_FLOOR = 85.0
 #: Examples per property test while mutants are tested: a mutant a property catches is
 #: usually caught by its first examples; the full counts run in the test suite.
 MUTATION_EXAMPLES = 8
+#: Set for mutmut's run: the copied tests' conftest then loads TensorFlow before it forks.
+PRELOAD = "TF_GRPC_BENCH_MUTATION_PRELOAD"
 #: Attributes of one kind: reading one where another was meant gives a wrong figure,
 #: not a crash, and mutmut has no operator for it.
 SWAP_FAMILIES = (
@@ -146,13 +148,16 @@ def _fewer_examples(tests: Path) -> None:
             f'    "mutation", max_examples={MUTATION_EXAMPLES}, deadline=None, database=None\n'
             ")\n"
             '_hypothesis.settings.load_profile("mutation")\n'
-            # TensorBoard's event reader loads TensorFlow on first use (seconds): loaded
-            # here, once, before mutmut forks a process per mutant, not in each of them.
-            "\n\ntry:\n"
-            "    from tensorboard.compat import tf as _tf\n\n"
-            "    _tf.io  # noqa: B018\n"
-            "except ImportError:\n"
-            "    pass\n"
+            # TensorBoard's event reader loads TensorFlow on first use (seconds): under
+            # mutmut, loaded here, once, before it forks a process per mutant, not in each
+            # of them (our own mutants run in fresh processes: nothing to share there).
+            "\n\nimport os as _os\n\n"
+            f'if _os.environ.get("{PRELOAD}"):\n'
+            "    try:\n"
+            "        from tensorboard.compat import tf as _tf\n\n"
+            "        _tf.io  # noqa: B018\n"
+            "    except ImportError:\n"
+            "        pass\n"
         )
 
 
@@ -204,7 +209,7 @@ def run_mutmut(folder: Path, target: Target, jobs: int) -> dict[str, list[str]]:
                 *_patterns(target),
             ],
             cwd=folder,
-            env={**os.environ, "PYTHONDONTWRITEBYTECODE": "1"},
+            env={**os.environ, "PYTHONDONTWRITEBYTECODE": "1", PRELOAD: "1"},
             stdout=output,
             stderr=subprocess.STDOUT,
             check=False,
