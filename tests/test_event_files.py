@@ -193,3 +193,15 @@ def test_linear_buckets_are_thirty_equal_widths_from_the_smallest_to_the_largest
     assert rows[:, 1].tolist() == pytest.approx(list(range(1, 31)))
     assert rows[:, 2].tolist() == _counts({0: 1, 1: 1, 3: 1, 29: 1}, 30)
     assert linear_buckets(np.array([2.0, 2.0])).tolist() == [[2.0, 2.0, 2.0]]
+
+
+def test_a_histogram_or_image_given_no_step_is_at_step_0_without_a_description(
+    tmp_path: Path,
+) -> None:
+    with EventFile(tmp_path, 1.0) as events:
+        events.histogram("h", [1.0, 2.0])
+        events.image("i", b"png", 1, 2)
+    _, histogram, image = _events(_only_file(tmp_path))
+    for event in (histogram, image):
+        assert event.step == 0
+        assert event.summary.value[0].metadata.summary_description == ""
