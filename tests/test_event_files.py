@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from tensorboard.compat.proto import event_pb2
+from tensorboard.compat.proto import event_pb2, summary_pb2
 from tensorboard.plugins.image import metadata as image_metadata
 from tensorboard.util import tensor_util
 
@@ -195,13 +195,17 @@ def test_linear_buckets_are_thirty_equal_widths_from_the_smallest_to_the_largest
     assert linear_buckets(np.array([2.0, 2.0])).tolist() == [[2.0, 2.0, 2.0]]
 
 
-def test_a_histogram_or_image_given_no_step_is_at_step_0_without_a_description(
+def test_a_summary_histogram_or_image_given_no_step_is_at_step_0_without_a_description(
     tmp_path: Path,
 ) -> None:
+    summary = summary_pb2.Summary()
+    summary.value.add(tag="t", simple_value=1.0)
     with EventFile(tmp_path, 1.0) as events:
+        events.add(summary)
         events.histogram("h", [1.0, 2.0])
         events.image("i", b"png", 1, 2)
-    _, histogram, image = _events(_only_file(tmp_path))
+    _, added, histogram, image = _events(_only_file(tmp_path))
+    assert (added.step, added.wall_time, added.summary) == (0, 1.0, summary)
     for event in (histogram, image):
         assert event.step == 0
         assert event.summary.value[0].metadata.summary_description == ""

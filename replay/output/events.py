@@ -53,7 +53,6 @@ class EventFile:
     """
 
     def __init__(self, directory: Path, wall_time_s: float, suffix: str = "tf-grpc-bench") -> None:
-        self._directory = directory
         self._wall_time_s = wall_time_s
         self._final = directory / (
             f"events.out.tfevents.{int(wall_time_s):010d}.{socket.gethostname()}.{suffix}"
