@@ -6,6 +6,7 @@ whole Mbit/s."""
 from __future__ import annotations
 
 import dataclasses
+import statistics
 from pathlib import Path
 
 import numpy as np
@@ -232,3 +233,21 @@ def test_a_comparison_that_cannot_be_written_names_its_folder_and_why(tmp_path: 
         str(refused.value)
         == f"{blocked / 'comparison'}: cannot write the comparison (Not a directory)"
     )
+
+
+def test_the_replays_step_is_the_median_replayed_step_with_or_without_a_prediction() -> None:
+    document = golden_document()
+    latency, _, throughput = document.benchmarks
+    steps = [t for run in throughput.runs for t in run.step_times_ns]
+    assert steps and [c for run in throughput.runs for c in run.step_compute_ns]
+    median_s = statistics.median(steps) / 1e9
+    assert comparison.replay_step_s(throughput, 2) == pytest.approx(median_s, rel=1e-12)
+    # Replayed without dependencies pacing: no compute kept, no prediction, the same median.
+    unpaced = dataclasses.replace(
+        throughput,
+        runs=tuple(dataclasses.replace(run, step_compute_ns=()) for run in throughput.runs),
+    )
+    assert comparison.replay_step_s(unpaced, 2) == pytest.approx(median_s, rel=1e-12)
+    # A benchmark without steps has none.
+    assert not latency.step_times_ns
+    assert comparison.replay_step_s(latency, 2) is None
