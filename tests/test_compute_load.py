@@ -25,6 +25,7 @@ from tf_grpc_bench.host import process_stat_fields
 from tf_grpc_bench.replay import cli as replay_cli
 from tf_grpc_bench.replay.core import compute_load
 from tf_grpc_bench.replay.core.workload import Call, Shape, WorkloadStep
+from tf_grpc_bench.replay.placement import role
 from tf_grpc_bench.replay.spec import ReplaySpec
 from tf_grpc_bench.replay.transport import burners
 from tf_grpc_bench.trace import Trace
@@ -378,3 +379,14 @@ def test_the_terminal_report_names_the_load_and_what_the_burners_spent() -> None
         "compute load: uniform: 0.50 CPU-s a step; the burners spent 0.44 CPU-s a step "
         "(0.66 cores), not counted as the replay's"
     )
+
+
+def test_role_refuses_the_load_each_task_would_add_whole() -> None:
+    job = role.RoleJob(
+        spec=ReplaySpec(trace="x.tfgbtrace", compute_load="gaps"), flags=role.RoleFlags()
+    )
+    with pytest.raises(
+        UsageError, match=r"^--compute-load sizes one replay's load .* network compare$"
+    ):
+        role.check_job(job)
+    role.check_job(dataclasses.replace(job, spec=ReplaySpec(trace="x.tfgbtrace")))

@@ -125,6 +125,11 @@ def check_job(job: RoleJob) -> None:
             "role runs each client in the task it stands for, on that task's host; "
             "drop --client-netns"
         )
+    if job.spec.compute_load != "none":
+        raise UsageError(
+            "--compute-load sizes one replay's load against the whole job, and every task "
+            "would add all of it; use it with replay or network compare"
+        )
 
 
 def run_role(job: RoleJob, *, here: Host | None = None) -> int:
