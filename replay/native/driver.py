@@ -47,7 +47,7 @@ from tf_grpc_bench.replay.native.protocol import (
 from tf_grpc_bench.replay.transport.driver import StepOutcome
 from tf_grpc_bench.replay.transport.loop import RunPlan
 from tf_grpc_bench.replay.transport.peers import PEER_POLL_S, Peers, perf_minus_monotonic_ns
-from tf_grpc_bench.replay.transport.wire import ChannelSettings, RpcKind
+from tf_grpc_bench.replay.transport.wire import KEPT_ALLOCATION_BYTES, ChannelSettings, RpcKind
 
 _SHAPES = {Shape.ECHO: 0, Shape.ACK: 1, Shape.PULL: 2}
 #: Past the latest release and a call's deadline, how long a dependent step's program may
@@ -183,7 +183,7 @@ def _setup_frame(
         for size in buffers:
             frame.i64(size)
         frame.i64(content).text(name).i64(pad).u32(chunk).u32(chunks)
-    return frame.frame()
+    return frame.i64(KEPT_ALLOCATION_BYTES).frame()
 
 
 #: Any call, for the window's first limit (the same for every call of a pacing).

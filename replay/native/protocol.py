@@ -8,7 +8,7 @@ role's file.  ``PROTOCOL_VERSION`` is checked by the program in each set-up
 frame; bump it with any change below.  History: 1, the first; 2, the server's set-up
 lists its memory cgroups; 3, samples say whether the window held their call; 4, a step
 may be cycled (``R``'s mode 2); 5, the server keeps freed memory; 6, calls say which chunk
-of a payload they are, failed calls' statuses too.
+of a payload they are, failed calls' statuses too; 7, the client keeps freed memory.
 
 Server (``tfgb-engine serve``), Python to program:
 
@@ -40,7 +40,8 @@ Client (``tfgb-engine client``), Python to program:
   serialized request is made of), chunk index u32, chunk count u32
   (``Call.chunk_index`` of ``chunk_count``: the chunks of one payload, consecutive in
   a step, share the ``--deadline`` the first of them issued got, as
-  ``transport.driver.PayloadDeadlines`` gives it; 0 of 1: a whole payload));
+  ``transport.driver.PayloadDeadlines`` gives it; 0 of 1: a whole payload)), kept
+  allocations i64 (as the server's: the responses received reuse freed buffers);
 * ``R`` a step: stop at ns i64 (-1: none), mode u8 (``STEP_ORDERED`` 0: the
   order's calls once; ``STEP_DEPENDENT`` 1: released by ``D`` frames;
   ``STEP_CYCLED`` 2: the order's calls again, whole, each time they have all
@@ -77,7 +78,7 @@ import grpc
 from tf_grpc_bench.errors import TransportError
 from tf_grpc_bench.replay.transport.wire import chunk_failure_message, failure_message
 
-PROTOCOL_VERSION = 6
+PROTOCOL_VERSION = 7
 #: ``R`` frames' modes.
 STEP_ORDERED, STEP_DEPENDENT, STEP_CYCLED = 0, 1, 2
 #: A call without a window of its own towards its server.

@@ -67,6 +67,7 @@ struct Config {
   std::string root_pem, key_pem, chain_pem;
   std::vector<std::string> methods;
   std::vector<CallSpec> calls;
+  int64_t kept_allocation_bytes = 0;  // KeepFreedMemory
 };
 
 Config ReadConfig(const std::string& body) {
@@ -108,6 +109,7 @@ Config ReadConfig(const std::string& body) {
       throw ProtocolError("a call names a method or server the set-up does not list");
     }
   }
+  config.kept_allocation_bytes = in.I64();
   return config;
 }
 
@@ -853,7 +855,11 @@ int RunClient() {
   TightenTimerSlack();
   std::string body;
   if (!ReadFrame(0, &body)) return 0;
-  Engine engine(ReadConfig(body));
+  Config config = ReadConfig(body);
+  // The responses received (a worker's pulls, hundreds of MB a round) reuse freed
+  // buffers, as the servers' requests do: else each is page faults and zeroing.
+  KeepFreedMemory(config.kept_allocation_bytes);
+  Engine engine(std::move(config));
   std::string error = engine.Prepare();
   if (!error.empty()) {
     Encoder frame('E');

@@ -1,6 +1,7 @@
 // What both roles share: frames, clocks, zero buffers, protobuf varints, messages.
 
 #include <errno.h>
+#include <malloc.h>
 #include <sys/mman.h>
 #include <sys/prctl.h>
 #include <sys/resource.h>
@@ -8,8 +9,10 @@
 #include <unistd.h>
 
 #include <cstdio>
+#include <algorithm>
 #include <cstring>
 #include <fstream>
+#include <limits>
 
 #include "engine.h"
 
@@ -55,6 +58,18 @@ int64_t AvailableMemoryBytes() {
 }
 
 void TightenTimerSlack() { prctl(PR_SET_TIMERSLACK, 1UL, 0UL, 0UL, 0UL); }
+
+// gRPC reads each received message into buffers from malloc; with glibc's defaults a
+// buffer past 128 KiB is a fresh mapping (or the heap's top is given back when it is
+// freed), so every large message costs its size in page faults and zeroing.  Raised
+// thresholds keep freed buffers for the next message, as a grpcio server process keeps
+// them (wire.keep_freed_memory, the same sizes).
+void KeepFreedMemory(int64_t bytes) {
+  if (bytes <= 0) return;
+  int kept = static_cast<int>(std::min<int64_t>(bytes, std::numeric_limits<int>::max() / 2));
+  mallopt(M_MMAP_THRESHOLD, kept);
+  mallopt(M_TRIM_THRESHOLD, 2 * kept);
+}
 
 void Encoder::U32(uint32_t value) {
   for (int i = 0; i < 4; ++i) out_.push_back(static_cast<char>((value >> (8 * i)) & 0xff));

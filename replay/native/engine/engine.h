@@ -22,7 +22,7 @@
 
 namespace tfgb {
 
-constexpr uint32_t kProtocolVersion = 6;
+constexpr uint32_t kProtocolVersion = 7;
 
 // Method paths and metadata of the wire protocol (replay/transport/wire.py).
 extern const char kEchoMethod[];
@@ -52,6 +52,9 @@ int64_t ProcessCpuNs();
 int64_t AvailableMemoryBytes();
 // Timer slack of 1 ns, so that waits end when asked (as the Python side's do).
 void TightenTimerSlack();
+// Allocations up to `bytes` come from malloc's heap, which keeps what is freed (0: the C
+// library's defaults).
+void KeepFreedMemory(int64_t bytes);
 
 // Little-endian fields of a frame body.
 class Encoder {

@@ -727,18 +727,6 @@ void Poll(grpc::ServerCompletionQueue* cq) {
   while (cq->Next(&tag, &ok)) static_cast<ServerCall*>(tag)->Proceed(ok);
 }
 
-// gRPC reads each received message into buffers from malloc; with glibc's defaults a
-// buffer past 128 KiB is a fresh mapping (or the heap's top is given back when it is
-// freed), so every large message costs its size in page faults and zeroing.  Raised
-// thresholds keep freed buffers for the next message, as a grpcio server process keeps
-// them (wire.keep_freed_memory, the same sizes).
-void KeepFreedMemory(int64_t bytes) {
-  if (bytes <= 0) return;
-  int kept = static_cast<int>(std::min<int64_t>(bytes, std::numeric_limits<int>::max() / 2));
-  mallopt(M_MMAP_THRESHOLD, kept);
-  mallopt(M_TRIM_THRESHOLD, 2 * kept);
-}
-
 void WriteError(const std::string& message) {
   Encoder out('E');
   out.Str(message);
