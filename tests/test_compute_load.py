@@ -31,6 +31,7 @@ from tf_grpc_bench.replay.transport import burners
 from tf_grpc_bench.trace import Trace
 
 from .conftest import make_trace
+from .engines import grpc_cpp_program
 
 ROOT = Path(__file__).resolve().parents[1]
 BUSY = CaptureCpu(
@@ -319,30 +320,21 @@ def test_the_replays_cpu_leaves_the_burners_out() -> None:
 # A replay with a compute load.
 
 
-def test_a_replay_reports_the_load_apart_from_its_own_cpu(tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    ("engine", "mode"), [("grpcio", "uniform"), ("grpcio", "gaps"), ("grpc-cpp", "gaps")]
+)
+def test_a_replay_reports_the_load_apart_from_its_own_cpu(
+    tmp_path: Path, engine: str, mode: str
+) -> None:
+    if engine == "grpc-cpp":
+        grpc_cpp_program()
     path = _busy_trace(tmp_path)
     output = tmp_path / "out"
     completed = subprocess.run(
         [
-            sys.executable,
-            "-m",
-            "tf_grpc_bench",
-            "replay",
-            str(path),
-            "--benchmark",
-            "ps-throughput",
-            "--engine",
-            "grpcio",
-            "--compute-load",
-            "uniform",
-            "--warmup",
-            "0.5",
-            "--duration",
-            "1",
-            "--runs",
-            "1",
-            "--output-dir",
-            str(output),
+            *(sys.executable, "-m", "tf_grpc_bench", "replay", str(path)),
+            *("--benchmark", "ps-throughput", "--engine", engine, "--compute-load", mode),
+            *("--warmup", "0.5", "--duration", "1", "--runs", "1", "--output-dir", str(output)),
         ],
         capture_output=True,
         text=True,
@@ -350,17 +342,16 @@ def test_a_replay_reports_the_load_apart_from_its_own_cpu(tmp_path: Path) -> Non
         timeout=300,
     )
     assert completed.returncode == 0, completed.stderr
-    assert "compute load: uniform: " in completed.stdout
+    assert f"compute load: {mode}: " in completed.stdout
     (results,) = output.glob("*/results.json")
     benchmark = json.loads(results.read_text())["benchmarks"][0]
     parameters = benchmark["parameters"]
-    assert parameters["compute_load"] == "uniform"
-    assert parameters["compute_load_sizing"].startswith("uniform: ")
+    assert parameters["compute_load"] == mode
+    assert parameters["compute_load_sizing"].startswith(f"{mode}: ")
     assert parameters["compute_load_cpu_cores"] >= 0
     assert "compute_load_cpu_s_per_step" in parameters
     # The replay's own CPU is its workers' and servers': the burners are not among them.
-    run = benchmark["runs"][0]
-    assert run["client_cpu_ns"] > 0
+    assert benchmark["runs"][0]["client_cpu_ns"] > 0
 
 
 def test_the_terminal_report_names_the_load_and_what_the_burners_spent() -> None:
