@@ -272,6 +272,40 @@ def test_a_burner_works_in_its_gaps_and_ends_when_closed() -> None:
     assert _wait_gone(pids) == []
 
 
+def _settled_cpu(pool: burners.Burners) -> int:
+    """The burners' CPU once it stops growing (their start-up done)."""
+    deadline = time.monotonic() + 20
+    last = pool.cpu_ns()
+    while time.monotonic() < deadline:
+        time.sleep(0.3)
+        now = pool.cpu_ns()
+        if now == last:
+            return now
+        last = now
+    raise AssertionError("the burners never went idle")
+
+
+def test_a_burner_spends_nothing_outside_its_gaps() -> None:
+    tick = 1_000_000_000 // os.sysconf("SC_CLK_TCK")
+    pool = burners.Burners(1)
+    try:
+        pool.set_load(1.0, [])
+        idle = _settled_cpu(pool)
+        time.sleep(0.3)
+        assert pool.cpu_ns() - idle <= tick
+        # A gap to come: nothing until it begins, then work.
+        now = time.perf_counter_ns()
+        burners.GapSender(pool.gap_writers[0])(now + 1_000_000_000, now + 1_500_000_000)
+        time.sleep(0.3)
+        assert pool.cpu_ns() - idle <= tick
+        deadline = time.monotonic() + 20
+        while pool.cpu_ns() - idle <= tick and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert pool.cpu_ns() - idle > tick
+    finally:
+        pool.close()
+
+
 _PARENT = textwrap.dedent(
     """
     import sys, time
