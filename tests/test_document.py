@@ -370,6 +370,25 @@ def test_a_late_replays_evidence_gives_the_lag_and_its_share_of_the_step() -> No
     )
 
 
+def test_under_a_compute_load_lateness_is_evidence_and_the_replays_cpu_still_flags() -> None:
+    late, evidence = replay_bound_verdict(0.4, 2, None, lateness_share=0.25, compute_load=True)
+    assert late is False
+    assert evidence == (
+        "replay client and server processes used 0.40 of 2 cores; the replay's own lateness "
+        "(its calls at the head of its queue) can have added up to 25.0% to a client's steps "
+        "(under the compute load: the contention it adds for the cores, as training's compute "
+        "added it, so it is not flagged)"
+    )
+    # Its own CPU binds it whatever the load.
+    busy, evidence = replay_bound_verdict(1.5, 2, None, lateness_share=0.25, compute_load=True)
+    assert busy is True
+    assert evidence.endswith("(the step may be the replay's CPU, not the link)")
+    # Punctual under the load: nothing said of the load.
+    punctual = replay_bound_verdict(0.4, 2, None, lateness_share=0.01, compute_load=True)
+    assert punctual == (False, replay_bound_verdict(0.4, 2, None, lateness_share=0.01)[1])
+    assert "compute load" not in punctual[1]
+
+
 def test_a_late_replay_is_bound_only_by_the_calls_the_window_did_not_hold() -> None:
     document = golden_document()
     throughput = document.benchmarks[2]
@@ -506,6 +525,17 @@ def test_a_starved_replay_is_bound_by_its_lateness_a_healthy_one_is_not() -> Non
     starved = prediction(2_000_000)
     assert starved["replay_bound"] is True
     assert "can have added up to 20.0% to a client's steps" in starved["replay_bound_evidence"]
+    # The same lateness under a compute load is the load's contention, not flagged.
+    throughput = dataclasses.replace(
+        throughput, parameters={**throughput.parameters, "compute_load": "gaps"}
+    )
+    loaded = prediction(2_000_000)
+    assert loaded["replay_bound"] is False
+    assert "under the compute load" in loaded["replay_bound_evidence"]
+    throughput = dataclasses.replace(
+        throughput, parameters={**throughput.parameters, "compute_load": "none"}
+    )
+    assert prediction(2_000_000)["replay_bound"] is True
 
 
 def _p90_by_hand(values: list[int]) -> float:

@@ -95,6 +95,7 @@ def replay_bound_verdict(
     lag_p90_ns: float | None = None,
     step_ns: float | None = None,
     lateness_share: float | None = None,
+    compute_load: bool = False,
 ) -> tuple[bool, str]:
     """Whether a prediction is bound by the replay's machine rather than the link, and why.
 
@@ -106,11 +107,16 @@ def replay_bound_verdict(
     ``step_ns``) is evidence only: most of it is calls waiting for the calls released
     with them to be sent.  So is the whole machine's share (None: not known): from
     ``MACHINE_BUSY_CPU_SHARE`` the evidence says other processes were busy, and the
-    prediction is not flagged for it.
+    prediction is not flagged for it.  Under a compute load (``compute_load``: burners
+    kept the cores as busy as training's compute did, ``core.compute_load``) the
+    lateness is evidence only too: calls go late because the load contends for the
+    cores on purpose, as training's calls contended with its compute; the replay's own
+    CPU still flags it.
     """
     own = cpu_count > 0 and replay_cores >= REPLAY_BOUND_CPU_SHARE * cpu_count
     machine = machine_busy_share is not None and machine_busy_share >= MACHINE_BUSY_CPU_SHARE
     late = lateness_share is not None and lateness_share >= REPLAY_BOUND_LATENESS_SHARE
+    loaded = late and compute_load
     evidence = f"replay client and server processes used {replay_cores:.2f} of {cpu_count} cores"
     if machine_busy_share is not None:
         evidence += (
@@ -129,6 +135,11 @@ def replay_bound_verdict(
         )
     if own:
         evidence += " (the step may be the replay's CPU, not the link)"
+    elif loaded:
+        evidence += (
+            " (under the compute load: the contention it adds for the cores, as training's "
+            "compute added it, so it is not flagged)"
+        )
     elif late:
         evidence += " (the replay did not keep up with its own plan: the step may be its lateness)"
     elif machine:
@@ -136,7 +147,7 @@ def replay_bound_verdict(
             " (other processes kept the machine busy; the replay's own processes did not "
             "bind the step, so it is not flagged)"
         )
-    return own or late, evidence
+    return own or (late and not loaded), evidence
 
 
 def prediction_json(result: BenchmarkResult, cpu_count: int) -> dict[str, Any] | None:
@@ -162,7 +173,13 @@ def prediction_json(result: BenchmarkResult, cpu_count: int) -> dict[str, Any] |
     lag = None if unheld.count == 0 else unheld.p90_ns
     lateness = replay_lateness_share(result.runs)
     bound, evidence = replay_bound_verdict(
-        cores, cpu_count, machine, lag_p90_ns=lag, step_ns=step, lateness_share=lateness
+        cores,
+        cpu_count,
+        machine,
+        lag_p90_ns=lag,
+        step_ns=step,
+        lateness_share=lateness,
+        compute_load=result.parameters.get("compute_load", "none") != "none",
     )
     return {
         "step_ns": step,
