@@ -37,11 +37,13 @@ module run reached ``--floor`` (85% by default), 1 otherwise.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import io
 import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -315,19 +317,26 @@ def _function_lines(source: str, functions: tuple[str, ...]) -> list[tuple[int, 
 
 def _pytest(folder: Path, tests: tuple[str, ...], markers: str, timeout_s: float) -> int | None:
     """Run ``tests`` in ``folder`` on its plain copy of the package: the exit status, None
-    on a timeout."""
+    on a timeout.  The tests run in a session of their own, killed whole on a timeout: a
+    mutant that hangs a test's child (a replay's worker, a TensorBoard) leaves nothing
+    behind holding the output pipe open."""
+    process = subprocess.Popen(
+        [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider",
+         "-m", markers, *tests],
+        cwd=folder,
+        env={**os.environ, "PYTHONPATH": str(folder / "src"), "PYTHONDONTWRITEBYTECODE": "1"},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )  # fmt: skip
     try:
-        return subprocess.run(
-            [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider",
-             "-m", markers, *tests],
-            cwd=folder,
-            env={**os.environ, "PYTHONPATH": str(folder / "src"), "PYTHONDONTWRITEBYTECODE": "1"},
-            capture_output=True,
-            timeout=timeout_s,
-            check=False,
-        ).returncode  # fmt: skip
+        return process.wait(timeout=timeout_s)
     except subprocess.TimeoutExpired:
         return None
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGKILL)
+        process.wait()
 
 
 def _enclosing_functions(source: str, module: str) -> list[tuple[int, int, str]]:
