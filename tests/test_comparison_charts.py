@@ -251,3 +251,41 @@ def test_the_replays_step_is_the_median_replayed_step_with_or_without_a_predicti
     # A benchmark without steps has none.
     assert not latency.step_times_ns
     assert comparison.replay_step_s(latency, 2) is None
+
+
+def test_a_document_without_a_network_or_the_step_benchmark_is_a_point_without_them() -> None:
+    base = golden_document()
+    unrecorded = dataclasses.replace(base, network=None)
+    no_steps = dataclasses.replace(
+        base,
+        benchmarks=base.benchmarks[:2],
+        network=NetworkInfo(name="lab", emulated_rate_bits_per_s=10**9, emulation="tbf"),
+    )
+    points = comparison.link_points([unrecorded, no_steps])
+    steps = [t for run in base.benchmarks[2].runs for t in run.step_times_ns]
+    assert points == [
+        LinkPoint(name="lab", rate_bits_per_s=10**9),
+        LinkPoint(
+            name="unrecorded",
+            rate_bits_per_s=0,
+            replay_step_s=pytest.approx(statistics.median(steps) / 1e9, rel=1e-12),
+        ),
+    ]
+
+
+def test_a_step_chart_of_rated_links_only_has_no_note_in_its_title(tmp_path: Path) -> None:
+    run = comparison.write_comparison(tmp_path, [], points=POINTS[:1], wall_time_s=1.0)
+    expected = plots.line_chart(
+        "Step time against link rate",
+        [
+            plots.Series(name="replay", points=((1.0, 2.0),)),
+            plots.Series(name="link bound", points=((1.0, 1.5),), dashed=True),
+        ],
+        x_label="link rate (Gbit/s)",
+        y_label="step time (s)",
+    )
+    assert _image(_load(run), "plots/step_vs_rate") == (
+        expected.width,
+        expected.height,
+        expected.png,
+    )
