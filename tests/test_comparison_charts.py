@@ -17,12 +17,14 @@ from tensorboard.plugins.custom_scalar import layout_pb2
 from tensorboard.plugins.custom_scalar import metadata as custom_scalar_metadata
 from tensorboard.util import tensor_util
 
+from tests import oracle_samples as oracle
 from tests.result_factory import golden_document
 from tf_grpc_bench.errors import ResultError
 from tf_grpc_bench.replay.output import comparison, plots
 from tf_grpc_bench.replay.output.comparison import LinkPoint
 from tf_grpc_bench.replay.output.document import ResultDocument
 from tf_grpc_bench.replay.output.machine import NetworkInfo
+from tf_grpc_bench.trace import Trace
 
 #: Rated links (one not a whole number of Mbit/s, one of 1 Tbit/s), and two without a rate.
 POINTS = (
@@ -289,3 +291,44 @@ def test_a_step_chart_of_rated_links_only_has_no_note_in_its_title(tmp_path: Pat
         expected.height,
         expected.png,
     )
+
+
+def _heavier_direction_s(trace: Trace, rate: int) -> float:
+    """The median step's bytes each way between the ps host and the workers' host, the
+    heavier of the two, over the rate (calls within one host left out)."""
+    up, down = [], []
+    for step in trace.steps:
+        to_ps = to_workers = 0
+        for rpc in step.rpcs:
+            caller_ps = trace.tasks[rpc.caller_task].job == "ps"
+            callee_ps = trace.tasks[rpc.callee_task].job == "ps"
+            if caller_ps == callee_ps:
+                continue
+            sent, answered = rpc.request_bytes, rpc.response_bytes
+            to_ps += answered if caller_ps else sent
+            to_workers += sent if caller_ps else answered
+        up.append(to_ps)
+        down.append(to_workers)
+    return max(statistics.median(up), statistics.median(down)) * 8 / rate
+
+
+@pytest.mark.parametrize("heavy", ["requests to the ps", "requests from the ps"])
+def test_the_link_bound_counts_each_calls_request_and_response_on_its_own_side(
+    heavy: str,
+) -> None:
+    trace = oracle.boundary_trace()
+    steps = []
+    for step in trace.steps:
+        rpcs = []
+        for number, rpc in enumerate(step.rpcs):
+            from_ps = trace.tasks[rpc.caller_task].job == "ps"
+            if (heavy == "requests from the ps") == from_ps:
+                rpc = dataclasses.replace(rpc, request_bytes=3_000_000 + 1000 * number)
+            rpcs.append(rpc)
+        steps.append(dataclasses.replace(step, rpcs=tuple(rpcs)))
+    weighted = dataclasses.replace(trace, steps=tuple(steps))
+    expected = _heavier_direction_s(weighted, 10**9)
+    assert expected > _heavier_direction_s(trace, 10**9)
+    assert comparison.link_bound_s(weighted, 10**9) == pytest.approx(expected, rel=1e-12)
+    assert comparison.link_bound_s(weighted, 1) == pytest.approx(expected * 10**9, rel=1e-12)
+    assert comparison.link_bound_s(weighted, 0) is None
