@@ -26,6 +26,7 @@ from tf_grpc_bench.profiler.assembly.steps import (
     WARMUP_STEP,
     find_runs,
     find_steps,
+    run_windows,
     training_runs,
 )
 from tf_grpc_bench.profiler.launch.markers import StepMarker
@@ -458,3 +459,22 @@ def test_collective_steps_set_nothing_aside_without_runs() -> None:
 
     found = find_steps([recv_buf(1000 + 10 * i, 200 + i) for i in range(3)])
     assert found.source == "collective-instance" and found.set_aside_runs == {}
+
+
+def test_a_run_spans_its_own_tasks_transfers_from_the_first_start_to_the_last_end() -> None:
+    job = Job()
+    first = job.training_step(0)
+    second = job.queue_runner(1)
+    transfers = {
+        step_id: [c for c in job.calls if c.method == RECV_TENSOR and c.request_head[1:3] == sid]
+        for step_id, sid in ((first, _varint(first)), (second, _varint(second)))
+    }
+    runs = find_runs(job.calls)
+    assert [(r.step_id, r.start_ns, r.end_ns) for r in runs] == [
+        (step_id, calls[0].start_ns, calls[-1].end_ns) for step_id, calls in transfers.items()
+    ]
+    windows = run_windows(runs)
+    assert [(w.number, w.step_id, w.task, w.start_ns, w.end_ns) for w in windows] == [
+        (0, first, "worker:0", transfers[first][0].start_ns, transfers[first][-1].end_ns),
+        (1, second, "worker:1", transfers[second][0].start_ns, transfers[second][-1].end_ns),
+    ]
