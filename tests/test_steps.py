@@ -478,3 +478,13 @@ def test_a_run_spans_its_own_tasks_transfers_from_the_first_start_to_the_last_en
         (0, first, "worker:0", transfers[first][0].start_ns, transfers[first][-1].end_ns),
         (1, second, "worker:1", transfers[second][0].start_ns, transfers[second][-1].end_ns),
     ]
+
+
+def test_a_run_that_moves_no_tensor_spans_its_own_calls() -> None:
+    job = Job()
+    job.training_step(0)
+    idle = job._run(1, [])
+    controls = [c for c in job.calls if c.connection == 11]
+    (run,) = [r for r in find_runs(job.calls) if r.step_id == idle]
+    assert (run.task, run.transfers, run.variable_bytes) == ("", 0, 0)
+    assert (run.start_ns, run.end_ns) == (controls[0].start_ns, controls[-1].end_ns)
