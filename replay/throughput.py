@@ -376,18 +376,10 @@ class _WorkerProcesses:
         for connection in self.connections:
             with contextlib.suppress(BrokenPipeError, OSError):
                 connection.send(("stop",))
-        for ending, grace_s in (
-            ("", STOP_GRACE_S),
-            ("terminate", KILL_GRACE_S),
-            ("kill", KILL_GRACE_S),
-        ):
-            alive = [p for p in self.processes if p.is_alive()]
-            for process in alive if ending else ():
-                with contextlib.suppress(ProcessLookupError):
-                    getattr(process, ending)()
-            deadline = time.monotonic() + grace_s
-            for process in alive:
-                process.join(max(0.0, deadline - time.monotonic()))
+        lifetime.end_processes(
+            self.processes,
+            (("", STOP_GRACE_S), ("terminate", KILL_GRACE_S), ("kill", KILL_GRACE_S)),
+        )
         for connection in self.connections:
             connection.close()
 

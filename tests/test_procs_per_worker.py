@@ -15,7 +15,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from tf_grpc_bench import trace_files
+from tf_grpc_bench import lifetime, trace_files
 from tf_grpc_bench.errors import ConfigError
 from tf_grpc_bench.replay import cli, throughput
 from tf_grpc_bench.replay.core.benchmarks import synthetic_workload, trace_workload
@@ -389,7 +389,8 @@ def test_workers_told_to_stop_share_one_grace_not_one_each(
     # Four worker processes in their warm-up (two workers and two side clients): a stop
     # signal used to wait 10 s for each in turn, 40 s, past network compare's 30 s grace.
     clock = [0.0]
-    monkeypatch.setattr(throughput, "time", SimpleNamespace(monotonic=lambda: clock[0]))
+    # The ladder of waits is lifetime.end_processes, shared with the compute load's burners.
+    monkeypatch.setattr(lifetime, "time", SimpleNamespace(monotonic=lambda: clock[0]))
     workers = object.__new__(throughput._WorkerProcesses)
     workers.processes = [_Deaf(clock) for _ in range(4)]
     workers.connections = []

@@ -239,14 +239,9 @@ class Burners:
         for control in self._controls:
             with contextlib.suppress(OSError):
                 control.send(("stop",))
-        for ending in ("", "terminate", "kill"):
-            alive = [p for p in self._processes if p.is_alive()]
-            for process in alive if ending else ():
-                with contextlib.suppress(ProcessLookupError):
-                    getattr(process, ending)()
-            deadline = time.monotonic() + STOP_GRACE_S
-            for process in alive:
-                process.join(max(0.0, deadline - time.monotonic()))
+        lifetime.end_processes(
+            self._processes, [(ending, STOP_GRACE_S) for ending in ("", "terminate", "kill")]
+        )
         for connection in [*self._controls, *self.gap_writers]:
             connection.close()
         self._controls, self.gap_writers = [], []

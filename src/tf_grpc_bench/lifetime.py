@@ -37,7 +37,7 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from types import FrameType
 from typing import Any
 
@@ -289,3 +289,18 @@ def die_with_parent_preexec(signum: int = signal.SIGKILL) -> Callable[[], None]:
             kill(os.getpid(), signum)
 
     return in_child
+
+
+def end_processes(processes: Sequence[Any], graces: Sequence[tuple[str, float]]) -> None:
+    """End ``multiprocessing`` processes already told to stop: for each (``ending``,
+    seconds) of ``graces`` in turn, apply ``ending`` ("" for none, "terminate", "kill")
+    to every one still alive, then wait up to that long for them all together (one
+    deadline, not one wait per process in turn)."""
+    for ending, grace_s in graces:
+        alive = [p for p in processes if p.is_alive()]
+        for process in alive if ending else ():
+            with contextlib.suppress(ProcessLookupError):
+                getattr(process, ending)()
+        deadline = time.monotonic() + grace_s
+        for process in alive:
+            process.join(max(0.0, deadline - time.monotonic()))
