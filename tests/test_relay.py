@@ -19,7 +19,7 @@ import time
 
 import pytest
 
-from tf_grpc_bench.netns import emulated, links, namespaces, state, topology
+from tf_grpc_bench.netns import emulated, links, namespaces, relay, state, topology
 from tf_grpc_bench.netns.relay import read_relay_stats
 
 from .test_netns import tcp_throughput_bits_per_s
@@ -290,7 +290,13 @@ def test_the_relay_reports_its_lateness_while_it_runs() -> None:
         assert network.compensation_ns == network.calibration.compensation_ns
         assert network.calibration.veth_round_trip_ns > 0
         assert statistics.fmean(d.late_mean_ns for d in running.directions) < 500_000
-    assert network.relay_stats["h0-h1"].stopped
+        # It says what it takes of the hosts' cores, and runs ahead of their processes.
+        assert running.cpu_ns > 0
+        assert os.sched_getscheduler(running.pid) == os.SCHED_FIFO
+        assert os.sched_getparam(running.pid).sched_priority == relay.PRIORITY
+    stopped = network.relay_stats["h0-h1"]
+    assert stopped.stopped
+    assert stopped.cpu_ns >= running.cpu_ns
 
 
 DESCRIBE = (

@@ -50,7 +50,9 @@
  *   40  u64      stopped: 1 once the relay ended (0 while it runs or if killed)
  *   48  u64      histogram buckets (HISTOGRAM_BUCKETS)
  *   56  u64      compensation_ns: written by the tool, read for every packet
- *   64  u64[8]   reserved
+ *   64  u64      cpu_ns: the relay's own CPU time (user and system) so far,
+ *                updated every CPU_SAMPLE_NS while it runs and when it stops
+ *   72  u64[7]   reserved
  *   128 char[64] side A ("namespace:interface")   192 char[64] side B
  * then per direction (A to B, then B to A), 12 u64 and the histogram:
  *   delay_ns, jitter_ns, queue_capacity_bytes, packets, bytes, queue_drops,
@@ -100,6 +102,8 @@
 #define NO_TIME UINT64_MAX
 /* Reads per direction per loop turn, so that releases are never starved. */
 #define READ_BURST 64
+/* How often the relay writes its own CPU time into the statistics file. */
+#define CPU_SAMPLE_NS 10000000u
 
 struct direction_stats {
     uint64_t delay_ns, jitter_ns, queue_capacity_bytes, packets, bytes, queue_drops,
@@ -111,7 +115,7 @@ struct direction_stats {
 struct stats_file {
     char magic[8];
     uint32_t version, directions;
-    uint64_t pid, started_ns, sequence, stopped, buckets, compensation_ns, reserved[8];
+    uint64_t pid, started_ns, sequence, stopped, buckets, compensation_ns, cpu_ns, reserved[7];
     char endpoint[2][ENDPOINT_BYTES];
     struct direction_stats direction[2];
 };
@@ -151,6 +155,15 @@ static uint64_t now_ns(void) {
 }
 
 /* ---- the schedule: release times and the jitter's random numbers ---- */
+
+/* The relay's CPU time so far (user and system, ns) into the statistics file. */
+static void record_cpu(void) {
+    struct timespec t;
+    if (clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &t) != 0) return;
+    stats_begin();
+    stats->cpu_ns = (uint64_t)t.tv_sec * 1000000000u + (uint64_t)t.tv_nsec;
+    stats_end();
+}
 
 static uint64_t splitmix64(uint64_t *state) {
     uint64_t z = (*state += 0x9e3779b97f4a7c15u);
@@ -396,6 +409,7 @@ static void set_up_directions(const struct options *o, struct direction d[2]) {
 }
 
 static void finish(struct direction d[2]) {
+    record_cpu();
     stats_begin();
     for (int i = 0; i < 2; i++) d[i].stats->queued_at_stop = d[i].ring.count;
     stats->stopped = 1;
@@ -593,13 +607,17 @@ static int relay(const struct options *o) {
     printf("ready %d\n", getpid());
     fflush(stdout);
     int status = 0;
-    uint64_t last_packet = 0;
+    uint64_t last_packet = 0, cpu_sampled = 0;
     d[0].readable = d[1].readable = 1;
     while (!stopping) {
         int moved = release(&d[0]) + release(&d[1]);
         int read_a = d[0].readable ? drain(&d[0], scratch) : 0;
         int read_b = read_a < 0 || !d[1].readable ? 0 : drain(&d[1], scratch);
         if (moved + read_a + read_b > 0) last_packet = now_ns();
+        if (last_packet >= cpu_sampled + CPU_SAMPLE_NS) {
+            record_cpu();
+            cpu_sampled = last_packet;
+        }
         if (read_a < 0 || read_b < 0 || wait_for(d, o, &unblocked, last_packet) < 0) {
             fprintf(stderr, "relay: a tap device is gone (its namespace was deleted); stopping\n");
             status = 3;

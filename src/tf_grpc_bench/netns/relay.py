@@ -71,7 +71,7 @@ START_TIMEOUT_S = 10.0
 STATS_MAGIC = b"TFGBRLY1"
 STATS_VERSION = 2
 HISTOGRAM_BUCKETS = 688
-_HEADER = struct.Struct("<8sIIQQQQQQ64x64s64s")
+_HEADER = struct.Struct("<8sIIQQQQQQQ56x64s64s")
 #: Where the tool writes the compensation (relay.c).
 _COMPENSATION_OFFSET = 56
 _DIRECTION = struct.Struct("<12Q")
@@ -204,6 +204,10 @@ class RelayStats:
     stopped: bool
     #: The relay's own one-way cost that each release is made earlier by (ns).
     compensation_ns: int
+    #: The relay's own CPU time so far, user and system (ns; sampled every 10 ms while
+    #: it moves packets, and when it stops).  It runs on the hosts' cores: training or a
+    #: replay on the link shares them with it.
+    cpu_ns: int
     #: "namespace path:interface" of side a and side b.
     sides: tuple[str, str]
     #: A to b, then b to a.
@@ -229,9 +233,10 @@ def _interface(side: str) -> str:
 def _parse_stats(data: bytes, path: Path) -> tuple[int, RelayStats]:
     if len(data) < STATS_BYTES:
         raise NetworkError(f"{path}: too short for relay statistics ({len(data)} bytes)")
-    magic, version, directions, pid, started, sequence, stopped, buckets, compensation, a, b = (
+    magic, version, directions, pid, started, sequence, stopped, buckets, *rest = (
         _HEADER.unpack_from(data)
     )
+    compensation, cpu, a, b = rest
     if magic != STATS_MAGIC:
         raise NetworkError(f"{path}: not a relay statistics file")
     if version != STATS_VERSION or directions != 2 or buckets != HISTOGRAM_BUCKETS:
@@ -256,6 +261,7 @@ def _parse_stats(data: bytes, path: Path) -> tuple[int, RelayStats]:
         started_ns=started,
         stopped=bool(stopped),
         compensation_ns=compensation,
+        cpu_ns=cpu,
         sides=(a.rstrip(b"\0").decode(errors="replace"), b.rstrip(b"\0").decode(errors="replace")),
         directions=(parsed[0], parsed[1]),
     )
