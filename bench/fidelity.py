@@ -34,6 +34,10 @@ Usage: ``sudo .venv/bin/python bench/fidelity.py [--models resnet50,vgg16]
 [--no-readme] [--logdir runs/fidelity]``
 (needs the profiler extra).
 
+On a delayed link, what its relays took in each training run and in the link trace's
+replay (their CPU per GB moved, ``relay_use.py``) follows the tables: the relays run
+on the cores training uses (docs/fidelity.md, Limits).
+
 Every training shape is run twice side by side on each link: first uncaptured
 (``python -m tf_grpc_bench.profiler.uncaptured``: the same launcher, tasks and
 placement with no recorder, its rounds timed by its own step markers), then
@@ -78,6 +82,7 @@ from common import (
     tf_grpc_bench_command,
     write_section,
 )
+from relay_use import RelaySampler, RelayUse, relay_table, sampled
 from training import (
     CaptureFacts,
     Uncaptured,
@@ -91,6 +96,7 @@ from training import (
 )
 
 from tf_grpc_bench import lifetime
+from tf_grpc_bench.netns.links import parse_profile
 from tf_grpc_bench.replay.network.compare import write_tensorboard_comparison
 from tf_grpc_bench.replay.output.document_reader import read_document
 from tf_grpc_bench.trace import Trace
@@ -135,6 +141,9 @@ class Row:
     link_capture: CaptureFacts | None = None
     #: The same training with no recorder, right before the capture (None: not run).
     uncaptured: Uncaptured | None = None
+    #: A delayed link's relays in the uncaptured training, the capture and the link
+    #: trace's replay (``relay_use``); () on a link without relays.
+    relays: tuple[RelayUse | None, ...] = ()
 
 
 def predict(
@@ -224,20 +233,29 @@ def measure(
             # The replays run uncapped: scaling the compute to this machine would undo the cap.
             extra = (*extra, "--compute", "recorded")
 
-        def trained(output: Path, profile: str | None) -> tuple[Trace, Uncaptured]:
-            """The job with no recorder, then captured: side by side, in that order."""
-            plain = train_uncaptured(job_arguments(model, setup, steps), profile, prefix=prefix)
-            if cpu_cap is None:
-                return capture(model, setup, steps, output, profile), plain
-            with calibration_cache(folder / "capped-calibrations.json"):
-                return capture(model, setup, steps, output, profile, prefix=prefix), plain
+        def trained(
+            output: Path, profile: str | None
+        ) -> tuple[Trace, Uncaptured, list[RelayUse | None]]:
+            """The job with no recorder, then captured: side by side, in that order; and
+            what a delayed link's relays took in each."""
+            delayed = profile is not None and parse_profile(profile).delayed
+            with sampled(delayed) as relays:
+                plain = train_uncaptured(job_arguments(model, setup, steps), profile, prefix=prefix)
+            uses = [_use(relays)]
+            with sampled(delayed) as relays, contextlib.ExitStack() as capped:
+                if cpu_cap is not None:
+                    capped.enter_context(calibration_cache(folder / "capped-calibrations.json"))
+                trace = capture(model, setup, steps, output, profile, prefix=prefix)
+            return trace, plain, [*uses, _use(relays)]
 
-        loopback_capture, loopback_plain = trained(loopback_trace, None)
+        loopback_capture, loopback_plain, _ = trained(loopback_trace, None)
         loopback = capture_facts(loopback_capture, "loopback", loopback_plain)
         rows = []
         for profile in profiles:
             link_trace = folder / f"{model}-{profile}.tfgbtrace"
-            link_capture, plain = trained(link_trace, profile)
+            link_capture, plain, uses = trained(link_trace, profile)
+            with sampled(bool(uses[0])) as relays:
+                from_link = predict(link_trace, profile, folder / f"{profile}-link", extra=extra)
             rows.append(
                 Row(
                     model=model,
@@ -248,13 +266,19 @@ def measure(
                     from_loopback=predict(
                         loopback_trace, profile, folder / f"{profile}-lo", extra=extra
                     ),
-                    from_link=predict(link_trace, profile, folder / f"{profile}-link", extra=extra),
+                    from_link=from_link,
                     link_capture=capture_facts(link_capture, profile, plain),
+                    relays=(*uses, _use(relays)) if uses[0] else (),
                 )
             )
             print(rows[-1], file=sys.stderr, flush=True)
     write_comparison(folder, rows)
     return loopback, rows
+
+
+def _use(sampler: RelaySampler | None) -> RelayUse | None:
+    """What a ``sampled`` block's relays took (None without a sampler)."""
+    return None if sampler is None else sampler.use()
 
 
 def write_comparison(directory: Path, rows: list[Row]) -> None:
@@ -438,6 +462,9 @@ def report(
     captures += [row.link_capture for row in rows if row.link_capture is not None]
     if captures:
         lines += ["", *capture_table(captures)]
+    relayed = [(row.profile, row.relays) for row in rows if row.relays]
+    if relayed:
+        lines += ["", *relay_table(relayed)]
     return "\n".join(lines)
 
 
