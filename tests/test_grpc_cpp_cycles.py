@@ -90,7 +90,9 @@ def test_steps_counted_or_paced_are_not_cycled() -> None:
                 engine.close()
             assert not outcome.partial, outcome.partial_reason
             assert isinstance(loop.driver, NativeDriver)
-            assert len(frames.modes) > 1 and set(frames.modes) == {STEP_ORDERED}
+            # Each step its own frame, none cycled (a cycled run is one frame of its own mode).
+            # How many steps a rate fits into the duration is the machine's: at least one.
+            assert frames.modes and set(frames.modes) == {STEP_ORDERED}
             assert len(outcome.samples) <= PAYLOADS * len(frames.modes)
             if steps is not None:
                 assert len(outcome.samples) == PAYLOADS * steps == PAYLOADS * len(frames.modes)
