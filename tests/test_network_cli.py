@@ -110,6 +110,33 @@ def test_up_with_a_delay_leaves_its_relay_running_until_down() -> None:
 
 
 @pytest.mark.netns
+def test_cleanup_keeps_a_network_left_up_on_purpose() -> None:
+    up = tool("network", "up", "--hosts", "3", "--profile", "100mbit:delay=1ms")
+    assert up.returncode == 0, up.stderr
+    match = re.search(r"^run ([0-9]+-[0-9a-f]+):", up.stdout, re.MULTILINE)
+    assert match, up.stdout
+    run_id = match.group(1)
+    try:
+        made = namespaces.run_namespaces(run_id)
+        assert len(made) == 4, "three hosts and their switch"
+        relays = namespaces.run_pids(run_id)
+        assert relays, "a delayed link's relays outlive 'network up'"
+        # The process that made it is gone, as a crashed run's is: cleanup tells them apart.
+        assert not namespaces.pid_alive(int(run_id.split("-")[0]))
+        cleaned = tool("network", "cleanup")
+        assert cleaned.returncode == 0, cleaned.stderr
+        assert run_id not in cleaned.stdout
+        assert namespaces.run_namespaces(run_id) == made
+        assert all(namespaces.pid_alive(pid) for pid in relays)
+        down = tool("network", "down", run_id)
+        assert down.returncode == 0, down.stderr
+        assert namespaces.run_namespaces(run_id) == []
+    finally:
+        for name in namespaces.run_namespaces(run_id):
+            namespaces.delete_namespace(name)
+
+
+@pytest.mark.netns
 def test_up_leaves_a_network_that_down_removes() -> None:
     up = tool("network", "up", "--hosts", "3", "--profile", "100mbit")
     assert up.returncode == 0, up.stderr

@@ -3,6 +3,7 @@ commands, none of which needs root (the namespaces themselves are in test_netns.
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -11,7 +12,7 @@ import textwrap
 import pytest
 
 from tf_grpc_bench.errors import NetworkError
-from tf_grpc_bench.netns import links, topology
+from tf_grpc_bench.netns import links, state, topology
 from tf_grpc_bench.replay.network import netinfo
 
 from .conftest import environment_without_coverage
@@ -240,3 +241,24 @@ def test_loopback_targets_are_described_as_loopback() -> None:
     assert [i.name for i in info.interfaces] == ["lo"]
     assert info.emulated_rate_bits_per_s == 0
     assert netinfo.describe_network(["127.0.0.1:1"], name="my-lab").name == "my-lab"
+
+
+def test_a_link_record_says_whether_its_network_was_left_up(tmp_path, monkeypatch) -> None:
+    monkeypatch.setattr(state, "STATE_DIRECTORY", tmp_path)
+    plan = topology.plan_network(hosts=2, profile=links.parse_profile("1gbit"), run_id="4242-ab12")
+    h0, h1 = (host.namespace for host in plan.hosts)
+    state.write_records(plan, [])
+    assert state.read_record(h0) == state.HostRecord(
+        namespace=h0, profile=links.parse_profile("1gbit"), kept_up=False
+    )
+    state.write_records(plan, [], kept_up=True)
+    assert [state.read_record(n).kept_up for n in (h0, h1)] == [True, True]  # type: ignore[union-attr]
+    # A record from before the field reads as a network that was not left up.
+    document = json.loads(state.record_path(h1).read_text())
+    del document["kept_up"]
+    state.record_path(h1).write_text(json.dumps(document))
+    assert state.read_record(h1).kept_up is False  # type: ignore[union-attr]
+    document["kept_up"] = "yes"
+    state.record_path(h1).write_text(json.dumps(document))
+    with pytest.raises(NetworkError, match=r"\.link\.json: bad link record \(kept_up 'yes'"):
+        state.read_record(h1)

@@ -6,7 +6,7 @@ Subcommands:
 - ``up``: create hosts on a rate-limited link and leave them (for your own runs);
 - ``down RUN_ID``: remove one network made by ``up``;
 - ``list``: the tool's namespaces, by run;
-- ``cleanup``: remove what crashed runs (and ``up``) left behind;
+- ``cleanup``: remove what crashed runs left behind (``--all``: also what ``up`` left up);
 - ``compare [TRACE]``: replay across several profiles, one comparison
   (``compare``); takes every flag of ``replay``, which ``replay.cli`` hands
   in with the functions that turn them into a ``ReplaySpec`` and plan it.
@@ -79,12 +79,12 @@ def configure_network(parser: argparse.ArgumentParser, *, replay_flags: Flags) -
     commands.add_parser("list", help="list the tool's namespaces, by run")
 
     cleanup = commands.add_parser(
-        "cleanup", help="remove namespaces left by crashed runs and by 'network up'"
+        "cleanup", help="remove namespaces left by crashed runs (not those 'network up' left up)"
     )
     cleanup.add_argument(
         "--all",
         action="store_true",
-        help="also remove the networks of runs still in progress",
+        help="also remove the networks of runs still in progress and those 'network up' left up",
     )
 
     compare = commands.add_parser(

@@ -168,7 +168,9 @@ class EmulatedNetwork:
                     self._relays[step.link] = (process, path)
                 else:
                     self.runner(step)
-            write_records(self.plan, [path for _, path in self._relays.values()])
+            write_records(
+                self.plan, [path for _, path in self._relays.values()], kept_up=self.detached
+            )
             if self._relays:
                 self.calibration = calibrate(self, self.runner)
                 for _, path in self._relays.values():

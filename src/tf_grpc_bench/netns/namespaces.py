@@ -20,7 +20,7 @@ from pathlib import Path
 
 from tf_grpc_bench.errors import NetworkError
 from tf_grpc_bench.netns.links import FALLBACK_HZ
-from tf_grpc_bench.netns.state import remove_namespace_state
+from tf_grpc_bench.netns.state import read_record, remove_namespace_state
 from tf_grpc_bench.netns.topology import NAMESPACE_NAME, PREFIX, RUN_ID
 
 
@@ -176,23 +176,40 @@ def cleanup_leftovers(
 
     Only namespaces starting with ``PREFIX`` are considered.  By default those
     of a run whose creating process is still alive are kept (another run in
-    progress); ``include_live=True`` removes them too.  Namespaces with our
-    prefix but an unrecognised shape are removed as well: nothing but this
-    tool creates names under the prefix.
+    progress), and so are those of a network left up on purpose (``network
+    up``: its hosts' records say ``kept_up``; ``network down`` removes it);
+    ``include_live=True`` removes them too.  Namespaces with our prefix but an
+    unrecognised shape are removed as well: nothing but this tool creates names
+    under the prefix.
     """
     require_root()
+    names = [name for name in list_namespaces(runner) if name.startswith(PREFIX)]
+    kept = set() if include_live else _runs_kept_up(names)
     removed = []
-    for name in list_namespaces(runner):
-        if not name.startswith(PREFIX):
-            continue
+    for name in names:
         match = NAMESPACE_NAME.match(name)
         if match and not include_live:
             run_match = RUN_ID.match(match["run"])
-            if run_match and pid_alive(int(run_match["pid"])):
+            if (run_match and pid_alive(int(run_match["pid"]))) or match["run"] in kept:
                 continue
         delete_namespace(name, runner)
         removed.append(name)
     return removed
+
+
+def _runs_kept_up(names: Sequence[str]) -> set[str]:
+    """The runs among ``names`` left up on purpose; a record that cannot be read
+    keeps nothing (the network is then a leftover like any other)."""
+    kept = set()
+    for name in names:
+        match = NAMESPACE_NAME.match(name)
+        if match is None:
+            continue
+        with contextlib.suppress(NetworkError):
+            record = read_record(name)
+            if record is not None and record.kept_up:
+                kept.add(match["run"])
+    return kept
 
 
 def run_namespaces(run_id: str, runner: CommandRunner = run_command) -> list[str]:

@@ -8,7 +8,8 @@ by ``relay.c`` while it runs).  Every file is named after a namespace of the
 network, so removing a namespace removes its files (``remove_namespace_state``)
 and nothing outlives the network.
 
-Version history of the record: 1 (2026-12) first version.
+Version history of the record: 1 (2026-12) first version; `kept_up` added later, optional
+(absent: false).
 """
 
 from __future__ import annotations
@@ -43,6 +44,8 @@ class HostRecord:
     profile: LinkProfile
     #: The statistics files of the relays on this host's paths to the others.
     relay_stats: tuple[Path, ...] = ()
+    #: Left up on purpose (``network up``): ``network cleanup`` keeps it.
+    kept_up: bool = False
 
 
 def relay_stats_path(plan: NetworkPlan, relay: RelayPlan) -> Path:
@@ -55,9 +58,10 @@ def record_path(namespace: str) -> Path:
     return STATE_DIRECTORY / f"{namespace}{RECORD_SUFFIX}"
 
 
-def write_records(plan: NetworkPlan, relay_stats: Sequence[Path]) -> None:
+def write_records(plan: NetworkPlan, relay_stats: Sequence[Path], *, kept_up: bool = False) -> None:
     """A record for each host of ``plan``; every relay serves every host's paths (a
-    point-to-point link's one relay, or the switch's relays that a host's packets cross)."""
+    point-to-point link's one relay, or the switch's relays that a host's packets cross).
+    ``kept_up``: the network outlives the command that made it (``network up``)."""
     profile = plan.profile
     for host in plan.hosts:
         document = {
@@ -70,6 +74,7 @@ def write_records(plan: NetworkPlan, relay_stats: Sequence[Path]) -> None:
             "jitter_ns": profile.jitter_ns,
             "loss": profile.loss,
             "relay_stats": [str(path) for path in relay_stats],
+            "kept_up": kept_up,
         }
         text = (json.dumps(document, indent=1) + "\n").encode()
         write_atomically(
@@ -110,9 +115,12 @@ def read_record(namespace: str) -> HostRecord | None:
             loss=float(data["loss"]),
         )
         stats = tuple(Path(p) for p in data["relay_stats"])
+        kept_up = data.get("kept_up", False)
+        if not isinstance(kept_up, bool):
+            raise TypeError(f"kept_up {kept_up!r} is not true or false")
     except (KeyError, TypeError, ValueError) as error:
         raise NetworkError(f"{path}: bad link record ({error})") from None
-    return HostRecord(namespace=namespace, profile=profile, relay_stats=stats)
+    return HostRecord(namespace=namespace, profile=profile, relay_stats=stats, kept_up=kept_up)
 
 
 def remove_namespace_state(namespace: str) -> None:
