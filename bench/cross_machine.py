@@ -11,7 +11,9 @@ capture on another instance), on each link profile, in one run:
    with no recorder) and then captured, as the own-machine mode does;
 2. replays the trace across the same link with ``network compare``'s defaults
    (``--compute auto``: a trace from another machine has its compute scaled by
-   the two machines' calibrations) and takes the predicted step;
+   the two machines' calibrations; ``--compute-load auto``) or the replay flags
+   given (``--engine``, ``--time-dilation``, ``--compute-load``), and takes the
+   predicted step and the compute load the replay ran, which its pair records;
 3. writes the section ``## Fidelity across machines: TRACE`` of bench/README.md
    (the capture machine and this one named), and records each link's ratio as a
    measured pair of machines in ``src/tf_grpc_bench/cross_machine_pairs.json``
@@ -66,6 +68,8 @@ class CrossRow:
     prediction: Prediction | None
     #: The replay's ``compute_calibration`` (how the trace's compute was scaled).
     compute: str
+    #: The replay's compute load, and why where ``auto`` chose it (``_compute_load``).
+    compute_load: str = "-"
 
     @property
     def ratio(self) -> float | None:
@@ -121,11 +125,33 @@ def _compute(prediction: Prediction | None) -> str:
     return scales[-1] if scales else described
 
 
+def _compute_load(prediction: Prediction | None) -> str:
+    """The replay's compute load as its results record it: ``uniform``, or ``none (auto:
+    the trace records no capture CPU)`` where ``--compute-load auto`` chose."""
+    import json
+
+    from tf_grpc_bench.replay.core import compute_load
+
+    if prediction is None:
+        return "-"
+    benchmark = json.loads(prediction.document.read_text())["benchmarks"][0]
+    parameters = benchmark["parameters"]
+    mode = str(parameters.get("compute_load") or compute_load.NONE)
+    return compute_load.described(mode, str(parameters.get(compute_load.AUTO_ENTRY) or ""))
+
+
 def measure_cross(
-    name: str, profiles: list[str], steps: int, logdir: Path, *, replay_s: str = REPLAY_DURATION_S
+    name: str,
+    profiles: list[str],
+    steps: int,
+    logdir: Path,
+    *,
+    replay_s: str = REPLAY_DURATION_S,
+    replay_flags: tuple[str, ...] = (),
 ) -> list[CrossRow]:
     """Training here, uncaptured and captured, and the trace's prediction, per profile
-    (each replay ``replay_s`` seconds long)."""
+    (each replay ``replay_s`` seconds long, with ``replay_flags``: ``--compute-load``,
+    ``--engine``, ``--time-dilation``)."""
     path = trace_path(name)
     trace = trace_files.read_trace(path)
     shape = job_shape(trace, steps)
@@ -136,7 +162,11 @@ def measure_cross(
         plain = train_uncaptured(shape, profile)
         captured = capture_job(shape, folder / f"here-{profile}.tfgbtrace", profile)
         prediction = predict(
-            path, profile, folder / f"{profile}-cross", length=("--duration", replay_s)
+            path,
+            profile,
+            folder / f"{profile}-cross",
+            length=("--duration", replay_s),
+            extra=replay_flags,
         )
         rows.append(
             CrossRow(
@@ -146,6 +176,7 @@ def measure_cross(
                 link_bound_s=link_bound_seconds(captured, profile),
                 prediction=prediction,
                 compute=_compute(prediction),
+                compute_load=_compute_load(prediction),
             )
         )
         print(rows[-1], file=sys.stderr, flush=True)
@@ -182,6 +213,7 @@ def measured_pairs(
             measured_utc=when,
             code=code_version(),
             source=command,
+            compute_load=row.compute_load,
         )
         for row in rows
         if (ratio := row.ratio) is not None
@@ -220,7 +252,7 @@ def report(name: str, trace: Trace, rows: list[CrossRow], command: str, before: 
         "",
         *table_head(
             "link", "training, uncaptured", "captured", "link bound", "prediction", "ratio",
-            "compute",
+            "compute", "compute load",
         ),
     ]  # fmt: skip
     for row in rows:
@@ -239,6 +271,7 @@ def report(name: str, trace: Trace, rows: list[CrossRow], command: str, before: 
                 step,
                 ratio,
                 row.compute,
+                row.compute_load,
             )
         )
     return "\n".join(lines)
@@ -266,13 +299,13 @@ def pairs_section(pairs: list[MeasuredPair]) -> str:
         f"Ratio: prediction over uncaptured training on the replaying machine. {summary}",
         "",
         *table_head("captured on", "replayed on", "trace, link", "ratio", "calibration",
-                    "measured (UTC), code"),
+                    "compute load", "measured (UTC), code"),
     ]  # fmt: skip
     for pair in pairs:
         lines.append(
             table_row(
                 pair.captured_on, pair.replayed_on, f"{pair.trace}, {pair.link}",
-                f"{pair.ratio:.2f}", pair.calibration or "-",
+                f"{pair.ratio:.2f}", pair.calibration or "-", pair.compute_load or "-",
                 f"{pair.measured_utc or '-'}, {pair.code or '-'}",
             )
         )  # fmt: skip
@@ -293,13 +326,22 @@ class CrossRun:
     #: Where the measured pairs are merged (None: the package's file, with the README only).
     pairs_file: Path | None = None
     replay_s: str = REPLAY_DURATION_S
+    #: Flags of every replay (``--compute-load``, ``--engine``, ``--time-dilation``).
+    replay_flags: tuple[str, ...] = ()
 
 
 def run_cross(run: CrossRun) -> None:
     """The cross-machine mode: measure every trace, then write the sections and the pairs."""
     for name in run.names:
         before = load_average()
-        rows = measure_cross(name, run.profiles, run.steps, run.logdir, replay_s=run.replay_s)
+        rows = measure_cross(
+            name,
+            run.profiles,
+            run.steps,
+            run.logdir,
+            replay_s=run.replay_s,
+            replay_flags=run.replay_flags,
+        )
         trace = trace_files.read_trace(trace_path(name))
         body = report(name, trace, rows, run.command, before)
         print(body)

@@ -523,7 +523,8 @@ def main() -> int:
         "--compute-load",
         default=None,
         metavar="MODE",
-        help="the replays' compute load (none, gaps, uniform; docs/fidelity.md, Compute load)",
+        help="the replays' compute load (auto, none, gaps, uniform; default: network "
+        "compare's, auto; docs/fidelity.md, Compute load)",
     )
     parser.add_argument("--no-readme", action="store_true")
     parser.add_argument(
@@ -531,19 +532,6 @@ def main() -> int:
     )
     args = parser.parse_args()
     command = command_line("bench/fidelity.py", sys.argv[1:])
-    if args.cross_machine:
-        from cross_machine import CrossRun, run_cross
-
-        with lifetime.interrupt_on_signals():
-            run_cross(
-                CrossRun(
-                    names=args.cross_machine.split(","), profiles=args.profiles.split(","),
-                    steps=args.steps, logdir=Path(args.logdir), command=command,
-                    readme=not args.no_readme, pairs_file=args.pairs,
-                    replay_s=args.replay_duration,
-                )
-            )  # fmt: skip
-        return 0
     replay_flags = tuple(
         f"--{name.replace('_', '-')}={value}"
         for name, value in (
@@ -553,6 +541,19 @@ def main() -> int:
         )
         if value is not None
     )
+    if args.cross_machine:
+        from cross_machine import CrossRun, run_cross
+
+        with lifetime.interrupt_on_signals():
+            run_cross(
+                CrossRun(
+                    names=args.cross_machine.split(","), profiles=args.profiles.split(","),
+                    steps=args.steps, logdir=Path(args.logdir), command=command,
+                    readme=not args.no_readme, pairs_file=args.pairs,
+                    replay_s=args.replay_duration, replay_flags=replay_flags,
+                )
+            )  # fmt: skip
+        return 0
     with lifetime.interrupt_on_signals():
         for model in args.models.split(","):
             before = load_average()

@@ -129,12 +129,15 @@ def resolve_trace(spec: ReplaySpec) -> Path | None:
     return trace_files.default_trace_path()
 
 
-def plan(spec: ReplaySpec, here: Host, *, whole_steps: WholeSteps = WHOLE_STEPS) -> ReplayRequest:
+def plan(
+    spec: ReplaySpec, here: Host, *, whole_steps: WholeSteps = WHOLE_STEPS, one_task: bool = False
+) -> ReplayRequest:
     """The request ``spec`` asks for on ``here``.  Raises UsageError/ConfigError/TraceError.
 
     ``whole_steps``: which calls beyond worker <-> ps a trace replay makes.  Given
     ``--target``s too few for the chief-to-worker calls' stand-in servers (the
     trace's ps tasks only, say), those calls are dropped (and counted) instead.
+    ``one_task``: one task of a job (``role``), where ``--compute-load auto`` runs none.
     """
     check_engine_name(spec.engine)
     trace_path = resolve_trace(spec)
@@ -160,7 +163,8 @@ def plan(spec: ReplaySpec, here: Host, *, whole_steps: WholeSteps = WHOLE_STEPS)
         pacing=pacing_choice(spec, to_here),
         memory=here.memory,
     )
-    return _request(spec, here, planned, trace_path, config, derivation)
+    load = chosen_load(spec, planned, traced=trace_path is not None, one_task=one_task)
+    return _request(spec, here, planned, trace_path, config, derivation, load)
 
 
 def _request(
@@ -170,6 +174,7 @@ def _request(
     trace_path: Path | None,
     config: dict[str, str | int | float | bool],
     derivation: whatif.Derivation | None,
+    load: tuple[str, str],
 ) -> ReplayRequest:
     fitting.check_procs_per_server(spec.procs_per_server, planned.workloads, spec.targets)
     servers = 0
@@ -198,7 +203,7 @@ def _request(
         workloads=planned.workloads,
         pacings=planned.pacings,
         rpcs=planned.rpcs,
-        plan=run_plan(spec),
+        plan=run_plan(spec, load),
         mode=spec.mode,
         targets=spec.targets,
         grpc=settings,
@@ -242,10 +247,14 @@ def _config(
     }
 
 
-def run_plan(spec: ReplaySpec) -> RunPlan:
+def run_plan(spec: ReplaySpec, load: tuple[str, str] | None = None) -> RunPlan:
     """How long and how often: the times asked are the predicted training's, so a dilated
-    run takes that many times longer (``--time-dilation``)."""
+    run takes that many times longer (``--time-dilation``); ``load``: the compute load
+    chosen and why (``compute_load.choose``; None: the spec's, ``auto`` read as none)."""
     dilation = spec.time_dilation or 1.0
+    if load is None:
+        asked = spec.compute_load
+        load = (compute_load.NONE if asked == compute_load.AUTO else asked, "")
     return RunPlan(
         warmup_ns=round(spec.warmup_s * NS_PER_S * dilation),
         duration_ns=round(spec.run_s * NS_PER_S * dilation),
@@ -255,7 +264,27 @@ def run_plan(spec: ReplaySpec) -> RunPlan:
         deadline_s=spec.deadline_s * dilation,
         connect_timeout_s=spec.connect_timeout_s,
         time_dilation=dilation,
-        compute_load=spec.compute_load,
+        compute_load=load[0],
+        compute_load_auto=load[1],
+    )
+
+
+def chosen_load(
+    spec: ReplaySpec, planned: fitting.Planned, *, traced: bool, one_task: bool = False
+) -> tuple[str, str]:
+    """The compute load ``spec`` asks for, ``auto`` chosen (``compute_load.choose``): a
+    load where a ps-throughput benchmark is paced by the dependencies of a trace that
+    records its capture CPU."""
+    paced = any(
+        workload.benchmark == Benchmark.PS_THROUGHPUT and pacing.timing is Timing.DEPENDENCIES
+        for workload, pacing in zip(planned.workloads, planned.pacings, strict=True)
+    )
+    return compute_load.choose(
+        spec.compute_load,
+        trace=traced,
+        paced=paced,
+        capture_cpu=any(compute_load.tasks_cores_of(w) is not None for w in planned.workloads),
+        one_task=one_task,
     )
 
 
@@ -347,11 +376,14 @@ def trace_workloads(
 def _with_load_sizing(
     spec: ReplaySpec, trace: Trace, trace_path: Path, workloads: list[Workload]
 ) -> list[Workload]:
-    """With ``--compute-load``, the workloads carry the capture's tasks' cores busy (what
-    sizes the load, ``core.compute_load``); a trace recording none is a ConfigError."""
+    """With ``--compute-load`` (``auto`` too), the workloads carry the capture's tasks'
+    cores busy (what sizes the load, ``core.compute_load``); a trace recording none is a
+    ConfigError for ``gaps`` and ``uniform``."""
     if spec.compute_load == compute_load.NONE:
         return workloads
     recorded = capture_cpu.from_extra(trace.metadata.extra)
+    if recorded is None and spec.compute_load == compute_load.AUTO:
+        return workloads
     if recorded is None:
         raise ConfigError(
             f"--compute-load {spec.compute_load}: {trace_path} records no capture CPU "

@@ -261,8 +261,9 @@ class ReplaySpec:
     compute: Compute | None = None
     #: None: 1 (``network compare`` chooses per link).
     time_dilation: float | None = None
-    #: ``core.compute_load.MODES``: burners keep the cores as busy as training did.
-    compute_load: str = compute_load.NONE
+    #: ``core.compute_load.MODES``: burners keep the cores as busy as training did
+    #: (``auto``: ``compute_load.choose``).
+    compute_load: str = compute_load.AUTO
     rate: float | None = None
     speedup: float | None = None
     deadline_s: float = 60.0
@@ -335,7 +336,7 @@ def validate(spec: ReplaySpec) -> None:
             f"--time-dilation {spec.time_dilation:g}: must be in [1, {MAX_TIME_DILATION:g}]"
         )
     compute_load.check_mode(spec.compute_load)
-    if spec.compute_load != compute_load.NONE and spec.trace is None:
+    if spec.compute_load not in (compute_load.NONE, compute_load.AUTO) and spec.trace is None:
         raise UsageError(f"--compute-load {spec.compute_load} needs a TRACE (its capture CPU)")
     if spec.targets is not None:
         if not spec.targets:

@@ -20,14 +20,18 @@ from tf_grpc_bench import trace_files
 from tf_grpc_bench.capture_cpu import CaptureCpu
 from tf_grpc_bench.dependencies import Dependencies
 from tf_grpc_bench.dependency_tracker import DependencyTracker
-from tf_grpc_bench.errors import ConfigError, UsageError
+from tf_grpc_bench.errors import ConfigError, TransportError, UsageError
 from tf_grpc_bench.host import process_stat_fields
 from tf_grpc_bench.replay import cli as replay_cli
 from tf_grpc_bench.replay.core import compute_load
-from tf_grpc_bench.replay.core.workload import Call, Shape, WorkloadStep
+from tf_grpc_bench.replay.core.measurement import Benchmark
+from tf_grpc_bench.replay.core.workload import Call, Mode, Shape, Workload, WorkloadStep
 from tf_grpc_bench.replay.placement import role
 from tf_grpc_bench.replay.spec import ReplaySpec
 from tf_grpc_bench.replay.transport import burners
+from tf_grpc_bench.replay.transport.load import ComputeLoad
+from tf_grpc_bench.replay.transport.seam import WorkerJob
+from tf_grpc_bench.replay.transport.wire import ChannelSettings
 from tf_grpc_bench.trace import Trace
 
 from .conftest import make_trace
@@ -100,6 +104,115 @@ def test_dilation_spreads_the_same_load_over_more_time() -> None:
         compute_load.size_load("none", tasks_cores=1, step_ns=1, gaps_ns=0, replay_cpu_ns=0)
     with pytest.raises(ValueError, match="step must be > 0"):
         compute_load.size_load("gaps", tasks_cores=1, step_ns=0, gaps_ns=0, replay_cpu_ns=0)
+
+
+def test_across_cpu_models_the_compute_part_of_trainings_cpu_is_scaled() -> None:
+    # Training's tasks 1.8 cores over 0.5 s = 0.90 CPU-s at the capture machine's speed,
+    # 0.40 of it in the compute gaps (one core a task): x1.5 here, 0.90 + 0.40 x 0.5 = 1.10.
+    uniform = compute_load.size_load(
+        "uniform",
+        tasks_cores=1.8,
+        step_ns=500e6,
+        gaps_ns=400e6,
+        replay_cpu_ns=300e6,
+        compute_scale=1.5,
+        path_gaps_ns=200e6,
+    )
+    assert uniform.captured_cpu_ns == pytest.approx(900e6)
+    assert uniform.compute_cpu_ns == pytest.approx(400e6)
+    assert uniform.training_cpu_ns == pytest.approx(1100e6)
+    assert uniform.load_cpu_ns == pytest.approx(800e6)
+    # The step lengthened by the longest task's gaps: 0.5 + 0.2 x 0.5 = 0.6 s.
+    assert uniform.step_here_ns == pytest.approx(600e6)
+    assert uniform.uniform_cores == pytest.approx(800 / 600)
+    assert uniform.text() == (
+        "uniform: 0.80 CPU-s a step (training's tasks 1.10 here: 0.90 at the capture "
+        "machine's speed with its 0.40 in compute gaps x1.5; the replay 0.30), 1.33 cores "
+        "all along over a 0.60 s step"
+    )
+    # In the gaps: they last x2 here (0.4 s), a core each holds 0.4 of the 0.8 CPU-s.
+    gaps = compute_load.size_load(
+        "gaps",
+        tasks_cores=2.0,
+        step_ns=500e6,
+        gaps_ns=200e6,
+        replay_cpu_ns=400e6,
+        compute_scale=2.0,
+        path_gaps_ns=100e6,
+    )
+    assert gaps.training_cpu_ns == pytest.approx(1200e6)
+    assert (gaps.gaps_here_ns, gaps.step_here_ns) == (pytest.approx(400e6), pytest.approx(600e6))
+    assert gaps.gap_cores == 1.0
+    assert gaps.uniform_cores == pytest.approx(400 / 600)
+    # A faster machine (x0.5): less CPU, a shorter step; the compute part is at most
+    # training's CPU (gaps longer than its CPU: all of it is compute).
+    faster = compute_load.size_load(
+        "uniform",
+        tasks_cores=0.5,
+        step_ns=1000e6,
+        gaps_ns=800e6,
+        replay_cpu_ns=0,
+        compute_scale=0.5,
+        path_gaps_ns=400e6,
+    )
+    assert faster.compute_cpu_ns == pytest.approx(500e6)
+    assert faster.training_cpu_ns == pytest.approx(250e6)
+    assert faster.uniform_cores == pytest.approx(250 / 800)
+    # Scale 1 keeps the capture's figures, and the text as before.
+    same = compute_load.size_load(
+        "uniform", tasks_cores=1.8, step_ns=500e6, gaps_ns=400e6, replay_cpu_ns=300e6
+    )
+    assert same.training_cpu_ns == pytest.approx(900e6)
+    assert "here:" not in same.text()
+    with pytest.raises(ValueError, match="compute scale and gaps must be >= 0"):
+        compute_load.size_load(
+            "uniform", tasks_cores=1, step_ns=1, gaps_ns=0, replay_cpu_ns=0, compute_scale=-1
+        )
+
+
+@pytest.mark.parametrize(
+    ("requested", "facts", "chosen"),
+    [
+        ("auto", {}, ("uniform", "the trace records its capture CPU")),
+        ("auto", {"capture_cpu": False}, ("none", "the trace records no capture CPU")),
+        (
+            "auto",
+            {"paced": False},
+            ("none", "no ps-throughput benchmark paced by its dependencies"),
+        ),
+        (
+            "auto",
+            {"trace": False, "capture_cpu": False},
+            ("none", "a synthetic workload has no training CPU to stand for"),
+        ),
+        (
+            "auto",
+            {"one_task": True},
+            ("none", "role sizes no load: each task would add the whole job's"),
+        ),
+        ("gaps", {"capture_cpu": False}, ("gaps", "")),
+        ("none", {}, ("none", "")),
+    ],
+)
+def test_auto_chooses_the_uniform_load_where_the_trace_can_size_it(
+    requested: str, facts: dict[str, bool], chosen: tuple[str, str]
+) -> None:
+    given = {"trace": True, "paced": True, "capture_cpu": True, **facts}
+    assert compute_load.choose(requested, **given) == chosen
+
+
+def test_a_task_job_gaps_are_each_tasks_mean_over_the_steps() -> None:
+    step = _two_call_step()  # gaps (10, 40) and (45, 100): 85
+    one = Workload(
+        benchmark=Benchmark.PS_THROUGHPUT,
+        source="trace",
+        mode=Mode.NON_SERIALIZED,
+        steps=(step, step),
+        server_count=1,
+        worker_count=1,
+    )
+    assert compute_load.task_gaps_ns([one, one]) == [85.0, 85.0]
+    assert compute_load.trace_gaps_ns([one, one]) == 170.0
 
 
 @pytest.mark.parametrize(
@@ -216,7 +329,7 @@ def test_a_trace_workload_carries_the_capture_tasks_cores_and_its_gaps(tmp_path:
 
 def test_the_flags_errors_are_one_line_naming_it(tmp_path: Path) -> None:
     with pytest.raises(
-        ConfigError, match=r"^--compute-load 'busy': expected one of none, gaps, uniform$"
+        ConfigError, match=r"^--compute-load 'busy': expected one of auto, none, gaps, uniform$"
     ):
         ReplaySpec(trace="x.tfgbtrace", compute_load="busy")
     with pytest.raises(UsageError, match=r"^--compute-load gaps needs a TRACE"):
@@ -224,8 +337,17 @@ def test_the_flags_errors_are_one_line_naming_it(tmp_path: Path) -> None:
     bare = trace_files.write_trace(make_trace(), tmp_path / "bare.tfgbtrace")
     with pytest.raises(ConfigError, match=r"records no capture CPU .*--compute-load none$"):
         _request(bare, "--compute-load", "uniform")
-    # Off (the default), a trace without capture CPU replays as before.
-    assert _request(bare).plan.compute_load == "none"  # type: ignore[attr-defined]
+    # auto (the default): a trace without capture CPU replays without a load, and says why.
+    plan = _request(bare).plan  # type: ignore[attr-defined]
+    assert (plan.compute_load, plan.compute_load_auto) == (
+        "none",
+        "the trace records no capture CPU",
+    )
+    assert plan.parameters()["compute_load"] == "none"
+    assert plan.parameters()["compute_load_auto"] == "the trace records no capture CPU"
+    given = _request(bare, "--compute-load", "none").plan  # type: ignore[attr-defined]
+    assert (given.compute_load, given.compute_load_auto) == ("none", "")
+    assert "compute_load" not in given.parameters()
     completed = subprocess.run(
         [sys.executable, "-m", "tf_grpc_bench", "replay", str(bare), "--compute-load", "hot"],
         capture_output=True,
@@ -234,7 +356,8 @@ def test_the_flags_errors_are_one_line_naming_it(tmp_path: Path) -> None:
     )
     assert completed.returncode != 0
     assert completed.stderr.strip().splitlines() == [
-        "tf-grpc-bench replay: error: --compute-load 'hot': expected one of none, gaps, uniform"
+        "tf-grpc-bench replay: error: --compute-load 'hot': expected one of auto, none, gaps, "
+        "uniform"
     ]
 
 
@@ -310,6 +433,9 @@ _PARENT = textwrap.dedent(
     """
     import sys, time
     from tf_grpc_bench.replay.transport import burners
+from tf_grpc_bench.replay.transport.load import ComputeLoad
+from tf_grpc_bench.replay.transport.seam import WorkerJob
+from tf_grpc_bench.replay.transport.wire import ChannelSettings
     pool = burners.Burners(2)
     pool.set_load(0.5, [0.5])
     print(" ".join(str(p) for p in pool.pids), flush=True)
@@ -406,6 +532,100 @@ def test_the_terminal_report_names_the_load_and_what_the_burners_spent() -> None
     )
 
 
+def test_auto_loads_a_paced_ps_throughput_replay_of_a_trace_with_capture_cpu(
+    tmp_path: Path,
+) -> None:
+    busy = _busy_trace(tmp_path)
+    plan = _request(busy).plan  # type: ignore[attr-defined]
+    assert (plan.compute_load, plan.compute_load_auto) == (
+        "uniform",
+        "the trace records its capture CPU",
+    )
+    workload = _request(busy).workloads[0]  # type: ignore[attr-defined]
+    assert compute_load.tasks_cores_of(workload) == pytest.approx(1.7)
+    # Paced as soon as possible, nothing stands for training's compute: no load.
+    asap = _request(busy, "--pacing", "asap").plan  # type: ignore[attr-defined]
+    assert (asap.compute_load, asap.compute_load_auto) == (
+        "none",
+        "no ps-throughput benchmark paced by its dependencies",
+    )
+    parser = argparse.ArgumentParser()
+    replay_cli.configure_replay(parser)
+    synthetic = replay_cli.build_request(parser.parse_args(["--synthetic"])).plan
+    assert synthetic.compute_load_auto == "a synthetic workload has no training CPU to stand for"
+
+
+def test_the_load_of_a_scaled_replay_is_sized_at_its_compute_scale(tmp_path: Path) -> None:
+    request = _request(_busy_trace(tmp_path), "--compute", "2")
+    workload = request.workloads[0]  # type: ignore[attr-defined]
+    pacing = request.pacings[0]  # type: ignore[attr-defined]
+    assert pacing.compute_scale == 2.0
+    workers = [workload.for_worker(w) for w in range(workload.worker_count)]
+    jobs = [
+        WorkerJob(
+            worker_index=w,
+            workload=worker,
+            targets=("127.0.0.1:1",) * workload.server_count,
+            pacing=pacing,
+            plan=request.plan,  # type: ignore[attr-defined]
+            channel=ChannelSettings(),
+        )
+        for w, worker in enumerate(workers)
+    ]
+    load = ComputeLoad(jobs)
+    try:
+        load.size(replay_cpu_ns=600_000_000, steps=2)
+        gaps = compute_load.task_gaps_ns(workers)
+        assert load.sizing == compute_load.size_load(
+            "uniform",
+            tasks_cores=1.7,
+            step_ns=compute_load.mean_period_ns(workers[0]),
+            gaps_ns=sum(gaps),
+            replay_cpu_ns=300_000_000,
+            compute_scale=2.0,
+            path_gaps_ns=max(gaps),
+        )
+        assert load.parameters()["compute_load_auto"] == "the trace records its capture CPU"
+    finally:
+        load.close()
+    # auto's load is a default: a warm-up without a whole step replays without it, saying so.
+    unsized = ComputeLoad(jobs)
+    try:
+        unsized.size(replay_cpu_ns=0, steps=0)
+        assert unsized.sizing is None
+        assert unsized.parameters() == {
+            "compute_load": "none",
+            "compute_load_auto": "the warm-up replayed no whole step to size it by "
+            "(lengthen --warmup)",
+        }
+    finally:
+        unsized.close()
+    asked = [dataclasses.replace(job, plan=dataclasses.replace(job.plan, compute_load_auto=""))
+             for job in jobs]  # fmt: skip
+    given = ComputeLoad(asked)
+    try:
+        with pytest.raises(TransportError, match="lengthen --warmup"):
+            given.size(replay_cpu_ns=0, steps=0)
+    finally:
+        given.close()
+
+
+def test_the_terminal_and_markdown_say_what_auto_chose_and_why() -> None:
+    none = {"compute_load": "none", "compute_load_auto": "the trace records no capture CPU"}
+    assert compute_load.report_line(none) == (
+        "compute load: none (auto: the trace records no capture CPU)"
+    )
+    chosen = {
+        "compute_load": "uniform",
+        "compute_load_auto": "the trace records its capture CPU",
+        "compute_load_sizing": "uniform: 0.50 CPU-s a step",
+    }
+    assert compute_load.report_line(chosen) == (
+        "compute load: uniform (auto: the trace records its capture CPU); "
+        "uniform: 0.50 CPU-s a step"
+    )
+
+
 def test_role_refuses_the_load_each_task_would_add_whole() -> None:
     job = role.RoleJob(
         spec=ReplaySpec(trace="x.tfgbtrace", compute_load="gaps"), flags=role.RoleFlags()
@@ -414,4 +634,6 @@ def test_role_refuses_the_load_each_task_would_add_whole() -> None:
         UsageError, match=r"^--compute-load sizes one replay's load .* network compare$"
     ):
         role.check_job(job)
+    # auto (the default) runs none under role (``choose``'s one_task).
     role.check_job(dataclasses.replace(job, spec=ReplaySpec(trace="x.tfgbtrace")))
+    assert ReplaySpec(trace="x.tfgbtrace").compute_load == "auto"

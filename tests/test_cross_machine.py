@@ -29,7 +29,8 @@ def _pair(link: str, ratio: float, captured: str = EPYC, replayed: str = XEON) -
 
 def test_pairs_are_written_read_back_and_the_latest_of_a_pair_stands(tmp_path: Path) -> None:
     old = [_pair("1gbit", 1.04), _pair("5gbit", 1.22)]
-    new = [_pair("5gbit", 0.99), _pair("5gbit", 1.01, captured=XEON, replayed=EPYC)]
+    loaded = dataclasses.replace(_pair("5gbit", 0.99), compute_load="uniform")
+    new = [loaded, _pair("5gbit", 1.01, captured=XEON, replayed=EPYC)]
     pairs = cross_machine.merged(old, new)
     assert [(p.captured_on, p.link, p.ratio) for p in pairs] == [
         (EPYC, "1gbit", 1.04),
@@ -39,6 +40,7 @@ def test_pairs_are_written_read_back_and_the_latest_of_a_pair_stands(tmp_path: P
     path = tmp_path / "pairs.json"
     path.write_text(cross_machine.pairs_document(pairs))
     assert cross_machine.read_pairs(path) == tuple(pairs)
+    assert cross_machine.read_pairs(path)[1].compute_load == "uniform"
     assert cross_machine.read_pairs(tmp_path / "none.json") == ()
 
 
@@ -140,7 +142,9 @@ def test_the_cross_machine_bench_trains_the_traces_job_and_tables_every_pair(
                     {
                         "parameters": {
                             "compute_calibration": "x: 1.0 ms a step on A, 1.3 ms on B (cached): "
-                            "compute x1.3; uncertain across CPU models: 1.04 to 1.22"
+                            "compute x1.3; uncertain across CPU models: 1.04 to 1.22",
+                            "compute_load": "none",
+                            "compute_load_auto": "the trace records no capture CPU",
                         }
                     }
                 ]
@@ -154,19 +158,27 @@ def test_the_cross_machine_bench_trains_the_traces_job_and_tables_every_pair(
     row = bench.CrossRow(
         profile="5gbit", uncaptured=plain, captured_s=0.80, link_bound_s=0.33,
         prediction=prediction, compute=bench._compute(prediction),
+        compute_load=bench._compute_load(prediction),
     )  # fmt: skip
+    # The compute load the replay ran, and why where auto chose it.
+    assert row.compute_load == "none (auto: the trace records no capture CPU)"
     # The table's compute cell: the scale alone (the results hold the rest).
     assert row.compute == "compute x1.3" and row.ratio == pytest.approx(0.80 / 0.75)
     body = bench.report("resnet50-tf2ps", shipped, [row], "cmd", "0")
     assert body.splitlines()[0] == "## Fidelity across machines: resnet50-tf2ps"
-    assert "| 5gbit | 0.75 s | 0.80 s | 0.33 s | 0.80 s | **1.07** / 1.00 | compute x1.3 |" in body
+    assert (
+        "| 5gbit | 0.75 s | 0.80 s | 0.33 s | 0.80 s | **1.07** / 1.00 | compute x1.3 | "
+        "none (auto: the trace records no capture CPU) |"
+    ) in body
     (pair,) = bench.measured_pairs("resnet50-tf2ps", shipped, [row], "cmd")
+    assert pair.compute_load == row.compute_load
     assert (pair.captured_on, pair.trace, pair.link) == (EPYC, "resnet50-tf2ps", "5gbit")
     assert pair.calibration == bench.ONE_PROCESS and pair.source == "cmd"
     assert pair.replayed_on == host.this_machine()
     table = bench.pairs_section([dataclasses.replace(pair, replayed_on=XEON), _pair("1gbit", 1.04)])
     assert "Across CPU models: 1.04 to 1.07 (2 measured)" in table
     assert table.count("\n| ") == 3  # the head and a row per pair
+    assert "| none (auto: the trace records no capture CPU) |" in table
 
 
 def test_a_replay_of_a_trace_from_another_cpu_model_states_the_spread_in_every_output(
@@ -271,7 +283,9 @@ def test_the_cross_machine_mode_trains_the_job_here_and_writes_its_pair(tmp_path
     assert "captured on Another CPU, 2 CPUs," in out and host.this_machine() in out
     (row,) = [line for line in out.splitlines() if line.startswith("| unlimited |")]
     cells = [cell.strip() for cell in row.strip("|").split("|")]
-    assert cells[-1] == "compute x1.25"  # 5.0 ms here over the trace's 4.0 ms
+    assert cells[-2] == "compute x1.25"  # 5.0 ms here over the trace's 4.0 ms
+    # auto (the default): the trace records no capture CPU, so no load, and why.
+    assert cells[-1] == "none (auto: the trace records no capture CPU)"
     assert cells[5].startswith("**") and " / " in cells[5]  # over uncaptured / captured
     (pair,) = cross_machine.read_pairs(pairs)
     assert (pair.captured_on, pair.replayed_on) == ("Another CPU, 2 CPUs", host.this_machine())
@@ -281,6 +295,7 @@ def test_the_cross_machine_mode_trains_the_job_here_and_writes_its_pair(tmp_path
         "compute x1.25",
     )
     assert pair.ratio > 0 and pair.calibration == "one process, the whole local step"
+    assert pair.compute_load == "none (auto: the trace records no capture CPU)"
     assert "--cross-machine" in pair.source
     assert "## Fidelity across machines: every pair of CPU models" in out
     assert (

@@ -28,9 +28,19 @@ How it is spread (``MODES``):
   does not fit is spread uniformly;
 * ``uniform``: evenly over the step, the load over the step's period.
 
-The compute scale stretches the gaps and so the load with them; time dilation
+Across CPU models (a compute scale ``s`` other than 1: ``--compute``, the
+calibrations' scale) the capture's CPU is the capture machine's.  Its compute part
+is taken as the tasks' compute gaps at one core each (``trace_gaps_ns``, at most
+training's CPU) and scaled by ``s``; the rest (the runtime's transfers, copies and
+the ps's work beside them) is kept.  The step the load is spread over is the
+trace's, lengthened by the longest task's gaps times ``s - 1`` (the replayed step
+keeps its compute scaled); the gaps are ``s`` times the trace's.  Time dilation
 stretches the time the load is spread over and not the load itself
 (``ComputeLoadSizing.wall_cores``).
+
+``auto`` (the default, ``choose``): ``uniform`` where the trace records its capture
+CPU and a ps-throughput benchmark is paced by its dependencies, ``none`` otherwise,
+with the reason in the result (``compute_load_auto``).
 """
 
 from __future__ import annotations
@@ -43,11 +53,14 @@ from tf_grpc_bench.dependency_tracker import DependencyTracker
 from tf_grpc_bench.errors import ConfigError
 from tf_grpc_bench.replay.core.workload import Workload, WorkloadStep
 
+AUTO = "auto"
 NONE = "none"
 GAPS = "gaps"
 UNIFORM = "uniform"
-#: ``--compute-load`` choices; ``none`` is the default.
-MODES = (NONE, GAPS, UNIFORM)
+#: ``--compute-load`` choices; ``auto`` is the default (``choose``).
+MODES = (AUTO, NONE, GAPS, UNIFORM)
+#: What ``auto`` chooses where the trace can size a load.
+AUTO_LOAD = UNIFORM
 #: The most cores one task's burner keeps busy during its gaps: a burner is one
 #: process, and a task computing on more than one core leaves the rest uniform.
 MAX_GAP_CORES = 1.0
@@ -60,6 +73,31 @@ def check_mode(mode: str) -> str:
     if mode not in MODES:
         raise ConfigError(f"--compute-load {mode!r}: expected one of {', '.join(MODES)}")
     return mode
+
+
+def choose(
+    requested: str, *, trace: bool, paced: bool, capture_cpu: bool, one_task: bool = False
+) -> tuple[str, str]:
+    """The mode a replay runs (``requested`` unless ``auto``) and, for ``auto``, why:
+    ``uniform`` for a ``trace`` with its ``capture_cpu`` replayed by a ps-throughput
+    benchmark ``paced`` by its dependencies; ``none`` otherwise, and under ``role``
+    (``one_task``: each task would add the whole job's load)."""
+    if requested != AUTO:
+        return check_mode(requested), ""
+    if one_task:
+        return NONE, "role sizes no load: each task would add the whole job's"
+    if not trace:
+        return NONE, "a synthetic workload has no training CPU to stand for"
+    if not paced:
+        return NONE, "no ps-throughput benchmark paced by its dependencies"
+    if not capture_cpu:
+        return NONE, "the trace records no capture CPU"
+    return AUTO_LOAD, "the trace records its capture CPU"
+
+
+def described(mode: str, auto: str) -> str:
+    """``uniform (auto: the trace records its capture CPU)``, or the mode alone."""
+    return f"{mode} (auto: {auto})" if auto else mode
 
 
 def tasks_cores_of(workload: Workload) -> float | None:
@@ -113,18 +151,23 @@ def step_gaps(step: WorkloadStep) -> list[tuple[int, int]]:
     return merge(gaps)
 
 
+def task_gaps_ns(workloads: Sequence[Workload]) -> list[float]:
+    """Each client task's compute gaps in one step of the trace (ns, the mean over the
+    steps): each workload is one client's (``Workload.for_worker``)."""
+    return [
+        statistics.fmean(
+            sum(end - start for start, end in step_gaps(step)) for step in workload.steps
+        )
+        if workload.steps
+        else 0.0
+        for workload in workloads
+    ]
+
+
 def trace_gaps_ns(workloads: Sequence[Workload]) -> float:
     """The compute gaps of one step of the trace, all client tasks together (ns, the mean
-    over the steps): each workload is one client's (``Workload.for_worker``)."""
-    totals = [
-        sum(
-            end - start
-            for workload in workloads
-            for start, end in step_gaps(workload.steps[number])
-        )
-        for number in range(len(workloads[0].steps))
-    ]
-    return statistics.fmean(totals) if totals else 0.0
+    over the steps)."""
+    return sum(task_gaps_ns(workloads))
 
 
 def mean_period_ns(workload: Workload) -> float:
@@ -138,7 +181,8 @@ class ComputeLoadSizing:
     """How much load, and where: the figures a result records."""
 
     mode: str
-    #: Training's tasks' CPU per step, and the replay's own (ns of CPU).
+    #: Training's tasks' CPU per step (here: its compute part scaled), and the replay's
+    #: own (ns of CPU).
     training_cpu_ns: float
     replay_cpu_ns: float
     #: The trace's mean step and its client tasks' compute gaps per step (ns).
@@ -148,6 +192,14 @@ class ComputeLoadSizing:
     #: in the trace's time (``wall_cores`` divides them by the dilation).
     gap_cores: float
     uniform_cores: float
+    #: The compute scale to this machine, training's CPU per step at the capture
+    #: machine's speed and the part of it scaled (its compute gaps at one core a task).
+    compute_scale: float = 1.0
+    captured_cpu_ns: float = 0.0
+    compute_cpu_ns: float = 0.0
+    #: The step and the gaps as the replay keeps them (the compute scaled).
+    step_here_ns: float = 0.0
+    gaps_here_ns: float = 0.0
 
     @property
     def load_cpu_ns(self) -> float:
@@ -160,17 +212,25 @@ class ComputeLoadSizing:
 
     def text(self) -> str:
         """``gaps: 0.52 CPU-s a step (training's tasks 1.10, the replay 0.58), 0.87 cores
-        in each task's compute gaps (0.60 s a step), 0.00 all along``."""
+        in each task's compute gaps (0.60 s a step), 0.00 all along``; with a compute
+        scale, how training's CPU was scaled and the step it is spread over."""
         where = (
             f"{self.gap_cores:.2f} cores in each task's compute gaps "
-            f"({self.gaps_ns / 1e9:.2f} s a step), {self.uniform_cores:.2f} all along"
+            f"({self.gaps_here_ns / 1e9:.2f} s a step), {self.uniform_cores:.2f} all along"
             if self.mode == GAPS
             else f"{self.uniform_cores:.2f} cores all along"
         )
+        scaled = ""
+        if self.compute_scale != 1.0:
+            scaled = (
+                f" here: {self.captured_cpu_ns / 1e9:.2f} at the capture machine's speed with "
+                f"its {self.compute_cpu_ns / 1e9:.2f} in compute gaps x{self.compute_scale:.3g};"
+            )
+            where += f" over a {self.step_here_ns / 1e9:.2f} s step"
         return (
             f"{self.mode}: {self.load_cpu_ns / 1e9:.2f} CPU-s a step (training's tasks "
-            f"{self.training_cpu_ns / 1e9:.2f}, the replay {self.replay_cpu_ns / 1e9:.2f}), "
-            + where
+            f"{self.training_cpu_ns / 1e9:.2f}{scaled or ','} the replay "
+            f"{self.replay_cpu_ns / 1e9:.2f}), " + where
         )
 
 
@@ -181,20 +241,30 @@ def size_load(
     step_ns: float,
     gaps_ns: float,
     replay_cpu_ns: float,
+    compute_scale: float = 1.0,
+    path_gaps_ns: float = 0.0,
 ) -> ComputeLoadSizing:
     """The load for ``mode`` (``gaps`` or ``uniform``): training's tasks' CPU per step
-    (``tasks_cores`` x ``step_ns``) less the replay's (``replay_cpu_ns``), in the gaps
-    (``gaps_ns`` per step, all tasks) at up to ``MAX_GAP_CORES`` each, the rest uniform."""
+    (``tasks_cores`` x ``step_ns``, its compute part times ``compute_scale``) less the
+    replay's (``replay_cpu_ns``), in the gaps (``gaps_ns`` per step, all tasks, times the
+    scale) at up to ``MAX_GAP_CORES`` each, the rest uniform over the step lengthened by
+    the longest task's gaps (``path_gaps_ns``) times the scale less 1."""
     if mode not in (GAPS, UNIFORM):
         raise ValueError(f"no load to size for mode {mode!r}")
     if step_ns <= 0 or tasks_cores < 0 or gaps_ns < 0 or replay_cpu_ns < 0:
         raise ValueError("step must be > 0; cores, gaps and CPU >= 0")
-    training = tasks_cores * step_ns
+    if compute_scale < 0 or path_gaps_ns < 0:
+        raise ValueError("compute scale and gaps must be >= 0")
+    captured = tasks_cores * step_ns
+    compute = min(gaps_ns * MAX_GAP_CORES, captured)
+    training = captured + compute * (compute_scale - 1)
+    step_here = max(step_ns + path_gaps_ns * (compute_scale - 1), 1.0)
+    gaps_here = gaps_ns * compute_scale
     load = max(0.0, training - replay_cpu_ns)
     gap_cores = 0.0
-    if mode == GAPS and gaps_ns > 0:
-        gap_cores = min(load / gaps_ns, MAX_GAP_CORES)
-    uniform = (load - gap_cores * gaps_ns) / step_ns
+    if mode == GAPS and gaps_here > 0:
+        gap_cores = min(load / gaps_here, MAX_GAP_CORES)
+    uniform = (load - gap_cores * gaps_here) / step_here
     return ComputeLoadSizing(
         mode=mode,
         training_cpu_ns=training,
@@ -203,6 +273,11 @@ def size_load(
         gaps_ns=gaps_ns,
         gap_cores=gap_cores,
         uniform_cores=max(0.0, uniform),
+        compute_scale=compute_scale,
+        captured_cpu_ns=captured,
+        compute_cpu_ns=compute,
+        step_here_ns=step_here,
+        gaps_here_ns=gaps_here,
     )
 
 
@@ -217,14 +292,23 @@ def burner_duties(cores: float) -> list[float]:
     return duties
 
 
+#: The result entry saying why ``auto`` chose its mode.
+AUTO_ENTRY = "compute_load_auto"
+
+
 def report_line(parameters: Mapping[str, object]) -> str:
-    """The terminal report's line on a benchmark's compute load ("" without one):
+    """The terminal report's line on a benchmark's compute load ("" without one, unless
+    ``auto`` chose none: ``compute load: none (auto: the trace records no capture CPU)``):
     ``compute load: gaps: ... ; the burners spent 0.44 CPU-s a step (0.66 cores), not
     counted as the replay's``."""
     mode = parameters.get("compute_load")
-    if mode in (None, NONE):
+    auto = str(parameters.get(AUTO_ENTRY) or "")
+    if mode is None or (mode == NONE and not auto):
         return ""
-    line = f"compute load: {parameters.get('compute_load_sizing') or mode}"
+    sizing = parameters.get("compute_load_sizing")
+    line = f"compute load: {sizing or mode}"
+    if auto:
+        line = f"compute load: {described(str(mode), auto)}" + (f"; {sizing}" if sizing else "")
     spent, cores = (
         parameters.get("compute_load_cpu_s_per_step"),
         parameters.get("compute_load_cpu_cores"),

@@ -24,11 +24,13 @@ from typing import Protocol
 from tf_grpc_bench import lifetime, trace_files
 from tf_grpc_bench.errors import NetworkError, RunInterrupted, UsageError
 from tf_grpc_bench.netns import emulated, links, namespaces, topology
+from tf_grpc_bench.replay.core import compute_load
 from tf_grpc_bench.replay.core.pacing import Pacing, Timing
 from tf_grpc_bench.replay.core.workload import Workload
 from tf_grpc_bench.replay.network import compare as network_compare
 from tf_grpc_bench.replay.output.run_directories import new_run_directory
 from tf_grpc_bench.replay.spec import DEFAULT_OUTPUT_DIR, ReplaySpec, ServeSpec
+from tf_grpc_bench.replay.transport.loop import RunPlan
 
 
 class ReplayRequest(Protocol):
@@ -42,6 +44,9 @@ class ReplayRequest(Protocol):
 
     @property
     def trace_path(self) -> Path | None: ...
+
+    @property
+    def plan(self) -> RunPlan: ...
 
 
 #: Adds a command's flags to a parser (``replay.cli_flags.configure_replay``).
@@ -270,6 +275,8 @@ def _compare(args: argparse.Namespace, spec: ReplaySpec, plan: Planner) -> int:
         config, on_line=(lambda line: None) if spec.quiet else print
     )
     print(comparison.markdown)
+    if load := compute_load.report_line(request.plan.parameters()):
+        print(load)  # the mode, and why where auto chose it (each result: its sizing)
     if comparison.dilations:
         print("time dilation (docs/fidelity.md):")
         print("\n".join(comparison.dilations))

@@ -125,7 +125,8 @@ def check_job(job: RoleJob) -> None:
             "role runs each client in the task it stands for, on that task's host; "
             "drop --client-netns"
         )
-    if job.spec.compute_load != "none":
+    if job.spec.compute_load not in ("none", "auto"):
+        # auto runs none under role, and its results say so (``compute_load_auto``).
         raise UsageError(
             "--compute-load sizes one replay's load against the whole job, and every task "
             "would add all of it; use it with replay or network compare"
@@ -313,7 +314,7 @@ def _worker_request(
     workload needs more ps tasks or workers than the cluster has.
     """
     ps = placement.ps_addresses
-    request = plan(shaped_like(placement, spec), here, whole_steps=whole_steps)
+    request = plan(shaped_like(placement, spec), here, whole_steps=whole_steps, one_task=True)
     needed = max(ps_server_count(w) for w in request.workloads)
     if needed > len(ps):
         raise ConfigError(

@@ -41,6 +41,9 @@ class ComputeLoad:
 
     def __init__(self, jobs: Sequence[WorkerJob]) -> None:
         self.mode = compute_load.check_mode(jobs[0].plan.compute_load)
+        if self.mode == compute_load.AUTO:
+            raise ValueError("the plan's compute load is chosen before it runs (choose)")
+        self._auto = jobs[0].plan.compute_load_auto
         self._jobs = tuple(jobs)
         self._dilation = jobs[0].plan.time_dilation
         self.sizing: compute_load.ComputeLoadSizing | None = None
@@ -78,6 +81,13 @@ class ComputeLoad:
         """Size the load from the warm-up (``replay_cpu_ns`` over ``steps``) and start it."""
         if self._burners is None:
             return
+        if steps <= 0 and self._auto:
+            # auto's load is a default, not asked for: the replay goes on without it.
+            self._burners.close()
+            self._burners = None
+            self.mode = compute_load.NONE
+            self._auto = "the warm-up replayed no whole step to size it by (lengthen --warmup)"
+            return
         if steps <= 0:
             raise TransportError(
                 "during warm-up: --compute-load needs the warm-up to replay a whole step "
@@ -89,13 +99,15 @@ class ComputeLoad:
             raise TransportError(
                 "--compute-load: the trace records no capture CPU (capture_cpu_* entries)"
             )
-        gaps = compute_load.trace_gaps_ns(workloads) if self.mode == compute_load.GAPS else 0.0
+        gaps = compute_load.task_gaps_ns(workloads)
         self.sizing = compute_load.size_load(
             self.mode,
             tasks_cores=cores,
             step_ns=compute_load.mean_period_ns(workloads[0]),
-            gaps_ns=gaps,
+            gaps_ns=sum(gaps),
             replay_cpu_ns=replay_cpu_ns / steps,
+            compute_scale=self._jobs[0].pacing.compute_scale,
+            path_gaps_ns=max(gaps, default=0.0),
         )
         gap_cores, uniform_cores = self.sizing.wall_cores(self._dilation)
         self._burners.set_load(gap_cores, compute_load.burner_duties(uniform_cores))
@@ -118,9 +130,11 @@ class ComputeLoad:
         """The result's entries: the mode, its sizing, and the burners' CPU (not the
         replay's: ``client_cpu_ns`` and ``server_cpu_ns`` leave it out), in the time of
         the training predicted."""
-        if self.mode == compute_load.NONE:
+        if self.mode == compute_load.NONE and not self._auto:
             return {}
         parameters: dict[str, str | int | float | bool] = {"compute_load": self.mode}
+        if self._auto:
+            parameters[compute_load.AUTO_ENTRY] = self._auto
         if self.sizing is not None:
             parameters["compute_load_sizing"] = self.sizing.text()
         if self._wall_ns > 0:

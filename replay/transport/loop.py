@@ -85,8 +85,11 @@ class RunPlan:
     #: (``Pacing.time_dilation``): the times above are the dilated (wall) ones,
     #: ``parameters`` reports them as asked, in the predicted training's time.
     time_dilation: float = 1.0
-    #: ``--compute-load`` (``core.compute_load.MODES``): burners during the compute gaps.
+    #: ``--compute-load`` (``core.compute_load.MODES``, chosen: never ``auto``): burners
+    #: keep the cores as busy as training did.
     compute_load: str = "none"
+    #: Why ``--compute-load auto`` chose ``compute_load`` ("": it was given).
+    compute_load_auto: str = ""
 
     def __post_init__(self) -> None:
         if self.warmup_ns < 0:
@@ -124,8 +127,10 @@ class RunPlan:
         }
         if dilation != 1:
             parameters["time_dilation"] = dilation
-        if self.compute_load != "none":
+        if self.compute_load != "none" or self.compute_load_auto:
             parameters["compute_load"] = self.compute_load
+        if self.compute_load_auto:
+            parameters["compute_load_auto"] = self.compute_load_auto
         if self.steps is not None:
             parameters["steps_per_run"] = self.steps
         if self.passes is not None:

@@ -49,6 +49,9 @@ class MeasuredPair:
     code: str = ""
     #: Where the figure comes from (the command that measured it).
     source: str = ""
+    #: The replay's compute load (``--compute-load``: "uniform", "none (auto: ...)");
+    #: "" for pairs measured before it was recorded.
+    compute_load: str = ""
 
     @property
     def across_models(self) -> bool:
@@ -70,6 +73,7 @@ class MeasuredPair:
             "measured_utc": self.measured_utc,
             "code": self.code,
             "source": self.source,
+            "compute_load": self.compute_load,
         }
 
     @classmethod
@@ -91,7 +95,7 @@ class MeasuredPair:
         return pair
 
 
-_OPTIONAL = ("compute", "calibration", "measured_utc", "code", "source")
+_OPTIONAL = ("compute", "calibration", "measured_utc", "code", "source", "compute_load")
 
 
 def read_pairs(path: Path = PAIRS_FILE) -> tuple[MeasuredPair, ...]:
