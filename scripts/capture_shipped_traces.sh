@@ -12,6 +12,9 @@
 #   scripts/capture_shipped_traces.sh --other-cpu  resnet50-tf2ps again, on this machine's
 #       CPU model, as traces/resnet50-tf2ps-<cpu>.tfgbtrace (refused where that is the
 #       CPU model resnet50-tf2ps was captured on): the same job on two CPU models
+#   scripts/capture_shipped_traces.sh --other-cpu DIR [CAPTURE FLAGS]  the same into DIR
+#       (traces/README.md left alone), with capture flags added (--steps 2: a check of
+#       the script, not a trace to ship)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 capture() { tf-grpc-bench capture --ps 2 --workers 2 --steps 5 --batch-size 4 --quiet "$@"; }
@@ -26,8 +29,9 @@ words = re.sub(r"\([^)]*\)|processor|cpu|\d+-core", " ", host.cpu_model().lower(
 print("resnet50-tf2ps-" + "-".join(re.sub(r"[^a-z0-9]", "", w) for w in words[:3] if w))
 EOF
 )
-  capture --model resnet50 --setup tf2-ps --input-size 32 --output "traces/$name.tfgbtrace"
-  python scripts/traces_readme.py
+  dir="${2:-traces}"
+  capture --model resnet50 --setup tf2-ps --input-size 32 --output "$dir/$name.tfgbtrace" "${@:3}"
+  if [ "$dir" = traces ]; then python scripts/traces_readme.py; fi
   exit 0
 fi
 capture --model resnet50 --setup tf2-ps --input-size 32 --output traces/resnet50-tf2ps.tfgbtrace

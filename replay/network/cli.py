@@ -275,7 +275,11 @@ def _compare(args: argparse.Namespace, spec: ReplaySpec, plan: Planner) -> int:
         config, on_line=(lambda line: None) if spec.quiet else print
     )
     print(comparison.markdown)
-    if load := compute_load.report_line(request.plan.parameters()):
+    chosen = {
+        "compute_load": request.plan.compute_load,
+        "compute_load_auto": request.plan.compute_load_auto,
+    }
+    if load := compute_load.report_line(chosen):
         print(load)  # the mode, and why where auto chose it (each result: its sizing)
     if comparison.dilations:
         print("time dilation (docs/fidelity.md):")

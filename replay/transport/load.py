@@ -21,6 +21,8 @@ from typing import Any
 
 from tf_grpc_bench.errors import TransportError
 from tf_grpc_bench.replay.core import compute_load
+from tf_grpc_bench.replay.core.measurement import Benchmark
+from tf_grpc_bench.replay.core.pacing import Timing
 from tf_grpc_bench.replay.transport.burners import Burners, tree_cpu_ns
 from tf_grpc_bench.replay.transport.client import ReplayClient
 from tf_grpc_bench.replay.transport.seam import WorkerJob
@@ -44,6 +46,15 @@ class ComputeLoad:
         if self.mode == compute_load.AUTO:
             raise ValueError("the plan's compute load is chosen before it runs (choose)")
         self._auto = jobs[0].plan.compute_load_auto
+        job = jobs[0]
+        paced = job.pacing.timing is Timing.DEPENDENCIES
+        if (
+            self._auto
+            and self.mode != compute_load.NONE
+            and not (paced and job.workload.benchmark == Benchmark.PS_THROUGHPUT)
+        ):
+            self.mode = compute_load.NONE
+            self._auto = "not a ps-throughput benchmark paced by its dependencies"
         self._jobs = tuple(jobs)
         self._dilation = jobs[0].plan.time_dilation
         self.sizing: compute_load.ComputeLoadSizing | None = None

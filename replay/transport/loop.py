@@ -86,7 +86,8 @@ class RunPlan:
     #: ``parameters`` reports them as asked, in the predicted training's time.
     time_dilation: float = 1.0
     #: ``--compute-load`` (``core.compute_load.MODES``, chosen: never ``auto``): burners
-    #: keep the cores as busy as training did.
+    #: keep the cores as busy as training did (the benchmarks of worker processes:
+    #: ``transport.load``, whose entries the results carry).
     compute_load: str = "none"
     #: Why ``--compute-load auto`` chose ``compute_load`` ("": it was given).
     compute_load_auto: str = ""
@@ -127,10 +128,6 @@ class RunPlan:
         }
         if dilation != 1:
             parameters["time_dilation"] = dilation
-        if self.compute_load != "none" or self.compute_load_auto:
-            parameters["compute_load"] = self.compute_load
-        if self.compute_load_auto:
-            parameters["compute_load_auto"] = self.compute_load_auto
         if self.steps is not None:
             parameters["steps_per_run"] = self.steps
         if self.passes is not None:
