@@ -435,9 +435,6 @@ _PARENT = textwrap.dedent(
     """
     import sys, time
     from tf_grpc_bench.replay.transport import burners
-from tf_grpc_bench.replay.transport.load import ComputeLoad
-from tf_grpc_bench.replay.transport.seam import WorkerJob
-from tf_grpc_bench.replay.transport.wire import ChannelSettings
     pool = burners.Burners(2)
     pool.set_load(0.5, [0.5])
     print(" ".join(str(p) for p in pool.pids), flush=True)
@@ -553,9 +550,7 @@ def test_auto_loads_a_paced_ps_throughput_replay_of_a_trace_with_capture_cpu(
     )
     parser = argparse.ArgumentParser()
     replay_cli.configure_replay(parser)
-    spec = ReplaySpec(
-        trace=str(busy), compute_load="auto", benchmarks=(Benchmark.PS_THROUGHPUT,)
-    )
+    spec = ReplaySpec(trace=str(busy), compute_load="auto", benchmarks=(Benchmark.PS_THROUGHPUT,))
     one = plan_request(spec, Host(name="here"), one_task=True).plan
     assert (one.compute_load, one.compute_load_auto) == (
         "none",
