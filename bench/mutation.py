@@ -27,7 +27,11 @@ sign of an offset or origin flipped.  Each is put into the laid-out copy and the
 module's test files run against it.
 
 The score is killed / (all mutants - skipped), mutmut's and ours together: a mutant
-that no selected test reaches counts as a survivor, a timeout as killed.  Each
+that no selected test reaches counts as a survivor, a timeout as killed.  mutmut sees
+only calls made in the test process: for a module whose functions run in the
+processes a test starts (``Target.in_children``: the replay's workers), each mutant
+it did not kill is put into the laid-out copy and the module's test files are
+run against it, as our operators are.  Each
 module's figures go to ``build/mutation/<module>/score.json``, its survivors to
 ``survivors.txt`` beside it, and its row of the table in docs/testing.md (the commit
 measured and the hash of the code; ``mutation_table``).  Exit status: 0 when every
@@ -220,13 +224,22 @@ def run_mutmut(folder: Path, target: Target, jobs: int) -> dict[str, list[str]]:
         raise SystemExit(f"mutmut failed on {target.path} (see {log})")
     codes = _mutmut_codes(folder, target)
     outcome: dict[str, list[str]] = {"killed": [], "survived": [], "skipped": []}
+    unwatched = []
     for key, code in sorted(codes.items()):
         if code in _KILLED:
             outcome["killed"].append(key)
         elif code in _SKIPPED:
             outcome["skipped"].append(key)
+        elif target.in_children:
+            # mutmut runs its mutants in the test process only: one that survived there,
+            # or that no test reached, may be killed in the processes the tests start.
+            unwatched.append(key)
         else:  # survived, not reached (None) or an exit code mutmut calls suspicious
             outcome["survived"].append(key)
+    if unwatched and _pytest(folder, target.tests, target.markers, 3600) != 0:
+        raise SystemExit(f"{target.path}: its tests fail unmutated in {folder}")
+    for key in unwatched:
+        outcome["killed" if _killed_in_children(folder, target, key) else "survived"].append(key)
     with (folder / "survivors.txt").open("w") as report:
         if outcome["survived"]:
             subprocess.run(
@@ -237,6 +250,33 @@ def run_mutmut(folder: Path, target: Target, jobs: int) -> dict[str, list[str]]:
                 check=False,
             )
     return outcome
+
+
+def _killed_in_children(folder: Path, target: Target, key: str) -> bool:
+    """Put mutmut's mutant ``key`` into the laid-out copy and run the module's test files
+    against it in a fresh process, as our own operators are: the processes the tests
+    start import the mutated copy.  True if a test fails or the run times out."""
+    path = folder / "src" / _installed_path(target.path)
+    original = path.read_text()
+    try:
+        subprocess.run(
+            [sys.executable, "-m", "mutmut", "apply", key],
+            cwd=folder,
+            env={**os.environ, "PYTHONDONTWRITEBYTECODE": "1"},
+            stdout=subprocess.DEVNULL,
+            check=True,
+        )
+        if path.read_text() == original:
+            raise SystemExit(f"mutmut did not apply {key} to {path}")
+        status = _pytest(folder, target.tests, target.markers, _CHILDREN_TIMEOUT_S)
+    finally:
+        path.write_text(original)
+    return status is None or status not in (0, 5)
+
+
+#: How long the module's tests may run against one mutant put into the copy (their
+#: own run takes seconds; a mutant that hangs a worker is killed, and counts killed).
+_CHILDREN_TIMEOUT_S = 300.0
 
 
 # --------------------------------------------------------------------------
@@ -399,6 +439,8 @@ def run_swaps(folder: Path, target: Target) -> dict[str, list[str]]:
     try:
         for mutant in swap_mutants(original, target.functions):
             tests = tests_of.get(mutant.line)
+            if target.in_children:
+                tests = None  # the tests that matter call it in processes they start
             if tests == []:
                 outcome["survived"].append(mutant.describe(target.path))
                 continue

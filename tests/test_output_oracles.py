@@ -37,6 +37,7 @@ from tf_grpc_bench.replay.core.measurement import (
 )
 from tf_grpc_bench.replay.core.pacing import Pacing, Timing
 from tf_grpc_bench.replay.core.workload import Mode
+from tf_grpc_bench.replay.engines.registry import engine_named
 from tf_grpc_bench.replay.output import comparison, export, report, timeline
 from tf_grpc_bench.replay.output.document import ResultDocument
 from tf_grpc_bench.replay.output.machine import NetworkInfo
@@ -45,6 +46,8 @@ from tf_grpc_bench.replay.output.tensorboard import write_run
 from tf_grpc_bench.replay.runner import RunPlan, run_benchmark
 from tf_grpc_bench.replay.throughput import pack_samples, unpack_samples
 from tf_grpc_bench.replay.transport.local_servers import LocalServers
+
+from .engines import grpc_cpp_program
 
 SIZES = ("small", "medium", "large")
 #: Tag and table names of the latency statistics, by the oracle's names.
@@ -870,19 +873,26 @@ def test_the_comparison_shows_each_links_step_and_latency_by_value(
     ],
     ids=["ps-throughput", "p2p-latency", "p2p-latency-rate"],
 )
+# Each engine builds its samples itself (grpcio's driver, the gRPC C++ engine's).
+@pytest.mark.parametrize("engine", ["grpcio", "grpc-cpp"])
 def test_a_replayed_call_is_counted_in_the_class_of_its_larger_message(
-    benchmark: Benchmark, pacing: Pacing
+    benchmark: Benchmark, pacing: Pacing, engine: str
 ) -> None:
-    """Real grpcio clients and servers replay the boundary trace (weights pulled at
-    every class boundary, gradients pushed back: a push's request is the larger
+    """Real gRPC clients and servers, of each engine, replay the boundary trace (weights
+    pulled at every class boundary, gradients pushed back: a push's request is the larger
     message); each sample carries its traced call's sizes, server and worker, is counted
     by the larger message, and says how late it went after its planned release (none
     planned as fast as possible; after it, within the run, at a fixed rate)."""
+    if engine == "grpc-cpp":
+        grpc_cpp_program()  # a skip, saying why, where it cannot be built
     trace = oracle.boundary_trace()
     workload = trace_workload(trace, benchmark, mode=Mode.NON_SERIALIZED)
     plan = RunPlan(warmup_ns=0, duration_ns=1, runs=1, steps=2, deadline_s=120)
     with LocalServers(2, mode=Mode.NON_SERIALIZED) as servers:
-        result = run_benchmark(workload, servers.targets, plan=plan, pacing=pacing)
+        result = run_benchmark(
+            workload, servers.targets, plan=plan, pacing=pacing, engine=engine_named(engine)
+        )
+    assert result.parameters["engine"] == engine
     assert not result.partial, result.partial_reason
     samples = oracle.samples_of(result)
     assert samples
@@ -907,6 +917,8 @@ def test_a_replayed_call_is_counted_in_the_class_of_its_larger_message(
         assert servers_played[sample.server_index] == oracle.task_name(trace, ps)
         assert workers_played[sample.worker_index] == oracle.task_name(trace, worker)
         assert 0 <= sample.release_lag_ns <= result.runs[0].duration_ns
+        # Held back by the window or not, and never without a planned release.
+        assert sample.window_held in ((0,) if pacing.timing is Timing.ASAP else (0, 1))
     lags = [s.release_lag_ns for s in samples]
     if pacing.timing is Timing.ASAP:
         assert set(lags) == {0}
