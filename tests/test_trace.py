@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 from tf_grpc_bench import trace as trace_model
 from tf_grpc_bench import trace_files, trace_format, trace_json, trace_summary
-from tf_grpc_bench.errors import TraceError, UnsupportedVersionError
+from tf_grpc_bench.errors import ConfigError, TraceError, UnsupportedVersionError
 from tf_grpc_bench.protos import trace_pb2
 from tf_grpc_bench.sizes import MIB, SizeCategory, classify
 from tf_grpc_bench.trace import Rpc, RunMetadata, Step, Task, TensorInfo, Trace
@@ -703,3 +703,156 @@ def test_a_steady_or_short_trace_gets_no_warning(lengths_ms: list[float]) -> Non
     trace = with_step_lengths(make_trace(steps=len(lengths_ms)), lengths_ms)
     assert trace_summary.steadiness_line(trace) is None
     assert "unsteady" not in trace_summary.format_summary(trace)
+
+
+# --------------------------------------------------------------------------
+# The model's own bounds, at their edges, with the messages that name the field.
+
+INT64_BELOW = -(2**63) - 1
+INT64_ABOVE = 2**63
+
+
+def _bare_trace(**fields: object) -> Trace:
+    values: dict[str, object] = {
+        "metadata": RunMetadata(),
+        "tasks": (
+            Task(job="ps", index=0),
+            Task(job="worker", index=0),
+            Task(job="worker", index=1),
+        ),
+        "steps": (),
+    }
+    values.update(fields)
+    return Trace(**values)  # type: ignore[arg-type]
+
+
+def _step(*rpcs: Rpc, start: int = 0, end: int = 100) -> Step:
+    return Step(index=0, start_ns=start, end_ns=end, rpcs=rpcs)
+
+
+@pytest.mark.parametrize(
+    ("fields", "where", "value"),
+    [
+        ({"startup": trace_model.Phase(start_ns=INT64_BELOW)}, "startup.start_ns", INT64_BELOW),
+        ({"startup": trace_model.Phase(end_ns=INT64_ABOVE)}, "startup.end_ns", INT64_ABOVE),
+        ({"teardown": trace_model.Phase(start_ns=INT64_ABOVE)}, "teardown.start_ns", INT64_ABOVE),
+        ({"teardown": trace_model.Phase(end_ns=INT64_BELOW)}, "teardown.end_ns", INT64_BELOW),
+        ({"steps": (_step(start=INT64_BELOW),)}, "steps[0].start_ns", INT64_BELOW),
+        ({"steps": (_step(end=INT64_ABOVE),)}, "steps[0].end_ns", INT64_ABOVE),
+        (
+            {"steps": (_step(_rpc(start_ns=INT64_BELOW, end_ns=3)),)},
+            "steps[0].rpcs[0].start_ns",
+            INT64_BELOW,
+        ),
+        (
+            {"steps": (_step(_rpc(start_ns=2, end_ns=INT64_ABOVE)),)},
+            "steps[0].rpcs[0].end_ns",
+            INT64_ABOVE,
+        ),
+        (
+            {"steps": (_step(_rpc(start_ns=0, end_ns=0, response_start_ns=INT64_ABOVE)),)},
+            "steps[0].rpcs[0].response_start_ns",
+            INT64_ABOVE,
+        ),
+        (
+            {"startup": trace_model.Phase(rpcs=(_rpc(start_ns=2, end_ns=INT64_ABOVE),))},
+            "startup.rpcs[0].end_ns",
+            INT64_ABOVE,
+        ),
+        (
+            {"teardown": trace_model.Phase(rpcs=(_rpc(start_ns=INT64_BELOW, end_ns=1),))},
+            "teardown.rpcs[0].start_ns",
+            INT64_BELOW,
+        ),
+    ],
+    ids=lambda v: v if isinstance(v, str) else None,
+)
+def test_a_timestamp_outside_int64_is_refused_naming_where_it_is(
+    fields: dict[str, object], where: str, value: int
+) -> None:
+    with pytest.raises(TraceError) as refused:
+        _bare_trace(**fields)
+    assert str(refused.value) == f"{where}: {value} is not a 64-bit timestamp"
+
+
+def test_a_trace_spans_at_most_thirty_days_to_the_nanosecond() -> None:
+    limit = 30 * 24 * 3600 * 10**9
+    assert limit == trace_model.MAX_SPAN_NS
+    # The first and last times are each shared with a call: the step's are named.
+    first, last = -1_000, limit - 1_000
+    _bare_trace(steps=(_step(_rpc(start_ns=first, end_ns=last), start=first, end=last),))
+    with pytest.raises(TraceError) as refused:
+        _bare_trace(
+            steps=(_step(_rpc(start_ns=first, end_ns=last + 1), start=first, end=last + 1),)
+        )
+    assert str(refused.value) == (
+        f"timestamps span 30 days (steps[0].start_ns -1000 to steps[0].end_ns {last + 1}); "
+        "a trace spans at most 30 days"
+    )
+    # Past the span by a day and a half, from 5 days in, and the last time a call's.
+    start, end = 5 * 86_400 * 10**9, 5 * 86_400 * 10**9 + limit + 36 * 3600 * 10**9
+    with pytest.raises(TraceError) as refused:
+        _bare_trace(steps=(_step(_rpc(start_ns=start, end_ns=end), start=start, end=start),))
+    assert str(refused.value) == (
+        f"timestamps span 31.5 days (steps[0].start_ns {start} to steps[0].rpcs[0].end_ns "
+        f"{end}); a trace spans at most 30 days"
+    )
+
+
+def test_a_trace_lists_at_most_ten_thousand_tasks() -> None:
+    trace_model.check_task_count(10_000)
+    with pytest.raises(TraceError) as refused:
+        trace_model.check_task_count(10_001)
+    assert str(refused.value) == "tasks: 10001 listed; a trace lists at most 10000"
+
+
+def test_a_clock_offsets_bounds_may_meet_but_not_cross() -> None:
+    met = trace_model.ClockOffset(task="worker:0", lower_ns=7, upper_ns=7)
+    assert met.uncertainty_ns == 0
+    # Half the width of [-10, 10], 21 ns counted inclusively, rounded up.
+    assert trace_model.ClockOffset(task="worker:0", lower_ns=-10, upper_ns=10).uncertainty_ns == 10
+    assert trace_model.ClockOffset(task="worker:0", lower_ns=3).uncertainty_ns is None
+    assert trace_model.ClockOffset(task="worker:0", upper_ns=3).uncertainty_ns is None
+    with pytest.raises(ValueError) as crossed:
+        trace_model.ClockOffset(task="worker:1", lower_ns=8, upper_ns=7)
+    assert str(crossed.value) == "clock offset of worker:1: lower bound above upper bound"
+    with pytest.raises(ValueError) as negative:
+        trace_model.ClockOffset(task="worker:1", constraints=-1)
+    assert str(negative.value) == "constraints must be >= 0, got -1"
+
+
+@pytest.mark.parametrize(
+    ("extra", "expected"),
+    [((), None), ((("other", "5"),), None), ((("calibration_step_ns", "1"),), 1),
+     ((("calibration_step_ns", "250000000"), ("other", "x")), 250_000_000)],
+)  # fmt: skip
+def test_a_calibrated_step_is_read_from_the_metadata(
+    extra: tuple[tuple[str, str], ...], expected: int | None
+) -> None:
+    assert trace_model.calibration_step_ns(extra) == expected
+
+
+@pytest.mark.parametrize("text", ["0", "-5", "1.5", "fast", ""])
+def test_a_calibrated_step_that_is_not_a_positive_whole_number_is_refused(text: str) -> None:
+    with pytest.raises(ConfigError) as refused:
+        trace_model.calibration_step_ns((("calibration_step_ns", text),))
+    assert str(refused.value) == (
+        f"trace metadata calibration_step_ns={text!r}: expected a positive whole number of "
+        "nanoseconds"
+    )
+
+
+def test_calls_are_ordered_by_start_then_end_and_counted_per_caller_and_callee() -> None:
+    def call(caller: int, start: int, end: int) -> Rpc:
+        return _rpc(caller_task=caller, callee_task=0, start_ns=start, end_ns=end)
+
+    result = trace_model.with_outstanding(
+        [call(1, 0, 20), call(1, 0, 5), call(2, 6, 30), call(1, 6, 9)]
+    )
+    # Worker 2's call overlaps worker 1's to the same ps: another pair, not outstanding.
+    assert [(r.caller_task, r.start_ns, r.end_ns, r.outstanding_at_start) for r in result] == [
+        (1, 0, 5, 0),
+        (1, 0, 20, 1),
+        (1, 6, 9, 1),
+        (2, 6, 30, 0),
+    ]
