@@ -860,3 +860,51 @@ def test_dependencies_refuse_waiting_for_an_arrival_after_the_data_left() -> Non
             lands_on_worker=True,
             others_arrival_offset_ns=11,
         )
+
+
+# --------------------------------------------------------------------------
+# Edges of the inference's rules, worked out by hand.
+
+
+def test_a_call_without_a_tensor_has_no_transfer_and_times_out_of_order_are_refused() -> None:
+    (control,) = infer_dependencies([_pull(0, 2, 5, tensor=False)])
+    assert control.transfer_offset_ns is None and control.transfer_start_ns == 5 * MS
+    assert not control.is_arrival
+    with pytest.raises(ValueError) as refused:
+        infer_dependencies([_pull(0, 2, 5), _pull(1, 4, 3)])
+    assert str(refused.value) == (
+        f"call 1: times out of order (start {MS}, response start {4 * MS}, end {3 * MS})"
+    )
+
+
+def test_only_a_pulled_sync_token_waits_for_the_other_workers_gradients() -> None:
+    token = "sync_token_q_Dequeue"
+    calls = [
+        _call(10, 12, 14, server=0, back=False, op=f"sync/{token}"),  # the token: 5 before
+        _call(10, 12, 14, server=0, back=True, op=f"sync/{token}"),  # pushed: not a take
+        _call(10, 12, 14, server=0, back=False, tensor=False, op=f"sync/{token}"),  # no tensor
+        _call(10, 12, 14, server=0, back=False, op="dense/kernel/read"),  # another pull
+    ]
+    deps = infer_dependencies(calls, round_gradient_arrivals=(11 * MS, 5 * MS, 13 * MS))
+    assert [d.others_arrival_offset_ns for d in deps] == [11 * MS, None, None, None]
+    # Without arrivals of the round, no call has any.
+    assert [d.others_arrival_offset_ns for d in infer_dependencies(calls)] == [None] * 4
+
+
+def test_a_calls_bounds_may_meet_but_not_cross() -> None:
+    met = Dependencies(
+        ready_offset_ns=5,
+        arrival_offset_ns=9,
+        lands_on_worker=True,
+        transfer_offset_ns=5,
+        others_arrival_offset_ns=5,
+    )
+    assert met.transfer_start_ns == 5
+    with pytest.raises(ValueError) as refused:
+        Dependencies(ready_offset_ns=5, arrival_offset_ns=9, lands_on_worker=True,
+                     transfer_offset_ns=10)  # fmt: skip
+    assert str(refused.value) == "a call's data must begin to arrive between leaving and arriving"
+    with pytest.raises(ValueError) as refused:
+        Dependencies(ready_offset_ns=5, arrival_offset_ns=9, lands_on_worker=True,
+                     others_arrival_offset_ns=6)  # fmt: skip
+    assert str(refused.value) == "a call cannot wait for an arrival after its data left"
