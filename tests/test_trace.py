@@ -14,8 +14,16 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from tf_grpc_bench import (
+    calibration,
+    capture_cpu,
+    host,
+    trace_files,
+    trace_format,
+    trace_json,
+    trace_summary,
+)
 from tf_grpc_bench import trace as trace_model
-from tf_grpc_bench import trace_files, trace_format, trace_json, trace_summary
 from tf_grpc_bench.errors import ConfigError, TraceError, UnsupportedVersionError
 from tf_grpc_bench.protos import trace_pb2
 from tf_grpc_bench.sizes import MIB, SizeCategory, classify
@@ -339,6 +347,23 @@ def test_shipped_traces_are_valid_and_the_default_is_resnet50() -> None:
         shipped = trace_files.read_trace(trace_files.shipped_trace_path(name))
         assert shipped.steps and not shipped.partial
         assert shipped.metadata.command[:2] == ("tf-grpc-bench", "capture")
+
+
+def test_the_same_job_is_shipped_from_two_cpu_models_with_what_a_calibration_needs() -> None:
+    def extra(name: str) -> tuple[tuple[str, str], ...]:
+        return trace_files.read_trace(trace_files.shipped_trace_path(name)).metadata.extra
+
+    first = dict(extra("resnet50-tf2ps"))
+    others = [n for n in trace_files.shipped_trace_names() if n.startswith("resnet50-tf2ps-")]
+    assert others, "resnet50-tf2ps captured again on another CPU model"
+    for name in others:
+        other = extra(name)
+        assert dict(other)[host.CPU_MODEL_EXTRA] != first[host.CPU_MODEL_EXTRA]
+        # Its step timed by kind of work, and the CPU its tasks spent: what a replay on
+        # another machine scales and what a compute load is sized from.
+        assert dict(other)[calibration.CALIBRATION_PARTS_EXTRA]
+        recorded = capture_cpu.from_extra(other)
+        assert recorded is not None and recorded.tasks_cores > 0
 
 
 # --------------------------------------------------------------------------
