@@ -51,7 +51,7 @@ def test_points_carry_replay_training_and_bound_per_link_by_rate() -> None:
     predicted = golden_document().benchmarks[2]
     for point in points:
         assert point.training_step_s == TRAINING_S[point.name]
-        assert point.replay_step_s == comparison.replay_step_s(predicted, 2)
+        assert point.replay_step_s == comparison.replay_step_s(predicted)
     assert points[0].link_bound_s == pytest.approx(10 * points[2].link_bound_s)  # type: ignore[operator]
     assert points[-1].link_bound_s is None
     # network compare's prediction of a network (the limit of its dilated replays)
@@ -108,7 +108,7 @@ def test_custom_scalars_plot_step_time_against_the_link_rate(
     charts = layout["category"][0]["chart"]
     assert charts[0]["multiline"]["tag"] == ["step_vs_rate/.*"]
     assert any("ps-throughput" in c["title"] for c in charts[1:])
-    replay_ms = comparison.replay_step_s(golden_document().benchmarks[2], 2) * 1e3  # type: ignore[operator]
+    replay_ms = comparison.replay_step_s(golden_document().benchmarks[2]) * 1e3  # type: ignore[operator]
     for tag, expected in (
         ("step_vs_rate/training_ms", {1000: 3300.0, 2500: 1400.0, 10000: 500.0}),
         ("step_vs_rate/replay_ms", dict.fromkeys((1000, 2500, 10000), replay_ms)),

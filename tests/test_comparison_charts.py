@@ -24,6 +24,7 @@ from tf_grpc_bench.replay.output import comparison, plots
 from tf_grpc_bench.replay.output.comparison import LinkPoint
 from tf_grpc_bench.replay.output.document import ResultDocument
 from tf_grpc_bench.replay.output.machine import NetworkInfo
+from tf_grpc_bench.replay.output.prediction import prediction_json
 from tf_grpc_bench.trace import Trace
 
 #: Rated links (one not a whole number of Mbit/s, one of 1 Tbit/s), and two without a rate.
@@ -243,16 +244,20 @@ def test_the_replays_step_is_the_median_replayed_step_with_or_without_a_predicti
     steps = [t for run in throughput.runs for t in run.step_times_ns]
     assert steps and [c for run in throughput.runs for c in run.step_compute_ns]
     median_s = statistics.median(steps) / 1e9
-    assert comparison.replay_step_s(throughput, 2) == pytest.approx(median_s, rel=1e-12)
+    assert comparison.replay_step_s(throughput) == pytest.approx(median_s, rel=1e-12)
+    # The step the prediction under dependencies pacing predicts is that median too.
+    predicted = prediction_json(throughput, 2)
+    assert predicted is not None
+    assert predicted["step_ns"] / 1e9 == pytest.approx(median_s, rel=1e-12)
     # Replayed without dependencies pacing: no compute kept, no prediction, the same median.
     unpaced = dataclasses.replace(
         throughput,
         runs=tuple(dataclasses.replace(run, step_compute_ns=()) for run in throughput.runs),
     )
-    assert comparison.replay_step_s(unpaced, 2) == pytest.approx(median_s, rel=1e-12)
+    assert comparison.replay_step_s(unpaced) == pytest.approx(median_s, rel=1e-12)
     # A benchmark without steps has none.
     assert not latency.step_times_ns
-    assert comparison.replay_step_s(latency, 2) is None
+    assert comparison.replay_step_s(latency) is None
 
 
 def test_a_document_without_a_network_or_the_step_benchmark_is_a_point_without_them() -> None:

@@ -13,8 +13,8 @@ links (``network compare``, ``bench/fidelity.py``) into one TensorBoard run,
   ``plots/latency/<label>``: p50 and p99 per size class per network);
 - Text: ``comparison``, the table of every run and of the points plotted.
 
-The replay's step is its predicted step under dependencies pacing
-(``statistics.prediction``), else the median replayed step; the link's bound
+The replay's step is its median replayed step (under dependencies pacing, the
+step ``prediction.prediction_json`` predicts); the link's bound
 is the heavier direction's bytes of a step between the ps host and the
 worker host over the link rate (servers on one host, clients on the other,
 as ``network compare`` places them).
@@ -40,7 +40,6 @@ from tf_grpc_bench.replay.core.measurement import BenchmarkResult
 from tf_grpc_bench.replay.output import plots, report
 from tf_grpc_bench.replay.output.document import ResultDocument
 from tf_grpc_bench.replay.output.events import EventFile
-from tf_grpc_bench.replay.output.prediction import prediction_json
 from tf_grpc_bench.sizes import SizeCategory
 from tf_grpc_bench.trace import Trace
 from tf_grpc_bench.trace_mapping import WORKERS_AND_PS_ONLY, trace_roles
@@ -61,11 +60,9 @@ class LinkPoint:
     link_bound_s: float | None = None
 
 
-def replay_step_s(result: BenchmarkResult, cpu_count: int) -> float | None:
-    """The predicted step (dependencies pacing), else the median replayed step; None if none."""
-    predicted = prediction_json(result, cpu_count)
-    if predicted is not None and predicted.get("step_ns") is not None:
-        return float(predicted["step_ns"]) / 1e9
+def replay_step_s(result: BenchmarkResult) -> float | None:
+    """The median replayed step (what the prediction under dependencies pacing predicts,
+    ``prediction_json``'s ``step_ns``); None without steps."""
     if result.step_time.count:
         return result.step_time.p50_ns / 1e9
     return None
@@ -126,7 +123,7 @@ def link_points(
         rate = network.emulated_rate_bits_per_s if network else 0
         # The benchmark whose step is compared with training's (its row says so).
         result = _result(document, step_benchmark().name)
-        step_s = None if result is None else replay_step_s(result, document.machine.cpu_count)
+        step_s = None if result is None else replay_step_s(result)
         points.append(
             LinkPoint(
                 name=name,
@@ -153,8 +150,8 @@ def _mbit(point: LinkPoint) -> int:
     return round(point.rate_bits_per_s / 1e6)
 
 
-def _write_steps(events: EventFile, points: Sequence[LinkPoint]) -> bool:
-    """Scalars and a chart of step time against link rate; False if nothing to plot."""
+def _write_steps(events: EventFile, points: Sequence[LinkPoint]) -> None:
+    """Scalars and a chart of step time against link rate (no chart if nothing to plot)."""
     series = []
     for shown, attribute, dashed in _STEP_SERIES:
         measured = [(p, getattr(p, attribute)) for p in points if getattr(p, attribute) is not None]
@@ -166,7 +163,7 @@ def _write_steps(events: EventFile, points: Sequence[LinkPoint]) -> bool:
         if line:
             series.append(plots.Series(name=shown, points=line, dashed=dashed))
     if not series:
-        return False
+        return
     note = _unlimited_note(points)
     chart = plots.line_chart(
         f"Step time against link rate{note}",
@@ -175,16 +172,12 @@ def _write_steps(events: EventFile, points: Sequence[LinkPoint]) -> bool:
         y_label="step time (s)",
     )
     events.image("plots/step_vs_rate", chart.png, chart.width, chart.height)
-    return True
 
 
-def _write_latency(
-    events: EventFile, documents: Sequence[ResultDocument], label: str
-) -> tuple[str, ...]:
+def _write_latency(events: EventFile, documents: Sequence[ResultDocument], label: str) -> None:
     """Latency per size class per network for one benchmark: scalars over rate and a chart."""
     classes = [c.value for c in SizeCategory]
     series = []
-    tags: list[str] = []
     for number, document in enumerate(documents):
         result = _result(document, label)
         if result is None or document.network is None:
@@ -203,13 +196,11 @@ def _write_latency(
                 if value is not None and rate > 0:
                     tag = f"latency_vs_rate/{label}/{size}_{stat}_us"
                     events.scalar(tag, value, step=round(rate / 1e6))
-                    tags.append(tag)
     if series:
         chart = plots.bar_chart(
             f"{label}: latency per size class and network", classes, series, y_label="latency (us)"
         )
         events.image(f"plots/latency/{label}", chart.png, chart.width, chart.height)
-    return tuple(sorted(set(tags)))
 
 
 def _unlimited_note(points: Sequence[LinkPoint]) -> str:
