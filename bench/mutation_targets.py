@@ -71,7 +71,12 @@ TARGETS: dict[str, Target] = {
         path="src/tf_grpc_bench/dependencies.py", tests=("tests/test_dependencies.py",)
     ),
     "dependency_tracker": Target(
-        path="src/tf_grpc_bench/dependency_tracker.py", tests=("tests/test_dependencies.py",)
+        path="src/tf_grpc_bench/dependency_tracker.py",
+        tests=(
+            "tests/test_dependencies.py",
+            # The compute-gap hook the compute load plans with.
+            "tests/test_compute_load.py::test_the_tracker_tells_each_gap_as_it_plans_it_and_the_tail_once",
+        ),
     ),
     "critical_path": Target(
         path="src/tf_grpc_bench/critical_path.py",
