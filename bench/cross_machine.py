@@ -11,7 +11,7 @@ capture on another instance), on each link profile, in one run:
    with no recorder) and then captured, as the own-machine mode does;
 2. replays the trace across the same link with ``network compare``'s defaults
    (``--compute auto``: a trace from another machine has its compute scaled by
-   the two machines' calibrations; no compute load) or the replay flags
+   the two machines' calibrations; ``--compute-load auto``) or the replay flags
    given (``--engine``, ``--time-dilation``, ``--compute-load``), and takes the
    predicted step and the compute load the replay ran, which its pair records;
 3. writes the section ``## Fidelity across machines: TRACE`` of bench/README.md

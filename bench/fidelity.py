@@ -524,7 +524,7 @@ def main() -> int:
         default=None,
         metavar="MODE",
         help="the replays' compute load (auto, none, gaps, uniform; default: network "
-        "compare's, none; docs/fidelity.md, Compute load)",
+        "compare's, auto; docs/fidelity.md, Compute load)",
     )
     parser.add_argument("--no-readme", action="store_true")
     parser.add_argument(

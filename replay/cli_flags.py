@@ -394,13 +394,13 @@ def _add_timing_flags(parser: argparse.ArgumentParser) -> None:
     )
     timing.add_argument(
         "--compute-load",
-        default=compute_load.DEFAULT,
+        default=compute_load.AUTO,
         metavar="|".join(compute_load.MODES),
         help="dependencies pacing: burner processes keep the cores as busy as training's "
         "tasks kept them (the trace's capture CPU less the replay's own, measured in the "
-        "warm-up): gaps in each task's compute gaps, uniform all along; auto: uniform for "
-        "a ps-throughput replay of a trace that records its capture CPU, else none, saying "
-        "why; none (default) adds nothing (docs/fidelity.md, Compute load)",
+        "warm-up): gaps in each task's compute gaps, uniform all along, none adds nothing; "
+        "auto (default): uniform for a ps-throughput replay of a trace that records its "
+        "capture CPU, else none, saying why (docs/fidelity.md, Compute load)",
     )
     timing.add_argument("--rate", type=float, default=None, help="calls per second per worker")
     timing.add_argument(

@@ -263,7 +263,7 @@ class ReplaySpec:
     time_dilation: float | None = None
     #: ``core.compute_load.MODES``: burners keep the cores as busy as training did
     #: (``auto``: ``compute_load.choose``).
-    compute_load: str = compute_load.DEFAULT
+    compute_load: str = compute_load.AUTO
     rate: float | None = None
     speedup: float | None = None
     deadline_s: float = 60.0

@@ -340,16 +340,14 @@ def test_the_flags_errors_are_one_line_naming_it(tmp_path: Path) -> None:
     bare = trace_files.write_trace(make_trace(), tmp_path / "bare.tfgbtrace")
     with pytest.raises(ConfigError, match=r"records no capture CPU .*--compute-load none$"):
         _request(bare, "--compute-load", "uniform")
-    # auto: a trace without capture CPU replays without a load, and says why.
-    plan = _request(bare, "--compute-load", "auto").plan  # type: ignore[attr-defined]
+    # auto (the default): a trace without capture CPU replays without a load, and says why.
+    plan = _request(bare).plan  # type: ignore[attr-defined]
     assert (plan.compute_load, plan.compute_load_auto) == (
         "none",
         "the trace records no capture CPU",
     )
     given = _request(bare, "--compute-load", "none").plan  # type: ignore[attr-defined]
     assert (given.compute_load, given.compute_load_auto) == ("none", "")
-    # none, the default, replays as before.
-    assert _request(bare).plan.compute_load_auto == ""  # type: ignore[attr-defined]
     completed = subprocess.run(
         [sys.executable, "-m", "tf_grpc_bench", "replay", str(bare), "--compute-load", "hot"],
         capture_output=True,
@@ -535,15 +533,15 @@ def test_auto_loads_a_paced_ps_throughput_replay_of_a_trace_with_capture_cpu(
     tmp_path: Path,
 ) -> None:
     busy = _busy_trace(tmp_path)
-    plan = _request(busy, "--compute-load", "auto").plan  # type: ignore[attr-defined]
+    plan = _request(busy).plan  # type: ignore[attr-defined]
     assert (plan.compute_load, plan.compute_load_auto) == (
         "uniform",
         "the trace records its capture CPU",
     )
-    workload = _request(busy, "--compute-load", "auto").workloads[0]  # type: ignore[attr-defined]
+    workload = _request(busy).workloads[0]  # type: ignore[attr-defined]
     assert compute_load.tasks_cores_of(workload) == pytest.approx(1.7)
     # Paced as soon as possible, nothing stands for training's compute: no load.
-    asap = _request(busy, "--compute-load", "auto", "--pacing", "asap").plan  # type: ignore[attr-defined]
+    asap = _request(busy, "--pacing", "asap").plan  # type: ignore[attr-defined]
     assert (asap.compute_load, asap.compute_load_auto) == (
         "none",
         "no ps-throughput benchmark paced by its dependencies",
@@ -556,14 +554,13 @@ def test_auto_loads_a_paced_ps_throughput_replay_of_a_trace_with_capture_cpu(
         "none",
         "role sizes no load: each task would add the whole job's",
     )
-    synthetic = replay_cli.build_request(
-        parser.parse_args(["--synthetic", "--compute-load", "auto"])
-    ).plan
+    # auto is the default.
+    synthetic = replay_cli.build_request(parser.parse_args(["--synthetic"])).plan
     assert synthetic.compute_load_auto == "a synthetic workload has no training CPU to stand for"
 
 
 def test_the_load_of_a_scaled_replay_is_sized_at_its_compute_scale(tmp_path: Path) -> None:
-    request = _request(_busy_trace(tmp_path), "--compute", "2", "--compute-load", "auto")
+    request = _request(_busy_trace(tmp_path), "--compute", "2")
     workload = request.workloads[0]  # type: ignore[attr-defined]
     pacing = request.pacings[0]  # type: ignore[attr-defined]
     assert pacing.compute_scale == 2.0
@@ -647,9 +644,6 @@ def test_role_refuses_the_load_each_task_would_add_whole() -> None:
         UsageError, match=r"^--compute-load sizes one replay's load .* network compare$"
     ):
         role.check_job(job)
-    # none (the default) and auto, which runs none under role (``choose``'s one_task).
+    # auto (the default) runs none under role (``choose``'s one_task).
     role.check_job(dataclasses.replace(job, spec=ReplaySpec(trace="x.tfgbtrace")))
-    assert ReplaySpec(trace="x.tfgbtrace").compute_load == "none"
-    role.check_job(
-        dataclasses.replace(job, spec=ReplaySpec(trace="x.tfgbtrace", compute_load="auto"))
-    )
+    assert ReplaySpec(trace="x.tfgbtrace").compute_load == "auto"

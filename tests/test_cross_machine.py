@@ -284,8 +284,8 @@ def test_the_cross_machine_mode_trains_the_job_here_and_writes_its_pair(tmp_path
     (row,) = [line for line in out.splitlines() if line.startswith("| unlimited |")]
     cells = [cell.strip() for cell in row.strip("|").split("|")]
     assert cells[-2] == "compute x1.25"  # 5.0 ms here over the trace's 4.0 ms
-    # The replay's compute load: none, network compare's default.
-    assert cells[-1] == "none"
+    # auto (the default): the trace records no capture CPU, so no load, and why.
+    assert cells[-1] == "none (auto: the trace records no capture CPU)"
     assert cells[5].startswith("**") and " / " in cells[5]  # over uncaptured / captured
     (pair,) = cross_machine.read_pairs(pairs)
     assert (pair.captured_on, pair.replayed_on) == ("Another CPU, 2 CPUs", host.this_machine())
@@ -295,7 +295,7 @@ def test_the_cross_machine_mode_trains_the_job_here_and_writes_its_pair(tmp_path
         "compute x1.25",
     )
     assert pair.ratio > 0 and pair.calibration == "one process, the whole local step"
-    assert pair.compute_load == "none"
+    assert pair.compute_load == "none (auto: the trace records no capture CPU)"
     assert "--cross-machine" in pair.source
     assert "## Fidelity across machines: every pair of CPU models" in out
     assert (

@@ -38,9 +38,9 @@ keeps its compute scaled); the gaps are ``s`` times the trace's.  Time dilation
 stretches the time the load is spread over and not the load itself
 (``ComputeLoadSizing.wall_cores``).
 
-``auto`` (``choose``; the default is ``none``, ``DEFAULT``): ``uniform`` where the
-trace records its capture CPU and a ps-throughput benchmark is paced by its
-dependencies, ``none`` otherwise, with the reason in the result (``compute_load_auto``).
+``auto`` (the default, ``choose``): ``uniform`` where the trace records its capture
+CPU and a ps-throughput benchmark is paced by its dependencies, ``none`` otherwise,
+with the reason in the result (``compute_load_auto``).
 """
 
 from __future__ import annotations
@@ -57,12 +57,8 @@ AUTO = "auto"
 NONE = "none"
 GAPS = "gaps"
 UNIFORM = "uniform"
-#: ``--compute-load`` choices (``auto``: ``choose``).
+#: ``--compute-load`` choices; ``auto`` is the default (``choose``).
 MODES = (AUTO, NONE, GAPS, UNIFORM)
-#: ``--compute-load``'s default: none.  ``auto`` is not the default because side by side
-#: on a machine busy with other work the uniform load lengthened the predicted step
-#: (docs/fidelity.md, Compute load).
-DEFAULT = NONE
 #: What ``auto`` chooses where the trace can size a load.
 AUTO_LOAD = UNIFORM
 #: The most cores one task's burner keeps busy during its gaps: a burner is one
