@@ -441,6 +441,7 @@ class ProcessWorkers:
 
     def warm_up(self, duration_ns: int) -> None:
         cpu = self.load.replay_cpu_ns()
+        began = time.monotonic_ns()
         self._workers.send_all(("warmup", duration_ns))
         replies = [self._workers.receive(index) for index in range(self._count)]
         errors = [str(reply[1]) for reply in replies]
@@ -448,7 +449,11 @@ class ProcessWorkers:
             raise TransportError(next(e for e in errors if e))
         steps = replies[0][2]
         assert isinstance(steps, int)
-        self.load.size(replay_cpu_ns=self.load.replay_cpu_ns() - cpu, steps=steps)
+        self.load.size(
+            replay_cpu_ns=self.load.replay_cpu_ns() - cpu,
+            steps=steps,
+            wall_ns=time.monotonic_ns() - began,
+        )
 
     def run(self, *, duration_ns: int, steps: int | None) -> list[WorkerOutcome]:
         start = time.monotonic_ns() + START_MARGIN_NS

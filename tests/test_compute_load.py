@@ -167,9 +167,57 @@ def test_across_cpu_models_the_compute_part_of_trainings_cpu_is_scaled() -> None
     )
     assert same.training_cpu_ns == pytest.approx(900e6)
     assert "here:" not in same.text()
-    with pytest.raises(ValueError, match="compute scale and gaps must be >= 0"):
+    with pytest.raises(ValueError, match="compute scale, gaps and the replayed step must be >= 0"):
         compute_load.size_load(
             "uniform", tasks_cores=1, step_ns=1, gaps_ns=0, replay_cpu_ns=0, compute_scale=-1
+        )
+
+
+def test_a_replay_slower_than_its_trace_spreads_the_load_over_its_own_step() -> None:
+    # A loopback trace's step of 0.5 s replayed on a slow link takes 3.5 s: the 0.6 CPU-s
+    # of load a step are spread over the 3.5 s (0.6 / 3.5 cores), not run at 0.6 / 0.5
+    # cores for all of it (4.2 CPU-s a step).
+    slow = compute_load.size_load(
+        "uniform",
+        tasks_cores=1.8,
+        step_ns=500e6,
+        gaps_ns=400e6,
+        replay_cpu_ns=300e6,
+        replayed_step_ns=3500e6,
+    )
+    assert slow.load_cpu_ns == pytest.approx(600e6)
+    assert slow.step_here_ns == pytest.approx(3500e6)
+    assert slow.uniform_cores == pytest.approx(600 / 3500)
+    assert slow.text() == (
+        "uniform: 0.60 CPU-s a step (training's tasks 0.90, the replay 0.30), 0.17 cores "
+        "all along over a 3.50 s step"
+    )
+    # A replay as fast as its trace, or faster, keeps the trace's step.
+    fast = compute_load.size_load(
+        "uniform",
+        tasks_cores=1.8,
+        step_ns=500e6,
+        gaps_ns=400e6,
+        replay_cpu_ns=300e6,
+        replayed_step_ns=420e6,
+    )
+    assert fast.step_here_ns == pytest.approx(500e6)
+    assert fast.uniform_cores == pytest.approx(600 / 500)
+    assert "over a" not in fast.text()
+    # In the gaps the rate follows the gaps; only what they cannot hold is spread.
+    gaps = compute_load.size_load(
+        "gaps",
+        tasks_cores=2.0,
+        step_ns=500e6,
+        gaps_ns=200e6,
+        replay_cpu_ns=400e6,
+        replayed_step_ns=2000e6,
+    )
+    assert gaps.gap_cores == 1.0
+    assert gaps.uniform_cores == pytest.approx((600 - 200) / 2000)
+    with pytest.raises(ValueError, match="the replayed step must be >= 0"):
+        compute_load.size_load(
+            "uniform", tasks_cores=1, step_ns=1, gaps_ns=0, replay_cpu_ns=0, replayed_step_ns=-1
         )
 
 
@@ -578,7 +626,7 @@ def test_the_load_of_a_scaled_replay_is_sized_at_its_compute_scale(tmp_path: Pat
     ]
     load = ComputeLoad(jobs)
     try:
-        load.size(replay_cpu_ns=600_000_000, steps=2)
+        load.size(replay_cpu_ns=600_000_000, steps=2, wall_ns=9_000_000_000)
         gaps = compute_load.task_gaps_ns(workers)
         assert load.sizing == compute_load.size_load(
             "uniform",
@@ -588,7 +636,9 @@ def test_the_load_of_a_scaled_replay_is_sized_at_its_compute_scale(tmp_path: Pat
             replay_cpu_ns=300_000_000,
             compute_scale=2.0,
             path_gaps_ns=max(gaps),
+            replayed_step_ns=4_500_000_000,
         )
+        assert load.sizing is not None and load.sizing.step_here_ns == 4_500_000_000
         assert load.parameters()["compute_load_auto"] == "the trace records its capture CPU"
     finally:
         load.close()

@@ -226,6 +226,7 @@ class ComputeLoadSizing:
                 f" here: {self.captured_cpu_ns / 1e9:.2f} at the capture machine's speed with "
                 f"its {self.compute_cpu_ns / 1e9:.2f} in compute gaps x{self.compute_scale:.3g};"
             )
+        if self.compute_scale != 1.0 or self.step_here_ns > self.step_ns:
             where += f" over a {self.step_here_ns / 1e9:.2f} s step"
         return (
             f"{self.mode}: {self.load_cpu_ns / 1e9:.2f} CPU-s a step (training's tasks "
@@ -243,22 +244,26 @@ def size_load(
     replay_cpu_ns: float,
     compute_scale: float = 1.0,
     path_gaps_ns: float = 0.0,
+    replayed_step_ns: float = 0.0,
 ) -> ComputeLoadSizing:
     """The load for ``mode`` (``gaps`` or ``uniform``): training's tasks' CPU per step
     (``tasks_cores`` x ``step_ns``, its compute part times ``compute_scale``) less the
     replay's (``replay_cpu_ns``), in the gaps (``gaps_ns`` per step, all tasks, times the
     scale) at up to ``MAX_GAP_CORES`` each, the rest uniform over the step lengthened by
-    the longest task's gaps (``path_gaps_ns``) times the scale less 1."""
+    the longest task's gaps (``path_gaps_ns``) times the scale less 1, or over the step
+    the replay took in its warm-up (``replayed_step_ns``, in the trace's time) where that
+    is longer: a trace replayed on a slower link than its capture's spends its load a
+    step, not the load's rate over a longer step."""
     if mode not in (GAPS, UNIFORM):
         raise ValueError(f"no load to size for mode {mode!r}")
     if step_ns <= 0 or tasks_cores < 0 or gaps_ns < 0 or replay_cpu_ns < 0:
         raise ValueError("step must be > 0; cores, gaps and CPU >= 0")
-    if compute_scale < 0 or path_gaps_ns < 0:
-        raise ValueError("compute scale and gaps must be >= 0")
+    if compute_scale < 0 or path_gaps_ns < 0 or replayed_step_ns < 0:
+        raise ValueError("compute scale, gaps and the replayed step must be >= 0")
     captured = tasks_cores * step_ns
     compute = min(gaps_ns * MAX_GAP_CORES, captured)
     training = captured + compute * (compute_scale - 1)
-    step_here = max(step_ns + path_gaps_ns * (compute_scale - 1), 1.0)
+    step_here = max(step_ns + path_gaps_ns * (compute_scale - 1), replayed_step_ns, 1.0)
     gaps_here = gaps_ns * compute_scale
     load = max(0.0, training - replay_cpu_ns)
     gap_cores = 0.0

@@ -88,8 +88,9 @@ class ComputeLoad:
         own = tree_cpu_ns(os.getpid(), exclude=(*self._burners.pids, *(s.pid for s in stats)))
         return own + sum(s.cpu_ns for s in stats)
 
-    def size(self, *, replay_cpu_ns: int, steps: int) -> None:
-        """Size the load from the warm-up (``replay_cpu_ns`` over ``steps``) and start it."""
+    def size(self, *, replay_cpu_ns: int, steps: int, wall_ns: int = 0) -> None:
+        """Size the load from the warm-up (``replay_cpu_ns`` over ``steps`` whole steps
+        replayed in ``wall_ns``) and start it."""
         if self._burners is None:
             return
         if steps <= 0 and self._auto:
@@ -119,6 +120,7 @@ class ComputeLoad:
             replay_cpu_ns=replay_cpu_ns / steps,
             compute_scale=self._jobs[0].pacing.compute_scale,
             path_gaps_ns=max(gaps, default=0.0),
+            replayed_step_ns=wall_ns / steps / self._dilation,
         )
         gap_cores, uniform_cores = self.sizing.wall_cores(self._dilation)
         self._burners.set_load(gap_cores, compute_load.burner_duties(uniform_cores))
