@@ -5,10 +5,12 @@ it); listing the profiles and refusing bad input need neither."""
 
 from __future__ import annotations
 
+import contextlib
 import re
 import subprocess
 import sys
 import textwrap
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -41,6 +43,22 @@ def tool_with_pid(
 ) -> tuple[subprocess.CompletedProcess[str], int]:
     """``tool`` and the pid it ran as, whose namespaces are ``namespaces_made_by(pid)``."""
     return run_with_pid([sys.executable, "-m", "tf_grpc_bench", *arguments], timeout_s=timeout_s)
+
+
+@contextlib.contextmanager
+def network_up(*flags: str) -> Iterator[tuple[str, str]]:
+    """``network up FLAGS``: its run id and output; its namespaces removed afterwards,
+    whatever the test left."""
+    up = tool("network", "up", *flags)
+    assert up.returncode == 0, up.stderr
+    match = re.search(r"^run ([0-9]+-[0-9a-f]+):", up.stdout, re.MULTILINE)
+    assert match, up.stdout
+    run_id = match.group(1)
+    try:
+        yield run_id, up.stdout
+    finally:
+        for name in namespaces.run_namespaces(run_id):
+            namespaces.delete_namespace(name)
 
 
 def test_profiles_lists_every_named_profile_with_its_burst_delay_jitter_and_loss() -> None:
@@ -88,35 +106,21 @@ def test_profiles_lists_every_named_profile_with_its_burst_delay_jitter_and_loss
 
 @pytest.mark.netns
 def test_up_with_a_delay_leaves_its_relay_running_until_down() -> None:
-    up = tool("network", "up", "--profile", "100mbit", "--delay", "2ms", "--loss", "1%")
-    assert up.returncode == 0, up.stderr
-    match = re.search(
-        r"^run ([0-9]+-[0-9a-f]+): 2 hosts, links 100mbit, 2ms one way, 1% loss$",
-        up.stdout,
-        re.MULTILINE,
-    )
-    assert match, up.stdout
-    run_id = match.group(1)
-    try:
+    with network_up("--profile", "100mbit", "--delay", "2ms", "--loss", "1%") as (run_id, out):
+        assert re.search(
+            rf"^run {run_id}: 2 hosts, links 100mbit, 2ms one way, 1% loss$", out, re.MULTILINE
+        ), out
         pids = namespaces.run_pids(run_id)
         assert len(pids) == 1, "the relay outlives 'network up', in its hosts' namespaces"
         down = tool("network", "down", run_id)
         assert down.returncode == 0, down.stderr
         assert namespaces.run_namespaces(run_id) == []
         assert not namespaces.pid_alive(pids[0])
-    finally:
-        for name in namespaces.run_namespaces(run_id):
-            namespaces.delete_namespace(name)
 
 
 @pytest.mark.netns
 def test_cleanup_keeps_a_network_left_up_on_purpose() -> None:
-    up = tool("network", "up", "--hosts", "3", "--profile", "100mbit:delay=1ms")
-    assert up.returncode == 0, up.stderr
-    match = re.search(r"^run ([0-9]+-[0-9a-f]+):", up.stdout, re.MULTILINE)
-    assert match, up.stdout
-    run_id = match.group(1)
-    try:
+    with network_up("--hosts", "3", "--profile", "100mbit:delay=1ms") as (run_id, _):
         made = namespaces.run_namespaces(run_id)
         assert len(made) == 4, "three hosts and their switch"
         relays = namespaces.run_pids(run_id)
@@ -131,19 +135,11 @@ def test_cleanup_keeps_a_network_left_up_on_purpose() -> None:
         down = tool("network", "down", run_id)
         assert down.returncode == 0, down.stderr
         assert namespaces.run_namespaces(run_id) == []
-    finally:
-        for name in namespaces.run_namespaces(run_id):
-            namespaces.delete_namespace(name)
 
 
 @pytest.mark.netns
 def test_up_leaves_a_network_that_down_removes() -> None:
-    up = tool("network", "up", "--hosts", "3", "--profile", "100mbit")
-    assert up.returncode == 0, up.stderr
-    match = re.search(r"^run ([0-9]+-[0-9a-f]+):", up.stdout, re.MULTILINE)
-    assert match, up.stdout
-    run_id = match.group(1)
-    try:
+    with network_up("--hosts", "3", "--profile", "100mbit") as (run_id, _):
         assert len(namespaces.run_namespaces(run_id)) == 4
         listed = tool("network", "list")
         assert run_id in listed.stdout
@@ -157,9 +153,6 @@ def test_up_leaves_a_network_that_down_removes() -> None:
         down = tool("network", "down", run_id)
         assert down.returncode == 0, down.stderr
         assert namespaces.run_namespaces(run_id) == []
-    finally:
-        for name in namespaces.run_namespaces(run_id):
-            namespaces.delete_namespace(name)
 
 
 @pytest.mark.netns
