@@ -27,6 +27,7 @@ from pathlib import Path
 
 from common import table_head, table_row
 
+from tf_grpc_bench import host
 from tf_grpc_bench.errors import NetworkError
 from tf_grpc_bench.netns import state
 from tf_grpc_bench.netns.relay import RelayStats, read_relay_stats
@@ -65,11 +66,10 @@ def is_descendant(pid: int, ancestor: int) -> bool:
     while pid > 1 and seen < 4096:
         if pid == ancestor:
             return True
-        try:
-            text = Path(f"/proc/{pid}/stat").read_text()
-        except OSError:
+        fields = host.process_stat_fields(pid)
+        if fields is None:
             return False
-        pid = int(text[text.rfind(")") + 2 :].split()[1])
+        pid = int(fields[1])  # the parent's pid (field 4 of proc(5))
         seen += 1
     return pid == ancestor
 
