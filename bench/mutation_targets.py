@@ -95,8 +95,11 @@ TARGETS: dict[str, Target] = {
     # The transport's samples: one per call, the worker processes' merged into a run.
     "transport_samples": Target(
         path="replay/transport/driver.py",
-        # The one test that replays with grpcio's driver (the rest read fixed samples).
-        tests=(f"{_ORACLES}::test_a_replayed_call_is_counted_in_the_class_of_its_larger_message",),
+        # The tests that replay with grpcio's driver (the rest read fixed samples).
+        tests=(
+            f"{_ORACLES}::test_a_replayed_call_is_counted_in_the_class_of_its_larger_message",
+            f"{_ORACLES}::test_a_call_the_window_of_one_held_back_says_so_in_its_sample",
+        ),
         functions=("_sample",),
         in_children=True,
     ),

@@ -908,3 +908,81 @@ def test_a_calls_bounds_may_meet_but_not_cross() -> None:
         Dependencies(ready_offset_ns=5, arrival_offset_ns=9, lands_on_worker=True,
                      others_arrival_offset_ns=6)  # fmt: skip
     assert str(refused.value) == "a call cannot wait for an arrival after its data left"
+
+
+def test_each_call_of_a_step_keeps_its_own_time_spent_receiving_later_inputs() -> None:
+    # Variables a, b and c arrive at the worker at 10, 20 and 30 (ns into the trace's
+    # step); b's data was on its way from 16, c's from 22.  Gradient 1 waited for a
+    # and b, gradient 2 for all three.  Here a arrives last (at +200), so each keeps
+    # what followed a in the trace less the time the trace spent receiving its later
+    # inputs: 40 - 10 - 4 for the first, 50 - 10 - (4 + 8) for the second.
+    deps = [
+        Dependencies(ready_offset_ns=0, arrival_offset_ns=10, lands_on_worker=True),
+        Dependencies(
+            ready_offset_ns=0,
+            arrival_offset_ns=20,
+            transfer_offset_ns=16,
+            lands_on_worker=True,
+            arrival_rank=1,
+        ),
+        Dependencies(
+            ready_offset_ns=0,
+            arrival_offset_ns=30,
+            transfer_offset_ns=22,
+            lands_on_worker=True,
+            arrival_rank=2,
+        ),
+        Dependencies(
+            ready_offset_ns=40,
+            arrival_offset_ns=45,
+            lands_on_worker=False,
+            after_worker_arrivals=2,
+        ),
+        Dependencies(
+            ready_offset_ns=50,
+            arrival_offset_ns=55,
+            lands_on_worker=False,
+            arrival_rank=1,
+            after_worker_arrivals=3,
+        ),
+    ]
+    tracker = _tracker(deps, [0] * 5, step_compute_ns=100)
+    assert sorted(tracker.take_releasable()) == [0, 1, 2]
+    tracker.complete(1, 1100)
+    tracker.complete(2, 1100)
+    tracker.complete(0, 1200)
+    assert sorted(tracker.take_releasable()) == [3, 4]
+    assert tracker.release_ns(3) == 1200 + (40 - 10 - 4)
+    assert tracker.release_ns(4) == 1200 + (50 - 10 - 4 - 8)
+    # Asked again, each the same.
+    assert (tracker.release_ns(3), tracker.release_ns(4)) == (1226, 1228)
+
+
+def test_a_read_after_its_updates_keeps_less_the_time_its_server_spent_receiving() -> None:
+    # Gradients a and b arrive at the ps at 10 and 20, b's data on its way from 14; a
+    # control call reads the ps after both (ready at 40).  No arrival lands on the
+    # worker.  Here a arrives last (at +200): 40 - 10, less the 6 the ps spent
+    # receiving b.
+    deps = [
+        Dependencies(ready_offset_ns=0, arrival_offset_ns=10, lands_on_worker=False),
+        Dependencies(
+            ready_offset_ns=0,
+            arrival_offset_ns=20,
+            transfer_offset_ns=14,
+            lands_on_worker=False,
+            arrival_rank=1,
+        ),
+        Dependencies(
+            ready_offset_ns=40,
+            arrival_offset_ns=45,
+            lands_on_worker=True,
+            is_arrival=False,
+            after_server_arrivals=2,
+        ),
+    ]
+    tracker = _tracker(deps, [0, 0, 0], step_compute_ns=100)
+    assert sorted(tracker.take_releasable()) == [0, 1]
+    tracker.complete(1, 1100)
+    tracker.complete(0, 1200)
+    assert tracker.take_releasable() == [2]
+    assert tracker.release_ns(2) == 1200 + (40 - 10 - 6)

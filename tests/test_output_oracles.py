@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import csv
 import dataclasses
+import itertools
 import math
 import re
 import warnings
@@ -934,6 +935,35 @@ def test_a_replayed_call_is_counted_in_the_class_of_its_larger_message(
         oracle.size_class(s) != oracle.size_class(dataclasses.replace(s, request_bytes=0))
         for s in samples
     )
+
+
+@pytest.mark.parametrize("engine", ["grpcio", "grpc-cpp"])
+def test_a_call_the_window_of_one_held_back_says_so_in_its_sample(engine: str) -> None:
+    """At 10 million calls a second every call is due before the one before it can end:
+    a window of one holds back each call of a step but its first.  A call is held
+    where its planned release (its issue less its lag) came at or before the end of
+    the step's call before it, and the sample of each says so."""
+    if engine == "grpc-cpp":
+        grpc_cpp_program()  # a skip, saying why, where it cannot be built
+    trace = oracle.boundary_trace()
+    workload = trace_workload(trace, Benchmark.P2P_LATENCY, mode=Mode.NON_SERIALIZED)
+    plan = RunPlan(warmup_ns=0, duration_ns=1, runs=1, steps=2, deadline_s=120)
+    pacing = Pacing(timing=Timing.RATE, rate_per_s=1e7, window=1)
+    with LocalServers(2, mode=Mode.NON_SERIALIZED) as servers:
+        result = run_benchmark(
+            workload, servers.targets, plan=plan, pacing=pacing, engine=engine_named(engine)
+        )
+    assert not result.partial, result.partial_reason
+    steps: dict[tuple[int, int], list[CallSample]] = {}
+    for sample in sorted(oracle.samples_of(result), key=lambda s: s.start_ns):
+        steps.setdefault((sample.worker_index, sample.step), []).append(sample)
+    assert len(steps) == 2 and all(len(calls) > 1 for calls in steps.values())
+    for calls in steps.values():
+        expected = [0] + [
+            int(call.start_ns - call.release_lag_ns <= before.start_ns + before.latency_ns)
+            for before, call in itertools.pairwise(calls)
+        ]
+        assert [call.window_held for call in calls] == expected == [0] + [1] * (len(calls) - 1)
 
 
 def test_samples_cross_between_processes_unchanged() -> None:
