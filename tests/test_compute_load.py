@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import math
 import os
 import signal
 import subprocess
@@ -37,7 +38,7 @@ from tf_grpc_bench.replay.transport.seam import WorkerJob
 from tf_grpc_bench.replay.transport.wire import ChannelSettings
 from tf_grpc_bench.trace import Trace
 
-from .conftest import make_trace
+from .conftest import make_trace, with_step_lengths
 from .engines import grpc_cpp_program
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -266,12 +267,95 @@ def test_a_task_job_gaps_are_each_tasks_mean_over_the_steps() -> None:
     assert compute_load.trace_gaps_ns([one, one]) == 170.0
 
 
-@pytest.mark.parametrize(
-    ("cores", "duties"),
-    [(0.0, []), (0.4, [0.4]), (1.0, [1.0]), (1.5, [1.0, 0.5]), (2.25, [1.0, 1.0, 0.25])],
-)
-def test_burners_take_whole_cores_then_the_rest(cores: float, duties: list[float]) -> None:
-    assert compute_load.burner_duties(cores) == pytest.approx(duties)
+def test_each_steps_quota_is_the_sized_load_split_evenly_over_whole_cores() -> None:
+    # 1.5 CPU-s a step over a 1 s step: two burners of 0.75 each, every step.
+    sizing = compute_load.size_load(
+        "uniform", tasks_cores=2.0, step_ns=1e9, gaps_ns=0, replay_cpu_ns=0.5e9
+    )
+    quotas, step = compute_load.burner_quotas(sizing, 1.0)
+    assert (quotas, step) == ([pytest.approx(0.75e9)] * 2, 1_000_000_000)
+    assert sum(quotas) == pytest.approx(sizing.load_cpu_ns)
+    # Dilated 4x: the same CPU a step, over a 4 s step, so one burner holds it.
+    quotas, step = compute_load.burner_quotas(sizing, 4.0)
+    assert (quotas, step) == ([pytest.approx(1.5e9)], 4_000_000_000)
+    # gaps: the quotas hold only what the gaps could not (0.7 of 0.9 CPU-s: 1.4 cores).
+    gaps = compute_load.size_load(
+        "gaps", tasks_cores=2.0, step_ns=500e6, gaps_ns=200e6, replay_cpu_ns=100e6
+    )
+    quotas, step = compute_load.burner_quotas(gaps, 1.0)
+    assert sum(quotas) == pytest.approx(gaps.load_cpu_ns - gaps.gap_cores * gaps.gaps_here_ns)
+    assert (quotas, step) == ([pytest.approx(0.35e9)] * 2, 500_000_000)
+    # A replay as busy as training: no quota, no burner.
+    idle = compute_load.size_load(
+        "uniform", tasks_cores=1.0, step_ns=1e9, gaps_ns=0, replay_cpu_ns=2e9
+    )
+    assert compute_load.burner_quotas(idle, 1.0) == ([], 1_000_000_000)
+
+
+class _Clocks:
+    """A burner's wall and CPU clocks, moved by hand: a spin runs ``share`` of the wall
+    time it takes (the rest: the core held by others, a real-time relay's)."""
+
+    def __init__(self) -> None:
+        self.wall = self.cpu = 0
+        self.share = 1.0
+        self.spun: list[float] = []
+
+    def spin(self, cpu_ns: float) -> None:
+        self.spun.append(cpu_ns)
+        self.cpu += math.ceil(cpu_ns)
+        self.wall += math.ceil(cpu_ns / self.share)
+
+
+def _quota_burner(clocks: _Clocks, quota_ns: int, step_ns: int) -> burners._Burner:
+    burner = burners._Burner(wall=lambda: clocks.wall, cpu=lambda: clocks.cpu)
+    burner.set_quota(quota_ns, step_ns)
+    return burner
+
+
+def test_a_preempted_quota_burner_still_does_its_whole_quota() -> None:
+    clocks = _Clocks()
+    burner = _quota_burner(clocks, 200_000_000, 1_000_000_000)  # 0.2 CPU-s a 1 s step
+    # Five steps with no core at all (the relays had it): 1 CPU-s owed, none forgiven.
+    clocks.wall += 5_000_000_000
+    assert burners.work(burner, clocks.spin) == 0.0
+    assert burner.quota_owed_ns() == 1_000_000_000
+    # Then 40% of a core: the work takes longer, and all of it is done.
+    clocks.share = 0.4
+    while burners.work(burner, clocks.spin) == 0.0 and clocks.wall < 60_000_000_000:
+        pass
+    steps = clocks.wall / 1_000_000_000
+    assert clocks.cpu == pytest.approx(200_000_000 * steps, abs=burners.SLICE_NS)
+    assert clocks.cpu > 1_000_000_000
+    assert max(clocks.spun) <= burners.SLICE_NS
+
+
+def test_a_quota_burner_does_what_its_quota_made_due_and_no_more() -> None:
+    clocks = _Clocks()
+    burner = _quota_burner(clocks, 300_000_000, 1_000_000_000)  # 0.3 CPU-s a 1 s step
+    for step, share in enumerate((1.0, 0.5, 1.0), start=1):
+        clocks.share = share
+        clocks.wall = max(clocks.wall, step * 1_000_000_000)
+        while burners.work(burner, clocks.spin) == 0.0:
+            pass
+        # Caught up: done is what the steps made due, to the ns; then it waits.
+        assert clocks.cpu == pytest.approx(0.3 * clocks.wall, abs=2)
+        assert burners.work(burner, clocks.spin) == burners.SLICE_NS / 1e9
+    # A new quota forgives what was owed and counts nothing done before.
+    clocks.wall += 500_000_000
+    burner.set_quota(100_000_000, 1_000_000_000)
+    burner.account()
+    assert burner.quota_owed_ns() == 0
+
+
+def test_a_gap_burners_credit_is_still_capped() -> None:
+    clocks = _Clocks()
+    burner = burners._Burner(wall=lambda: clocks.wall, cpu=lambda: clocks.cpu)
+    burner.gap_duty = 1.0
+    burner.add_gap(0, 10_000_000_000)
+    clocks.wall = 1_000_000_000
+    burner.account()
+    assert burner.owed_ns() == burners.MAX_CREDIT_NS
 
 
 def test_intervals_merge_into_their_union() -> None:
@@ -428,7 +512,7 @@ def _wait_gone(pids: list[int], timeout_s: float = 20.0) -> list[int]:
 def test_a_burner_works_in_its_gaps_and_ends_when_closed() -> None:
     pool = burners.Burners(1)
     try:
-        pool.set_load(1.0, [])
+        pool.set_load(1.0)
         sender = burners.GapSender(pool.gap_writers[0])
         now = time.perf_counter_ns()
         sender(now, now + 400_000_000)
@@ -460,7 +544,7 @@ def test_a_burner_spends_nothing_outside_its_gaps() -> None:
     tick = 1_000_000_000 // os.sysconf("SC_CLK_TCK")
     pool = burners.Burners(1)
     try:
-        pool.set_load(1.0, [])
+        pool.set_load(1.0)
         idle = _settled_cpu(pool)
         time.sleep(0.3)
         assert pool.cpu_ns() - idle <= tick
@@ -482,7 +566,7 @@ _PARENT = textwrap.dedent(
     import sys, time
     from tf_grpc_bench.replay.transport import burners
     pool = burners.Burners(2)
-    pool.set_load(0.5, [0.5])
+    pool.set_load(0.5, [50_000_000], 100_000_000)
     print(" ".join(str(p) for p in pool.pids), flush=True)
     time.sleep(600)
     """
@@ -510,7 +594,7 @@ def test_burners_die_with_the_process_that_started_them(ending: signal.Signals) 
 def test_the_replays_cpu_leaves_the_burners_out() -> None:
     pool = burners.Burners(0)
     try:
-        pool.set_load(0.0, [1.0])
+        pool.set_load(0.0, [100_000_000], 100_000_000)
         deadline = time.monotonic() + 20
         while pool.cpu_ns() < 50_000_000 and time.monotonic() < deadline:
             time.sleep(0.05)
@@ -559,6 +643,46 @@ def test_a_replay_reports_the_load_apart_from_its_own_cpu(
     assert benchmark["runs"][0]["client_cpu_ns"] > 0
 
 
+def _load_jobs(path: Path) -> list[WorkerJob]:
+    request = _request(path)
+    workload = request.workloads[0]  # type: ignore[attr-defined]
+    return [
+        WorkerJob(
+            worker_index=w,
+            workload=workload.for_worker(w),
+            targets=("127.0.0.1:1",) * workload.server_count,
+            pacing=request.pacings[0],  # type: ignore[attr-defined]
+            plan=request.plan,  # type: ignore[attr-defined]
+            channel=ChannelSettings(),
+        )
+        for w in range(workload.worker_count)
+    ]
+
+
+def test_a_load_records_what_its_quota_burners_spent_of_what_was_sized(tmp_path: Path) -> None:
+    trace = with_step_lengths(make_trace(steps=4, workers=2), [100.0] * 4)
+    load = ComputeLoad(_load_jobs(_busy_trace(tmp_path, trace)))
+    try:
+        # A 100 ms replayed step: the quota is the sized load, owed every 100 ms.
+        load.size(replay_cpu_ns=0, steps=2, wall_ns=200_000_000)
+        assert load.sizing is not None and load.sizing.load_cpu_ns > 0
+        quotas, step = compute_load.burner_quotas(load.sizing, 1.0)
+        assert (sum(quotas), step) == (pytest.approx(load.sizing.load_cpu_ns), 100_000_000)
+        pool = load._burners
+        assert pool is not None
+        with load.measuring() as measured:
+            measured.steps = 3
+            deadline = time.monotonic() + 20
+            while pool.quota_cpu_ns() == 0 and time.monotonic() < deadline:
+                time.sleep(0.05)
+        parameters = load.parameters()
+        assert parameters[compute_load.QUOTA_MET_ENTRY] > 0
+        assert parameters["compute_load_cpu_s_per_step"] > 0
+        assert "of their quota)" in compute_load.report_line(parameters)
+    finally:
+        load.close()
+
+
 def test_the_terminal_report_names_the_load_and_what_the_burners_spent() -> None:
     assert compute_load.report_line({"compute_load": "none"}) == ""
     assert compute_load.report_line({}) == ""
@@ -575,6 +699,15 @@ def test_the_terminal_report_names_the_load_and_what_the_burners_spent() -> None
         "compute load: uniform: 0.50 CPU-s a step; the burners spent 0.44 CPU-s a step "
         "(0.66 cores), not counted as the replay's"
     )
+    met = compute_load.report_line(
+        {
+            "compute_load": "uniform",
+            "compute_load_cpu_s_per_step": 0.4412,
+            "compute_load_cpu_cores": 0.66,
+            compute_load.QUOTA_MET_ENTRY: 0.987,
+        }
+    )
+    assert met.endswith("(0.66 cores, 99% of their quota), not counted as the replay's")
 
 
 def test_auto_loads_a_paced_ps_throughput_replay_of_a_trace_with_capture_cpu(

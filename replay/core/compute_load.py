@@ -5,7 +5,7 @@ recorded, so its transfers find free cores where training's contended with
 its compute.  Where training was bound by its CPU (ResNet-50 at 10 Gbit/s on
 2 cores: the tasks kept 1.9 of them busy) the replay then predicts short.
 ``--compute-load`` adds the CPU training spent that the replay does not spend
-itself, as real work in burner processes of their own (``replay/burners.py``),
+itself, as real work in burner processes of their own (``transport/burners.py``),
 at normal priority, so the replay's calls contend for the cores as training's
 did.  Pure: the sizing arithmetic and the schedule; no processes, no clocks.
 
@@ -26,7 +26,8 @@ How it is spread (``MODES``):
   task: the load over the gaps' total in the trace replayed onto itself
   (``trace_gaps_ns``), at most one core per task (``MAX_GAP_CORES``); what
   does not fit is spread uniformly;
-* ``uniform``: evenly over the step, the load over the step's period.
+* ``uniform``: the load as a quota of CPU a step, due evenly over the step and done
+  however long others holding the cores make it take (``burner_quotas``).
 
 Across CPU models (a compute scale ``s`` other than 1: ``--compute``, the
 calibrations' scale) the capture's CPU is the capture machine's.  Its compute part
@@ -45,6 +46,7 @@ with the reason in the result (``compute_load_auto``).
 
 from __future__ import annotations
 
+import math
 import statistics
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -286,19 +288,25 @@ def size_load(
     )
 
 
-def burner_duties(cores: float) -> list[float]:
-    """The share of a core each of the burners keeping ``cores`` busy takes: whole cores,
-    then the rest (``1.5`` -> ``[1.0, 0.5]``; 0 -> none)."""
-    duties = []
-    left = cores
-    while left > 1e-9:
-        duties.append(min(1.0, left))
-        left -= 1.0
-    return duties
+def burner_quotas(sizing: ComputeLoadSizing, time_dilation: float) -> tuple[list[float], int]:
+    """The quota burners' quotas (CPU ns a step each) and the step they are owed over
+    (wall ns): the load not placed in the gaps (``uniform_cores`` over the step the
+    load is spread over), all of it every step, split evenly over as many burners as
+    the whole cores it keeps busy (``1.5`` -> two of ``0.75``: each has room to catch
+    up); the step dilated, the quotas not (``wall_cores``)."""
+    quota = sizing.uniform_cores * sizing.step_here_ns
+    step = max(1, round(sizing.step_here_ns * time_dilation))
+    if quota <= 0:
+        return [], step
+    burners = max(1, math.ceil(quota / step - 1e-9))
+    return [quota / burners] * burners, step
 
 
 #: The result entry saying why ``auto`` chose its mode.
 AUTO_ENTRY = "compute_load_auto"
+#: The result entry: the CPU the quota burners spent over the measured runs, over what
+#: their quotas owed in that time.
+QUOTA_MET_ENTRY = "compute_load_quota_met"
 
 
 def report_line(parameters: Mapping[str, object]) -> str:
@@ -318,9 +326,11 @@ def report_line(parameters: Mapping[str, object]) -> str:
         parameters.get("compute_load_cpu_s_per_step"),
         parameters.get("compute_load_cpu_cores"),
     )
+    met = parameters.get(QUOTA_MET_ENTRY)
     if isinstance(spent, (int, float)) and isinstance(cores, (int, float)):
+        quota = f", {met:.0%} of their quota" if isinstance(met, (int, float)) else ""
         line += (
-            f"; the burners spent {spent:.2f} CPU-s a step ({cores:.2f} cores), "
+            f"; the burners spent {spent:.2f} CPU-s a step ({cores:.2f} cores{quota}), "
             "not counted as the replay's"
         )
     return line

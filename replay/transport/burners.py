@@ -2,13 +2,17 @@
 
 A burner is a process of its own (never a thread of a replay process: its
 GIL and its core would be the replay's), at normal priority, that does
-arithmetic at a given share of a core: ``gap_duty`` while one of the compute
-gaps its task's worker process told it of runs, ``uniform_duty`` all along.
-The share is of CPU time, not wall time: work owed while others held the core
-is done when it gets the core back (up to ``MAX_CREDIT_NS``), as training's
-compute does.  Each burner dies with the process that started it
-(``lifetime.die_with_parent``: no burner outlives a replay killed with
-SIGKILL), and ``Burners.close`` ends them all.
+arithmetic.  A task's gap burner (``--compute-load gaps``) works at a share of a
+core while one of the compute gaps its task's worker process told it of runs:
+work owed while others held the core is done when it gets the core back (up to
+``MAX_CREDIT_NS``), so the work stays near its gaps.  A quota burner
+(``uniform``) owes a fixed amount of CPU a step (its quota), due evenly over
+the step, and does all of it however long others holding the cores make that
+take: the real-time relays of a delayed link, the replay's own processes.
+Both count CPU on the burner's own thread CPU clock, not in wall time.  Each
+burner dies with the process that started it (``lifetime.die_with_parent``: no
+burner outlives a replay killed with SIGKILL), and ``Burners.close`` ends them
+all.
 
 A worker process's ``GapSender`` is its driver's ``on_compute``: it sends each
 gap, as far as it extends the ones sent before, to its burner as two CLOCK_MONOTONIC
@@ -27,7 +31,7 @@ import struct
 import threading
 import time
 from collections import deque
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -69,25 +73,52 @@ def _overlap(intervals: Iterable[tuple[int, int]], begin: int, end: int) -> int:
 
 
 class _Burner:
-    """A burner's state: duties, the gaps still to come, the work owed."""
+    """A burner's state: its gap duty and the gaps still to come, the gap work owed, its
+    quota a step; read on ``wall`` (CLOCK_MONOTONIC) and ``cpu`` (its thread's CPU)."""
 
-    def __init__(self) -> None:
+    def __init__(
+        self,
+        wall: Callable[[], int] = time.monotonic_ns,
+        cpu: Callable[[], int] = time.thread_time_ns,
+    ) -> None:
+        self._wall_clock, self._cpu_clock = wall, cpu
         self.gap_duty = 0.0
-        self.uniform_duty = 0.0
         self.gaps: deque[tuple[int, int]] = deque()
         self.credit = 0.0
-        self.wall = time.monotonic_ns()
-        self.cpu = time.thread_time_ns()
+        self.wall = wall()
+        self.cpu = cpu()
+        #: CPU ns owed a step of ``step`` wall ns (0: no quota), since ``quota_wall``,
+        #: and this thread's CPU then.
+        self.quota = 0.0
+        self.step = 1
+        self.quota_wall = self.wall
+        self.quota_cpu = self.cpu
+
+    def set_quota(self, quota_ns: float, step_ns: int) -> None:
+        """Owe ``quota_ns`` of CPU every ``step_ns`` from now on (what was owed before
+        is forgiven, what was done before is not counted)."""
+        self.quota, self.step = quota_ns, max(1, step_ns)
+        self.quota_wall, self.quota_cpu = self._wall_clock(), self._cpu_clock()
 
     def account(self) -> None:
-        """Add the work owed since the last look, less the CPU spent."""
-        now, cpu = time.monotonic_ns(), time.thread_time_ns()
-        owed = self.uniform_duty * (now - self.wall)
-        owed += self.gap_duty * _overlap(self.gaps, self.wall, now)
+        """Add the gap work owed since the last look, less the CPU spent."""
+        now, cpu = self._wall_clock(), self._cpu_clock()
+        owed = self.gap_duty * _overlap(self.gaps, self.wall, now)
         while self.gaps and self.gaps[0][1] <= now:
             self.gaps.popleft()
-        self.credit = max(-SLICE_NS, min(MAX_CREDIT_NS, self.credit + owed - (cpu - self.cpu)))
+        if self.gap_duty > 0:
+            self.credit = max(-SLICE_NS, min(MAX_CREDIT_NS, self.credit + owed - (cpu - self.cpu)))
         self.wall, self.cpu = now, cpu
+
+    def quota_owed_ns(self) -> float:
+        """The quota's CPU owed so far and not done (as of the last ``account``): the
+        quota of every step begun, each due evenly over its step; never capped."""
+        due = self.quota * (self.wall - self.quota_wall) / self.step
+        return due - (self.cpu - self.quota_cpu)
+
+    def owed_ns(self) -> float:
+        """CPU to do now (as of the last ``account``)."""
+        return max(self.credit, self.quota_owed_ns() if self.quota > 0 else 0.0)
 
     def add_gap(self, start: int, end: int) -> None:
         if self.gaps and start <= self.gaps[-1][1]:
@@ -98,10 +129,10 @@ class _Burner:
 
     def idle_s(self) -> float | None:
         """How long nothing is owed at the least (None: until a message)."""
-        if self.uniform_duty > 0:
+        if self.quota > 0:
             return SLICE_NS / 1e9
         if self.gap_duty > 0 and self.gaps:
-            return max(0, self.gaps[0][0] - time.monotonic_ns()) / 1e9 + SLICE_NS / 1e9
+            return max(0, self.gaps[0][0] - self._wall_clock()) / 1e9 + SLICE_NS / 1e9
         return None
 
 
@@ -113,6 +144,17 @@ def _spin(cpu_ns: float) -> None:
             value = (value * 1103515245 + 12345) & 0xFFFFFFFF
 
 
+def work(burner: _Burner, spin: Callable[[float], None] = _spin) -> float | None:
+    """One turn of a burner: account, then do a slice (``SLICE_NS`` at most) of what is
+    owed; the time to wait for messages after (0: none, None: until one comes)."""
+    burner.account()
+    owed = burner.owed_ns()
+    if owed > 0:
+        spin(min(owed, SLICE_NS))
+        return 0.0
+    return burner.idle_s()
+
+
 def _read(burner: _Burner, ready: Sequence[Any], control: Any) -> str:
     """Take the messages that came: "stop" when told to (or the parent is gone),
     "closed" when the gaps' sender is gone, else "ok"."""
@@ -120,9 +162,12 @@ def _read(burner: _Burner, ready: Sequence[Any], control: Any) -> str:
         try:
             if connection is control:
                 message = connection.recv()
-                if message[0] != "duty":
+                if message[0] == "duty":
+                    burner.gap_duty = float(message[1])
+                elif message[0] == "quota":
+                    burner.set_quota(float(message[1]), int(message[2]))
+                else:
                     return "stop"
-                burner.gap_duty, burner.uniform_duty = float(message[1]), float(message[2])
             else:
                 burner.add_gap(*GAP.unpack(connection.recv_bytes()))
         except (EOFError, OSError):
@@ -131,19 +176,15 @@ def _read(burner: _Burner, ready: Sequence[Any], control: Any) -> str:
 
 
 def _burner_main(control: Any, gaps: Any, parent_pid: int) -> None:
-    """A burner: obey ``control`` (("duty", gap, uniform) or ("stop",)), burn in ``gaps``."""
+    """A burner: obey ``control`` (("duty", gap share), ("quota", CPU ns, step ns) or
+    ("stop",)), burn in ``gaps``."""
     lifetime.die_with_parent(parent_pid)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
     burner = _Burner()
     sources = [control] if gaps is None else [control, gaps]
     while True:
-        burner.account()
-        if burner.credit > 0:
-            _spin(min(burner.credit, SLICE_NS))
-            timeout: float | None = 0.0
-        else:
-            timeout = burner.idle_s()
+        timeout = work(burner)
         ready = multiprocessing.connection.wait(sources, timeout)
         state = _read(burner, ready, control) if ready else "ok"
         if state == "stop":
@@ -181,9 +222,8 @@ def tree_cpu_ns(root: int, exclude: Sequence[int] = (), proc: Path = Path("/proc
 
 
 class Burners:
-    """The burner processes of one benchmark: one per task that reports gaps, and those
-    keeping cores busy all along (``set_load``).  Start them from the thread that stops
-    them (``lifetime``)."""
+    """The burner processes of one benchmark: one per task that reports gaps, and one per
+    quota (``set_load``).  Start them from the thread that stops them (``lifetime``)."""
 
     def __init__(self, gap_tasks: int) -> None:
         self._context = multiprocessing.get_context("spawn")
@@ -192,6 +232,7 @@ class Burners:
         #: The write end each task's worker process sends its gaps on.
         self.gap_writers: list[multiprocessing.connection.Connection] = []
         self._gap_burners = 0
+        self._quotas: tuple[tuple[float, ...], int] = ((), 1)
         try:
             for _ in range(gap_tasks):
                 reader, writer = self._context.Pipe(duplex=False)
@@ -221,18 +262,36 @@ class Burners:
     def pids(self) -> tuple[int, ...]:
         return tuple(p.pid for p in self._processes if p.pid is not None)
 
-    def set_load(self, gap_cores: float, uniform_duties: Sequence[float]) -> None:
+    def set_load(self, gap_cores: float, quotas: Sequence[float] = (), step_ns: int = 1) -> None:
         """Each task's burner at ``gap_cores`` (at most 1) in its gaps; one more burner per
-        share of ``uniform_duties`` all along."""
+        quota in ``quotas``, owing that much CPU (ns) every ``step_ns``."""
         for control in self._controls[: self._gap_burners]:
-            control.send(("duty", min(1.0, gap_cores), 0.0))
-        for duty in uniform_duties:
+            control.send(("duty", min(1.0, gap_cores)))
+        for _ in quotas:
             self._start(None)
-            self._controls[-1].send(("duty", 0.0, duty))
+        self._quotas = (tuple(quotas), step_ns)
+        self.restart_quotas()
+
+    def restart_quotas(self) -> None:
+        """The quota burners owe their quotas from now (what was owed before is forgiven)."""
+        quotas, step_ns = self._quotas
+        if not self._controls:
+            return
+        for control, quota in zip(self._controls[self._gap_burners :], quotas, strict=True):
+            control.send(("quota", quota, step_ns))
 
     def cpu_ns(self) -> int:
         """The burners' CPU so far (ns)."""
         return sum(process_cpu_ns(pid) for pid in self.pids)
+
+    def quota_cpu_ns(self) -> int:
+        """The quota burners' CPU so far (ns)."""
+        return sum(process_cpu_ns(pid) for pid in self.pids[self._gap_burners :])
+
+    def quota_owed_ns(self, wall_ns: int) -> float:
+        """What the quota burners owe over ``wall_ns`` (ns of CPU)."""
+        quotas, step_ns = self._quotas
+        return sum(quotas) * wall_ns / step_ns
 
     def close(self) -> None:
         """End every burner (told, then terminated, then killed).  Idempotent."""

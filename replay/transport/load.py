@@ -5,8 +5,10 @@ so that each client task's first process gets the write end of its burner's
 gaps; after the warm-up it measures the replay's own CPU over the warm-up's
 steps (every process descending from this one, burners left out), sizes the
 load from it and the trace (``core.compute_load.size_load``) and sets the
-burners going; around each measured run it measures what the burners spent,
-which the result reports apart from the replay's CPU (``parameters``).  With
+burners going (the ``uniform`` part as quotas a step); at each measured run's
+start the quotas are owed afresh, and around it it measures what the burners
+spent, and what of their quotas, which the result reports apart from the
+replay's CPU (``parameters``).  With
 ``--compute-load none`` it does nothing.
 """
 
@@ -59,7 +61,8 @@ class ComputeLoad:
         self._dilation = jobs[0].plan.time_dilation
         self.sizing: compute_load.ComputeLoadSizing | None = None
         self._burners: Burners | None = None
-        self._cpu_ns = self._wall_ns = self._steps = 0
+        self._cpu_ns = self._wall_ns = self._steps = self._quota_cpu_ns = 0
+        self._quota_owed_ns = 0.0
         if self.mode != compute_load.NONE:
             gap_tasks = len(jobs) if self.mode == compute_load.GAPS else 0
             self._burners = Burners(gap_tasks)
@@ -122,27 +125,35 @@ class ComputeLoad:
             path_gaps_ns=max(gaps, default=0.0),
             replayed_step_ns=wall_ns / steps / self._dilation,
         )
-        gap_cores, uniform_cores = self.sizing.wall_cores(self._dilation)
-        self._burners.set_load(gap_cores, compute_load.burner_duties(uniform_cores))
+        gap_cores, _ = self.sizing.wall_cores(self._dilation)
+        self._burners.set_load(gap_cores, *compute_load.burner_quotas(self.sizing, self._dilation))
 
     @contextlib.contextmanager
     def measuring(self) -> Iterator[Measured]:
-        """Around a measured run: the burners' CPU and wall time over it."""
+        """Around a measured run: the quotas owed from its start, the burners' CPU and
+        wall time over it."""
         measured = Measured()
+        if self._burners is not None:
+            self._burners.restart_quotas()
         cpu = 0 if self._burners is None else self._burners.cpu_ns()
+        quota_cpu = 0 if self._burners is None else self._burners.quota_cpu_ns()
         wall = time.monotonic_ns()
         try:
             yield measured
         finally:
             if self._burners is not None:
+                elapsed = time.monotonic_ns() - wall
                 self._cpu_ns += self._burners.cpu_ns() - cpu
-                self._wall_ns += time.monotonic_ns() - wall
+                self._quota_cpu_ns += self._burners.quota_cpu_ns() - quota_cpu
+                self._quota_owed_ns += self._burners.quota_owed_ns(elapsed)
+                self._wall_ns += elapsed
                 self._steps += measured.steps
 
     def parameters(self) -> dict[str, str | int | float | bool]:
         """The result's entries: the mode, its sizing, and the burners' CPU (not the
         replay's: ``client_cpu_ns`` and ``server_cpu_ns`` leave it out), in the time of
-        the training predicted."""
+        the training predicted, and the share of their quotas the quota burners did
+        over the measured runs."""
         if self.mode == compute_load.NONE and not self._auto:
             return {}
         parameters: dict[str, str | int | float | bool] = {"compute_load": self.mode}
@@ -154,6 +165,10 @@ class ComputeLoad:
             parameters["compute_load_cpu_cores"] = round(self._cpu_ns / self._wall_ns, 3)
         if self._steps > 0:
             parameters["compute_load_cpu_s_per_step"] = round(self._cpu_ns / self._steps / 1e9, 4)
+        if self._quota_owed_ns > 0:
+            parameters[compute_load.QUOTA_MET_ENTRY] = round(
+                self._quota_cpu_ns / self._quota_owed_ns, 3
+            )
         return parameters
 
     def close(self) -> None:
