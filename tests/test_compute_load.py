@@ -591,6 +591,21 @@ def test_burners_die_with_the_process_that_started_them(ending: signal.Signals) 
             parent.wait()
 
 
+def test_a_quota_burner_gone_leaves_its_quota_owed_and_the_run_going() -> None:
+    pool = burners.Burners(0)
+    try:
+        pool.set_load(0.0, [50_000_000], 100_000_000)
+        (pid,) = pool.pids
+        os.kill(pid, signal.SIGKILL)
+        assert _wait_gone([pid]) == []
+        before = pool.quota_cpu_ns()
+        pool.restart_quotas()  # no error: the next run goes on without it
+        assert pool.quota_cpu_ns() == before == 0
+        assert pool.quota_owed_ns(1_000_000_000) == 500_000_000
+    finally:
+        pool.close()
+
+
 def test_the_replays_cpu_leaves_the_burners_out() -> None:
     pool = burners.Burners(0)
     try:
@@ -672,8 +687,9 @@ def test_a_load_records_what_its_quota_burners_spent_of_what_was_sized(tmp_path:
         assert pool is not None
         with load.measuring() as measured:
             measured.steps = 3
+            before = pool.quota_cpu_ns()
             deadline = time.monotonic() + 20
-            while pool.quota_cpu_ns() == 0 and time.monotonic() < deadline:
+            while pool.quota_cpu_ns() == before and time.monotonic() < deadline:
                 time.sleep(0.05)
         parameters = load.parameters()
         assert parameters[compute_load.QUOTA_MET_ENTRY] > 0

@@ -278,7 +278,8 @@ class Burners:
         if not self._controls:
             return
         for control, quota in zip(self._controls[self._gap_burners :], quotas, strict=True):
-            control.send(("quota", quota, step_ns))
+            with contextlib.suppress(OSError):  # a burner gone: its quota is not met, and says so
+                control.send(("quota", quota, step_ns))
 
     def cpu_ns(self) -> int:
         """The burners' CPU so far (ns)."""
