@@ -13,8 +13,10 @@ from __future__ import annotations
 
 import csv
 import dataclasses
+import errno
 import itertools
 import math
+import os
 import re
 import warnings
 from collections import Counter
@@ -41,6 +43,7 @@ from tf_grpc_bench.replay.core.workload import Mode
 from tf_grpc_bench.replay.engines.registry import engine_named
 from tf_grpc_bench.replay.output import comparison, export, report, timeline
 from tf_grpc_bench.replay.output.document import ResultDocument
+from tf_grpc_bench.replay.output.events import LINEAR_BUCKETS
 from tf_grpc_bench.replay.output.machine import NetworkInfo
 from tf_grpc_bench.replay.output.statistics import calls_in_flight, median_in_flight
 from tf_grpc_bench.replay.output.tensorboard import write_run
@@ -357,6 +360,89 @@ def test_tensorboard_histograms_count_each_call_in_its_size_class(
             if measured.step_times_ns:
                 steps = histograms["histogram/step_time_ms"][index]
                 assert int(steps[:, 2].sum()) == len(measured.step_times_ns)
+
+
+def test_tensorboard_histograms_span_each_runs_values_in_their_units(
+    documents: list[ResultDocument], tmp_path: Path
+) -> None:
+    """Each histogram's first edge is the run's smallest value and its last the largest,
+    exactly, in the unit its tag names (latencies and step times in ms, sizes as log10
+    of bytes); the sizes in equal-width buckets, the axis already in decades."""
+    document = documents[0]
+    write_run(document, tmp_path)
+    for result, label in zip(document.benchmarks, document.labels, strict=True):
+        run = _load(tmp_path / label)
+
+        def buckets(
+            tag: str, index: int, run: plugin_event_accumulator.EventAccumulator = run
+        ) -> np.ndarray:
+            (event,) = [e for e in run.Tensors(tag) if e.step == index]
+            return tensor_util.make_ndarray(event.tensor_proto)
+
+        for measured in result.runs:
+            index = measured.run_index
+            spans = {"histogram/latency_ms": [s.latency_ns / 1e6 for s in measured.samples]}
+            for size in SIZES:
+                in_class = [s for s in measured.samples if oracle.size_class(s) == size]
+                if in_class:
+                    spans[f"histogram/latency_ms/{size}"] = [s.latency_ns / 1e6 for s in in_class]
+            if measured.step_times_ns:
+                spans["histogram/step_time_ms"] = [t / 1e6 for t in measured.step_times_ns]
+            for tag, values in spans.items():
+                shown = buckets(tag, index)
+                assert (shown[0, 0], shown[-1, 1]) == (min(values), max(values)), (label, tag)
+            sizes = buckets("histogram/message_size_log10_bytes", index)
+            larger = [
+                math.log10(max(s.request_bytes, s.response_bytes, 1)) for s in measured.samples
+            ]
+            assert (sizes[0, 0], sizes[-1, 1]) == (min(larger), max(larger))
+            widths = sizes[:, 1] - sizes[:, 0]
+            assert len(sizes) == LINEAR_BUCKETS, label
+            assert widths == pytest.approx([widths[0]] * LINEAR_BUCKETS), label
+
+
+def test_tensorboard_describes_the_figures_whose_units_need_saying(
+    documents: list[ResultDocument], tmp_path: Path
+) -> None:
+    write_run(documents[0], tmp_path)
+    for label in documents[0].labels:
+        run = _load(tmp_path / label)
+        described = {
+            tag: run.SummaryMetadata(tag).summary_description for tag in run.Tags()["tensors"]
+        }
+        assert {tag: text for tag, text in described.items() if text} == {
+            "throughput/bandwidth_mb_per_s": (
+                "Request plus response payload, MB (10**6 bytes) per second, mean over runs."
+            ),
+            "throughput/rpcs_per_s": "Completed RPCs per second over all workers, mean over runs.",
+            "histogram/message_size_log10_bytes": (
+                "log10 of each message's size in bytes: 1 is 10 B, 3 is 1 kB, 6 is 1 MB."
+            ),
+        }, label
+
+
+def test_tensorboard_sessions_start_when_the_document_was_made(
+    documents: list[ResultDocument], tmp_path: Path
+) -> None:
+    for number, document in enumerate(documents):
+        write_run(document, tmp_path / f"run{number}")
+        made = oracle.CREATED.replace(minute=number).timestamp()
+        for label in document.labels:
+            run = _load(tmp_path / f"run{number}" / label)
+            content = run.SummaryMetadata(hparams_metadata.SESSION_START_INFO_TAG).plugin_data
+            start = hparams_metadata.parse_session_start_info_plugin_data(content.content)
+            assert start.start_time_secs == made, label
+
+
+def test_tensorboard_context_lists_every_address_of_the_network(
+    documents: list[ResultDocument], tmp_path: Path
+) -> None:
+    document = documents[0]
+    assert document.network is not None
+    network = dataclasses.replace(document.network, addresses=("10.0.0.1:50001", "10.0.0.2:50002"))
+    write_run(dataclasses.replace(document, network=network), tmp_path)
+    context = _text(_load(tmp_path), "results").split("\n\n")[1].splitlines()
+    assert "- network: loopback, 10.0.0.1:50001, 10.0.0.2:50002" in context
 
 
 def _expected_hparams(
@@ -1048,3 +1134,15 @@ def test_tensorboard_logs_that_cannot_be_written_are_one_error_naming_the_direct
     blocked.write_text("")
     with pytest.raises(ResultError, match=r"a-file: cannot write TensorBoard logs \("):
         write_run(oracle.documents()[0], blocked)
+
+
+def test_tensorboard_logs_that_cannot_be_written_say_why_in_the_systems_words(
+    tmp_path: Path,
+) -> None:
+    blocked = tmp_path / "a-file"
+    blocked.write_text("")
+    with pytest.raises(ResultError) as refused:
+        write_run(oracle.documents()[0], blocked / "run")
+    assert str(refused.value) == (
+        f"{blocked / 'run'}: cannot write TensorBoard logs ({os.strerror(errno.ENOTDIR)})"
+    )
