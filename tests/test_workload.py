@@ -11,7 +11,13 @@ from hypothesis import strategies as st
 
 from tf_grpc_bench import trace_files
 from tf_grpc_bench.critical_path import captured_critical_paths
-from tf_grpc_bench.dependencies import TimedCall, is_sync_token, is_variable_read, source_op
+from tf_grpc_bench.dependencies import (
+    Dependencies,
+    TimedCall,
+    is_sync_token,
+    is_variable_read,
+    source_op,
+)
 from tf_grpc_bench.errors import ConfigError, TraceError
 from tf_grpc_bench.protos import bench_pb2
 from tf_grpc_bench.replay.core.benchmarks import synthetic_workload, trace_workload
@@ -33,7 +39,16 @@ from tf_grpc_bench.replay.core.pacing import (
 )
 from tf_grpc_bench.replay.core.synthetic import all_pairs_echo, pair_echoes, pair_pushes
 from tf_grpc_bench.replay.core.trace_workload import outstanding_per_pair
-from tf_grpc_bench.replay.core.workload import Call, Mode, Shape, Workload, WorkloadStep, pull_call
+from tf_grpc_bench.replay.core.workload import (
+    Call,
+    Mode,
+    Shape,
+    Workload,
+    WorkloadStep,
+    ack_call,
+    echo_call,
+    pull_call,
+)
 from tf_grpc_bench.replay.transport.wire import (
     PayloadBytes,
     serialized_payload,
@@ -2097,3 +2112,95 @@ def test_a_synthetic_workload_of_one_payload() -> None:
     workload = synthetic_workload(Benchmark.P2P_LATENCY, generator, mode=Mode.NON_SERIALIZED)
     assert [(c.buffers, c.request_bytes) for c in workload.calls] == [((10, 10), 20)]
     assert workload.parameters()["shape"] == "echo"
+
+
+def test_a_chunk_is_one_of_its_payloads_chunks() -> None:
+    def chunk(index: int, count: int) -> Call:
+        return Call(
+            shape=Shape.PULL,
+            method="/a.B/C",
+            request_bytes=1,
+            response_bytes=1,
+            chunk_index=index,
+            chunk_count=count,
+        )
+
+    assert (chunk(0, 1).chunk_index, chunk(1, 2).chunk_index) == (0, 1)
+    for index, count in ((1, 1), (-1, 2), (2, 2), (0, 0)):
+        with pytest.raises(
+            ValueError,
+            match=rf"^chunk_index must be in \[0, chunk_count\), got {index} of {count}$",
+        ):
+            chunk(index, count)
+
+
+def test_a_workload_names_one_task_per_worker_and_per_server_or_none() -> None:
+    def workload(clients: int, servers: int) -> Workload:
+        return Workload(
+            benchmark=Benchmark.PS_THROUGHPUT,
+            source="trace",
+            mode=Mode.NON_SERIALIZED,
+            steps=(_one_call_step(),),
+            server_count=1,
+            worker_count=2,
+            client_tasks=tuple(Task(job="worker", index=i) for i in range(clients)),
+            server_tasks=tuple(Task(job="ps", index=i) for i in range(servers)),
+        )
+
+    assert workload(0, 0).client_tasks == ()
+    assert [t.index for t in workload(2, 1).client_tasks] == [0, 1]
+    with pytest.raises(ValueError, match=r"^1 client tasks for 2 workers$"):
+        workload(1, 1)
+    with pytest.raises(ValueError, match=r"^3 client tasks for 2 workers$"):
+        workload(3, 0)
+    with pytest.raises(ValueError, match=r"^2 server tasks for 1 servers$"):
+        workload(2, 2)
+
+
+def test_a_step_replayed_without_its_round_barrier_keeps_its_own_tail_and_token_wait() -> None:
+    token = Dependencies(
+        ready_offset_ns=50, arrival_offset_ns=60, lands_on_worker=True, others_arrival_offset_ns=40
+    )
+    pull = Dependencies(ready_offset_ns=0, arrival_offset_ns=10, lands_on_worker=True)
+    calls = (
+        pull_call(method="/a.B/C", request_bytes=1, response_bytes=9, mode=Mode.NON_SERIALIZED),
+        pull_call(
+            method="/a.B/C",
+            request_bytes=1,
+            response_bytes=8,
+            mode=Mode.NON_SERIALIZED,
+            dependencies=pull,
+        ),
+        pull_call(
+            method="/a.B/C",
+            request_bytes=1,
+            response_bytes=7,
+            mode=Mode.NON_SERIALIZED,
+            dependencies=token,
+        ),
+    )
+    alone = WorkloadStep(index=3, calls=calls, period_ns=100, step_compute_ns=20)
+    assert alone.without_round_barrier() is alone
+    in_round = replace(alone, round_tail_ns=5)
+    taken = in_round.without_round_barrier()
+    assert taken.round_tail_ns is None
+    assert (taken.index, taken.period_ns, taken.step_compute_ns) == (3, 100, 20)
+    assert taken.calls[:2] == calls[:2]
+    assert taken.calls[2] == replace(
+        calls[2], dependencies=replace(token, others_arrival_offset_ns=None)
+    )
+    assert in_round.calls[2].dependencies == token  # the step itself unchanged
+
+
+def test_an_echo_or_ack_call_goes_from_the_first_worker_to_the_first_server_by_default() -> None:
+    echo = echo_call((10, 20), Mode.NON_SERIALIZED)
+    ack = ack_call((10, 20), Mode.NON_SERIALIZED)
+    # Raw bytes: the buffers back to back; the raw acknowledgement is 8 bytes.
+    assert (echo.request_bytes, echo.response_bytes, echo.buffers) == (30, 30, (10, 20))
+    assert (ack.request_bytes, ack.response_bytes, ack.buffers) == (30, 8, (10, 20))
+    for call in (echo, ack):
+        assert (call.server_index, call.worker_index) == (0, 0)
+    placed = echo_call((1,), Mode.NON_SERIALIZED, server_index=2, worker_index=3)
+    assert (placed.server_index, placed.worker_index) == (2, 3)
+    placed = ack_call((1,), Mode.NON_SERIALIZED, server_index=2, worker_index=3)
+    assert (placed.server_index, placed.worker_index) == (2, 3)
