@@ -101,10 +101,17 @@ def _module_name(repository_path: str) -> str:
     return str(_installed_path(repository_path).with_suffix("")).replace("/", ".")
 
 
+def _mangled(function: str) -> str:
+    """mutmut's name of a top-level function (``x_<name>``) or a method ``Class.method``
+    (``xǁ<class>ǁ<name>``)."""
+    owner, _, name = function.rpartition(".")
+    return f"x\u01c1{owner}\u01c1{name}" if owner else f"x_{name}"
+
+
 def _patterns(target: Target) -> list[str]:
     """mutmut's names of the mutants of ``target``'s listed functions (empty: all)."""
     module = _module_name(target.path)
-    return [f"{module}.x_{function}__mutmut_*" for function in target.functions]
+    return [f"{module}.{_mangled(function)}__mutmut_*" for function in target.functions]
 
 
 def _lay_out(name: str, target: Target) -> Path:
@@ -348,11 +355,14 @@ def _function_lines(source: str, functions: tuple[str, ...]) -> list[tuple[int, 
         return None
     import ast
 
-    return [
-        (node.lineno, node.end_lineno or node.lineno)
-        for node in ast.walk(ast.parse(source))
+    tree = ast.parse(source)
+    nodes = [
+        node
+        for node in ast.walk(tree)
         if isinstance(node, ast.FunctionDef) and node.name in functions
     ]
+    nodes += [n for n in mutation_table.selected_functions(tree, functions) if n not in nodes]
+    return [(node.lineno, node.end_lineno or node.lineno) for node in nodes]
 
 
 def _pytest(folder: Path, tests: tuple[str, ...], markers: str, timeout_s: float) -> int | None:

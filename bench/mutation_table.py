@@ -4,8 +4,8 @@ each with the commit it was measured on and the hash of the code it measured.
 The table sits between ``BEGIN`` and ``END`` (HTML comments, invisible on the page).
 A row is written by ``bench/mutation.py`` after it measured a module; a module not
 measured on its current code has a row saying so.  ``code_hash`` hashes the module's
-syntax tree without docstrings (only the functions measured, for a module measured
-for some), so comments and docstrings may change without a new run, and any change
+syntax tree without docstrings (only the functions or methods measured, for a module
+measured for some), so comments and docstrings may change without a new run, and any change
 to the code needs one (``tests/test_mutation_table.py`` fails
 until it is made).
 """
@@ -28,16 +28,32 @@ HEADER = (
 NOT_MEASURED = "not measured"
 
 
+def selected_functions(
+    tree: ast.Module, functions: tuple[str, ...]
+) -> list[ast.FunctionDef | ast.AsyncFunctionDef]:
+    """The definitions ``functions`` names in ``tree``, in the module's order: a top-level
+    function by its name, a method by ``Class.method``."""
+    found: list[ast.FunctionDef | ast.AsyncFunctionDef] = []
+    for node in tree.body:
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) and node.name in functions:
+            found.append(node)
+        elif isinstance(node, ast.ClassDef):
+            found += [
+                item
+                for item in node.body
+                if isinstance(item, ast.FunctionDef | ast.AsyncFunctionDef)
+                and f"{node.name}.{item.name}" in functions
+            ]
+    return found
+
+
 def code_hash(source: str, functions: tuple[str, ...] = ()) -> str:
     """12 hex digits of the SHA-256 of ``source``'s syntax tree, docstrings left out; of
-    the named top-level ``functions`` only, when given (a module measured for those)."""
+    the named ``functions`` only, when given (a module measured for those: top-level
+    functions by name, methods as ``Class.method``)."""
     tree = ast.parse(source)
     if functions:
-        tree.body = [
-            node
-            for node in tree.body
-            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) and node.name in functions
-        ]
+        tree.body = list(selected_functions(tree, functions))
     for node in ast.walk(tree):
         if isinstance(node, ast.Module | ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef):
             body = node.body

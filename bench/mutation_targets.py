@@ -25,7 +25,7 @@ class Target:
     #: Which of the tests run (pytest -m): by default neither TensorFlow nor namespaces.
     markers: str = "not tensorflow and not netns"
     #: Only these functions of the module are mutated and scored (a module whose other
-    #: functions are no part of the result path); empty: all of it.
+    #: functions are no part of the result path; a method as ``Class.method``); empty: all.
     functions: tuple[str, ...] = ()
     #: The module's functions run in processes the tests start (the replay's workers),
     #: where mutmut neither sees which tests call them nor activates its mutants: every
@@ -101,6 +101,23 @@ TARGETS: dict[str, Target] = {
             f"{_ORACLES}::test_a_call_the_window_of_one_held_back_says_so_in_its_sample",
         ),
         functions=("_sample",),
+        in_children=True,
+    ),
+    # The gRPC C++ engine's samples, built by its Python driver from the program's reports.
+    "native_samples": Target(
+        path="replay/native/driver.py",
+        tests=tuple(
+            f"{_ORACLES}::{test}[grpc-cpp{case}]"
+            for test, cases in (
+                (
+                    "test_a_replayed_call_is_counted_in_the_class_of_its_larger_message",
+                    ("-ps-throughput", "-p2p-latency", "-p2p-latency-rate"),
+                ),
+                ("test_a_call_the_window_of_one_held_back_says_so_in_its_sample", ("",)),
+            )
+            for case in cases
+        ),
+        functions=("NativeDriver._keep",),
         in_children=True,
     ),
     "sample_arrays": Target(

@@ -63,6 +63,32 @@ def test_the_code_hash_sees_code_and_not_comments_or_docstrings() -> None:
     assert table.code_hash(other, ("f",)) != table.code_hash(other)
 
 
+def test_a_method_is_measured_by_its_class_and_name() -> None:
+    source = (
+        "class C:\n"
+        "    def m(self, a):\n"
+        '        """What m does."""\n'
+        "        return a + 1\n"
+        "\n"
+        "    def n(self):\n"
+        "        return 2\n"
+    )
+    measured = table.code_hash(source, ("C.m",))
+    assert measured == table.code_hash(source.replace("return 2", "return 3"), ("C.m",))
+    assert measured == table.code_hash(source.replace("What m does", "Why"), ("C.m",))
+    assert measured != table.code_hash(source.replace("a + 1", "a - 1"), ("C.m",))
+    # A method of another class, or a top-level function, of the same name is not it.
+    assert measured != table.code_hash(source.replace("class C", "class D"), ("C.m",))
+    assert table.code_hash(source, ("m",)) == table.code_hash("", ())
+    assert mutation.swap_mutants(source.replace("a + 1", "a.start_ns"), ("C.n",)) == []
+    assert len(mutation.swap_mutants(source.replace("a + 1", "a.start_ns"), ("C.m",))) == 2
+    target = targets.Target(path="replay/x.py", tests=(), functions=("C.m", "f"))
+    assert mutation._patterns(target) == [
+        "tf_grpc_bench.replay.x.x\u01c1C\u01c1m__mutmut_*",
+        "tf_grpc_bench.replay.x.x_f__mutmut_*",
+    ]
+
+
 def test_rows_are_written_and_read_back_as_the_script_keeps_them(tmp_path: Path) -> None:
     page = tmp_path / "scores"
     empty = table.Row(module="replay/x.py (f, g)", tests="test_x.py")
