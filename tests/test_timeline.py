@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
+import io
 import json
 import subprocess
 import sys
@@ -12,20 +15,41 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from tests import oracle_samples as oracle
 from tf_grpc_bench import trace_files
 from tf_grpc_bench.critical_path import captured_critical_paths
+from tf_grpc_bench.errors import ResultError
 from tf_grpc_bench.protos import xplane_pb2
-from tf_grpc_bench.replay.core.measurement import CallSample
+from tf_grpc_bench.replay.core.measurement import (
+    Benchmark,
+    BenchmarkResult,
+    CallSample,
+    RunMeasurement,
+)
 from tf_grpc_bench.replay.output.document_reader import read_document
 from tf_grpc_bench.replay.output.timeline import (
+    ArgValue,
+    Group,
+    Row,
     Slice,
+    Timeline,
     _Replayed,
+    chosen_run,
     gaps,
     pack,
     profile_bytes,
+    replayed_trace,
+    rpc_args,
+    rpc_name,
+    run_timeline,
     trace_events,
+    trace_events_json,
     trace_timeline,
+    write_run_timelines,
+    write_timeline,
+    write_trace_events,
 )
+from tf_grpc_bench.trace import Rpc, TensorInfo
 
 from .conftest import make_trace
 
@@ -287,3 +311,395 @@ def test_a_run_whose_trace_moved_asks_for_it(replay_run: Path, tmp_path: Path) -
     original = replay_run.parent.parent / "toy.tfgbtrace"
     completed = _run("timeline", str(moved), "--trace", str(original), cwd=tmp_path)
     assert completed.returncode == 0, completed.stderr
+
+
+# --------------------------------------------------------------------------
+# Each figure and word of a slice, row and file, by value (in this process, where
+# mutation testing sees the code run; the command's tests above run it in another).
+
+
+def test_a_captured_tasks_rows_hold_its_steps_and_calls_with_every_argument() -> None:
+    # One worker pulling 21 B then 4 KiB from one ps, each call 1 us from issue to end,
+    # its response starting after 0.5 us; calls 2 us apart, steps 10 us apart.
+    trace = make_trace(steps=2, workers=1, ps=1, sizes=(21, 4096))
+    timeline = trace_timeline(trace, title="toy", steps=None)
+    assert timeline.title == "toy"
+    worker, ps = timeline.groups
+    assert worker.name == "captured /job:worker/task:0" and ps.name == "captured /job:ps/task:0"
+    # The ps served but made no call: its steps and no calls row.
+    assert [row.name for row in ps.rows] == ["steps"]
+    (steps,) = [row for row in worker.rows if row.name == "steps"]
+    assert [(s.name, s.start_ns, s.end_ns, s.category, s.args) for s in steps.slices] == [
+        ("step 0", 0, 4_000, "step", (("rpcs", 2),)),
+        ("step 1", 14_000, 18_000, "step", (("rpcs", 2),)),
+    ]
+    (calls,) = [row for row in worker.rows if row.name.startswith("calls")]
+    assert calls.name == "calls"  # no call overlaps another: one row, not numbered
+
+    def expected(step: int, edge: int, size: int, elements: int) -> tuple[object, ...]:
+        return (
+            ("caller", "/job:worker/task:0"),
+            ("callee", "/job:ps/task:0"),
+            ("method", "/tensorflow.WorkerService/RecvTensor"),
+            ("request_bytes", 120),
+            ("response_bytes", size),
+            ("step", step),
+            ("tensor", f"edge_{edge}_w"),
+            ("dtype", "float32"),
+            ("shape", str(elements)),
+            ("waited_for_response_ms", 0.0005),
+        )
+
+    assert [(s.name, s.start_ns, s.end_ns, s.category, s.args) for s in calls.slices] == [
+        ("RecvTensor w", 0, 1_000, "rpc", expected(0, 0, 21, 5)),
+        ("RecvTensor w", 2_000, 3_000, "rpc", expected(0, 1, 4096, 1024)),
+        ("RecvTensor w", 14_000, 15_000, "rpc", expected(1, 0, 21, 5)),
+        ("RecvTensor w", 16_000, 17_000, "rpc", expected(1, 1, 4096, 1024)),
+    ]
+    # The critical path's slices say their step; an RPC's, everything its call's does.
+    (path,) = [row for row in worker.rows if row.name == "critical path"]
+    by_start = {s.start_ns: s.args for s in calls.slices}
+    for item in path.slices:
+        if item.category == "compute":
+            assert item.name == "compute" and item.args in ((("step", 0),), (("step", 1),))
+        else:
+            assert item.args == by_start[item.end_ns - 1_000]
+    assert {item.args[0] for item in path.slices if item.category == "compute"} == {
+        ("step", 0), ("step", 1)
+    }  # fmt: skip
+    # One step drawn: its two calls and its path; none: no group at all.
+    one = trace_timeline(trace, title="toy", steps=1).groups[0]
+    assert [s.start_ns for row in one.rows if row.name != "critical path" for s in row.slices] == [
+        0, 0, 2_000
+    ]  # fmt: skip
+    assert {
+        dict(s.args)["step"] for row in one.rows for s in row.slices if s.category != "step"
+    } == {0}
+    assert trace_timeline(trace, title="toy", steps=0).groups == ()
+
+
+def test_a_call_is_named_by_its_tensor_and_a_scalar_or_tensorless_call_says_so() -> None:
+    key = "/job:ps/replica:0/task:0/device:CPU:0;1;/job:worker/replica:0/task:0/device:CPU:0;"
+    scalar = Rpc(
+        method="/tensorflow.WorkerService/RecvTensor", caller_task=1, callee_task=0,
+        request_bytes=100, response_bytes=60, start_ns=10, response_start_ns=2_010,
+        end_ns=3_000,
+        tensor=TensorInfo(rendezvous_key=key + "edge_12_global_step/edge_3_x;0:0", dtype="int64"),
+    )  # fmt: skip
+    # Only the leading edge_<n>_ goes; the rest of the edge is the tensor's name.
+    assert rpc_name(scalar) == "RecvTensor global_step/edge_3_x"
+    trace = make_trace(steps=1, workers=1, ps=1, sizes=(8,))
+    args = dict(rpc_args(trace, scalar, 7))
+    assert args["shape"] == "scalar" and args["dtype"] == "int64" and args["step"] == 7
+    assert args["waited_for_response_ms"] == 0.002
+    matrix = dataclasses.replace(
+        scalar, tensor=TensorInfo(rendezvous_key="no edge here", shape=(3, 4, 5))
+    )
+    assert rpc_name(matrix) == "RecvTensor no edge here"
+    assert dict(rpc_args(trace, matrix, 0))["shape"] == "3x4x5"
+    assert dict(rpc_args(trace, matrix, 0))["tensor"] == "no edge here"
+    bare = dataclasses.replace(scalar, method="/tensorflow.WorkerService/GetStatus", tensor=None)
+    assert rpc_name(bare) == "GetStatus"
+    assert [k for k, _ in rpc_args(trace, bare, 0)] == [
+        "caller", "callee", "method", "request_bytes", "response_bytes", "step",
+        "waited_for_response_ms",
+    ]  # fmt: skip
+
+
+def test_rows_are_numbered_only_when_calls_overlap_and_a_call_ending_frees_its_row() -> None:
+    def span(name: str, start: int, end: int) -> Slice:
+        return Slice(name=name, start_ns=start, end_ns=end, category="rpc")
+
+    (row,) = pack("calls", [span("b", 10, 20), span("a", 0, 10)])
+    assert row.name == "calls" and [s.name for s in row.slices] == ["a", "b"]
+    rows = pack("calls", [span("a", 0, 10), span("b", 5, 15), span("c", 10, 30)])
+    assert [(r.name, [s.name for s in r.slices]) for r in rows] == [
+        ("calls 1", ["a", "c"]),
+        ("calls 2", ["b"]),
+    ]
+    assert pack("calls", []) == ()
+
+
+def test_gaps_are_cut_at_the_window_whatever_the_spans_reach() -> None:
+    def cut(spans: list[tuple[int, int]]) -> list[tuple[int, int]]:
+        row = gaps("idle", "idle", spans, within=(0, 100))
+        assert row.name == "idle" and {s.category for s in row.slices} <= {"idle"}
+        return [(s.start_ns, s.end_ns) for s in row.slices]
+
+    assert cut([]) == [(0, 100)]
+    assert cut([(-10, -5)]) == [(0, 100)]
+    assert cut([(150, 160)]) == [(0, 100)]
+    assert cut([(-5, 10), (90, 200)]) == [(10, 90)]
+    assert cut([(0, 100)]) == []
+    assert cut([(0, 40), (40, 100)]) == []
+    assert cut([(20, 30), (0, 50), (60, 100)]) == [(50, 60)]
+
+
+def _synthetic(samples: list[CallSample], **parameters: str) -> BenchmarkResult:
+    return BenchmarkResult(
+        benchmark=Benchmark.P2P_LATENCY,
+        workload="synthetic",
+        parameters=dict(parameters),
+        runs=(RunMeasurement(run_index=0, duration_ns=10**9, samples=tuple(samples)),),
+    )
+
+
+def test_a_synthetic_replay_draws_its_first_500_calls_per_worker_and_the_gaps_between() -> None:
+    # Worker 1 calls ps 3 every 100 ns from 1000 ns on, each call 50 ns long; 501 calls.
+    samples = [
+        CallSample(
+            start_ns=1_000 + 100 * n,
+            latency_ns=50,
+            request_bytes=7,
+            response_bytes=9,
+            payload_bytes=9,
+            server_index=3,
+            worker_index=1,
+            release_lag_ns=2_000,
+        )
+        for n in range(501)
+    ]
+    (group,) = run_timeline(_synthetic(samples[::-1]), "p2p-latency", None, steps=1).groups
+    assert group.name == "replayed worker 1"
+    steps, idle, calls = group.rows
+    assert (steps.name, idle.name, calls.name) == ("steps", "no call in flight", "calls")
+    (step,) = steps.slices
+    assert (step.name, step.start_ns, step.end_ns, step.args) == (
+        "calls",
+        0,
+        49_950,
+        (("calls", 500),),
+    )
+    assert [(s.start_ns, s.end_ns) for s in idle.slices] == [
+        (100 * n + 50, 100 * n + 100) for n in range(499)
+    ]
+    assert len(calls.slices) == 500
+    last = calls.slices[-1]
+    assert (last.name, last.start_ns, last.end_ns) == ("call 9 B", 49_900, 49_950)
+    assert last.args == (
+        ("server", "ps 3"), ("request_bytes", 7), ("response_bytes", 9),
+        ("latency_ms", 0.00005), ("release_lag_us", 2.0), ("step", -1), ("rpc_index", -1),
+    )  # fmt: skip
+    # A pair names the worker and the server.
+    pair = "/job:worker/task:1->/job:ps/task:0"
+    first = [dataclasses.replace(s, worker_index=0, server_index=0) for s in samples[:2]]
+    (group,) = run_timeline(_synthetic(first, pair=pair), "p2p", None).groups
+    assert group.name == "replayed /job:worker/task:1"
+    assert dict(group.rows[-1].slices[0].args)["server"] == "ps 0"  # no server_tasks given
+    named = _synthetic(first, pair=pair, server_tasks="/job:ps/task:0")
+    assert dict(run_timeline(named, "p2p", None).groups[0].rows[-1].slices[0].args)["server"] == (
+        "/job:ps/task:0"
+    )
+    assert run_timeline(named, "p2p", None).title == "p2p: captured and replayed steps"
+
+
+def test_the_run_drawn_is_the_one_asked_for_or_the_first_with_calls() -> None:
+    def run(index: int, calls: int) -> RunMeasurement:
+        samples = tuple(
+            CallSample(start_ns=n, latency_ns=1, request_bytes=1, response_bytes=1,
+                       payload_bytes=1)
+            for n in range(calls)
+        )  # fmt: skip
+        return RunMeasurement(run_index=index, duration_ns=10**9, samples=samples)
+
+    result = BenchmarkResult(
+        benchmark=Benchmark.P2P_LATENCY, workload="synthetic", parameters={},
+        runs=(run(0, 0), run(1, 2), run(2, 3)),
+    )  # fmt: skip
+    assert chosen_run(result, None).run_index == 1
+    assert chosen_run(result, 2).run_index == 2
+    with pytest.raises(ResultError, match=r"^p2p-latency: no measured calls to draw$"):
+        chosen_run(result, 0)
+    with pytest.raises(ResultError, match=r"^--run 7: no such run \(runs: 0, 1, 2\)$"):
+        chosen_run(result, 7)
+    empty = dataclasses.replace(result, runs=(run(0, 0),))
+    with pytest.raises(ResultError, match=r"^p2p-latency: no measured calls to draw$"):
+        chosen_run(empty, None)
+    with pytest.raises(ResultError, match=r"^--run 3: no such run \(runs: 0\)$"):
+        chosen_run(empty, 3)
+
+
+def _two_groups() -> Timeline:
+    def item(name: str, start: int, end: int, *args: tuple[str, ArgValue]) -> Slice:
+        return Slice(name=name, start_ns=start, end_ns=end, category="rpc", args=args)
+
+    first = Group(
+        name="g1",
+        rows=(
+            Row(name="r1", slices=(item("s", 1_500, 4_000, ("a", 1), ("b", "x")),)),
+            Row(name="r2", slices=(item("t", 0, 2_000, ("c", 2.5), ("d", True)),
+                                   item("s", 3_000, 3_001))),
+        ),
+    )  # fmt: skip
+    second = Group(name="g2", rows=(Row(name="r", slices=(item("u", 7, 9, ("a", 3)),)),))
+    return Timeline(title="two", groups=(first, second))
+
+
+def test_trace_events_are_a_process_per_group_a_thread_per_row_in_microseconds() -> None:
+    def meta(pid: int, name: str, value: object, tid: int = 0) -> dict[str, object]:
+        key = "name" if name.endswith("_name") else "sort_index"
+        where = {"pid": pid, "tid": tid} if tid else {"pid": pid}
+        return {"ph": "M", **where, "name": name, "args": {key: value}}
+
+    def x(
+        pid: int, tid: int, name: str, ts: float, dur: float, **args: object
+    ) -> dict[str, object]:
+        return {"ph": "X", "pid": pid, "tid": tid, "name": name, "cat": "rpc", "ts": ts,
+                "dur": dur, "args": args}  # fmt: skip
+
+    expected = {
+        "traceEvents": [
+            meta(1, "process_name", "g1"), meta(1, "process_sort_index", 1),
+            meta(1, "thread_name", "r1", 1), meta(1, "thread_sort_index", 1, 1),
+            x(1, 1, "s", 1.5, 2.5, a=1, b="x"),
+            meta(1, "thread_name", "r2", 2), meta(1, "thread_sort_index", 2, 2),
+            x(1, 2, "t", 0.0, 2.0, c=2.5, d=True), x(1, 2, "s", 3.0, 0.001),
+            meta(2, "process_name", "g2"), meta(2, "process_sort_index", 2),
+            meta(2, "thread_name", "r", 1), meta(2, "thread_sort_index", 1, 1),
+            x(2, 1, "u", 0.007, 0.002, a=3),
+        ],
+        "displayTimeUnit": "ms",
+        "otherData": {"title": "two", "written_by": "tf-grpc-bench"},
+    }  # fmt: skip
+    timeline = _two_groups()
+    assert trace_events(timeline) == expected
+    assert json.loads(trace_events_json(timeline)) == expected
+    stream = io.BytesIO()
+    write_trace_events(timeline, stream)
+    assert json.loads(stream.getvalue()) == expected
+    assert stream.getvalue() == trace_events_json(timeline).encode()  # compact, as one dump
+
+
+def test_the_profile_has_a_plane_per_group_a_line_per_row_and_typed_stats() -> None:
+    space = xplane_pb2.XSpace.FromString(profile_bytes(_two_groups(), "host"))
+    assert list(space.hostnames) == ["host"]
+    assert [(p.id, p.name) for p in space.planes] == [
+        (0, "/device:CUSTOM:0 g1"), (1, "/device:CUSTOM:1 g2"),
+    ]  # fmt: skip
+    first, second = space.planes
+    assert [(n.id, n.display_id, n.name, n.display_name, n.timestamp_ns) for n in first.lines] == [
+        (0, 0, "r1", "r1", 0), (1, 1, "r2", "r2", 0),
+    ]  # fmt: skip
+    # Event names by metadata: one id per name within a plane, from 1.
+    assert {k: (m.id, m.name) for k, m in first.event_metadata.items()} == {
+        1: (1, "s"), 2: (2, "t"),
+    }  # fmt: skip
+    assert {k: (m.id, m.name) for k, m in second.event_metadata.items()} == {1: (1, "u")}
+    events = [(e.metadata_id, e.offset_ps, e.duration_ps) for n in first.lines for e in n.events]
+    assert events == [(1, 1_500_000, 2_500_000), (2, 0, 2_000_000), (1, 3_000_000, 1_000)]
+    assert {k: (m.id, m.name) for k, m in first.stat_metadata.items()} == {
+        1: (1, "a"), 2: (2, "b"), 3: (3, "c"), 4: (4, "d"),
+    }  # fmt: skip
+    stats = [
+        (s.metadata_id, s.WhichOneof("value"), getattr(s, s.WhichOneof("value") or "str_value"))
+        for n in first.lines for e in n.events for s in e.stats
+    ]  # fmt: skip
+    assert stats == [
+        (1, "int64_value", 1), (2, "str_value", "x"), (3, "double_value", 2.5),
+        (4, "str_value", "True"),
+    ]  # fmt: skip
+    (u,) = second.lines[0].events
+    assert [(s.metadata_id, s.int64_value) for s in u.stats] == [(1, 3)]
+
+
+def test_a_timeline_is_written_as_trace_events_and_as_the_profile_tabs_profile(
+    tmp_path: Path,
+) -> None:
+    timeline = _two_groups()
+    events = tmp_path / "timeline" / "two.trace.json"
+    written = write_timeline(
+        timeline, events_path=events, tensorboard_run=tmp_path / "two", host="two"
+    )
+    profile = tmp_path / "two" / "plugins" / "profile" / "timeline" / "two.xplane.pb"
+    assert written == (events, profile)
+    assert json.loads(events.read_text())["otherData"] == {
+        "title": "two", "written_by": "tf-grpc-bench"
+    }  # fmt: skip
+    assert profile.read_bytes() == profile_bytes(timeline, "two")
+    blocked = tmp_path / "a-file"
+    blocked.write_text("")
+    with pytest.raises(ResultError, match=r"a-file/x\.trace\.json: cannot write timeline \("):
+        write_timeline(timeline, events_path=blocked / "x.trace.json", tensorboard_run=tmp_path,
+                       host="h")  # fmt: skip
+    with pytest.raises(ResultError, match=r"a-file/plugins/profile/timeline/h\.xplane\.pb: "
+                       r"cannot write profile \("):  # fmt: skip
+        write_timeline(timeline, events_path=tmp_path / "x.trace.json", tensorboard_run=blocked,
+                       host="h")  # fmt: skip
+
+
+def test_a_run_directory_gets_a_timeline_per_benchmark_with_calls(tmp_path: Path) -> None:
+    document = oracle.documents()[0]
+    trace = oracle.boundary_trace()
+    assert document.labels == ("p2p-latency", "p2p-bandwidth", "ps-throughput")
+    written = write_run_timelines(
+        document, tmp_path, trace, labels=["ps-throughput", "p2p-latency"]
+    )
+    assert written == [
+        tmp_path / "timeline" / "p2p-latency.trace.json",
+        tmp_path / "p2p-latency" / "plugins" / "profile" / "timeline" / "p2p-latency.xplane.pb",
+        tmp_path / "timeline" / "ps-throughput.trace.json",
+        tmp_path / "ps-throughput" / "plugins" / "profile" / "timeline" / "ps-throughput.xplane.pb",
+    ]
+    data = json.loads(written[2].read_text())
+    assert data["otherData"]["title"] == "ps-throughput: captured and replayed steps"
+    # The replay's default two steps a worker: the first run's samples of those steps.
+    run = document.benchmarks[2].runs[0]
+    replayed = {
+        e["pid"]
+        for e in data["traceEvents"]
+        if e["name"] == "process_name" and e["args"]["name"].startswith("replayed")
+    }
+    calls = [e for e in data["traceEvents"] if e["ph"] == "X" and e["pid"] in replayed
+             and e["cat"] == "rpc"]  # fmt: skip
+    kept = 0
+    for worker in (0, 1):
+        mine = sorted((s for s in run.samples if s.worker_index == worker),
+                      key=lambda s: (s.start_ns, s.rpc_index))  # fmt: skip
+        order = list(dict.fromkeys(s.step for s in mine))[:2]
+        kept += sum(1 for s in mine if s.step in order)
+    assert len(calls) == kept
+    everything = write_run_timelines(document, tmp_path / "all", trace, steps=None)
+    assert len(everything) == 6
+    with pytest.raises(ResultError, match=r"^--benchmark a,nope: not in this run \(it has "
+                       r"p2p-latency, p2p-bandwidth, ps-throughput\)$"):  # fmt: skip
+        write_run_timelines(document, tmp_path, trace, labels=["nope", "a", "p2p-latency"])
+    # A benchmark without measured calls is left out.
+    empty = dataclasses.replace(
+        document.benchmarks[0],
+        runs=tuple(dataclasses.replace(r, samples=()) for r in document.benchmarks[0].runs),
+    )
+    quiet = dataclasses.replace(document, benchmarks=(empty, *document.benchmarks[1:]))
+    assert [p.name for p in write_run_timelines(quiet, tmp_path / "q", trace)] == [
+        "p2p-bandwidth.trace.json", "p2p-bandwidth.xplane.pb",
+        "ps-throughput.trace.json", "ps-throughput.xplane.pb",
+    ]  # fmt: skip
+
+
+def test_the_trace_a_run_replayed_is_found_by_its_hash_or_asked_for(tmp_path: Path) -> None:
+    document = oracle.documents()[0]
+    trace = make_trace(steps=2, workers=1, ps=1)
+    path = tmp_path / "toy.tfgbtrace"
+    trace_files.write_trace(trace, path)
+    digest = hashlib.sha256(path.read_bytes()).hexdigest()
+    info = dataclasses.replace(document.trace, path=str(path), sha256=digest)
+    recorded = dataclasses.replace(document, trace=info)
+    assert replayed_trace(dataclasses.replace(document, trace=None)) is None
+    found = replayed_trace(recorded)
+    assert found is not None and [len(s.rpcs) for s in found.steps] == [3, 3]
+    copy = tmp_path / "copy.tfgbtrace"
+    copy.write_bytes(path.read_bytes())
+    assert replayed_trace(recorded, copy) is not None
+    other = tmp_path / "other.tfgbtrace"
+    trace_files.write_trace(make_trace(steps=1, workers=1, ps=1), other)
+    with pytest.raises(
+        ResultError,
+        match=rf"^--trace {other}: not the trace the run replayed \(sha256 {digest[:12]}\.\.\.\)$",
+    ):
+        replayed_trace(recorded, other)
+    path.unlink()
+    with pytest.raises(
+        ResultError,
+        match=rf"^the run replayed {path} \(sha256 {digest[:12]}\.\.\.\), which is no longer "
+        r"there; give it with --trace$",
+    ):
+        replayed_trace(recorded)
