@@ -358,6 +358,8 @@ def test_a_captured_tasks_rows_hold_its_steps_and_calls_with_every_argument() ->
     ]
     # The critical path's slices say their step; an RPC's, everything its call's does.
     (path,) = [row for row in worker.rows if row.name == "critical path"]
+    # One pull after another: each is on the path, as far as its end.
+    assert [s.end_ns for s in path.slices if s.category == "rpc"] == [1_000, 3_000, 15_000, 17_000]
     by_start = {s.start_ns: s.args for s in calls.slices}
     for item in path.slices:
         if item.category == "compute":
@@ -422,8 +424,9 @@ def test_rows_are_numbered_only_when_calls_overlap_and_a_call_ending_frees_its_r
 
 def test_gaps_are_cut_at_the_window_whatever_the_spans_reach() -> None:
     def cut(spans: list[tuple[int, int]]) -> list[tuple[int, int]]:
-        row = gaps("idle", "idle", spans, within=(0, 100))
-        assert row.name == "idle" and {s.category for s in row.slices} <= {"idle"}
+        row = gaps("idle", "wait", spans, within=(0, 100))
+        assert row.name == "idle"
+        assert all(s.name == "idle" and s.category == "wait" for s in row.slices)
         return [(s.start_ns, s.end_ns) for s in row.slices]
 
     assert cut([]) == [(0, 100)]
@@ -703,3 +706,146 @@ def test_the_trace_a_run_replayed_is_found_by_its_hash_or_asked_for(tmp_path: Pa
         r"there; give it with --trace$",
     ):
         replayed_trace(recorded)
+
+
+def _pulls(samples: list[tuple[int, int, int, int]], **parameters: str) -> BenchmarkResult:
+    """A trace replay's result: (worker, step, rpc index, start) per call, each 100 ns long,
+    to ps 0, from run 0; a second run has one call of step 1."""
+    calls = tuple(
+        CallSample(
+            start_ns=start,
+            latency_ns=100,
+            request_bytes=120,
+            response_bytes=21,
+            payload_bytes=120,
+            server_index=0,
+            worker_index=worker,
+            step=step,
+            rpc_index=index,
+        )
+        for worker, step, index, start in samples
+    )
+    late = CallSample(
+        start_ns=5, latency_ns=100, request_bytes=120, response_bytes=21, payload_bytes=120,
+        step=1, rpc_index=0,
+    )  # fmt: skip
+    return BenchmarkResult(
+        benchmark=Benchmark.PS_THROUGHPUT,
+        workload="trace",
+        parameters=dict(parameters),
+        runs=(
+            RunMeasurement(run_index=0, duration_ns=10**9, samples=calls),
+            RunMeasurement(run_index=1, duration_ns=10**9, samples=(late,)),
+        ),
+    )
+
+
+def test_a_replay_from_step_0_is_drawn_step_by_step_with_the_gaps_of_every_step(
+    tmp_path: Path,
+) -> None:
+    # make_trace: ps 0 and 1, workers 0 and 1 (tasks 2, 3); three pulls a worker and ps.
+    trace = make_trace(steps=3, workers=2, ps=2)
+    result = _pulls(
+        [(0, 0, 0, 1_000), (0, 0, 1, 1_200), (0, 1, 0, 2_000), (0, 2, 0, 3_000)],
+        client_tasks="/job:worker/task:0", server_tasks="/job:ps/task:0",
+    )  # fmt: skip
+    drawn = run_timeline(result, "ps-throughput", trace, steps=2)
+    by_name = {g.name: g for g in drawn.groups}
+    # The captured tasks are the replay's: worker 0 and ps 0, their calls to each other.
+    assert {"captured /job:worker/task:0", "captured /job:ps/task:0"} <= set(by_name)
+    assert "captured /job:ps/task:1" not in by_name
+    captured_calls = [s for row in by_name["captured /job:worker/task:0"].rows
+                      if row.name.startswith("calls")
+                      for s in row.slices]  # fmt: skip
+    assert {dict(s.args)["callee"] for s in captured_calls} == {"/job:ps/task:0"}
+    assert len(captured_calls) == 6  # two steps, three pulls from ps 0 each
+    replayed = drawn.groups[-1]
+    steps, idle, calls = replayed.rows
+    assert [(s.name, s.start_ns, s.end_ns, s.category) for s in steps.slices] == [
+        ("replayed step 0", 0, 300, "step"),
+        ("replayed step 1", 1_000, 1_100, "step"),
+    ]
+    # Between the calls of both steps drawn, not just the last one's.
+    assert [(s.start_ns, s.end_ns, s.category) for s in idle.slices] == [
+        (100, 200, "idle"), (300, 1_000, "idle"),
+    ]  # fmt: skip
+    assert [s.name for s in calls.slices] == ["RecvTensor w"] * 3
+    # Every step when told so; the run asked for.
+    every = run_timeline(result, "ps-throughput", trace, steps=None).groups[-1]
+    assert [s.name for s in every.rows[0].slices] == [f"replayed step {n}" for n in (0, 1, 2)]
+    other = run_timeline(result, "ps-throughput", trace, run_index=1).groups[-1]
+    assert [(s.name, s.start_ns) for s in other.rows[0].slices] == [("replayed step 1", 0)]
+    document = dataclasses.replace(oracle.documents()[0], benchmarks=(result,))
+    events, _ = write_run_timelines(document, tmp_path, trace, steps=1, run_index=1)
+    data = json.loads(events.read_text())
+    steps_drawn = [e["name"] for e in data["traceEvents"] if e.get("cat") == "step"]
+    # One step of the trace (worker 0's, ps 0's); the step of run 1's one call.
+    assert [n for n in steps_drawn if n.startswith("replayed")] == ["replayed step 1"]
+    assert steps_drawn.count("step 0") >= 2 and "step 1" not in steps_drawn
+
+
+def test_a_pairs_timeline_draws_both_ends_and_a_synthetic_one_no_captured_task() -> None:
+    trace = make_trace(steps=2, workers=2, ps=2)
+    pair = _pulls([(0, 0, 0, 0)], pair="/job:worker/task:1->/job:ps/task:1")
+    names = [g.name for g in run_timeline(pair, "p2p", trace).groups]
+    assert {"captured /job:worker/task:1", "captured /job:ps/task:1"} <= set(names)
+    assert "captured /job:ps/task:0" not in names and names[-1] == "replayed /job:worker/task:1"
+    # Tasks the trace does not have: every captured task.
+    elsewhere = _pulls([(0, 0, 0, 0)], client_tasks="/job:worker/task:7")
+    assert len(run_timeline(elsewhere, "p2p", trace).groups) == 5
+    synthetic = dataclasses.replace(pair, workload="synthetic")
+    assert [g.name for g in run_timeline(synthetic, "p2p", trace).groups] == [
+        "replayed /job:worker/task:1"
+    ]
+
+
+def test_workers_come_first_then_ps_then_every_other_job() -> None:
+    trace = make_trace(steps=1, workers=1, ps=2)
+    tasks = (dataclasses.replace(trace.tasks[0], job="chief"), *trace.tasks[1:])
+    renamed = dataclasses.replace(trace, tasks=tasks)
+    assert [g.name for g in trace_timeline(renamed, title="t").groups] == [
+        "captured /job:worker/task:0", "captured /job:ps/task:1", "captured /job:chief/task:0",
+    ]  # fmt: skip
+
+
+def test_a_call_the_trace_cannot_name_is_drawn_by_its_size_and_server_number() -> None:
+    trace = make_trace(steps=1, workers=1, ps=1, sizes=(21, 4096))
+    named = _Replayed(trace=trace, clients=[], servers=["/job:ps/task:0"], origin=0)
+    bare = CallSample(
+        start_ns=0, latency_ns=1, request_bytes=120, response_bytes=9, payload_bytes=120,
+        server_index=1, step=0, rpc_index=2,
+    )  # fmt: skip
+    for sample in (
+        bare,  # past the step's two RPCs, to a server past the list
+        dataclasses.replace(bare, rpc_index=-1),  # a synthetic call, though step 0 exists
+        dataclasses.replace(bare, step=5, rpc_index=0),  # a step the trace lacks
+    ):
+        drawn = named.slice(sample)
+        assert drawn.name == "call 120 B"
+        assert dict(drawn.args)["server"] == "ps 1" and "replayed_as" not in dict(drawn.args)
+    untraced = _Replayed(trace=None, clients=[], servers=[], origin=0)
+    assert untraced.slice(dataclasses.replace(bare, rpc_index=0)).name == "call 120 B"
+    # A traced call to a server past the list is a pull.
+    args = dict(named.slice(dataclasses.replace(bare, rpc_index=1)).args)
+    assert args["replayed_as"] == "pull" and args["server"] == "ps 1"
+    # One call drawn: its step, however few.
+    (group,) = run_timeline(_synthetic([dataclasses.replace(bare, step=-1, rpc_index=-1)]),
+                            "p2p", None).groups  # fmt: skip
+    assert [s.name for s in group.rows[0].slices] == ["calls"]
+    result = BenchmarkResult(
+        benchmark=Benchmark.P2P_LATENCY, workload="synthetic", parameters={}, runs=()
+    )
+    with pytest.raises(ResultError, match=r"^--run 0: no such run \(runs: none\)$"):
+        chosen_run(result, 0)
+
+
+def test_a_run_of_a_shipped_trace_finds_it_when_its_recorded_path_is_gone() -> None:
+    shipped = trace_files.shipped_trace_path("resnet50-tf2ps.tfgbtrace")
+    document = oracle.documents()[0]
+    info = dataclasses.replace(
+        document.trace,  # type: ignore[type-var]
+        path="/nonexistent/resnet50-tf2ps.tfgbtrace",
+        sha256=hashlib.sha256(shipped.read_bytes()).hexdigest(),
+    )
+    found = replayed_trace(dataclasses.replace(document, trace=info))
+    assert found is not None and found.metadata == trace_files.read_trace(shipped).metadata
