@@ -29,7 +29,7 @@ import signal
 import threading
 import time
 import traceback
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -63,6 +63,7 @@ from tf_grpc_bench.replay.transport.loop import (
 from tf_grpc_bench.replay.transport.peers import (
     PeerLinks,
     Peers,
+    RoundBarrier,
     make_links,
     perf_minus_monotonic_ns,
 )
@@ -122,39 +123,57 @@ class WorkerSpec:
     compute_gaps: Any = None
 
 
-class RoundBarrier:
-    """A ``StepBarrier`` over a ``multiprocessing.Barrier`` shared by the worker processes.
-
-    Broken (aborted) by the first worker that stops, so none waits for a round
-    the others will not finish; the parent resets it before each phase.
-    """
-
-    def __init__(self, barrier: Any, timeout_s: float) -> None:
-        self._barrier = barrier
-        self._timeout_s = timeout_s
-
-    def wait(self) -> bool:
-        try:
-            self._barrier.wait(self._timeout_s)
-        except threading.BrokenBarrierError:
-            return False
-        return True
-
-    def leave(self) -> None:
-        self._barrier.abort()
-
-
 class _RunInterrupt:
-    """``INTERRUPT_SIGNAL`` ends a worker's measured run (and only that) early."""
+    """``INTERRUPT_SIGNAL`` ends a worker's measured run (and only that) early: a
+    ``KeyboardInterrupt`` where the main thread is, or at the end of a ``held`` block."""
 
     def __init__(self) -> None:
         self.measuring = False
+        self._pending = False
+        #: How to break the barrier of each ``held`` block running, innermost last.
+        self._held: list[Callable[[], None]] = []
+        self._break_now = threading.Event()
+        self._breaker = threading.Thread(target=self._break, name="run-interrupt", daemon=True)
+        self._breaker.start()
         signal.signal(INTERRUPT_SIGNAL, self._handle)
 
     def _handle(self, _signum: int, _frame: object) -> None:
         if self.measuring:
             self.measuring = False  # once: a second one must not cut the outcome short
+            if self._held:
+                self._pending = True
+                self._break_now.set()
+                return
             raise KeyboardInterrupt
+
+    def _break(self) -> None:
+        self._break_now.wait()
+        for breaking in list(self._held):
+            breaking()
+
+    @contextlib.contextmanager
+    def held(self, breaking: Callable[[], None]) -> Iterator[None]:
+        """Hold the interrupt while the block uses a barrier shared with other processes
+        (``RoundBarrier``, ``Peers``); raise it when the outermost block ends.
+
+        Their state is in shared memory, and an exception raised inside their wait or
+        notify leaves it inconsistent: another process fails an assertion or waits out
+        its timeout, and the interrupted run's samples of both are lost.  An interrupt
+        that comes meanwhile breaks the barrier with ``breaking`` from a thread of its
+        own (a wait ends at once, as the interrupt would have ended it), and is raised
+        once that thread is done: a process that ended while it held the barrier's lock
+        would leave the lock held for good.  Main thread only, where the handler runs;
+        nests.
+        """
+        self._held.append(breaking)
+        try:
+            yield
+        finally:
+            self._held.pop()
+            if self._pending and not self._held:
+                self._pending = False
+                self._breaker.join()
+                raise KeyboardInterrupt
 
     def measure(self, loop: WorkerLoop, command: tuple[Any, ...]) -> WorkerOutcome:
         _, start_monotonic_ns, duration_ns, step_count = command
@@ -239,19 +258,21 @@ def _worker_main(
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
     interrupt = _RunInterrupt()
+    hold = interrupt.held
     close: Callable[[], None] = lambda: None  # noqa: E731
     try:
         peers = None
         if links is not None:
-            peers = Peers(links, spec.workload.steps, timeout_s=spec.plan.deadline_s)
+            peers = Peers(links, spec.workload.steps, timeout_s=spec.plan.deadline_s, hold=hold)
         driver, close, cpu_clock = _open_driver(spec, peers)
+        rounds = None if barrier is None else RoundBarrier(barrier, spec.plan.deadline_s, hold)
         if spec.compute_gaps is not None:
             driver.on_compute = GapSender(spec.compute_gaps)
         loop = WorkerLoop(
             spec.workload,
             driver,
             cpu_clock=cpu_clock,
-            step_barrier=None if barrier is None else RoundBarrier(barrier, spec.plan.deadline_s),
+            step_barrier=rounds,
             record_steps=spec.process == 0 and spec.worker_index not in spec.workload.side_workers,
         )
         connection.send(("ready",))

@@ -12,12 +12,14 @@ from __future__ import annotations
 
 import contextlib
 import json
+import multiprocessing
 import os
 import re
 import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -26,9 +28,11 @@ import pytest
 
 from tf_grpc_bench import trace_files
 from tf_grpc_bench.errors import TransportError
+from tf_grpc_bench.replay import throughput
 from tf_grpc_bench.replay.core.workload import Mode
 from tf_grpc_bench.replay.output import document as results
 from tf_grpc_bench.replay.output.document_reader import read_document
+from tf_grpc_bench.replay.transport import peers
 from tf_grpc_bench.replay.transport.client import ReplayClient
 from tf_grpc_bench.replay.transport.wire import ChannelSettings, new_session_id
 
@@ -333,6 +337,41 @@ def test_sigterm_with_two_processes_per_worker_keeps_the_run_and_leaves_no_proce
     assert run.rpc_count > 0
     assert {s.worker_index for s in run.samples} == {0, 1}
     _assert_nothing_left(children, ports)
+
+
+def test_the_run_interrupt_in_a_shared_barrier_breaks_it_and_is_raised_outside_it() -> None:
+    """A worker process's run interrupt (``INTERRUPT_SIGNAL``) while it waits at a barrier
+    shared with its other processes: the barrier is broken (the wait ends, as another
+    process's leaving would end it) and the ``KeyboardInterrupt`` comes out of the hold,
+    not from inside ``multiprocessing``'s wait, where it left the barrier's shared state
+    inconsistent: the other process failed an assertion or waited out its timeout, and
+    both processes' calls of the interrupted run were lost."""
+    barrier = multiprocessing.get_context("spawn").Barrier(2)
+    previous = signal.getsignal(throughput.INTERRUPT_SIGNAL)
+    try:
+        interrupt = throughput._RunInterrupt()
+        shared = peers.RoundBarrier(barrier, 600.0, interrupt.held)
+        interrupt.measuring = True
+
+        def interrupt_once_waiting() -> None:
+            _wait_for(lambda: barrier.n_waiting == 1, "the barrier's wait")
+            os.kill(os.getpid(), throughput.INTERRUPT_SIGNAL)
+
+        sender = threading.Thread(target=interrupt_once_waiting)
+        sender.start()
+        with pytest.raises(KeyboardInterrupt) as raised:
+            shared.wait()
+        sender.join()
+    finally:
+        signal.signal(throughput.INTERRUPT_SIGNAL, previous)
+    assert raised.traceback[-1].name == "held"
+    assert barrier.broken
+    # Whole: reset, it lets two waiters through.
+    barrier.reset()
+    other = threading.Thread(target=barrier.wait, args=(60.0,))
+    other.start()
+    barrier.wait(60.0)
+    other.join()
 
 
 def test_kill_9_of_replay_with_two_processes_per_worker_leaves_none_behind(

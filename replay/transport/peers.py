@@ -27,6 +27,7 @@ import multiprocessing.connection
 import threading
 import time
 from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -38,6 +39,16 @@ from tf_grpc_bench.replay.core.workload import Workload, WorkloadStep
 
 #: How often a process waiting for the others' calls checks that none has stopped.
 PEER_POLL_S = 0.2
+
+#: What holds a process's run interrupt while it uses a barrier shared with other
+#: processes, given how to break that barrier from another thread should the interrupt
+#: come meanwhile (``throughput._RunInterrupt.held``).
+Hold = Callable[[Callable[[], None]], AbstractContextManager[object]]
+
+
+def unheld(_breaking: Callable[[], None]) -> AbstractContextManager[object]:
+    """No hold (a process that no run interrupt reaches)."""
+    return contextlib.nullcontext()
 
 
 def perf_minus_monotonic_ns() -> int:
@@ -103,9 +114,19 @@ class Peers:
     ``leave`` are the replaying thread's.
     """
 
-    def __init__(self, links: PeerLinks, steps: Sequence[WorkloadStep], timeout_s: float) -> None:
+    def __init__(
+        self,
+        links: PeerLinks,
+        steps: Sequence[WorkloadStep],
+        timeout_s: float,
+        *,
+        hold: Hold = unheld,
+    ) -> None:
         self._links = links
         self._timeout_s = timeout_s
+        #: Holds the run's interrupt while the shared barrier is used: an exception raised
+        #: inside its wait or notify leaves its shared state broken for the other processes.
+        self._hold = hold
         self._done = np.frombuffer(links.done, dtype=np.int64)
         self._generation = np.frombuffer(links.generation, dtype=np.int64)
         self._ends = np.frombuffer(links.ends, dtype=np.int64)
@@ -186,10 +207,11 @@ class Peers:
                 listener()
 
     def _wait(self) -> bool:
-        try:
-            self._links.barrier.wait(self._timeout_s)
-        except threading.BrokenBarrierError:
-            return False
+        with self._hold(self._links.barrier.abort):
+            try:
+                self._links.barrier.wait(self._timeout_s)
+            except threading.BrokenBarrierError:
+                return False
         return True
 
     def end_step(self, last_end_ns: int) -> int:
@@ -212,7 +234,40 @@ class Peers:
 
     def leave(self) -> None:
         """This process stops: release the others waiting, now or later."""
-        self._links.barrier.abort()
+        with self._hold(self._links.barrier.abort):
+            self._links.barrier.abort()
+
+
+class RoundBarrier:
+    """A ``StepBarrier`` over a ``multiprocessing.Barrier`` shared by the worker processes
+    (every process of every worker, when the trace's steps are rounds).
+
+    Broken (aborted) by the first worker that stops, so none waits for a round the
+    others will not finish; the parent resets it before each phase.  ``hold`` holds the
+    run's interrupt while the barrier is used (``throughput._RunInterrupt.held``).
+    """
+
+    def __init__(
+        self,
+        barrier: Any,
+        timeout_s: float,
+        hold: Hold = unheld,
+    ) -> None:
+        self._barrier = barrier
+        self._timeout_s = timeout_s
+        self._hold = hold
+
+    def wait(self) -> bool:
+        with self._hold(self._barrier.abort):
+            try:
+                self._barrier.wait(self._timeout_s)
+            except threading.BrokenBarrierError:
+                return False
+        return True
+
+    def leave(self) -> None:
+        with self._hold(self._barrier.abort):
+            self._barrier.abort()
 
 
 def _local_step(step: WorkloadStep, owned: Sequence[int]) -> WorkloadStep:
