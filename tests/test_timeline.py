@@ -849,3 +849,20 @@ def test_a_run_of_a_shipped_trace_finds_it_when_its_recorded_path_is_gone() -> N
     )
     found = replayed_trace(dataclasses.replace(document, trace=info))
     assert found is not None and found.metadata == trace_files.read_trace(shipped).metadata
+
+
+def test_a_replays_captured_groups_are_the_tasks_it_played_and_no_other_workers_path() -> None:
+    # Every worker of the trace has a critical path; only the tasks played are drawn.
+    trace = make_trace(steps=2, workers=2, ps=2)
+    pair = _pulls([(0, 0, 0, 0)], pair="/job:worker/task:1->/job:ps/task:1")
+    assert [g.name for g in run_timeline(pair, "p2p", trace).groups] == [
+        "captured /job:worker/task:1", "captured /job:ps/task:1", "replayed /job:worker/task:1",
+    ]  # fmt: skip
+    played = _pulls(
+        [(0, 0, 0, 0)], client_tasks="/job:worker/task:0", server_tasks="/job:ps/task:0,"
+    )
+    drawn = run_timeline(played, "ps-throughput", trace)
+    assert [g.name for g in drawn.groups] == [
+        "captured /job:worker/task:0", "captured /job:ps/task:0", "replayed /job:worker/task:0",
+    ]  # fmt: skip
+    assert [row.name for row in drawn.groups[0].rows] == ["steps", "critical path", "calls"]

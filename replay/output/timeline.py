@@ -248,7 +248,9 @@ def captured_groups(
             for step in trace.steps[:drawn]
         ),
     )
-    paths = _captured_paths(trace, drawn, origin)
+    paths = {
+        task: path for task, path in _captured_paths(trace, drawn, origin).items() if task in wanted
+    }
     # One pass over the drawn calls; only tasks that made or served one get a group, so
     # the work and memory follow the calls drawn, not the tasks a trace lists.
     calls: dict[int, list[Slice]] = {}
