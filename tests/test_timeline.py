@@ -420,6 +420,12 @@ def test_rows_are_numbered_only_when_calls_overlap_and_a_call_ending_frees_its_r
         ("calls 2", ["b"]),
     ]
     assert pack("calls", []) == ()
+    # Taken by start, not by end: by end, (0, 5) and (3, 7) would leave (6, 10) a third row.
+    rows = pack("calls", [span("a", 6, 10), span("b", 0, 5), span("c", 7, 9), span("d", 3, 7)])
+    assert [(r.name, [s.name for s in r.slices]) for r in rows] == [
+        ("calls 1", ["b", "a"]),
+        ("calls 2", ["d", "c"]),
+    ]
 
 
 def test_gaps_are_cut_at_the_window_whatever_the_spans_reach() -> None:
