@@ -38,7 +38,12 @@ from tf_grpc_bench.replay.core.pacing import (
     release_time_ns,
 )
 from tf_grpc_bench.replay.core.synthetic import all_pairs_echo, pair_echoes, pair_pushes
-from tf_grpc_bench.replay.core.trace_workload import outstanding_per_pair
+from tf_grpc_bench.replay.core.trace_workload import (
+    cluster_workload,
+    outstanding_per_pair,
+    pair_workload,
+)
+from tf_grpc_bench.replay.core.trace_workload import trace_workload as workload_of_trace
 from tf_grpc_bench.replay.core.workload import (
     Call,
     Mode,
@@ -2204,3 +2209,49 @@ def test_an_echo_or_ack_call_goes_from_the_first_worker_to_the_first_server_by_d
     assert (placed.server_index, placed.worker_index) == (2, 3)
     placed = ack_call((1,), Mode.NON_SERIALIZED, server_index=2, worker_index=3)
     assert (placed.server_index, placed.worker_index) == (2, 3)
+
+
+def test_outstanding_counts_every_earlier_call_that_ended_however_many_there_are() -> None:
+    # One pair: seven calls end at 1 to 7 ns, then calls start at 2, 5 and 8: the
+    # earlier calls still open at each are counted by hand (and by brute force).
+    calls = [("p", 0, end) for end in range(1, 8)] + [("p", 2, 9), ("p", 5, 9), ("p", 8, 9)]
+    by_hand = [0, 1, 2, 3, 4, 5, 6, 5, 3, 2]
+    assert by_hand == [
+        sum(1 for pair, _, end in calls[:i] if pair == calls[i][0] and end > calls[i][1])
+        for i in range(len(calls))
+    ]
+    assert outstanding_per_pair(calls) == by_hand
+    # Another pair's calls change nothing.
+    other = [("q", 0, 1)] * 3
+    assert outstanding_per_pair(other + calls)[3:] == by_hand
+
+
+def test_the_pair_and_cluster_builders_replay_one_pair_or_every_task_and_name_the_source() -> None:
+    trace = make_trace(steps=2, workers=2, ps=2)
+    for mode in Mode:
+        pair = pair_workload(trace, Benchmark.P2P_LATENCY, mode=mode)
+        assert (pair.benchmark, pair.mode, pair.worker_count) == (Benchmark.P2P_LATENCY, mode, 1)
+        assert pair == workload_of_trace(
+            trace, Benchmark.P2P_LATENCY, mode=mode, point_to_point=True
+        )
+        cluster = cluster_workload(trace, Benchmark.PS_THROUGHPUT, mode=mode)
+        assert (cluster.benchmark, cluster.mode, cluster.worker_count) == (
+            Benchmark.PS_THROUGHPUT,
+            mode,
+            2,
+        )
+        assert cluster == workload_of_trace(
+            trace, Benchmark.PS_THROUGHPUT, mode=mode, point_to_point=False
+        )
+    for build in (pair_workload, cluster_workload):
+        only = build(
+            trace, Benchmark.P2P_LATENCY, mode=Mode.SERIALIZED, whole_steps=WORKERS_AND_PS_ONLY
+        )
+        assert only.parameters()["whole_steps"] == WORKERS_AND_PS_ONLY.describe()
+        assert only.parameters()["whole_steps"] != WHOLE_STEPS.describe()
+    empty = _trace(make_trace().tasks, (0, 10_000, ()))
+    for build in (pair_workload, cluster_workload):
+        with pytest.raises(TraceError, match=r"^trace: no RPCs in steady-state steps"):
+            build(empty, Benchmark.P2P_LATENCY, mode=Mode.NON_SERIALIZED)
+        with pytest.raises(TraceError, match=r"^run\.trace: no RPCs in steady-state steps"):
+            build(empty, Benchmark.P2P_LATENCY, mode=Mode.NON_SERIALIZED, source="run.trace")
