@@ -1050,6 +1050,12 @@ def test_a_call_the_window_of_one_held_back_says_so_in_its_sample(engine: str) -
             for before, call in itertools.pairwise(calls)
         ]
         assert [call.window_held for call in calls] == expected == [0] + [1] * (len(calls) - 1)
+    # Each call within its run: issued after the run began, answered by its end.
+    (run,) = result.runs
+    assert all(
+        s.start_ns >= 0 and s.latency_ns > 0 and s.start_ns + s.latency_ns <= run.duration_ns
+        for s in oracle.samples_of(result)
+    )
 
 
 def test_samples_cross_between_processes_unchanged() -> None:
