@@ -273,6 +273,45 @@ def test_the_first_stop_signal_interrupts_a_deferred_one_after_the_block_later_o
     assert lifetime.signal_of(KeyboardInterrupt()) == signal.SIGINT
 
 
+def test_a_stop_signal_while_the_main_thread_holds_its_bookkeeping_is_no_deadlock() -> None:
+    # The handler runs in the main thread between two bytecodes, so also inside
+    # deferred_signals' own bookkeeping, where the main thread holds the lock the
+    # handler takes. In a child: a deadlock there would hang the test process.
+    script = textwrap.dedent(
+        """
+        import signal
+        from tf_grpc_bench import lifetime
+        with lifetime.interrupt_on_signals():
+            try:
+                with lifetime._received.lock:
+                    signal.raise_signal(signal.SIGTERM)
+                    for _ in range(1000):
+                        pass
+            except lifetime.Interrupted as error:
+                print("interrupted", error.signum, flush=True)
+        with lifetime.interrupt_on_signals():
+            try:
+                with lifetime.deferred_signals():
+                    with lifetime._received.lock:
+                        signal.raise_signal(signal.SIGHUP)
+                        for _ in range(1000):
+                            pass
+                    print("deferred", flush=True)
+            except lifetime.Interrupted as error:
+                print("after the block", error.signum, flush=True)
+        """
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split("\n")[:3] == [
+        f"interrupted {int(signal.SIGTERM)}",
+        "deferred",
+        f"after the block {int(signal.SIGHUP)}",
+    ]
+
+
 def test_a_subprocess_child_dies_when_its_parent_is_killed(tmp_path: Path) -> None:
     script = textwrap.dedent(
         """

@@ -79,7 +79,10 @@ class _Received:
     """The stop signals seen since handlers were installed; shared by every thread."""
 
     def __init__(self) -> None:
-        self.lock = threading.Lock()
+        #: Reentrant: the handler runs in the main thread between any two bytecodes,
+        #: also while the main thread holds the lock (``deferred_signals``' bookkeeping);
+        #: a plain lock would wait for itself there for good.
+        self.lock = threading.RLock()
         self.first: int | None = None
         #: Stop signals received after the first (ignored).
         self.later = 0
