@@ -186,7 +186,12 @@ TARGETS: dict[str, Target] = {
         path="profiler/assembly/phases.py",
         # The tests that assemble traces in the test process (test_skewed_clocks.py's
         # records come from a real job, run again for each mutant).
-        tests=("tests/test_steps.py", "tests/test_capture.py", "tests/test_record.py"),
+        tests=(
+            "tests/test_phases.py",
+            "tests/test_steps.py",
+            "tests/test_capture.py",
+            "tests/test_record.py",
+        ),
     ),
     "rpcs": Target(
         path="profiler/assembly/rpcs.py", tests=("tests/test_assembly.py", "tests/test_capture.py")

@@ -10,6 +10,7 @@ step reads at the end), with the byte layouts of TensorFlow's messages.
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -488,3 +489,69 @@ def test_a_run_that_moves_no_tensor_spans_its_own_calls() -> None:
     (run,) = [r for r in find_runs(job.calls) if r.step_id == idle]
     assert (run.task, run.transfers, run.variable_bytes) == ("", 0, 0)
     assert (run.start_ns, run.end_ns) == (controls[0].start_ns, controls[-1].end_ns)
+
+
+def test_assembly_keeps_every_training_run_and_calls_the_trace_whole_unless_told() -> None:
+    job = Job()
+    job.readiness_check(0)
+    runs = [job.training_step(worker) for worker in (0, 1)]
+    job.global_step_read(0)
+    trace = _assemble(job)
+    assert len(trace.steps) == 2 and runs[0] in _step_ids(trace)  # no warm-up by default
+    assert (trace.partial, trace.partial_reason) == (False, "")
+    detection = trace.step_detection
+    assert (detection.source, detection.unit, detection.candidates) == ("step-id", WORKER_STEP, 4)
+    assert detection.rule.startswith("a step is a TensorFlow run that moves the model's variables")
+    assert detection.rule.endswith("; the first 0 training runs are warm-up")
+
+
+def test_assembly_passes_asynchronous_steps_and_the_need_for_markers_on() -> None:
+    job = Job()
+    job.training_step(0)
+    begin = job.clock.now
+    runs = [job.training_step(worker) for worker in (0, 1, 0)]
+    markers = [
+        StepMarker(task=f"worker:{w}", step=1, phase="steady", start_ns=begin, end_ns=job.clock.now)
+        for w in (0, 1)
+    ]
+    # Per run: as many steps as steady markers, the latest training runs among them.
+    per_run = _assemble(job, markers=markers, per_run=True)
+    assert per_run.step_detection.source == "step-id"
+    assert len(per_run.steps) == 2 and runs[1] in _step_ids(per_run)
+    assert runs[0] not in _step_ids(per_run)
+    # Needing markers and given none: no steps, every call start-up.
+    unmarked = _assemble(job, need_markers=True)
+    assert (unmarked.step_detection.source, unmarked.steps) == ("markers", ())
+    assert len(unmarked.startup.rpcs) == len(job.calls)
+
+
+def test_a_jobs_variables_come_from_its_traffic_unless_its_metadata_gives_them() -> None:
+    from tf_grpc_bench.profiler.assembly.variables import FROM_TRAFFIC
+    from tf_grpc_bench.profiler.physics import VARIABLES_SOURCE_EXTRA, decode_variables
+
+    job = Job()
+    job.training_step(0)
+    job.training_step(1)
+    parameters = sum(math.prod(shape) for shape in VARIABLES)  # 3,722
+    derived = _assemble(job)
+    extra = dict(derived.metadata.extra)
+    assert decode_variables(extra["trainable_variables"]) == [
+        ("float32", shape) for shape in VARIABLES
+    ]
+    assert extra[VARIABLES_SOURCE_EXTRA] == FROM_TRAFFIC
+    assert derived.metadata.trainable_parameters == parameters == 3722
+    # A count the job gave stays, with the variables the traffic shows.
+    counted = assemble_trace(
+        job.calls, tasks=TASKS, caller_of_pid=CALLER_OF_PID, origin_ns=0,
+        metadata=RunMetadata(model="tf1", trainable_parameters=99),
+    )  # fmt: skip
+    assert counted.metadata.trainable_parameters == 99
+    assert dict(counted.metadata.extra)[VARIABLES_SOURCE_EXTRA] == FROM_TRAFFIC
+    # Variables the job gave stay, and nothing says they came from the traffic.
+    given = assemble_trace(
+        job.calls, tasks=TASKS, caller_of_pid=CALLER_OF_PID, origin_ns=0,
+        metadata=RunMetadata(model="tf1", extra=(("trainable_variables", "float32:4x4"),)),
+    )  # fmt: skip
+    assert dict(given.metadata.extra)["trainable_variables"] == "float32:4x4"
+    assert VARIABLES_SOURCE_EXTRA not in dict(given.metadata.extra)
+    assert given.metadata.trainable_parameters == 0
