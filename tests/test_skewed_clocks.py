@@ -16,9 +16,11 @@ than the step markers', in the step on either side of it).
 
 from __future__ import annotations
 
+import datetime
 import itertools
 import json
 import os
+import platform
 import shutil
 import struct
 import subprocess
@@ -31,10 +33,21 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tf_grpc_bench.errors import CaptureError
-from tf_grpc_bench.profiler.assemble import Labels, assemble_records, read_records, task_folders
+import tf_grpc_bench
+from tf_grpc_bench.errors import CaptureError, ConfigError
+from tf_grpc_bench.profiler.assemble import (
+    Labels,
+    assemble_records,
+    frame_precedences,
+    read_records,
+    task_folders,
+    wire_precedences,
+)
 from tf_grpc_bench.profiler.assembly.clocks import ClockError, Precedence, estimate_offsets
 from tf_grpc_bench.profiler.launch.ports import free_ports
+from tf_grpc_bench.profiler.recorders.calls import RecordedCall
+from tf_grpc_bench.profiler.recorders.http2 import ControlFrame
+from tf_grpc_bench.profiler.recorders.wiretap import ConnectionFrames
 from tf_grpc_bench.trace import Rpc, Trace
 
 DATA = Path(__file__).parent / "data"
@@ -442,3 +455,196 @@ def test_a_record_that_never_finished_or_a_driver_that_failed_makes_the_trace_pa
     failed = assembled({"exit_status": 3}, "worker:0")
     assert failed.partial_reason == "task worker:0 exited with status 3"
     assert not assembled({"exit_status": 0}, "worker:0").partial
+
+
+# --------------------------------------------------------------------------
+# What the wire says about the clocks, from calls and frames made by hand.
+
+
+def _recorded(
+    callee: str,
+    connection: int,
+    stream: int,
+    start: int,
+    response_start: int,
+    *,
+    caller_pid: int | None = 2,
+    status: int | None = 0,
+    complete: bool = True,
+) -> RecordedCall:
+    return RecordedCall(
+        callee=callee, connection=connection, stream_id=stream, caller_pid=caller_pid,
+        method="/tensorflow.WorkerService/RecvTensor", start_ns=start,
+        response_start_ns=response_start, end_ns=response_start + 5, request_bytes=10,
+        response_bytes=20, request_messages=1, response_messages=1, status_code=status,
+        reset=False, complete=complete,
+    )  # fmt: skip
+
+
+def test_each_answered_call_says_its_request_began_before_its_response_was_sent() -> None:
+    """The request's start comes from the calls timed when sends began, the response's
+    from the calls as recorded; a call is matched by callee, connection and stream."""
+    names = ["ps:0", "worker:0", "worker:1"]
+    starts = [
+        _recorded("ps:0", 1, 1, 100, 900),  # worker 0 (pid 2) to the ps
+        _recorded("ps:0", 1, 3, 200, 900, caller_pid=3),  # never answered
+        _recorded("ps:0", 2, 1, 300, 900, caller_pid=None),  # caller unknown
+        _recorded("port 9", 3, 1, 400, 900),  # callee no task of the cluster
+        _recorded("worker:1", 4, 1, 500, 900, caller_pid=1),  # reset: no status
+        _recorded("worker:0", 5, 7, 600, 900, caller_pid=3),  # answered with an error
+        _recorded("worker:0", 5, 9, 700, 900, caller_pid=3),  # no call of that stream ended
+    ]
+    ends = [
+        _recorded("ps:0", 1, 1, 110, 130),
+        _recorded("ps:0", 1, 3, 210, 230, caller_pid=3, complete=False),
+        _recorded("ps:0", 2, 1, 310, 330, caller_pid=None),
+        _recorded("port 9", 3, 1, 410, 430),
+        _recorded("worker:1", 4, 1, 510, 530, caller_pid=1, status=None),
+        _recorded("worker:0", 5, 7, 610, 650, caller_pid=3, status=5),
+        _recorded("worker:0", 6, 9, 710, 730, caller_pid=3),  # another connection
+    ]
+    assert wire_precedences(starts, ends, names) == [
+        Precedence(before="worker:0", before_ns=100, after="ps:0", after_ns=130),
+        Precedence(before="worker:1", before_ns=600, after="worker:0", after_ns=650),
+    ]
+
+
+def test_each_settings_or_ping_was_sent_before_its_acknowledgement_both_ways() -> None:
+    """Frames as sends began (``began``) and as recorded (``returned``); the n-th frame
+    asked of a kind is acknowledged by the peer's n-th acknowledgement of that kind."""
+    client_file, server_file = Path("worker-0/tap-1.bin"), Path("ps-0/tap-1.bin")
+    owner = {server_file: 0, client_file: 1}
+
+    def frames(client_file: Path | None, server_file: Path | None, shift: int) -> ConnectionFrames:
+        return ConnectionFrames(
+            client_file=client_file,
+            server_file=server_file,
+            client=(
+                ControlFrame("SETTINGS", False, 10 + shift),
+                ControlFrame("PING", False, 20 + shift),
+                ControlFrame("SETTINGS", True, 16 + shift),
+                ControlFrame("PING", False, 40 + shift),
+            ),
+            server=(
+                ControlFrame("SETTINGS", False, 11 + shift),
+                ControlFrame("SETTINGS", True, 14 + shift),
+                ControlFrame("PING", True, 25 + shift),
+            ),
+        )
+
+    began = [frames(client_file, server_file, 0), frames(None, server_file, 0)]
+    returned = [frames(client_file, server_file, 2), frames(None, server_file, 2)]
+    began.append(frames(client_file, None, 0))
+    returned.append(frames(client_file, None, 2))
+    assert frame_precedences(began, returned, ["ps:0", "worker:0"], owner) == [
+        # worker 0's SETTINGS (10) acknowledged by the ps at 14 + 2, its first PING (20)
+        # at 25 + 2; its second PING was never acknowledged.
+        Precedence(before="worker:0", before_ns=10, after="ps:0", after_ns=16),
+        Precedence(before="worker:0", before_ns=20, after="ps:0", after_ns=27),
+        # The ps's SETTINGS (11) acknowledged by worker 0 at 16 + 2.
+        Precedence(before="ps:0", before_ns=11, after="worker:0", after_ns=18),
+    ]
+
+
+# --------------------------------------------------------------------------
+# What the records give the trace besides the clocks, from the real job's records.
+
+
+def _manifests(folder: Path) -> dict[str, tuple[Path, dict[str, object]]]:
+    """Each task's manifest under ``folder``, by task name, with its path."""
+    return {
+        name: (path / "manifest.json", json.loads((path / "manifest.json").read_text()))
+        for name, path in _task_folders(folder)
+    }
+
+
+def test_the_trace_says_what_ran_where_and_starts_at_the_first_tasks_start(
+    records: Path, tmp_path: Path
+) -> None:
+    read = {name: manifest for name, (_, manifest) in _manifests(records).items()}
+    labels = Labels(model="m", strategy="s", batch_size=7, synchronous=False, command=("a", "b"))
+    metadata = assemble_records([records], labels=labels).metadata
+    assert (metadata.model, metadata.strategy, metadata.batch_size) == ("m", "s", 7)
+    assert (metadata.synchronous, metadata.command) == (False, ("a", "b"))
+    assert metadata.capture_method == "in-process-recorder"
+    assert metadata.host == read["ps:0"]["host"]
+    assert metadata.tensorflow_version == read["ps:0"]["tensorflow_version"]
+    assert metadata.tool_version == tf_grpc_bench.__version__
+    created = datetime.datetime.fromisoformat(metadata.created_utc)
+    assert created.utcoffset() == datetime.timedelta(0) and created.microsecond == 0
+    assert dict(metadata.extra)["python_version"] == platform.python_version()
+    assert assemble_records([records]).metadata.synchronous
+    # The steps are found in the traffic without markers: the first run is warm-up
+    # unless told otherwise.
+    bare = _copy(records, tmp_path / "bare", markers=False, skewed=False)
+    every = assemble_records([bare], warmup_steps=0)
+    assert len(assemble_records([bare]).steps) == len(every.steps) - 1
+    # Times are from the earliest task's start, on the reference clock: worker 1's
+    # clock behind by 2.7 s starts first once moved onto the ps's.
+    skewed = assemble_records([_copy(records, tmp_path / "skewed", markers=True, skewed=True)])
+    aligned = assemble_records([records])
+    assert abs(skewed.steps[0].start_ns - aligned.steps[0].start_ns) < 10_000_000
+
+
+def test_a_task_whose_records_are_missing_leaves_a_partial_trace_saying_so(
+    records: Path, tmp_path: Path
+) -> None:
+    copy = _copy(records, tmp_path / "copy", markers=True, skewed=False)
+    folders = dict(_task_folders(copy))
+    for path in (folders["worker:0"] / "wiretap").glob("tap-*.bin"):
+        path.unlink()
+    trace = assemble_records([copy])
+    assert trace.partial_reason == (
+        "the recorder lost track of some traffic: task worker:0 left no record file in "
+        f"{folders['worker:0']}"
+    )
+    # The ps's calls to worker 0 are known from the ps's side: worker 0, by its address.
+    assert {("ps:0", "worker:0"), ("ps:0", "worker:1")} <= _pairs(trace)
+    broken = _copy(records, tmp_path / "broken", markers=True, skewed=False)
+    (tap,) = list((dict(_task_folders(broken))["worker:1"] / "wiretap").glob("tap-*.bin"))[:1]
+    tap.write_bytes(b"not a record file")
+    reason = assemble_records([broken]).partial_reason
+    assert reason.startswith("the recorder lost track of some traffic: ") and str(tap) in reason
+
+
+def _pairs(trace: Trace) -> set[tuple[str, str]]:
+    """(caller, callee) of every RPC of the trace, as ``job:index``."""
+    name = [f"{t.job}:{t.index}" for t in trace.tasks]
+    phases = (trace.startup, *trace.steps, trace.teardown)
+    return {(name[r.caller_task], name[r.callee_task]) for p in phases for r in p.rpcs}
+
+
+def test_a_server_not_recorded_is_named_by_its_port_when_the_cluster_names_its_host(
+    records: Path, tmp_path: Path
+) -> None:
+    """The cluster says ``localhost``, the wire 127.0.0.1: the port alone names the task."""
+    copy = _copy(records, tmp_path / "copy", markers=True, skewed=False)
+    for path, manifest in _manifests(copy).values():
+        cluster = manifest["cluster"]
+        assert isinstance(cluster, dict)
+        manifest["cluster"] = {
+            job: [a.replace("127.0.0.1", "localhost") for a in addresses]
+            for job, addresses in cluster.items()
+        }
+        path.write_text(json.dumps(manifest))
+    folders = dict(_task_folders(copy))
+    for path in (folders["worker:1"] / "wiretap").glob("tap-*.bin"):
+        path.unlink()
+    trace = assemble_records([copy])
+    assert ("ps:0", "worker:1") in _pairs(trace)
+
+
+def test_only_a_driving_task_that_failed_makes_the_trace_partial(
+    records: Path, tmp_path: Path
+) -> None:
+    copy = _copy(records, tmp_path / "copy", markers=True, skewed=False)
+    path, manifest = _manifests(copy)["ps:0"]
+    manifest["exit_status"] = 143  # a server stopped by SIGTERM, as launchers do
+    path.write_text(json.dumps(manifest))
+    trace = assemble_records([copy])
+    assert (trace.partial, trace.partial_reason) == (False, "")
+
+
+def test_an_unknown_clock_mode_is_refused_in_one_line(records: Path) -> None:
+    with pytest.raises(ConfigError, match=r"^--clocks: expected one of auto, wire, got 'ntp'$"):
+        assemble_records([records], clocks="ntp")
