@@ -872,3 +872,49 @@ def test_a_replays_captured_groups_are_the_tasks_it_played_and_no_other_workers_
         "captured /job:worker/task:0", "captured /job:ps/task:0", "replayed /job:worker/task:0",
     ]  # fmt: skip
     assert [row.name for row in drawn.groups[0].rows] == ["steps", "critical path", "calls"]
+
+
+def test_a_what_if_runs_timeline_names_its_calls_in_the_trace_derived_for_it(
+    tmp_path: Path,
+) -> None:
+    """A what-if replay of 2 workers from a capture of 1: its calls index the derived
+    trace's RPCs, where worker 1 makes the captured worker's pulls beside worker 0."""
+    from tf_grpc_bench.replay.core.whatif import Derivation
+
+    path = tmp_path / "toy.tfgbtrace"
+    trace_files.write_trace(make_trace(steps=2, workers=1, ps=1), path)
+    digest = hashlib.sha256(path.read_bytes()).hexdigest()
+    document = oracle.documents()[0]
+    info = dataclasses.replace(document.trace, path=str(path), sha256=digest)  # type: ignore[type-var]
+    what_if = Derivation(
+        workers=2, ps=1, placement="round-robin", scale_tensors=1.0, trace="toy",
+        captured_workers=1, captured_ps=1, variables=3,
+    )  # fmt: skip
+    trace = replayed_trace(dataclasses.replace(document, trace=info, what_if=what_if))
+    assert trace is not None
+    assert [(t.job, t.index) for t in trace.tasks] == [("ps", 0), ("worker", 0), ("worker", 1)]
+    pulls = [(1, 21), (2, 21), (1, 4096), (2, 4096), (1, 1 << 20), (2, 1 << 20)]
+    assert [[(r.caller_task, r.response_bytes) for r in s.rpcs] for s in trace.steps] == [
+        pulls,
+        pulls,
+    ]
+    result = _pulls(
+        [(1, 0, 1, 1_000), (1, 0, 5, 1_500)],
+        client_tasks="/job:worker/task:1", server_tasks="/job:ps/task:0",
+    )  # fmt: skip
+    drawn = run_timeline(result, "ps-throughput", trace)
+    assert [g.name for g in drawn.groups] == [
+        "captured /job:worker/task:1", "captured /job:ps/task:0", "replayed worker 1",
+    ]  # fmt: skip
+    calls = [
+        dict(s.args)
+        for g in drawn.groups
+        if g.name == "replayed worker 1"
+        for r in g.rows
+        for s in r.slices
+        if s.category == "rpc"
+    ]
+    assert [(c["trace_caller"], c["trace_response_bytes"]) for c in calls] == [
+        ("/job:worker/task:1", 21),
+        ("/job:worker/task:1", 1 << 20),
+    ]
