@@ -49,7 +49,7 @@ from tf_grpc_bench.replay.core.pacing import Pacing
 from tf_grpc_bench.replay.core.processes import split_worker
 from tf_grpc_bench.replay.core.workload import Workload
 from tf_grpc_bench.replay.native.driver import NativeDriver, open_native_driver
-from tf_grpc_bench.replay.transport.burners import GapSender
+from tf_grpc_bench.replay.transport.burners import GapSender, RoundSignal
 from tf_grpc_bench.replay.transport.client import ReplayClient
 from tf_grpc_bench.replay.transport.driver import Driver
 from tf_grpc_bench.replay.transport.load import ComputeLoad
@@ -121,6 +121,9 @@ class WorkerSpec:
     #: Where this process's driver sends its compute gaps (``burners.GapSender``), if
     #: a compute load runs in them (``--compute-load gaps``); None: nowhere.
     compute_gaps: Any = None
+    #: Where this process tells each round's start (``burners.RoundClock``), if a
+    #: compute load's quotas are owed by the round; None: it does not.
+    rounds: Any = None
 
 
 class _RunInterrupt:
@@ -274,6 +277,7 @@ def _worker_main(
             cpu_clock=cpu_clock,
             step_barrier=rounds,
             record_steps=spec.process == 0 and spec.worker_index not in spec.workload.side_workers,
+            on_round=None if spec.rounds is None else RoundSignal(spec.rounds),
         )
         connection.send(("ready",))
         while True:
@@ -440,6 +444,7 @@ class ProcessWorkers:
                 netns=job.netns,
                 native_program=str(native_program or ""),
                 compute_gaps=self.load.gap_writer(number) if process == 0 else None,
+                rounds=self.load.round_clock(number) if process == 0 else None,
             )
             for number, job in enumerate(jobs)
             for process in range(split_worker(job.workload, job.processes).count)

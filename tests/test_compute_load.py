@@ -34,6 +34,7 @@ from tf_grpc_bench.replay.request import plan as plan_request
 from tf_grpc_bench.replay.spec import ReplaySpec
 from tf_grpc_bench.replay.transport import burners
 from tf_grpc_bench.replay.transport.load import ComputeLoad
+from tf_grpc_bench.replay.transport.loop import WorkerLoop
 from tf_grpc_bench.replay.transport.seam import WorkerJob
 from tf_grpc_bench.replay.transport.wire import ChannelSettings
 from tf_grpc_bench.trace import Trace
@@ -309,43 +310,118 @@ class _Clocks:
 
 def _quota_burner(clocks: _Clocks, quota_ns: int, step_ns: int) -> burners._Burner:
     burner = burners._Burner(wall=lambda: clocks.wall, cpu=lambda: clocks.cpu)
-    burner.set_quota(quota_ns, step_ns)
+    burner.set_quota(quota_ns, step_ns, rounds_seen=0)
     return burner
 
 
-def test_a_preempted_quota_burner_still_does_its_whole_quota() -> None:
-    clocks = _Clocks()
-    burner = _quota_burner(clocks, 200_000_000, 1_000_000_000)  # 0.2 CPU-s a 1 s step
-    # Five steps with no core at all (the relays had it): 1 CPU-s owed, none forgiven.
-    clocks.wall += 5_000_000_000
-    assert burners.work(burner, clocks.spin) == 0.0
-    assert burner.quota_owed_ns() == 1_000_000_000
-    # Then 40% of a core: the work takes longer, and all of it is done.
-    clocks.share = 0.4
-    while burners.work(burner, clocks.spin) == 0.0 and clocks.wall < 60_000_000_000:
+def _catch_up(burner: burners._Burner, clocks: _Clocks) -> None:
+    """Work until nothing is owed (the burner says how long to wait)."""
+    while burners.work(burner, clocks.spin) == 0.0:
         pass
-    steps = clocks.wall / 1_000_000_000
-    assert clocks.cpu == pytest.approx(200_000_000 * steps, abs=burners.SLICE_NS)
-    assert clocks.cpu > 1_000_000_000
-    assert max(clocks.spun) <= burners.SLICE_NS
 
 
-def test_a_quota_burner_does_what_its_quota_made_due_and_no_more() -> None:
+def test_a_quota_is_owed_from_each_rounds_start_and_no_more_than_once_a_round() -> None:
     clocks = _Clocks()
-    burner = _quota_burner(clocks, 300_000_000, 1_000_000_000)  # 0.3 CPU-s a 1 s step
-    for step, share in enumerate((1.0, 0.5, 1.0), start=1):
-        clocks.share = share
-        clocks.wall = max(clocks.wall, step * 1_000_000_000)
-        while burners.work(burner, clocks.spin) == 0.0:
-            pass
-        # Caught up: done is what the steps made due, to the ns; then it waits.
-        assert clocks.cpu == pytest.approx(0.3 * clocks.wall, abs=2)
-        assert burners.work(burner, clocks.spin) == burners.SLICE_NS / 1e9
-    # A new quota forgives what was owed and counts nothing done before.
-    clocks.wall += 500_000_000
-    burner.set_quota(100_000_000, 1_000_000_000)
+    burner = _quota_burner(clocks, 200_000_000, 1_000_000_000)  # 0.2 CPU-s a round, 1 s step
+    # No round begun: nothing owed, however long it waits.
+    clocks.wall = 5_000_000_000
+    assert burners.work(burner, clocks.spin) == burners.ROUND_POLL_NS / 1e9
+    assert clocks.spun == []
+    # A round from 5 s: due evenly over the step, done as it comes due.
+    burner.begin_round(1, 5_000_000_000)
+    clocks.wall = 5_500_000_000
+    burner.account()
+    assert burner.quota_owed_ns() == 100_000_000
+    _catch_up(burner, clocks)
+    assert clocks.cpu == pytest.approx(0.2 * (clocks.wall - 5_000_000_000), abs=2)
+    # A round longer than the step owes its quota once: 0.2 CPU-s over 3 s, not 0.6.
+    clocks.wall = 8_000_000_000
+    _catch_up(burner, clocks)
+    assert clocks.cpu == 200_000_000
+    assert max(clocks.spun) <= burners.SLICE_NS
+    # The next round owes afresh from its start.
+    burner.begin_round(2, 8_000_000_000)
+    clocks.wall = 9_000_000_000
+    _catch_up(burner, clocks)
+    assert clocks.cpu == 400_000_000
+    assert burner.end_rounds() == burners.QuotaRounds(
+        rounds=2, owed_ns=400_000_000, done_ns=400_000_000, short=0
+    )
+    # Ended: nothing owed until a round begins again.
+    clocks.wall = 20_000_000_000
+    burner.account()
+    assert burner.owed_ns() == 0
+
+
+def test_what_a_round_did_not_do_by_the_next_ones_start_is_short_not_carried_over() -> None:
+    clocks = _Clocks()
+    burner = _quota_burner(clocks, 200_000_000, 1_000_000_000)
+    burner.begin_round(1, 0)
+    # Half the step with no core at all (the relays had it): 0.1 CPU-s due, none done.
+    clocks.wall = 500_000_000
+    burner.account()
+    assert burner.quota_owed_ns() == 100_000_000
+    # The next round begins at 0.5 s: the first's 0.2 CPU-s go short, and are not owed
+    # now; this round's quota is due over the round before's 0.5 s (shorter than the step).
+    burner.begin_round(2, 500_000_000)
     burner.account()
     assert burner.quota_owed_ns() == 0
+    clocks.wall = 750_000_000
+    burner.account()
+    assert burner.quota_owed_ns() == 100_000_000
+    # At 40% of a core it still does all of it, later.
+    clocks.share = 0.4
+    clocks.wall = 1_000_000_000
+    _catch_up(burner, clocks)
+    assert clocks.cpu == 200_000_000
+    # Two rounds begin and end between two looks (the fourth is open): one short of all of it.
+    burner.begin_round(4, 2_000_000_000)
+    assert burner.end_rounds() == burners.QuotaRounds(
+        rounds=4, owed_ns=800_000_000, done_ns=200_000_000, short=3
+    )
+    # A new quota counts from the rounds it is told have begun, and opens none.
+    burner.set_quota(100_000_000, 1_000_000_000, rounds_seen=9)
+    burner.begin_round(9, 3_000_000_000)
+    burner.account()
+    assert burner.quota_owed_ns() == 0
+    assert burner.end_rounds() == burners.QuotaRounds()
+
+
+def test_a_round_clock_counts_rounds_and_keeps_the_last_start() -> None:
+    import multiprocessing
+
+    rounds = burners.RoundClock(multiprocessing.get_context("spawn"))
+    assert rounds.read() == (0, 0)
+    rounds.begin(7)
+    rounds.begin(11)
+    assert rounds.read() == (2, 11)
+    # A worker's perf-counter times go out as CLOCK_MONOTONIC ones.
+    now = time.perf_counter_ns()
+    burners.RoundSignal(rounds)(now)
+    count, start = rounds.read()
+    assert count == 3
+    assert start == pytest.approx(now - burners.perf_minus_monotonic_ns(), abs=1_000_000)
+
+
+def test_the_worker_loop_tells_each_rounds_start() -> None:
+    from .test_round_barrier import WORK_NS, _Barrier, _Clock, _Driver, _workload
+
+    clock = _Clock()
+    told: list[int] = []
+    loop = WorkerLoop(
+        _workload([5, 7, 9]),
+        _Driver(clock),  # type: ignore[arg-type]
+        clock=clock,
+        cpu_clock=lambda: 0,
+        machine_cpu=lambda: None,
+        step_barrier=_Barrier(clock),
+        on_round=told.append,
+    )
+    begin = clock.now
+    outcome = loop.measure(begin_ns=begin, duration_ns=10**9, step_count=3)
+    # Each round begins when the last worker may begin it (the barrier's).
+    assert told == [begin + n * outcome.step_times_ns[0] for n in range(3)]
+    assert outcome.step_times_ns[0] > WORK_NS
 
 
 def test_a_gap_burners_credit_is_still_capped() -> None:
@@ -598,10 +674,12 @@ def test_a_quota_burner_gone_leaves_its_quota_owed_and_the_run_going() -> None:
         (pid,) = pool.pids
         os.kill(pid, signal.SIGKILL)
         assert _wait_gone([pid]) == []
-        before = pool.quota_cpu_ns()
         pool.restart_quotas()  # no error: the next run goes on without it
-        assert pool.quota_cpu_ns() == before == 0
-        assert pool.quota_owed_ns(1_000_000_000) == 500_000_000
+        pool.rounds.begin(time.monotonic_ns())
+        pool.rounds.begin(time.monotonic_ns())
+        assert pool.end_rounds() == burners.QuotaRounds(
+            rounds=2, owed_ns=100_000_000, done_ns=0.0, short=2
+        )
     finally:
         pool.close()
 
@@ -632,7 +710,10 @@ def test_a_replay_reports_the_load_apart_from_its_own_cpu(
 ) -> None:
     if engine == "grpc-cpp":
         grpc_cpp_program()
-    path = _busy_trace(tmp_path)
+    # uniform: steps of 100 ms, so that training's CPU a step outweighs the replay's.
+    lengths = [100.0] * 4 if mode == "uniform" else None
+    trace = make_trace(steps=4, workers=2)
+    path = _busy_trace(tmp_path, with_step_lengths(trace, lengths) if lengths else trace)
     output = tmp_path / "out"
     completed = subprocess.run(
         [
@@ -654,6 +735,10 @@ def test_a_replay_reports_the_load_apart_from_its_own_cpu(
     assert parameters["compute_load_sizing"].startswith(f"{mode}: ")
     assert parameters["compute_load_cpu_cores"] >= 0
     assert "compute_load_cpu_s_per_step" in parameters
+    if mode == "uniform":
+        # The first worker's process told the rounds; the quotas were owed over them.
+        assert parameters[compute_load.ROUNDS_ENTRY] >= 1
+        assert 0 <= parameters[compute_load.QUOTA_MET_ENTRY] <= 1
     # The replay's own CPU is its workers' and servers': the burners are not among them.
     assert benchmark["runs"][0]["client_cpu_ns"] > 0
 
@@ -674,27 +759,49 @@ def _load_jobs(path: Path) -> list[WorkerJob]:
     ]
 
 
-def test_a_load_records_what_its_quota_burners_spent_of_what_was_sized(tmp_path: Path) -> None:
+def test_a_load_records_what_its_quota_burners_did_of_their_rounds_quotas(
+    tmp_path: Path,
+) -> None:
     trace = with_step_lengths(make_trace(steps=4, workers=2), [100.0] * 4)
-    load = ComputeLoad(_load_jobs(_busy_trace(tmp_path, trace)))
+    jobs = _load_jobs(_busy_trace(tmp_path, trace))
+    load = ComputeLoad(jobs)
     try:
-        # A 100 ms replayed step: the quota is the sized load, owed every 100 ms.
+        # A 100 ms replayed step: the quota is the sized load, owed every round.
         load.size(replay_cpu_ns=0, steps=2, wall_ns=200_000_000)
         assert load.sizing is not None and load.sizing.load_cpu_ns > 0
         quotas, step = compute_load.burner_quotas(load.sizing, 1.0)
         assert (sum(quotas), step) == (pytest.approx(load.sizing.load_cpu_ns), 100_000_000)
+        # The first training worker's first process tells the rounds; no other does.
+        rounds = load.round_clock(0)
+        assert rounds is not None and load.round_clock(1) is None
         pool = load._burners
         assert pool is not None
+        # Every burner answers (its start-up done): no round began, none owed.
+        assert pool.end_rounds() == burners.QuotaRounds(short=0)
         with load.measuring() as measured:
-            measured.steps = 3
-            before = pool.quota_cpu_ns()
+            measured.steps = 1
+            before = pool.cpu_ns()
+            burners.RoundSignal(rounds)(time.perf_counter_ns())
             deadline = time.monotonic() + 20
-            while pool.quota_cpu_ns() == before and time.monotonic() < deadline:
+            while pool.cpu_ns() - before < 50_000_000 and time.monotonic() < deadline:
                 time.sleep(0.05)
         parameters = load.parameters()
-        assert parameters[compute_load.QUOTA_MET_ENTRY] > 0
+        assert parameters[compute_load.ROUNDS_ENTRY] == 1
+        assert 0 < parameters[compute_load.QUOTA_MET_ENTRY] <= 1
+        assert parameters[compute_load.ROUNDS_SHORT_ENTRY] in range(len(quotas) + 1)
         assert parameters["compute_load_cpu_s_per_step"] > 0
-        assert "of their quota)" in compute_load.report_line(parameters)
+        assert "of their quota over 1 rounds, a burner short of it " in (
+            compute_load.report_line(parameters)
+        )
+        # A run in which no round began owes nothing, and reports no share of nothing.
+        idle = ComputeLoad(jobs)
+        try:
+            idle.size(replay_cpu_ns=0, steps=2, wall_ns=200_000_000)
+            with idle.measuring():
+                pass
+            assert compute_load.QUOTA_MET_ENTRY not in idle.parameters()
+        finally:
+            idle.close()
     finally:
         load.close()
 
@@ -724,6 +831,20 @@ def test_the_terminal_report_names_the_load_and_what_the_burners_spent() -> None
         }
     )
     assert met.endswith("(0.66 cores, 99% of their quota), not counted as the replay's")
+    rounds = compute_load.report_line(
+        {
+            "compute_load": "uniform",
+            "compute_load_cpu_s_per_step": 0.4412,
+            "compute_load_cpu_cores": 0.66,
+            compute_load.QUOTA_MET_ENTRY: 0.87,
+            compute_load.ROUNDS_ENTRY: 25,
+            compute_load.ROUNDS_SHORT_ENTRY: 6,
+        }
+    )
+    assert rounds.endswith(
+        "(0.66 cores, 87% of their quota over 25 rounds, a burner short of it 6 times), "
+        "not counted as the replay's"
+    )
 
 
 def test_auto_loads_a_paced_ps_throughput_replay_of_a_trace_with_capture_cpu(

@@ -26,8 +26,9 @@ How it is spread (``MODES``):
   task: the load over the gaps' total in the trace replayed onto itself
   (``trace_gaps_ns``), at most one core per task (``MAX_GAP_CORES``); what
   does not fit is spread uniformly;
-* ``uniform``: the load as a quota of CPU a step, due evenly over the step and done
-  however long others holding the cores make it take (``burner_quotas``).
+* ``uniform``: the load as a quota of CPU a replayed round, due evenly over the step
+  and done however long others holding the cores make it take, until the next round
+  begins (``burner_quotas``).
 
 Across CPU models (a compute scale ``s`` other than 1: ``--compute``, the
 calibrations' scale) the capture's CPU is the capture machine's.  Its compute part
@@ -289,9 +290,9 @@ def size_load(
 
 
 def burner_quotas(sizing: ComputeLoadSizing, time_dilation: float) -> tuple[list[float], int]:
-    """The quota burners' quotas (CPU ns a step each) and the step they are owed over
+    """The quota burners' quotas (CPU ns a round each) and the step they are due over
     (wall ns): the load not placed in the gaps (``uniform_cores`` over the step the
-    load is spread over), all of it every step, split evenly over as many burners as
+    load is spread over), all of it every round, split evenly over as many burners as
     the whole cores it keeps busy (``1.5`` -> two of ``0.75``: each has room to catch
     up); the step dilated, the quotas not (``wall_cores``)."""
     quota = sizing.uniform_cores * sizing.step_here_ns
@@ -304,9 +305,13 @@ def burner_quotas(sizing: ComputeLoadSizing, time_dilation: float) -> tuple[list
 
 #: The result entry saying why ``auto`` chose its mode.
 AUTO_ENTRY = "compute_load_auto"
-#: The result entry: the CPU the quota burners spent over the measured runs, over what
-#: their quotas owed in that time.
+#: The result entry: the CPU the quota burners spent on each round's quota before the
+#: next round began (at most its quota), over what the measured runs' rounds owed.
 QUOTA_MET_ENTRY = "compute_load_quota_met"
+#: The result entries: the measured runs' rounds the quotas were owed over, and how many
+#: times a quota burner ended one short of its quota (what it had not done then, dropped).
+ROUNDS_ENTRY = "compute_load_rounds"
+ROUNDS_SHORT_ENTRY = "compute_load_rounds_short"
 
 
 def report_line(parameters: Mapping[str, object]) -> str:
@@ -327,8 +332,11 @@ def report_line(parameters: Mapping[str, object]) -> str:
         parameters.get("compute_load_cpu_cores"),
     )
     met = parameters.get(QUOTA_MET_ENTRY)
+    rounds, short = parameters.get(ROUNDS_ENTRY), parameters.get(ROUNDS_SHORT_ENTRY)
     if isinstance(spent, (int, float)) and isinstance(cores, (int, float)):
         quota = f", {met:.0%} of their quota" if isinstance(met, (int, float)) else ""
+        if quota and isinstance(rounds, int) and isinstance(short, int):
+            quota += f" over {rounds} rounds, a burner short of it {short} times"
         line += (
             f"; the burners spent {spent:.2f} CPU-s a step ({cores:.2f} cores{quota}), "
             "not counted as the replay's"

@@ -6,10 +6,15 @@ arithmetic.  A task's gap burner (``--compute-load gaps``) works at a share of a
 core while one of the compute gaps its task's worker process told it of runs:
 work owed while others held the core is done when it gets the core back (up to
 ``MAX_CREDIT_NS``), so the work stays near its gaps.  A quota burner
-(``uniform``) owes a fixed amount of CPU a step (its quota), due evenly over
-the step, and does all of it however long others holding the cores make that
-take: the real-time relays of a delayed link, the replay's own processes.
-Both count CPU on the burner's own thread CPU clock, not in wall time.  Each
+(``uniform``) owes a fixed amount of CPU a replayed round (its quota), from the
+round's start, due evenly over the sized step (or the round before, where that
+was shorter), and does it however long others holding the cores make that take
+(the real-time relays of a delayed link, the replay's own processes), until the
+next round starts: what it has not done then is counted short, not carried into
+the next round.  The rounds are the first training worker's steps, told by its
+process through shared memory (``RoundClock``, ``RoundSignal``: the throughput
+loop's ``on_round``).  Both count CPU on the burner's own thread CPU clock, not
+in wall time.  Each
 burner dies with the process that started it (``lifetime.die_with_parent``: no
 burner outlives a replay killed with SIGKILL), and ``Burners.close`` ends them
 all.
@@ -32,6 +37,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -45,6 +51,8 @@ GAP = struct.Struct("<qq")
 MAX_CREDIT_NS = 50_000_000
 #: How much CPU a burner spends before it looks at its messages and the clock again.
 SLICE_NS = 1_000_000
+#: How often a quota burner with no round open looks for one to begin (ns).
+ROUND_POLL_NS = 10_000_000
 #: How long ``close`` waits for burners told to stop, then for terminated ones.
 STOP_GRACE_S = 2.0
 
@@ -68,13 +76,59 @@ class GapSender:
                 self._connection.send_bytes(GAP.pack(start - self._offset, end_ns - self._offset))
 
 
+class RoundClock:
+    """When the replay's rounds begin: how many have begun and the last one's start
+    (CLOCK_MONOTONIC ns), in shared memory, written by one process (``begin``) and read
+    by any (``read``).  Handed to processes as they are started (spawn arguments)."""
+
+    def __init__(self, context: Any) -> None:
+        self._shared = context.RawArray("q", 2)
+
+    def begin(self, start_ns: int) -> None:
+        """A round began at ``start_ns`` (the one writer: its start, then the count)."""
+        self._shared[1] = start_ns
+        self._shared[0] += 1
+
+    def read(self) -> tuple[int, int]:
+        """(rounds begun, the last one's start); read again if one began meanwhile."""
+        while True:
+            count, start = self._shared[0], self._shared[1]
+            if self._shared[0] == count:
+                return count, start
+
+
+class RoundSignal:
+    """A worker loop's ``on_round`` (perf-counter ns) telling a ``RoundClock``."""
+
+    def __init__(self, rounds: RoundClock) -> None:
+        self._rounds = rounds
+        self._offset = perf_minus_monotonic_ns()
+
+    def __call__(self, start_ns: int) -> None:
+        self._rounds.begin(start_ns - self._offset)
+
+
+@dataclass(frozen=True, slots=True)
+class QuotaRounds:
+    """What quota burners did over rounds: the rounds their quotas were owed over, the
+    CPU owed (ns: each burner's quota every round) and done in time (a round's work
+    done before the next began, at most its quota), and the rounds a burner ended
+    short of its quota (each burner's counted: two burners short in one round, 2)."""
+
+    rounds: int = 0
+    owed_ns: float = 0.0
+    done_ns: float = 0.0
+    short: int = 0
+
+
 def _overlap(intervals: Iterable[tuple[int, int]], begin: int, end: int) -> int:
     return sum(max(0, min(e, end) - max(s, begin)) for s, e in intervals)
 
 
 class _Burner:
     """A burner's state: its gap duty and the gaps still to come, the gap work owed, its
-    quota a step; read on ``wall`` (CLOCK_MONOTONIC) and ``cpu`` (its thread's CPU)."""
+    quota a round and the rounds; read on ``wall`` (CLOCK_MONOTONIC) and ``cpu`` (its
+    thread's CPU)."""
 
     def __init__(
         self,
@@ -87,18 +141,63 @@ class _Burner:
         self.credit = 0.0
         self.wall = wall()
         self.cpu = cpu()
-        #: CPU ns owed a step of ``step`` wall ns (0: no quota), since ``quota_wall``,
-        #: and this thread's CPU then.
+        #: CPU ns owed a round (0: no quota), due evenly over at most ``step`` wall ns.
         self.quota = 0.0
         self.step = 1
-        self.quota_wall = self.wall
-        self.quota_cpu = self.cpu
+        #: The rounds begun so far (``RoundClock``'s count), the open round's start (None:
+        #: none open), this thread's CPU then, and the wall time its quota is due over.
+        self.rounds_seen = 0
+        self.round_start: int | None = None
+        self.round_cpu = 0
+        self.pace = 1
+        #: The rounds closed since the quota was set, and what was done in them.
+        self.closed = QuotaRounds()
 
-    def set_quota(self, quota_ns: float, step_ns: int) -> None:
-        """Owe ``quota_ns`` of CPU every ``step_ns`` from now on (what was owed before
-        is forgiven, what was done before is not counted)."""
+    def set_quota(self, quota_ns: float, step_ns: int, rounds_seen: int) -> None:
+        """Owe ``quota_ns`` of CPU every round begun after the ``rounds_seen``th, due
+        over ``step_ns`` at most (nothing owed before is owed now; no round is open)."""
         self.quota, self.step = quota_ns, max(1, step_ns)
-        self.quota_wall, self.quota_cpu = self._wall_clock(), self._cpu_clock()
+        self.rounds_seen, self.round_start = rounds_seen, None
+        self.closed = QuotaRounds()
+
+    def _close_round(self, cpu: int, unseen: int = 0) -> None:
+        """End the open round (if any) with this thread's CPU at ``cpu``, and count
+        ``unseen`` rounds begun and ended between two looks: none of theirs done."""
+        rounds, done, short = unseen, 0.0, unseen
+        if self.round_start is not None:
+            done = min(self.quota, float(cpu - self.round_cpu))
+            rounds, short = rounds + 1, short + int(done < self.quota)
+        self.closed = QuotaRounds(
+            rounds=self.closed.rounds + rounds,
+            owed_ns=self.closed.owed_ns + rounds * self.quota,
+            done_ns=self.closed.done_ns + done,
+            short=self.closed.short + short,
+        )
+
+    def begin_round(self, count: int, start_ns: int) -> None:
+        """Rounds up to the ``count``th have begun, the last at ``start_ns``: the open one
+        ends (what of its quota is not done is short, not carried over), and the last
+        owes its quota from its start, due evenly over the step or, where shorter, the
+        rounds since the one before began."""
+        if count <= self.rounds_seen or self.quota <= 0:
+            self.rounds_seen = max(self.rounds_seen, count)
+            return
+        cpu = self._cpu_clock()
+        began = count - self.rounds_seen
+        previous = self.round_start
+        self._close_round(cpu, unseen=began - 1)
+        self.pace = self.step
+        if previous is not None:
+            self.pace = max(1, min(self.step, (start_ns - previous) // began))
+        self.rounds_seen, self.round_start, self.round_cpu = count, start_ns, cpu
+
+    def end_rounds(self) -> QuotaRounds:
+        """End the open round now; what the rounds closed since the quota was set owed
+        and had done (the next round, if any, begins a new count)."""
+        self._close_round(self._cpu_clock())
+        self.round_start = None
+        closed, self.closed = self.closed, QuotaRounds()
+        return closed
 
     def account(self) -> None:
         """Add the gap work owed since the last look, less the CPU spent."""
@@ -111,10 +210,12 @@ class _Burner:
         self.wall, self.cpu = now, cpu
 
     def quota_owed_ns(self) -> float:
-        """The quota's CPU owed so far and not done (as of the last ``account``): the
-        quota of every step begun, each due evenly over its step; never capped."""
-        due = self.quota * (self.wall - self.quota_wall) / self.step
-        return due - (self.cpu - self.quota_cpu)
+        """The open round's quota due and not done (as of the last ``account``; 0 with
+        no round open): due evenly over its pace, all of it once that is over."""
+        if self.round_start is None or self.quota <= 0:
+            return 0.0
+        due = self.quota * min(1.0, max(0, self.wall - self.round_start) / self.pace)
+        return due - (self.cpu - self.round_cpu)
 
     def owed_ns(self) -> float:
         """CPU to do now (as of the last ``account``)."""
@@ -130,7 +231,7 @@ class _Burner:
     def idle_s(self) -> float | None:
         """How long nothing is owed at the least (None: until a message)."""
         if self.quota > 0:
-            return SLICE_NS / 1e9
+            return (SLICE_NS if self.round_start is not None else ROUND_POLL_NS) / 1e9
         if self.gap_duty > 0 and self.gaps:
             return max(0, self.gaps[0][0] - self._wall_clock()) / 1e9 + SLICE_NS / 1e9
         return None
@@ -155,9 +256,10 @@ def work(burner: _Burner, spin: Callable[[float], None] = _spin) -> float | None
     return burner.idle_s()
 
 
-def _read(burner: _Burner, ready: Sequence[Any], control: Any) -> str:
+def _read(burner: _Burner, ready: Sequence[Any], control: Any, rounds: RoundClock) -> str:
     """Take the messages that came: "stop" when told to (or the parent is gone),
-    "closed" when the gaps' sender is gone, else "ok"."""
+    "closed" when the gaps' sender is gone, else "ok"; "end" is answered with what
+    the rounds since the quota was set owed and had done (``QuotaRounds``)."""
     for connection in ready:
         try:
             if connection is control:
@@ -165,7 +267,10 @@ def _read(burner: _Burner, ready: Sequence[Any], control: Any) -> str:
                 if message[0] == "duty":
                     burner.gap_duty = float(message[1])
                 elif message[0] == "quota":
-                    burner.set_quota(float(message[1]), int(message[2]))
+                    burner.set_quota(float(message[1]), int(message[2]), int(message[3]))
+                elif message[0] == "end":
+                    burner.begin_round(*rounds.read())
+                    connection.send(burner.end_rounds())
                 else:
                     return "stop"
             else:
@@ -175,18 +280,19 @@ def _read(burner: _Burner, ready: Sequence[Any], control: Any) -> str:
     return "ok"
 
 
-def _burner_main(control: Any, gaps: Any, parent_pid: int) -> None:
-    """A burner: obey ``control`` (("duty", gap share), ("quota", CPU ns, step ns) or
-    ("stop",)), burn in ``gaps``."""
+def _burner_main(control: Any, gaps: Any, rounds: RoundClock, parent_pid: int) -> None:
+    """A burner: obey ``control`` (("duty", gap share), ("quota", CPU ns, step ns, rounds
+    begun before), ("end",) or ("stop",)), burn in ``gaps`` and in ``rounds``'s rounds."""
     lifetime.die_with_parent(parent_pid)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
     burner = _Burner()
     sources = [control] if gaps is None else [control, gaps]
     while True:
+        burner.begin_round(*rounds.read())
         timeout = work(burner)
         ready = multiprocessing.connection.wait(sources, timeout)
-        state = _read(burner, ready, control) if ready else "ok"
+        state = _read(burner, ready, control, rounds) if ready else "ok"
         if state == "stop":
             return
         if state == "closed":
@@ -223,10 +329,14 @@ def tree_cpu_ns(root: int, exclude: Sequence[int] = (), proc: Path = Path("/proc
 
 class Burners:
     """The burner processes of one benchmark: one per task that reports gaps, and one per
-    quota (``set_load``).  Start them from the thread that stops them (``lifetime``)."""
+    quota (``set_load``), owed every round ``rounds`` counts (a worker process tells it,
+    ``RoundSignal``).  Start them from the thread that stops them (``lifetime``)."""
 
     def __init__(self, gap_tasks: int) -> None:
         self._context = multiprocessing.get_context("spawn")
+        #: When the replay's rounds begin: hand it to the process that tells.
+        self.rounds = RoundClock(self._context)
+        self._rounds_before = 0
         self._processes: list[Any] = []
         self._controls: list[multiprocessing.connection.Connection] = []
         #: The write end each task's worker process sends its gaps on.
@@ -249,7 +359,7 @@ class Burners:
         with lifetime.deferred_signals():
             process = self._context.Process(
                 target=_burner_main,
-                args=(child, gaps, os.getpid()),
+                args=(child, gaps, self.rounds, os.getpid()),
                 name="tf-grpc-bench-burner",
                 daemon=True,
             )
@@ -264,7 +374,8 @@ class Burners:
 
     def set_load(self, gap_cores: float, quotas: Sequence[float] = (), step_ns: int = 1) -> None:
         """Each task's burner at ``gap_cores`` (at most 1) in its gaps; one more burner per
-        quota in ``quotas``, owing that much CPU (ns) every ``step_ns``."""
+        quota in ``quotas``, owing that much CPU (ns) every round, due over ``step_ns``
+        at most."""
         for control in self._controls[: self._gap_burners]:
             control.send(("duty", min(1.0, gap_cores)))
         for _ in quotas:
@@ -273,26 +384,38 @@ class Burners:
         self.restart_quotas()
 
     def restart_quotas(self) -> None:
-        """The quota burners owe their quotas from now (what was owed before is forgiven)."""
+        """The quota burners owe their quotas every round from the next one (what was
+        owed before is forgiven)."""
         quotas, step_ns = self._quotas
+        self._rounds_before = self.rounds.read()[0]
         if not self._controls:
             return
         for control, quota in zip(self._controls[self._gap_burners :], quotas, strict=True):
             with contextlib.suppress(OSError):  # a burner gone: its quota is not met, and says so
-                control.send(("quota", quota, step_ns))
+                control.send(("quota", quota, step_ns, self._rounds_before))
 
     def cpu_ns(self) -> int:
         """The burners' CPU so far (ns)."""
         return sum(process_cpu_ns(pid) for pid in self.pids)
 
-    def quota_cpu_ns(self) -> int:
-        """The quota burners' CPU so far (ns)."""
-        return sum(process_cpu_ns(pid) for pid in self.pids[self._gap_burners :])
-
-    def quota_owed_ns(self, wall_ns: int) -> float:
-        """What the quota burners owe over ``wall_ns`` (ns of CPU)."""
-        quotas, step_ns = self._quotas
-        return sum(quotas) * wall_ns / step_ns
+    def end_rounds(self, timeout_s: float = STOP_GRACE_S) -> QuotaRounds:
+        """What the quotas owed over the rounds begun since ``restart_quotas`` and what
+        the quota burners did of it (each ends its open round now).  A burner that does
+        not answer within ``timeout_s`` (gone) did none of its quota."""
+        quotas, _ = self._quotas
+        rounds = self.rounds.read()[0] - self._rounds_before
+        done, short = 0.0, 0
+        for control in self._controls[self._gap_burners :]:
+            try:
+                control.send(("end",))
+                answer = control.recv() if control.poll(timeout_s) else None
+            except (EOFError, OSError):
+                answer = None
+            if isinstance(answer, QuotaRounds):
+                done, short = done + answer.done_ns, short + answer.short
+            else:
+                short += rounds
+        return QuotaRounds(rounds=rounds, owed_ns=sum(quotas) * rounds, done_ns=done, short=short)
 
     def close(self) -> None:
         """End every burner (told, then terminated, then killed).  Idempotent."""

@@ -5,10 +5,11 @@ so that each client task's first process gets the write end of its burner's
 gaps; after the warm-up it measures the replay's own CPU over the warm-up's
 steps (every process descending from this one, burners left out), sizes the
 load from it and the trace (``core.compute_load.size_load``) and sets the
-burners going (the ``uniform`` part as quotas a step); at each measured run's
-start the quotas are owed afresh, and around it it measures what the burners
-spent, and what of their quotas, which the result reports apart from the
-replay's CPU (``parameters``).  With
+burners going (the ``uniform`` part as quotas a round); at each measured run's
+start the quotas are owed afresh, every round the first training worker's
+process begins (``round_clock``), and around it it measures what the burners
+spent, and what of their rounds' quotas they did in time, which the result
+reports apart from the replay's CPU (``parameters``).  With
 ``--compute-load none`` it does nothing.
 """
 
@@ -25,7 +26,7 @@ from tf_grpc_bench.errors import TransportError
 from tf_grpc_bench.replay.core import compute_load
 from tf_grpc_bench.replay.core.measurement import Benchmark
 from tf_grpc_bench.replay.core.pacing import Timing
-from tf_grpc_bench.replay.transport.burners import Burners, tree_cpu_ns
+from tf_grpc_bench.replay.transport.burners import Burners, QuotaRounds, RoundClock, tree_cpu_ns
 from tf_grpc_bench.replay.transport.client import ReplayClient
 from tf_grpc_bench.replay.transport.seam import WorkerJob
 
@@ -61,8 +62,8 @@ class ComputeLoad:
         self._dilation = jobs[0].plan.time_dilation
         self.sizing: compute_load.ComputeLoadSizing | None = None
         self._burners: Burners | None = None
-        self._cpu_ns = self._wall_ns = self._steps = self._quota_cpu_ns = 0
-        self._quota_owed_ns = 0.0
+        self._cpu_ns = self._wall_ns = self._steps = 0
+        self._quota = QuotaRounds()
         if self.mode != compute_load.NONE:
             gap_tasks = len(jobs) if self.mode == compute_load.GAPS else 0
             self._burners = Burners(gap_tasks)
@@ -72,6 +73,15 @@ class ComputeLoad:
         if self._burners is None or not self._burners.gap_writers:
             return None
         return self._burners.gap_writers[job]
+
+    def round_clock(self, job: int) -> RoundClock | None:
+        """Where job ``job``'s first process tells each round's start (None: it does not):
+        the first job standing for a training worker (not a side client)."""
+        if self._burners is None:
+            return None
+        side = self._jobs[0].workload.side_workers
+        training = [n for n, j in enumerate(self._jobs) if j.worker_index not in side]
+        return self._burners.rounds if training[:1] == [job] else None
 
     def replay_cpu_ns(self) -> int:
         """The replay's own processes' CPU so far (ns; 0 without a load): the servers'
@@ -130,30 +140,36 @@ class ComputeLoad:
 
     @contextlib.contextmanager
     def measuring(self) -> Iterator[Measured]:
-        """Around a measured run: the quotas owed from its start, the burners' CPU and
-        wall time over it."""
+        """Around a measured run: the quotas owed every round from its first, the
+        burners' CPU and wall time over it, and what the rounds' quotas owed and had done
+        (the last round's ends with the run)."""
         measured = Measured()
         if self._burners is not None:
             self._burners.restart_quotas()
         cpu = 0 if self._burners is None else self._burners.cpu_ns()
-        quota_cpu = 0 if self._burners is None else self._burners.quota_cpu_ns()
         wall = time.monotonic_ns()
         try:
             yield measured
         finally:
             if self._burners is not None:
+                rounds = self._burners.end_rounds()
                 elapsed = time.monotonic_ns() - wall
                 self._cpu_ns += self._burners.cpu_ns() - cpu
-                self._quota_cpu_ns += self._burners.quota_cpu_ns() - quota_cpu
-                self._quota_owed_ns += self._burners.quota_owed_ns(elapsed)
+                self._quota = QuotaRounds(
+                    rounds=self._quota.rounds + rounds.rounds,
+                    owed_ns=self._quota.owed_ns + rounds.owed_ns,
+                    done_ns=self._quota.done_ns + rounds.done_ns,
+                    short=self._quota.short + rounds.short,
+                )
                 self._wall_ns += elapsed
                 self._steps += measured.steps
 
     def parameters(self) -> dict[str, str | int | float | bool]:
         """The result's entries: the mode, its sizing, and the burners' CPU (not the
         replay's: ``client_cpu_ns`` and ``server_cpu_ns`` leave it out), in the time of
-        the training predicted, and the share of their quotas the quota burners did
-        over the measured runs."""
+        the training predicted, the share of their rounds' quotas the quota burners
+        did in time over the measured runs, and of the rounds, those a burner ended
+        short."""
         if self.mode == compute_load.NONE and not self._auto:
             return {}
         parameters: dict[str, str | int | float | bool] = {"compute_load": self.mode}
@@ -165,10 +181,12 @@ class ComputeLoad:
             parameters["compute_load_cpu_cores"] = round(self._cpu_ns / self._wall_ns, 3)
         if self._steps > 0:
             parameters["compute_load_cpu_s_per_step"] = round(self._cpu_ns / self._steps / 1e9, 4)
-        if self._quota_owed_ns > 0:
+        if self._quota.owed_ns > 0:
             parameters[compute_load.QUOTA_MET_ENTRY] = round(
-                self._quota_cpu_ns / self._quota_owed_ns, 3
+                self._quota.done_ns / self._quota.owed_ns, 3
             )
+            parameters[compute_load.ROUNDS_ENTRY] = self._quota.rounds
+            parameters[compute_load.ROUNDS_SHORT_ENTRY] = self._quota.short
         return parameters
 
     def close(self) -> None:

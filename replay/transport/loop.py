@@ -257,8 +257,12 @@ class WorkerLoop:
         machine_cpu: Callable[[], MachineCpuTimes | None] = read_machine_cpu,
         step_barrier: StepBarrier | None = None,
         record_steps: bool = True,
+        on_round: Callable[[int], None] | None = None,
     ) -> None:
         self.workload = workload
+        #: Told each step's (a round's) start on ``clock`` as it begins (the compute
+        #: load's quota burners owe their quota from it: ``burners.RoundSignal``).
+        self.on_round = on_round or (lambda _start_ns: None)
         #: False for a side client (``Workload.side_workers``): its steps are not training's.
         self.record_steps = record_steps
         self.driver = driver
@@ -318,14 +322,14 @@ class WorkerLoop:
         self.driver.begin_run()
         stop_at = None if duration_ns is None else begin_ns + duration_ns
         give_up_at = last_moment_ns(begin_ns, duration_ns)
-        step_begin = begin_ns
-        last_end = begin_ns
+        step_begin = last_end = begin_ns
         for number, step in enumerate(self._cycle()):
             if self._stops(
                 (step_count is not None and number >= step_count)
                 or (step_count is None and stop_at is not None and self.clock() >= stop_at)
             ):
                 break
+            self.on_round(step_begin)
             outcome = self.driver.run_step(
                 step,
                 run_begin_ns=begin_ns,
