@@ -161,7 +161,10 @@ def _check_network_trace(output: Path, profile: str, layout: str, hosts: int) ->
 )
 def test_capture_on_an_emulated_link(tmp_path: Path, profile: str, layout: str, hosts: int) -> None:
     output = tmp_path / "tiny.tfgbtrace"
+    # Not timed (--no-calibrate): nothing here reads the compute calibration (test_capture.py
+    # checks a capture's), and a loaded machine's would take minutes.
     flags = "--model tiny --setup tf2-ps --ps 1 --workers 2 --steps 2 --batch-size 4"
+    flags += " --no-calibrate"
     network = ("--network", profile, "--layout", layout)
     result, pid = run_with_pid(
         [CLI, "capture", *flags.split(), "--input-size", "16", "-q", "-o", str(output), *network],
@@ -196,7 +199,8 @@ def test_capture_job_runs_the_users_tasks_on_emulated_hosts(tmp_path: Path) -> N
     result, pid = run_with_pid(
         [
             *(CLI, "capture-job", "--cluster", json.dumps(cluster), "-o", str(output)),
-            *("--timeout", "300", "--network", "1gbit", "--", *user_command),
+            # Not timed: test_userjob.py checks capture-job's calibration.
+            *("--timeout", "300", "--no-calibrate", "--network", "1gbit", "--", *user_command),
         ],
         timeout_s=600,
     )

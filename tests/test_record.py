@@ -704,9 +704,11 @@ def test_a_script_taking_its_role_as_flags_runs_under_record_and_capture_job(
     assert len(trace.steps) == 5 and not trace.partial, trace.partial_reason  # 6 - 1 warm-up
 
     output = tmp_path / "captured.tfgbtrace"
+    # Not timed (--no-calibrate): nothing here reads the compute calibration (test_userjob.py
+    # checks capture-job's), and a loaded machine's would take minutes.
     result = subprocess.run(
         [CLI, "capture-job", "--cluster", json.dumps(cluster), "-o", str(output),
-         "--timeout", "300", "--", *command],
+         "--timeout", "300", "--no-calibrate", "--", *command],
         capture_output=True, text=True, timeout=400, check=False,
     )  # fmt: skip
     assert result.returncode == 0, result.stderr

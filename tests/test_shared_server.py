@@ -137,9 +137,11 @@ def _stop(process: subprocess.Popen[str]) -> tuple[str, str]:
 def _capture_wide_job(output: Path) -> None:
     chief, ps, worker0, worker1 = (f"localhost:{p}" for p in free_ports(4))
     cluster = {"chief": [chief], "ps": [ps], "worker": [worker0, worker1]}
+    # --no-calibrate: nothing here reads the compute calibration (test_userjob.py checks
+    # capture-job's), and a loaded machine's calibration would take minutes.
     result = subprocess.run(
         [CLI, "capture-job", "--cluster", json.dumps(cluster), "--output", str(output),
-         "--quiet", "--timeout", "300", "--",
+         "--quiet", "--timeout", "300", "--no-calibrate", "--",
          sys.executable, str(WIDE_SCRIPT), "--rounds", "3", "--variables", "400"],
         capture_output=True, text=True, timeout=400, check=False,
     )  # fmt: skip

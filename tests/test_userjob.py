@@ -382,9 +382,12 @@ def test_a_users_own_multi_worker_mirrored_script_gets_its_steps_from_collective
     ports = free_ports(2)
     cluster = {"worker": [f"localhost:{port}" for port in ports]}
     output = tmp_path / "mwms.tfgbtrace"
+    # Not timed (--no-calibrate): test_a_users_own_parameter_server_script_is_captured checks
+    # capture-job's calibration, and a loaded machine's would take minutes here.
     result = subprocess.run(
         [CLI, "capture-job", "--cluster", json.dumps(cluster), "--output", str(output),
-         "--timeout", "300", "--", sys.executable, str(MWMS_SCRIPT), "--steps", "6"],
+         "--timeout", "300", "--no-calibrate", "--", sys.executable, str(MWMS_SCRIPT),
+         "--steps", "6"],
         capture_output=True, text=True, timeout=400, check=False,
     )  # fmt: skip
     assert result.returncode == 0, result.stderr
@@ -419,9 +422,11 @@ def _capture_tf1(
     cluster = {"ps": [f"localhost:{ports[0]}"], "worker": [f"localhost:{p}" for p in ports[1:]]}
     output, reports = tmp_path / "tf1.tfgbtrace", tmp_path / "reports"
     reports.mkdir()
+    # Not timed (--no-calibrate), as the MWMS script's capture above.
     result = subprocess.run(
         [CLI, "capture-job", "--cluster", json.dumps(cluster), "--output", str(output),
-         "--timeout", "300", "--", sys.executable, str(TF1_SCRIPT), "--report", str(reports),
+         "--timeout", "300", "--no-calibrate", "--", sys.executable, str(TF1_SCRIPT),
+         "--report", str(reports),
          *script_flags],
         capture_output=True, text=True, timeout=400, check=False,
     )  # fmt: skip
