@@ -61,11 +61,13 @@ from tf_grpc_bench.replay.transport.loop import (
     interrupted_reason,
 )
 from tf_grpc_bench.replay.transport.peers import (
+    Hold,
     PeerLinks,
     Peers,
     RoundBarrier,
     make_links,
     perf_minus_monotonic_ns,
+    unheld,
 )
 from tf_grpc_bench.replay.transport.seam import WorkerJob, measure_runs, worker_jobs
 from tf_grpc_bench.replay.transport.wire import ChannelSettings
@@ -202,10 +204,11 @@ def _open_clients(spec: WorkerSpec, peers: Peers | None) -> dict[int, ReplayClie
 
 
 def _open_driver(
-    spec: WorkerSpec, peers: Peers | None
+    spec: WorkerSpec, peers: Peers | None, hold: Hold = unheld
 ) -> tuple[Driver | NativeDriver, Callable[[], None], Callable[[], int]]:
     """The driver of this process's calls, connected and with its requests made; what
-    closes it; the CPU clock of the process (and of the engine program, if any)."""
+    closes it; the CPU clock of the process (and of the engine program, if any, whose
+    frames are read under ``hold``)."""
     if spec.native_program:
         native = open_native_driver(
             Path(spec.native_program),
@@ -215,6 +218,7 @@ def _open_driver(
             spec.plan,
             settings=spec.settings,
             peers=peers,
+            hold=hold,
         )
         return native, native.close, native.cpu_ns
     clients = _open_clients(spec, peers)
@@ -267,7 +271,7 @@ def _worker_main(
         peers = None
         if links is not None:
             peers = Peers(links, spec.workload.steps, timeout_s=spec.plan.deadline_s, hold=hold)
-        driver, close, cpu_clock = _open_driver(spec, peers)
+        driver, close, cpu_clock = _open_driver(spec, peers, hold)
         rounds = None if barrier is None else RoundBarrier(barrier, spec.plan.deadline_s, hold)
         if spec.compute_gaps is not None:
             driver.on_compute = GapSender(spec.compute_gaps)

@@ -12,9 +12,11 @@ the program); the others run in the grpcio engine's worker processes
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import AbstractContextManager
 from pathlib import Path
 
+from tf_grpc_bench import lifetime
 from tf_grpc_bench.errors import TransportError
 from tf_grpc_bench.replay.core.workload import Mode
 from tf_grpc_bench.replay.native.build import build_engine, find_library
@@ -38,6 +40,7 @@ class InProcessWorkers:
             job.pacing,
             job.plan,
             settings=job.channel,
+            hold=_deferred,
         )
         self._loop = WorkerLoop(job.workload, self._driver, cpu_clock=self._driver.cpu_ns)
 
@@ -55,6 +58,12 @@ class InProcessWorkers:
 
     def close(self) -> None:
         self._driver.close()
+
+
+def _deferred(_breaking: Callable[[], None]) -> AbstractContextManager[None]:
+    """The session's stop signal held while a step's report is taken and kept
+    (``NativeDriver``'s hold; taking it waits for nothing, so nothing is broken)."""
+    return lifetime.deferred_signals()
 
 
 class _Serving:

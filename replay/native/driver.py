@@ -4,7 +4,7 @@ measuring loop (``transport.loop.WorkerLoop``).
 What Python decides, it decides with the grpcio engine's own code: a call's
 release time under recorded and rate pacing (``pacing.release_time_ns``), the
 dependency model's releases (``DependencyTracker``, fed with the program's
-completions as they happen), the window (``window_limits``, which
+completions as they happen: ``dependent.DependentStep``), the window (``window_limits``, which
 ``pacing.may_issue`` is tested to agree with), the steps, their ends, the
 worker's other processes (``peers``).  The program waits for those release
 times and windows, issues, times each call with ``CLOCK_MONOTONIC`` and reports
@@ -13,16 +13,12 @@ it; a sample is made here from the call the report names.
 
 from __future__ import annotations
 
-import threading
+import contextlib
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-import numpy as np
-
-from tf_grpc_bench.dependencies import Dependencies
-from tf_grpc_bench.dependency_tracker import DependencyTracker
-from tf_grpc_bench.errors import ConfigError, TransportError
+from tf_grpc_bench.errors import TransportError
 from tf_grpc_bench.replay.core.measurement import CallSample
 from tf_grpc_bench.replay.core.messages import pull_request_layout, pull_response_content_bytes
 from tf_grpc_bench.replay.core.pacing import (
@@ -32,12 +28,12 @@ from tf_grpc_bench.replay.core.pacing import (
     release_time_ns,
 )
 from tf_grpc_bench.replay.core.workload import Call, Mode, Shape, Workload, WorkloadStep
+from tf_grpc_bench.replay.native.dependent import DependentStep, dependencies_of
 from tf_grpc_bench.replay.native.process import EngineProcess
 from tf_grpc_bench.replay.native.protocol import (
     NO_LIMIT,
     PROTOCOL_VERSION,
     STEP_CYCLED,
-    STEP_DEPENDENT,
     STEP_ORDERED,
     Encoder,
     StepReport,
@@ -46,13 +42,15 @@ from tf_grpc_bench.replay.native.protocol import (
 )
 from tf_grpc_bench.replay.transport.driver import StepOutcome
 from tf_grpc_bench.replay.transport.loop import RunPlan
-from tf_grpc_bench.replay.transport.peers import PEER_POLL_S, Peers, perf_minus_monotonic_ns
+from tf_grpc_bench.replay.transport.peers import (
+    Hold,
+    Peers,
+    perf_minus_monotonic_ns,
+    unheld,
+)
 from tf_grpc_bench.replay.transport.wire import KEPT_ALLOCATION_BYTES, ChannelSettings, RpcKind
 
 _SHAPES = {Shape.ECHO: 0, Shape.ACK: 1, Shape.PULL: 2}
-#: Past the latest release and a call's deadline, how long a dependent step's program may
-#: stay silent before it is taken to be stuck (a ``TransportError``, not a hang).
-SILENCE_MARGIN_S = 10.0
 #: A call's row in the program's table: what is sent, to whom, under which window, and
 #: which chunk of its payload it is (index, count: the chunks share one deadline).
 Row = tuple[str, Shape, int, int, int, int, tuple[int, ...], int, str, int, int, int]
@@ -196,6 +194,15 @@ class NativeDriver:
     Stands where ``transport.driver.Driver`` stands (``run_step``, ``begin_run``,
     ``prepare``, ``pacing``, ``peers``); ``cpu_ns`` is this process's CPU time
     and the program's, for the loop's ``cpu_clock``.  One thread drives it.
+
+    A stop signal (``KeyboardInterrupt``) ends the step early, its calls so far kept: the
+    driver tells the program to stop it (``X``) and keeps the ``F`` that follows.  A
+    step's ``F`` is waited for with nothing held (nothing of it is taken meanwhile), then
+    taken and kept under ``hold`` (a worker process's ``throughput._RunInterrupt.held``,
+    the session's ``lifetime.deferred_signals``), so that the interrupt comes before it or
+    after its samples are kept, never between: raised there, it lost the step's samples,
+    and its ``X`` came after the step had ended.  The program answers such an ``X`` with
+    an empty ``F`` (which the next ``cpu_ns`` passes over).
     """
 
     def __init__(
@@ -208,9 +215,12 @@ class NativeDriver:
         clock: Callable[[], int] = time.perf_counter_ns,
         peers: Peers | None = None,
         deadline_s: float = 60.0,
+        hold: Hold = unheld,
     ) -> None:
-        """``deadline_s``: each call's deadline (as the program was given it)."""
+        """``deadline_s``: each call's deadline (as the program was given it); ``hold``:
+        what holds the run's interrupt while a step's frames are read and kept."""
         self.engine = engine
+        self.hold = hold
         self.deadline_s = deadline_s
         self.pacing = pacing
         self.peers = peers
@@ -270,7 +280,7 @@ class NativeDriver:
         keeps them).  A call planned past ``give_up_at_ns`` is not waited for: the step
         ends before it, ``cut``."""
         if self.pacing.timing is Timing.DEPENDENCIES:
-            replay = _DependentStep(self, step, step_begin_ns, give_up_at_ns)
+            replay = DependentStep(self, step, step_begin_ns, give_up_at_ns)
             return replay.run(run_begin_ns, samples)
         peers = self.peers
         if peers is not None:
@@ -285,8 +295,8 @@ class NativeDriver:
         end = self.clock()
         stop = -1 if stop_at_ns is None else self.to_monotonic(stop_at_ns)
         mode = STEP_CYCLED if self._cycles(stop_at_ns) else STEP_ORDERED
-        self.engine.process.send(Encoder("R").i64(stop).u8(mode).u32(0).raw(order).frame())
-        report = self.finish(step.calls, run_begin_ns, samples)
+        step_frame = Encoder("R").i64(stop).u8(mode).u32(0).raw(order).frame()
+        report = self.finish(step.calls, run_begin_ns, samples, step_frame=step_frame)
         self._issued_in_run += report.issued
         end = max([end, *(self.to_perf(sample[2]) for sample in report.samples)])
         if report.error:
@@ -341,25 +351,63 @@ class NativeDriver:
             self._asap_orders[id(step)] = (step, packed)
         return packed, len(order)
 
-    def finish(
-        self, calls: Sequence[Call], run_begin_ns: int, samples: list[CallSample] | None
-    ) -> StepReport:
-        """Wait for the step's ``F`` frame (a stop signal: the step ends early, its calls
-        so far kept); its samples appended to ``samples``."""
-        try:
-            report = self._await_report()
-        except KeyboardInterrupt:
+    def stop_step(self) -> None:
+        """Tell the program to stop issuing the step's calls (``X``); its ``F`` follows
+        (an empty one if the step had ended).  Safe from another thread."""
+        with contextlib.suppress(TransportError):  # gone: the reading side says so
             self.engine.process.send(Encoder("X").frame())
-            report = self._await_report()
-            self._keep(report, calls, run_begin_ns, samples)
-            raise
-        self._keep(report, calls, run_begin_ns, samples)
-        return report
 
-    def _await_report(self) -> StepReport:
-        while (frame := self.engine.process.receive()).kind != "F":
-            pass
-        return StepReport.read(frame)
+    def finish(
+        self,
+        calls: Sequence[Call],
+        run_begin_ns: int,
+        samples: list[CallSample] | None,
+        *,
+        step_frame: bytes = b"",
+    ) -> StepReport:
+        """Send ``step_frame`` (the step's ``R``, unless sent) and wait for the step's ``F``
+        frame; its samples appended to ``samples``.  A stop signal: the step ends early,
+        its calls so far kept, and the signal is raised once they are."""
+        kept: list[StepReport] = []
+        try:
+            if step_frame:
+                self.engine.process.send(step_frame)
+            return self.await_report(calls, run_begin_ns, samples, kept)
+        except KeyboardInterrupt:
+            if not kept:
+                self.stop_step()
+                self.await_report(calls, run_begin_ns, samples, kept)
+            raise
+
+    def await_report(
+        self,
+        calls: Sequence[Call],
+        run_begin_ns: int,
+        samples: list[CallSample] | None,
+        kept: list[StepReport],
+    ) -> StepReport:
+        """The step's ``F`` frame, other frames passed over: waited for with nothing held,
+        then taken, its samples kept and it appended to ``kept``, under ``hold``."""
+        process = self.engine.process
+        while process.await_frame() != "F":
+            process.take()
+        return self.keep_report(calls, run_begin_ns, samples, kept)
+
+    def keep_report(
+        self,
+        calls: Sequence[Call],
+        run_begin_ns: int,
+        samples: list[CallSample] | None,
+        kept: list[StepReport],
+    ) -> StepReport:
+        """Take the ``F`` frame waited for (``EngineProcess.await_frame``), keep its samples
+        and append it to ``kept``, the run's interrupt held meanwhile (when it comes out of
+        the hold, ``kept`` says the step's calls are in)."""
+        with self.hold(_nothing_to_break):
+            report = StepReport.read(self.engine.process.take())
+            self._keep(report, calls, run_begin_ns, samples)
+            kept.append(report)
+        return report
 
     def _keep(
         self,
@@ -390,6 +438,10 @@ class NativeDriver:
             )
 
 
+def _nothing_to_break() -> None:
+    """A held frame's taking waits for nothing: an interrupt meanwhile has nothing to end."""
+
+
 def open_native_driver(
     program: Path,
     workload: Workload,
@@ -399,9 +451,11 @@ def open_native_driver(
     *,
     settings: ChannelSettings,
     peers: Peers | None = None,
+    hold: Hold = unheld,
 ) -> NativeDriver:
     """A driver of ``workload``'s calls (one worker's) on a program of its own, connected
-    to ``targets`` and with its requests made; ``TransportError`` if it cannot be."""
+    to ``targets`` and with its requests made (``hold``: ``NativeDriver``'s);
+    ``TransportError`` if it cannot be."""
     engine = EngineClient(
         program,
         rows=rows_of(workload.steps, workload.mode, pacing),
@@ -414,7 +468,13 @@ def open_native_driver(
     )
     try:
         driver = NativeDriver(
-            engine, workload.steps, workload.mode, pacing, peers=peers, deadline_s=plan.deadline_s
+            engine,
+            workload.steps,
+            workload.mode,
+            pacing,
+            peers=peers,
+            deadline_s=plan.deadline_s,
+            hold=hold,
         )
         driver.prepare(workload.steps)
     except BaseException:
@@ -430,171 +490,3 @@ def rows_of(steps: Sequence[WorkloadStep], mode: Mode, pacing: Pacing) -> list[R
         for call in step.calls:
             seen.setdefault(call_row(call, mode, pacing), None)
     return list(seen)
-
-
-def dependencies_of(step: WorkloadStep) -> list[Dependencies]:
-    dependencies = [call.dependencies for call in step.calls]
-    if any(d is None for d in dependencies):
-        raise ConfigError(
-            "--pacing dependencies needs a trace's calls (synthetic payloads have no dependencies)"
-        )
-    return [d for d in dependencies if d is not None]
-
-
-class _DependentStep:
-    """One step under dependencies pacing: the program reports each arrival, the tracker
-    (here) finds the calls that may go and when, the program issues them."""
-
-    def __init__(
-        self,
-        driver: NativeDriver,
-        step: WorkloadStep,
-        step_begin_ns: int,
-        give_up_at_ns: int | None = None,
-    ) -> None:
-        self.driver = driver
-        self.step = step
-        self.give_up_at_ns = give_up_at_ns
-        #: Releases sent to the program, arrivals it reported, and calls held back as
-        #: planned past ``give_up_at_ns``: when every call sent has arrived and some
-        #: are held back, nothing earlier can come and the step is cut.
-        self.sent = self.arrived = 0
-        self.held_back = False
-        #: The step was cut (``X`` sent to the program).
-        self.stopped = False
-        pacing = driver.pacing
-        self.tracker = DependencyTracker(
-            dependencies_of(step),
-            servers=[call.server_index for call in step.calls],
-            step_begin_ns=step_begin_ns,
-            period_ns=step.period_ns,
-            compute_scale=pacing.wall_compute_scale,
-            step_compute_ns=step.step_compute_ns,
-            round_tail_ns=step.round_tail_ns,
-            on_compute=driver.on_compute,
-        )
-        self.ids = driver.ids(step)
-        peers = driver.peers
-        self.owned = frozenset(range(len(step.calls)) if peers is None else peers.owned(step))
-        #: Calls whose completion the tracker has (this process's own count from the start:
-        #: they come from the program, not from the peers).
-        self.fed = np.zeros(len(step.calls), dtype=bool)
-        self.fed[list(self.owned)] = True
-        self.last_end_ns = step_begin_ns
-        #: The latest release sent to the program (perf ns): until then, and a call's
-        #: deadline after it, the program may rightly say nothing.
-        self.latest_release_ns = step_begin_ns
-        #: Guards the tracker; notified when another process's call completes.
-        self.lock = threading.Condition()
-
-    def _release_ready(self) -> None:
-        """Send the program the owned calls that became releasable (hold ``lock``)."""
-        entries = []
-        for index in self.tracker.take_releasable():
-            release = self.tracker.release_ns(index)
-            assert release is not None
-            if index not in self.owned:
-                continue
-            if self.give_up_at_ns is not None and release > self.give_up_at_ns:
-                self.held_back = True
-                continue
-            entries.append((index, self.ids[index], self.driver.to_monotonic(release)))
-            self.latest_release_ns = max(self.latest_release_ns, release)
-        self.sent += len(entries)
-        if entries:
-            self.driver.engine.process.send(Encoder("D").entries(entries).frame())
-
-    def _arrived(self, arrivals: Sequence[tuple[int, int]]) -> None:
-        """Calls completed, (index, end perf ns) each: fed to the tracker, then whatever
-        they released sent in one frame (hold ``lock``).  A release depends only on the
-        completions of what its call waits for, so a batch releases what one by one would."""
-        for index, end_ns in arrivals:
-            self.last_end_ns = max(self.last_end_ns, end_ns)
-            self.tracker.complete(index, end_ns)
-        self._release_ready()
-
-    def _take_remote(self) -> None:
-        """The worker's other processes' completions (on the peers' thread)."""
-        peers = self.driver.peers
-        assert peers is not None
-        with self.lock:
-            self._arrived(peers.arrivals(self.fed))
-            self.lock.notify_all()
-
-    def run(self, run_begin_ns: int, samples: list[CallSample] | None) -> StepOutcome:
-        peers = self.driver.peers
-        if peers is not None:
-            peers.begin_step()
-            peers.on_arrivals(self._take_remote)
-        try:
-            report = self._replay(run_begin_ns, samples)
-            if report.error:
-                raise TransportError(report.error)
-            if peers is not None:
-                self._take_remote()
-                with self.lock:
-                    while not self.cut and self.tracker.completed_count < len(self.step.calls):
-                        if peers.broken:
-                            raise TransportError(
-                                "another client process of this worker stopped mid-step"
-                            )
-                        self.lock.wait(PEER_POLL_S)
-        finally:
-            if peers is not None:
-                peers.on_arrivals(None)
-        last_end = self.last_end_ns
-        if peers is not None:
-            last_end = peers.end_step(last_end)
-        if self.cut:
-            return StepOutcome(last_end_ns=last_end, cut=True)
-        return StepOutcome(
-            last_end_ns=last_end,
-            next_begin_ns=self.tracker.next_step_begin_ns(),
-            path=self.tracker.critical_path(),
-        )
-
-    @property
-    def cut(self) -> bool:
-        return self.stopped
-
-    def _cut_if_nothing_else_can_come(self) -> None:
-        """Every call sent has arrived and one is held back past the run's last moment: no
-        earlier release can come now, so the step ends here, cut (hold ``lock``)."""
-        if self.held_back and not self.stopped and self.arrived == self.sent:
-            self.stopped = True
-            self.driver.engine.process.send(Encoder("X").frame())
-
-    def _silence_s(self) -> float:
-        """How long the program may say nothing before it is taken to be stuck: until the
-        latest release it was given, then a call's deadline, and a margin."""
-        with self.lock:
-            until_release = max(self.latest_release_ns - self.driver.clock(), 0) / 1e9
-        return until_release + self.driver.deadline_s + SILENCE_MARGIN_S
-
-    def _replay(self, run_begin_ns: int, samples: list[CallSample] | None) -> StepReport:
-        """This process's calls of the step, released as their inputs arrive."""
-        driver = self.driver
-        process = driver.engine.process
-        with self.lock:
-            process.send(
-                Encoder("R").i64(-1).u8(STEP_DEPENDENT).u32(len(self.owned)).entries([]).frame()
-            )
-            self._release_ready()
-            self._cut_if_nothing_else_can_come()
-        try:
-            while (frame := process.receive(self._silence_s())).kind == "C":
-                arrivals = [(tag, driver.to_perf(end)) for tag, end in frame.arrivals()]
-                if driver.peers is not None:
-                    driver.peers.publish_many(arrivals)
-                with self.lock:
-                    self.arrived += len(arrivals)
-                    self._arrived(arrivals)
-                    self._cut_if_nothing_else_can_come()
-        except KeyboardInterrupt:
-            process.send(Encoder("X").frame())
-            report = driver._await_report()
-            driver._keep(report, self.step.calls, run_begin_ns, samples)
-            raise
-        report = StepReport.read(frame)
-        driver._keep(report, self.step.calls, run_begin_ns, samples)
-        return report

@@ -89,12 +89,24 @@ class EngineProcess:
     def receive(self, timeout_s: float | None = None) -> Decoder:
         """The next frame; ``TransportError`` if the program ended instead (or sent none
         within ``timeout_s``)."""
+        self.await_frame(timeout_s)
+        return self.take()
+
+    def await_frame(self, timeout_s: float | None = None) -> str:
+        """Wait until the next frame is here whole, taking none of it (a stop signal
+        meanwhile loses nothing); its kind.  ``TransportError`` as ``receive``."""
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         self._fill(4, deadline)
         length = int.from_bytes(self._pending[:4], "little")
         if length == 0:
             raise TransportError(f"the gRPC C++ engine (pid {self.pid}) sent an empty frame")
         self._fill(4 + length, deadline)
+        return chr(self._pending[4])
+
+    def take(self) -> Decoder:
+        """The frame ``await_frame`` waited for (it does not wait)."""
+        length = int.from_bytes(self._pending[:4], "little")
+        assert 0 < length <= len(self._pending) - 4, "take() before await_frame()"
         body = bytes(self._pending[4 : 4 + length])
         del self._pending[: 4 + length]
         return Decoder(body)

@@ -8,7 +8,8 @@ role's file.  ``PROTOCOL_VERSION`` is checked by the program in each set-up
 frame; bump it with any change below.  History: 1, the first; 2, the server's set-up
 lists its memory cgroups; 3, samples say whether the window held their call; 4, a step
 may be cycled (``R``'s mode 2); 5, the server keeps freed memory; 6, calls say which chunk
-of a payload they are, failed calls' statuses too; 7, the client keeps freed memory.
+of a payload they are, failed calls' statuses too; 7, the client keeps freed memory; 8, an
+``X`` with no step under way is answered with an empty ``F``.
 
 Server (``tfgb-engine serve``), Python to program:
 
@@ -49,7 +50,10 @@ Client (``tfgb-engine client``), Python to program:
   how many calls will be released), order (list of tag u32, call u32, release
   ns i64 (-1: now)): the calls in issue order, empty when dependent;
 * ``D`` releases (dependent steps): list of tag u32, call u32, release ns i64;
-* ``X`` stop issuing the step's calls (those in flight still complete);
+* ``X`` stop issuing the step's calls (those in flight still complete; the step's ``F``
+  follows); with no step under way (it came after the step's ``F``), answered at once
+  with an empty ``F`` (issued 0, no error, no samples), so a side that waits for an ``F``
+  after sending it never waits for good;
 * ``U`` ask for the program's CPU time; ``Q`` quit (so does the pipe closing).
 
 Program to Python: ``K`` ready, ``E`` error str (set-up failed), ``C`` arrivals
@@ -78,7 +82,7 @@ import grpc
 from tf_grpc_bench.errors import TransportError
 from tf_grpc_bench.replay.transport.wire import chunk_failure_message, failure_message
 
-PROTOCOL_VERSION = 7
+PROTOCOL_VERSION = 8
 #: ``R`` frames' modes.
 STEP_ORDERED, STEP_DEPENDENT, STEP_CYCLED = 0, 1, 2
 #: A call without a window of its own towards its server.

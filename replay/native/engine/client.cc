@@ -259,6 +259,7 @@ class Engine {
   grpc::ByteBuffer RequestOf(uint32_t call) const;
   bool StepDone() const;
   void Flush();
+  void AnswerStrayStop();
   void PollCompletions();
 
   Config config_;
@@ -599,6 +600,19 @@ void Engine::Flush() {
   if (!finished.empty()) WriteFrame(1, finished);
 }
 
+// An ``X`` with no step under way (it came after the step's ``F`` was written): answered
+// with an empty ``F``, so a Python side waiting for the step's end after sending it never
+// waits for good.  Written on the commands' thread, before anything a later command
+// answers (the ``U`` its driver asks next, which skips it).
+void Engine::AnswerStrayStop() {
+  std::lock_guard<std::mutex> out(output_lock_);
+  Encoder frame('F');
+  frame.U32(0);
+  frame.Str("");
+  frame.U32(0);
+  WriteFrame(1, frame.body());
+}
+
 void Engine::PollCompletions() {
   void* tag;
   bool ok;
@@ -627,13 +641,16 @@ void Engine::ReadCommands() {
         WriteFrame(1, reply.body());
         continue;
       }
+      bool stray_stop;
       {
         std::lock_guard<std::mutex> hold(lock);
+        stray_stop = frame[0] == 'X' && !step_.active;
         Apply(frame);
         Pump();
         WakeTimerIfSooner();
       }
       Flush();
+      if (stray_stop) AnswerStrayStop();
     }
   } catch (const ProtocolError& error) {
     fprintf(stderr, "tfgb-engine client: %s\n", error.what());

@@ -22,7 +22,7 @@
 
 namespace tfgb {
 
-constexpr uint32_t kProtocolVersion = 7;
+constexpr uint32_t kProtocolVersion = 8;
 
 // Method paths and metadata of the wire protocol (replay/transport/wire.py).
 extern const char kEchoMethod[];
