@@ -431,18 +431,38 @@ def test_inspect_shows_the_calibration() -> None:
     )
 
 
+TINY = CalibrationWorkload("tiny", 8, 2, "keras")
+
+
+@pytest.fixture(scope="module")
+def tiny_measured() -> tuple[StepHere, list[calibration.Timing]]:
+    """This machine's step of a tiny workload, measured once (``measure_here``), and every
+    real timing it took (``run_calibration``, each a fresh process): the tests below share
+    them rather than each starting TensorFlow again."""
+    timings: list[calibration.Timing] = []
+
+    def time_once(workload: CalibrationWorkload) -> calibration.Timing:
+        timing = calibration.run_calibration(workload)
+        timings.append(timing)
+        return timing
+
+    return calibration.measure_here("Test machine, 2 CPUs", TINY, time_once), timings
+
+
 @pytest.mark.tensorflow
-def test_a_machine_times_a_real_training_step(calibration_cache: Path) -> None:
-    tiny = CalibrationWorkload("tiny", 8, 2, "keras")
+def test_a_machine_times_a_real_training_step(
+    calibration_cache: Path, tiny_measured: tuple[StepHere, list[calibration.Timing]]
+) -> None:
     # A step of a few ms on a shared machine: a busy moment can leave no two timings
     # agreeing, however often it is asked.  What holds either way: a real, positive step,
     # cached and served from the cache, marked unsteady where it was (the agreement logic
     # and the cache's policy are tested with set timings above).
-    measured = calibration.measure_here("Test machine, 2 CPUs", tiny)
+    measured, timings = tiny_measured
     assert measured.step_ns > 0
-    cached = calibration.cached("Test machine, 2 CPUs", tiny, calibration_cache)
+    assert 2 <= len(timings) <= calibration.MAX_TIMINGS
+    cached = calibration.cached("Test machine, 2 CPUs", TINY, calibration_cache)
     assert cached == measured.step_ns  # steady or marked unsteady, it is kept
-    again = calibration.measure_here("Test machine, 2 CPUs", tiny, quiet=lambda: False)
+    again = calibration.measure_here("Test machine, 2 CPUs", TINY, quiet=lambda: False)
     assert (again.step_ns, again.steady) == (measured.step_ns, measured.steady)
     if measured.steady:
         assert measured.source == "measured now" and again.source == "cached"
@@ -450,20 +470,21 @@ def test_a_machine_times_a_real_training_step(calibration_cache: Path) -> None:
         assert measured.source.startswith("measured now, unsteady: no two undisturbed timings")
         assert again.source.startswith("cached, unsteady: its timings")
     with pytest.raises(CalibrationUnavailable, match="timing nosuchmodel 8x8 batch 2 keras failed"):
-        calibration.run_calibration(dataclasses.replace(tiny, model="nosuchmodel"))
+        calibration.run_calibration(dataclasses.replace(TINY, model="nosuchmodel"))
 
 
 @pytest.mark.tensorflow
-def test_a_timing_knows_when_others_took_the_machine() -> None:
-    tiny = CalibrationWorkload("tiny", 8, 2, "keras")
-    alone = calibration.run_calibration(tiny)
+def test_a_timing_knows_when_others_took_the_machine(
+    tiny_measured: tuple[StepHere, list[calibration.Timing]],
+) -> None:
+    alone = tiny_measured[1][0]  # a real timing with nothing of ours beside it
     assert alone.step_ns > 0 and alone.others_share is not None
     assert 0.0 <= alone.others_share <= 1.0
     # Two processes spinning on a 2-core machine: the timing beside them is disturbed.
     spin = [sys.executable, "-c", "while True: pass"]
     hogs = [subprocess.Popen(spin) for _ in range(os.cpu_count() or 2)]
     try:
-        beside = calibration.run_calibration(tiny)
+        beside = calibration.run_calibration(TINY)
     finally:
         for hog in hogs:
             hog.kill()
