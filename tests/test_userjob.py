@@ -446,14 +446,32 @@ def _variable_bytes(report: dict, *, trainable: bool) -> int:
     return total
 
 
+#: A capture of the TF1 script: what capture-job said, the trace, the workers' reports and
+#: the trace's file.
+Tf1Capture = tuple[subprocess.CompletedProcess[str], Trace, list[dict], Path]
+
+
+@pytest.fixture(scope="module")
+def tf1_async(tmp_path_factory: pytest.TempPathFactory) -> Tf1Capture:
+    """The TF1 script's asynchronous job, 4 training runs per worker, captured once for the
+    two tests that read it."""
+    folder = tmp_path_factory.mktemp("tf1-async")
+    return (*_capture_tf1(folder, "--local-steps", "4"), folder / "tf1.tfgbtrace")
+
+
 @pytest.mark.tensorflow
 @pytest.mark.parametrize("sync", [False, True], ids=["async", "sync"])
 def test_a_tf1_monitored_session_script_without_markers_gives_only_training_steps(
-    tmp_path: Path, sync: bool
+    tmp_path: Path, sync: bool, request: pytest.FixtureRequest
 ) -> None:
     """However many session-start runs the workers make, the steps are the training
-    runs: each one worker's, each 2 x parameters x 4 B plus the statistics' updates."""
-    result, trace, reports = _capture_tf1(tmp_path, "--steps", "10", *(["--sync"] if sync else []))
+    runs: each one worker's, each 2 x parameters x 4 B plus the statistics' updates.
+    Asynchronous: the job the replay test below reads (4 runs a worker); synchronous: 10
+    global steps, ended by TensorFlow's StopAtStepHook."""
+    if sync:
+        result, trace, reports = _capture_tf1(tmp_path, "--steps", "10", "--sync")
+    else:
+        result, trace, reports, _ = request.getfixturevalue("tf1_async")
     assert not trace.partial
     runs = sum(report["train_runs"] for report in reports)
     assert len(trace.steps) == runs - 1  # the first training run is warm-up
@@ -478,17 +496,19 @@ def test_a_tf1_monitored_session_script_without_markers_gives_only_training_step
 
 
 @pytest.mark.tensorflow
-def test_an_asynchronous_tf1_trace_replays_one_pass_exactly(tmp_path: Path) -> None:
+def test_an_asynchronous_tf1_trace_replays_one_pass_exactly(
+    tmp_path: Path, tf1_async: Tf1Capture
+) -> None:
     """Both workers train 4 runs each; ps-throughput --passes 1 moves the trace's RPCs and
     bytes, every worker its own steps once."""
-    _, trace, _ = _capture_tf1(tmp_path, "--local-steps", "4")
+    _, trace, _, trace_path = tf1_async
     owners = [
         {r.caller_task for r in s.rpcs if r.caller_task in trace.tasks_of_job("worker")}
         for s in trace.steps
     ]
     assert len(trace.steps) == 7 and {w for o in owners for w in o} == {1, 2}
     result = subprocess.run(
-        [CLI, "replay", str(tmp_path / "tf1.tfgbtrace"), "--benchmark", "ps-throughput",
+        [CLI, "replay", str(trace_path), "--benchmark", "ps-throughput",
          "--passes", "1", "--runs", "1", "--warmup", "0", "--output-dir", str(tmp_path / "out"),
          "--quiet"],
         capture_output=True, text=True, timeout=300, check=False,
