@@ -362,11 +362,13 @@ def test_what_a_round_did_not_do_by_the_next_ones_start_is_short_not_carried_ove
     burner.account()
     assert burner.quota_owed_ns() == 100_000_000
     # The next round begins at 0.5 s: the first's 0.2 CPU-s go short, and are not owed
-    # now; this round's quota is due over the round before's 0.5 s (shorter than the step).
+    # now; this round's quota is due over 90% of the round before's 0.5 s (shorter than
+    # the step): half of it by 0.725 s.
     burner.begin_round(2, 500_000_000)
     burner.account()
     assert burner.quota_owed_ns() == 0
-    clocks.wall = 750_000_000
+    assert burner.pace == 450_000_000 == burners.PACE_SHARE * 500_000_000
+    clocks.wall = 725_000_000
     burner.account()
     assert burner.quota_owed_ns() == 100_000_000
     # At 40% of a core it still does all of it, later.

@@ -7,8 +7,8 @@ core while one of the compute gaps its task's worker process told it of runs:
 work owed while others held the core is done when it gets the core back (up to
 ``MAX_CREDIT_NS``), so the work stays near its gaps.  A quota burner
 (``uniform``) owes a fixed amount of CPU a replayed round (its quota), from the
-round's start, due evenly over the sized step (or the round before, where that
-was shorter), and does it however long others holding the cores make that take
+round's start, due evenly over the sized step (or ``PACE_SHARE`` of the round
+before, where that was shorter), and does it however long others holding the cores make that take
 (the real-time relays of a delayed link, the replay's own processes), until the
 next round starts: what it has not done then is counted short, not carried into
 the next round.  The rounds are the first training worker's steps, told by its
@@ -51,6 +51,11 @@ GAP = struct.Struct("<qq")
 MAX_CREDIT_NS = 50_000_000
 #: How much CPU a burner spends before it looks at its messages and the clock again.
 SLICE_NS = 1_000_000
+#: A round's quota is due over this share of the round before, where that is shorter
+#: than the step: a round up to 10% shorter than the one before still has all its
+#: quota due before it ends (rounds vary), so a round short of its quota is one whose
+#: burner did not get the CPU, not one shorter than its pace.
+PACE_SHARE = 0.9
 #: How often a quota burner with no round open looks for one to begin (ns).
 ROUND_POLL_NS = 10_000_000
 #: How long ``close`` waits for burners told to stop, then for terminated ones.
@@ -177,8 +182,8 @@ class _Burner:
     def begin_round(self, count: int, start_ns: int) -> None:
         """Rounds up to the ``count``th have begun, the last at ``start_ns``: the open one
         ends (what of its quota is not done is short, not carried over), and the last
-        owes its quota from its start, due evenly over the step or, where shorter, the
-        rounds since the one before began."""
+        owes its quota from its start, due evenly over the step or, where shorter,
+        ``PACE_SHARE`` of the rounds since the one before began."""
         if count <= self.rounds_seen or self.quota <= 0:
             self.rounds_seen = max(self.rounds_seen, count)
             return
@@ -188,7 +193,7 @@ class _Burner:
         self._close_round(cpu, unseen=began - 1)
         self.pace = self.step
         if previous is not None:
-            self.pace = max(1, min(self.step, (start_ns - previous) // began))
+            self.pace = max(1, min(self.step, round(PACE_SHARE * (start_ns - previous) / began)))
         self.rounds_seen, self.round_start, self.round_cpu = count, start_ns, cpu
 
     def end_rounds(self) -> QuotaRounds:
