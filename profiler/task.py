@@ -129,7 +129,12 @@ def _serve(tf: ModuleType, plan: JobPlan, me: TaskSpec) -> None:
     """A ps task, or a TF2 worker: run the gRPC server until stopped."""
     server = tf.distribute.Server(_server_def(tf, plan, me), start=True)
     logging.info("task %s serves on port %d until stopped", me.name, me.bind_port)
-    server.join()
+    # Not server.join(): a process blocked in it never runs a signal's Python handler, so a
+    # SIGTERM that has one (coverage's, which saves a measured task's data) was sat out for
+    # the launcher's whole grace and ended in SIGKILL.  The server, held here, serves on
+    # its own threads meanwhile.
+    while server is not None:
+        time.sleep(60)
 
 
 def _synthetic_batch(tf: ModuleType, config: TrainingConfig) -> tuple[Any, Any]:
