@@ -648,3 +648,18 @@ def test_only_a_driving_task_that_failed_makes_the_trace_partial(
 def test_an_unknown_clock_mode_is_refused_in_one_line(records: Path) -> None:
     with pytest.raises(ConfigError, match=r"^--clocks: expected one of auto, wire, got 'ntp'$"):
         assemble_records([records], clocks="ntp")
+
+
+def test_a_server_not_recorded_is_named_by_host_and_port_else_by_a_port_only_it_has() -> None:
+    """Tasks of different hosts may listen on one port: the host decides, and where no
+    host matches, a port one task alone has; otherwise the connection names its port."""
+    from tf_grpc_bench.profiler.assemble import _Files
+    from tf_grpc_bench.profiler.launch.user_job import UserJob
+
+    cluster = {"ps": ("10.0.0.1:2222",), "worker": ("10.0.0.2:2222", "10.0.0.3:2223")}
+    files = _Files(UserJob(cluster=cluster, command=("train",)), [])
+    assert files._callee_by_address(("10.0.0.2", 2222)) == "worker:0"
+    assert files._callee_by_address(("10.0.0.1", 2222)) == "ps:0"
+    assert files._callee_by_address(("10.0.0.9", 2223)) == "worker:1"
+    assert files._callee_by_address(("10.0.0.3", 2222)) == "port 2222"
+    assert files._callee_by_address(("10.0.0.2", 9999)) == "port 9999"
