@@ -532,10 +532,10 @@ def test_each_settings_or_ping_was_sent_before_its_acknowledgement_both_ways() -
             ),
         )
 
-    began = [frames(client_file, server_file, 0), frames(None, server_file, 0)]
-    returned = [frames(client_file, server_file, 2), frames(None, server_file, 2)]
-    began.append(frames(client_file, None, 0))
-    returned.append(frames(client_file, None, 2))
+    # A connection with a side not recorded, before and after one with both, says nothing.
+    sides = [(None, server_file), (client_file, server_file), (client_file, None)]
+    began = [frames(client, server, 0) for client, server in sides]
+    returned = [frames(client, server, 2) for client, server in sides]
     assert frame_precedences(began, returned, ["ps:0", "worker:0"], owner) == [
         # worker 0's SETTINGS (10) acknowledged by the ps at 14 + 2, its first PING (20)
         # at 25 + 2; its second PING was never acknowledged.
