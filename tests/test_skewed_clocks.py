@@ -572,7 +572,10 @@ def test_the_trace_says_what_ran_where_and_starts_at_the_first_tasks_start(
     assert metadata.tool_version == tf_grpc_bench.__version__
     created = datetime.datetime.fromisoformat(metadata.created_utc)
     assert created.utcoffset() == datetime.timedelta(0) and created.microsecond == 0
-    assert dict(metadata.extra)["python_version"] == platform.python_version()
+    extra = dict(metadata.extra)
+    assert extra["python_version"] == platform.python_version()
+    # Every caller is the task whose folder holds the call's client side: none is guessed.
+    assert (extra["attributed_by_rendezvous_key"], extra["unattributed_calls"]) == ("0", "0")
     assert assemble_records([records]).metadata.synchronous
     # The steps are found in the traffic without markers: the first run is warm-up
     # unless told otherwise.
