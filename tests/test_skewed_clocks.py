@@ -666,3 +666,35 @@ def test_a_server_not_recorded_is_named_by_host_and_port_else_by_a_port_only_it_
     assert files._callee_by_address(("10.0.0.9", 2223)) == "worker:1"
     assert files._callee_by_address(("10.0.0.3", 2222)) == "port 2222"
     assert files._callee_by_address(("10.0.0.2", 9999)) == "port 9999"
+
+
+def test_the_alignment_gives_each_tasks_host_offset_and_calls_and_the_first_tasks_command(
+    records: Path, tmp_path: Path
+) -> None:
+    copy = _copy(records, tmp_path / "skewed", markers=True, skewed=True)
+    command = ["python3", "/jobs/exchange_ps.py", "--steps", "6"]
+    for name, (path, manifest) in _manifests(copy).items():
+        manifest["host"] = f"host-of-{name}"
+        if name == "ps:0":
+            manifest["command"] = command  # the first task's: the job's
+        path.write_text(json.dumps(manifest))
+    trace = assemble_records([copy])
+    assert trace.metadata.model == "exchange_ps"
+    extra = dict(trace.metadata.extra)
+    assert extra["job_command"] == "python3 /jobs/exchange_ps.py --steps 6"
+    assert extra["record_hosts"] == (
+        "ps:0=host-of-ps:0, worker:0=host-of-worker:0, worker:1=host-of-worker:1"
+    )
+    assert trace.metadata.host == "host-of-ps:0"
+    alignment = trace.clock_alignment
+    assert [(o.task, o.host, o.source) for o in alignment.tasks] == [
+        ("ps:0", "host-of-ps:0", "reference"),
+        ("worker:0", "host-of-worker:0", "wire"),
+        ("worker:1", "host-of-worker:1", "wire"),
+    ]
+    for found in alignment.tasks[1:]:
+        # Reference time = own time + offset: the true offset, within the wire's bounds.
+        assert found.lower_ns is not None and found.upper_ns is not None
+        assert found.lower_ns <= found.offset_ns <= found.upper_ns
+        assert abs(found.offset_ns + OFFSETS[found.task]) < 10_000_000
+        assert found.constraints > 0
