@@ -698,3 +698,8 @@ def test_the_alignment_gives_each_tasks_host_offset_and_calls_and_the_first_task
         assert found.lower_ns <= found.offset_ns <= found.upper_ns
         assert abs(found.offset_ns + OFFSETS[found.task]) < 10_000_000
         assert found.constraints > 0
+    # A command without a Python script is named after its program.
+    path, manifest = _manifests(copy)["ps:0"]
+    manifest["command"] = ["/opt/bin/train", "--steps", "6"]
+    path.write_text(json.dumps(manifest))
+    assert assemble_records([copy]).metadata.model == "train"
