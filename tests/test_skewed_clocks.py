@@ -677,6 +677,7 @@ def test_the_alignment_gives_each_tasks_host_offset_and_calls_and_the_first_task
         manifest["host"] = f"host-of-{name}"
         if name == "ps:0":
             manifest["command"] = command  # the first task's: the job's
+            manifest["tensorflow_version"] = "2.99.0"
         path.write_text(json.dumps(manifest))
     trace = assemble_records([copy])
     assert trace.metadata.model == "exchange_ps"
@@ -685,7 +686,7 @@ def test_the_alignment_gives_each_tasks_host_offset_and_calls_and_the_first_task
     assert extra["record_hosts"] == (
         "ps:0=host-of-ps:0, worker:0=host-of-worker:0, worker:1=host-of-worker:1"
     )
-    assert trace.metadata.host == "host-of-ps:0"
+    assert (trace.metadata.host, trace.metadata.tensorflow_version) == ("host-of-ps:0", "2.99.0")
     alignment = trace.clock_alignment
     assert [(o.task, o.host, o.source) for o in alignment.tasks] == [
         ("ps:0", "host-of-ps:0", "reference"),
