@@ -704,3 +704,23 @@ def test_the_alignment_gives_each_tasks_host_offset_and_calls_and_the_first_task
     manifest["command"] = ["/opt/bin/train", "--steps", "6"]
     path.write_text(json.dumps(manifest))
     assert assemble_records([copy]).metadata.model == "train"
+
+
+def test_tasks_of_one_boot_share_the_references_clock_and_the_others_are_placed_by_the_wire(
+    records: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    aligned = assemble_records([records]).clock_alignment
+    assert [(o.task, o.source, o.offset_ns) for o in aligned.tasks] == [
+        ("ps:0", "reference", 0), ("worker:0", "shared-clock", 0), ("worker:1", "shared-clock", 0),
+    ]  # fmt: skip
+    # Worker 0 on the ps's machine, worker 1 on another whose clock is 2.7 s behind.
+    monkeypatch.setitem(OFFSETS, "worker:0", 0)
+    copy = _copy(records, tmp_path / "two-hosts", markers=True, skewed=True)
+    path, manifest = _manifests(copy)["worker:0"]
+    manifest["boot_id"] = "host-of-ps:0"
+    path.write_text(json.dumps(manifest))
+    ps, worker_0, worker_1 = assemble_records([copy]).clock_alignment.tasks
+    assert (ps.source, worker_0.source, worker_1.source) == ("reference", "shared-clock", "wire")
+    assert worker_0.offset_ns == 0
+    assert worker_1.lower_ns is not None and worker_1.upper_ns is not None
+    assert worker_1.lower_ns <= 2_700_000_000 <= worker_1.upper_ns
