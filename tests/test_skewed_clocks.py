@@ -19,6 +19,7 @@ from __future__ import annotations
 import datetime
 import itertools
 import json
+import logging
 import os
 import platform
 import shutil
@@ -724,3 +725,19 @@ def test_tasks_of_one_boot_share_the_references_clock_and_the_others_are_placed_
     assert worker_0.offset_ns == 0
     assert worker_1.lower_ns is not None and worker_1.upper_ns is not None
     assert worker_1.lower_ns <= 2_700_000_000 <= worker_1.upper_ns
+
+
+def test_each_clock_not_shared_with_the_reference_is_logged_with_its_bounds_and_calls(
+    records: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="absl")
+    trace = assemble_records([_copy(records, tmp_path / "skewed", markers=True, skewed=True)])
+    expected = [
+        f"clock of {o.task}: {o.offset_ns:+d} ns (bounds {o.lower_ns}..{o.upper_ns}, "
+        f"{o.constraints} calls)"
+        for o in trace.clock_alignment.tasks
+        if o.source != "shared-clock"
+    ]
+    assert len(expected) == 3  # the reference's own and the two the wire placed
+    logged = [r.getMessage() for r in caplog.records if r.getMessage().startswith("clock of ")]
+    assert logged == expected
