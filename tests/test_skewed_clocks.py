@@ -568,6 +568,13 @@ def test_the_trace_says_what_ran_where_and_starts_at_the_first_tasks_start(
     assert (metadata.model, metadata.strategy, metadata.batch_size) == ("m", "s", 7)
     assert (metadata.synchronous, metadata.command) == (False, ("a", "b"))
     assert metadata.capture_method == "in-process-recorder"
+    cluster = read["ps:0"]["cluster"]
+    assert isinstance(cluster, dict)
+    tasks = assemble_records([records]).tasks
+    assert [(t.job, t.index, t.address) for t in tasks] == [
+        ("ps", 0, cluster["ps"][0]), ("worker", 0, cluster["worker"][0]),
+        ("worker", 1, cluster["worker"][1]),
+    ]  # fmt: skip
     assert metadata.host == read["ps:0"]["host"]
     assert metadata.tensorflow_version == read["ps:0"]["tensorflow_version"]
     assert metadata.tool_version == tf_grpc_bench.__version__
