@@ -748,3 +748,19 @@ def test_each_clock_not_shared_with_the_reference_is_logged_with_its_bounds_and_
     assert len(expected) == 3  # the reference's own and the two the wire placed
     logged = [r.getMessage() for r in caplog.records if r.getMessage().startswith("clock of ")]
     assert logged == expected
+
+
+def test_a_cluster_the_records_agree_on_but_cannot_be_is_refused_naming_the_manifest(
+    records: Path, tmp_path: Path
+) -> None:
+    copy = _copy(records, tmp_path / "copy", markers=True, skewed=False)
+    manifests = _manifests(copy)
+    for path, manifest in manifests.values():
+        cluster = manifest["cluster"]
+        assert isinstance(cluster, dict)
+        manifest["cluster"] = {**cluster, "evaluator": []}
+        path.write_text(json.dumps(manifest))
+    first = manifests["ps:0"][0]
+    with pytest.raises(CaptureError) as refused:
+        read_records([copy])
+    assert str(refused.value) == f"{first}: cluster: job 'evaluator' has no tasks"
