@@ -764,3 +764,26 @@ def test_a_cluster_the_records_agree_on_but_cannot_be_is_refused_naming_the_mani
     with pytest.raises(CaptureError) as refused:
         read_records([copy])
     assert str(refused.value) == f"{first}: cluster: job 'evaluator' has no tasks"
+
+
+def test_the_steps_are_the_driving_tasks_steady_markers_on_the_reference_clock(
+    records: Path, tmp_path: Path
+) -> None:
+    """Worker 0 marks the steps; its clock 3.2 s ahead, each marker moves back onto the
+    ps's, and the trace counts from the earliest task's start."""
+    copy = _copy(records, tmp_path / "skewed", markers=True, skewed=True)
+    manifests = {name: manifest for name, (_, manifest) in _manifests(copy).items()}
+    trace = assemble_records([copy])
+    offset = {o.task: o.offset_ns for o in trace.clock_alignment.tasks}
+    origin = min(
+        m["clock"]["start"]["monotonic_ns"] + offset[name]  # type: ignore[index]
+        for name, m in manifests.items()
+    )
+    folders = dict(_task_folders(copy))
+    marked = [json.loads(line) for line in (folders["worker:0"] / "steps.jsonl").open()]
+    steady = [m for m in marked if m["phase"] == "steady"]
+    assert len(steady) == STEPS - 1
+    assert [(s.start_ns, s.end_ns) for s in trace.steps] == [
+        (m["start_ns"] + offset["worker:0"] - origin, m["end_ns"] + offset["worker:0"] - origin)
+        for m in steady
+    ]
