@@ -164,6 +164,7 @@ def record_conversation(
     seed: int,
     ways: list[str],
     client_in_child: bool = False,
+    dual_stack: bool = False,
     **options: int,
 ) -> TapRecorder:
     port = free_ports(1)[0]
@@ -178,6 +179,7 @@ def record_conversation(
                 "client": pieces(client, rng, ways),
                 "server": pieces(server, rng, ways),
                 "client_in_child": client_in_child,
+                "dual_stack": dual_stack,
             }
         )
     )
@@ -223,6 +225,35 @@ def test_the_recorder_gives_the_calls_that_following_every_byte_gives(
     sent, skipped = recorder.forwarded_bytes()
     assert sent == len(client) + len(server)
     assert skipped > 0.8 * 150_000  # the bulk was only counted
+
+
+def test_an_ipv4_client_of_a_dual_stack_server_is_named_alike_on_both_sides(
+    tmp_path: Path,
+) -> None:
+    """gRPC's servers listen on an IPv6 socket on [::]: an IPv4 client's connection reaches
+    them as ::ffff:127.0.0.1 while the client's own socket says 127.0.0.1.  Both sides give
+    the IPv4 form, so they pair into one connection's calls, and a server is named by the
+    cluster's address."""
+    client, server = conversation()
+    recorder = record_conversation(
+        tmp_path, client, server, seed=10, ways=["send"], client_in_child=True, dual_stack=True
+    )
+    files = recorder.files()
+    sides = {connection.server_side: connection for tap in files for connection in tap.connections}
+    assert set(sides) == {False, True}
+    client_side, server_side = sides[False], sides[True]
+    port = server_side.local[1]
+    assert server_side.local == client_side.peer == ("127.0.0.1", port)
+    assert server_side.peer == client_side.local
+    assert client_side.local[0] == "127.0.0.1"
+    assert client_side.endpoints == server_side.endpoints
+    pids = {f.pid for f in files}
+    (child,) = [f for f in files if f.parent_pid in pids]
+    (parent,) = [f for f in files if f is not child]
+    recorder.expected_pids = {parent.pid: "worker:0"}
+    calls = recorder.collect()
+    assert recorder.errors() == ()
+    assert sorted(_essence(call) for call in calls) == direct_calls(client, server)
 
 
 def test_calls_from_a_tasks_child_process_are_the_tasks(tmp_path: Path) -> None:

@@ -175,7 +175,11 @@ def _address(family: int, raw: bytes, port: int) -> tuple[str, int]:
 
     if family == _AF_INET:
         return (str(ipaddress.IPv4Address(raw[:4])), port)
-    return (str(ipaddress.IPv6Address(raw)), port)
+    address = ipaddress.IPv6Address(raw)
+    # An IPv4 peer of a dual-stack socket (gRPC's, listening on [::]) reads as
+    # ::ffff:a.b.c.d: given as a.b.c.d, as the other side's IPv4 socket and the
+    # cluster's addresses give it, so both sides of a connection name it alike.
+    return (str(address.ipv4_mapped or address), port)
 
 
 def _read_records(path: Path) -> tuple[tuple[int, int, int, int], bytes]:

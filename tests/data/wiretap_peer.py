@@ -9,7 +9,9 @@ piece cut in three buffers), ``write`` (os.write) and ``writev`` (os.writev,
 three buffers); ``spawn`` (run a program, which closes its copies of every
 descriptor: Python spawns with vfork where it can) and ``fork`` (a child that
 exits at once) send nothing.  With ``"client_in_child": true`` the client
-end lives in a forked child process.  Each side reads what the other sends, so no buffer fills.
+end lives in a forked child process; with ``"dual_stack": true`` the server
+listens on an IPv6 socket on [::] (the IPv4 client's connection reaches it as
+::ffff:127.0.0.1).  Each side reads what the other sends, so no buffer fills.
 Imports nothing from tf_grpc_bench: the library sees plain system calls.
 """
 
@@ -64,9 +66,15 @@ def send_piece(sock: socket.socket, how: str, data: bytes) -> None:
 def main() -> None:
     with open(sys.argv[1], encoding="utf-8") as handle:
         spec = json.load(handle)
-    listener = socket.socket()
-    listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    listener.bind(("127.0.0.1", spec["port"]))
+    if spec.get("dual_stack"):  # an IPv6 socket on [::], as gRPC's servers listen
+        listener = socket.socket(socket.AF_INET6)
+        listener.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        listener.bind(("::", spec["port"]))
+    else:
+        listener = socket.socket()
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        listener.bind(("127.0.0.1", spec["port"]))
     listener.listen(1)
     pieces = {
         side: [(how, bytes.fromhex(data)) for how, data in spec[side]]
