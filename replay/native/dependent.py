@@ -10,15 +10,13 @@ from typing import Protocol
 
 import numpy as np
 
-from tf_grpc_bench.dependencies import Dependencies
-from tf_grpc_bench.dependency_tracker import DependencyTracker
-from tf_grpc_bench.errors import ConfigError, TransportError
+from tf_grpc_bench.errors import TransportError
 from tf_grpc_bench.replay.core.measurement import CallSample
 from tf_grpc_bench.replay.core.pacing import Pacing
 from tf_grpc_bench.replay.core.workload import Call, WorkloadStep
 from tf_grpc_bench.replay.native.process import EngineProcess
 from tf_grpc_bench.replay.native.protocol import STEP_DEPENDENT, Encoder, StepReport
-from tf_grpc_bench.replay.transport.driver import StepOutcome
+from tf_grpc_bench.replay.transport.driver import StepOutcome, step_tracker
 from tf_grpc_bench.replay.transport.peers import PEER_POLL_S, Peers
 
 
@@ -67,15 +65,6 @@ class StepDriver(Protocol):
 SILENCE_MARGIN_S = 10.0
 
 
-def dependencies_of(step: WorkloadStep) -> list[Dependencies]:
-    dependencies = [call.dependencies for call in step.calls]
-    if any(d is None for d in dependencies):
-        raise ConfigError(
-            "--pacing dependencies needs a trace's calls (synthetic payloads have no dependencies)"
-        )
-    return [d for d in dependencies if d is not None]
-
-
 class DependentStep:
     """One step under dependencies pacing: the program reports each arrival, the tracker
     (here) finds the calls that may go and when, the program issues them."""
@@ -97,17 +86,7 @@ class DependentStep:
         self.held_back = False
         #: The step was cut (``X`` sent to the program).
         self.stopped = False
-        pacing = driver.pacing
-        self.tracker = DependencyTracker(
-            dependencies_of(step),
-            servers=[call.server_index for call in step.calls],
-            step_begin_ns=step_begin_ns,
-            period_ns=step.period_ns,
-            compute_scale=pacing.wall_compute_scale,
-            step_compute_ns=step.step_compute_ns,
-            round_tail_ns=step.round_tail_ns,
-            on_compute=driver.on_compute,
-        )
+        self.tracker = step_tracker(step, step_begin_ns, driver.pacing, driver.on_compute)
         self.ids = driver.ids(step)
         peers = driver.peers
         self.owned = frozenset(range(len(step.calls)) if peers is None else peers.owned(step))

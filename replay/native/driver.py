@@ -28,7 +28,7 @@ from tf_grpc_bench.replay.core.pacing import (
     release_time_ns,
 )
 from tf_grpc_bench.replay.core.workload import Call, Mode, Shape, Workload, WorkloadStep
-from tf_grpc_bench.replay.native.dependent import DependentStep, dependencies_of
+from tf_grpc_bench.replay.native.dependent import DependentStep
 from tf_grpc_bench.replay.native.process import EngineProcess
 from tf_grpc_bench.replay.native.protocol import (
     NO_LIMIT,
@@ -40,7 +40,7 @@ from tf_grpc_bench.replay.native.protocol import (
     pack_entries,
     unique_options,
 )
-from tf_grpc_bench.replay.transport.driver import StepOutcome
+from tf_grpc_bench.replay.transport.driver import StepOutcome, dependencies_of
 from tf_grpc_bench.replay.transport.loop import RunPlan
 from tf_grpc_bench.replay.transport.peers import (
     Hold,

@@ -155,7 +155,7 @@ class Driver:
             for call in local.calls:
                 self.clients[call.server_index].prepare([call])
             if self.pacing.timing is Timing.DEPENDENCIES:
-                _dependencies_of(step)  # refuses calls without dependencies up front
+                dependencies_of(step)  # refuses calls without dependencies up front
 
     def begin_run(self) -> None:
         """Start counting calls afresh (rate pacing counts from a run's begin)."""
@@ -282,16 +282,7 @@ class Driver:
         samples: list[CallSample] | None,
     ) -> StepOutcome:
         """Issue the step's calls in release order, each once what it waits for has arrived."""
-        tracker = DependencyTracker(
-            _dependencies_of(step),
-            servers=[call.server_index for call in step.calls],
-            step_begin_ns=step_begin_ns,
-            period_ns=step.period_ns,
-            compute_scale=self.pacing.wall_compute_scale,
-            step_compute_ns=step.step_compute_ns,
-            round_tail_ns=step.round_tail_ns,
-            on_compute=self.on_compute,
-        )
+        tracker = step_tracker(step, step_begin_ns, self.pacing, self.on_compute)
         if self.peers is None:
             replay = _DependentStep(self, step, tracker, run_begin_ns, samples)
             replay.run()
@@ -535,13 +526,33 @@ class _SharedDependentStep(_DependentStep):
             self.peers.on_arrivals(None)
 
 
-def _dependencies_of(step: WorkloadStep) -> list[Dependencies]:
+def dependencies_of(step: WorkloadStep) -> list[Dependencies]:
+    """The step's calls' dependencies; ConfigError for calls without (synthetic ones)."""
     dependencies = [call.dependencies for call in step.calls]
     if any(d is None for d in dependencies):
         raise ConfigError(
             "--pacing dependencies needs a trace's calls (synthetic payloads have no dependencies)"
         )
     return [d for d in dependencies if d is not None]
+
+
+def step_tracker(
+    step: WorkloadStep,
+    step_begin_ns: int,
+    pacing: Pacing,
+    on_compute: Callable[[int, int], None] | None,
+) -> DependencyTracker:
+    """The dependency tracker of one step under dependencies pacing, for either engine."""
+    return DependencyTracker(
+        dependencies_of(step),
+        servers=[call.server_index for call in step.calls],
+        step_begin_ns=step_begin_ns,
+        period_ns=step.period_ns,
+        compute_scale=pacing.wall_compute_scale,
+        step_compute_ns=step.step_compute_ns,
+        round_tail_ns=step.round_tail_ns,
+        on_compute=on_compute,
+    )
 
 
 def _sample(
