@@ -85,12 +85,13 @@ def test_every_named_profile_is_consistent() -> None:
 
 
 def test_the_loss_filter_is_classic_bpf_on_a_random_number() -> None:
-    # ld rand; jge #threshold keep; ret TC_ACT_SHOT; keep: ret TC_ACT_OK
+    # ld proto; jeq #ETH_P_ARP keep; ld rand; jge #threshold keep; ret TC_ACT_SHOT;
+    # keep: ret TC_ACT_OK
     assert links.loss_filter_bytecode(0.2) == (
-        "4,32 0 0 4294963256,53 1 0 858993459,6 0 0 2,6 0 0 0"
+        "6,32 0 0 4294963200,21 3 0 2054,32 0 0 4294963256,53 1 0 858993459,6 0 0 2,6 0 0 0"
     )
-    assert links.loss_filter_bytecode(0.5).split(",")[2] == "53 1 0 2147483648"
-    assert links.loss_filter_bytecode(1 - 1e-12).split(",")[2] == "53 1 0 4294967295"
+    assert links.loss_filter_bytecode(0.5).split(",")[4] == "53 1 0 2147483648"
+    assert links.loss_filter_bytecode(1 - 1e-12).split(",")[4] == "53 1 0 4294967295"
     with pytest.raises(ValueError):
         links.loss_filter_bytecode(0)
 
@@ -252,7 +253,7 @@ def test_every_bound_of_a_link_and_its_bucket_holds_at_its_edge() -> None:
     for refused in ("100%", "-1%", "x"):
         with pytest.raises(NetworkError, match=r"expected a percentage in \[0%, 100%\)"):
             links.parse_loss(refused)
-    assert links.loss_filter_bytecode(0.5).startswith("4,")
+    assert links.loss_filter_bytecode(0.5).startswith("6,")
     for bad_loss in (0.0, 1.0):
         with pytest.raises(ValueError, match=rf"^loss must be in \(0, 1\), got {bad_loss}$"):
             links.loss_filter_bytecode(bad_loss)

@@ -346,23 +346,34 @@ def token_bucket_for(
 #: Direct-action verdicts of a tc filter (linux/pkt_cls.h): let the packet through, drop it.
 TC_ACT_OK = 0
 TC_ACT_SHOT = 2
-#: Classic BPF's ``ld rand`` (``BPF_LD|BPF_W|BPF_ABS`` at SKF_AD_OFF + SKF_AD_RANDOM):
-#: loads a fresh random 32-bit number.
+#: Classic BPF's ancillary loads (``BPF_LD|BPF_W|BPF_ABS`` at SKF_AD_OFF + n):
+#: ``ld proto``, the packet's EtherType in host order (SKF_AD_PROTOCOL), and ``ld
+#: rand``, a fresh random 32-bit number (SKF_AD_RANDOM).
+_LOAD_PROTOCOL = (0x20, 0, 0, 0xFFFFF000)
 _LOAD_RANDOM = (0x20, 0, 0, 0xFFFFF038)
+#: ARP's EtherType (linux/if_ether.h ETH_P_ARP).
+ETH_P_ARP = 0x0806
 
 
 def loss_filter_bytecode(loss: float) -> str:
     """tc's ``bytecode`` argument for a classic-BPF direct-action filter that drops a
     packet with probability ``loss``: load a random 32-bit number, drop it when below
     ``loss * 2**32`` (``TC_ACT_SHOT``), else let it through (``TC_ACT_OK``).  Needs no
-    compiler: classic BPF is written as numbers."""
+    compiler: classic BPF is written as numbers.
+
+    ARP passes untouched: the loss is the link's, on what hosts send each other; a
+    neighbour's lost ARP request or reply would instead stop all traffic to it for
+    the kernel's retry time (1 s): at 10% loss, one first contact between two hosts in
+    five would begin with that pause."""
     if not 0 < loss < 1:
         raise ValueError(f"loss must be in (0, 1), got {loss}")
     threshold = min(2**32 - 1, round(loss * 2**32))
     program = (
+        _LOAD_PROTOCOL,
+        (0x15, 3, 0, ETH_P_ARP),  # BPF_JMP|BPF_JEQ|BPF_K: ARP jumps to "keep"
         _LOAD_RANDOM,
         (0x35, 1, 0, threshold),  # BPF_JMP|BPF_JGE|BPF_K: >= threshold jumps to "keep"
         (0x06, 0, 0, TC_ACT_SHOT),  # BPF_RET|BPF_K
-        (0x06, 0, 0, TC_ACT_OK),
+        (0x06, 0, 0, TC_ACT_OK),  # keep
     )
     return f"{len(program)}," + ",".join(f"{c} {jt} {jf} {k}" for c, jt, jf, k in program)
