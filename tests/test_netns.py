@@ -111,7 +111,10 @@ def test_three_hosts_reach_each_other_through_the_switch_namespace() -> None:
     assert namespaces.run_namespaces(network.run_id) == []
 
 
-NUDGE = "import socket, sys; socket.socket(socket.AF_INET, socket.SOCK_DGRAM).sendto(b'x', (sys.argv[1], 9))"
+NUDGE = (
+    "import socket, sys; "
+    "socket.socket(socket.AF_INET, socket.SOCK_DGRAM).sendto(b'x', (sys.argv[1], 9))"
+)
 
 
 def _neighbour_state(network: emulated.EmulatedNetwork, host: int, address: str) -> str:
