@@ -9,8 +9,11 @@ in the same run:
    first and again last: the better of the two), against twice the delay; and
    minus the same over a relay with a 1 ns delay (what the delay adds, without the
    relay's own cost: a delay that short is below it, so it is not compensated;
-   no specification is judged against it).  The link's specification: within
-   max(20 us, 5%) of twice the delay, against veth.  With each, the relay's own
+   no specification is judged against it).  A round trip is the link's, as the
+   two kernels saw it (receive timestamps; ``netns/calibration.py``): without the
+   pinger's and the echo's wake-ups, which are the machine's; the pinger's own
+   round trip, wake-ups and all, is shown beside it.  The link's specification:
+   within max(20 us, 5%) of twice the delay, against veth.  With each, the relay's own
    one-way cost as measured when the link came up and taken off each release
    (``netns/calibration.py``), and its lateness (p50, p99, max over both
    directions), from its statistics;
@@ -40,30 +43,40 @@ from dataclasses import dataclass
 from common import README, command_line, load_average, machine_line, table_head, write_section
 
 from tf_grpc_bench.netns import emulated, links, namespaces
-from tf_grpc_bench.netns.calibration import udp_echo_script
+from tf_grpc_bench.netns.calibration import SO_TIMESTAMPNS, udp_echo_script
 from tf_grpc_bench.netns.relay import RelayStats
 
 SECTION = "## Link relay"
 PORT = 9000
 
 ECHO = udp_echo_script(PORT)
-PING = textwrap.dedent(
-    """
-    import json, socket, sys, time
-    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-    s.connect((sys.argv[1], PORT))
-    s.settimeout(5)
-    rtts = []
-    for _ in range(int(sys.argv[2])):
-        start = time.perf_counter_ns()
-        s.send(b"x" * 64)
-        s.recv(2048)
-        rtts.append(time.perf_counter_ns() - start)
-        time.sleep(0.0005)
-    rtts.sort()
-    print(json.dumps(rtts[len(rtts) // 2]))
-    """
-).replace("PORT", str(PORT))
+# Prints the median round trips (ns): the link's (from the kernels' receive timestamps,
+# as netns/calibration.py measures them) and the pinger's own.
+PING = (
+    textwrap.dedent(
+        """
+        import json, socket, struct, sys, time
+        s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        s.setsockopt(socket.SOL_SOCKET, STAMPING, 1)
+        s.connect((sys.argv[1], PORT))
+        s.settimeout(5)
+        rtts, link = [], []
+        for _ in range(int(sys.argv[2])):
+            start, sent = time.perf_counter_ns(), time.time_ns()
+            s.send(b"x" * 64)
+            data, ancillary, _, _ = s.recvmsg(2048, 64)
+            rtts.append(time.perf_counter_ns() - start)
+            stamp = b"".join(d for level, kind, d in ancillary if kind == STAMPING)[:16]
+            seconds, nanoseconds = struct.unpack("qq", stamp)
+            echo_received, echo_sent = struct.unpack_from("qq", data)
+            link.append(echo_received - sent + seconds * 1_000_000_000 + nanoseconds - echo_sent)
+            time.sleep(0.0005)
+        print(json.dumps([sorted(link)[len(link) // 2], sorted(rtts)[len(rtts) // 2]]))
+        """
+    )
+    .replace("PORT", str(PORT))
+    .replace("STAMPING", str(SO_TIMESTAMPNS))
+)
 SINK = textwrap.dedent(
     """
     import json, socket, time
@@ -97,8 +110,11 @@ def _serve(network: emulated.EmulatedNetwork, script: str) -> subprocess.Popen[s
     return server
 
 
-def median_round_trip(profile: links.LinkProfile, pings: int) -> tuple[float, RelayStats | None]:
-    """Median UDP round trip (ns) over a fresh link of ``profile``, and its relay's stats."""
+def median_round_trip(
+    profile: links.LinkProfile, pings: int
+) -> tuple[tuple[float, float], RelayStats | None]:
+    """Median UDP round trips (ns) over a fresh link of ``profile``, the link's and the
+    pinger's own, and its relay's stats."""
     with emulated.EmulatedNetwork(hosts=2, profile=profile) as network:
         _serve(network, ECHO)
         pinged = network.run(
@@ -107,7 +123,8 @@ def median_round_trip(profile: links.LinkProfile, pings: int) -> tuple[float, Re
         if pinged.returncode != 0:
             raise RuntimeError(f"ping failed: {pinged.stderr.strip()[-300:]}")
     stats = next(iter(network.relay_stats.values()), None)
-    return float(json.loads(pinged.stdout)), stats
+    link, pinger = json.loads(pinged.stdout)
+    return (float(link), float(pinger)), stats
 
 
 def throughput_bits_per_s(profile: links.LinkProfile, total_bytes: int) -> float:
@@ -131,20 +148,27 @@ class Precision:
     round_trip_ns: float
     added_over_veth_ns: float
     added_over_relay_ns: float
+    #: The pinger's own round trip, wake-ups and all, and what it added over veth's.
+    pinger_round_trip_ns: float
+    pinger_added_ns: float
     compensation_ns: int
     late_p50_ns: int
     late_p99_ns: int
     late_max_ns: int
 
 
-def measure_precision(delays: list[int], pings: int) -> tuple[float, float, list[Precision]]:
+def measure_precision(
+    delays: list[int], pings: int
+) -> tuple[tuple[float, float], float, list[Precision]]:
     unlimited = links.PROFILES["unlimited"]
     veth_first, _ = median_round_trip(unlimited, pings)
-    relay_base, _ = median_round_trip(links.with_timing(unlimited, delay_ns=1), pings)
+    (relay_base, _), _ = median_round_trip(links.with_timing(unlimited, delay_ns=1), pings)
     rows = []
     for delay in delays:
         print(f"delay {links.format_duration(delay)}", flush=True)
-        rtt, stats = median_round_trip(links.with_timing(unlimited, delay_ns=delay), pings)
+        (rtt, pinger), stats = median_round_trip(
+            links.with_timing(unlimited, delay_ns=delay), pings
+        )
         assert stats is not None
         directions = stats.directions
         rows.append(
@@ -153,6 +177,8 @@ def measure_precision(delays: list[int], pings: int) -> tuple[float, float, list
                 round_trip_ns=rtt,
                 added_over_veth_ns=rtt,
                 added_over_relay_ns=rtt - relay_base,
+                pinger_round_trip_ns=pinger,
+                pinger_added_ns=pinger,
                 compensation_ns=stats.compensation_ns,
                 late_p50_ns=max(d.late_percentile_ns(0.5) for d in directions),
                 late_p99_ns=max(d.late_percentile_ns(0.99) for d in directions),
@@ -160,9 +186,10 @@ def measure_precision(delays: list[int], pings: int) -> tuple[float, float, list
             )
         )
     veth_last, _ = median_round_trip(unlimited, pings)
-    veth = min(veth_first, veth_last)
+    veth = min(veth_first[0], veth_last[0]), min(veth_first[1], veth_last[1])
     for row in rows:
-        row.added_over_veth_ns = row.round_trip_ns - veth
+        row.added_over_veth_ns = row.round_trip_ns - veth[0]
+        row.pinger_added_ns = row.pinger_round_trip_ns - veth[1]
     return veth, relay_base, rows
 
 
@@ -181,7 +208,7 @@ def render(
     command: str,
     machine: str,
     pings: int,
-    veth_ns: float,
+    veth_ns: tuple[float, float],
     relay_ns: float,
     rows: list[Precision],
     throughput: list[tuple[str, float, float]],
@@ -192,20 +219,24 @@ def render(
         "(written by `bench/link_relay.py`)",
         "",
         f"Command: `{command}`, run as root. {machine} Precision: median round trip of "
-        f"{pings} UDP pings of 64 bytes, one at a time, over two emulated hosts; the round "
-        f"trip a delay adds is measured against a veth link ({_us(veth_ns)} us here, the "
+        f"{pings} UDP pings of 64 bytes, one at a time, over two emulated hosts, as the two "
+        "kernels saw it (from the send to the far kernel's receive timestamp, both ways: "
+        "without the pinger's and the echo's wake-ups, which are the machine's); the round "
+        f"trip a delay adds is measured against a veth link ({_us(veth_ns[0])} us here, the "
         f"better of before and after) and against a relay with a 1 ns delay "
         f"({_us(relay_ns)} us: the relay's own cost, which a delay that short cannot have "
         "taken off). The specification: within max(20 us, 5%) of twice the delay, against "
-        "veth. Own cost: the relay's one-way cost measured when the link came up and taken "
-        "off each release. Lateness: how late the relay's releases were (the worse of the "
-        "two directions).",
+        "veth. Pinger's: what the delay added to the pinger's own round trip, wake-ups and "
+        f"all (veth: {_us(veth_ns[1])} us). Own cost: the relay's one-way cost measured when "
+        "the link came up and taken off each release. Lateness: how late the relay's "
+        "releases were (the worse of the two directions).",
         "",
         *table_head(
             "one-way delay",
             "round trip us",
             "added over veth us",
             "error, held?",
+            "pinger's added us",
             "added over 1 ns relay us",
             "own cost us",
             "lateness p50 us",
@@ -217,7 +248,8 @@ def render(
         lines.append(
             f"| {links.format_duration(row.delay_ns)} | {_us(row.round_trip_ns)} "
             f"| {_us(row.added_over_veth_ns)} | {_held(row.added_over_veth_ns, row.delay_ns)} "
-            f"| {_us(row.added_over_relay_ns)} | {_us(row.compensation_ns)} "
+            f"| {_us(row.pinger_added_ns)} | {_us(row.added_over_relay_ns)} "
+            f"| {_us(row.compensation_ns)} "
             f"| {_us(row.late_p50_ns)} | {_us(row.late_p99_ns)} | {_us(row.late_max_ns)} |"
         )
     lines += [

@@ -2,22 +2,32 @@
 
 A packet through a relay takes longer than its delay: the relay wakes up after
 the packet was sent, reads it, copies it and writes it into the receiving
-stack.  On this machine (a 2-core virtual machine) that was about 92 us each
-way when the machine was quiet, 5-50 us when it was loaded (a busy CPU wakes
-sooner than an idle one), varying from one relay to the next -- more than a
-50 us delay's whole tolerance.  So before a network is handed over,
-``calibrate`` measures it, on the links as the profile made them: UDP pings,
-one at a time, between hosts 0 and 1 through the relays and, alternately, over
-a veth pair made for the purpose between the same two namespaces; half of what
-the relays' median round trip takes beyond the veth pair's and twice the delay
-is their own one-way cost.  Each relay then releases every packet that much
-earlier than its delay says, never before the packet arrived
-(``release_offset_ns``, the mirror of relay.c's ``due_time``).  Between more
-than two hosts a packet crosses two relays, one of them delayed: the cost of
-both comes off the delayed one.  A delay shorter than that cost cannot be had;
-it is reported (``unattainable``, ``DirectionStats.attainable``).  Under time
-dilation the delay is already the dilated one; the cost is real time and is
-taken off it as is.
+stack.  On this machine (a 2-core virtual machine) that was 2.5-7 us each way
+on a loaded machine, varying from one relay to the next, and more on a quiet
+one (a busy CPU wakes sooner than an idle one).  So before a network is handed over, ``calibrate`` measures it, on
+the links as the profile made them: UDP pings, one at a time, between hosts 0
+and 1 through the relays and, alternately, over a veth pair made for the
+purpose between the same two namespaces; half of what the relays' median round
+trip takes beyond the veth pair's and twice the delay is their own one-way
+cost.  Each relay then releases every packet that much earlier than its delay
+says, never before the packet arrived (``release_offset_ns``, the mirror of
+relay.c's ``due_time``).  Between more than two hosts a packet crosses two
+relays, one of them delayed: the cost of both comes off the delayed one.  A
+delay shorter than that cost cannot be had; it is reported (``unattainable``,
+``DirectionStats.attainable``).  Under time dilation the delay is already the
+dilated one; the cost is real time and is taken off it as is.
+
+A round trip here is the link's, as the two kernels saw it: from the ping's
+send to the echo's kernel receiving it (its receive timestamp,
+``SO_TIMESTAMPNS``), plus from the echo's send to the pinger's kernel receiving
+the answer.  It leaves out how long the echo and the pinger took to wake up
+for a packet that had arrived: that is the machine's, not the relay's, and it
+depends on how long they had been idle (2 ms on a 1 ms link, tens of
+microseconds on the veth pair), which on this virtual machine moves a
+process's round trip by tens of microseconds from one run to the next, more
+when the machine is quiet.  Counted as the relay's cost, it would be taken
+off every packet, though a real link of that delay leaves its hosts idle as
+long.
 
 The arithmetic here is pure; ``calibrate`` runs processes in the network.
 """
@@ -55,57 +65,88 @@ CALIBRATION_TIMEOUT_S = 60.0
 LOST_AFTER_S = 0.02
 
 
+#: ``SO_TIMESTAMPNS`` (asm-generic/socket.h; Python's socket module does not name it):
+#: each datagram read comes with the time (CLOCK_REALTIME) its host's kernel received it.
+SO_TIMESTAMPNS = 35
+
+
 def udp_echo_script(port: int) -> str:
-    """A Python program that answers every UDP datagram on ``port`` with itself, after
-    printing ``ready``: the far end of a ping over an emulated link."""
-    return textwrap.dedent(
-        """
-        import socket
+    """A Python program that answers every UDP datagram on ``port`` after printing
+    ``ready``: the far end of a ping over an emulated link.  The answer is the datagram
+    with its first 16 bytes replaced by two int64 (ns, CLOCK_REALTIME): the time its
+    kernel received it and the time the answer was sent (0 and the time if the kernel
+    gave no timestamp); a ping is longer than that."""
+    return (
+        textwrap.dedent(
+            """
+        import socket, struct, time
         s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        s.setsockopt(socket.SOL_SOCKET, STAMPING, 1)
         s.bind(("0.0.0.0", PORT))
         print("ready", flush=True)
         while True:
-            data, peer = s.recvfrom(2048)
-            s.sendto(data, peer)
+            data, ancillary, _, peer = s.recvmsg(2048, 64)
+            stamp = b"".join(d for level, kind, d in ancillary if kind == STAMPING)[:16]
+            seconds, nanoseconds = struct.unpack("qq", stamp) if stamp else (0, 0)
+            received = seconds * 1_000_000_000 + nanoseconds
+            s.sendto(struct.pack("qq", received, time.time_ns()) + data[16:], peer)
         """
-    ).replace("PORT", str(port))
+        )
+        .replace("PORT", str(port))
+        .replace("STAMPING", str(SO_TIMESTAMPNS))
+    )
 
 
 ECHO = udp_echo_script(CALIBRATION_PORT)
-PING = textwrap.dedent(
-    """
-    import json, socket, sys, time
+PING = (
+    textwrap.dedent(
+        """
+    import json, socket, struct, sys, time
     relay, veth, count, wait = sys.argv[1], sys.argv[2], int(sys.argv[3]), float(sys.argv[4])
     def socket_to(address):
         s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        s.setsockopt(socket.SOL_SOCKET, STAMPING, 1)
         s.connect((address, PORT))
         s.settimeout(wait)
         return s
+    def stamp_ns(ancillary):
+        stamp = b"".join(d for level, kind, d in ancillary if kind == STAMPING)[:16]
+        if not stamp:
+            sys.exit("no kernel receive timestamps (SO_TIMESTAMPNS)")
+        seconds, nanoseconds = struct.unpack("qq", stamp)
+        return seconds * 1_000_000_000 + nanoseconds
     pairs = [socket_to(relay), socket_to(veth)]
     rtts = [[], []]
     for i in range(2 * count + 4):
-        s, payload = pairs[i % 2], str(i).encode().ljust(64, b"x")
-        start = time.perf_counter_ns()
+        s, payload = pairs[i % 2], str(i).encode().rjust(64, b"x")
+        sent = time.time_ns()
         s.send(payload)
         try:
-            while s.recv(2048) != payload:  # a late answer to a lost ping's neighbour
-                pass
+            while True:  # a late answer to a lost ping's neighbour is passed over
+                data, ancillary, _, _ = s.recvmsg(2048, 64)
+                if data[16:] == payload[16:]:
+                    break
         except TimeoutError:  # lost on a lossy link: not a round trip
             continue
-        if i >= 4:
-            rtts[i % 2].append(time.perf_counter_ns() - start)
+        echo_received, echo_sent = struct.unpack_from("qq", data)
+        if i >= 4 and echo_received:
+            rtts[i % 2].append((echo_received - sent) + (stamp_ns(ancillary) - echo_sent))
         time.sleep(0.0002)
     if min(len(r) for r in rtts) < count // 2:
         sys.exit(f"only {len(rtts[0])} of {count} pings through the relays answered")
     print(json.dumps([sorted(r)[len(r) // 2] for r in rtts]))
     """
-).replace("PORT", str(CALIBRATION_PORT))
+    )
+    .replace("PORT", str(CALIBRATION_PORT))
+    .replace("STAMPING", str(SO_TIMESTAMPNS))
+)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Calibration:
     """What ``calibrate`` measured: median round trips (ns) over the relays with the
-    profile's one-way ``delay_ns`` (not yet compensated) and over a veth pair."""
+    profile's one-way ``delay_ns`` (not yet compensated) and over a veth pair, as the
+    kernels saw them (the module's docstring)."""
 
     delay_ns: int
     relay_round_trip_ns: int
