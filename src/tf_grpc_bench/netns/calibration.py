@@ -2,20 +2,21 @@
 
 A packet through a relay takes longer than its delay: the relay wakes up after
 the packet was sent, reads it, copies it and writes it into the receiving
-stack.  On this machine (a 2-core virtual machine) that was 2.5-7 us each way
+stack. On this machine (a 2-core virtual machine) that was 2.5-7 us each way
 on a loaded machine, varying from one relay to the next, and more on a quiet
-one (a busy CPU wakes sooner than an idle one).  So before a network is handed over, ``calibrate`` measures it, on
-the links as the profile made them: UDP pings, one at a time, between hosts 0
-and 1 through the relays and, alternately, over a veth pair made for the
-purpose between the same two namespaces; half of what the relays' median round
-trip takes beyond the veth pair's and twice the delay is their own one-way
-cost.  Each relay then releases every packet that much earlier than its delay
-says, never before the packet arrived (``release_offset_ns``, the mirror of
-relay.c's ``due_time``).  Between more than two hosts a packet crosses two
-relays, one of them delayed: the cost of both comes off the delayed one.  A
-delay shorter than that cost cannot be had; it is reported (``unattainable``,
-``DirectionStats.attainable``).  Under time dilation the delay is already the
-dilated one; the cost is real time and is taken off it as is.
+one (a busy CPU wakes sooner than an idle one). So before a network is handed
+over, ``calibrate`` measures it, on the links as the profile made them: UDP
+pings, one at a time, between hosts 0 and 1 through the relays and,
+alternately, over a veth pair made for the purpose between the same two
+namespaces; half of what the relays' median round trip takes beyond the veth
+pair's and twice the delay is their own one-way cost. Each relay then releases
+every packet that much earlier than its delay says, never before the packet
+arrived (``release_offset_ns``, the mirror of relay.c's ``due_time``). Between
+more than two hosts a packet crosses two relays, one of them delayed: the cost
+of both comes off the delayed one. A delay shorter than that cost cannot be
+had; it is reported (``unattainable``, ``DirectionStats.attainable``). Under
+time dilation the delay is already the dilated one; the cost is real time and
+is taken off it as is.
 
 A round trip here is the link's, as the two kernels saw it: from the ping's
 send to the echo's kernel receiving it (its receive timestamp,
