@@ -27,7 +27,11 @@ sign of an offset or origin flipped.  Each is put into the laid-out copy and the
 module's test files run against it.
 
 The score is killed / (all mutants - skipped), mutmut's and ours together: a mutant
-that no selected test reaches counts as a survivor, a timeout as killed.  mutmut sees
+that no selected test reaches counts as a survivor, a timeout as killed.  Every mutant
+has a time limit a few times its tests' unmutated time (``TIMEOUT_MULTIPLIER``,
+``TIMEOUT_CONSTANT_S``; ``OUR_TIMEOUT_FACTOR`` for the runs this script makes itself):
+a mutant that loops forever costs a minute or two, not mutmut's default quarter of an
+hour, and is listed as timed out.  mutmut sees
 only calls made in the test process: for a module whose functions run in the
 processes a test starts (``Target.in_children``: the replay's workers), each mutant
 it did not kill is put into the laid-out copy and the module's test files are
@@ -42,6 +46,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import io
 import json
 import os
@@ -87,6 +92,15 @@ SWAP_FAMILIES = (
 )
 #: Names whose sign decides a figure: ``+ offset`` made ``- offset`` and back.
 SIGNED = re.compile(r"offset|origin")
+#: mutmut's time limit of a mutant: (the unmutated time of the tests it runs against it +
+#: TIMEOUT_CONSTANT_S) x TIMEOUT_MULTIPLIER of wall time, twice that of CPU time.  mutmut's
+#: default (x15, + 1 s) let a mutant that loops forever run five minutes and more.
+TIMEOUT_MULTIPLIER = 4.0
+TIMEOUT_CONSTANT_S = 5.0
+#: The runs this script makes itself (our operators, mutants run in the tests' children):
+#: this many times the unmutated run of the module's test files, at least a minute.
+OUR_TIMEOUT_FACTOR = 4.0
+OUR_TIMEOUT_FLOOR_S = 60.0
 
 
 def _installed_path(repository_path: str) -> Path:
@@ -135,6 +149,8 @@ def _lay_out(name: str, target: Target) -> Path:
         'source_paths = ["src/tf_grpc_bench"]\n'
         f"only_mutate = [{json.dumps(mutated)}]\n"
         'also_copy = ["bench"]\n'
+        f"timeout_multiplier = {TIMEOUT_MULTIPLIER}\n"
+        f"timeout_constant = {TIMEOUT_CONSTANT_S}\n"
         f"pytest_add_cli_args_test_selection = [{tests}]\n"
         'pytest_add_cli_args = ["-p", "no:cacheprovider", "-x", "-q", '
         f'"-m", {json.dumps(target.markers)}]\n'
@@ -179,6 +195,8 @@ def _fewer_examples(tests: Path) -> None:
 
 #: mutmut's exit codes per mutant, by what they mean for the score.
 _KILLED = {1, 3, 36, 37, -24, 24, 152, 255}
+#: Those of them that say the mutant ran past its time limit (SIGXCPU, mutmut's timeout).
+_TIMED_OUT = {36, -24, 24, 152, 255}
 _SURVIVED = {0, 5, 33}
 _SKIPPED = {34}
 
@@ -230,11 +248,13 @@ def run_mutmut(folder: Path, target: Target, jobs: int) -> dict[str, list[str]]:
     if finished.returncode != 0:
         raise SystemExit(f"mutmut failed on {target.path} (see {log})")
     codes = _mutmut_codes(folder, target)
-    outcome: dict[str, list[str]] = {"killed": [], "survived": [], "skipped": []}
+    outcome: dict[str, list[str]] = {"killed": [], "survived": [], "skipped": [], "timeouts": []}
     unwatched = []
     for key, code in sorted(codes.items()):
         if code in _KILLED:
             outcome["killed"].append(key)
+            if code in _TIMED_OUT:
+                outcome["timeouts"].append(key)
         elif code in _SKIPPED:
             outcome["skipped"].append(key)
         elif target.in_children:
@@ -243,26 +263,29 @@ def run_mutmut(folder: Path, target: Target, jobs: int) -> dict[str, list[str]]:
             unwatched.append(key)
         else:  # survived, not reached (None) or an exit code mutmut calls suspicious
             outcome["survived"].append(key)
-    if unwatched and _pytest(folder, target.tests, target.markers, 3600) != 0:
-        raise SystemExit(f"{target.path}: its tests fail unmutated in {folder}")
     for key in unwatched:
-        outcome["killed" if _killed_in_children(folder, target, key) else "survived"].append(key)
-    with (folder / "survivors.txt").open("w") as report:
-        if outcome["survived"]:
-            subprocess.run(
-                [sys.executable, "-c", _SHOW, *outcome["survived"]],
-                cwd=folder,
-                stdout=report,
-                stderr=subprocess.STDOUT,
-                check=False,
-            )
+        status = _run_in_children(folder, target, key)
+        outcome["survived" if status in (0, 5) else "killed"].append(key)
+        if status is None:
+            outcome["timeouts"].append(key)
+    for kind, listed in (("survivors", outcome["survived"]), ("timeouts", outcome["timeouts"])):
+        with (folder / f"{kind}.txt").open("w") as report:
+            if listed:
+                subprocess.run(
+                    [sys.executable, "-c", _SHOW, *listed],
+                    cwd=folder,
+                    stdout=report,
+                    stderr=subprocess.STDOUT,
+                    check=False,
+                )
     return outcome
 
 
-def _killed_in_children(folder: Path, target: Target, key: str) -> bool:
+def _run_in_children(folder: Path, target: Target, key: str) -> int | None:
     """Put mutmut's mutant ``key`` into the laid-out copy and run the module's test files
     against it in a fresh process, as our own operators are: the processes the tests
-    start import the mutated copy.  True if a test fails or the run times out."""
+    start import the mutated copy.  pytest's exit status, None if it ran out of time."""
+    limit = _time_limit(folder, target.tests, target.markers)
     path = folder / "src" / _installed_path(target.path)
     original = path.read_text()
     try:
@@ -275,15 +298,21 @@ def _killed_in_children(folder: Path, target: Target, key: str) -> bool:
         )
         if path.read_text() == original:
             raise SystemExit(f"mutmut did not apply {key} to {path}")
-        status = _pytest(folder, target.tests, target.markers, _CHILDREN_TIMEOUT_S)
+        return _pytest(folder, target.tests, target.markers, limit)
     finally:
         path.write_text(original)
-    return status is None or status not in (0, 5)
 
 
-#: How long the module's tests may run against one mutant put into the copy (their
-#: own run takes seconds; a mutant that hangs a worker is killed, and counts killed).
-_CHILDREN_TIMEOUT_S = 300.0
+@functools.cache
+def _time_limit(folder: Path, tests: tuple[str, ...], markers: str) -> float:
+    """How long ``tests`` may run against one mutant this script puts into ``folder``:
+    ``OUR_TIMEOUT_FACTOR`` times their unmutated run (timed here, once), at least
+    ``OUR_TIMEOUT_FLOOR_S``.  A mutant that runs past it (a loop that no longer ends, a
+    replay's worker that hangs) counts as killed, and is listed as timed out."""
+    started = time.monotonic()
+    if _pytest(folder, tests, markers, 3600) != 0:
+        raise SystemExit(f"its tests fail unmutated in {folder}: {' '.join(tests)}")
+    return max(OUR_TIMEOUT_FLOOR_S, OUR_TIMEOUT_FACTOR * (time.monotonic() - started))
 
 
 # --------------------------------------------------------------------------
@@ -437,15 +466,12 @@ def run_swaps(folder: Path, target: Target) -> dict[str, list[str]]:
     the tests that call its function (as mutmut found them; the module's test files
     where mutmut says nothing: outside functions, in a property or another decorated
     function) run against it.  A mutant in a function mutmut saw no test call survives;
-    a timeout counts as killed."""
+    a timeout counts as killed, and is listed as timed out."""
     path = folder / "src" / _installed_path(target.path)
     original = path.read_text()
-    started = time.monotonic()
-    if _pytest(folder, target.tests, target.markers, 3600) != 0:
-        raise SystemExit(f"{target.path}: its tests fail unmutated in {folder}")
-    limit = max(60.0, 10 * (time.monotonic() - started))
+    limit = _time_limit(folder, target.tests, target.markers)
     tests_of = _tests_of(folder, target, original)
-    outcome: dict[str, list[str]] = {"killed": [], "survived": []}
+    outcome: dict[str, list[str]] = {"killed": [], "survived": [], "timeouts": []}
     try:
         for mutant in swap_mutants(original, target.functions):
             tests = tests_of.get(mutant.line)
@@ -458,6 +484,8 @@ def run_swaps(folder: Path, target: Target) -> dict[str, list[str]]:
             status = _pytest(folder, tuple(tests or target.tests), target.markers, limit)
             killed = status is None or status not in (0, 5)
             outcome["killed" if killed else "survived"].append(mutant.describe(target.path))
+            if status is None:
+                outcome["timeouts"].append(mutant.describe(target.path))
     finally:
         path.write_text(original)
     return outcome
@@ -484,7 +512,7 @@ def run_module(name: str, target: Target, *, jobs: int, swaps: bool) -> dict[str
     folder = _lay_out(name, target)
     started = time.monotonic()
     mutmut = run_mutmut(folder, target, jobs)
-    ours = run_swaps(folder, target) if swaps else {"killed": [], "survived": []}
+    ours = run_swaps(folder, target) if swaps else {"killed": [], "survived": [], "timeouts": []}
     killed = len(mutmut["killed"]) + len(ours["killed"])
     survived = len(mutmut["survived"]) + len(ours["survived"])
     result: dict[str, object] = {
@@ -503,10 +531,14 @@ def run_module(name: str, target: Target, *, jobs: int, swaps: bool) -> dict[str
         "seconds": round(time.monotonic() - started),
         "survivors": mutmut["survived"],
         "swap_survivors": ours["survived"],
+        # Counted killed: each ran past its time limit (its diff in timeouts.txt).
+        "timeouts": mutmut["timeouts"] + ours["timeouts"],
     }
     (folder / "score.json").write_text(json.dumps(result, indent=1) + "\n")
     with (folder / "survivors.txt").open("a") as report:
         report.writelines(f"# swap survived: {line}\n" for line in ours["survived"])
+    with (folder / "timeouts.txt").open("a") as report:
+        report.writelines(f"# swap timed out: {line}\n" for line in ours["timeouts"])
     return result
 
 
@@ -621,7 +653,8 @@ def main(argv: list[str] | None = None) -> int:
         target = TARGETS[name]
         result = run_module(name, target, jobs=arguments.jobs, swaps=not arguments.no_swaps)
         row = table_row(result)
-        print(row.render(), f"({result['seconds']} s)", flush=True)
+        timeouts = len(result["timeouts"])  # type: ignore[arg-type]
+        print(row.render(), f"({result['seconds']} s, {timeouts} timed out)", flush=True)
         if not arguments.no_table:
             mutation_table.update(DOCS, row, [row_module(t) for t in TARGETS.values()])
         if (mutation_table.score_value(row) or 0.0) < arguments.floor:

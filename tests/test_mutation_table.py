@@ -133,3 +133,17 @@ def test_our_operators_swap_attributes_of_a_kind_and_flip_offsets() -> None:
 def test_each_hand_made_bug_still_applies_to_the_code_it_names(mutant: object) -> None:
     text = (ROOT / mutant.path).read_text(encoding="utf-8")  # type: ignore[attr-defined]
     assert text.count(mutant.original) == 1, mutant.path  # type: ignore[attr-defined]
+
+
+def test_a_mutant_whose_tests_never_end_counts_killed_at_its_time_limit(tmp_path: Path) -> None:
+    # A mutant can make a loop endless (a bound that no longer moves): its tests are stopped
+    # at the time limit, and the run says so (None), apart from a pass (0) and a failure (1).
+    (tmp_path / "test_mutant.py").write_text(
+        "def test_passes():\n    assert True\n\n\n"
+        "def test_fails():\n    assert False\n\n\n"
+        "def test_never_ends():\n    while True:\n        pass\n"
+    )
+    run = mutation._pytest
+    assert run(tmp_path, ("test_mutant.py::test_passes",), "not netns", 600.0) == 0
+    assert run(tmp_path, ("test_mutant.py::test_fails",), "not netns", 600.0) == 1
+    assert run(tmp_path, ("test_mutant.py::test_never_ends",), "not netns", 2.0) is None
