@@ -677,6 +677,46 @@ def test_a_tf1_workers_sync_token_follows_every_workers_gradients_in_the_round()
         assert tokens == (2 * len(workload.steps) if tokens_expected else 0)
 
 
+def test_a_tf1_rounds_tail_follows_its_last_tensor_arrival_not_its_control_calls() -> None:
+    """A round's tail is what followed its last arrival others wait for (a tensor's): the
+    sync tokens and other control calls that end after it, even past the period, are not
+    arrivals (``Dependencies.is_arrival``) and leave the tail as it is."""
+    trace = trace_files.read_trace(trace_files.shipped_trace_path("resnet50-tf1ps"))
+    workload = trace_workload(trace, Benchmark.PS_THROUGHPUT, mode=Mode.NON_SERIALIZED)
+    later_control_calls = 0
+    for step in workload.steps:
+        deps = [c.dependencies for c in step.calls if c.dependencies is not None]
+        last = max(d.arrival_offset_ns for d in deps if d.is_arrival)
+        later_control_calls += any(not d.is_arrival and d.arrival_offset_ns > last for d in deps)
+        assert step.round_tail_ns == max(step.period_ns - last, 0)
+    # The trace has control calls that end after each round's last arrival: the test
+    # tells them apart.
+    assert later_control_calls == len(workload.steps)
+
+
+def test_a_tf1_token_replayed_by_its_pair_alone_waits_for_no_other_workers_gradients() -> None:
+    """One (worker, ps) pair's replay has no round barrier: its sync tokens keep their whole
+    compute, and no call waits for other workers' gradients (``others_arrival_offset_ns``)."""
+    trace = trace_files.read_trace(trace_files.shipped_trace_path("resnet50-tf1ps"))
+    pair = trace_workload(
+        trace,
+        Benchmark.P2P_BANDWIDTH,
+        mode=Mode.NON_SERIALIZED,
+        pair=parse_pair("worker:0,ps:0", trace),
+    )
+    calls = [c for step in pair.steps for c in step.calls]
+    tokens = [
+        c
+        for c in calls
+        if (tensor := trace.steps[c.step].rpcs[c.rpc_index].tensor) is not None
+        and is_sync_token(source_op(tensor.edge_name))
+    ]
+    # The pair holds tokens and gradients (its worker's, pulled by its ps).
+    assert tokens and any(c.reversed_direction for c in calls)
+    assert all(c.dependencies is not None for c in calls)
+    assert all(c.dependencies.others_arrival_offset_ns is None for c in calls)  # type: ignore[union-attr]
+
+
 # --------------------------------------------------------------------------
 # The trace -> workload mapping, for any parameter-server trace.
 
