@@ -694,6 +694,21 @@ def test_a_tf1_rounds_tail_follows_its_last_tensor_arrival_not_its_control_calls
     assert later_control_calls == len(workload.steps)
 
 
+def test_each_step_carries_the_traces_calibrated_compute_and_none_without_one() -> None:
+    """Every step of a trace's workload, a cluster's or a pair's, carries the compute of a
+    step the trace's calibration measured (``step_compute_ns``); a trace that records none
+    gives 0, no compute, not a made-up one."""
+    shipped = trace_files.read_trace(trace_files.shipped_trace_path("resnet50-tf1ps"))
+    assert dict(shipped.metadata.extra)["calibration_step_ns"] == "82732143"
+    plain = _ps_trace()
+    assert "calibration_step_ns" not in dict(plain.metadata.extra)
+    for trace, compute in ((shipped, 82_732_143), (plain, 0)):
+        for benchmark in (Benchmark.PS_THROUGHPUT, Benchmark.P2P_BANDWIDTH):
+            workload = trace_workload(trace, benchmark, mode=Mode.NON_SERIALIZED)
+            assert workload.steps
+            assert [s.step_compute_ns for s in workload.steps] == [compute] * len(workload.steps)
+
+
 def test_a_tf1_token_replayed_by_its_pair_alone_waits_for_no_other_workers_gradients() -> None:
     """One (worker, ps) pair's replay has no round barrier: its sync tokens keep their whole
     compute, and no call waits for other workers' gradients (``others_arrival_offset_ns``)."""
