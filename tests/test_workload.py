@@ -709,6 +709,23 @@ def test_each_step_carries_the_traces_calibrated_compute_and_none_without_one() 
             assert [s.step_compute_ns for s in workload.steps] == [compute] * len(workload.steps)
 
 
+def test_a_clusters_workload_names_the_task_each_client_and_server_stands_for() -> None:
+    """The replay places each of its clients and servers as the trace task it stands for
+    (``Workload.client_tasks``, ``server_tasks``, in the replay's order): the workers, then
+    the side clients (the chief calling workers, ps:0 calling ps:1); the ps, then the worker
+    the chief calls, standing in as a server.  A pair's replay needs no placement."""
+    trace = _ps_trace()
+    cluster = trace_workload(trace, Benchmark.PS_THROUGHPUT, mode=Mode.NON_SERIALIZED)
+    assert [t.name for t in cluster.client_tasks] == [
+        "/job:worker/task:0", "/job:worker/task:1", "/job:chief/task:0", "/job:ps/task:0"
+    ]  # fmt: skip
+    assert [t.name for t in cluster.server_tasks] == [
+        "/job:ps/task:0", "/job:ps/task:1", "/job:worker/task:0"
+    ]  # fmt: skip
+    pair = trace_workload(trace, Benchmark.P2P_BANDWIDTH, mode=Mode.NON_SERIALIZED)
+    assert (pair.client_tasks, pair.server_tasks) == ((), ())
+
+
 def test_a_tf1_token_replayed_by_its_pair_alone_waits_for_no_other_workers_gradients() -> None:
     """One (worker, ps) pair's replay has no round barrier: its sync tokens keep their whole
     compute, and no call waits for other workers' gradients (``others_arrival_offset_ns``)."""
