@@ -2298,6 +2298,16 @@ def test_outstanding_counts_every_earlier_call_that_ended_however_many_there_are
     assert outstanding_per_pair(other + calls)[3:] == by_hand
 
 
+def test_a_call_starting_at_the_latest_end_counts_every_earlier_call_as_ended() -> None:
+    # A call of no duration that starts when the pair's latest call ends (a trace's
+    # clock gives both the same ns): every earlier call has ended, however many there
+    # are; the count reads the tree's last slot, which only such a start reaches.
+    for earlier in (1, 2, 3, 4, 7):
+        calls = [("p", 0, end) for end in range(1, earlier + 1)] + [("p", earlier, earlier)]
+        assert outstanding_per_pair(calls)[-1] == 0
+    assert outstanding_per_pair([("p", 0, 10), ("p", 20, 20)]) == [0, 0]
+
+
 def test_the_pair_and_cluster_builders_replay_one_pair_or_every_task_and_name_the_source() -> None:
     trace = make_trace(steps=2, workers=2, ps=2)
     for mode in Mode:
