@@ -1902,6 +1902,27 @@ def test_serialized_trace_calls_say_which_sizes_they_could_not_keep() -> None:
     assert raw.inexact_sizes is None
 
 
+def test_only_the_sizes_a_replay_changes_are_inexact_whichever_direction_is_larger() -> None:
+    """``_ps_trace``'s chief control calls ask more than they answer, and its ps pulls
+    workers' gradients (requests are the larger side of neither): the raw replay keeps
+    every size, a cluster's or a pair's, and the serialized one names only the two 130 B
+    messages it cannot keep."""
+    from tf_grpc_bench.replay.core.measurement import InexactSizes
+
+    trace = _ps_trace()
+    for benchmark in (Benchmark.PS_THROUGHPUT, Benchmark.P2P_BANDWIDTH):
+        raw = trace_workload(trace, benchmark, mode=Mode.NON_SERIALIZED)
+        assert any(c.request_bytes > c.response_bytes for c in raw.calls)
+        assert raw.inexact_sizes is None
+        serialized = trace_workload(trace, benchmark, mode=Mode.SERIALIZED)
+        assert serialized.inexact_sizes == InexactSizes(
+            calls_per_pass=2,
+            traced_bytes=8_000_260,
+            replayed_bytes=8_000_258,
+            examples="130 B -> 129 B x2",
+        )
+
+
 def test_inexact_sizes_rank_the_commonest_changes_and_name_three() -> None:
     from tf_grpc_bench.replay.core.measurement import InexactSizes
     from tf_grpc_bench.replay.core.trace_workload import inexact_sizes
