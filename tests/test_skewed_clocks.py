@@ -559,6 +559,45 @@ def _manifests(folder: Path) -> dict[str, tuple[Path, dict[str, object]]]:
     }
 
 
+def _sends_took_nothing(records: Path) -> int:
+    """Every send of ``records``' tap files rewritten as if its call took no time (it
+    began when it returned); how long they took in all, in ns."""
+    took_in_all = 0
+    for path in records.glob("*/wiretap/tap-*.bin"):
+        data = bytearray(path.read_bytes())
+        position = 64
+        while position + _RECORD.size <= len(data):
+            length, kind, zero, connection, took, time_ns = _RECORD.unpack_from(data, position)
+            if length == 0:
+                break
+            took_in_all += took
+            _RECORD.pack_into(data, position, length, kind, zero, connection, 0, time_ns)
+            position += length
+        path.write_bytes(bytes(data))
+    return took_in_all
+
+
+def test_each_call_is_timed_as_recorded_not_as_its_first_send_began(
+    records: Path, tmp_path: Path
+) -> None:
+    """Only the clock pass times a send when its call began (a frame was sent no earlier
+    than that, whatever the clocks say); the trace's calls keep their recorded times: the
+    same records with every send taking no time give the same trace."""
+    recorded = assemble_records([_copy(records, tmp_path / "recorded", markers=True, skewed=False)])
+    instant = _copy(records, tmp_path / "instant", markers=True, skewed=False)
+    assert _sends_took_nothing(instant) > 0
+    same = assemble_records([instant])
+
+    def times(trace: Trace) -> list[list[tuple[object, ...]]]:
+        phases = [trace.startup, *trace.steps, trace.teardown]
+        return [
+            [(r.method, r.start_ns, r.response_start_ns, r.end_ns) for r in p.rpcs] for p in phases
+        ]
+
+    assert times(recorded) == times(same)
+    assert sum(len(step.rpcs) for step in recorded.steps) > 0
+
+
 def test_the_trace_says_what_ran_where_and_starts_at_the_first_tasks_start(
     records: Path, tmp_path: Path
 ) -> None:
