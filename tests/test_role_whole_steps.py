@@ -150,7 +150,11 @@ def test_every_task_places_the_side_clients_and_stand_ins_alike() -> None:
 
 @pytest.mark.parametrize("name", [n for n in trace_files.shipped_trace_names() if "tf2ps" in n])
 def test_a_cluster_with_a_chief_drops_nothing_of_a_shipped_tf2_trace(name: str) -> None:
-    args = _replay_args(name.removesuffix(".tfgbtrace"), "--benchmark", "ps-throughput")
+    # --compute none: the calls and their placement do not depend on it, and the default
+    # (auto) would time each model's training step here first (tens of seconds each).
+    args = _replay_args(
+        name.removesuffix(".tfgbtrace"), "--benchmark", "ps-throughput", "--compute", "none"
+    )
     request, parts = role.cluster_request(_placement(CLUSTER, "worker:0"), args)
     parameters = request.workloads[0].parameters()
     assert parameters["dropped_rpcs_per_pass"] == parameters["dropped_bytes_per_pass"] == 0
