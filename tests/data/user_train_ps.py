@@ -13,6 +13,7 @@ tool did not write.
 import argparse
 import json
 import os
+import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
@@ -35,7 +36,11 @@ def main() -> None:
             protocol=resolver.rpc_layer or "grpc",
             start=True,
         )
-        server.join()
+        # Serve until stopped.  Not server.join(): a process blocked in it never runs a
+        # Python SIGTERM handler (the test suite's coverage sets one), so each stop sat out
+        # the launcher's grace and ended in SIGKILL (user_train_tf1.py's ps keeps join()).
+        while server is not None:
+            time.sleep(60)
         return
 
     strategy = tf.distribute.ParameterServerStrategy(resolver)

@@ -10,6 +10,7 @@ script the tool did not write.
 import argparse
 import json
 import os
+import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
@@ -30,7 +31,11 @@ def main() -> None:
         server = tf.distribute.Server(
             spec, job_name=args.job, task_index=args.task, protocol="grpc", start=True
         )
-        server.join()
+        # Serve until stopped.  Not server.join(): a process blocked in it never runs a
+        # Python SIGTERM handler (the test suite's coverage sets one), so each stop sat out
+        # the launcher's grace and ended in SIGKILL (user_train_tf1.py's ps keeps join()).
+        while server is not None:
+            time.sleep(60)
         return
 
     resolver = tf.distribute.cluster_resolver.SimpleClusterResolver(
