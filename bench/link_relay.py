@@ -43,7 +43,7 @@ from dataclasses import dataclass
 from common import README, command_line, load_average, machine_line, table_head, write_section
 
 from tf_grpc_bench.netns import emulated, links, namespaces
-from tf_grpc_bench.netns.calibration import SO_TIMESTAMPNS, udp_echo_script
+from tf_grpc_bench.netns.calibration import stamping_script, udp_echo_script
 from tf_grpc_bench.netns.relay import RelayStats
 
 SECTION = "## Link relay"
@@ -52,31 +52,26 @@ PORT = 9000
 ECHO = udp_echo_script(PORT)
 # Prints the median round trips (ns): the link's (from the kernels' receive timestamps,
 # as netns/calibration.py measures them) and the pinger's own.
-PING = (
-    textwrap.dedent(
-        """
-        import json, socket, struct, sys, time
-        s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-        s.setsockopt(socket.SOL_SOCKET, STAMPING, 1)
-        s.connect((sys.argv[1], PORT))
-        s.settimeout(5)
-        rtts, link = [], []
-        for _ in range(int(sys.argv[2])):
-            start, sent = time.perf_counter_ns(), time.time_ns()
-            s.send(b"x" * 64)
-            data, ancillary, _, _ = s.recvmsg(2048, 64)
-            rtts.append(time.perf_counter_ns() - start)
-            stamp = b"".join(d for level, kind, d in ancillary if kind == STAMPING)[:16]
-            seconds, nanoseconds = struct.unpack("qq", stamp)
-            echo_received, echo_sent = struct.unpack_from("qq", data)
-            link.append(echo_received - sent + seconds * 1_000_000_000 + nanoseconds - echo_sent)
-            time.sleep(0.0005)
-        print(json.dumps([sorted(link)[len(link) // 2], sorted(rtts)[len(rtts) // 2]]))
-        """
-    )
-    .replace("PORT", str(PORT))
-    .replace("STAMPING", str(SO_TIMESTAMPNS))
-)
+PING = stamping_script(
+    """
+    import json, socket, struct, sys, time
+    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    s.setsockopt(socket.SOL_SOCKET, STAMPING, 1)
+    s.connect((sys.argv[1], PORT))
+    s.settimeout(5)
+    STAMP_NS
+    rtts, link = [], []
+    for _ in range(int(sys.argv[2])):
+        start, sent = time.perf_counter_ns(), time.time_ns()
+        s.send(b"x" * 64)
+        data, ancillary, _, _ = s.recvmsg(2048, 64)
+        rtts.append(time.perf_counter_ns() - start)
+        echo_received, echo_sent = struct.unpack_from("qq", data)
+        link.append(echo_received - sent + stamp_ns(ancillary) - echo_sent)
+        time.sleep(0.0005)
+    print(json.dumps([sorted(link)[len(link) // 2], sorted(rtts)[len(rtts) // 2]]))
+    """
+).replace("PORT", str(PORT))
 SINK = textwrap.dedent(
     """
     import json, socket, time

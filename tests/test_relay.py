@@ -43,7 +43,7 @@ pytestmark = pytest.mark.netns
 
 # Answers each ping with it, its first 16 bytes replaced by when the ping reached this
 # host's kernel and when the answer left (two int64, ns, CLOCK_REALTIME).
-ECHO_SERVER = textwrap.dedent(
+ECHO_SERVER = calibration.stamping_script(
     """
     import socket, struct, sys, time
     kind = socket.SOCK_DGRAM if sys.argv[1] == "udp" else socket.SOCK_STREAM
@@ -53,14 +53,12 @@ ECHO_SERVER = textwrap.dedent(
     if kind == socket.SOCK_STREAM:
         server.listen()
     print("ready", flush=True)
-    def stamp_ns(ancillary):
-        stamp = b"".join(d for level, kind, d in ancillary if kind == STAMPING)[:16]
-        seconds, nanoseconds = struct.unpack("qq", stamp) if stamp else (0, 0)
-        return seconds * 1_000_000_000 + nanoseconds
+    STAMP_NS
     if kind == socket.SOCK_DGRAM:
         while True:
             data, ancillary, _, peer = server.recvmsg(2048, 64)
-            reply = struct.pack("qq", stamp_ns(ancillary), time.time_ns()) + data[16:]
+            received = stamp_ns(ancillary, required=False)
+            reply = struct.pack("qq", received, time.time_ns()) + data[16:]
             server.sendto(reply, peer)
     connection, _ = server.accept()
     connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
@@ -68,7 +66,7 @@ ECHO_SERVER = textwrap.dedent(
         data, ancillary, _, _ = connection.recvmsg(64, 64)
         if not data:
             break
-        received = stamp_ns(ancillary)
+        received = stamp_ns(ancillary, required=False)
         while len(data) < 64:
             more = connection.recv(64 - len(data))
             if not more:
@@ -76,11 +74,11 @@ ECHO_SERVER = textwrap.dedent(
             data += more
         connection.sendall(struct.pack("qq", received, time.time_ns()) + data[16:])
     """
-).replace("STAMPING", str(calibration.SO_TIMESTAMPNS))
+)
 # Round trips of 64 bytes, one at a time: prints the median link round trip and the
 # pinger's own (ns) and, over TCP, the median of the kernel's smoothed RTT after each
 # (TCP_INFO's tcpi_rtt, in us, at byte 68 of struct tcp_info).
-PING = textwrap.dedent(
+PING = calibration.stamping_script(
     """
     import json, socket, struct, sys, time
     kind, address, count = sys.argv[1], sys.argv[2], int(sys.argv[3])
@@ -94,12 +92,7 @@ PING = textwrap.dedent(
         s.connect((address, 9000))
         s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     s.settimeout(5)
-    def stamp_ns(ancillary):
-        stamp = b"".join(d for level, kind, d in ancillary if kind == STAMPING)[:16]
-        if not stamp:
-            sys.exit("no kernel receive timestamps (SO_TIMESTAMPNS)")
-        seconds, nanoseconds = struct.unpack("qq", stamp)
-        return seconds * 1_000_000_000 + nanoseconds
+    STAMP_NS
     rtts, link, srtts = [], [], []
     for _ in range(count):
         start, sent = time.perf_counter_ns(), time.time_ns()
@@ -121,7 +114,7 @@ PING = textwrap.dedent(
     report = {"link_ns": median(link), "median_ns": median(rtts), "tcpi_rtt_us": median(srtts)}
     print(json.dumps(report))
     """
-).replace("STAMPING", str(calibration.SO_TIMESTAMPNS))
+)
 
 
 @dataclass(frozen=True)

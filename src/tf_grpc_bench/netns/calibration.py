@@ -69,6 +69,28 @@ LOST_AFTER_S = 0.02
 #: ``SO_TIMESTAMPNS`` (asm-generic/socket.h; Python's socket module does not name it):
 #: each datagram read comes with the time (CLOCK_REALTIME) its host's kernel received it.
 SO_TIMESTAMPNS = 35
+#: Python source of ``stamp_ns(ancillary, required=True)`` for the scripts that time a
+#: link: the time (ns, CLOCK_REALTIME) the kernel received what a ``recvmsg`` read on a
+#: socket with SO_TIMESTAMPNS; without a timestamp an exit naming it, or 0 if not
+#: ``required``.  ``stamping_script`` puts it in.
+_STAMP_NS = """
+def stamp_ns(ancillary, required=True):
+    stamp = b"".join(d for level, kind, d in ancillary if kind == STAMPING)[:16]
+    if not stamp:
+        if required:
+            sys.exit("no kernel receive timestamps (SO_TIMESTAMPNS)")
+        return 0
+    seconds, nanoseconds = struct.unpack("qq", stamp)
+    return seconds * 1_000_000_000 + nanoseconds
+"""
+
+
+def stamping_script(source: str) -> str:
+    """``source``, a Python program indented as in a module, dedented, with ``stamp_ns``
+    defined where a line says ``STAMP_NS`` and ``STAMPING`` made SO_TIMESTAMPNS' number
+    (the program imports ``struct`` and ``sys``)."""
+    program = textwrap.dedent(source).replace("STAMP_NS\n", _STAMP_NS.lstrip("\n"))
+    return program.replace("STAMPING", str(SO_TIMESTAMPNS))
 
 
 def udp_echo_script(port: int) -> str:
@@ -77,31 +99,25 @@ def udp_echo_script(port: int) -> str:
     with its first 16 bytes replaced by two int64 (ns, CLOCK_REALTIME): the time its
     kernel received it and the time the answer was sent (0 and the time if the kernel
     gave no timestamp); a ping is longer than that."""
-    return (
-        textwrap.dedent(
-            """
-        import socket, struct, time
+    return stamping_script(
+        """
+        import socket, struct, sys, time
         s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
         s.setsockopt(socket.SOL_SOCKET, STAMPING, 1)
         s.bind(("0.0.0.0", PORT))
         print("ready", flush=True)
+        STAMP_NS
         while True:
             data, ancillary, _, peer = s.recvmsg(2048, 64)
-            stamp = b"".join(d for level, kind, d in ancillary if kind == STAMPING)[:16]
-            seconds, nanoseconds = struct.unpack("qq", stamp) if stamp else (0, 0)
-            received = seconds * 1_000_000_000 + nanoseconds
+            received = stamp_ns(ancillary, required=False)
             s.sendto(struct.pack("qq", received, time.time_ns()) + data[16:], peer)
         """
-        )
-        .replace("PORT", str(port))
-        .replace("STAMPING", str(SO_TIMESTAMPNS))
-    )
+    ).replace("PORT", str(port))
 
 
 ECHO = udp_echo_script(CALIBRATION_PORT)
-PING = (
-    textwrap.dedent(
-        """
+PING = stamping_script(
+    """
     import json, socket, struct, sys, time
     relay, veth, count, wait = sys.argv[1], sys.argv[2], int(sys.argv[3]), float(sys.argv[4])
     def socket_to(address):
@@ -110,12 +126,7 @@ PING = (
         s.connect((address, PORT))
         s.settimeout(wait)
         return s
-    def stamp_ns(ancillary):
-        stamp = b"".join(d for level, kind, d in ancillary if kind == STAMPING)[:16]
-        if not stamp:
-            sys.exit("no kernel receive timestamps (SO_TIMESTAMPNS)")
-        seconds, nanoseconds = struct.unpack("qq", stamp)
-        return seconds * 1_000_000_000 + nanoseconds
+    STAMP_NS
     pairs = [socket_to(relay), socket_to(veth)]
     rtts = [[], []]
     for i in range(2 * count + 4):
@@ -137,10 +148,7 @@ PING = (
         sys.exit(f"only {len(rtts[0])} of {count} pings through the relays answered")
     print(json.dumps([sorted(r)[len(r) // 2] for r in rtts]))
     """
-    )
-    .replace("PORT", str(CALIBRATION_PORT))
-    .replace("STAMPING", str(SO_TIMESTAMPNS))
-)
+).replace("PORT", str(CALIBRATION_PORT))
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
