@@ -402,6 +402,7 @@ def _add_timing_flags(parser: argparse.ArgumentParser) -> None:
         "auto (default): uniform for a ps-throughput replay of a trace that records its "
         "capture CPU, else none, saying why (docs/fidelity.md, Compute load)",
     )
+    timing.add_argument("--compute-load-wait", action="store_true", help=compute_load.WAIT_HELP)
     timing.add_argument("--rate", type=float, default=None, help="calls per second per worker")
     timing.add_argument(
         "--speedup", type=float, default=None, help="recorded pacing: replay N times faster"
@@ -521,6 +522,7 @@ def replay_spec(args: argparse.Namespace, *, auto_dilation: bool = False) -> Rep
         compute=None if args.compute is None else Compute.parse(args.compute),
         time_dilation=_time_dilation(args.time_dilation, auto_dilation),
         compute_load=args.compute_load,
+        compute_load_wait=args.compute_load_wait,
         rate=args.rate,
         speedup=args.speedup,
         deadline_s=args.deadline,

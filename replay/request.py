@@ -266,6 +266,7 @@ def run_plan(spec: ReplaySpec, load: tuple[str, str] | None = None) -> RunPlan:
         time_dilation=dilation,
         compute_load=load[0],
         compute_load_auto=load[1],
+        compute_load_wait=spec.compute_load_wait,
     )
 
 

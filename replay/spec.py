@@ -264,6 +264,8 @@ class ReplaySpec:
     #: ``core.compute_load.MODES``: burners keep the cores as busy as training did
     #: (``auto``: ``compute_load.choose``).
     compute_load: str = compute_load.AUTO
+    #: A round ends once the compute load's quotas of it are done (``RunPlan``).
+    compute_load_wait: bool = False
     rate: float | None = None
     speedup: float | None = None
     deadline_s: float = 60.0
@@ -338,6 +340,8 @@ def validate(spec: ReplaySpec) -> None:
     compute_load.check_mode(spec.compute_load)
     if spec.compute_load not in (compute_load.NONE, compute_load.AUTO) and spec.trace is None:
         raise UsageError(f"--compute-load {spec.compute_load} needs a TRACE (its capture CPU)")
+    if spec.compute_load_wait and spec.compute_load == compute_load.NONE:
+        raise UsageError("--compute-load-wait waits for a compute load's quotas: not with none")
     if spec.targets is not None:
         if not spec.targets:
             raise ConfigError("--target: expected HOST:PORT[,HOST:PORT...]")

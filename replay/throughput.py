@@ -49,7 +49,7 @@ from tf_grpc_bench.replay.core.pacing import Pacing
 from tf_grpc_bench.replay.core.processes import split_worker
 from tf_grpc_bench.replay.core.workload import Workload
 from tf_grpc_bench.replay.native.driver import NativeDriver, open_native_driver
-from tf_grpc_bench.replay.transport.burners import GapSender, RoundSignal
+from tf_grpc_bench.replay.transport.burners import GapSender, round_hooks
 from tf_grpc_bench.replay.transport.client import ReplayClient
 from tf_grpc_bench.replay.transport.driver import Driver
 from tf_grpc_bench.replay.transport.load import ComputeLoad
@@ -281,7 +281,7 @@ def _worker_main(
             cpu_clock=cpu_clock,
             step_barrier=rounds,
             record_steps=spec.process == 0 and spec.worker_index not in spec.workload.side_workers,
-            on_round=None if spec.rounds is None else RoundSignal(spec.rounds),
+            **round_hooks(spec.rounds, wait=spec.plan.compute_load_wait),
         )
         connection.send(("ready",))
         while True:

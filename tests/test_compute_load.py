@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import itertools
 import json
 import math
 import os
@@ -13,7 +14,9 @@ import subprocess
 import sys
 import textwrap
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -743,6 +746,8 @@ def test_a_replay_reports_the_load_apart_from_its_own_cpu(
         assert 0 <= parameters[compute_load.QUOTA_MET_ENTRY] <= 1
     # The replay's own CPU is its workers' and servers': the burners are not among them.
     assert benchmark["runs"][0]["client_cpu_ns"] > 0
+    # Not asked to, no round waited for its quota.
+    assert compute_load.WAIT_ENTRY not in parameters
 
 
 def _load_jobs(path: Path) -> list[WorkerJob]:
@@ -969,3 +974,239 @@ def test_role_refuses_the_load_each_task_would_add_whole() -> None:
     # auto (the default) runs none under role (``choose``'s one_task).
     role.check_job(dataclasses.replace(job, spec=ReplaySpec(trace="x.tfgbtrace")))
     assert ReplaySpec(trace="x.tfgbtrace").compute_load == "auto"
+
+
+# --------------------------------------------------------------------------
+# Rounds that wait for their quotas (``--compute-load-wait``).
+
+
+def test_a_round_whose_path_is_done_owes_the_rest_of_its_quota_at_once() -> None:
+    clocks = _Clocks()
+    burner = _quota_burner(clocks, 200_000_000, 1_000_000_000)
+    burner.begin_round(1, 0)
+    clocks.wall = 100_000_000
+    _catch_up(burner, clocks)
+    # Due evenly over the step: a fifth of the wall time so far.
+    done = clocks.cpu
+    assert done == pytest.approx(0.2 * clocks.wall, abs=2) and not burner.quota_done()
+    # The round's path is done (the first worker's process waits): all of it is due now.
+    burner.due_now = True
+    burner.account()
+    assert burner.quota_owed_ns() == 200_000_000 - done
+    _catch_up(burner, clocks)
+    assert clocks.cpu == 200_000_000 and burner.quota_done()
+
+
+def _waiting_loop(
+    quota_done: Callable[[Any], bool] | None, barrier: bool
+) -> tuple[tuple[int, ...], list[int], list[int]]:
+    """Three rounds of the fake loop (``test_round_barrier``'s): the step times, each
+    round's start, and the round lengths the quota wait was asked with; the wait is
+    ``quota_done`` on the fake clock (None: no wait)."""
+    from .test_round_barrier import _Barrier, _Clock, _Driver, _workload
+
+    clock = _Clock()
+    told: list[int] = []
+    asked: list[int] = []
+
+    def wait(round_ns: int) -> bool:
+        asked.append(round_ns)
+        assert quota_done is not None
+        return quota_done(clock)
+
+    loop = WorkerLoop(
+        _workload([5, 7, 9]),
+        _Driver(clock),  # type: ignore[arg-type]
+        clock=clock,
+        cpu_clock=lambda: 0,
+        machine_cpu=lambda: None,
+        step_barrier=_Barrier(clock) if barrier else None,
+        on_round=told.append,
+        quota_wait=None if quota_done is None else wait,
+    )
+    outcome = loop.measure(begin_ns=clock.now, duration_ns=10**9, step_count=3)
+    return outcome.step_times_ns, told, asked
+
+
+def test_a_round_ends_only_once_the_quota_wait_returns() -> None:
+    from .test_round_barrier import OTHER_WORKER_LATER_NS, WORK_NS
+
+    def quota_late(clock: Any) -> bool:
+        clock.now += 30
+        return True
+
+    plain, _, _ = _waiting_loop(None, barrier=True)
+    assert plain == (WORK_NS + OTHER_WORKER_LATER_NS,) * 3
+    # The quota done 30 ns after the path: the barrier is reached that much later, and the
+    # next round begins after it; the wait is asked with the round's length so far.
+    waited, told, asked = _waiting_loop(quota_late, barrier=True)
+    assert waited == (WORK_NS + 30 + OTHER_WORKER_LATER_NS,) * 3
+    assert [b - a for a, b in itertools.pairwise(told)] == list(waited[:2])
+    assert asked == [WORK_NS] * 3
+    # Without a barrier (one worker) the round still lasts until its quota is done.
+    alone, _, _ = _waiting_loop(quota_late, barrier=False)
+    assert alone == (WORK_NS + 30,) * 3
+    # A quota done by the path's end: the round is the path's, as without the wait.
+    assert _waiting_loop(lambda clock: False, barrier=True)[0] == plain
+
+
+def test_a_round_waits_until_its_quota_burner_has_done_its_quota() -> None:
+    quota = 200_000_000
+    tick = 1_000_000_000 // os.sysconf("SC_CLK_TCK")
+    pool = burners.Burners(0)
+    try:
+        # Due evenly over a step of days: only the round's end makes it due at once.
+        pool.set_load(0.0, [quota], 10**15, wait=True)
+        assert pool.rounds.waits_for() == 1
+        idle = _settled_cpu(pool)
+        pool.rounds.begin(time.monotonic_ns())
+        waited, unmet = pool.rounds.await_quotas(time.monotonic_ns() + 600 * 10**9)
+        released = pool.cpu_ns() - idle
+        assert (waited, unmet) == (True, False)
+        # The round was let go after the burner's CPU had done its quota.
+        assert released >= quota - 2 * tick
+        waits = pool.rounds.waits()
+        assert (waits.rounds, waits.waited, waits.unmet) == (1, 1, 0) and waits.waited_ns > 0
+        assert pool.end_rounds() == burners.QuotaRounds(
+            rounds=1, owed_ns=quota, done_ns=quota, short=0
+        )
+        # A bound already passed lets the next round go at once, its quota not done.
+        pool.restart_quotas()
+        pool.rounds.begin(time.monotonic_ns())
+        looks: list[float] = []
+        assert pool.rounds.await_quotas(time.monotonic_ns() - 1, looks.append) == (False, True)
+        assert looks == [] and pool.rounds.waits().unmet == 1
+    finally:
+        pool.close()
+
+
+def test_a_round_does_not_wait_for_a_quota_burner_gone() -> None:
+    pool = burners.Burners(0)
+    try:
+        pool.set_load(0.0, [50_000_000, 50_000_000], 10**15, wait=True)
+        first, _ = pool.pids
+        os.kill(first, signal.SIGKILL)
+        assert _wait_gone([first]) == []
+        pool.rounds.begin(time.monotonic_ns())
+        # The one alive is waited for; the one gone is not, and its quota is not met.
+        assert pool.rounds.await_quotas(time.monotonic_ns() + 600 * 10**9) == (True, True)
+        assert pool.end_rounds() == burners.QuotaRounds(
+            rounds=1, owed_ns=100_000_000, done_ns=50_000_000, short=1
+        )
+        os.kill(pool.pids[1], signal.SIGKILL)
+        assert _wait_gone([pool.pids[1]]) == []
+        pool.rounds.begin(time.monotonic_ns())
+        looks: list[float] = []
+        assert pool.rounds.await_quotas(time.monotonic_ns() + 600 * 10**9, looks.append) == (
+            False,
+            True,
+        )
+        assert looks == []
+    finally:
+        pool.close()
+
+
+def test_without_the_wait_no_round_waits_nor_owes_its_quota_at_once() -> None:
+    pool = burners.Burners(0)
+    try:
+        pool.set_load(0.0, [50_000_000], 10**15)
+        assert pool.rounds.waits_for() == 0
+        pool.rounds.begin(time.monotonic_ns())
+        looks: list[float] = []
+        assert pool.rounds.await_quotas(time.monotonic_ns() + 600 * 10**9, looks.append) == (
+            False,
+            False,
+        )
+        assert looks == [] and pool.rounds.due() == 0
+        assert pool.rounds.waits() == burners.QuotaWaits()
+    finally:
+        pool.close()
+
+
+def test_the_wait_flag_needs_a_load_and_goes_to_the_plan(tmp_path: Path) -> None:
+    with pytest.raises(UsageError, match=r"^--compute-load-wait waits for a compute load's"):
+        ReplaySpec(trace="x.tfgbtrace", compute_load="none", compute_load_wait=True)
+    spec = ReplaySpec(trace="x.tfgbtrace", compute_load_wait=True)
+    assert "--compute-load-wait" in spec.to_argv()
+    busy = _busy_trace(tmp_path)
+    assert _request(busy, "--compute-load-wait").plan.compute_load_wait  # type: ignore[attr-defined]
+    assert not _request(busy).plan.compute_load_wait  # type: ignore[attr-defined]
+    completed = subprocess.run(
+        [
+            *(sys.executable, "-m", "tf_grpc_bench", "replay", str(busy)),
+            *("--compute-load", "none", "--compute-load-wait"),
+        ],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert completed.returncode != 0
+    assert completed.stderr.strip().splitlines() == [
+        "tf-grpc-bench replay: error: --compute-load-wait waits for a compute load's quotas: "
+        "not with none"
+    ]
+
+
+def test_the_terminal_report_says_how_long_rounds_waited_for_their_quota() -> None:
+    entries = compute_load.wait_entries(
+        rounds=25, waited=6, unmet=1, waited_ns=600_000_000, time_dilation=2.0
+    )
+    assert entries == {
+        compute_load.WAIT_ENTRY: True,
+        compute_load.WAIT_S_ENTRY: 0.3,
+        compute_load.WAIT_S_PER_ROUND_ENTRY: 0.012,
+        compute_load.WAIT_ROUNDS_ENTRY: 6,
+        compute_load.WAIT_UNMET_ENTRY: 1,
+    }
+    line = compute_load.report_line(
+        {
+            "compute_load": "uniform",
+            "compute_load_cpu_s_per_step": 0.4412,
+            "compute_load_cpu_cores": 0.66,
+            compute_load.QUOTA_MET_ENTRY: 0.97,
+            compute_load.ROUNDS_ENTRY: 25,
+            compute_load.ROUNDS_SHORT_ENTRY: 1,
+            **entries,
+        }
+    )
+    assert line.endswith(
+        "not counted as the replay's; rounds waited for the quota 0.012 s a round "
+        "(6 of 25, 1 let go short)"
+    )
+    unused = compute_load.wait_entries(rounds=0, waited=0, unmet=0, waited_ns=0, time_dilation=1.0)
+    assert compute_load.report_line({"compute_load": "uniform", **unused}) == (
+        "compute load: uniform; no round had a quota to wait for"
+    )
+
+
+@pytest.mark.parametrize("engine", ["grpcio", "grpc-cpp"])
+def test_a_replay_whose_rounds_wait_for_their_quota_says_how_long(
+    tmp_path: Path, engine: str
+) -> None:
+    if engine == "grpc-cpp":
+        grpc_cpp_program()
+    trace = with_step_lengths(make_trace(steps=4, workers=2), [100.0] * 4)
+    path = _busy_trace(tmp_path, trace)
+    output = tmp_path / "out"
+    completed = subprocess.run(
+        [
+            *(sys.executable, "-m", "tf_grpc_bench", "replay", str(path)),
+            *("--benchmark", "ps-throughput", "--engine", engine),
+            *("--compute-load", "uniform", "--compute-load-wait"),
+            *("--warmup", "0.5", "--duration", "1", "--runs", "1", "--output-dir", str(output)),
+        ],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=300,
+    )
+    assert completed.returncode == 0, completed.stderr
+    assert "; rounds waited for the quota " in completed.stdout
+    (results,) = output.glob("*/results.json")
+    parameters = json.loads(results.read_text())["benchmarks"][0]["parameters"]
+    assert parameters[compute_load.WAIT_ENTRY] is True
+    rounds = parameters[compute_load.ROUNDS_ENTRY]
+    assert rounds >= 1
+    assert parameters[compute_load.WAIT_ROUNDS_ENTRY] in range(rounds + 1)
+    assert parameters[compute_load.WAIT_UNMET_ENTRY] in range(rounds + 1)
+    assert parameters[compute_load.WAIT_S_PER_ROUND_ENTRY] >= 0

@@ -28,7 +28,9 @@ How it is spread (``MODES``):
   does not fit is spread uniformly;
 * ``uniform``: the load as a quota of CPU a replayed round, due evenly over the step
   and done however long others holding the cores make it take, until the next round
-  begins (``burner_quotas``).
+  begins (``burner_quotas``); with ``--compute-load-wait`` the next round begins only
+  once it is done (bounded), and the result says how long rounds waited
+  (``wait_entries``).
 
 Across CPU models (a compute scale ``s`` other than 1: ``--compute``, the
 calibrations' scale) the capture's CPU is the capture machine's.  Its compute part
@@ -62,6 +64,12 @@ GAPS = "gaps"
 UNIFORM = "uniform"
 #: ``--compute-load`` choices; ``auto`` is the default (``choose``).
 MODES = (AUTO, NONE, GAPS, UNIFORM)
+#: ``--compute-load-wait``'s help.
+WAIT_HELP = (
+    "with the compute load's quotas (uniform, auto's): a round ends only once its quotas are "
+    "done too, at most as long again as its path (default: it does not wait; docs/fidelity.md, "
+    "Compute load)"
+)
 #: What ``auto`` chooses where the trace can size a load.
 AUTO_LOAD = UNIFORM
 #: The most cores one task's burner keeps busy during its gaps: a burner is one
@@ -312,6 +320,47 @@ QUOTA_MET_ENTRY = "compute_load_quota_met"
 #: times a quota burner ended one short of its quota (what it had not done then, dropped).
 ROUNDS_ENTRY = "compute_load_rounds"
 ROUNDS_SHORT_ENTRY = "compute_load_rounds_short"
+#: The result entries of ``--compute-load-wait``: that rounds waited for their quotas,
+#: how long they waited past their paths' ends (s, all together and a round, in the time
+#: of the training predicted), how many waited at all and how many were let go with a
+#: quota not done (the bound reached, or a burner gone).
+WAIT_ENTRY = "compute_load_wait"
+WAIT_S_ENTRY = "compute_load_wait_s"
+WAIT_S_PER_ROUND_ENTRY = "compute_load_wait_s_per_round"
+WAIT_ROUNDS_ENTRY = "compute_load_wait_rounds"
+WAIT_UNMET_ENTRY = "compute_load_wait_unmet"
+
+
+def wait_entries(
+    *, rounds: int, waited: int, unmet: int, waited_ns: int, time_dilation: float
+) -> dict[str, str | int | float | bool]:
+    """The result's ``--compute-load-wait`` entries from the measured runs' ``rounds``
+    that looked for their quotas, ``waited`` of them at all, ``unmet`` let go with a
+    quota not done, ``waited_ns`` wall ns in all (divided by ``time_dilation``)."""
+    entries: dict[str, str | int | float | bool] = {WAIT_ENTRY: True}
+    if rounds > 0:
+        total = waited_ns / time_dilation / 1e9
+        entries[WAIT_S_ENTRY] = round(total, 4)
+        entries[WAIT_S_PER_ROUND_ENTRY] = round(total / rounds, 4)
+        entries[WAIT_ROUNDS_ENTRY] = waited
+        entries[WAIT_UNMET_ENTRY] = unmet
+    return entries
+
+
+def wait_text(parameters: Mapping[str, object]) -> str:
+    """``; rounds waited for the quota 0.012 s a round (37 of 250, 0 let go short)``
+    ("" where rounds were not to wait; ``; no round had a quota to wait for`` where
+    no measured round did)."""
+    if parameters.get(WAIT_ENTRY) is not True:
+        return ""
+    per_round, waited = parameters.get(WAIT_S_PER_ROUND_ENTRY), parameters.get(WAIT_ROUNDS_ENTRY)
+    rounds, unmet = parameters.get(ROUNDS_ENTRY), parameters.get(WAIT_UNMET_ENTRY)
+    if not isinstance(per_round, (int, float)):
+        return "; no round had a quota to wait for"
+    counts = f"{waited} of {rounds}" if isinstance(rounds, int) else f"{waited} rounds"
+    return (
+        f"; rounds waited for the quota {per_round:.3f} s a round ({counts}, {unmet} let go short)"
+    )
 
 
 def report_line(parameters: Mapping[str, object]) -> str:
@@ -341,4 +390,4 @@ def report_line(parameters: Mapping[str, object]) -> str:
             f"; the burners spent {spent:.2f} CPU-s a step ({cores:.2f} cores{quota}), "
             "not counted as the replay's"
         )
-    return line
+    return line + wait_text(parameters)

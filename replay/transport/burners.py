@@ -13,8 +13,11 @@ before, where that was shorter), and does it however long others holding the cor
 next round starts: what it has not done then is counted short, not carried into
 the next round.  The rounds are the first training worker's steps, told by its
 process through shared memory (``RoundClock``, ``RoundSignal``: the throughput
-loop's ``on_round``).  Both count CPU on the burner's own thread CPU clock, not
-in wall time.  Each
+loop's ``on_round``).  With ``--compute-load-wait`` that process, its round's
+path done, makes the rest of the round's quota due at once and lets the next
+round begin only once every quota burner has done it (``RoundSignal.wait``:
+bounded, a burner gone not waited for).  Both count CPU on the burner's own
+thread CPU clock, not in wall time.  Each
 burner dies with the process that started it (``lifetime.die_with_parent``: no
 burner outlives a replay killed with SIGKILL), and ``Burners.close`` ends them
 all.
@@ -39,7 +42,7 @@ from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 from tf_grpc_bench import lifetime
 from tf_grpc_bench.host import process_stat_fields
@@ -60,6 +63,12 @@ PACE_SHARE = 0.9
 ROUND_POLL_NS = 10_000_000
 #: How long ``close`` waits for burners told to stop, then for terminated ones.
 STOP_GRACE_S = 2.0
+#: The most quota burners a round can wait for (``RoundClock``'s slots).
+MAX_WAITED_BURNERS = 64
+#: How often a round waiting for its quotas looks at them (s), and how many looks apart
+#: (from the first) it looks whether the burners not done yet are still alive.
+QUOTA_POLL_S = 0.0005
+ALIVE_EVERY = 20
 
 
 class GapSender:
@@ -81,13 +90,59 @@ class GapSender:
                 self._connection.send_bytes(GAP.pack(start - self._offset, end_ns - self._offset))
 
 
+#: ``RoundClock``'s shared entries: rounds begun, the last one's start, the last round
+#: whose path is done (its quota due at once), the rounds that looked for their quotas
+#: (all, those that waited at all, those let go with a quota not done) and the ns waited,
+#: the quota burners waited for; then their pids, then the last round each did its quota of.
+_COUNT, _START, _DUE, _ROUNDS, _WAITED, _UNMET, _WAITED_NS, _BURNERS = range(8)
+_PIDS = 8
+_DONE = _PIDS + MAX_WAITED_BURNERS
+
+
+@dataclass(frozen=True, slots=True)
+class QuotaWaits:
+    """What rounds waiting for their quotas waited (``--compute-load-wait``): the rounds
+    that looked, those that waited at all, those let go with a quota not done (the bound
+    reached, or its burner gone), and the wall ns waited past their paths' ends, in all."""
+
+    rounds: int = 0
+    waited: int = 0
+    unmet: int = 0
+    waited_ns: int = 0
+
+    def __add__(self, other: QuotaWaits) -> QuotaWaits:
+        return QuotaWaits(
+            self.rounds + other.rounds,
+            self.waited + other.waited,
+            self.unmet + other.unmet,
+            self.waited_ns + other.waited_ns,
+        )
+
+    def __sub__(self, other: QuotaWaits) -> QuotaWaits:
+        return QuotaWaits(
+            self.rounds - other.rounds,
+            self.waited - other.waited,
+            self.unmet - other.unmet,
+            self.waited_ns - other.waited_ns,
+        )
+
+
+def _alive(pid: int) -> bool:
+    fields = process_stat_fields(pid)
+    return fields is not None and fields[0] not in ("Z", "X")
+
+
 class RoundClock:
     """When the replay's rounds begin: how many have begun and the last one's start
     (CLOCK_MONOTONIC ns), in shared memory, written by one process (``begin``) and read
-    by any (``read``).  Handed to processes as they are started (spawn arguments)."""
+    by any (``read``).  Handed to processes as they are started (spawn arguments).
+
+    Also where a round waits for its quotas (``await_quotas``, by that one process): the
+    quota burners it waits for (``wait_for``; none unless set), each one's last round
+    with its quota done (``quota_done``), and what the waits took (``waits``)."""
 
     def __init__(self, context: Any) -> None:
-        self._shared = context.RawArray("q", 2)
+        self._shared = context.RawArray("q", _DONE + MAX_WAITED_BURNERS)
 
     def begin(self, start_ns: int) -> None:
         """A round began at ``start_ns`` (the one writer: its start, then the count)."""
@@ -101,9 +156,70 @@ class RoundClock:
             if self._shared[0] == count:
                 return count, start
 
+    def wait_for(self, pids: Sequence[int]) -> None:
+        """Rounds wait for these quota burners' quotas from now (none: rounds do not wait)."""
+        if len(pids) > MAX_WAITED_BURNERS:
+            raise ValueError(f"at most {MAX_WAITED_BURNERS} quota burners can be waited for")
+        self._shared[_BURNERS] = 0
+        for slot, pid in enumerate(pids):
+            self._shared[_PIDS + slot] = pid
+            self._shared[_DONE + slot] = self._shared[_COUNT]
+        self._shared[_BURNERS] = len(pids)
+
+    def waits_for(self) -> int:
+        """How many quota burners a round waits for (0: rounds do not wait)."""
+        return int(self._shared[_BURNERS])
+
+    def due(self) -> int:
+        """The last round whose path is done: the rest of its quota is due at once."""
+        return int(self._shared[_DUE])
+
+    def quota_done(self, slot: int, count: int) -> None:
+        """The burner of ``slot`` has done the ``count``th round's quota."""
+        if 0 <= slot < MAX_WAITED_BURNERS:
+            self._shared[_DONE + slot] = count
+
+    def await_quotas(
+        self, until_ns: int, poll: Callable[[float], None] = time.sleep
+    ) -> tuple[bool, bool]:
+        """The open round's path is done: the rest of its quotas is due at once; wait until
+        every quota burner waited for has done its quota of it or is gone, or until
+        CLOCK_MONOTONIC reads ``until_ns``.  (Whether it waited at all, whether a quota
+        was not done: the bound reached or its burner gone); added to ``waits``."""
+        count, burners = self._shared[_COUNT], int(self._shared[_BURNERS])
+        if burners <= 0:
+            return False, False
+        began = time.monotonic_ns()
+        self._shared[_DUE] = count
+        pending, gone, looks = list(range(burners)), False, 0
+        while pending := [s for s in pending if self._shared[_DONE + s] < count]:
+            if looks % ALIVE_EVERY == 0:
+                alive = [s for s in pending if _alive(int(self._shared[_PIDS + s]))]
+                pending, gone = alive, gone or len(alive) < len(pending)
+            if not pending or time.monotonic_ns() >= until_ns:
+                break
+            looks += 1
+            poll(QUOTA_POLL_S)
+        waited, unmet = looks > 0, bool(pending) or gone
+        self._shared[_ROUNDS] += 1
+        self._shared[_WAITED] += int(waited)
+        self._shared[_UNMET] += int(unmet)
+        self._shared[_WAITED_NS] += time.monotonic_ns() - began if waited else 0
+        return waited, unmet
+
+    def waits(self) -> QuotaWaits:
+        """What the rounds' waits for their quotas took so far."""
+        return QuotaWaits(
+            rounds=int(self._shared[_ROUNDS]),
+            waited=int(self._shared[_WAITED]),
+            unmet=int(self._shared[_UNMET]),
+            waited_ns=int(self._shared[_WAITED_NS]),
+        )
+
 
 class RoundSignal:
-    """A worker loop's ``on_round`` (perf-counter ns) telling a ``RoundClock``."""
+    """A worker loop's ``on_round`` (perf-counter ns) telling a ``RoundClock``; and, with
+    ``--compute-load-wait``, its ``quota_wait`` (``wait``)."""
 
     def __init__(self, rounds: RoundClock) -> None:
         self._rounds = rounds
@@ -111,6 +227,27 @@ class RoundSignal:
 
     def __call__(self, start_ns: int) -> None:
         self._rounds.begin(start_ns - self._offset)
+
+    def wait(self, round_ns: int) -> bool:
+        """The open round's path is done now, ``round_ns`` after it began: wait for its
+        quotas (``RoundClock.await_quotas``), at most as long again; whether it waited."""
+        until = time.monotonic_ns() + max(0, round_ns)
+        return self._rounds.await_quotas(until)[0]
+
+
+class RoundHooks(TypedDict):
+    """A worker loop's ``on_round`` and ``quota_wait`` (``transport.loop.WorkerLoop``)."""
+
+    on_round: Callable[[int], None] | None
+    quota_wait: Callable[[int], bool] | None
+
+
+def round_hooks(rounds: RoundClock | None, *, wait: bool) -> RoundHooks:
+    """The hooks of the process that tells ``rounds`` (None: it does not): each round's
+    start, and with ``wait`` (``--compute-load-wait``) each round's wait for its quotas."""
+    signal_rounds = None if rounds is None else RoundSignal(rounds)
+    quota_wait = signal_rounds.wait if signal_rounds is not None and wait else None
+    return RoundHooks(on_round=signal_rounds, quota_wait=quota_wait)
 
 
 @dataclass(frozen=True, slots=True)
@@ -157,6 +294,10 @@ class _Burner:
         self.pace = 1
         #: The rounds closed since the quota was set, and what was done in them.
         self.closed = QuotaRounds()
+        #: This quota burner's slot in ``RoundClock``; whether the open round's path is
+        #: done (``--compute-load-wait``): the rest of its quota is due at once.
+        self.slot = -1
+        self.due_now = False
 
     def set_quota(self, quota_ns: float, step_ns: int, rounds_seen: int) -> None:
         """Owe ``quota_ns`` of CPU every round begun after the ``rounds_seen``th, due
@@ -219,8 +360,14 @@ class _Burner:
         no round open): due evenly over its pace, all of it once that is over."""
         if self.round_start is None or self.quota <= 0:
             return 0.0
-        due = self.quota * min(1.0, max(0, self.wall - self.round_start) / self.pace)
-        return due - (self.cpu - self.round_cpu)
+        share = 1.0 if self.due_now else min(1.0, max(0, self.wall - self.round_start) / self.pace)
+        return self.quota * share - (self.cpu - self.round_cpu)
+
+    def quota_done(self) -> bool:
+        """Whether the open round's quota is all done (its thread's CPU now)."""
+        if self.round_start is None or self.quota <= 0:
+            return False
+        return self._cpu_clock() - self.round_cpu >= self.quota
 
     def owed_ns(self) -> float:
         """CPU to do now (as of the last ``account``)."""
@@ -273,6 +420,7 @@ def _read(burner: _Burner, ready: Sequence[Any], control: Any, rounds: RoundCloc
                     burner.gap_duty = float(message[1])
                 elif message[0] == "quota":
                     burner.set_quota(float(message[1]), int(message[2]), int(message[3]))
+                    burner.slot = int(message[4])
                 elif message[0] == "end":
                     burner.begin_round(*rounds.read())
                     connection.send(burner.end_rounds())
@@ -287,7 +435,8 @@ def _read(burner: _Burner, ready: Sequence[Any], control: Any, rounds: RoundCloc
 
 def _burner_main(control: Any, gaps: Any, rounds: RoundClock, parent_pid: int) -> None:
     """A burner: obey ``control`` (("duty", gap share), ("quota", CPU ns, step ns, rounds
-    begun before), ("end",) or ("stop",)), burn in ``gaps`` and in ``rounds``'s rounds."""
+    begun before, slot), ("end",) or ("stop",)), burn in ``gaps`` and in ``rounds``'s
+    rounds, and tell ``rounds`` when it has done a round's quota."""
     lifetime.die_with_parent(parent_pid)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
@@ -295,7 +444,10 @@ def _burner_main(control: Any, gaps: Any, rounds: RoundClock, parent_pid: int) -
     sources = [control] if gaps is None else [control, gaps]
     while True:
         burner.begin_round(*rounds.read())
+        burner.due_now = burner.round_start is not None and rounds.due() >= burner.rounds_seen
         timeout = work(burner)
+        if burner.quota_done():
+            rounds.quota_done(burner.slot, burner.rounds_seen)
         ready = multiprocessing.connection.wait(sources, timeout)
         state = _read(burner, ready, control, rounds) if ready else "ok"
         if state == "stop":
@@ -377,16 +529,25 @@ class Burners:
     def pids(self) -> tuple[int, ...]:
         return tuple(p.pid for p in self._processes if p.pid is not None)
 
-    def set_load(self, gap_cores: float, quotas: Sequence[float] = (), step_ns: int = 1) -> None:
+    def set_load(
+        self,
+        gap_cores: float,
+        quotas: Sequence[float] = (),
+        step_ns: int = 1,
+        *,
+        wait: bool = False,
+    ) -> None:
         """Each task's burner at ``gap_cores`` (at most 1) in its gaps; one more burner per
         quota in ``quotas``, owing that much CPU (ns) every round, due over ``step_ns``
-        at most."""
+        at most; with ``wait``, a round waits for their quotas (``RoundSignal.wait``)."""
         for control in self._controls[: self._gap_burners]:
             control.send(("duty", min(1.0, gap_cores)))
         for _ in quotas:
             self._start(None)
         self._quotas = (tuple(quotas), step_ns)
         self.restart_quotas()
+        if wait:
+            self.rounds.wait_for(self.pids[self._gap_burners :])
 
     def restart_quotas(self) -> None:
         """The quota burners owe their quotas every round from the next one (what was
@@ -395,9 +556,10 @@ class Burners:
         self._rounds_before = self.rounds.read()[0]
         if not self._controls:
             return
-        for control, quota in zip(self._controls[self._gap_burners :], quotas, strict=True):
+        controls = self._controls[self._gap_burners :]
+        for slot, (control, quota) in enumerate(zip(controls, quotas, strict=True)):
             with contextlib.suppress(OSError):  # a burner gone: its quota is not met, and says so
-                control.send(("quota", quota, step_ns, self._rounds_before))
+                control.send(("quota", quota, step_ns, self._rounds_before, slot))
 
     def cpu_ns(self) -> int:
         """The burners' CPU so far (ns)."""

@@ -9,8 +9,9 @@ burners going (the ``uniform`` part as quotas a round); at each measured run's
 start the quotas are owed afresh, every round the first training worker's
 process begins (``round_clock``), and around it it measures what the burners
 spent, and what of their rounds' quotas they did in time, which the result
-reports apart from the replay's CPU (``parameters``).  With
-``--compute-load none`` it does nothing.
+reports apart from the replay's CPU (``parameters``); with
+``--compute-load-wait`` the rounds wait for the quotas (``burners.RoundSignal.wait``),
+and it reports how long.  With ``--compute-load none`` it does nothing.
 """
 
 from __future__ import annotations
@@ -26,7 +27,13 @@ from tf_grpc_bench.errors import TransportError
 from tf_grpc_bench.replay.core import compute_load
 from tf_grpc_bench.replay.core.measurement import Benchmark
 from tf_grpc_bench.replay.core.pacing import Timing
-from tf_grpc_bench.replay.transport.burners import Burners, QuotaRounds, RoundClock, tree_cpu_ns
+from tf_grpc_bench.replay.transport.burners import (
+    Burners,
+    QuotaRounds,
+    QuotaWaits,
+    RoundClock,
+    tree_cpu_ns,
+)
 from tf_grpc_bench.replay.transport.client import ReplayClient
 from tf_grpc_bench.replay.transport.seam import WorkerJob
 
@@ -60,6 +67,8 @@ class ComputeLoad:
             self._auto = "not a ps-throughput benchmark paced by its dependencies"
         self._jobs = tuple(jobs)
         self._dilation = jobs[0].plan.time_dilation
+        self._wait = jobs[0].plan.compute_load_wait
+        self._waits = QuotaWaits()
         self.sizing: compute_load.ComputeLoadSizing | None = None
         self._burners: Burners | None = None
         self._cpu_ns = self._wall_ns = self._steps = 0
@@ -136,7 +145,8 @@ class ComputeLoad:
             replayed_step_ns=wall_ns / steps / self._dilation,
         )
         gap_cores, _ = self.sizing.wall_cores(self._dilation)
-        self._burners.set_load(gap_cores, *compute_load.burner_quotas(self.sizing, self._dilation))
+        quotas, step = compute_load.burner_quotas(self.sizing, self._dilation)
+        self._burners.set_load(gap_cores, quotas, step, wait=self._wait)
 
     @contextlib.contextmanager
     def measuring(self) -> Iterator[Measured]:
@@ -147,6 +157,7 @@ class ComputeLoad:
         if self._burners is not None:
             self._burners.restart_quotas()
         cpu = 0 if self._burners is None else self._burners.cpu_ns()
+        waits = QuotaWaits() if self._burners is None else self._burners.rounds.waits()
         wall = time.monotonic_ns()
         try:
             yield measured
@@ -161,6 +172,7 @@ class ComputeLoad:
                     done_ns=self._quota.done_ns + rounds.done_ns,
                     short=self._quota.short + rounds.short,
                 )
+                self._waits += self._burners.rounds.waits() - waits
                 self._wall_ns += elapsed
                 self._steps += measured.steps
 
@@ -187,6 +199,16 @@ class ComputeLoad:
             )
             parameters[compute_load.ROUNDS_ENTRY] = self._quota.rounds
             parameters[compute_load.ROUNDS_SHORT_ENTRY] = self._quota.short
+        if self._wait and self.mode != compute_load.NONE:
+            parameters.update(
+                compute_load.wait_entries(
+                    rounds=self._waits.rounds,
+                    waited=self._waits.waited,
+                    unmet=self._waits.unmet,
+                    waited_ns=self._waits.waited_ns,
+                    time_dilation=self._dilation,
+                )
+            )
         return parameters
 
     def close(self) -> None:

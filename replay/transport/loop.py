@@ -91,6 +91,9 @@ class RunPlan:
     compute_load: str = "none"
     #: Why ``--compute-load auto`` chose ``compute_load`` ("": it was given).
     compute_load_auto: str = ""
+    #: ``--compute-load-wait``: a round ends once the load's quotas of it are done too
+    #: (``burners.RoundSignal.wait``), not only its path.
+    compute_load_wait: bool = False
 
     def __post_init__(self) -> None:
         if self.warmup_ns < 0:
@@ -258,11 +261,16 @@ class WorkerLoop:
         step_barrier: StepBarrier | None = None,
         record_steps: bool = True,
         on_round: Callable[[int], None] | None = None,
+        quota_wait: Callable[[int], bool] | None = None,
     ) -> None:
         self.workload = workload
         #: Told each step's (a round's) start on ``clock`` as it begins (the compute
         #: load's quota burners owe their quota from it: ``burners.RoundSignal``).
         self.on_round = on_round or (lambda _start_ns: None)
+        #: ``--compute-load-wait``: called when a dependencies-paced round's path is done
+        #: with the round's length so far, it returns once the compute load's quotas of the
+        #: round are done (bounded; whether it waited): the round lasts until then.
+        self.quota_wait = quota_wait
         #: False for a side client (``Workload.side_workers``): its steps are not training's.
         self.record_steps = record_steps
         self.driver = driver
@@ -351,7 +359,7 @@ class WorkerLoop:
             if outcome.next_begin_ns is not None:
                 # Dependencies pacing: the step lasts until the next may begin; in a
                 # round, until every worker may begin the next (recorded below).
-                next_begin = outcome.next_begin_ns
+                next_begin = self._after_quota(step_begin, outcome.next_begin_ns)
                 if self.step_barrier is None:
                     _record_dependent_step(
                         own, next_begin - step_begin, outcome, step_times, step_compute
@@ -384,6 +392,16 @@ class WorkerLoop:
                 break
             step_begin = following
         return last_end
+
+    def _after_quota(self, step_begin: int, path_end: int) -> int:
+        """When the round may end: its path's end ``path_end``, or with ``quota_wait`` once
+        the compute load's quotas of the round are done too, if that is later."""
+        if self.quota_wait is None:
+            return path_end
+        sleep_until(path_end, self.clock)
+        if self.quota_wait(path_end - step_begin):
+            return max(path_end, self.clock())
+        return path_end
 
     def warm_up(self, duration_ns: int) -> None:
         """Replay for ``duration_ns`` (whole steps for traces), measuring nothing."""
