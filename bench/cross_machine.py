@@ -8,12 +8,16 @@ capture on another instance), on each link profile, in one run:
 
 1. trains the trace's job here (its model, setup, cluster, batch and image size,
    from the trace's metadata) on the emulated link, uncaptured (the launcher
-   with no recorder) and then captured, as the own-machine mode does;
-2. replays the trace across the same link with ``network compare``'s defaults
-   (``--compute auto``: a trace from another machine has its compute scaled by
-   the two machines' calibrations; ``--compute-load auto``) or the replay flags
-   given (``--engine``, ``--time-dilation``, ``--compute-load``), and takes the
-   predicted step and the compute load the replay ran, which its pair records;
+   with no recorder) and then captured, ``--repeats`` pairs (default 2) as the
+   own-machine mode does, pooled as it pools them;
+2. replays the trace across the same link after each pair (A B R A B R: the
+   replays' own spread shows beside the reference's, for one replay's length a
+   pair) with ``network compare``'s defaults (``--compute auto``: a trace from
+   another machine has its compute scaled by the two machines' calibrations;
+   ``--compute-load auto``) or the replay flags given (``--engine``,
+   ``--time-dilation``, ``--compute-load``), and takes the predicted step (the
+   replays' median) and the compute load the replay ran, which its pair records
+   (its ratio the pooled one: the pairs file keeps its format);
 3. writes the section ``## Fidelity across machines: TRACE`` of bench/README.md
    (the capture machine and this one named), and records each link's ratio as a
    measured pair of machines in ``src/tf_grpc_bench/cross_machine_pairs.json``
@@ -32,18 +36,32 @@ import datetime
 import re
 import subprocess
 import sys
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from common import README, ROOT, load_average, machine_line, table_head, table_row, write_section
-from fidelity import REPLAY_DURATION_S, Prediction, predict
+from fidelity import (
+    REPEATS,
+    REPLAY_DURATION_S,
+    Prediction,
+    Repeat,
+    flag,
+    pooled_step,
+    predict,
+    repeats_table,
+)
 from training import (
+    Runs,
     Uncaptured,
+    capture_facts,
     capture_job,
     job_arguments,
     link_bound_seconds,
-    round_seconds,
+    pooled_uncaptured,
+    rounds_seconds,
     train_uncaptured,
+    uncaptured_runs,
 )
 
 from tf_grpc_bench import cross_machine, host, trace_files
@@ -61,21 +79,53 @@ ONE_PROCESS = "one process, the whole local step"
 @dataclass(frozen=True, slots=True, kw_only=True)
 class CrossRow:
     profile: str
+    #: Uncaptured training here (with ``repeats``: every run's rounds pooled).
     uncaptured: Uncaptured
-    #: Training's median round captured here on the link.
+    #: Training's median round captured here on the link (with ``repeats``: the median of
+    #: every capture's rounds pooled).
     captured_s: float
     link_bound_s: float | None
+    #: The replay's prediction (with ``repeats``: the first made, whose compute and compute
+    #: load the row names; its step is the repeats' median, ``predicted_s``).
     prediction: Prediction | None
     #: The replay's ``compute_calibration`` (how the trace's compute was scaled).
     compute: str
     #: The replay's compute load, and why where ``auto`` chose it (``_compute_load``).
     compute_load: str = "-"
+    #: The side-by-side pairs trained here, in the order run, the trace replayed after each.
+    repeats: tuple[Repeat, ...] = ()
+
+    @property
+    def predicted_s(self) -> float | None:
+        if self.repeats:
+            return pooled_step([r.prediction for r in self.repeats])
+        return None if self.prediction is None else self.prediction.step_s
 
     @property
     def ratio(self) -> float | None:
-        if self.prediction is None:
-            return None
-        return self.prediction.step_s / self.uncaptured.round_s
+        """The prediction over uncaptured training (pooled, with repeats)."""
+        predicted = self.predicted_s
+        return None if predicted is None else predicted / self.uncaptured.round_s
+
+    @property
+    def uncaptured_runs(self) -> Runs | None:
+        return uncaptured_runs([r.uncaptured for r in self.repeats]) if self.repeats else None
+
+
+def cross_row(profile: str, repeats: Sequence[Repeat], *, link_bound_s: float | None) -> CrossRow:
+    """A link's row from its repeats, pooled as bench/fidelity.py pools them."""
+    made = [r.prediction for r in repeats if r.prediction is not None]
+    first = made[0] if made else None
+    return CrossRow(
+        profile=profile,
+        uncaptured=pooled_uncaptured([r.uncaptured for r in repeats]),
+        captured_s=Runs(tuple(r.captured_rounds_s for r in repeats)).median_s,
+        link_bound_s=link_bound_s,
+        prediction=first,
+        compute=_compute(first),
+        compute_load=_compute_load(first),
+        repeats=tuple(repeats),
+    )
 
 
 def trace_path(name: str) -> Path:
@@ -148,10 +198,11 @@ def measure_cross(
     *,
     replay_s: str = REPLAY_DURATION_S,
     replay_flags: tuple[str, ...] = (),
+    repeats: int = REPEATS,
 ) -> list[CrossRow]:
-    """Training here, uncaptured and captured, and the trace's prediction, per profile
-    (each replay ``replay_s`` seconds long, with ``replay_flags``: ``--compute-load``,
-    ``--engine``, ``--time-dilation``)."""
+    """Training here, uncaptured and captured, and the trace's prediction, per profile:
+    ``repeats`` pairs, the trace replayed after each (each replay ``replay_s`` seconds long,
+    with ``replay_flags``: ``--compute-load``, ``--engine``, ``--time-dilation``)."""
     path = trace_path(name)
     trace = trace_files.read_trace(path)
     shape = job_shape(trace, steps)
@@ -159,27 +210,33 @@ def measure_cross(
     folder.mkdir(parents=True, exist_ok=True)
     rows = []
     for profile in profiles:
-        plain = train_uncaptured(shape, profile)
-        captured = capture_job(shape, folder / f"here-{profile}.tfgbtrace", profile)
-        prediction = predict(
-            path,
-            profile,
-            folder / f"{profile}-cross",
-            length=("--duration", replay_s),
-            extra=replay_flags,
-        )
-        rows.append(
-            CrossRow(
-                profile=profile,
-                uncaptured=plain,
-                captured_s=round_seconds(captured),
-                link_bound_s=link_bound_seconds(captured, profile),
-                prediction=prediction,
-                compute=_compute(prediction),
-                compute_load=_compute_load(prediction),
+        done: list[Repeat] = []
+        bound_s = None
+        for number in range(1, repeats + 1):
+            # Repeat 1 keeps the names a run of one pair has; the others add "-rN".
+            suffix = "" if number == 1 else f"-r{number}"
+            plain = train_uncaptured(shape, profile)
+            captured = capture_job(shape, folder / f"here-{profile}{suffix}.tfgbtrace", profile)
+            prediction = predict(
+                path,
+                profile,
+                folder / f"{profile}-cross{suffix}",
+                length=("--duration", replay_s),
+                extra=replay_flags,
             )
-        )
-        print(rows[-1], file=sys.stderr, flush=True)
+            label = profile if repeats == 1 else f"{profile} #{number}"
+            done.append(
+                Repeat(
+                    uncaptured=plain,
+                    capture=capture_facts(captured, label, plain),
+                    captured_rounds_s=rounds_seconds(captured),
+                    prediction=prediction,
+                )
+            )
+            print(done[-1], file=sys.stderr, flush=True)
+            if bound_s is None:
+                bound_s = link_bound_seconds(captured, profile)
+        rows.append(cross_row(profile, done, link_bound_s=bound_s))
     return rows
 
 
@@ -250,17 +307,19 @@ def report(name: str, trace: Trace, rows: list[CrossRow], command: str, before: 
         "uncaptured (the launcher with no recorder) and captured, side by side. Ratios: the",
         "prediction over **uncaptured** training / over captured training.",
         "",
+        *_repeats_prose(rows),
         *table_head(
             "link", "training, uncaptured", "captured", "link bound", "prediction", "ratio",
             "compute", "compute load",
         ),
     ]  # fmt: skip
     for row in rows:
-        prediction = row.prediction
-        step = "failed" if prediction is None else f"{prediction.step_s:.2f} s"
+        predicted = row.predicted_s
+        step = "failed" if predicted is None else f"{predicted:.2f} s"
         ratio = "-"
-        if prediction is not None and row.ratio is not None:
-            ratio = f"**{row.ratio:.2f}** / {prediction.step_s / row.captured_s:.2f}"
+        if predicted is not None and row.ratio is not None:
+            ratio = f"**{row.ratio:.2f}** / {predicted / row.captured_s:.2f}"
+            ratio += flag(row.uncaptured_runs)
         bound = "-" if row.link_bound_s is None else f"{row.link_bound_s:.2f} s"
         lines.append(
             table_row(
@@ -274,7 +333,24 @@ def report(name: str, trace: Trace, rows: list[CrossRow], command: str, before: 
                 row.compute_load,
             )
         )
+    repeated = [(row.profile, row.repeats) for row in rows if row.repeats]
+    if repeated:
+        lines += ["", *repeats_table(repeated)]
     return "\n".join(lines)
+
+
+def _repeats_prose(rows: Sequence[CrossRow]) -> list[str]:
+    """How a run of repeated pairs pooled them ([] without repeats)."""
+    repeats = max((len(row.repeats) for row in rows), default=0)
+    if not repeats:
+        return []
+    return [
+        f"Each link: {repeats} side-by-side pairs trained here, the trace replayed after each",
+        "(A B R A B R); training is the median of the pairs' rounds pooled, the prediction",
+        "the median of the replays'. '(reference moved X)': the uncaptured runs' medians were",
+        "X apart, more than the 5% a ratio is judged by (the repeats' table below).",
+        "",
+    ]
 
 
 def pairs_section(pairs: list[MeasuredPair]) -> str:
@@ -296,7 +372,8 @@ def pairs_section(pairs: list[MeasuredPair]) -> str:
         "",
         "`bench/fidelity.py --cross-machine` (every pair in "
         "`src/tf_grpc_bench/cross_machine_pairs.json`, the latest of each pair, trace and link). "
-        f"Ratio: prediction over uncaptured training on the replaying machine. {summary}",
+        "Ratio: prediction over uncaptured training on the replaying machine (a run of several "
+        f"pairs: their replays' median over their rounds pooled). {summary}",
         "",
         *table_head("captured on", "replayed on", "trace, link", "ratio", "calibration",
                     "compute load", "measured (UTC), code"),
@@ -328,6 +405,8 @@ class CrossRun:
     replay_s: str = REPLAY_DURATION_S
     #: Flags of every replay (``--compute-load``, ``--engine``, ``--time-dilation``).
     replay_flags: tuple[str, ...] = ()
+    #: Side-by-side pairs per link, the trace replayed after each.
+    repeats: int = REPEATS
 
 
 def run_cross(run: CrossRun) -> None:
@@ -341,6 +420,7 @@ def run_cross(run: CrossRun) -> None:
             run.logdir,
             replay_s=run.replay_s,
             replay_flags=run.replay_flags,
+            repeats=run.repeats,
         )
         trace = trace_files.read_trace(trace_path(name))
         body = report(name, trace, rows, run.command, before)

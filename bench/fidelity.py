@@ -8,13 +8,15 @@ script (root: it builds network namespaces):
 
 1. captures real distributed training on that emulated link
    (``tf-grpc-bench capture --network PROFILE``: 2 ps on one host, chief and 2
-   workers on another, tf2-ps, synchronous) and takes training's step: the
-   median of its steady rounds (the capture's own steps);
+   workers on another, tf2-ps, synchronous) ``--repeats`` times (default 2),
+   each right after the same job uncaptured, and takes training's step: the
+   median of its steady rounds (the captures' own steps), every run's pooled;
 2. captures the same job once on loopback (no ``--network``);
-3. replays both traces' PS throughput across the same link
+3. replays each link trace right after its capture, and the loopback trace once
+   a link, across the link's PS throughput
    (``tf-grpc-bench network compare TRACE --profiles PROFILE``, dependencies
    pacing, compute kept) and takes each replay's predicted step
-   (``statistics.prediction.step_ns``);
+   (``statistics.prediction.step_ns``; the link traces' median);
 4. writes the ratios, the link's physical bound (the heavier direction's
    bytes of a round over the link rate, plus twice its one-way delay on a
    delayed link) and the replay's CPU into the
@@ -30,7 +32,7 @@ script (root: it builds network namespaces):
 
 Usage: ``sudo .venv/bin/python bench/fidelity.py [--models resnet50,vgg16]
 [--setup tf2-ps|tf1-ps] [--profiles 1gbit,...,1gbit:delay=1ms,10gbit:delay=100us] [--steps 8]
-[--cpu-cap CORES] [--cross-machine TRACES [--pairs FILE] [--replay-duration S]]
+[--repeats 2] [--cpu-cap CORES] [--cross-machine TRACES [--pairs FILE] [--replay-duration S]]
 [--no-readme] [--logdir runs/fidelity]``
 (needs the profiler extra).
 
@@ -38,11 +40,18 @@ On a delayed link, what its relays took in each training run and in the link tra
 replay (their CPU per GB moved, ``relay_use.py``) follows the tables: the relays run
 on the cores training uses (docs/fidelity.md, Limits).
 
-Every training shape is run twice side by side on each link: first uncaptured
-(``python -m tf_grpc_bench.profiler.uncaptured``: the same launcher, tasks and
-placement with no recorder, its rounds timed by its own step markers), then
-captured; the tables give the prediction over both, and the capture's cost
-(captured over uncaptured round and tasks' CPU per round).
+Every training shape is run side by side on each link, ``--repeats N`` pairs
+in a row (A B A B): first uncaptured (``python -m tf_grpc_bench.profiler.uncaptured``:
+the same launcher, tasks and placement with no recorder, its rounds timed by its
+own step markers), then captured.  The tables give the prediction over both
+sides pooled (the median of every run's rounds together: a run weighs by its
+rounds), each pair's own ratios, how far apart the uncaptured runs' medians were
+(a row where they were over 5% apart, the figure a ratio is judged by, is marked
+'reference moved': one pair cannot tell a prediction's error from it) and each
+capture's cost (captured over uncaptured round and tasks' CPU per round).  Each
+run's rounds stay ``--steps`` (8): on a link their interquartile range within a
+run has been 1-9% of the median (a median of 8 then off by about 2%), while runs of
+the same shape have been up to 15-17% apart; more runs narrow that, more rounds do not.
 
 ``--cross-machine TRACES`` replays traces captured on other instances (a shipped
 trace, an earlier run's) against their jobs trained here (``cross_machine.py``).
@@ -65,6 +74,7 @@ import argparse
 import contextlib
 import json
 import os
+import statistics
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -85,14 +95,18 @@ from common import (
 from relay_use import RelaySampler, RelayUse, relay_table, sampled
 from training import (
     CaptureFacts,
+    Runs,
     Uncaptured,
     capture,
     capture_facts,
     job_arguments,
     link_bound_seconds,
-    round_seconds,
+    percent,
+    pooled_uncaptured,
+    rounds_seconds,
     run,
     train_uncaptured,
+    uncaptured_runs,
 )
 
 from tf_grpc_bench import lifetime
@@ -110,6 +124,8 @@ REPLAY_WARMUP_S = "4"
 REPLAY_DURATION_S = "20"
 #: Replay CPU (client plus server cores) above which the replay is taken as its own bound.
 CPU_BOUND_CORES = 1.4
+#: Side-by-side pairs (uncaptured, captured) per link: each side measured twice.
+REPEATS = 2
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -130,20 +146,81 @@ class Prediction:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class Repeat:
+    """One side-by-side pair on a link: the job uncaptured, then captured, and the replay of
+    the trace that capture made."""
+
+    uncaptured: Uncaptured
+    capture: CaptureFacts
+    #: The capture's rounds (its trace's steps), in order.
+    captured_rounds_s: tuple[float, ...]
+    prediction: Prediction | None
+    #: A delayed link's relays in the three runs (``relay_use``); () on a link without relays.
+    relays: tuple[RelayUse | None, ...] = ()
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Row:
     model: str
     profile: str
-    #: Training's median round as the capture on the link measured it.
+    #: Training's median round as the capture on the link measured it (with ``repeats``,
+    #: the median of every capture's rounds pooled).
     training_s: float
     link_bound_s: float | None
     from_loopback: Prediction | None
     from_link: Prediction | None
     link_capture: CaptureFacts | None = None
-    #: The same training with no recorder, right before the capture (None: not run).
+    #: The same training with no recorder, right before the capture (None: not run; with
+    #: ``repeats``, every uncaptured run's rounds pooled).
     uncaptured: Uncaptured | None = None
     #: A delayed link's relays in the uncaptured training, the capture and the link
     #: trace's replay (``relay_use``); () on a link without relays.
     relays: tuple[RelayUse | None, ...] = ()
+    #: The side-by-side pairs on the link, in the order run (``--repeats``).  With them,
+    #: ``from_link``, ``link_capture`` and ``relays`` are each repeat's, not the row's.
+    repeats: tuple[Repeat, ...] = ()
+
+    @property
+    def uncaptured_runs(self) -> Runs | None:
+        """The repeats' uncaptured runs (None without repeats)."""
+        return uncaptured_runs([r.uncaptured for r in self.repeats]) if self.repeats else None
+
+    @property
+    def captured_runs(self) -> Runs | None:
+        return Runs(tuple(r.captured_rounds_s for r in self.repeats)) if self.repeats else None
+
+    @property
+    def predicted_s(self) -> float | None:
+        """The link traces' prediction: the median of the repeats' (None: all failed)."""
+        return pooled_step([r.prediction for r in self.repeats])
+
+
+def pooled_row(
+    model: str,
+    profile: str,
+    repeats: Sequence[Repeat],
+    *,
+    link_bound_s: float | None,
+    from_loopback: Prediction | None,
+) -> Row:
+    """A link's row from its repeats: training uncaptured and captured each the median of its
+    runs' rounds pooled (``training.Runs.median_s``)."""
+    return Row(
+        model=model,
+        profile=profile,
+        training_s=Runs(tuple(r.captured_rounds_s for r in repeats)).median_s,
+        uncaptured=pooled_uncaptured([r.uncaptured for r in repeats]),
+        link_bound_s=link_bound_s,
+        from_loopback=from_loopback,
+        from_link=None,
+        repeats=tuple(repeats),
+    )
+
+
+def pooled_step(predictions: Sequence[Prediction | None]) -> float | None:
+    """The median of the predictions that were made (None: none was)."""
+    steps = [prediction.step_s for prediction in predictions if prediction is not None]
+    return statistics.median(steps) if steps else None
 
 
 def predict(
@@ -215,11 +292,14 @@ def measure(
     *,
     cpu_cap: float | None = None,
     replay_flags: tuple[str, ...] = (),
+    repeats: int = REPEATS,
 ) -> tuple[CaptureFacts, list[Row]]:
-    """The loopback capture's facts, and a row per profile.  With ``cpu_cap``, every
-    capture runs in a CPU cgroup capped at that many cores (a slower machine; its
-    calibration timed inside it) and the replays keep the traces' compute as recorded.
-    ``replay_flags`` go to every replay (``--engine``, ``--time-dilation``, ``--compute-load``)."""
+    """The loopback capture's facts, and a row per profile: ``repeats`` side-by-side pairs
+    on the link, each capture's trace replayed after it, then the loopback trace's replay.
+    With ``cpu_cap``, every capture runs in a CPU cgroup capped at that many cores (a
+    slower machine; its calibration timed inside it) and the replays keep the traces'
+    compute as recorded.  ``replay_flags`` go to every replay (``--engine``,
+    ``--time-dilation``, ``--compute-load``)."""
     name = f"{model}-{setup}" if cpu_cap is None else f"{model}-{setup}-cap{cpu_cap:g}"
     suffixes = [flag.lstrip("-").replace("=", "-") for flag in replay_flags]
     folder = logdir / "-".join([name, *suffixes])
@@ -252,26 +332,38 @@ def measure(
         loopback = capture_facts(loopback_capture, "loopback", loopback_plain)
         rows = []
         for profile in profiles:
-            link_trace = folder / f"{model}-{profile}.tfgbtrace"
-            link_capture, plain, uses = trained(link_trace, profile)
-            with sampled(bool(uses[0])) as relays:
-                from_link = predict(link_trace, profile, folder / f"{profile}-link", extra=extra)
+            done: list[Repeat] = []
+            bound_s = None
+            for number in range(1, repeats + 1):
+                # Repeat 1 keeps the names a run of one pair has; the others add "-rN".
+                suffix = "" if number == 1 else f"-r{number}"
+                link_trace = folder / f"{model}-{profile}{suffix}.tfgbtrace"
+                link_capture, plain, uses = trained(link_trace, profile)
+                with sampled(bool(uses[0])) as relays:
+                    from_link = predict(
+                        link_trace, profile, folder / f"{profile}-link{suffix}", extra=extra
+                    )
+                label = profile if repeats == 1 else f"{profile} #{number}"
+                done.append(
+                    Repeat(
+                        uncaptured=plain,
+                        capture=capture_facts(link_capture, label, plain),
+                        captured_rounds_s=rounds_seconds(link_capture),
+                        prediction=from_link,
+                        relays=(*uses, _use(relays)) if uses[0] else (),
+                    )
+                )
+                print(done[-1], file=sys.stderr, flush=True)
+                if bound_s is None:
+                    bound_s = link_bound_seconds(link_capture, profile)
             rows.append(
-                Row(
-                    model=model,
-                    profile=profile,
-                    training_s=round_seconds(link_capture),
-                    uncaptured=plain,
-                    link_bound_s=link_bound_seconds(link_capture, profile),
+                pooled_row(
+                    model, profile, done, link_bound_s=bound_s,
                     from_loopback=predict(
                         loopback_trace, profile, folder / f"{profile}-lo", extra=extra
                     ),
-                    from_link=from_link,
-                    link_capture=capture_facts(link_capture, profile, plain),
-                    relays=(*uses, _use(relays)) if uses[0] else (),
                 )
-            )
-            print(rows[-1], file=sys.stderr, flush=True)
+            )  # fmt: skip
     write_comparison(folder, rows)
     return loopback, rows
 
@@ -315,13 +407,100 @@ def _prediction_cells(
     if prediction is None:
         return ["failed", "-"]
     bound = " (replay CPU-bound)" if prediction.cpu_cores >= CPU_BOUND_CORES else ""
-    dilated = f" (x{prediction.time_dilation:g})" if prediction.time_dilation != 1 else ""
+    dilated = _dilated(prediction)
     if prediction.last_step_s is not None:
         dilated = f" (limit; x{prediction.time_dilation:g}: {prediction.last_step_s:.2f} s)"
-    ratio = f"{prediction.step_s / training_s:.2f}"
-    if uncaptured_s is not None:
-        ratio = f"**{prediction.step_s / uncaptured_s:.2f}** / {ratio}"
-    return [f"{prediction.step_s:.2f} s{dilated}", f"{ratio}{bound}"]
+    return [
+        f"{prediction.step_s:.2f} s{dilated}",
+        _ratios(prediction.step_s, training_s, uncaptured_s) + bound,
+    ]
+
+
+def _dilated(prediction: Prediction) -> str:
+    """'(xK)' for a dilated replay, '(limit; xK)' for a limit fitted through dilations."""
+    if prediction.last_step_s is not None:
+        return f" (limit; x{prediction.time_dilation:g})"
+    return f" (x{prediction.time_dilation:g})" if prediction.time_dilation != 1 else ""
+
+
+def _ratios(step_s: float, captured_s: float, uncaptured_s: float | None) -> str:
+    """'**over uncaptured** / over captured' (the captured alone without an uncaptured)."""
+    ratio = f"{step_s / captured_s:.2f}"
+    return ratio if uncaptured_s is None else f"**{step_s / uncaptured_s:.2f}** / {ratio}"
+
+
+def _pooled_cells(row: Row) -> list[str]:
+    """The link traces' prediction over the repeats (their median) and its ratios to the
+    pooled uncaptured and captured training."""
+    made = [r.prediction for r in row.repeats if r.prediction is not None]
+    step_s = row.predicted_s
+    if step_s is None:
+        return ["failed", "-"]
+    marks = {_dilated(prediction) for prediction in made}
+    dilated = marks.pop() if len(marks) == 1 else " (dilations differ: repeats)"
+    if len(made) < len(row.repeats):
+        dilated += f" ({len(row.repeats) - len(made)} of {len(row.repeats)} failed)"
+    bound = any(prediction.cpu_cores >= CPU_BOUND_CORES for prediction in made)
+    plain = None if row.uncaptured is None else row.uncaptured.round_s
+    ratio = _ratios(step_s, row.training_s, plain)
+    return [f"{step_s:.2f} s{dilated}", ratio + (" (replay CPU-bound)" if bound else "")]
+
+
+def _flagged(cells: list[str], runs: Runs | None) -> list[str]:
+    """A prediction's cells, its ratio marked where the reference moved (``flag``)."""
+    return [cells[0], cells[1] + flag(runs)] if cells[1] != "-" else cells
+
+
+def flag(runs: Runs | None) -> str:
+    """' (reference moved X)' where the uncaptured runs' medians were further apart than the
+    5% a ratio is judged by, else ''."""
+    if runs is None or not runs.moved:
+        return ""
+    return f" (reference moved {percent(runs.spread)})"
+
+
+def repeats_table(links: Sequence[tuple[str, Sequence[Repeat]]]) -> list[str]:
+    """Per link, its repeats in the order run: the uncaptured runs' medians and how far apart
+    they were, each run's rounds' spread, the captured runs' medians, each replay's
+    prediction and its ratios to its own pair, and each capture's cost."""
+    lines = [
+        "Each link's repeats, in the order run: the uncaptured runs' medians; the reference's",
+        "spread (their largest over their smallest, less 1; over 5%, the ratios above are",
+        "marked 'reference moved': one pair could not tell a prediction's error from it) and",
+        "each run's rounds' spread (interquartile range over median); the captured runs'",
+        "medians; each replay's prediction, over its own pair (uncaptured / captured); and",
+        "each capture's cost (captured over uncaptured round).",
+        "",
+        *table_head(
+            "link", "uncaptured runs", "reference spread", "rounds' spread", "captured runs",
+            "prediction each", "ratio each", "capture cost: round",
+        ),
+    ]  # fmt: skip
+    for link, repeats in links:
+        plain = uncaptured_runs([r.uncaptured for r in repeats])
+        captured = Runs(tuple(r.captured_rounds_s for r in repeats))
+        pairs = list(zip(repeats, plain.medians_s, captured.medians_s, strict=True))
+        lines.append(
+            table_row(
+                link,
+                ", ".join(format_seconds(median) for median in plain.medians_s),
+                percent(plain.spread),
+                ", ".join(percent(spread) for spread in plain.rounds_spreads),
+                ", ".join(format_seconds(median) for median in captured.medians_s),
+                ", ".join(_step(r.prediction) for r in repeats),
+                ", ".join(_each_ratio(r.prediction, u, c) for r, u, c in pairs),
+                ", ".join(f"{c / u:.3f}" for _, u, c in pairs),
+            )
+        )
+    return lines
+
+
+def _step(prediction: Prediction | None) -> str:
+    return "failed" if prediction is None else f"{prediction.step_s:.2f} s{_dilated(prediction)}"
+
+
+def _each_ratio(prediction: Prediction | None, uncaptured_s: float, captured_s: float) -> str:
+    return "-" if prediction is None else _ratios(prediction.step_s, captured_s, uncaptured_s)
 
 
 def _ratio(numerator: float | None, denominator: float | None) -> str:
@@ -393,6 +572,21 @@ def section(model: str, setup: str, cpu_cap: float | None, replay_flags: Sequenc
     return " ".join([title, *replay_flags])
 
 
+def _repeats_prose(rows: Sequence[Row]) -> list[str]:
+    """How a run of repeated pairs pooled them ([] without repeats)."""
+    repeats = max((len(row.repeats) for row in rows), default=0)
+    if not repeats:
+        return []
+    return [
+        f"Each link: {repeats} side-by-side pairs (uncaptured, then captured, the capture's trace",
+        "replayed after it: A B A B); training is the median of the pairs' rounds pooled, the",
+        "link trace's replay the median of the pairs' predictions; the loopback trace is",
+        "replayed once a link. '(reference moved X)': the uncaptured runs' medians were X",
+        "apart, more than the 5% a ratio is judged by (the repeats' table below).",
+        "",
+    ]
+
+
 def report(
     rows: list[Row],
     setup: str,
@@ -437,6 +631,7 @@ def report(
         "time dilation is for). 'link bound': the heavier direction's bytes of a round over the",
         "link's rate, plus twice its one-way delay on a delayed link (docs/networks.md).",
         "",
+        *_repeats_prose(rows),
         *table_head(
             "model", "link", "training round, uncaptured", "captured", "link bound",
             "replay (loopback trace)", "ratio", "replay (link trace)", "ratio", "replay CPU",
@@ -446,6 +641,9 @@ def report(
     for row in rows:
         bound = "-" if row.link_bound_s is None else f"{row.link_bound_s:.2f} s"
         plain = None if row.uncaptured is None else row.uncaptured.round_s
+        link_cells = _prediction_cells(row.from_link, row.training_s, plain)
+        if row.repeats:
+            link_cells = _pooled_cells(row)
         lines.append(
             table_row(
                 row.model,
@@ -453,22 +651,32 @@ def report(
                 format_seconds(plain),
                 f"{row.training_s:.2f} s",
                 bound,
-                *_prediction_cells(row.from_loopback, row.training_s, plain),
-                *_prediction_cells(row.from_link, row.training_s, plain),
+                *_flagged(
+                    _prediction_cells(row.from_loopback, row.training_s, plain),
+                    row.uncaptured_runs,
+                ),
+                *_flagged(link_cells, row.uncaptured_runs),
                 *_cpu_cells(row.from_loopback),
             )
         )
+    if any(row.repeats for row in rows):
+        lines += ["", *repeats_table([(row.profile, row.repeats) for row in rows if row.repeats])]
     captures = [loopback] if loopback is not None else []
-    captures += [row.link_capture for row in rows if row.link_capture is not None]
+    for row in rows:
+        captures += [r.capture for r in row.repeats]
+        captures += [row.link_capture] if row.link_capture is not None else []
     if captures:
         lines += ["", *capture_table(captures)]
     relayed = [(row.profile, row.relays) for row in rows if row.relays]
+    for row in rows:
+        relayed += [(r.capture.link, r.relays) for r in row.repeats if r.relays]
     if relayed:
         lines += ["", *relay_table(relayed)]
     return "\n".join(lines)
 
 
-def main() -> int:
+def arguments(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    """The command line's flags; a one-line error (exit 2) for a bad one."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--models", default="resnet50,vgg16")
     parser.add_argument("--setup", default="tf2-ps", choices=("tf2-ps", "tf1-ps"))
@@ -478,6 +686,14 @@ def main() -> int:
         help="link profiles, with delays as well (docs/networks.md, Profiles)",
     )
     parser.add_argument("--steps", type=int, default=8, help="steady rounds per capture")
+    parser.add_argument(
+        "--repeats",
+        type=int,
+        default=REPEATS,
+        metavar="N",
+        help="side-by-side pairs (uncaptured, captured) per link, each capture's trace "
+        "replayed (with --cross-machine: the trace replayed once per pair)",
+    )
     parser.add_argument(
         "--cpu-cap",
         type=float,
@@ -530,8 +746,17 @@ def main() -> int:
     parser.add_argument(
         "--logdir", default="runs/fidelity", help="where the replays' runs and comparisons go"
     )
-    args = parser.parse_args()
-    command = command_line("bench/fidelity.py", sys.argv[1:])
+    args = parser.parse_args(argv)
+    if args.repeats < 1:
+        parser.error(f"--repeats: at least 1 pair a link is measured, got {args.repeats}")
+    if args.steps < 1:
+        parser.error(f"--steps: at least 1 round a run is measured, got {args.steps}")
+    return args
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = arguments(argv)
+    command = command_line("bench/fidelity.py", sys.argv[1:] if argv is None else list(argv))
     replay_flags = tuple(
         f"--{name.replace('_', '-')}={value}"
         for name, value in (
@@ -551,6 +776,7 @@ def main() -> int:
                     steps=args.steps, logdir=Path(args.logdir), command=command,
                     readme=not args.no_readme, pairs_file=args.pairs,
                     replay_s=args.replay_duration, replay_flags=replay_flags,
+                    repeats=args.repeats,
                 )
             )  # fmt: skip
         return 0
@@ -559,7 +785,7 @@ def main() -> int:
             before = load_average()
             loopback, rows = measure(
                 model, args.setup, args.profiles.split(","), args.steps, Path(args.logdir),
-                cpu_cap=args.cpu_cap, replay_flags=replay_flags,
+                cpu_cap=args.cpu_cap, replay_flags=replay_flags, repeats=args.repeats,
             )  # fmt: skip
             body = report(
                 rows, args.setup, command, before, load_average(), loopback,

@@ -16,6 +16,7 @@ import json
 import statistics
 import subprocess
 import sys
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -43,6 +44,13 @@ class Uncaptured:
     #: The job's tasks' CPU seconds per round (None: not sampled).
     tasks_cpu_per_round_s: float | None
     rounds: int
+    #: Its steady rounds, in order (() where only the median is known).
+    rounds_s: tuple[float, ...] = ()
+
+    @property
+    def each_round_s(self) -> tuple[float, ...]:
+        """Its rounds, or its median alone where they are not known."""
+        return self.rounds_s or (self.round_s,)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -148,6 +156,7 @@ def train_uncaptured(
         round_s=printed["round_ns"] / 1e9,
         tasks_cpu_per_round_s=printed.get("tasks_cpu_per_round_s"),
         rounds=len(printed["rounds_ns"]),
+        rounds_s=tuple(ns / 1e9 for ns in printed["rounds_ns"]),
     )
 
 
@@ -225,7 +234,12 @@ def _overlap_ns(spans: list[tuple[int, int]], others: list[tuple[int, int]]) -> 
 
 
 def round_seconds(trace: Trace) -> float:
-    return statistics.median(step.duration_ns for step in trace.steps) / 1e9
+    return statistics.median(rounds_seconds(trace))
+
+
+def rounds_seconds(trace: Trace) -> tuple[float, ...]:
+    """A capture's rounds (its trace's steps), in order."""
+    return tuple(step.duration_ns / 1e9 for step in trace.steps)
 
 
 def link_bound_seconds(trace: Trace, profile: str) -> float | None:
@@ -254,3 +268,74 @@ def link_bound_seconds(trace: Trace, profile: str) -> float | None:
         down.append(to_workers)
         up.append(to_ps)
     return max(statistics.median(down), statistics.median(up)) * 8 / rate + delay_s
+
+
+# --------------------------------------------------------------------------
+# Repeated runs of one side: pooled, and how far apart they were.
+
+#: How far from 1 a fidelity ratio is judged (issue 42: within 5% of uncaptured training).
+JUDGED = 0.05
+
+
+@dataclass(frozen=True, slots=True)
+class Runs:
+    """Repeated runs of one side of a comparison (training uncaptured or captured, the same
+    job on the same link): each run's rounds, in the order the runs were made."""
+
+    rounds_s: tuple[tuple[float, ...], ...]
+
+    @property
+    def median_s(self) -> float:
+        """The pooled estimate: the median of every run's rounds together (each run weighs
+        by its rounds, and one run's slow stretch moves it less than a median of medians)."""
+        return statistics.median(itertools.chain.from_iterable(self.rounds_s))
+
+    @property
+    def medians_s(self) -> tuple[float, ...]:
+        return tuple(statistics.median(rounds) for rounds in self.rounds_s)
+
+    @property
+    def spread(self) -> float | None:
+        """How far the runs' medians were apart: the largest over the smallest, less 1
+        (None with one run)."""
+        medians = self.medians_s
+        return max(medians) / min(medians) - 1 if len(medians) > 1 else None
+
+    @property
+    def moved(self) -> bool:
+        """Its runs' medians were further apart than the 5% a ratio is judged by: one pair's
+        ratio cannot tell a prediction's error from the reference's own spread."""
+        return self.spread is not None and self.spread > JUDGED
+
+    @property
+    def rounds_spreads(self) -> tuple[float | None, ...]:
+        """Each run's spread within itself (``rounds_spread``)."""
+        return tuple(rounds_spread(rounds) for rounds in self.rounds_s)
+
+
+def rounds_spread(rounds_s: Sequence[float]) -> float | None:
+    """One run's rounds' interquartile range over their median (None under 4 rounds)."""
+    if len(rounds_s) < 4:
+        return None
+    low, _, high = statistics.quantiles(rounds_s, n=4, method="inclusive")
+    return (high - low) / statistics.median(rounds_s)
+
+
+def uncaptured_runs(runs: Sequence[Uncaptured]) -> Runs:
+    return Runs(tuple(run.each_round_s for run in runs))
+
+
+def pooled_uncaptured(runs: Sequence[Uncaptured]) -> Uncaptured:
+    """Uncaptured runs of the same job on the same link as one: the median of their rounds
+    pooled (``Runs.median_s``), the mean of their tasks' CPU per round."""
+    cpu = [run.tasks_cpu_per_round_s for run in runs if run.tasks_cpu_per_round_s is not None]
+    return Uncaptured(
+        round_s=uncaptured_runs(runs).median_s,
+        tasks_cpu_per_round_s=statistics.mean(cpu) if cpu else None,
+        rounds=sum(run.rounds for run in runs),
+        rounds_s=tuple(itertools.chain.from_iterable(run.each_round_s for run in runs)),
+    )
+
+
+def percent(spread: float | None) -> str:
+    return "-" if spread is None else f"{spread:.1%}"
