@@ -281,7 +281,9 @@ def test_the_cross_machine_mode_trains_the_job_here_and_writes_its_pair(tmp_path
     out = completed.stdout
     assert "## Fidelity across machines: elsewhere.tfgbtrace" in out
     assert "captured on Another CPU, 2 CPUs," in out and host.this_machine() in out
-    (row,) = [line for line in out.splitlines() if line.startswith("| unlimited |")]
+    # The link's row, then its repeats' (two pairs, --repeats' default: two uncaptured runs).
+    row, repeated = [line for line in out.splitlines() if line.startswith("| unlimited |")]
+    assert repeated.split(" | ")[1].count(" s, ") == 1
     cells = [cell.strip() for cell in row.strip("|").split("|")]
     assert cells[-2] == "compute x1.25"  # 5.0 ms here over the trace's 4.0 ms
     # auto (the default): the trace records no capture CPU, so no load, and why.
