@@ -742,6 +742,12 @@ def arguments(argv: Sequence[str] | None = None) -> argparse.Namespace:
         help="the replays' compute load (auto, none, gaps, uniform; default: network "
         "compare's, auto; docs/fidelity.md, Compute load)",
     )
+    parser.add_argument(
+        "--compute-load-wait",
+        action="store_true",
+        help="the replays' rounds wait for their compute load's quotas (docs/fidelity.md, "
+        "Compute load)",
+    )
     parser.add_argument("--no-readme", action="store_true")
     parser.add_argument(
         "--logdir", default="runs/fidelity", help="where the replays' runs and comparisons go"
@@ -765,7 +771,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             ("compute_load", args.compute_load),
         )
         if value is not None
-    )
+    ) + (("--compute-load-wait",) if args.compute_load_wait else ())
     if args.cross_machine:
         from cross_machine import CrossRun, run_cross
 
