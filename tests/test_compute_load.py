@@ -294,6 +294,10 @@ def test_each_steps_quota_is_the_sized_load_split_evenly_over_whole_cores() -> N
         "uniform", tasks_cores=1.0, step_ns=1e9, gaps_ns=0, replay_cpu_ns=2e9
     )
     assert compute_load.burner_quotas(idle, 1.0) == ([], 1_000_000_000)
+    # Rounds waiting for the quota: a burner per core at least, the quota the same.
+    quotas, step = compute_load.burner_quotas(sizing, 4.0, at_least=2)
+    assert (quotas, step) == ([pytest.approx(0.75e9)] * 2, 4_000_000_000)
+    assert compute_load.burner_quotas(idle, 1.0, at_least=2) == ([], 1_000_000_000)
 
 
 class _Clocks:
@@ -1210,3 +1214,27 @@ def test_a_replay_whose_rounds_wait_for_their_quota_says_how_long(
     assert parameters[compute_load.WAIT_ROUNDS_ENTRY] in range(rounds + 1)
     assert parameters[compute_load.WAIT_UNMET_ENTRY] in range(rounds + 1)
     assert parameters[compute_load.WAIT_S_PER_ROUND_ENTRY] >= 0
+
+
+def test_a_load_whose_rounds_wait_splits_its_quota_over_a_burner_per_core(
+    tmp_path: Path,
+) -> None:
+    trace = with_step_lengths(make_trace(steps=4, workers=2), [100.0] * 4)
+    jobs = [
+        dataclasses.replace(job, plan=dataclasses.replace(job.plan, compute_load_wait=True))
+        for job in _load_jobs(_busy_trace(tmp_path, trace))
+    ]
+    load = ComputeLoad(jobs)
+    try:
+        load.size(replay_cpu_ns=0, steps=2, wall_ns=200_000_000)
+        assert load.sizing is not None
+        whole, _ = compute_load.burner_quotas(load.sizing, 1.0)
+        pool = load._burners
+        assert pool is not None
+        cores = len(os.sched_getaffinity(0))
+        assert len(pool.pids) == pool.rounds.waits_for() == max(len(whole), cores)
+        with load.measuring():
+            pass
+        assert load.parameters()[compute_load.WAIT_ENTRY] is True
+    finally:
+        load.close()

@@ -297,17 +297,21 @@ def size_load(
     )
 
 
-def burner_quotas(sizing: ComputeLoadSizing, time_dilation: float) -> tuple[list[float], int]:
+def burner_quotas(
+    sizing: ComputeLoadSizing, time_dilation: float, *, at_least: int = 1
+) -> tuple[list[float], int]:
     """The quota burners' quotas (CPU ns a round each) and the step they are due over
     (wall ns): the load not placed in the gaps (``uniform_cores`` over the step the
     load is spread over), all of it every round, split evenly over as many burners as
     the whole cores it keeps busy (``1.5`` -> two of ``0.75``: each has room to catch
-    up); the step dilated, the quotas not (``wall_cores``)."""
+    up), and ``at_least`` (``--compute-load-wait``: a burner per core, so that a round
+    waiting for its quota waits for the cores, not for one burner doing its share
+    alone); the step dilated, the quotas not (``wall_cores``)."""
     quota = sizing.uniform_cores * sizing.step_here_ns
     step = max(1, round(sizing.step_here_ns * time_dilation))
     if quota <= 0:
         return [], step
-    burners = max(1, math.ceil(quota / step - 1e-9))
+    burners = max(1, at_least, math.ceil(quota / step - 1e-9))
     return [quota / burners] * burners, step
 
 

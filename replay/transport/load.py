@@ -145,7 +145,9 @@ class ComputeLoad:
             replayed_step_ns=wall_ns / steps / self._dilation,
         )
         gap_cores, _ = self.sizing.wall_cores(self._dilation)
-        quotas, step = compute_load.burner_quotas(self.sizing, self._dilation)
+        # Waited for, the quota is split over a burner per core (``burner_quotas``).
+        cores = len(os.sched_getaffinity(0)) if self._wait else 1
+        quotas, step = compute_load.burner_quotas(self.sizing, self._dilation, at_least=cores)
         self._burners.set_load(gap_cores, quotas, step, wait=self._wait)
 
     @contextlib.contextmanager
