@@ -21,8 +21,9 @@ script (root: it builds network namespaces):
    bytes of a round over the link rate, plus twice its one-way delay on a
    delayed link) and the replay's CPU into the
    ``## Fidelity`` section of ``bench/README.md``;
-5. keeps the traces (``MODEL-loopback.tfgbtrace``, ``MODEL-PROFILE.tfgbtrace``)
-   and every replay's run directory (``PROFILE-lo``, ``PROFILE-link``) under
+5. keeps the traces (``MODEL-loopback.tfgbtrace``, ``MODEL-PROFILE.tfgbtrace``;
+   the second pair's on, ``MODEL-PROFILE-r2.tfgbtrace`` and so on) and every
+   replay's run directory (``PROFILE-lo``, ``PROFILE-link``, ``PROFILE-link-r2``) under
    ``--logdir`` (default ``runs/fidelity``), one folder per model and setup,
    so each can be taken apart afterwards (``tf-grpc-bench inspect``,
    ``timeline``), with a ``comparison``
