@@ -417,7 +417,8 @@ def _add_timing_flags(parser: argparse.ArgumentParser) -> None:
         "--connect-timeout",
         type=float,
         default=10.0,
-        help="seconds to wait for the servers to answer (default 10)",
+        help="seconds to wait for the servers to answer (default 10); for their figures after a "
+        "run cut short, no longer than --deadline",
     )
 
 

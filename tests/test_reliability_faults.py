@@ -485,8 +485,10 @@ def test_a_frozen_server_ends_the_replay_at_its_deadline_with_partial_results(
     target = f"127.0.0.1:{port}"
     replay = _start(
         started, "replay", *REPLAY, "--benchmark", "p2p-latency", "--target", target,
-        "--duration", "60", "--deadline", "2", cwd=tmp_path,
+        "--duration", "60", "--deadline", "2", "--connect-timeout", "600", cwd=tmp_path,
     )  # fmt: skip
+    # The servers' figures after a run cut short get no longer than --deadline: waited for
+    # as long as --connect-timeout, the replay would outlast communicate's 120 s below.
     _wait_for_calls(target)
     # The replay's session shows with its first call, which may still be in flight: a
     # moment more lets calls complete (thousands a second), so the run has samples.

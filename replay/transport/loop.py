@@ -556,7 +556,8 @@ def run_each(
             runs.append(failed_run(run_index, str(error)))
             break
         outcomes = measure()
-        run = run_measurement(run_index, outcomes, collect_stats(clients, plan.connect_timeout_s))
+        stats = collect_stats(clients, stats_timeout(plan, outcomes))
+        run = run_measurement(run_index, outcomes, stats)
         runs.append(run)
         notify(
             ProgressEvent(
@@ -565,6 +566,16 @@ def run_each(
         )
         if run.partial:
             break
+
+
+def stats_timeout(plan: RunPlan, outcomes: Sequence[WorkerOutcome]) -> float:
+    """How long the servers' statistics after a run may take: ``--connect-timeout``, or
+    no more than ``--deadline`` after a run that ended early (a server that left a call
+    unanswered past its deadline, frozen or overloaded, gets no longer for its figures; a
+    stopped replay owes its launcher a quick end)."""
+    if any(outcome.partial for outcome in outcomes):
+        return min(plan.connect_timeout_s, plan.deadline_s)
+    return plan.connect_timeout_s
 
 
 def failed_run(run_index: int, reason: str) -> RunMeasurement:
