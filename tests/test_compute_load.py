@@ -648,8 +648,11 @@ def test_a_burner_spends_nothing_outside_its_gaps() -> None:
 
 _PARENT = textwrap.dedent(
     """
-    import sys, time
+    import signal, sys, time
     from tf_grpc_bench.replay.transport import burners
+    # SIGHUP's default action, whatever this test's runner left (nohup ignores it): the
+    # hang-up a terminal or a launcher sends ends a replay that has not changed it.
+    signal.signal(signal.SIGHUP, signal.SIG_DFL)
     pool = burners.Burners(2)
     pool.set_load(0.5, [50_000_000], 100_000_000)
     print(" ".join(str(p) for p in pool.pids), flush=True)
