@@ -7,7 +7,6 @@ import importlib.util
 import os
 import subprocess
 import sys
-import tempfile
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from types import ModuleType
@@ -83,27 +82,6 @@ def calibration_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path
         os.environ.pop(CACHE_ENV, None)
     else:
         os.environ[CACHE_ENV] = before
-
-
-@pytest.fixture(scope="session", autouse=True)
-def temporary_directory(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
-    """The suite's temporary directory (``TMPDIR``, ``TEMP``, ``TMP``), for this process
-    and the commands the tests run: what they leave there (the logs a failed capture keeps
-    by design, TensorFlow's autograph files) goes with pytest's own temporary directories,
-    not into /tmp.  A process that gives up root cannot write here and uses /tmp, as
-    Python and the compilers do for an unwritable ``TMPDIR``."""
-    path = tmp_path_factory.mktemp("tmp")
-    names = ("TMPDIR", "TEMP", "TMP")
-    before = {name: os.environ.get(name) for name in names}
-    os.environ.update(dict.fromkeys(names, str(path)))
-    tempfile.tempdir = None  # read from the environment again
-    yield path
-    for name, value in before.items():
-        if value is None:
-            os.environ.pop(name, None)
-        else:
-            os.environ[name] = value
-    tempfile.tempdir = None
 
 
 #: The bench scripts, which import each other (``common``) with this folder on the path.
