@@ -714,6 +714,21 @@ def test_the_replays_cpu_leaves_the_burners_out() -> None:
 # A replay with a compute load.
 
 
+def _replay(path: Path, output: Path, *flags: str) -> subprocess.CompletedProcess[str]:
+    """A short PS-throughput replay of the trace at ``path`` with ``flags``, into ``output``."""
+    return subprocess.run(
+        [
+            *(sys.executable, "-m", "tf_grpc_bench", "replay", str(path)),
+            *("--benchmark", "ps-throughput", *flags),
+            *("--warmup", "0.5", "--duration", "1", "--runs", "1", "--output-dir", str(output)),
+        ],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=300,
+    )
+
+
 @pytest.mark.parametrize(
     ("engine", "mode"), [("grpcio", "uniform"), ("grpcio", "gaps"), ("grpc-cpp", "gaps")]
 )
@@ -727,17 +742,7 @@ def test_a_replay_reports_the_load_apart_from_its_own_cpu(
     trace = make_trace(steps=4, workers=2)
     path = _busy_trace(tmp_path, with_step_lengths(trace, lengths) if lengths else trace)
     output = tmp_path / "out"
-    completed = subprocess.run(
-        [
-            *(sys.executable, "-m", "tf_grpc_bench", "replay", str(path)),
-            *("--benchmark", "ps-throughput", "--engine", engine, "--compute-load", mode),
-            *("--warmup", "0.5", "--duration", "1", "--runs", "1", "--output-dir", str(output)),
-        ],
-        capture_output=True,
-        text=True,
-        check=False,
-        timeout=300,
-    )
+    completed = _replay(path, output, "--engine", engine, "--compute-load", mode)
     assert completed.returncode == 0, completed.stderr
     assert f"compute load: {mode}: " in completed.stdout
     (results,) = output.glob("*/results.json")
@@ -1195,17 +1200,8 @@ def test_a_replay_whose_rounds_wait_for_their_quota_says_how_long(
     trace = with_step_lengths(make_trace(steps=4, workers=2), [100.0] * 4)
     path = _busy_trace(tmp_path, trace)
     output = tmp_path / "out"
-    completed = subprocess.run(
-        [
-            *(sys.executable, "-m", "tf_grpc_bench", "replay", str(path)),
-            *("--benchmark", "ps-throughput", "--engine", engine),
-            *("--compute-load", "uniform", "--compute-load-wait"),
-            *("--warmup", "0.5", "--duration", "1", "--runs", "1", "--output-dir", str(output)),
-        ],
-        capture_output=True,
-        text=True,
-        check=False,
-        timeout=300,
+    completed = _replay(
+        path, output, "--engine", engine, "--compute-load", "uniform", "--compute-load-wait"
     )
     assert completed.returncode == 0, completed.stderr
     assert "; rounds waited for the quota " in completed.stdout
