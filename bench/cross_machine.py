@@ -7,12 +7,13 @@ For each trace (a shipped trace's name, or the file of an earlier run's
 capture on another instance), on each link profile, in one run:
 
 1. trains the trace's job here (its model, setup, cluster, batch and image size,
-   from the trace's metadata) on the emulated link, uncaptured (the launcher
-   with no recorder) and then captured, ``--repeats`` pairs (default 2) as the
-   own-machine mode does, pooled as it pools them;
-2. replays the trace across the same link after each pair (A B R A B R: the
-   replays' own spread shows beside the reference's, for one replay's length a
-   pair) with ``network compare``'s defaults (``--compute auto``: a trace from
+   from the trace's metadata) on the emulated link, uncaptured (A: the launcher
+   with no recorder) and captured (B), ``--repeats`` pairs (default 2) in the
+   order the own-machine mode runs them (``--order``; alternate: A B | B A),
+   pooled as it pools them;
+2. replays the trace (R) across the same link after each pair (A B R | B A R:
+   the replays' own spread shows beside the reference's, for one replay's length
+   a pair) with ``network compare``'s defaults (``--compute auto``: a trace from
    another machine has its compute scaled by the two machines' calibrations;
    ``--compute-load auto``) or the replay flags given (``--engine``,
    ``--time-dilation``, ``--compute-load``), and takes the predicted step (the
@@ -42,14 +43,20 @@ from pathlib import Path
 
 from common import README, ROOT, load_average, machine_line, table_head, table_row, write_section
 from fidelity import (
+    CAPTURED,
+    ORDERS,
     REPEATS,
+    REPLAY,
     REPLAY_DURATION_S,
+    UNCAPTURED,
     Prediction,
     Repeat,
     flag,
     pooled_step,
     predict,
     repeats_table,
+    schedule,
+    schedule_text,
 )
 from training import (
     Runs,
@@ -199,10 +206,12 @@ def measure_cross(
     replay_s: str = REPLAY_DURATION_S,
     replay_flags: tuple[str, ...] = (),
     repeats: int = REPEATS,
+    order: str = ORDERS[0],
 ) -> list[CrossRow]:
     """Training here, uncaptured and captured, and the trace's prediction, per profile:
-    ``repeats`` pairs, the trace replayed after each (each replay ``replay_s`` seconds long,
-    with ``replay_flags``: ``--compute-load``, ``--engine``, ``--time-dilation``)."""
+    ``repeats`` pairs, their trainings in ``order`` (``fidelity.schedule``), the trace
+    replayed after each (each replay ``replay_s`` seconds long, with ``replay_flags``:
+    ``--compute-load``, ``--engine``, ``--time-dilation``)."""
     path = trace_path(name)
     trace = trace_files.read_trace(path)
     shape = job_shape(trace, steps)
@@ -212,11 +221,11 @@ def measure_cross(
     for profile in profiles:
         done: list[Repeat] = []
         bound_s = None
-        for number in range(1, repeats + 1):
+        for number, runs in enumerate(schedule(order, repeats), start=1):
             # Repeat 1 keeps the names a run of one pair has; the others add "-rN".
             suffix = "" if number == 1 else f"-r{number}"
-            plain = train_uncaptured(shape, profile)
-            captured = capture_job(shape, folder / f"here-{profile}{suffix}.tfgbtrace", profile)
+            output = folder / f"here-{profile}{suffix}.tfgbtrace"
+            plain, captured = _trained(shape, output, profile, runs)
             prediction = predict(
                 path,
                 profile,
@@ -231,6 +240,7 @@ def measure_cross(
                     capture=capture_facts(captured, label, plain),
                     captured_rounds_s=rounds_seconds(captured),
                     prediction=prediction,
+                    captured_first=runs[0] == CAPTURED,
                 )
             )
             print(done[-1], file=sys.stderr, flush=True)
@@ -238,6 +248,22 @@ def measure_cross(
                 bound_s = link_bound_seconds(captured, profile)
         rows.append(cross_row(profile, done, link_bound_s=bound_s))
     return rows
+
+
+def _trained(
+    shape: list[str], output: Path, profile: str, runs: Sequence[str]
+) -> tuple[Uncaptured, Trace]:
+    """The job of ``shape`` uncaptured and captured (into ``output``) on ``profile``'s link,
+    in the order of ``runs`` (``UNCAPTURED``, ``CAPTURED``; the replay is the caller's)."""
+    plain: Uncaptured | None = None
+    captured: Trace | None = None
+    for kind in (kind for kind in runs if kind != REPLAY):
+        if kind == UNCAPTURED:
+            plain = train_uncaptured(shape, profile)
+        else:
+            captured = capture_job(shape, output, profile)
+    assert plain is not None and captured is not None, runs
+    return plain, captured
 
 
 def code_version() -> str:
@@ -341,14 +367,15 @@ def report(name: str, trace: Trace, rows: list[CrossRow], command: str, before: 
 
 def _repeats_prose(rows: Sequence[CrossRow]) -> list[str]:
     """How a run of repeated pairs pooled them ([] without repeats)."""
-    repeats = max((len(row.repeats) for row in rows), default=0)
-    if not repeats:
+    longest = max((row.repeats for row in rows), key=len, default=())
+    if not longest:
         return []
     return [
-        f"Each link: {repeats} side-by-side pairs trained here, the trace replayed after each",
-        "(A B R A B R); training is the median of the pairs' rounds pooled, the prediction",
-        "the median of the replays'. '(reference moved X)': the uncaptured runs' medians were",
-        "X apart, more than the 5% a ratio is judged by (the repeats' table below).",
+        f"Each link: {len(longest)} side-by-side pairs trained here, uncaptured (A) and captured",
+        f"(B), the trace replayed (R) after each: {schedule_text([r.runs for r in longest])};",
+        "training is the median of the pairs' rounds pooled, the prediction the median of the",
+        "replays'. '(reference moved X)': the uncaptured runs' medians were X apart, more than",
+        "the 5% a ratio is judged by (the repeats' table below).",
         "",
     ]
 
@@ -407,6 +434,8 @@ class CrossRun:
     replay_flags: tuple[str, ...] = ()
     #: Side-by-side pairs per link, the trace replayed after each.
     repeats: int = REPEATS
+    #: Which training of a pair runs first (``fidelity.ORDERS``).
+    order: str = ORDERS[0]
 
 
 def run_cross(run: CrossRun) -> None:
@@ -421,6 +450,7 @@ def run_cross(run: CrossRun) -> None:
             replay_s=run.replay_s,
             replay_flags=run.replay_flags,
             repeats=run.repeats,
+            order=run.order,
         )
         trace = trace_files.read_trace(trace_path(name))
         body = report(name, trace, rows, run.command, before)

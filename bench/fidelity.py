@@ -9,10 +9,10 @@ script (root: it builds network namespaces):
 1. captures real distributed training on that emulated link
    (``tf-grpc-bench capture --network PROFILE``: 2 ps on one host, chief and 2
    workers on another, tf2-ps, synchronous) ``--repeats`` times (default 2),
-   each right after the same job uncaptured, and takes training's step: the
+   each beside the same job uncaptured (``--order``), and takes training's step: the
    median of its steady rounds (the captures' own steps), every run's pooled;
 2. captures the same job once on loopback (no ``--network``);
-3. replays each link trace right after its capture, and the loopback trace once
+3. replays each link trace right after its pair, and the loopback trace once
    a link, across the link's PS throughput
    (``tf-grpc-bench network compare TRACE --profiles PROFILE``, dependencies
    pacing, compute kept) and takes each replay's predicted step
@@ -33,8 +33,9 @@ script (root: it builds network namespaces):
 
 Usage: ``sudo .venv/bin/python bench/fidelity.py [--models resnet50,vgg16]
 [--setup tf2-ps|tf1-ps] [--profiles 1gbit,...,1gbit:delay=1ms,10gbit:delay=100us] [--steps 8]
-[--repeats 2] [--cpu-cap CORES] [--cross-machine TRACES [--pairs FILE] [--replay-duration S]]
-[--no-readme] [--logdir runs/fidelity]``
+[--repeats 2] [--order alternate|uncaptured-first|captured-first] [--cpu-cap CORES]
+[--cross-machine TRACES [--pairs FILE] [--replay-duration S]] [--no-readme]
+[--logdir runs/fidelity]``
 (needs the profiler extra).
 
 On a delayed link, what its relays took in each training run and in the link trace's
@@ -42,14 +43,20 @@ replay (their CPU per GB moved, ``relay_use.py``) follows the tables: the relays
 on the cores training uses (docs/fidelity.md, Limits).
 
 Every training shape is run side by side on each link, ``--repeats N`` pairs
-in a row (A B A B): first uncaptured (``python -m tf_grpc_bench.profiler.uncaptured``:
-the same launcher, tasks and placement with no recorder, its rounds timed by its
-own step markers), then captured.  The tables give the prediction over both
+in a row: uncaptured (A: ``python -m tf_grpc_bench.profiler.uncaptured``, the same
+launcher, tasks and placement with no recorder, its rounds timed by its own step
+markers) and captured (B), then the capture's trace replayed (R).  Which training
+runs first alternates pair by pair (``--order alternate``, the default: A B R | B A R),
+so that a run's place in its pair (the first after a replay, say) weighs on both
+sides alike; ``--order uncaptured-first`` (A B R | A B R) or ``captured-first``
+keep one order.  The tables give the prediction over both
 sides pooled (the median of every run's rounds together: a run weighs by its
 rounds), each pair's own ratios, how far apart the uncaptured runs' medians were
 (a row where they were over 5% apart, the figure a ratio is judged by, is marked
 'reference moved': one pair cannot tell a prediction's error from it) and each
-capture's cost (captured over uncaptured round and tasks' CPU per round).  Each
+capture's cost (captured over uncaptured round and tasks' CPU per round), each
+pair's order and the captures' mean cost per order (a capture costs its round or
+more: a cost under 1 in one order is that order's effect).  Each
 run's rounds stay ``--steps`` (8): on a link their interquartile range within a
 run has been 1-9% of the median (a median of 8 then off by about 2%), while runs of
 the same shape have been up to 15-17% apart; more runs narrow that, more rounds do not.
@@ -127,6 +134,31 @@ REPLAY_DURATION_S = "20"
 CPU_BOUND_CORES = 1.4
 #: Side-by-side pairs (uncaptured, captured) per link: each side measured twice.
 REPEATS = 2
+#: A pair's runs: training uncaptured (A) and captured (B), the replay of a trace (R).
+UNCAPTURED, CAPTURED, REPLAY = "A", "B", "R"
+#: ``--order``: which training of a pair runs first.  ``alternate`` (the default) swaps it
+#: pair by pair (A B | B A), so that an effect of a run's place in its pair (the first run
+#: after a replay slower, say) weighs on both sides alike instead of on one.
+ORDERS = ("alternate", "uncaptured-first", "captured-first")
+
+
+def schedule(order: str, repeats: int) -> tuple[tuple[str, ...], ...]:
+    """Each pair's runs in the order they are made: its two trainings in ``order``
+    (``ORDERS``; alternate: pair 1 uncaptured first, pair 2 captured first, and so on), then
+    the replay, which so always follows its pair's capture."""
+    if order not in ORDERS:
+        raise ValueError(f"--order: one of {', '.join(ORDERS)}, got {order!r}")
+    pairs = []
+    for number in range(repeats):
+        captured_first = order == "captured-first" or (order == "alternate" and number % 2 == 1)
+        trainings = (CAPTURED, UNCAPTURED) if captured_first else (UNCAPTURED, CAPTURED)
+        pairs.append((*trainings, REPLAY))
+    return tuple(pairs)
+
+
+def schedule_text(pairs: Sequence[tuple[str, ...]]) -> str:
+    """A schedule as the tables spell it: 'A B R | B A R'."""
+    return " | ".join(" ".join(runs) for runs in pairs)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -148,16 +180,32 @@ class Prediction:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Repeat:
-    """One side-by-side pair on a link: the job uncaptured, then captured, and the replay of
-    the trace that capture made."""
+    """One side-by-side pair on a link: the job uncaptured and captured, in either order
+    (``captured_first``), then the replay of the trace that capture made."""
 
     uncaptured: Uncaptured
     capture: CaptureFacts
     #: The capture's rounds (its trace's steps), in order.
     captured_rounds_s: tuple[float, ...]
     prediction: Prediction | None
-    #: A delayed link's relays in the three runs (``relay_use``); () on a link without relays.
+    #: A delayed link's relays in the three runs (``relay_use``; uncaptured, captured,
+    #: replay, whatever order they ran in); () on a link without relays.
     relays: tuple[RelayUse | None, ...] = ()
+    #: The capture ran before the uncaptured training (``schedule``).
+    captured_first: bool = False
+
+    @property
+    def runs(self) -> tuple[str, ...]:
+        """The pair's runs in the order made ('B A R': captured first)."""
+        trainings = (CAPTURED, UNCAPTURED) if self.captured_first else (UNCAPTURED, CAPTURED)
+        return (*trainings, REPLAY)
+
+    @property
+    def capture_cost(self) -> float:
+        """The capture's round over the uncaptured run's (medians of each run's rounds)."""
+        return statistics.median(self.captured_rounds_s) / statistics.median(
+            self.uncaptured.each_round_s
+        )
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -294,13 +342,14 @@ def measure(
     cpu_cap: float | None = None,
     replay_flags: tuple[str, ...] = (),
     repeats: int = REPEATS,
+    order: str = ORDERS[0],
 ) -> tuple[CaptureFacts, list[Row]]:
     """The loopback capture's facts, and a row per profile: ``repeats`` side-by-side pairs
-    on the link, each capture's trace replayed after it, then the loopback trace's replay.
-    With ``cpu_cap``, every capture runs in a CPU cgroup capped at that many cores (a
-    slower machine; its calibration timed inside it) and the replays keep the traces'
-    compute as recorded.  ``replay_flags`` go to every replay (``--engine``,
-    ``--time-dilation``, ``--compute-load``)."""
+    on the link, their trainings in ``order`` (``schedule``), each capture's trace replayed
+    after its pair, then the loopback trace's replay.  With ``cpu_cap``, every capture runs
+    in a CPU cgroup capped at that many cores (a slower machine; its calibration timed
+    inside it) and the replays keep the traces' compute as recorded.  ``replay_flags`` go to
+    every replay (``--engine``, ``--time-dilation``, ``--compute-load``)."""
     name = f"{model}-{setup}" if cpu_cap is None else f"{model}-{setup}-cap{cpu_cap:g}"
     suffixes = [flag.lstrip("-").replace("=", "-") for flag in replay_flags]
     folder = logdir / "-".join([name, *suffixes])
@@ -315,31 +364,41 @@ def measure(
             extra = (*extra, "--compute", "recorded")
 
         def trained(
-            output: Path, profile: str | None
+            output: Path, profile: str | None, runs: Sequence[str]
         ) -> tuple[Trace, Uncaptured, list[RelayUse | None]]:
-            """The job with no recorder, then captured: side by side, in that order; and
-            what a delayed link's relays took in each."""
+            """The job with no recorder and captured, side by side in the order of ``runs``
+            (``UNCAPTURED``, ``CAPTURED``); and what a delayed link's relays took in each
+            (uncaptured, captured)."""
             delayed = profile is not None and parse_profile(profile).delayed
-            with sampled(delayed) as relays:
-                plain = train_uncaptured(job_arguments(model, setup, steps), profile, prefix=prefix)
-            uses = [_use(relays)]
-            with sampled(delayed) as relays, contextlib.ExitStack() as capped:
-                if cpu_cap is not None:
-                    capped.enter_context(calibration_cache(folder / "capped-calibrations.json"))
-                trace = capture(model, setup, steps, output, profile, prefix=prefix)
-            return trace, plain, [*uses, _use(relays)]
+            plain: Uncaptured | None = None
+            trace: Trace | None = None
+            uses: dict[str, RelayUse | None] = {}
+            for kind in (kind for kind in runs if kind != REPLAY):
+                with sampled(delayed) as relays, contextlib.ExitStack() as capped:
+                    if kind == UNCAPTURED:
+                        arguments = job_arguments(model, setup, steps)
+                        plain = train_uncaptured(arguments, profile, prefix=prefix)
+                    else:
+                        if cpu_cap is not None:
+                            calibrations = folder / "capped-calibrations.json"
+                            capped.enter_context(calibration_cache(calibrations))
+                        trace = capture(model, setup, steps, output, profile, prefix=prefix)
+                uses[kind] = _use(relays)
+            assert plain is not None and trace is not None, runs
+            return trace, plain, [uses[UNCAPTURED], uses[CAPTURED]]
 
-        loopback_capture, loopback_plain, _ = trained(loopback_trace, None)
+        pairs = schedule(order, repeats)
+        loopback_capture, loopback_plain, _ = trained(loopback_trace, None, pairs[0])
         loopback = capture_facts(loopback_capture, "loopback", loopback_plain)
         rows = []
         for profile in profiles:
             done: list[Repeat] = []
             bound_s = None
-            for number in range(1, repeats + 1):
+            for number, runs in enumerate(pairs, start=1):
                 # Repeat 1 keeps the names a run of one pair has; the others add "-rN".
                 suffix = "" if number == 1 else f"-r{number}"
                 link_trace = folder / f"{model}-{profile}{suffix}.tfgbtrace"
-                link_capture, plain, uses = trained(link_trace, profile)
+                link_capture, plain, uses = trained(link_trace, profile, runs)
                 with sampled(bool(uses[0])) as relays:
                     from_link = predict(
                         link_trace, profile, folder / f"{profile}-link{suffix}", extra=extra
@@ -352,6 +411,7 @@ def measure(
                         captured_rounds_s=rounds_seconds(link_capture),
                         prediction=from_link,
                         relays=(*uses, _use(relays)) if uses[0] else (),
+                        captured_first=runs[0] == CAPTURED,
                     )
                 )
                 print(done[-1], file=sys.stderr, flush=True)
@@ -463,18 +523,20 @@ def flag(runs: Runs | None) -> str:
 def repeats_table(links: Sequence[tuple[str, Sequence[Repeat]]]) -> list[str]:
     """Per link, its repeats in the order run: the uncaptured runs' medians and how far apart
     they were, each run's rounds' spread, the captured runs' medians, each replay's
-    prediction and its ratios to its own pair, and each capture's cost."""
+    prediction and its ratios to its own pair, each capture's cost and each pair's order;
+    then the captures' mean cost per order (``order_costs``)."""
     lines = [
         "Each link's repeats, in the order run: the uncaptured runs' medians; the reference's",
         "spread (their largest over their smallest, less 1; over 5%, the ratios above are",
         "marked 'reference moved': one pair could not tell a prediction's error from it) and",
         "each run's rounds' spread (interquartile range over median); the captured runs'",
-        "medians; each replay's prediction, over its own pair (uncaptured / captured); and",
-        "each capture's cost (captured over uncaptured round).",
+        "medians; each replay's prediction, over its own pair (uncaptured / captured); each",
+        "capture's cost (captured over uncaptured round); and each pair's order (A uncaptured,",
+        "B captured: which ran first).",
         "",
         *table_head(
             "link", "uncaptured runs", "reference spread", "rounds' spread", "captured runs",
-            "prediction each", "ratio each", "capture cost: round",
+            "prediction each", "ratio each", "capture cost: round", "order",
         ),
     ]  # fmt: skip
     for link, repeats in links:
@@ -491,9 +553,26 @@ def repeats_table(links: Sequence[tuple[str, Sequence[Repeat]]]) -> list[str]:
                 ", ".join(_step(r.prediction) for r in repeats),
                 ", ".join(_each_ratio(r.prediction, u, c) for r, u, c in pairs),
                 ", ".join(f"{c / u:.3f}" for _, u, c in pairs),
+                ", ".join(" ".join(r.runs[:2]) for r in repeats),
             )
         )
-    return lines
+    return [*lines, "", order_costs([r for _, repeats in links for r in repeats])]
+
+
+def order_costs(repeats: Sequence[Repeat]) -> str:
+    """The captures' mean cost (captured over uncaptured round) per pair order, over every
+    link's pairs: a capture costs its round or more, so a cost under 1 in one order only is
+    the order's effect, not the capture's."""
+    groups = [
+        (name, [r.capture_cost for r in repeats if r.captured_first == first])
+        for name, first in (("uncaptured first (A B)", False), ("captured first (B A)", True))
+    ]
+    means = [
+        f"{name} {statistics.mean(costs):.3f} ({len(costs)} pair{'s' * (len(costs) != 1)})"
+        for name, costs in groups
+        if costs
+    ]
+    return f"Capture cost by order, mean over the pairs above: {', '.join(means)}."
 
 
 def _step(prediction: Prediction | None) -> str:
@@ -519,10 +598,11 @@ def capture_table(captures: list[CaptureFacts]) -> list[str]:
         "per worker-step (`inspect`'s means): compute, of it the time one of the worker's own",
         "answers (a gradient the ps pulled) was leaving it and the stretches right before TF1's",
         "sync token (the ps's apply after the round's last gradient), and communication.",
-        "The same training with no recorder, run right before each capture on the same link",
-        "(`python -m tf_grpc_bench.profiler.uncaptured`: the launcher's job, its rounds timed",
-        "by its step markers): its median round and tasks' CPU per round, and what the",
-        "capture cost: captured over uncaptured, round and tasks' CPU.",
+        "The same training with no recorder, run beside each capture on the same link (just",
+        "before or after it: its pair's order; `python -m tf_grpc_bench.profiler.uncaptured`:",
+        "the launcher's job, its rounds timed by its step markers): its median round and",
+        "tasks' CPU per round, and what the capture cost: captured over uncaptured, round and",
+        "tasks' CPU.",
         "",
         *table_head(
             "capture", "round", "cores busy", "tasks' CPU per round", "path compute",
@@ -575,15 +655,18 @@ def section(model: str, setup: str, cpu_cap: float | None, replay_flags: Sequenc
 
 def _repeats_prose(rows: Sequence[Row]) -> list[str]:
     """How a run of repeated pairs pooled them ([] without repeats)."""
-    repeats = max((len(row.repeats) for row in rows), default=0)
-    if not repeats:
+    longest = max((row.repeats for row in rows), key=len, default=())
+    if not longest:
         return []
+    order = schedule_text([r.runs for r in longest])
     return [
-        f"Each link: {repeats} side-by-side pairs (uncaptured, then captured, the capture's trace",
-        "replayed after it: A B A B); training is the median of the pairs' rounds pooled, the",
-        "link trace's replay the median of the pairs' predictions; the loopback trace is",
-        "replayed once a link. '(reference moved X)': the uncaptured runs' medians were X",
-        "apart, more than the 5% a ratio is judged by (the repeats' table below).",
+        f"Each link: {len(longest)} side-by-side pairs, training uncaptured (A) and captured (B),",
+        f"the capture's trace replayed (R) after its pair: {order}",
+        "(which training runs first alternates pair by pair unless `--order` says otherwise:",
+        "docs/fidelity.md); training is the median of the pairs' rounds pooled, the link",
+        "trace's replay the median of the pairs' predictions; the loopback trace is replayed",
+        "once a link. '(reference moved X)': the uncaptured runs' medians were X apart, more",
+        "than the 5% a ratio is judged by (the repeats' table below).",
         "",
     ]
 
@@ -617,7 +700,7 @@ def report(
         *capped,
         f"Training: median steady round (a step on each of 2 workers, synchronous {setup}, 2 ps on",
         "one emulated host, chief and workers on another) on the link, uncaptured (the same",
-        "launcher with no recorder, right before the capture) and captured. Ratios: the",
+        "launcher with no recorder, beside the capture) and captured. Ratios: the",
         "prediction over **uncaptured** training / over captured training. Replay: the",
         "predicted step (dependencies pacing, compute kept) of the PS-throughput replay across",
         "the same link, of a trace captured on loopback and of the one captured on the link,",
@@ -694,6 +777,13 @@ def arguments(argv: Sequence[str] | None = None) -> argparse.Namespace:
         metavar="N",
         help="side-by-side pairs (uncaptured, captured) per link, each capture's trace "
         "replayed (with --cross-machine: the trace replayed once per pair)",
+    )
+    parser.add_argument(
+        "--order",
+        default=ORDERS[0],
+        choices=ORDERS,
+        help="which training of each pair runs first: alternate (pair 1 uncaptured, pair 2 "
+        "captured, ...), uncaptured-first or captured-first (default: alternate)",
     )
     parser.add_argument(
         "--cpu-cap",
@@ -783,7 +873,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                     steps=args.steps, logdir=Path(args.logdir), command=command,
                     readme=not args.no_readme, pairs_file=args.pairs,
                     replay_s=args.replay_duration, replay_flags=replay_flags,
-                    repeats=args.repeats,
+                    repeats=args.repeats, order=args.order,
                 )
             )  # fmt: skip
         return 0
@@ -793,6 +883,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             loopback, rows = measure(
                 model, args.setup, args.profiles.split(","), args.steps, Path(args.logdir),
                 cpu_cap=args.cpu_cap, replay_flags=replay_flags, repeats=args.repeats,
+                order=args.order,
             )  # fmt: skip
             body = report(
                 rows, args.setup, command, before, load_average(), loopback,

@@ -1,17 +1,20 @@
-"""bench/fidelity.py's repeated side-by-side pairs (``--repeats``): how the runs of each side
-are pooled, how far apart the reference's runs were, and the rows and tables that say so, in
-its own-machine and cross-machine modes (pure: fixed runs, no training, no replay)."""
+"""bench/fidelity.py's repeated side-by-side pairs (``--repeats``, ``--order``): the order each
+pair's runs are made in, how the runs of each side are pooled, how far apart the reference's
+runs were, and the rows and tables that say so, in its own-machine and cross-machine modes
+(pure: fixed runs, no training, no replay)."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.conftest import load_bench_script
+from tests.conftest import BENCH, load_bench_script
 
 fidelity = load_bench_script("fidelity.py", "bench_fidelity")
 training = sys.modules["training"]
@@ -37,7 +40,12 @@ def _prediction(step_s: float, document: Path, **extra: float) -> Any:
 
 
 def _repeat(
-    plain: tuple[float, ...], captured_s: float, prediction: Any, link: str = "10gbit"
+    plain: tuple[float, ...],
+    captured_s: float,
+    prediction: Any,
+    link: str = "10gbit",
+    *,
+    captured_first: bool = False,
 ) -> Any:
     uncaptured = _uncaptured(plain)
     facts = training.CaptureFacts(
@@ -46,8 +54,28 @@ def _repeat(
     )  # fmt: skip
     return fidelity.Repeat(
         uncaptured=uncaptured, capture=facts, captured_rounds_s=(captured_s,) * 8,
-        prediction=prediction,
+        prediction=prediction, captured_first=captured_first,
     )  # fmt: skip
+
+
+def test_each_order_schedules_the_pairs_trainings_the_replay_after_its_capture() -> None:
+    a, b = fidelity.UNCAPTURED, fidelity.CAPTURED
+    assert fidelity.schedule("alternate", 3) == ((a, b, "R"), (b, a, "R"), (a, b, "R"))
+    assert fidelity.schedule("uncaptured-first", 2) == ((a, b, "R"), (a, b, "R"))
+    assert fidelity.schedule("captured-first", 2) == ((b, a, "R"), (b, a, "R"))
+    # One pair alternates to nothing: uncaptured first, as before.
+    assert fidelity.schedule("alternate", 1) == ((a, b, "R"),)
+    assert fidelity.schedule_text(fidelity.schedule("alternate", 2)) == "A B R | B A R"
+    assert fidelity.ORDERS[0] == "alternate" == fidelity.arguments([]).order
+    with pytest.raises(ValueError, match="--order: one of alternate, uncaptured-first"):
+        fidelity.schedule("random", 2)
+    # A pair says its own order as the schedule made it.
+    for order in fidelity.ORDERS:
+        made = [
+            _repeat(FIRST, 0.62, None, captured_first=runs[0] == b)
+            for runs in fidelity.schedule(order, 4)
+        ]
+        assert tuple(r.runs for r in made) == fidelity.schedule(order, 4)
 
 
 def test_runs_pool_every_rounds_median_and_say_how_far_apart_they_were() -> None:
@@ -86,7 +114,7 @@ def test_a_row_of_repeats_gives_the_pooled_ratios_each_repeats_and_the_reference
 ) -> None:
     repeats = [
         _repeat(FIRST, 0.62, _prediction(0.62, tmp_path), "10gbit #1"),
-        _repeat(SECOND, 0.72, _prediction(0.70, tmp_path), "10gbit #2"),
+        _repeat(SECOND, 0.72, _prediction(0.70, tmp_path), "10gbit #2", captured_first=True),
     ]
     row = fidelity.pooled_row(
         "resnet50", "10gbit", repeats, link_bound_s=0.16, from_loopback=_prediction(0.60, tmp_path)
@@ -101,13 +129,63 @@ def test_a_row_of_repeats_gives_the_pooled_ratios_each_repeats_and_the_reference
         "moved 16.7%) | 0.66 s | **1.01** / 0.99 (reference moved 16.7%) | - | - |"
     ) in lines
     assert "Each link: 2 side-by-side pairs" in body
+    assert "the capture's trace replayed (R) after its pair: A B R | B A R" in lines
     assert (
         "| 10gbit | 0.60 s, 0.70 s | 16.7% | 4.2%, 2.1% | 0.62 s, 0.72 s | 0.62 s, 0.70 s | "
-        "**1.03** / 1.00, **1.00** / 0.97 | 1.033, 1.029 |"
+        "**1.03** / 1.00, **1.00** / 0.97 | 1.033, 1.029 | A B, B A |"
+    ) in lines
+    # The pooling does not depend on the order: the same runs, all A B, pool alike.
+    same = [dataclasses.replace(r, captured_first=False) for r in repeats]
+    assert fidelity.pooled_row(
+        "resnet50", "10gbit", same, link_bound_s=0.16, from_loopback=None
+    ).predicted_s == pytest.approx(row.predicted_s)
+    assert (
+        "Capture cost by order, mean over the pairs above: uncaptured first (A B) 1.033 "
+        "(1 pair), captured first (B A) 1.029 (1 pair)."
     ) in lines
     # The capture table has a row per repeat's capture.
     assert any(line.startswith("| 10gbit #1 | 0.62 s |") for line in lines)
     assert any(line.startswith("| 10gbit #2 | 0.72 s |") for line in lines)
+
+
+def test_the_tables_say_each_pairs_order_and_the_mean_capture_cost_per_order(
+    tmp_path: Path,
+) -> None:
+    """Two links of two pairs each, A B then B A: the repeats' table marks every pair's order,
+    and the line under it averages the captures' cost over each order's pairs, every link's."""
+    close = tuple(r * 1.02 for r in FIRST)  # medians 0.60 and 0.612
+    links = [
+        ("5gbit", [_repeat(FIRST, 0.59, None), _repeat(close, 0.63, None, captured_first=True)]),
+        ("10gbit", [_repeat(SECOND, 0.68, None), _repeat(SECOND, 0.72, None, captured_first=True)]),
+    ]
+    lines = fidelity.repeats_table(links)
+    rows = [line for line in lines if line.startswith(("| 5gbit |", "| 10gbit |"))]
+    assert [row.rsplit(" | ", 2)[1:] for row in rows] == [
+        ["0.983, 1.029", "A B, B A |"],
+        ["0.971, 1.029", "A B, B A |"],
+    ]
+    # Uncaptured first: 0.59 / 0.60 and 0.68 / 0.70; captured first: 0.63 / 0.612, 0.72 / 0.70.
+    uncaptured_first = (0.59 / 0.60 + 0.68 / 0.70) / 2
+    captured_first = (0.63 / 0.612 + 0.72 / 0.70) / 2
+    assert lines[-1] == (
+        f"Capture cost by order, mean over the pairs above: uncaptured first (A B) "
+        f"{uncaptured_first:.3f} (2 pairs), captured first (B A) {captured_first:.3f} (2 pairs)."
+    )
+    assert f"{uncaptured_first:.3f}" == "0.977" and f"{captured_first:.3f}" == "1.029"
+    # One order run: its mean alone.
+    captured = [r for _, repeats in links for r in repeats if r.captured_first]
+    assert fidelity.order_costs(captured) == (
+        f"Capture cost by order, mean over the pairs above: captured first (B A) "
+        f"{captured_first:.3f} (2 pairs)."
+    )
+    rows_of_links = [
+        fidelity.pooled_row("resnet50", link, repeats, link_bound_s=None, from_loopback=None)
+        for link, repeats in links
+    ]
+    body = fidelity.report(rows_of_links, "tf2-ps", "cmd", "0", "0")
+    assert lines[-1] in body.splitlines()
+    # The capture table says the uncaptured run is beside its capture, not before it.
+    assert "right before each capture" not in body and "just\nbefore or after it" in body
 
 
 def test_a_steady_reference_is_not_flagged_and_a_failed_replay_is_counted(tmp_path: Path) -> None:
@@ -148,6 +226,11 @@ def test_a_row_of_one_pair_reads_as_before(tmp_path: Path) -> None:
         (["--repeats", "-2"], "error: --repeats: at least 1 pair a link is measured, got -2"),
         (["--repeats", "two"], "error: argument --repeats: invalid int value: 'two'"),
         (["--steps", "0"], "error: --steps: at least 1 round a run is measured, got 0"),
+        (
+            ["--order", "random"],
+            "error: argument --order: invalid choice: 'random' (choose from 'alternate', "
+            "'uncaptured-first', 'captured-first')",
+        ),
     ],
 )
 def test_bad_repeats_are_one_line_errors(
@@ -160,9 +243,21 @@ def test_bad_repeats_are_one_line_errors(
     assert last.endswith(message)
 
 
+def test_a_bad_order_stops_the_script_with_one_line_and_no_traceback() -> None:
+    completed = subprocess.run(
+        [sys.executable, str(BENCH / "fidelity.py"), "--order", "A-B", "--no-readme"],
+        capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert completed.returncode == 2 and completed.stdout == ""
+    assert "Traceback" not in completed.stderr
+    (error,) = [line for line in completed.stderr.splitlines() if "error" in line]
+    assert error.startswith("fidelity.py: error: argument --order: invalid choice: 'A-B'")
+
+
 def test_each_side_is_measured_twice_unless_asked() -> None:
     assert fidelity.arguments([]).repeats == 2
     assert fidelity.arguments(["--repeats", "3", "--cross-machine", "x"]).repeats == 3
+    assert fidelity.arguments(["--order", "uncaptured-first"]).order == "uncaptured-first"
 
 
 def test_the_cross_machine_mode_pools_its_repeats_and_writes_the_pooled_ratio(
@@ -177,7 +272,7 @@ def test_the_cross_machine_mode_pools_its_repeats_and_writes_the_pooled_ratio(
     )
     repeats = [
         _repeat(FIRST, 0.62, _prediction(0.62, document)),
-        _repeat(SECOND, 0.72, _prediction(0.70, document)),
+        _repeat(SECOND, 0.72, _prediction(0.70, document), captured_first=True),
     ]
     row = bench.cross_row("10gbit", repeats, link_bound_s=0.16)
     assert row.ratio == pytest.approx(0.66 / 0.655) and row.compute == "compute x1.25"
@@ -188,7 +283,9 @@ def test_the_cross_machine_mode_pools_its_repeats_and_writes_the_pooled_ratio(
         "16.7%) | compute x1.25 | none |"
     ) in body
     assert "| 10gbit | 0.60 s, 0.70 s | 16.7% | 4.2%, 2.1% |" in body
-    assert "(A B R A B R)" in body
+    assert "| 1.033, 1.029 | A B, B A |" in body
+    assert "(B), the trace replayed (R) after each: A B R | B A R;" in body
+    assert "uncaptured first (A B) 1.033 (1 pair), captured first (B A) 1.029 (1 pair)." in body
     # The pairs file keeps its format: the pooled ratio, read back as written.
     (pair,) = bench.measured_pairs("resnet50-tf2ps", shipped, [row], "cmd --repeats 2")
     assert pair.ratio == pytest.approx(0.66 / 0.655)
