@@ -219,7 +219,7 @@ class Row:
     from_loopback: Prediction | None
     from_link: Prediction | None
     link_capture: CaptureFacts | None = None
-    #: The same training with no recorder, right before the capture (None: not run; with
+    #: The same training with no recorder, beside the capture (None: not run; with
     #: ``repeats``, every uncaptured run's rounds pooled).
     uncaptured: Uncaptured | None = None
     #: A delayed link's relays in the uncaptured training, the capture and the link

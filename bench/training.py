@@ -74,7 +74,7 @@ class CaptureFacts:
     #: it and were applied: under the sync-token rule the ps's apply after the round's last
     #: gradient (the wait for the other workers is communication).
     path_compute_before_token_s: float | None = None
-    #: The same training with no recorder, run right before the capture.
+    #: The same training with no recorder, run beside the capture (just before or after it).
     uncaptured: Uncaptured | None = None
 
 
