@@ -374,6 +374,84 @@ def test_the_relay_reports_its_lateness_while_it_runs() -> None:
     assert stopped.cpu_ns >= running.cpu_ns
 
 
+# Sends a datagram to port 9002 for each line it reads, and prints its send time (ns,
+# CLOCK_REALTIME) once it is sent.
+LINE_SENDER = textwrap.dedent(
+    """
+    import socket, sys, time
+    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    s.connect((sys.argv[1], 9002))
+    print("ready", flush=True)
+    for _ in sys.stdin:
+        sent = time.time_ns()
+        s.send(b"x" * 64)
+        print(sent, flush=True)
+    """
+)
+# Prints the time (ns, CLOCK_REALTIME) its kernel received each datagram on port 9002.
+STAMPED_RECEIVER = calibration.stamping_script(
+    """
+    import socket, struct, sys
+    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    s.setsockopt(socket.SOL_SOCKET, STAMPING, 1)
+    s.bind(("0.0.0.0", 9002))
+    print("ready", flush=True)
+    STAMP_NS
+    while True:
+        _, ancillary, _, _ = s.recvmsg(64, 64)
+        print(stamp_ns(ancillary), flush=True)
+    """
+)
+
+
+def test_a_packet_the_relay_reads_late_still_takes_its_delay_from_its_send() -> None:
+    """The relay is stopped while a packet is sent and held 2 ms more: its delay still
+    counts from the send (the sending kernel's stamp, relay.c's stamp socket), not from
+    the late read, as a relay woken late by a busy or idle machine reads it."""
+    delay_ns, hold_s = 5_000_000, 0.002
+    profile = links.parse_profile(f"unlimited:delay={delay_ns}ns")
+    with emulated.EmulatedNetwork(hosts=2, profile=profile) as network:
+        receiver = network.spawn(
+            0, [sys.executable, "-c", STAMPED_RECEIVER], stdout=subprocess.PIPE, text=True
+        )
+        sender = network.spawn(
+            1,
+            [sys.executable, "-c", LINE_SENDER, network.hosts[0].address],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        assert receiver.stdout is not None and sender.stdout is not None
+        assert sender.stdin is not None
+        assert receiver.stdout.readline().strip() == sender.stdout.readline().strip() == "ready"
+        relay_pid = network._relays["h0-h1"][0].pid
+        one_way = []
+        for held in (False, True, True, True, True, True):  # the first resolves ARP
+            if held:
+                os.kill(relay_pid, signal.SIGSTOP)
+            sender.stdin.write("send\n")
+            sender.stdin.flush()
+            sent = int(sender.stdout.readline())
+            if held:
+                time.sleep(hold_s)
+                os.kill(relay_pid, signal.SIGCONT)
+            received = int(receiver.stdout.readline())
+            if held:
+                one_way.append(received - sent)
+        record = state.read_record(network.hosts[0].namespace)
+        assert record is not None
+        (path,) = record.relay_stats
+        running = read_relay_stats(path)
+    # The direction from host 1 (the sender) to host 0.
+    sending = running.directions[0 if network.hosts[1].namespace in running.sides[0] else 1]
+    assert sending.stamped >= len(one_way)
+    assert sending.read_wait_max_ns >= hold_s * 1e9, "the relay read no packet late"
+    median = statistics.median(one_way)
+    assert within_specification(median, delay_ns), (
+        f"one way {[round(t / 1000) for t in one_way]} us, expected {delay_ns / 1000:.0f} us"
+    )
+
+
 DESCRIBE = (
     "import dataclasses, json, sys; from tf_grpc_bench.replay.network import netinfo; "
     "info = netinfo.describe_network([sys.argv[1]]); "

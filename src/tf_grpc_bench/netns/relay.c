@@ -8,14 +8,26 @@
  * How it works.  The relay creates a tap device in each namespace (it enters
  * one, then the other, with setns), so the link's ends never appear in the
  * root namespace.  A packet the kernel of side A sends out of its tap is read
- * here, stamped with its arrival time, given a release time (the direction's
- * delay plus a jitter drawn uniformly from [-jitter, +jitter], never before
- * the previous packet's: jitter keeps packet order) and queued; when the time
- * comes it is written to side B's tap, which is B receiving it.  The taps are
+ * here, given a release time (the direction's delay from when it was sent, plus
+ * a jitter drawn uniformly from [-jitter, +jitter], never before the previous
+ * packet's: jitter keeps packet order) and queued; when the time comes it is
+ * written to side B's tap, which is B receiving it.  The taps are
  * opened with IFF_VNET_HDR and TUNSETOFFLOAD, so a TCP segmentation-offload
  * packet of up to 64 KiB crosses as one packet, its virtio header passed on
  * unchanged.  The kernel orphans what it hands to a tap, so TCP's small-queue
  * limit does not hold a sender back while its packets wait here.
+ *
+ * When it was sent.  Beside each tap the relay keeps a packet socket that sees
+ * every frame as the kernel hands it to the tap, stamped then (SO_TIMESTAMPNS,
+ * cut to its first STAMP_BYTES by a filter); a packet read from the tap is
+ * matched with its stamp by those bytes, and its delay counts from the stamp.
+ * So the relay's own wake-up for a packet -- tens of microseconds, hundreds
+ * after an idle stretch on a virtual machine whose host let the CPU go --
+ * is not added to its delay, as long as the relay wakes before the packet is
+ * due (a later one is released at once, and counted late).  A packet without
+ * a stamp (the socket could not be had, or dropped it) counts from its read;
+ * --read-arrival makes every packet do so.  How long stamped packets waited to
+ * be read goes into the statistics file.
  *
  * Timing.  Timer slack is 1 ns; the relay sleeps in ppoll until shortly
  * before the next release (or until a packet arrives) and spins the last
@@ -30,8 +42,8 @@
  * release time) goes into a log-linear histogram, per direction, in the
  * statistics file.
  *
- * Compensation.  What the relay itself adds to a packet's way (its wake-up
- * before the read, the copies, the write into the receiving stack) is measured
+ * Compensation.  What the relay itself adds to a packet's way (the copies, the
+ * write into the receiving stack, and the wake-up of packets read unstamped) is measured
  * by the tool when the link is set up (netns/calibration.py) and written into
  * the statistics file's compensation_ns; from then on each packet is released
  * that much earlier than its delay says (never before it arrived, never before
@@ -40,10 +52,10 @@
  * The queue of each direction is a ring of --queue-bytes bytes; a packet that
  * does not fit is dropped and counted, as a router's full buffer drops it.
  *
- * Statistics file (version 2; read by relay.py, the one parse point).  All
+ * Statistics file (version 3; read by relay.py, the one parse point).  All
  * fields little-endian.  Header, 256 bytes:
  *   0   char[8]  magic "TFGBRLY1"
- *   8   u32      version (1)          12  u32  directions (2)
+ *   8   u32      version (3)          12  u32  directions (2)
  *   16  u64      pid                  24  u64  started_ns (CLOCK_MONOTONIC)
  *   32  u64      sequence: odd while the relay updates the file (a reader
  *                retries until it reads the same even value before and after)
@@ -52,7 +64,10 @@
  *   56  u64      compensation_ns: written by the tool, read for every packet
  *   64  u64      cpu_ns: the relay's own CPU time (user and system) so far,
  *                updated every CPU_SAMPLE_NS while it runs and when it stops
- *   72  u64[7]   reserved
+ *   72  u64[2]   stamped: per direction, the packets whose send stamp was found
+ *   88  u64[2]   read_wait_sum_ns: per direction, how long those waited to be read
+ *   104 u64[2]   read_wait_max_ns: and the longest wait
+ *   120 u64      reserved
  *   128 char[64] side A ("namespace:interface")   192 char[64] side B
  * then per direction (A to B, then B to A), 12 u64 and the histogram:
  *   delay_ns, jitter_ns, queue_capacity_bytes, packets, bytes, queue_drops,
@@ -73,7 +88,11 @@
 #define _GNU_SOURCE
 #include <errno.h>
 #include <fcntl.h>
+#include <arpa/inet.h>
+#include <linux/filter.h>
 #include <linux/if.h>
+#include <linux/if_ether.h>
+#include <linux/if_packet.h>
 #include <linux/if_tun.h>
 #include <poll.h>
 #include <sched.h>
@@ -86,12 +105,13 @@
 #include <sys/ioctl.h>
 #include <sys/mman.h>
 #include <sys/prctl.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
 #define STATS_MAGIC "TFGBRLY1"
-#define STATS_VERSION 2
+#define STATS_VERSION 3
 #define HEADER_BYTES 256
 #define ENDPOINT_BYTES 64
 #define HISTOGRAM_BUCKETS 688
@@ -104,6 +124,13 @@
 #define READ_BURST 64
 /* How often the relay writes its own CPU time into the statistics file. */
 #define CPU_SAMPLE_NS 10000000u
+/* Send stamps: the bytes of a frame kept to match it with the packet read from the tap
+ * (enough for Ethernet, IPv6 and a TCP header with options), and how many stamps wait. */
+#define STAMP_BYTES 128
+#define STAMP_QUEUE 256
+#define STAMP_BATCH 64
+/* Offsets in the tap's packets: the virtio header comes first. */
+#define VNET_HEADER 10
 
 struct direction_stats {
     uint64_t delay_ns, jitter_ns, queue_capacity_bytes, packets, bytes, queue_drops,
@@ -115,7 +142,8 @@ struct direction_stats {
 struct stats_file {
     char magic[8];
     uint32_t version, directions;
-    uint64_t pid, started_ns, sequence, stopped, buckets, compensation_ns, cpu_ns, reserved[7];
+    uint64_t pid, started_ns, sequence, stopped, buckets, compensation_ns, cpu_ns;
+    uint64_t stamped[2], read_wait_sum_ns[2], read_wait_max_ns[2], reserved;
     char endpoint[2][ENDPOINT_BYTES];
     struct direction_stats direction[2];
 };
@@ -132,8 +160,25 @@ struct ring {
     size_t capacity, head, tail, wrap, count, used;
 };
 
+/* The send stamps of a side's frames not read from its tap yet, oldest first: when
+ * the sending kernel handed each to the tap (CLOCK_MONOTONIC) and its first bytes. */
+struct stamp {
+    uint64_t sent_ns;
+    uint32_t length;
+    uint8_t frame[STAMP_BYTES];
+};
+
+struct stamps {
+    struct stamp entry[STAMP_QUEUE];
+    unsigned head, count;
+};
+
 struct direction {
     struct ring ring;
+    struct stamps stamps;
+    /* A packet socket on the sending side's tap that sees each frame as the kernel
+     * hands it over, with its time (-1 without: arrivals are then the reads' times). */
+    int stamp_fd;
     uint64_t delay_ns, jitter_ns, last_due, random, sequence;
     struct direction_stats *stats;
     int in_fd, out_fd;
@@ -144,6 +189,8 @@ struct direction {
 
 static struct stats_file *stats;
 static volatile sig_atomic_t stopping;
+/* Whether a packet's arrival is its send stamp (else the time it was read; --read-arrival). */
+static int use_stamps = 1;
 
 static void stats_begin(void) { __atomic_add_fetch(&stats->sequence, 1, __ATOMIC_ACQ_REL); }
 static void stats_end(void) { __atomic_add_fetch(&stats->sequence, 1, __ATOMIC_RELEASE); }
@@ -334,6 +381,39 @@ static int open_tap(const char *namespace_path, const char *name, int offload) {
     return fd;
 }
 
+/* A packet socket on the tap ``name`` (in the current namespace) that receives the first
+ * STAMP_BYTES of each frame its kernel sends out of it, stamped with the time it was
+ * handed to the tap (SO_TIMESTAMPNS); -1 if it cannot be had. */
+static int open_stamps(const char *name) {
+    int fd = socket(AF_PACKET, SOCK_RAW | SOCK_NONBLOCK | SOCK_CLOEXEC, htons(ETH_P_ALL));
+    if (fd < 0) return -1;
+    /* Outgoing frames only, cut to STAMP_BYTES; nothing else is queued. */
+    struct sock_filter code[] = {
+        BPF_STMT(BPF_LD | BPF_W | BPF_ABS, (uint32_t)(SKF_AD_OFF + SKF_AD_PKTTYPE)),
+        BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, PACKET_OUTGOING, 0, 1),
+        BPF_STMT(BPF_RET | BPF_K, STAMP_BYTES),
+        BPF_STMT(BPF_RET | BPF_K, 0),
+    };
+    struct sock_fprog program = {.len = sizeof code / sizeof code[0], .filter = code};
+    int on = 1, buffer = 4 << 20;
+    struct ifreq request;
+    memset(&request, 0, sizeof request);
+    snprintf(request.ifr_name, IFNAMSIZ, "%s", name);
+    struct sockaddr_ll address = {.sll_family = AF_PACKET, .sll_protocol = htons(ETH_P_ALL)};
+    if (setsockopt(fd, SOL_SOCKET, SO_ATTACH_FILTER, &program, sizeof program) != 0 ||
+        setsockopt(fd, SOL_SOCKET, SO_TIMESTAMPNS, &on, sizeof on) != 0 ||
+        ioctl(fd, SIOCGIFINDEX, &request) != 0 ||
+        (address.sll_ifindex = request.ifr_ifindex,
+         bind(fd, (struct sockaddr *)&address, sizeof address) != 0)) {
+        close(fd);
+        return -1;
+    }
+    /* Room for the stamps of a burst of offload packets (each counts its whole size). */
+    if (setsockopt(fd, SOL_SOCKET, SO_RCVBUFFORCE, &buffer, sizeof buffer) != 0)
+        setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &buffer, sizeof buffer);
+    return fd;
+}
+
 /* "DELAY_NS:JITTER_NS" */
 static void parse_timing(const char *text, struct direction *d) {
     char *end;
@@ -352,14 +432,14 @@ static void parse_timing(const char *text, struct direction *d) {
 struct options {
     const char *side[2], *stats_path, *timing[2];
     uint64_t seed, queue_bytes, spin_ns, busy_poll_ns, compensation_ns;
-    int offload, priority;
+    int offload, priority, read_arrival;
 };
 
 static void usage(void) {
     fprintf(stderr,
             "usage: relay run --a NSPATH:IFNAME --b NSPATH:IFNAME [--ab D:J] [--ba D:J] [--seed N]\n"
             "             [--queue-bytes N] [--spin-ns N] [--busy-poll-ns N] [--no-offload]\n"
-            "             [--priority N] [--compensation-ns N] [--stats FILE]\n"
+            "             [--priority N] [--compensation-ns N] [--read-arrival] [--stats FILE]\n"
             "       relay simulate [--ab D:J] [--ba D:J] [--seed N] [--queue-bytes N]\n"
             "             [--compensation-ns N] [--stats FILE]\n");
     exit(2);
@@ -374,6 +454,7 @@ static void parse_options(int argc, char **argv, struct options *o) {
     for (int i = 2; i < argc; i++) {
         const char *flag = argv[i];
         if (!strcmp(flag, "--no-offload")) { o->offload = 0; continue; }
+        if (!strcmp(flag, "--read-arrival")) { o->read_arrival = 1; continue; }
         if (i + 1 >= argc) usage();
         const char *value = argv[++i];
         if (!strcmp(flag, "--a")) o->side[0] = value;
@@ -396,6 +477,7 @@ static void set_up_directions(const struct options *o, struct direction d[2]) {
     stats->compensation_ns = o->compensation_ns;
     for (int i = 0; i < 2; i++) {
         memset(&d[i], 0, sizeof d[i]);
+        d[i].stamp_fd = -1;
         parse_timing(o->timing[i], &d[i]);
         d[i].ring.capacity = padded(o->queue_bytes);
         d[i].ring.data = allocate(d[i].ring.capacity);
@@ -481,20 +563,101 @@ static void on_stop(int signum) {
     stopping = 1;
 }
 
+/* Queue the send stamps waiting on ``d->stamp_fd``, STAMP_BATCH per system call (the
+ * oldest go if the queue is full). */
+static void collect_stamps(struct direction *d) {
+    static struct stamp batch[STAMP_BATCH];
+    static struct mmsghdr messages[STAMP_BATCH];
+    static struct iovec data[STAMP_BATCH];
+    static union {
+        char buffer[CMSG_SPACE(sizeof(struct timespec))];
+        struct cmsghdr align;
+    } control[STAMP_BATCH];
+    struct stamps *q = &d->stamps;
+    for (;;) {
+        for (int i = 0; i < STAMP_BATCH; i++) {
+            data[i] = (struct iovec){.iov_base = batch[i].frame, .iov_len = STAMP_BYTES};
+            messages[i].msg_hdr = (struct msghdr){.msg_iov = &data[i], .msg_iovlen = 1,
+                                                  .msg_control = control[i].buffer,
+                                                  .msg_controllen = sizeof control[i]};
+        }
+        int got = recvmmsg(d->stamp_fd, messages, STAMP_BATCH, MSG_DONTWAIT, NULL);
+        if (got <= 0) return;
+        /* CLOCK_REALTIME to the relay's CLOCK_MONOTONIC: their offset now. */
+        struct timespec real;
+        clock_gettime(CLOCK_REALTIME, &real);
+        uint64_t now = now_ns();
+        for (int i = 0; i < got; i++) {
+            struct cmsghdr *c = CMSG_FIRSTHDR(&messages[i].msg_hdr);
+            if (!c || c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_TIMESTAMPNS) continue;
+            struct timespec sent;
+            memcpy(&sent, CMSG_DATA(c), sizeof sent);
+            int64_t ago = ((int64_t)real.tv_sec - sent.tv_sec) * 1000000000 +
+                          (real.tv_nsec - sent.tv_nsec);
+            struct stamp *s = &q->entry[(q->head + q->count) % STAMP_QUEUE];
+            s->sent_ns = ago <= 0 ? now : now - (uint64_t)ago;
+            s->length = messages[i].msg_len;
+            memcpy(s->frame, batch[i].frame, s->length);
+            if (q->count < STAMP_QUEUE) q->count++;
+            else q->head = (q->head + 1) % STAMP_QUEUE;
+        }
+        if (got < STAMP_BATCH) return;
+    }
+}
+
+/* The stamp of the frame ``packet`` (as read from the tap), and those before it, taken
+ * off the queue: its send time, or 0 if none matches. */
+static uint64_t take_stamp(struct stamps *q, const uint8_t *packet, size_t length) {
+    if (length <= VNET_HEADER) return 0;
+    const uint8_t *frame = packet + VNET_HEADER;
+    size_t frame_length = length - VNET_HEADER;
+    for (unsigned i = 0; i < q->count; i++) {
+        const struct stamp *s = &q->entry[(q->head + i) % STAMP_QUEUE];
+        size_t compared = frame_length < s->length ? frame_length : s->length;
+        if (compared && !memcmp(s->frame, frame, compared)) {
+            q->head = (q->head + i + 1) % STAMP_QUEUE;
+            q->count -= i + 1;
+            return s->sent_ns;
+        }
+    }
+    return 0;
+}
+
+/* When the packet read at ``read_ns`` arrived: when its kernel sent it, if its stamp is
+ * found (a stamp after the read, or a second or more before it, is a clock's step: the
+ * read's time then); else the read's time.  The time between is counted. */
+static uint64_t arrival_time(struct direction *d, int index, const uint8_t *packet, size_t length,
+                             uint64_t read_ns) {
+    if (d->stamp_fd < 0) return read_ns;
+    uint64_t sent = take_stamp(&d->stamps, packet, length);
+    if (!sent) {
+        collect_stamps(d);
+        sent = take_stamp(&d->stamps, packet, length);
+    }
+    if (!sent || sent > read_ns || read_ns - sent >= 1000000000u) return read_ns;
+    uint64_t wait = read_ns - sent;
+    stats_begin();
+    stats->stamped[index]++;
+    stats->read_wait_sum_ns[index] += wait;
+    if (wait > stats->read_wait_max_ns[index]) stats->read_wait_max_ns[index] = wait;
+    stats_end();
+    return use_stamps ? sent : read_ns;
+}
+
 /* Read what side ``d->in_fd`` sent: the number of packets, -1 if its device is gone. */
-static int drain(struct direction *d, uint8_t *scratch) {
+static int drain(struct direction *d, int index, uint8_t *scratch) {
     int n;
     for (n = 0; n < READ_BURST; n++) {
         uint8_t *slot = ring_reserve(&d->ring, ENTRY_HEADER + MAX_PACKET);
         uint8_t *target = slot ? slot + ENTRY_HEADER : scratch;
         ssize_t got = read(d->in_fd, target, MAX_PACKET);
-        uint64_t arrival = now_ns();
+        uint64_t read_ns = now_ns();
         if (got < 0) {
             if (errno == EAGAIN || errno == EINTR) return n;
             return -1;
         }
         if (got == 0) return n;
-        enqueue(d, arrival, target, (size_t)got);
+        enqueue(d, arrival_time(d, index, target, (size_t)got, read_ns), target, (size_t)got);
     }
     return n;
 }
@@ -594,9 +757,18 @@ static int relay(const struct options *o) {
     struct direction d[2];
     set_up_directions(o, d);
     for (int i = 0; i < 2; i++) snprintf(stats->endpoint[i], ENDPOINT_BYTES, "%s", o->side[i]);
-    int tap[2] = {open_tap(path[0], name[0], o->offload), open_tap(path[1], name[1], o->offload)};
-    d[0].in_fd = tap[0], d[0].out_fd = tap[1];
-    d[1].in_fd = tap[1], d[1].out_fd = tap[0];
+    /* Each side's stamp socket is opened in its namespace, right after its tap. */
+    int tap[2], stamp[2];
+    for (int i = 0; i < 2; i++) {
+        tap[i] = open_tap(path[i], name[i], o->offload);
+        stamp[i] = open_stamps(name[i]);
+        if (stamp[i] < 0)
+            fprintf(stderr, "relay: no send stamps on %s (%s); arrivals are read times\n", name[i],
+                    strerror(errno));
+    }
+    d[0].in_fd = tap[0], d[0].out_fd = tap[1], d[0].stamp_fd = stamp[0];
+    d[1].in_fd = tap[1], d[1].out_fd = tap[0], d[1].stamp_fd = stamp[1];
+    use_stamps = !o->read_arrival;
     sigset_t stop, unblocked;
     sigemptyset(&stop);
     sigaddset(&stop, SIGTERM), sigaddset(&stop, SIGINT), sigaddset(&stop, SIGHUP);
@@ -611,8 +783,8 @@ static int relay(const struct options *o) {
     d[0].readable = d[1].readable = 1;
     while (!stopping) {
         int moved = release(&d[0]) + release(&d[1]);
-        int read_a = d[0].readable ? drain(&d[0], scratch) : 0;
-        int read_b = read_a < 0 || !d[1].readable ? 0 : drain(&d[1], scratch);
+        int read_a = d[0].readable ? drain(&d[0], 0, scratch) : 0;
+        int read_b = read_a < 0 || !d[1].readable ? 0 : drain(&d[1], 1, scratch);
         if (moved + read_a + read_b > 0) last_packet = now_ns();
         if (last_packet >= cpu_sampled + CPU_SAMPLE_NS) {
             record_cpu();

@@ -69,9 +69,9 @@ PRIORITY = 1
 START_TIMEOUT_S = 10.0
 
 STATS_MAGIC = b"TFGBRLY1"
-STATS_VERSION = 2
+STATS_VERSION = 3
 HISTOGRAM_BUCKETS = 688
-_HEADER = struct.Struct("<8sIIQQQQQQQ56x64s64s")
+_HEADER = struct.Struct("<8sIIQQQQQQQ6Q8x64s64s")
 #: Where the tool writes the compensation (relay.c).
 _COMPENSATION_OFFSET = 56
 _DIRECTION = struct.Struct("<12Q")
@@ -152,10 +152,21 @@ class DirectionStats:
     #: How much earlier than its delay each packet was released: the relay's own
     #: one-way cost, measured when the link was set up (netns/calibration.py).
     compensation_ns: int = 0
+    #: Packets whose send the relay saw stamped by the sending kernel (relay.c's stamp
+    #: socket): their delay counts from that send, not from when the relay read them.
+    stamped: int = 0
+    #: How long those waited for the relay to read them, in all and at most (ns): its
+    #: wake-ups, which the send stamps keep out of the delay.
+    read_wait_sum_ns: int = 0
+    read_wait_max_ns: int = 0
 
     @property
     def late_mean_ns(self) -> int:
         return self.late_sum_ns // self.packets if self.packets else 0
+
+    @property
+    def read_wait_mean_ns(self) -> int:
+        return self.read_wait_sum_ns // self.stamped if self.stamped else 0
 
     def late_percentile_ns(self, quantile: float) -> int:
         """The lateness ``quantile`` (its bucket's upper bound, never above the maximum)."""
@@ -236,7 +247,8 @@ def _parse_stats(data: bytes, path: Path) -> tuple[int, RelayStats]:
     magic, version, directions, pid, started, sequence, stopped, buckets, *rest = (
         _HEADER.unpack_from(data)
     )
-    compensation, cpu, a, b = rest
+    compensation, cpu, *reads, a, b = rest
+    stamped, read_wait_sum, read_wait_max = reads[0:2], reads[2:4], reads[4:6]
     if magic != STATS_MAGIC:
         raise NetworkError(f"{path}: not a relay statistics file")
     if version != STATS_VERSION or directions != 2 or buckets != HISTOGRAM_BUCKETS:
@@ -254,6 +266,9 @@ def _parse_stats(data: bytes, path: Path) -> tuple[int, RelayStats]:
                 **dict(zip(_DIRECTION_FIELDS, fields, strict=True)),
                 histogram=histogram,
                 compensation_ns=compensation,
+                stamped=stamped[index],
+                read_wait_sum_ns=read_wait_sum[index],
+                read_wait_max_ns=read_wait_max[index],
             )
         )
     stats = RelayStats(
