@@ -1,10 +1,11 @@
 """The relay's own cost, measured when a delayed network is set up, and taken off.
 
-A packet through a relay takes longer than its delay: the relay wakes up after
-the packet was sent, reads it, copies it and writes it into the receiving
-stack. On this machine (a 2-core virtual machine) that was 2.5-7 us each way
-on a loaded machine, varying from one relay to the next, and more on a quiet
-one (a busy CPU wakes sooner than an idle one). So before a network is handed
+A packet through a relay takes longer than its delay: the relay copies it and
+writes it into the receiving stack (its delay counts from its send, the sending
+kernel's stamp, so the relay's wake-up to read it is not part of it; a packet
+without a stamp adds that too). On this machine (a 2-core virtual machine)
+that was 0.5-3.3 us each way, varying from one relay to the next (3.3-62 us
+when delays counted from the read). So before a network is handed
 over, ``calibrate`` measures it, on the links as the profile made them: UDP
 pings, one at a time, between hosts 0 and 1 through the relays and,
 alternately, over a veth pair made for the purpose between the same two
