@@ -150,6 +150,7 @@ class Precision:
     late_p50_ns: int
     late_p99_ns: int
     late_max_ns: int
+    read_wait_mean_ns: int
 
 
 def measure_precision(
@@ -178,6 +179,7 @@ def measure_precision(
                 late_p50_ns=max(d.late_percentile_ns(0.5) for d in directions),
                 late_p99_ns=max(d.late_percentile_ns(0.99) for d in directions),
                 late_max_ns=max(d.late_max_ns for d in directions),
+                read_wait_mean_ns=max(d.read_wait_mean_ns for d in directions),
             )
         )
     veth_last, _ = median_round_trip(unlimited, pings)
@@ -224,7 +226,9 @@ def render(
         "veth. Pinger's: what the delay added to the pinger's own round trip, wake-ups and "
         f"all (veth: {_us(veth_ns[1])} us). Own cost: the relay's one-way cost measured when "
         "the link came up and taken off each release. Lateness: how late the relay's "
-        "releases were (the worse of the two directions).",
+        "releases were (the worse of the two directions). Read wait: how long after its "
+        "send the relay read a packet, on average (the worse direction): its wake-up, which "
+        "a delay counted from the send stamp leaves out.",
         "",
         *table_head(
             "one-way delay",
@@ -237,6 +241,7 @@ def render(
             "lateness p50 us",
             "p99 us",
             "max us",
+            "read wait us",
         ),
     ]
     for row in rows:
@@ -245,7 +250,8 @@ def render(
             f"| {_us(row.added_over_veth_ns)} | {_held(row.added_over_veth_ns, row.delay_ns)} "
             f"| {_us(row.pinger_added_ns)} | {_us(row.added_over_relay_ns)} "
             f"| {_us(row.compensation_ns)} "
-            f"| {_us(row.late_p50_ns)} | {_us(row.late_p99_ns)} | {_us(row.late_max_ns)} |"
+            f"| {_us(row.late_p50_ns)} | {_us(row.late_p99_ns)} | {_us(row.late_max_ns)} "
+            f"| {_us(row.read_wait_mean_ns)} |"
         )
     lines += [
         "",
