@@ -40,7 +40,12 @@ def servers_of(engine: str, count: int, mode: Mode) -> Iterator[list[str]]:
 
 
 def native_loop(
-    workload: Workload, targets: list[str], pacing: Pacing, settings: ChannelSettings
+    workload: Workload,
+    targets: list[str],
+    pacing: Pacing,
+    settings: ChannelSettings,
+    *,
+    connect_timeout_s: float = 10,
 ) -> tuple[WorkerLoop, EngineClient]:
     engine = EngineClient(
         grpc_cpp_program(),
@@ -50,7 +55,7 @@ def native_loop(
         settings=settings,
         pacing=pacing,
         deadline_s=30,
-        connect_timeout_s=10,
+        connect_timeout_s=connect_timeout_s,
     )
     driver = NativeDriver(engine, workload.steps, workload.mode, pacing)
     return WorkerLoop(workload, driver, cpu_clock=driver.cpu_ns), engine
@@ -138,8 +143,9 @@ def test_an_unreachable_target_and_a_server_of_the_other_mode_are_one_line_error
     generator = GeneratorConfig(payload_count=2)
     pacing = Pacing(window=1)
     raw = synthetic_workload(Benchmark.P2P_LATENCY, generator, mode=Mode.NON_SERIALIZED)
+    # Nothing listens there: the connect timeout is waited out whole, so a short one.
     with pytest.raises(TransportError, match=r"^127\.0\.0\.1:9: no replay server reachable"):
-        native_loop(raw, ["127.0.0.1:9"], pacing, ChannelSettings())
+        native_loop(raw, ["127.0.0.1:9"], pacing, ChannelSettings(), connect_timeout_s=1)
     serialized = synthetic_workload(Benchmark.P2P_BANDWIDTH, generator, mode=Mode.SERIALIZED)
     reasons = []
     for workload, server_mode in ((raw, Mode.SERIALIZED), (serialized, Mode.NON_SERIALIZED)):
