@@ -7,6 +7,7 @@ import importlib.util
 import os
 import subprocess
 import sys
+import tempfile
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from types import ModuleType
@@ -82,6 +83,19 @@ def calibration_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path
         os.environ.pop(CACHE_ENV, None)
     else:
         os.environ[CACHE_ENV] = before
+
+
+@pytest.fixture
+def temporary_files_here(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """This test's own temporary directory (``TMPDIR``, and ``tempfile``'s in this process)
+    for what its commands leave there: the task logs a failed or killed capture keeps
+    (``tfgb-capture-*``, ``tfgb-userjob-*``), TensorFlow's autograph files.  They go with
+    the test's ``tmp_path`` instead of staying in /tmp."""
+    path = tmp_path / "tmp"
+    path.mkdir()
+    monkeypatch.setenv("TMPDIR", str(path))
+    monkeypatch.setattr(tempfile, "tempdir", str(path))
+    return path
 
 
 #: The bench scripts, which import each other (``common``) with this folder on the path.

@@ -227,6 +227,7 @@ def test_capture_job_runs_the_users_tasks_on_emulated_hosts(tmp_path: Path) -> N
 @pytest.mark.netns
 @pytest.mark.tensorflow
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+@pytest.mark.usefixtures("temporary_files_here")
 def test_an_interrupted_capture_removes_its_hosts(tmp_path: Path, signum: int) -> None:
     output = tmp_path / "cut.tfgbtrace"
     # No compute calibration: timed before the job starts, it is no part of what an interrupt

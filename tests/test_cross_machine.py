@@ -242,6 +242,7 @@ def test_a_replay_of_a_trace_from_another_cpu_model_states_the_spread_in_every_o
 
 @pytest.mark.netns
 @pytest.mark.tensorflow
+@pytest.mark.usefixtures("temporary_files_here")
 def test_the_cross_machine_mode_trains_the_job_here_and_writes_its_pair(tmp_path: Path) -> None:
     """bench/fidelity.py --cross-machine end to end on a tiny job (its plumbing, no figure):
     a trace naming another machine, its tiny job trained here uncaptured and captured on an

@@ -259,6 +259,7 @@ def _assert_trained_through_the_relays(config: TrainingConfig, run: RelayedRun) 
 
 
 @pytest.mark.tensorflow
+@pytest.mark.usefixtures("temporary_files_here")
 def test_tf2_parameter_server_training_writes_steady_markers_and_job_info(
     tmp_path: Path,
 ) -> None:
@@ -292,6 +293,7 @@ def test_tf2_parameter_server_training_writes_steady_markers_and_job_info(
     # Synchronous tf2-ps: test_tf2_parameter_server_training_writes_steady_markers_and_job_info.
     [("tf2-ps", False), ("tf1-ps", True), ("tf1-ps", False), ("mwms", True)],
 )
+@pytest.mark.usefixtures("temporary_files_here")
 def test_training_works_when_peers_dial_a_relay_instead_of_the_bound_port(
     tmp_path: Path, setup: str, synchronous: bool
 ) -> None:
@@ -300,6 +302,7 @@ def test_training_works_when_peers_dial_a_relay_instead_of_the_bound_port(
 
 
 @pytest.mark.tensorflow
+@pytest.mark.usefixtures("temporary_files_here")
 def test_a_killed_worker_is_a_capture_error_and_every_task_is_stopped(tmp_path: Path) -> None:
     config = _config("tf2-ps", steps=100_000)
     with TrainingJob(config, plan_tasks(config), tmp_path) as job:
@@ -313,6 +316,7 @@ def test_a_killed_worker_is_a_capture_error_and_every_task_is_stopped(tmp_path: 
 
 
 @pytest.mark.tensorflow
+@pytest.mark.usefixtures("temporary_files_here")
 def test_a_hung_worker_is_a_capture_error_after_the_step_timeout(tmp_path: Path) -> None:
     config = _config("tf1-ps", steps=100_000, step_timeout_s=3.0)
     # A stopped process ignores SIGTERM: do not wait long before SIGKILL.

@@ -689,6 +689,7 @@ def test_a_whole_step_cluster_stopped_by_its_launcher_leaves_no_server_or_side_c
 
 
 @pytest.mark.tensorflow
+@pytest.mark.usefixtures("temporary_files_here")
 def test_kill_9_of_capture_leaves_no_tensorflow_task(
     tmp_path: Path, started: list[subprocess.Popen[str]]
 ) -> None:

@@ -90,6 +90,7 @@ def test_the_job_shape_is_the_captures() -> None:
 
 
 @pytest.mark.tensorflow
+@pytest.mark.usefixtures("temporary_files_here")
 def test_the_launchers_job_runs_uncaptured_and_times_its_rounds(tmp_path: Path) -> None:
     config = TrainingConfig(model="tiny", ps=1, workers=2, steps=3, warmup_steps=1)
     run = train_uncaptured(config, workdir=tmp_path)

@@ -126,6 +126,7 @@ def test_tasks_on_another_machine_are_refused(tmp_path: Path) -> None:
     assert result.stderr.count("\n") == 1 and "not an address of this machine" in result.stderr
 
 
+@pytest.mark.usefixtures("temporary_files_here")
 def test_a_failing_task_stops_the_job_and_leaves_a_partial_trace(tmp_path: Path) -> None:
     ports = free_ports(2)
     cluster = {"ps": [f"localhost:{ports[0]}"], "worker": [f"localhost:{ports[1]}"]}
@@ -224,6 +225,7 @@ def test_a_job_whose_tasks_exchange_nothing_counts_as_hung(tmp_path: Path) -> No
     assert trace.partial and "looks hung" in trace.partial_reason
 
 
+@pytest.mark.usefixtures("temporary_files_here")
 def test_a_job_whose_tasks_keep_talking_ends_at_its_timeout(tmp_path: Path) -> None:
     """Traffic between the tasks keeps a job alive past --step-timeout (the recorder
     sees it), and --timeout still ends it."""
@@ -235,6 +237,7 @@ def test_a_job_whose_tasks_keep_talking_ends_at_its_timeout(tmp_path: Path) -> N
 
 
 @pytest.mark.tensorflow
+@pytest.mark.usefixtures("temporary_files_here")
 def test_a_multi_worker_job_whose_second_worker_never_starts_counts_as_hung(
     tmp_path: Path,
 ) -> None:
