@@ -34,6 +34,7 @@ smoke run of this mode: a tiny model, a few steps).
 from __future__ import annotations
 
 import datetime
+import functools
 import re
 import subprocess
 import sys
@@ -46,12 +47,11 @@ from fidelity import (
     CAPTURED,
     ORDERS,
     REPEATS,
-    REPLAY,
     REPLAY_DURATION_S,
-    UNCAPTURED,
     Prediction,
     Repeat,
     flag,
+    in_order,
     pooled_step,
     predict,
     repeats_table,
@@ -225,7 +225,11 @@ def measure_cross(
             # Repeat 1 keeps the names a run of one pair has; the others add "-rN".
             suffix = "" if number == 1 else f"-r{number}"
             output = folder / f"here-{profile}{suffix}.tfgbtrace"
-            plain, captured = _trained(shape, output, profile, runs)
+            plain, captured = in_order(
+                runs,
+                functools.partial(train_uncaptured, shape, profile),
+                functools.partial(capture_job, shape, output, profile),
+            )
             prediction = predict(
                 path,
                 profile,
@@ -248,22 +252,6 @@ def measure_cross(
                 bound_s = link_bound_seconds(captured, profile)
         rows.append(cross_row(profile, done, link_bound_s=bound_s))
     return rows
-
-
-def _trained(
-    shape: list[str], output: Path, profile: str, runs: Sequence[str]
-) -> tuple[Uncaptured, Trace]:
-    """The job of ``shape`` uncaptured and captured (into ``output``) on ``profile``'s link,
-    in the order of ``runs`` (``UNCAPTURED``, ``CAPTURED``; the replay is the caller's)."""
-    plain: Uncaptured | None = None
-    captured: Trace | None = None
-    for kind in (kind for kind in runs if kind != REPLAY):
-        if kind == UNCAPTURED:
-            plain = train_uncaptured(shape, profile)
-        else:
-            captured = capture_job(shape, output, profile)
-    assert plain is not None and captured is not None, runs
-    return plain, captured
 
 
 def code_version() -> str:

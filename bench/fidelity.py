@@ -84,9 +84,10 @@ import json
 import os
 import statistics
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
 
 from common import (
     README,
@@ -134,6 +135,9 @@ REPLAY_DURATION_S = "20"
 CPU_BOUND_CORES = 1.4
 #: Side-by-side pairs (uncaptured, captured) per link: each side measured twice.
 REPEATS = 2
+#: What a pair's uncaptured and captured trainings give (``in_order``).
+Plain = TypeVar("Plain")
+Captured = TypeVar("Captured")
 #: A pair's runs: training uncaptured (A) and captured (B), the replay of a trace (R).
 UNCAPTURED, CAPTURED, REPLAY = "A", "B", "R"
 #: ``--order``: which training of a pair runs first.  ``alternate`` (the default) swaps it
@@ -148,12 +152,30 @@ def schedule(order: str, repeats: int) -> tuple[tuple[str, ...], ...]:
     the replay, which so always follows its pair's capture."""
     if order not in ORDERS:
         raise ValueError(f"--order: one of {', '.join(ORDERS)}, got {order!r}")
-    pairs = []
-    for number in range(repeats):
-        captured_first = order == "captured-first" or (order == "alternate" and number % 2 == 1)
-        trainings = (CAPTURED, UNCAPTURED) if captured_first else (UNCAPTURED, CAPTURED)
-        pairs.append((*trainings, REPLAY))
-    return tuple(pairs)
+    return tuple(
+        pair_runs(order == "captured-first" or (order == "alternate" and number % 2 == 1))
+        for number in range(repeats)
+    )
+
+
+def pair_runs(captured_first: bool) -> tuple[str, ...]:
+    """A pair's runs in the order made: its two trainings, then the replay."""
+    trainings = (CAPTURED, UNCAPTURED) if captured_first else (UNCAPTURED, CAPTURED)
+    return (*trainings, REPLAY)
+
+
+def in_order(
+    runs: Sequence[str], uncaptured: Callable[[], Plain], captured: Callable[[], Captured]
+) -> tuple[Plain, Captured]:
+    """A pair's two trainings made in the order of ``runs`` (``schedule``; the replay is the
+    caller's): what ``uncaptured`` and ``captured`` returned."""
+    made: dict[str, object] = {}
+    for kind in runs:
+        if kind == UNCAPTURED:
+            made[kind] = uncaptured()
+        elif kind == CAPTURED:
+            made[kind] = captured()
+    return made[UNCAPTURED], made[CAPTURED]  # type: ignore[return-value]
 
 
 def schedule_text(pairs: Sequence[tuple[str, ...]]) -> str:
@@ -197,8 +219,7 @@ class Repeat:
     @property
     def runs(self) -> tuple[str, ...]:
         """The pair's runs in the order made ('B A R': captured first)."""
-        trainings = (CAPTURED, UNCAPTURED) if self.captured_first else (UNCAPTURED, CAPTURED)
-        return (*trainings, REPLAY)
+        return pair_runs(self.captured_first)
 
     @property
     def capture_cost(self) -> float:
@@ -370,22 +391,24 @@ def measure(
             (``UNCAPTURED``, ``CAPTURED``); and what a delayed link's relays took in each
             (uncaptured, captured)."""
             delayed = profile is not None and parse_profile(profile).delayed
-            plain: Uncaptured | None = None
-            trace: Trace | None = None
-            uses: dict[str, RelayUse | None] = {}
-            for kind in (kind for kind in runs if kind != REPLAY):
+
+            def uncaptured() -> tuple[Uncaptured, RelayUse | None]:
+                with sampled(delayed) as relays:
+                    plain = train_uncaptured(
+                        job_arguments(model, setup, steps), profile, prefix=prefix
+                    )
+                return plain, _use(relays)
+
+            def captured() -> tuple[Trace, RelayUse | None]:
                 with sampled(delayed) as relays, contextlib.ExitStack() as capped:
-                    if kind == UNCAPTURED:
-                        arguments = job_arguments(model, setup, steps)
-                        plain = train_uncaptured(arguments, profile, prefix=prefix)
-                    else:
-                        if cpu_cap is not None:
-                            calibrations = folder / "capped-calibrations.json"
-                            capped.enter_context(calibration_cache(calibrations))
-                        trace = capture(model, setup, steps, output, profile, prefix=prefix)
-                uses[kind] = _use(relays)
-            assert plain is not None and trace is not None, runs
-            return trace, plain, [uses[UNCAPTURED], uses[CAPTURED]]
+                    if cpu_cap is not None:
+                        calibrations = folder / "capped-calibrations.json"
+                        capped.enter_context(calibration_cache(calibrations))
+                    trace = capture(model, setup, steps, output, profile, prefix=prefix)
+                return trace, _use(relays)
+
+            (plain, plain_use), (trace, trace_use) = in_order(runs, uncaptured, captured)
+            return trace, plain, [plain_use, trace_use]
 
         pairs = schedule(order, repeats)
         loopback_capture, loopback_plain, _ = trained(loopback_trace, None, pairs[0])

@@ -78,6 +78,26 @@ def test_each_order_schedules_the_pairs_trainings_the_replay_after_its_capture()
         assert tuple(r.runs for r in made) == fidelity.schedule(order, 4)
 
 
+def test_a_pairs_trainings_are_made_in_its_order_and_returned_by_kind() -> None:
+    made: list[str] = []
+
+    def uncaptured() -> str:
+        made.append("uncaptured")
+        return "plain"
+
+    def captured() -> str:
+        made.append("captured")
+        return "trace"
+
+    for runs, expected in (
+        (fidelity.pair_runs(False), ["uncaptured", "captured"]),
+        (fidelity.pair_runs(True), ["captured", "uncaptured"]),
+    ):
+        made.clear()
+        assert fidelity.in_order(runs, uncaptured, captured) == ("plain", "trace")
+        assert made == expected
+
+
 def test_runs_pool_every_rounds_median_and_say_how_far_apart_they_were() -> None:
     runs = training.Runs((FIRST, SECOND))
     assert runs.medians_s == pytest.approx((0.60, 0.70))
