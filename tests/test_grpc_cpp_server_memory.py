@@ -1,9 +1,18 @@
 """The gRPC C++ server keeps freed message buffers as a grpcio server process does
 (``ServerSettings.keep_freed_memory``, on by default): received 1 MiB messages then cost it
-far fewer page faults than with the C library's defaults, where each message's buffers
-are mapped and zeroed afresh."""
+far fewer page faults than with the C library's defaults, where the buffers gRPC reads a
+message into are mapped afresh or trimmed off the heap and zeroed again when touched.
+
+How much the defaults give back varies from run to run (glibc moves its mmap and trim
+thresholds up as it frees large chunks, and gRPC's read buffers vary in size with the
+reads): 256 received MiB cost a server from ~600 to ~12,000 page faults that way, one
+that keeps its buffers mostly 100-260 (measured here; once 519). So the test compares the
+median of three runs of each, taken in turn.
+"""
 
 from __future__ import annotations
+
+import statistics
 
 import grpc
 
@@ -20,7 +29,8 @@ from .engines import grpc_cpp_program
 
 MIB = 1 << 20
 WARM_UP = 16
-MEASURED = 128
+MEASURED = 256
+RUNS = 3
 
 
 def _page_faults(pid: int) -> int:
@@ -45,8 +55,10 @@ def _faults_receiving(keep: bool) -> int:
 
 
 def test_the_server_program_keeps_freed_buffers_when_asked() -> None:
-    kept, given_back = _faults_receiving(True), _faults_receiving(False)
-    assert kept * 2 < given_back, (kept, given_back)
+    runs = [(_faults_receiving(True), _faults_receiving(False)) for _ in range(RUNS)]
+    kept = statistics.median(run[0] for run in runs)
+    given_back = statistics.median(run[1] for run in runs)
+    assert kept * 2 < given_back, runs
 
 
 def test_the_setting_is_in_the_set_up_frame() -> None:
