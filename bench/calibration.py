@@ -47,7 +47,7 @@ from common import (
 from fidelity import Prediction, predict
 from training import capture, link_bound_seconds, round_seconds
 
-from tf_grpc_bench import calibration, lifetime, trace_files
+from tf_grpc_bench import host, lifetime, trace_files
 
 SECTION = "## Compute calibration: a trace from a slower machine"
 MODEL = "resnet50"
@@ -129,7 +129,7 @@ def report(rows: list[Row], cores: float, command: str, before: str, after: str)
         "dependencies pacing) keeps its compute ('recorded') or scales it to this machine by the",
         "two calibrations ('here'). 'Shipped': `network compare resnet50-tf2ps --profiles P",
         "--benchmark ps-throughput`, no other flag (the shipped trace, captured on",
-        f"{calibration.host.captured_on(shipped.metadata.extra) or '?'}). In brackets: the",
+        f"{host.captured_on(shipped.metadata.extra) or '?'}). In brackets: the",
         "compute on the predicted round's critical path (`statistics.prediction.compute_ns`).",
         "",
         *table_head(

@@ -87,7 +87,7 @@ import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from common import (
     README,
@@ -339,7 +339,7 @@ def predict(
     )
 
 
-def cpu_per_round(benchmark: dict) -> float | None:
+def cpu_per_round(benchmark: dict[str, Any]) -> float | None:
     """Client plus server CPU seconds per replayed round: the measured runs' CPU over
     the rounds they replayed (worker-steps over workers)."""
     statistics_block = benchmark["statistics"]
@@ -350,7 +350,7 @@ def cpu_per_round(benchmark: dict) -> float | None:
         return None
     # A dilated replay's document divides its CPU times by the dilation, as every time.
     dilation = benchmark["parameters"].get("time_dilation", 1.0)
-    return (client + server) * dilation / 1e9 / (steps / workers)
+    return float((client + server) * dilation / 1e9 / (steps / workers))
 
 
 def measure(

@@ -385,7 +385,7 @@ def _function_lines(source: str, functions: tuple[str, ...]) -> list[tuple[int, 
     import ast
 
     tree = ast.parse(source)
-    nodes = [
+    nodes: list[ast.FunctionDef | ast.AsyncFunctionDef] = [
         node
         for node in ast.walk(tree)
         if isinstance(node, ast.FunctionDef) and node.name in functions

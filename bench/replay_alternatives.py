@@ -117,29 +117,28 @@ BANDWIDTH_VARIANTS = (
         label="streaming, 8 in flight, 2 channels", rpc="streaming", window=8, channels=2
     ),
 )
-_STREAMED = {"rpc": "streaming"}
 #: grpc-core channel arguments tried on the default streamed bandwidth, each on
 #: a server of its own that has the same arguments.
 OPTION_VARIANTS = (
     ReplayVariant(
         label="streaming + grpc.http2.max_frame_size 16 MiB",
         options=(("grpc.http2.max_frame_size", 16 * MIB - 1),),
-        **_STREAMED,
+        rpc="streaming",
     ),
     ReplayVariant(
         label="streaming + lookahead 64 MiB, no BDP probe",
         options=(("grpc.http2.lookahead_bytes", 64 * MIB), ("grpc.http2.bdp_probe", 0)),
-        **_STREAMED,
+        rpc="streaming",
     ),
     ReplayVariant(
         label="streaming + grpc.optimization_target throughput",
         options=(("grpc.optimization_target", "throughput"),),
-        **_STREAMED,
+        rpc="streaming",
     ),
     ReplayVariant(
         label="streaming + grpc.http2.write_buffer_size 64 MiB",
         options=(("grpc.http2.write_buffer_size", 64 * MIB),),
-        **_STREAMED,
+        rpc="streaming",
     ),
     ReplayVariant(
         label="streaming + TCP read chunks 1-16 MiB",
@@ -148,7 +147,7 @@ OPTION_VARIANTS = (
             ("grpc.experimental.tcp_min_read_chunk_size", MIB),
             ("grpc.experimental.tcp_max_read_chunk_size", 16 * MIB),
         ),
-        **_STREAMED,
+        rpc="streaming",
     ),
 )
 LATENCY_VARIANTS = (
@@ -307,13 +306,13 @@ def _round_trips(client: str, port: int, count: int) -> list[int]:
             samples = []
             async with grpc.aio.insecure_channel(target) as channel:
                 if client == "aio unary":
-                    echo = channel.unary_unary("/bare/Echo")
+                    echo = channel.unary_unary("/bare/Echo", None, None)
                     for _ in range(count):
                         start = clock()
                         await echo(message)
                         samples.append(clock() - start)
                 else:
-                    call = channel.stream_stream("/bare/EchoStream")()
+                    call = channel.stream_stream("/bare/EchoStream", None, None)(None)
                     for _ in range(count):
                         start = clock()
                         await call.write(message)
@@ -326,7 +325,7 @@ def _round_trips(client: str, port: int, count: int) -> list[int]:
     samples = []
     with grpc.insecure_channel(target) as channel:
         if client == "sync unary":
-            echo = channel.unary_unary("/bare/Echo")
+            echo = channel.unary_unary("/bare/Echo", None, None)
             for _ in range(count):
                 start = clock()
                 echo(message)
@@ -342,7 +341,7 @@ def _round_trips(client: str, port: int, count: int) -> list[int]:
                     return
                 yield message
 
-        answers = channel.stream_stream("/bare/EchoStream")(requests())
+        answers = iter(channel.stream_stream("/bare/EchoStream", None, None)(requests()))
         for _ in range(count):
             start = clock()
             go.release()
@@ -368,7 +367,7 @@ def _pushes(client: str, port: int, size: int, seconds: float) -> float:
     window = 4
     with grpc.insecure_channel(f"{LOOPBACK}:{port}", options=_BARE_OPTIONS) as channel:
         if client == "unary":
-            push = channel.unary_unary("/bare/Push")
+            push = channel.unary_unary("/bare/Push", None, None)
             push(message)
             count, start = 0, time.perf_counter()
             while time.perf_counter() - start < seconds:
@@ -386,7 +385,7 @@ def _pushes(client: str, port: int, size: int, seconds: float) -> float:
                 yield message
 
         count, start = 0, time.perf_counter()
-        for _ in channel.stream_stream("/bare/PushStream")(requests()):
+        for _ in channel.stream_stream("/bare/PushStream", None, None)(requests()):
             count += 1
             if time.perf_counter() - start >= seconds:
                 stop.set()

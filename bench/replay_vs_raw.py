@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import os
 import shutil
 import socket
@@ -286,15 +287,15 @@ def measure_bare_grpc(
         server_process(_serve_grpc, what="the bare grpcio server") as (port, _),
         grpc.insecure_channel(f"{LOOPBACK}:{port}", options=_GRPC_OPTIONS) as channel,
     ):
-        echo = channel.unary_unary("/bench/Echo")
-        push = channel.unary_unary("/bench/Push")
+        echo = channel.unary_unary("/bench/Echo", None, None)
+        push = channel.unary_unary("/bench/Push", None, None)
         for size in round_trip_sizes:
             message = os.urandom(size)
-            samples = _timed_loop(lambda m=message: echo(m), seconds)
+            samples = _timed_loop(functools.partial(echo, message), seconds)
             trips.append(_round_trip("bare grpcio", size, 1, samples))
         for size in bandwidth_sizes:
             message = os.urandom(size)
-            samples = _timed_loop(lambda m=message: push(m), seconds)
+            samples = _timed_loop(functools.partial(push, message), seconds)
             moved = len(samples) * (size + 8)
             bandwidths.append(
                 Bandwidth(
@@ -349,13 +350,13 @@ def measure_replay(seconds: float, runs: int, figures: Figures, engine_name: str
     step (whose calls all complete before the next step begins), so with one payload
     per step a row of 4 in flight would have had one.
     """
-    from tf_grpc_bench.replay.core.benchmarks import synthetic_workload
+    from tf_grpc_bench.replay.core.benchmarks import default_window, synthetic_workload
     from tf_grpc_bench.replay.core.generators import BufferSizes, GeneratorConfig
     from tf_grpc_bench.replay.core.measurement import Benchmark
     from tf_grpc_bench.replay.core.pacing import Pacing
     from tf_grpc_bench.replay.core.workload import Mode
     from tf_grpc_bench.replay.engines.registry import engine_named
-    from tf_grpc_bench.replay.runner import RunPlan, default_rpc, default_window, run_benchmark
+    from tf_grpc_bench.replay.runner import RunPlan, default_rpc, run_benchmark
     from tf_grpc_bench.replay.transport.wire import ChannelSettings, RpcKind, ServerSettings
     from tf_grpc_bench.sizes import classify
 
@@ -785,7 +786,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             _attempt(
                 figures,
                 f"replay, {engine} engine",
-                lambda e=engine: measure_replay(args.seconds, args.runs, figures, e),
+                functools.partial(measure_replay, args.seconds, args.runs, figures, engine),
             )
     measure_baselines(figures, args.seconds, pass_index=2)
     load_after = load_average()

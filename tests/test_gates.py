@@ -68,28 +68,40 @@ SUBPACKAGES = {
 }
 
 
-def test_mypy_is_clean_on_the_package(tmp_path: Path) -> None:
-    # mypy cannot follow setuptools' editable-install finder, so it checks a
-    # view of the installed layout made of symlinks into the repository.
-    view = tmp_path / "tf_grpc_bench"
-    view.mkdir()
+def _package_view(tmp_path: Path) -> Path:
+    """A view of the installed layout made of symlinks into the repository (mypy cannot
+    follow setuptools' editable-install finder); the folder that holds it."""
+    view = tmp_path / "view" / "tf_grpc_bench"
+    view.mkdir(parents=True)
     for entry in (ROOT / "src" / "tf_grpc_bench").iterdir():
         if entry.name != "__pycache__":
             (view / entry.name).symlink_to(entry)
     for name, folder in SUBPACKAGES.items():
         (view / name).symlink_to(ROOT / folder)
+    return view.parent
+
+
+def _mypy(tmp_path: Path, *what: str, path: str = "") -> subprocess.CompletedProcess[str]:
     command = [
-        sys.executable,
-        "-m",
-        "mypy",
-        "--config-file",
-        str(ROOT / "pyproject.toml"),
-        "--cache-dir",
-        str(tmp_path / "cache"),
-        "-p",
-        "tf_grpc_bench",
-    ]
-    result = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, check=False)
+        sys.executable, "-m", "mypy", "--config-file", str(ROOT / "pyproject.toml"),
+        "--cache-dir", str(tmp_path / "cache"), *what,
+    ]  # fmt: skip
+    environment = {**os.environ, "MYPYPATH": path} if path else None
+    return subprocess.run(
+        command, cwd=_package_view(tmp_path), capture_output=True, text=True, check=False,
+        env=environment,
+    )  # fmt: skip
+
+
+def test_mypy_is_clean_on_the_package(tmp_path: Path) -> None:
+    result = _mypy(tmp_path, "-p", "tf_grpc_bench")
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_mypy_is_clean_on_the_bench_scripts(tmp_path: Path) -> None:
+    # The scripts import the package (from the view) and bench/common.py (a sibling).
+    scripts = sorted(str(script) for script in (ROOT / "bench").glob("*.py"))
+    result = _mypy(tmp_path, *scripts, path=f"{tmp_path / 'view'}{os.pathsep}{ROOT / 'bench'}")
     assert result.returncode == 0, result.stdout + result.stderr
 
 
