@@ -68,7 +68,7 @@ from tf_grpc_bench.profiler.capture import capture_training
 from tf_grpc_bench.profiler.launch.config import TrainingConfig
 from tf_grpc_bench.profiler.launch.hosts import NetworkRequest
 from tf_grpc_bench.profiler.progress import Progress
-from tf_grpc_bench.profiler.recorders.wiretap import read_tap_file
+from tf_grpc_bench.profiler.recorders.tapfile import read_tap_file
 from tf_grpc_bench.profiler.uncaptured import train_uncaptured
 
 SECTION = "## Capture overhead"

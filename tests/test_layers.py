@@ -298,7 +298,6 @@ MAX_MODULE_LINES = 600
 LONG_MODULES = (
     "profiler/capture.py",
     "profiler/recorders/http2.py",
-    "profiler/recorders/wiretap.py",
     "replay/output/timeline.py",
 )
 

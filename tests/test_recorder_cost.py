@@ -13,12 +13,9 @@ import pytest
 from tests.conftest import load_bench_script
 from tf_grpc_bench.profiler.launch.ports import free_ports
 from tf_grpc_bench.profiler.recorders.calls import Direction
-from tf_grpc_bench.profiler.recorders.wiretap import (
-    build_library,
-    read_tap_file,
-    recorder_environment,
-    replay_sends,
-)
+from tf_grpc_bench.profiler.recorders.tapcalls import replay_sends
+from tf_grpc_bench.profiler.recorders.tapfile import read_tap_file
+from tf_grpc_bench.profiler.recorders.wiretap import build_library, recorder_environment
 
 HARNESS = Path(__file__).resolve().parent.parent / "bench" / "recorder_cost.c"
 #: Messages of a round: small control tensors, a 1 MB tensor and a 9.4 MB one.

@@ -48,7 +48,7 @@ from tf_grpc_bench.profiler.assembly.clocks import ClockError, Precedence, estim
 from tf_grpc_bench.profiler.launch.ports import free_ports
 from tf_grpc_bench.profiler.recorders.calls import RecordedCall
 from tf_grpc_bench.profiler.recorders.http2 import ControlFrame
-from tf_grpc_bench.profiler.recorders.wiretap import ConnectionFrames
+from tf_grpc_bench.profiler.recorders.tapcalls import ConnectionFrames
 from tf_grpc_bench.trace import Rpc, Trace
 
 DATA = Path(__file__).parent / "data"

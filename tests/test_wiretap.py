@@ -37,11 +37,10 @@ from tf_grpc_bench.errors import CaptureError
 from tf_grpc_bench.profiler.launch.ports import free_ports
 from tf_grpc_bench.profiler.recorders.calls import CallTable, Direction, RecordedCall
 from tf_grpc_bench.profiler.recorders.http2 import PREFACE
+from tf_grpc_bench.profiler.recorders.tapfile import FILE_HEADER_BYTES, read_tap_file
 from tf_grpc_bench.profiler.recorders.wiretap import (
-    FILE_HEADER_BYTES,
     TapRecorder,
     build_library,
-    read_tap_file,
     recorder_environment,
 )
 from tf_grpc_bench.replay.core.benchmarks import trace_workload

@@ -1,6 +1,7 @@
 /*
  * In-process recorder of gRPC traffic: an LD_PRELOAD library for the tasks
- * of a training job (profiler/recorders/wiretap.py builds and reads it).
+ * of a training job (profiler/recorders/wiretap.py builds it; tapfile.py reads
+ * its records).
  *
  * Every process of the job sends its own bytes, so recording what each
  * process sends on its cluster connections records every byte between tasks
