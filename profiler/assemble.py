@@ -8,7 +8,7 @@ makes them one trace:
    (the same cluster); otherwise one ``CaptureError`` line names what is
    missing, duplicated or mixed;
 2. each folder's record files are read; a connection's two sides are paired
-   by their addresses as on one machine (``recorders.wiretap.calls_of_files``),
+   by their addresses as on one machine (``recorders.tapcalls.calls_of_files``),
    the caller being the task whose folder holds the client side and the callee
    the task whose folder holds the server side;
 3. clocks: each task's times are its own host's; tasks whose manifests name

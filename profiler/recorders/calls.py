@@ -1,7 +1,7 @@
 """Calls from HTTP/2 events: what both recorders share once bytes are followed.
 
-A recorder (the proxy of ``proxy.py`` or the in-process recorder of
-``wiretap.py``) shows each direction of a connection to an
+A recorder (the proxy of ``proxy.py``, or ``tapcalls.py`` for the in-process
+recorder of ``wiretap.py``) shows each direction of a connection to an
 ``http2.Http2Follower``, which appends events to a ``Direction``.  A
 ``CallTable`` per connection folds those events, in wire order, into gRPC
 calls: HPACK blocks through the direction's decoder (every block, in order),
