@@ -64,11 +64,11 @@ from common import README, command_line, load_average, machine_line, table_head,
 
 from tf_grpc_bench import capture_cpu, lifetime
 from tf_grpc_bench.errors import BenchError
-from tf_grpc_bench.profiler.capture import capture_training
 from tf_grpc_bench.profiler.launch.config import TrainingConfig
 from tf_grpc_bench.profiler.launch.hosts import NetworkRequest
 from tf_grpc_bench.profiler.progress import Progress
 from tf_grpc_bench.profiler.recorders.tapfile import read_tap_file
+from tf_grpc_bench.profiler.training import capture_training
 from tf_grpc_bench.profiler.uncaptured import train_uncaptured
 
 SECTION = "## Capture overhead"

@@ -3,9 +3,10 @@
 Commands (thin: flags in, one library call): ``cli`` - ``capture`` and
 ``capture-job``; ``record_cli`` - ``record`` and ``assemble``.
 
-* ``capture`` - the one capture sequence (``open_recorder``, ``run_and_write``)
-  and ``capture_training`` for the shipped models; ``userjob`` -
-  ``capture_user_job`` for a user's own script;
+* ``capture`` - the one capture sequence (``open_recorder``, ``run_and_write``);
+  ``training`` - ``capture_training`` for the shipped models; ``userjob`` -
+  ``capture_user_job`` for a user's own script; ``metadata`` - what a trace
+  records of its run (a launcher job's ``RunMetadata``, the command line);
 * ``record`` - one task of a job launched elsewhere, recorded where it runs;
   ``assemble`` - one trace from every task's record folder;
 * ``recorders/`` - how bytes are recorded and followed into calls;

@@ -1,7 +1,7 @@
 """``tf-grpc-bench capture`` and ``capture-job``: record a training job's traffic as a trace.
 
 Thin entry points: the flag tables, and flags -> a config and one call of
-``capture.capture_training`` or ``userjob.capture_user_job`` (with the
+``training.capture_training`` or ``userjob.capture_user_job`` (with the
 ``progress.terminal_display``); then the result lines (where the trace went).
 A capture that ends early still writes its partial trace, then fails with the
 reason on one line (and its exit code).
@@ -28,12 +28,7 @@ from tf_grpc_bench.files import check_writable
 from tf_grpc_bench.host import this_machine
 from tf_grpc_bench.models.registry import available_models
 from tf_grpc_bench.profiler import logs
-from tf_grpc_bench.profiler.capture import (
-    CaptureResult,
-    calibration_workload,
-    capture_training,
-    command_line,
-)
+from tf_grpc_bench.profiler.capture import CaptureResult
 from tf_grpc_bench.profiler.launch.config import SETUPS, TrainingConfig
 from tf_grpc_bench.profiler.launch.hosts import (
     DEFAULT_LAYOUT,
@@ -46,9 +41,11 @@ from tf_grpc_bench.profiler.launch.user_job import (
     DEFAULT_TIMEOUT_S,
     UserJob,
 )
+from tf_grpc_bench.profiler.metadata import command_line
 from tf_grpc_bench.profiler.progress import terminal_display
 from tf_grpc_bench.profiler.recorders.recorder import DEFAULT_RECORDER, RECORDERS
 from tf_grpc_bench.profiler.recorders.wiretap import build_library
+from tf_grpc_bench.profiler.training import calibration_workload, capture_training
 from tf_grpc_bench.profiler.userjob import calibration_workload as user_calibration
 from tf_grpc_bench.profiler.userjob import capture_user_job, check_hosts_local
 

@@ -18,8 +18,8 @@ from tf_grpc_bench.errors import CaptureError, TraceError, UsageError
 from tf_grpc_bench.files import check_writable
 from tf_grpc_bench.profiler import logs
 from tf_grpc_bench.profiler.assemble import CLOCK_MODES, Labels, assemble_records
-from tf_grpc_bench.profiler.capture import command_line
 from tf_grpc_bench.profiler.launch.identity import SLURM, identify_task
+from tf_grpc_bench.profiler.metadata import command_line
 from tf_grpc_bench.profiler.record import record_task
 
 

@@ -51,7 +51,6 @@ from tf_grpc_bench.errors import BenchError
 from tf_grpc_bench.host import capture_machine, tensorflow_version
 from tf_grpc_bench.models.registry import available_models, model_spec
 from tf_grpc_bench.profiler.capture import (
-    KERNEL_EXTRA,
     CaptureResult,
     TraceLayout,
     capture_job,
@@ -71,6 +70,7 @@ from tf_grpc_bench.profiler.launch.user_job import (
     check_local,
     rehost_cluster,
 )
+from tf_grpc_bench.profiler.metadata import KERNEL_EXTRA
 from tf_grpc_bench.profiler.progress import ProgressCallback
 from tf_grpc_bench.profiler.recorders.recorder import CAPTURE_METHODS, DEFAULT_RECORDER, Recorder
 from tf_grpc_bench.trace import RunMetadata, Task

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from tf_grpc_bench import calibration, capture_cpu, trace_files, trace_summary
 from tf_grpc_bench.host import CPU_COUNT_EXTRA, CPU_MODEL_EXTRA
-from tf_grpc_bench.profiler.capture import KERNEL_EXTRA
+from tf_grpc_bench.profiler.metadata import KERNEL_EXTRA
 from tf_grpc_bench.profiler.physics import check_physics
 from tf_grpc_bench.sizes import SizeCategory
 

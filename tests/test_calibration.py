@@ -514,8 +514,8 @@ def test_a_user_job_is_calibrated_on_its_model_if_known_else_the_reference() -> 
 
 
 def test_a_capture_is_calibrated_on_its_own_job() -> None:
-    from tf_grpc_bench.profiler.capture import calibration_workload
     from tf_grpc_bench.profiler.launch.config import TrainingConfig
+    from tf_grpc_bench.profiler.training import calibration_workload
 
     config = TrainingConfig(model="resnet50", setup="tf1-ps", batch_size=8, input_size=64)
     # As many processes at once as the job has workers (2 by default).

@@ -135,8 +135,9 @@ def test_a_machine_times_a_jobs_workers_step_in_processes_at_once(
 def test_a_trace_names_its_capture_machines_kernel() -> None:
     import platform
 
-    from tf_grpc_bench.profiler.capture import KERNEL_EXTRA, calibration_workload, run_metadata
     from tf_grpc_bench.profiler.launch.config import TrainingConfig
+    from tf_grpc_bench.profiler.metadata import KERNEL_EXTRA, run_metadata
+    from tf_grpc_bench.profiler.training import calibration_workload
 
     config = TrainingConfig(model="tiny")
     recorded = Calibration(calibration_workload(config), 5_000_000, parts=THERE, spread=1.1)

@@ -34,13 +34,14 @@ from tf_grpc_bench.profiler.assembly.steps import (
     repeating_tail,
     step_windows,
 )
-from tf_grpc_bench.profiler.capture import CaptureResult, capture_training
+from tf_grpc_bench.profiler.capture import CaptureResult
 from tf_grpc_bench.profiler.cli import _report as capture_report
 from tf_grpc_bench.profiler.launch.config import TrainingConfig
 from tf_grpc_bench.profiler.launch.markers import StepMarker
 from tf_grpc_bench.profiler.launch.plan import plan_tasks
 from tf_grpc_bench.profiler.physics import VARIABLES_EXTRA, check_physics, encode_variables
 from tf_grpc_bench.profiler.recorders.proxy import RecordedCall, RecordingProxy
+from tf_grpc_bench.profiler.training import capture_training
 from tf_grpc_bench.replay.core.benchmarks import trace_workload
 from tf_grpc_bench.replay.core.measurement import Benchmark
 from tf_grpc_bench.replay.core.workload import Mode
