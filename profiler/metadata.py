@@ -37,7 +37,8 @@ STRATEGY_NAMES = {
 }
 
 
-def _utc_now() -> str:
+def utc_now() -> str:
+    """Now, as a trace's ``created_utc`` records it (ISO 8601, whole seconds, UTC)."""
     return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
 
 
@@ -87,7 +88,7 @@ def run_metadata(
         host=socket.gethostname(),
         command=tuple(command),
         tool_version=__version__,
-        created_utc=_utc_now(),
+        created_utc=utc_now(),
         extra=tuple(sorted(extra.items())),
     )
 

@@ -36,7 +36,6 @@ partial.
 from __future__ import annotations
 
 import contextlib
-import datetime
 import os
 import platform
 import socket
@@ -70,7 +69,7 @@ from tf_grpc_bench.profiler.launch.user_job import (
     check_local,
     rehost_cluster,
 )
-from tf_grpc_bench.profiler.metadata import KERNEL_EXTRA
+from tf_grpc_bench.profiler.metadata import KERNEL_EXTRA, utc_now
 from tf_grpc_bench.profiler.progress import ProgressCallback
 from tf_grpc_bench.profiler.recorders.recorder import CAPTURE_METHODS, DEFAULT_RECORDER, Recorder
 from tf_grpc_bench.trace import RunMetadata, Task
@@ -178,7 +177,7 @@ class _UserRun:
             host=socket.gethostname(),
             command=self.command,
             tool_version=__version__,
-            created_utc=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+            created_utc=utc_now(),
             extra=(
                 ("job_command", " ".join(job.command)),
                 ("python_version", platform.python_version()),
