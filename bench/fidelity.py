@@ -169,13 +169,11 @@ def in_order(
 ) -> tuple[Plain, Captured]:
     """A pair's two trainings made in the order of ``runs`` (``schedule``; the replay is the
     caller's): what ``uncaptured`` and ``captured`` returned."""
-    made: dict[str, object] = {}
-    for kind in runs:
-        if kind == UNCAPTURED:
-            made[kind] = uncaptured()
-        elif kind == CAPTURED:
-            made[kind] = captured()
-    return made[UNCAPTURED], made[CAPTURED]  # type: ignore[return-value]
+    if runs.index(UNCAPTURED) < runs.index(CAPTURED):
+        plain = uncaptured()
+        return plain, captured()
+    trace = captured()
+    return uncaptured(), trace
 
 
 def schedule_text(pairs: Sequence[tuple[str, ...]]) -> str:
