@@ -8,7 +8,9 @@ on every host.  ``record_task`` finds which task this is
 runs the command with the in-process recorder preloaded (``recorders.wiretap``)
 and writes into ``DIR/<job>-<index>/``:
 
-* ``wiretap/tap-<pid>.bin``: the records of the task's process and its children;
+* ``wiretap/tap-<pid>.bin``: the records of the task's process and its children,
+  cut to the records they hold once the command has ended
+  (``recorders.tapfile.trim_record_files``), so the folder copies as its records;
 * ``steps.jsonl``: step markers, if the command writes any
   (``$TF_GRPC_BENCH_STEP_MARKERS``);
 * ``manifest.json`` (``MANIFEST_FORMAT``, version ``MANIFEST_VERSION``): the task,
@@ -53,6 +55,7 @@ from tf_grpc_bench.files import loads_json, write_atomically
 from tf_grpc_bench.host import boot_id, tensorflow_version
 from tf_grpc_bench.profiler.launch.identity import TaskIdentity, expand_placeholders
 from tf_grpc_bench.profiler.launch.user_job import MARKERS_VARIABLE
+from tf_grpc_bench.profiler.recorders.tapfile import trim_record_files
 from tf_grpc_bench.profiler.recorders.wiretap import build_library, recorder_environment
 
 #: ``manifest.json``'s ``format`` and version.  History: 1 (2026-12) first version.
@@ -220,6 +223,7 @@ def record_task(
         _write_manifest(folder, _manifest(task, expanded, process.pid, start, None, None))
         status = _wait(process, forwarding)
         end = ClockReading.now()
+        trim_record_files(folder / RECORDS_FOLDER)
         _write_manifest(folder, _manifest(task, expanded, process.pid, start, end, status))
     if end_step and forwarding.signum is None:
         problem = end_slurm_step(variables_in)

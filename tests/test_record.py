@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
 import signal
 import subprocess
 import sys
@@ -546,6 +545,12 @@ def _run_recorded_job(
     return statuses
 
 
+def _records_end(path: Path) -> int:
+    """Where a record file's records end, by its header (``wiretap.c``)."""
+    with open(path, "rb") as handle:
+        return int.from_bytes(handle.read(64)[32:40], "little")
+
+
 def _single_machine_trace(folders: Sequence[Path], tasks: Sequence[Task], work: Path) -> Trace:
     """The same records assembled the single-machine way: every file in one directory,
     callers by pid, callees by port, one clock (what capture-job does)."""
@@ -553,7 +558,7 @@ def _single_machine_trace(folders: Sequence[Path], tasks: Sequence[Task], work: 
     records = [read_task_record(folder) for folder in folders]
     for record in records:
         for path in (record.folder / "wiretap").glob("tap-*.bin"):
-            shutil.copy(path, work / path.name)
+            os.link(path, work / path.name)
     ports = {f"{t.job}:{t.index}": split_address(t.address, where="test")[1] for t in tasks}
     recorder = TapRecorder(ports, work)
     for record in records:
@@ -647,6 +652,10 @@ def test_a_job_recorded_task_by_task_assembles_to_the_single_machine_trace(
     folders = sorted(p for p in out.glob("*/*") if (p / "manifest.json").exists())
     for folder in folders:
         assert not _alive(read_task_record(folder).pid)
+        # Each record file is cut to its records (1 GiB while its process ran): the
+        # folders copy as what they hold.
+        taps = list((folder / "wiretap").glob("tap-*.bin"))
+        assert taps and all(t.stat().st_size == _records_end(t) < 1 << 20 for t in taps)
     output = tmp_path / "job.tfgbtrace"
     result = subprocess.run(
         [CLI, "assemble", *(str(p) for p in out.iterdir()), "-o", str(output)],

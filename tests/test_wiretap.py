@@ -14,6 +14,7 @@ gives.  Real gRPC (the replayer, streaming included) and real TensorFlow
 from __future__ import annotations
 
 import json
+import mmap
 import os
 import random
 import signal
@@ -37,7 +38,11 @@ from tf_grpc_bench.errors import CaptureError
 from tf_grpc_bench.profiler.launch.ports import free_ports
 from tf_grpc_bench.profiler.recorders.calls import CallTable, Direction, RecordedCall
 from tf_grpc_bench.profiler.recorders.http2 import PREFACE
-from tf_grpc_bench.profiler.recorders.tapfile import FILE_HEADER_BYTES, read_tap_file
+from tf_grpc_bench.profiler.recorders.tapfile import (
+    FILE_HEADER_BYTES,
+    read_tap_file,
+    trim_record_files,
+)
 from tf_grpc_bench.profiler.recorders.wiretap import (
     TapRecorder,
     build_library,
@@ -293,18 +298,42 @@ def test_a_record_cut_short_by_a_killed_process_ends_the_file_and_is_reported(
     recorder = record_conversation(tmp_path, client, server, seed=5, ways=["send"])
     path = recorder.files()[0].path
     whole = read_tap_file(path)
-    raw = bytearray(path.read_bytes())
-    # Unfinish the 4th record: its length word, stored last by the library, back to 0.
-    position = FILE_HEADER_BYTES
-    for _ in range(3):
-        position += int.from_bytes(raw[position : position + 4], "little")
-    raw[position : position + 4] = bytes(4)
-    path.write_bytes(bytes(raw))
+    # Unfinish the 4th record: its length word, stored last by the library, back to 0
+    # (written in place: the file is 1 GiB long, sparse).
+    with open(path, "r+b") as handle:
+        position = FILE_HEADER_BYTES
+        for _ in range(3):
+            handle.seek(position)
+            position += int.from_bytes(handle.read(4), "little")
+        handle.seek(position)
+        handle.write(bytes(4))
     damaged = TapRecorder({"ps:0": 1}, path.parent, library=recorder.library)
     assert "was never finished" in read_tap_file(path).damage
     assert not whole.damage
     errors = damaged.errors()
     assert any(path.name in line and "never finished" in line for line in errors), errors
+
+
+def test_record_files_of_ended_processes_are_cut_to_their_records(tmp_path: Path) -> None:
+    client, server = conversation()
+    recorder = record_conversation(tmp_path, client, server, seed=11, ways=["send"])
+    path = recorder.files()[0].path
+    before = read_tap_file(path)
+    assert path.stat().st_size == 1 << 30  # the library's capacity, sparse
+    (tmp_path / "tap" / "tap-1.bin").write_bytes(b"NOTATAP!" + bytes(100))  # left alone
+    # A file some process still maps is left whole (here this process maps it).
+    with open(path, "rb") as handle, mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ):
+        assert trim_record_files(tmp_path / "tap") == []
+        assert path.stat().st_size == 1 << 30
+    assert trim_record_files(tmp_path / "tap") == [path]
+    with open(path, "rb") as handle:
+        end = int.from_bytes(handle.read(FILE_HEADER_BYTES)[32:40], "little")
+    assert FILE_HEADER_BYTES < end == path.stat().st_size < 1 << 20
+    after = read_tap_file(path)
+    assert after.sends == before.sends and after.connections == before.connections
+    assert not after.damage and after.sent_bytes == before.sent_bytes > 0
+    assert trim_record_files(tmp_path / "tap") == []  # cut once
+    assert (tmp_path / "tap" / "tap-1.bin").stat().st_size == 108
 
 
 def test_records_past_the_files_capacity_are_counted_and_reported(tmp_path: Path) -> None:

@@ -7,9 +7,11 @@ call on one (its time, how long it took, and its bytes as "feed these" and
 "skip this many" operations), per connection closed, and per connection whose
 later sends it could not record.  ``read_tap_file`` reads a whole file into a
 ``TapFile``; ``TapFileGrowth`` reads one as it grows, for
-``wiretap.TapRecorder.activity``.  ``shift_tap_file`` moves a file's times onto
-another clock and ``with_sends_at_their_start`` times each send when its call
-began, for the records of tasks on several hosts (``profiler/assemble.py``).
+``wiretap.TapRecorder.activity``; ``trim_record_files`` cuts the files of
+ended processes to their records (``profiler/record.py``).  ``shift_tap_file``
+moves a file's times onto another clock and ``with_sends_at_their_start`` times
+each send when its call began, for the records of tasks on several hosts
+(``profiler/assemble.py``).
 
 Record file layout: see ``wiretap.c``; it is read only here
 (``read_tap_file``, ``TapFileGrowth``).  Version history: 1 (2026-11-29) first version; 2
@@ -21,6 +23,7 @@ began (``TapFile.began``); version 1 files are still read.
 from __future__ import annotations
 
 import dataclasses
+import os
 import struct
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -261,6 +264,63 @@ class TapFileGrowth:
         job making progress."""
         own = set(self.local.values())
         return sum(n for c, n in self.sent.items() if self.peer.get(c) not in own)
+
+
+def _mapped_record_inodes() -> set[int]:
+    """Inodes of the record files (``tap-*``) some process on this host has mapped now.
+
+    Read from every ``/proc/<pid>/maps``, which also lists the processes of child pid
+    namespaces (a task's container); a process whose map cannot be read is not ours.
+    """
+    inodes: set[int] = set()
+    for maps in Path("/proc").glob("[0-9]*/maps"):
+        try:
+            text = maps.read_text(errors="replace")
+        except OSError:
+            continue
+        for line in text.splitlines():
+            if "/tap-" in line:
+                fields = line.split(maxsplit=5)
+                if len(fields) == 6 and fields[4].isdigit():
+                    inodes.add(int(fields[4]))
+    return inodes
+
+
+def trim_record_files(directory: Path) -> list[Path]:
+    """Cut every record file in ``directory`` that no process maps any more to the
+    records it holds; the files cut.
+
+    The library makes each file its whole capacity long (1 GiB, sparse) and
+    maps it; once its process has ended, only the header's end holds records.
+    Sparse files stay sparse on a local disk but not through ``scp``, ``tar``
+    without ``-S`` or most copies: cut, a task folder copies as the size of its
+    records.  A file some process still maps (a child the command left running)
+    is left whole: cutting it would fault that process's next record.  Files
+    that are not record files are left to ``read_tap_file`` to refuse.
+    """
+    paths = sorted(directory.glob("tap-*.bin"))
+    if not paths:
+        return []
+    mapped = _mapped_record_inodes()
+    trimmed = []
+    for path in paths:
+        try:
+            with open(path, "r+b") as handle:
+                header = handle.read(FILE_HEADER_BYTES)
+                if len(header) < _FILE_HEADER.size:
+                    continue
+                magic, _version, _pid, _parent, _head, capacity, end, _dropped, _created = (
+                    _FILE_HEADER.unpack_from(header)
+                )
+                status = os.fstat(handle.fileno())
+                length = max(FILE_HEADER_BYTES, min(end, capacity))
+                if magic != FILE_MAGIC or status.st_ino in mapped or status.st_size <= length:
+                    continue
+                handle.truncate(length)
+        except OSError:
+            continue
+        trimmed.append(path)
+    return trimmed
 
 
 def _operation_bytes(operations: bytes) -> tuple[int, int]:
