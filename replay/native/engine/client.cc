@@ -35,6 +35,8 @@ namespace {
 
 constexpr uint32_t kNoLimit = 0xffffffffu;
 constexpr int64_t kWatchPeriodNs = 100000000;  // streams' deadlines are checked this often
+constexpr int64_t kEndStreamsNs = 500000000;   // how long quitting waits for streams to end
+constexpr int64_t kFlushNs = 10000000;         // and then for their resets to be written
 enum class Shape : uint8_t { kEcho = 0, kAck = 1, kPull = 2 };
 
 struct CallSpec {
@@ -161,7 +163,9 @@ class Stream {
          const std::string& path, const std::string& session, grpc::CompletionQueue* cq);
   void Submit(const Awaited& awaited, const grpc::ByteBuffer& request);
   void Watch(int64_t now_ns);
+  void Cancel() { Break(true); }
   bool awaiting() const { return !awaited_.empty(); }
+  bool ended() const { return broken_; }
 
  private:
   void Started(bool ok);
@@ -245,6 +249,8 @@ class Engine {
   void CompletedLocked(uint32_t tag, uint32_t call, int64_t start_ns, int64_t end_ns,
                        int64_t release_ns, int64_t response_bytes, const std::string& failure);
   std::string Failure(uint32_t call, const grpc::Status& status) const;
+  // A stream has ended (its Finish came back): `EndStreams` may be waiting for it.
+  void StreamEnded() { changed_.notify_all(); }
   std::mutex lock;
 
  private:
@@ -261,6 +267,7 @@ class Engine {
   void Flush();
   void AnswerStrayStop();
   void PollCompletions();
+  void EndStreams();
 
   Config config_;
   std::vector<Target> targets_;
@@ -656,7 +663,35 @@ void Engine::ReadCommands() {
     fprintf(stderr, "tfgb-engine client: %s\n", error.what());
     _exit(2);
   }
+  EndStreams();
   _exit(0);  // the Python side is gone or done: nothing of this process is worth keeping
+}
+
+// Quitting: every open stream is cancelled, as grpcio's client cancels its streams when
+// it closes, so that a server (and a recorder of the wire) sees each stream end with a
+// RST_STREAM, not its connection dropped under it.  Waits, within kEndStreamsNs, for
+// every stream's Finish, then kFlushNs for the transport to write the resets.
+void Engine::EndStreams() {
+  std::unique_lock<std::mutex> hold(lock);
+  bool any = false;
+  for (Target& target : targets_) {
+    for (auto& entry : target.streams) {
+      entry.second->Cancel();
+      any = true;
+    }
+  }
+  if (!any) return;
+  auto ended = [this] {
+    for (const Target& target : targets_) {
+      for (const auto& entry : target.streams) {
+        if (!entry.second->ended()) return false;
+      }
+    }
+    return true;
+  };
+  changed_.wait_for(hold, std::chrono::nanoseconds(kEndStreamsNs), ended);
+  hold.unlock();
+  std::this_thread::sleep_for(std::chrono::nanoseconds(kFlushNs));
 }
 
 // The timer thread sleeps until the next release it knows of: wake it if there is a
@@ -855,6 +890,7 @@ void Stream::Finished(bool) {
     }
     failed.swap(awaited_);
     error = error_;
+    engine_->StreamEnded();
   }
   for (const Awaited& awaited : failed) {
     engine_->Completed(awaited.tag, awaited.call, awaited.start_ns, MonotonicNs(),
