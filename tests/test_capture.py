@@ -713,6 +713,13 @@ def test_a_task_that_crashes_ends_the_capture_with_a_partial_trace(
     assert len(trace.steps) >= 2
     assert "(PARTIAL)" in stdout
     assert _task_pids(workdir) == {}
+    # The kept work directory's record files are cut to their records, the killed
+    # task's too (1 GiB each, sparse, while the tasks ran).
+    for tap in (workdir / "wiretap").glob("tap-*.bin") if recorder == "preload" else ():
+        with open(tap, "rb") as handle:
+            end = int.from_bytes(handle.read(64)[32:40], "little")
+        assert tap.stat().st_size == end < 1 << 20, tap
+    assert recorder != "preload" or any((workdir / "wiretap").glob("tap-*.bin"))
 
 
 @pytest.mark.tensorflow

@@ -8,10 +8,10 @@ call on one (its time, how long it took, and its bytes as "feed these" and
 later sends it could not record.  ``read_tap_file`` reads a whole file into a
 ``TapFile``; ``TapFileGrowth`` reads one as it grows, for
 ``wiretap.TapRecorder.activity``; ``trim_record_files`` cuts the files of
-ended processes to their records (``profiler/record.py``).  ``shift_tap_file``
-moves a file's times onto another clock and ``with_sends_at_their_start`` times
-each send when its call began, for the records of tasks on several hosts
-(``profiler/assemble.py``).
+ended processes to their records (``profiler/record.py``, ``TapRecorder.stop``).
+``shift_tap_file`` moves a file's times onto another clock and
+``with_sends_at_their_start`` times each send when its call began, for the
+records of tasks on several hosts (``profiler/assemble.py``).
 
 Record file layout: see ``wiretap.c``; it is read only here
 (``read_tap_file``, ``TapFileGrowth``).  Version history: 1 (2026-11-29) first version; 2

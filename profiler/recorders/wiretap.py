@@ -35,7 +35,7 @@ from tf_grpc_bench.profiler.recorders.http2 import MESSAGE_HEAD_BYTES
 from tf_grpc_bench.profiler.recorders.tapcalls import ConnectionFrames as ConnectionFrames
 from tf_grpc_bench.profiler.recorders.tapcalls import calls_of_files as calls_of_files
 from tf_grpc_bench.profiler.recorders.tapfile import TapFile as TapFile
-from tf_grpc_bench.profiler.recorders.tapfile import TapFileGrowth
+from tf_grpc_bench.profiler.recorders.tapfile import TapFileGrowth, trim_record_files
 from tf_grpc_bench.profiler.recorders.tapfile import read_tap_file as read_tap_file
 from tf_grpc_bench.profiler.recorders.tapfile import shift_tap_file as shift_tap_file
 from tf_grpc_bench.profiler.recorders.tapfile import (
@@ -171,7 +171,10 @@ class TapRecorder:
         self.started_ns = time.monotonic_ns()
 
     def stop(self) -> None:
-        """Nothing to stop: the library lives and ends with each task."""
+        """The tasks have ended (the library ends with each): their record files are cut
+        to the records they hold (``tapfile.trim_record_files``), so that a kept work
+        directory holds its records, not 1 GiB a process."""
+        trim_record_files(self.directory)
 
     def activity(self) -> int:
         """Bytes the tasks have sent to other processes so far, over every record file
