@@ -24,11 +24,13 @@ folders of every task, wherever they were written.
 
 The command's exit status is the record's (128 + N when signal N ended it).
 SIGTERM, SIGINT and SIGHUP sent to ``record`` are passed on to the command's
-process group; the records are on disk whatever happens (the library writes
-them into a file mapped shared), and the command dies with ``record`` even
-when that is killed with SIGKILL.  Under ``srun``, ``end_step`` has a command
-that ended by itself (a TF2 chief) end the job step with SIGTERM
-(``end_slurm_step``), so that the servers' records finish too.
+process group (under ``srun``, where Slurm signals every process of the step,
+SIGTERM and SIGINT are not: the command has them from Slurm); the records are
+on disk whatever happens (the library writes them into a file mapped shared),
+and the command dies with ``record`` even when that is killed with SIGKILL.
+Under ``srun``, ``end_step`` has a command that ended by itself (a TF2 chief)
+end the job step with SIGTERM (``end_slurm_step``), so that the servers'
+records finish too.
 """
 
 from __future__ import annotations
@@ -203,6 +205,10 @@ def record_task(
     )
     variables.setdefault(MARKERS_VARIABLE, str((folder / MARKERS_NAME).resolve()))
     with _Forwarding() as forwarding:
+        # Under srun, Slurm's own stop signals reach the command already (most trackers
+        # signal every process of the step): passed on as well, a SIGTERM would come twice.
+        if launchers.in_slurm_step(variables_in) and slurm_signals_whole_step(variables_in):
+            forwarding.not_passed_on = frozenset(SLURM_STEP_SIGNALS)
         start = ClockReading.now()
         _write_manifest(folder, _manifest(task, expanded, 0, start, None, None))
         if forwarding.signum is not None:
@@ -237,8 +243,9 @@ def end_slurm_step(environment: Mapping[str, str]) -> str:
     which this process, whose command has ended, then ignores; "" when sent, else why not.
 
     For a job whose servers never end by themselves (TF2 parameter-server
-    training's ps and workers): the chief's end ends the step, and every
-    other task's ``record`` passes the signal on and writes its manifest.
+    training's ps and workers): the chief's end ends the step; Slurm signals
+    every other task's command (else its ``record`` passes the signal on), and
+    each ``record`` writes its manifest.
     Slurm's own ways of ending what is left of a step after a task succeeded
     (``srun --wait``, a SIGTERM to ``srun``) send SIGKILL, which leaves
     manifests unfinished; ``--kill-on-bad-exit`` acts only on a failure.
@@ -264,9 +271,44 @@ def end_slurm_step(environment: Mapping[str, str]) -> str:
     return ""
 
 
+#: The stop signals Slurm sends a job step (scancel, its time limit, a preemption,
+#: srun's forwarded Ctrl-C).
+SLURM_STEP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+#: How long ``record`` waits for ``scontrol show config`` before it starts the command.
+SCONTROL_TIMEOUT_S = 5.0
+
+
+def slurm_signals_whole_step(environment: Mapping[str, str]) -> bool:
+    """Whether Slurm signals every process of a job step, the command ``record`` starts
+    in a session of its own too: its ``ProctrackType`` (``scontrol show config``) is
+    one that tracks processes by cgroup or by parentage, not ``proctrack/pgid`` (the
+    task's process group only).  False when that cannot be told."""
+    try:
+        result = subprocess.run(
+            ["scontrol", "show", "config"],
+            env=dict(environment),
+            capture_output=True,
+            text=True,
+            timeout=SCONTROL_TIMEOUT_S,
+            check=False,
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    for line in result.stdout.splitlines():
+        name, _, value = line.partition("=")
+        if name.strip() == "ProctrackType":
+            return value.strip().startswith("proctrack/") and value.strip() != "proctrack/pgid"
+    return False
+
+
 class _Forwarding:
     """While entered, stop signals (SIGTERM, SIGINT, SIGHUP) are passed on to the
     command's process group, and the first one starts its grace (``STOP_GRACE_S``).
+    Those in ``not_passed_on`` (set once entered) only start the grace: under ``srun``, where Slurm
+    signals every process of the step, the command has them already, and a second
+    SIGTERM at the same moment breaks a handler that is not reentrant (one that
+    saves a checkpoint, or coverage's).  One that came before the command started is
+    passed on all the same (Slurm's went to no command).
 
     Entered before the first manifest is written and left after the last, so that
     a signal at any moment between (before the command started, as it starts, as
@@ -284,6 +326,7 @@ class _Forwarding:
 
     def __init__(self) -> None:
         self.signum: int | None = None
+        self.not_passed_on: frozenset[int] = frozenset()
         self.deadline = 0.0
         self._process: subprocess.Popen[bytes] | None = None
         self._previous: dict[int, Any] = {}
@@ -300,6 +343,8 @@ class _Forwarding:
         if self.signum is None:
             self.signum = signum
             self.deadline = time.monotonic() + STOP_GRACE_S
+        if signum in self.not_passed_on:
+            return
         if self._process is not None and self._process.returncode is None:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(self._process.pid, signum)

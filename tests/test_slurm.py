@@ -257,16 +257,18 @@ TRAINING_JOBS = "ps:1,worker:2,chief:1"
 def test_under_srun_end_step_ends_the_servers_when_the_chief_has_ended(
     slurm: slurm_cluster.Slurm, tmp_path: Path
 ) -> None:
-    """Every task's record passes the chief's SIGTERM on and writes its manifest (what
-    Slurm's own SIGKILL would not let it do); no process of the step is left."""
+    """Every task's command gets the chief's SIGTERM once (Slurm's; record does not pass
+    it on as well) and every record writes its manifest (what Slurm's own SIGKILL would
+    not let it do); no process of the step is left."""
     out = tmp_path / "records"
     before = frozenset(slurm_cluster.tagged_pids(slurm.root))
-    # The chief ends once the servers' records have started their commands (their manifests
-    # name the pid), as a real chief ends long after.
+    (tmp_path / "server.py").write_text(COUNTS_SIGTERMS)
+    # The chief ends once the servers' commands are ready for the signal, as a real chief
+    # ends long after.
     serve = (
-        "if [ {job} != chief ]; then exec sleep 300; fi; echo '{cluster}' > chief.txt; "
-        f"for task in ps-0 worker-0; do until grep -qs '\"pid\": [1-9]' {out}/$task/manifest.json; "
-        "do sleep 0.1; done; done"
+        f"if [ {{job}} != chief ]; then exec {sys.executable} server.py {{job}}.terms; fi; "
+        "echo '{cluster}' > chief.txt; "
+        "until [ -e ps.terms.ready ] && [ -e worker.terms.ready ]; do sleep 0.1; done"
     )
     result = subprocess.run(
         ["srun", "--ntasks=3", "--time=5", "--kill-on-bad-exit=0", f"--chdir={tmp_path}",
@@ -283,17 +285,28 @@ def test_under_srun_end_step_ends_the_servers_when_the_chief_has_ended(
         for folder in out.iterdir()
     }
     assert statuses == {"chief:0": 0, "ps:0": 143, "worker:0": 143}
+    for server in ("ps", "worker"):
+        assert (tmp_path / f"{server}.terms").read_text().splitlines() == ["SIGTERM"], server
     left = slurm_cluster.wait_for_no_leftovers(slurm.root, besides=before)
     assert not left, f"processes left after the step: {left}"
 
 
-#: The user's script runs without coverage: it holds no code of ours, and coverage's SIGTERM
-#: handler, which saves a measured process's data, is not reentrant.  Each server task gets
-#: SIGTERM twice at once here (scancel's to every process of the step, and record's passed
-#: on): a second one during the save broke it, and the task left with status 1 instead of
-#: 143 (seen in a whole-suite run; measured here, 4 of 8 processes under coverage sent two
-#: SIGTERMs 2 ms apart left with 1; none of those sent them 0 or 10 ms apart).
-UNMEASURED = ("env", "-u", "COVERAGE_PROCESS_CONFIG", "-u", "COVERAGE_PROCESS_START")
+#: A server task's command that notes each SIGTERM it gets, until a second has passed
+#: since the first (two sent at once both land), then exits 143.
+COUNTS_SIGTERMS = """
+import signal, sys, time
+path = sys.argv[1]
+first = []
+def note(signum, frame):
+    first.append(first[0] if first else time.monotonic())
+    with open(path, "a") as out:
+        out.write("SIGTERM\\n")
+signal.signal(signal.SIGTERM, note)
+open(path + ".ready", "w").close()
+while not first or time.monotonic() - first[0] < 1.0:
+    time.sleep(0.01)
+sys.exit(143)
+"""
 
 
 def _laid_out(port_base: int) -> dict[str, tuple[str, ...]]:
@@ -332,7 +345,7 @@ def test_a_job_recorded_under_srun_assembles_to_the_single_machine_trace(
         ["srun", "--ntasks=4", "--time=10", "--kill-on-bad-exit=0", f"--chdir={tmp_path}",
          sys.executable, "-m", "tf_grpc_bench", "record",
          "--slurm-jobs", TRAINING_JOBS, "--port-base", str(port_base), "--end-step",
-         "--out", str(out), "--", *UNMEASURED,
+         "--out", str(out), "--",
          sys.executable, str(FLAGS_SCRIPT), "--job", "{job}", "--task", "{task}",
          "--cluster", "{cluster}", "--rounds", "3"],
         env=slurm.environment, capture_output=True, text=True, timeout=STEP_LIMIT_S, check=False,
