@@ -28,6 +28,7 @@ import struct
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import BinaryIO
 
 from tf_grpc_bench.errors import CaptureError
 
@@ -107,28 +108,51 @@ def _address(family: int, raw: bytes, port: int) -> tuple[str, int]:
     return (str(address.ipv4_mapped or address), port)
 
 
+@dataclass(frozen=True, slots=True)
+class _Header:
+    """A record file's header (see ``wiretap.c``)."""
+
+    magic: bytes
+    version: int
+    pid: int
+    parent: int
+    head: int
+    capacity: int
+    end: int  # the end of the records reserved (a record left unfinished included)
+    dropped: int
+
+    @property
+    def records_end(self) -> int:
+        """Where the records end: the reserved end, within the file's capacity."""
+        return min(self.end, self.capacity)
+
+
+def _read_header(handle: BinaryIO) -> _Header | None:
+    """The header at the start of an open record file; None if the file is shorter."""
+    raw = handle.read(FILE_HEADER_BYTES)
+    if len(raw) < _FILE_HEADER.size:
+        return None
+    return _Header(*_FILE_HEADER.unpack_from(raw)[:8])  # all but the creation time
+
+
 def _read_records(path: Path) -> tuple[tuple[int, int, int, int], bytes]:
     """((pid, parent pid, head bytes, dropped records), the records) of a record file."""
     try:
         with open(path, "rb") as handle:
-            header = handle.read(FILE_HEADER_BYTES)
-            if len(header) < _FILE_HEADER.size:
+            header = _read_header(handle)
+            if header is None:
                 raise CaptureError(f"{path}: too short for a recorder file header")
-            magic, version, pid, parent, head, capacity, end, dropped, _created = (
-                _FILE_HEADER.unpack_from(header)
-            )
-            if magic != FILE_MAGIC:
+            if header.magic != FILE_MAGIC:
                 raise CaptureError(f"{path}: not an in-process recorder file (bad magic)")
-            if version not in READABLE_FILE_VERSIONS:
+            if header.version not in READABLE_FILE_VERSIONS:
                 raise CaptureError(
-                    f"{path}: recorder file version {version}; this tool reads "
+                    f"{path}: recorder file version {header.version}; this tool reads "
                     f"{', '.join(map(str, sorted(READABLE_FILE_VERSIONS)))}"
                 )
-            end = min(end, capacity)
-            data = handle.read(max(0, end - FILE_HEADER_BYTES))
+            data = handle.read(max(0, header.records_end - FILE_HEADER_BYTES))
     except OSError as error:
         raise CaptureError(f"{path}: {error.strerror}") from None
-    return (pid, parent, head, dropped), data
+    return (header.pid, header.parent, header.head, header.dropped), data
 
 
 @dataclass(frozen=True, slots=True)
@@ -237,17 +261,14 @@ class TapFileGrowth:
         """Read the records written since the last call (whole records only)."""
         try:
             with open(path, "rb") as handle:
-                header = handle.read(FILE_HEADER_BYTES)
-                if len(header) < _FILE_HEADER.size:
+                header = _read_header(handle)
+                if header is None:
                     return
-                _magic, _version, _pid, _parent, _head, capacity, end, dropped, _created = (
-                    _FILE_HEADER.unpack_from(header)
-                )
                 handle.seek(self.offset)
-                data = handle.read(max(0, min(end, capacity) - self.offset))
+                data = handle.read(max(0, header.records_end - self.offset))
         except OSError:
             return
-        records, used, _ = _walk(data, dropped=dropped)
+        records, used, _ = _walk(data, dropped=header.dropped)
         self.offset += used
         for record in records:
             if record.kind == _RECORD_CONNECTION:
@@ -306,15 +327,12 @@ def trim_record_files(directory: Path) -> list[Path]:
     for path in paths:
         try:
             with open(path, "r+b") as handle:
-                header = handle.read(FILE_HEADER_BYTES)
-                if len(header) < _FILE_HEADER.size:
+                header = _read_header(handle)
+                if header is None or header.magic != FILE_MAGIC:
                     continue
-                magic, _version, _pid, _parent, _head, capacity, end, _dropped, _created = (
-                    _FILE_HEADER.unpack_from(header)
-                )
                 status = os.fstat(handle.fileno())
-                length = max(FILE_HEADER_BYTES, min(end, capacity))
-                if magic != FILE_MAGIC or status.st_ino in mapped or status.st_size <= length:
+                length = max(FILE_HEADER_BYTES, header.records_end)
+                if status.st_ino in mapped or status.st_size <= length:
                     continue
                 handle.truncate(length)
         except OSError:
