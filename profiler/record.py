@@ -208,7 +208,7 @@ def record_task(
         # Under srun, Slurm's own stop signals reach the command already (most trackers
         # signal every process of the step): passed on as well, a SIGTERM would come twice.
         if launchers.in_slurm_step(variables_in) and slurm_signals_whole_step(variables_in):
-            forwarding.not_passed_on = frozenset(SLURM_STEP_SIGNALS)
+            forwarding.not_passed_on = SLURM_STEP_SIGNALS
         start = ClockReading.now()
         _write_manifest(folder, _manifest(task, expanded, 0, start, None, None))
         if forwarding.signum is not None:
@@ -273,7 +273,7 @@ def end_slurm_step(environment: Mapping[str, str]) -> str:
 
 #: The stop signals Slurm sends a job step (scancel, its time limit, a preemption,
 #: srun's forwarded Ctrl-C).
-SLURM_STEP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+SLURM_STEP_SIGNALS = frozenset({signal.SIGTERM, signal.SIGINT})
 #: How long ``record`` waits for ``scontrol show config`` before it starts the command.
 SCONTROL_TIMEOUT_S = 5.0
 
@@ -297,7 +297,8 @@ def slurm_signals_whole_step(environment: Mapping[str, str]) -> bool:
     for line in result.stdout.splitlines():
         name, _, value = line.partition("=")
         if name.strip() == "ProctrackType":
-            return value.strip().startswith("proctrack/") and value.strip() != "proctrack/pgid"
+            tracker = value.strip()
+            return tracker.startswith("proctrack/") and tracker != "proctrack/pgid"
     return False
 
 
